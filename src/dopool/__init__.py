@@ -1,0 +1,58 @@
+"""dopool: Durable Object worker pools for Python.
+
+N single-threaded actors, each owning a durable LMDB namespace with a FIFO
+queue and one alarm slot, fed by a router, under a real or simulated clock.
+"""
+
+from dopool._clock import RealClock, SimulatedClock
+from dopool._context import EventContext
+from dopool._errors import (
+    ConfigurationError,
+    DopoolError,
+    EventTooLargeError,
+    EventValidationError,
+    InstanceCrashedError,
+    PermanentError,
+    PoolClosedError,
+    QueueFullError,
+    RetryAfter,
+    StorageError,
+    StoreLockedError,
+)
+from dopool._pool import WorkerPool
+from dopool._retry import RetryPolicy
+from dopool._runtime import Runtime
+from dopool._types import (
+    DeadLetter,
+    EmptyInfo,
+    EnqueueResult,
+    InstanceStatus,
+    PoolEvent,
+    PoolStatus,
+)
+
+__all__ = [
+    "ConfigurationError",
+    "DeadLetter",
+    "DopoolError",
+    "EmptyInfo",
+    "EnqueueResult",
+    "EventContext",
+    "EventTooLargeError",
+    "EventValidationError",
+    "InstanceCrashedError",
+    "InstanceStatus",
+    "PermanentError",
+    "PoolClosedError",
+    "PoolEvent",
+    "PoolStatus",
+    "QueueFullError",
+    "RealClock",
+    "RetryAfter",
+    "RetryPolicy",
+    "Runtime",
+    "SimulatedClock",
+    "StorageError",
+    "StoreLockedError",
+    "WorkerPool",
+]

@@ -1,0 +1,315 @@
+"""Time, behind one interface: the real clock and the simulated (virtual) clock.
+
+Both deliver alarms into instances' single alarm slots. The simulated clock
+fires nothing until it is driven, and then only when the whole system is
+quiescent, which is what makes runs reproducible: at most one actor works at
+a time, and ties are broken by a stable order rather than by thread timing.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable, Iterable
+from typing import Protocol
+
+
+class AlarmTarget(Protocol):
+    """Something with an alarm slot: an instance's stable address."""
+
+    @property
+    def order(self) -> tuple[str, int]:
+        """A stable tie break between equal times: ``(pool, index)``."""
+        ...
+
+    def fire_alarm(self) -> None:
+        """Deliver an ``alarm`` message to the instance."""
+        ...
+
+
+class Activity:
+    """Counts the messages each actor has been sent and not finished handling.
+
+    An actor is *active* while it has such messages and is not asleep in
+    ``ctx.sleep``; the system is quiescent when no actor is active. Every
+    finished message bumps ``generation`` so waiters never miss a change.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._pending: dict[Hashable, int] = {}
+        self._sleeping: set[Hashable] = set()
+        self._active = 0
+        self.generation = 0
+
+    def sent(self, key: Hashable) -> None:
+        with self._cond:
+            count = self._pending.get(key, 0)
+            self._pending[key] = count + 1
+            if count == 0 and key not in self._sleeping:
+                self._active += 1
+
+    def done(self, key: Hashable) -> None:
+        with self._cond:
+            count = self._pending[key] - 1
+            if count:
+                self._pending[key] = count
+            else:
+                del self._pending[key]
+                if key not in self._sleeping:
+                    self._active -= 1
+            self.generation += 1
+            self._cond.notify_all()
+
+    def sleep_begin(self, key: Hashable) -> None:
+        with self._cond:
+            self._sleeping.add(key)
+            if self._pending.get(key, 0):
+                self._active -= 1
+            self.generation += 1
+            self._cond.notify_all()
+
+    def sleep_end(self, key: Hashable) -> None:
+        with self._cond:
+            self._sleeping.discard(key)
+            if self._pending.get(key, 0):
+                self._active += 1
+
+    def busy(self, keys: Iterable[Hashable]) -> bool:
+        """Whether any of ``keys`` has unfinished messages (sleeping counts as busy)."""
+        with self._cond:
+            return any(key in self._pending for key in keys)
+
+    def wait_quiet(self, timeout: float | None = None) -> bool:
+        """Block until no actor is active; False if ``timeout`` (wall seconds) ran out."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._active == 0, timeout)
+
+    def wait_change(self, generation: int, timeout: float | None) -> bool:
+        """Block until a message finishes after ``generation`` was read."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.generation != generation, timeout)
+
+
+class Clock(ABC):
+    """Where instances get the time, set their alarm slot, sleep and send to each other."""
+
+    def __init__(self) -> None:
+        self.activity = Activity()
+
+    @abstractmethod
+    def now(self) -> float:
+        """The current time in seconds."""
+
+    @abstractmethod
+    def set_alarm(self, target: AlarmTarget, at: float | None) -> None:
+        """Replace ``target``'s alarm with one at ``at`` (absolute), or clear it (None)."""
+
+    @abstractmethod
+    def deliver(self, order: tuple[str, int], send: Callable[[], object]) -> None:
+        """Run ``send`` (a message between actors) now, or when the clock is next driven."""
+
+    @abstractmethod
+    def sleep(self, seconds: float, key: Hashable) -> None:
+        """Block a handler for ``seconds`` of this clock's time."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the clock's resources, if any."""
+
+
+class RealClock(Clock):
+    """Wall-clock time; future alarms fire from one scheduler thread.
+
+    An alarm that is already due is delivered at once from the calling thread,
+    so an immediate alarm reaches its instance without a thread hop.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, AlarmTarget]] = []
+        self._slots: dict[int, int] = {}  # id(target) -> ticket of its live alarm
+        self._tickets = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def now(self) -> float:
+        return time.time()
+
+    def set_alarm(self, target: AlarmTarget, at: float | None) -> None:
+        with self._cond:
+            self._slots.pop(id(target), None)
+            if at is not None and at > time.time():
+                ticket = next(self._tickets)
+                self._slots[id(target)] = ticket
+                heapq.heappush(self._heap, (at, ticket, target))
+                self._ensure_thread()
+                self._cond.notify()
+                return
+        if at is not None:
+            target.fire_alarm()
+
+    def deliver(self, order: tuple[str, int], send: Callable[[], object]) -> None:
+        send()
+
+    def sleep(self, seconds: float, key: Hashable) -> None:
+        if seconds > 0:
+            time.sleep(seconds)
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None and not self._stopped:
+            self._thread = threading.Thread(target=self._run, name="dopool-clock", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped:
+                    if self._heap:
+                        delay = self._heap[0][0] - time.time()
+                        if delay <= 0:
+                            break
+                        self._cond.wait(delay)
+                    else:
+                        self._cond.wait()
+                if self._stopped:
+                    return
+                _, ticket, target = heapq.heappop(self._heap)
+                if self._slots.get(id(target)) != ticket:
+                    continue  # replaced or cleared since
+                del self._slots[id(target)]
+            target.fire_alarm()
+
+
+_ALARM, _DELIVERY, _WAKE = 0, 1, 2
+
+
+class SimulatedClock(Clock):
+    """Virtual seconds that move only when driven.
+
+    ``advance``, ``run_until`` and ``run_until_idle`` fire due alarms, sleep
+    wake-ups and deliveries one at a time in order of (time, pool, index,
+    insertion), and wait for the system to be quiescent after each, like
+    trio's autojump clock. Calls such as ``enqueue`` complete at once without
+    driving it.
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        super().__init__()
+        if not math.isfinite(start):
+            raise ValueError(f"start must be finite, got {start!r}")
+        self._now = float(start)
+        self._lock = threading.Lock()
+        self._heap: list[tuple[float, str, int, int, int, object]] = []
+        self._slots: dict[int, int] = {}
+        self._tickets = itertools.count()
+        self._driver = threading.Lock()
+
+    def now(self) -> float:
+        return self._now
+
+    def set_alarm(self, target: AlarmTarget, at: float | None) -> None:
+        with self._lock:
+            self._slots.pop(id(target), None)
+            if at is None:
+                return
+            ticket = next(self._tickets)
+            self._slots[id(target)] = ticket
+            pool, index = target.order
+            heapq.heappush(self._heap, (max(at, self._now), pool, index, ticket, _ALARM, target))
+
+    def deliver(self, order: tuple[str, int], send: Callable[[], object]) -> None:
+        with self._lock:
+            ticket = next(self._tickets)
+            heapq.heappush(self._heap, (self._now, *order, ticket, _DELIVERY, send))
+
+    def sleep(self, seconds: float, key: Hashable) -> None:
+        if seconds <= 0:
+            return
+        wake = threading.Event()
+        with self._lock:
+            ticket = next(self._tickets)
+            heapq.heappush(self._heap, (self._now + seconds, "", 0, ticket, _WAKE, (key, wake)))
+        self.activity.sleep_begin(key)
+        wake.wait()
+
+    def next_time(self) -> float | None:
+        """The time of the next live alarm, wake-up or delivery, or None."""
+        with self._lock:
+            self._drop_stale()
+            return self._heap[0][0] if self._heap else None
+
+    def pending(self) -> bool:
+        """Whether anything is scheduled at all."""
+        return self.next_time() is not None
+
+    def advance(self, seconds: float) -> None:
+        """Fire everything due up to ``now + seconds``, then stand at that time."""
+        if seconds < 0:
+            raise ValueError(f"cannot advance by a negative time ({seconds})")
+        self.run_until(self._now + seconds)
+
+    def run_until(self, time: float) -> None:
+        """Fire everything due up to the absolute time ``time``, then stand there."""
+        with self._driver:
+            while self._step(time, None):
+                pass
+            self._now = max(self._now, time)
+
+    def run_until_idle(self, max_time: float | None = None) -> None:
+        """Jump from one scheduled time to the next until nothing is left (or ``max_time``)."""
+        limit = math.inf if max_time is None else max_time
+        with self._driver:
+            while self._step(limit, None):
+                pass
+
+    def step(self, limit: float = math.inf, *, deadline: float | None = None) -> bool:
+        """Fire the next scheduled item due by ``limit``; False if there is none.
+
+        ``deadline`` is a wall-clock ``time.monotonic()`` bound on waiting for
+        quiescence; :class:`TimeoutError` if it passes.
+        """
+        with self._driver:
+            return self._step(limit, deadline)
+
+    def _step(self, limit: float, deadline: float | None) -> bool:
+        self._wait_quiet(deadline)
+        with self._lock:
+            self._drop_stale()
+            if not self._heap or self._heap[0][0] > limit:
+                return False
+            at, _, _, _, kind, payload = heapq.heappop(self._heap)
+            self._now = max(self._now, at)
+            if kind == _ALARM:
+                del self._slots[id(payload)]
+        if kind == _ALARM:
+            payload.fire_alarm()  # type: ignore[attr-defined]
+        elif kind == _DELIVERY:
+            payload()  # type: ignore[operator]
+        else:
+            sleeper: tuple[Hashable, threading.Event] = payload  # type: ignore[assignment]
+            self.activity.sleep_end(sleeper[0])
+            sleeper[1].set()
+        self._wait_quiet(deadline)
+        return True
+
+    def _drop_stale(self) -> None:
+        heap = self._heap
+        while heap and heap[0][4] == _ALARM and self._slots.get(id(heap[0][5])) != heap[0][3]:
+            heapq.heappop(heap)
+
+    def _wait_quiet(self, deadline: float | None) -> None:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self.activity.wait_quiet(timeout):
+            raise TimeoutError("the system did not become quiescent in time")

@@ -1,0 +1,53 @@
+"""The argument a handler receives."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dopool._messages import Item
+
+
+@dataclass(slots=True, kw_only=True)
+class EventContext:
+    """The event being executed and what the handler may do from inside it.
+
+    Attributes:
+        event: the decoded event (tuples come back as lists).
+        sequence: its sequence on this instance, consecutive from 0.
+        attempt: 1 for the first execution.
+        is_retry: ``attempt > 1``.
+        enqueued_at, started_at: clock times (virtual under a simulated clock).
+    """
+
+    event: Any
+    sequence: int
+    attempt: int
+    enqueued_at: float
+    started_at: float
+    instance_index: int
+    instance_id: str
+    pool_name: str
+    partition_key: str | None
+    priority: int
+    _prepare: Callable[[Any, str | None, int], Item] = field(repr=False)
+    _sleep: Callable[[float], None] = field(repr=False)
+    _follow_ups: list[Item] = field(default_factory=list, repr=False)
+
+    @property
+    def is_retry(self) -> bool:
+        return self.attempt > 1
+
+    def enqueue(self, event: Any, *, partition_key: str | None = None, priority: int = 0) -> None:
+        """Add a follow-up event to this pool.
+
+        It is validated now, becomes durable in the same transaction that
+        completes this event, and is discarded if this attempt fails. Follow-ups
+        are delivered at least once and are never refused by ``max_queue_depth``.
+        """
+        self._follow_ups.append(self._prepare(event, partition_key, priority))
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` of clock time: real time, or virtual under a simulated clock."""
+        self._sleep(seconds)

@@ -1,0 +1,145 @@
+"""The exceptions dopool raises, and the two a handler may raise.
+
+Every exception derives from :class:`DopoolError`::
+
+    DopoolError
+    ├── ConfigurationError     bad options, names, retry values, concurrency changes
+    ├── EventValidationError   not msgpack-encodable, or rejected by the pool's schema
+    ├── EventTooLargeError     encoded event over 128 KiB, partition key over 2 KiB
+    ├── QueueFullError         an instance already holds ``max_queue_depth`` events
+    ├── StoreLockedError       another runtime holds the store directory
+    ├── PoolClosedError        the runtime was closed
+    ├── StorageError           LMDB failed (mapped at the storage boundary)
+    ├── InstanceCrashedError   the instance died while the call was waiting on it
+    ├── PermanentError         raised by a handler: dead-letter this event now
+    └── RetryAfter             raised by a handler: retry after exactly ``seconds``
+
+Exceptions carry their data as attributes and build their own message.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dopool._types import EnqueueResult
+
+
+class DopoolError(Exception):
+    """Root of every exception dopool raises.
+
+    ``stored`` is set by ``enqueue_many`` when some instances had already
+    committed their part of the batch before another one refused.
+    """
+
+    stored: Sequence[EnqueueResult] = ()
+
+
+class ConfigurationError(DopoolError):
+    """An option, name or stored configuration is invalid."""
+
+
+class EventValidationError(DopoolError):
+    """An event cannot be encoded, or the pool's schema rejected it.
+
+    Attributes:
+        reason: what is wrong with the event.
+        position: index of the bad event within an ``enqueue_many`` batch, else None.
+    """
+
+    def __init__(self, reason: str, *, position: int | None = None) -> None:
+        self.reason = reason
+        self.position = position
+        where = f"event {position} of the batch" if position is not None else "event"
+        super().__init__(f"{where} rejected: {reason}")
+
+
+class EventTooLargeError(DopoolError):
+    """An encoded event or a partition key is over its size limit.
+
+    Attributes:
+        what: ``"event"`` or ``"partition_key"``.
+        size: its size in bytes.
+        limit: the limit in bytes.
+        position: index within an ``enqueue_many`` batch, else None.
+    """
+
+    def __init__(self, what: str, *, size: int, limit: int, position: int | None = None) -> None:
+        self.what = what
+        self.size = size
+        self.limit = limit
+        self.position = position
+        where = f" (event {position} of the batch)" if position is not None else ""
+        super().__init__(f"{what} is {size} bytes, over the limit of {limit} bytes{where}")
+
+
+class QueueFullError(DopoolError):
+    """The instance an event was routed to already holds ``max_queue_depth`` events."""
+
+    def __init__(self, *, pool: str, instance_index: int, depth: int, max_depth: int) -> None:
+        self.pool = pool
+        self.instance_index = instance_index
+        self.depth = depth
+        self.max_depth = max_depth
+        super().__init__(
+            f"instance {instance_index} of pool {pool!r} is full ({depth}/{max_depth})"
+        )
+
+
+class StoreLockedError(DopoolError):
+    """Another runtime, in this process or another, holds the store directory."""
+
+    def __init__(self, *, path: str, holder: str) -> None:
+        self.path = path
+        self.holder = holder
+        super().__init__(f"store {path!r} is locked by {holder}")
+
+
+class PoolClosedError(DopoolError):
+    """The pool's runtime has been closed."""
+
+    def __init__(self, pool: str) -> None:
+        self.pool = pool
+        super().__init__(f"pool {pool!r} is closed: its runtime was closed")
+
+
+class StorageError(DopoolError):
+    """The storage engine failed; the write in progress was rolled back."""
+
+
+class InstanceCrashedError(DopoolError):
+    """The instance died before it answered the call; nothing of the call was committed."""
+
+    def __init__(self, instance_id: str) -> None:
+        self.instance_id = instance_id
+        super().__init__(f"instance {instance_id} crashed before answering")
+
+
+class PermanentError(DopoolError):
+    """Raise from a handler to dead-letter the current event without retrying it."""
+
+
+class RetryAfter(DopoolError):
+    """Raise from a handler to retry the current event after exactly ``seconds``.
+
+    The attempt still counts against ``max_attempts``.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        seconds = _seconds(seconds)
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ConfigurationError(f"RetryAfter needs a finite delay >= 0, got {seconds!r}")
+        self.seconds = seconds
+        super().__init__(f"retry after {seconds:g} s")
+
+
+def _seconds(value: Any) -> float:
+    """Accept a number or a ``timedelta`` and return seconds as a float."""
+    total = getattr(value, "total_seconds", None)
+    if callable(total):
+        return float(total())
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(f"expected seconds or a timedelta, got {value!r}")
+    return float(value)

@@ -1,0 +1,312 @@
+"""The public handle on a pool: enqueue, control, status, join, dead letters."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import pykka
+
+from dopool._clock import SimulatedClock
+from dopool._context import EventContext
+from dopool._errors import ConfigurationError, DopoolError, PoolClosedError
+from dopool._instance import PoolSpec, dead_letter_from_record
+from dopool._mailbox import Mailbox
+from dopool._messages import Drain, Item, Pause, Purge, Redrive, Resume, Route
+from dopool._retry import RetryPolicy
+from dopool._storage import Meta, Namespace, queue_key_sequence
+from dopool._types import DeadLetter, EmptyInfo, EnqueueResult, InstanceStatus, PoolStatus
+from dopool._validation import Schema, prepare
+
+if TYPE_CHECKING:
+    from dopool._runtime import Runtime
+
+
+class WorkerPool:
+    """A named pool of ``concurrency`` instances sharing one handler.
+
+    Create one with :meth:`WorkerPool.define` or :meth:`Runtime.define`.
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        spec: PoolSpec,
+        schema: Schema | None,
+        mailboxes: list[Mailbox],
+        router: Mailbox,
+    ) -> None:
+        self._runtime = runtime
+        self._spec = spec
+        self._schema = schema
+        self._mailboxes = mailboxes
+        self._router = router
+        self._namespaces = [Namespace(spec.name, i) for i in range(spec.concurrency)]
+
+    @classmethod
+    def define(
+        cls,
+        name: str,
+        *,
+        execute: Callable[[EventContext], Any],
+        concurrency: int = 1,
+        retry: RetryPolicy | None = None,
+        schema: Schema | None = None,
+        on_dead_letter: Callable[[DeadLetter], Any] | None = None,
+        on_empty: Callable[[EmptyInfo], Any] | None = None,
+        max_queue_depth: int | None = None,
+        runtime: Runtime | None = None,
+    ) -> WorkerPool:
+        """Define a pool and start its instances, resuming whatever the store holds for it.
+
+        Args:
+            name: 1-64 characters of ``[A-Za-z0-9_.-]``, unique within the runtime.
+            execute: the handler, called with an :class:`EventContext` per attempt.
+            concurrency: the number of instances (single-threaded actors).
+            retry: the retry policy; None dead-letters an event at its first failure.
+            schema: ``event -> event``; raise to reject, return the value to store.
+            on_dead_letter: called with each :class:`DeadLetter` after it commits.
+            on_empty: called each time an instance's last pending event is processed.
+            max_queue_depth: the most pending events one instance accepts from enqueue.
+            runtime: the runtime to use; None means the process default runtime.
+
+        Raises:
+            ConfigurationError: a bad option, a name defined twice, or a changed
+                concurrency while the store still holds work for this pool.
+        """
+        from dopool._runtime import default_runtime  # noqa: PLC0415 - runtime imports us
+
+        runtime = default_runtime() if runtime is None else runtime
+        return runtime._define_pool(
+            name,
+            execute=execute,
+            concurrency=concurrency,
+            retry=retry,
+            schema=schema,
+            on_dead_letter=on_dead_letter,
+            on_empty=on_empty,
+            max_queue_depth=max_queue_depth,
+        )
+
+    @property
+    def name(self) -> str:
+        return self._spec.name
+
+    @property
+    def concurrency(self) -> int:
+        return self._spec.concurrency
+
+    def __repr__(self) -> str:
+        return f"<WorkerPool {self.name!r} concurrency={self.concurrency}>"
+
+    # -- enqueue ---------------------------------------------------------------
+    def enqueue(
+        self, event: Any, *, partition_key: str | None = None, priority: int = 0
+    ) -> EnqueueResult:
+        """Add one event; it is durable when this returns.
+
+        Raises:
+            EventValidationError: not msgpack-encodable, or rejected by the schema.
+            EventTooLargeError: over 128 KiB encoded, or a partition key over 2 KiB.
+            QueueFullError: the chosen instance holds ``max_queue_depth`` events.
+            PoolClosedError: the runtime is closed.
+        """
+        self._check_open()
+        item = prepare(event, partition_key=partition_key, priority=priority, schema=self._schema)
+        return self._route((item,), partition_key)[0]
+
+    def enqueue_many(
+        self, events: Iterable[Any], *, partition_key: str | None = None, priority: int = 0
+    ) -> list[EnqueueResult]:
+        """Add several events: validate all, then each instance stores its share atomically.
+
+        If an instance refuses its share, the error's ``stored`` lists what the
+        other instances stored.
+        """
+        self._check_open()
+        items = tuple(
+            prepare(
+                event,
+                partition_key=partition_key,
+                priority=priority,
+                schema=self._schema,
+                position=position,
+            )
+            for position, event in enumerate(events)
+        )
+        if not items:
+            return []
+        return self._route(items, partition_key)
+
+    def _route(self, items: tuple[Item, ...], partition_key: str | None) -> list[EnqueueResult]:
+        reply: pykka.Future[Any] = pykka.ThreadingFuture()
+        self._router.send(Route(items, partition_key, reply))
+        parts: list[tuple[int, pykka.Future[Any], list[int]]] = reply.get()
+        results: list[EnqueueResult | None] = [None] * len(items)
+        failure: DopoolError | None = None
+        for _, future, positions in parts:
+            try:
+                stored = future.get()
+            except DopoolError as exc:
+                failure = failure or exc
+                continue
+            for position, result in zip(positions, stored, strict=True):
+                results[position] = result
+        if failure is not None:
+            failure.stored = [result for result in results if result is not None]
+            raise failure
+        return [result for result in results if result is not None]
+
+    # -- control -----------------------------------------------------------------
+    def pause(self, index: int | None = None) -> None:
+        """Stop starting events on the pool, or on one instance. Enqueues are still accepted."""
+        self._each(index, Pause)
+
+    def resume(self, index: int | None = None) -> None:
+        """Undo :meth:`pause`. A retry waiting on its backoff still waits for it."""
+        self._each(index, Resume)
+
+    def drain(self, index: int | None = None) -> int:
+        """Remove every pending event and clear the alarm; returns how many were removed."""
+        return sum(self._each(index, Drain))
+
+    def purge_dead_letters(self) -> int:
+        """Delete every dead letter of the pool; returns how many. Counters do not change."""
+        return sum(self._each(None, Purge))
+
+    def redrive(self, dead_letters: Iterable[DeadLetter] | None = None) -> int:
+        """Re-enqueue dead letters (all, or those given) on their own instance, as new events."""
+        self._check_open()
+        if dead_letters is None:
+            return sum(self._each(None, partial(Redrive, None)))
+        chosen: dict[int, set[int]] = {}
+        for dead in dead_letters:
+            if not isinstance(dead, DeadLetter):
+                raise ConfigurationError(f"redrive takes DeadLetter records, got {dead!r}")
+            self._check_index(dead.instance_index)
+            chosen.setdefault(dead.instance_index, set()).add(dead.sequence)
+        futures = [
+            self._send(index, partial(Redrive, frozenset(seqs)))
+            for index, seqs in sorted(chosen.items())
+        ]
+        return sum(future.get() for future in futures)
+
+    def _each(self, index: int | None, message: Callable[[pykka.Future[Any]], Any]) -> list[Any]:
+        """Send a message to one instance or to all at once, then gather the answers."""
+        self._check_open()
+        indices = range(self.concurrency) if index is None else [self._check_index(index)]
+        futures = [self._send(i, message) for i in indices]
+        return [future.get() for future in futures]
+
+    def _send(self, index: int, message: Callable[[pykka.Future[Any]], Any]) -> pykka.Future[Any]:
+        reply: pykka.Future[Any] = pykka.ThreadingFuture()
+        self._mailboxes[index].send(message(reply))
+        return reply
+
+    # -- reading committed state -------------------------------------------------
+    def status(self) -> PoolStatus:
+        """Counters and state from committed storage; never waits for an instance."""
+        self._check_open()
+        with self._runtime._store.read() as txn:
+            instances = [
+                self._instance_status(i, ns.load_meta(txn)) for i, ns in enumerate(self._namespaces)
+            ]
+        return PoolStatus(
+            name=self.name,
+            concurrency=self.concurrency,
+            enqueued=sum(s.enqueued for s in instances),
+            pending=sum(s.pending for s in instances),
+            processed=sum(s.processed for s in instances),
+            succeeded=sum(s.succeeded for s in instances),
+            dead_lettered=sum(s.dead_lettered for s in instances),
+            drained=sum(s.drained for s in instances),
+            instances=instances,
+        )
+
+    def _instance_status(self, index: int, meta: Meta) -> InstanceStatus:
+        if meta.paused:
+            state = "paused"
+        elif meta.running:
+            state = "processing"
+        elif meta.current is not None and meta.retry_at is not None:
+            state = "backoff"
+        else:
+            state = "idle"
+        return InstanceStatus(
+            index=index,
+            instance_id=f"{self.name}:{index}",
+            state=state,  # type: ignore[arg-type]  # one of the four literals
+            enqueued=meta.enqueued,
+            pending=meta.pending,
+            processed=meta.succeeded + meta.dead_lettered,
+            succeeded=meta.succeeded,
+            dead_lettered=meta.dead_lettered,
+            drained=meta.drained,
+            current_sequence=None if meta.current is None else queue_key_sequence(meta.current),
+            attempt=meta.attempt,
+            next_alarm_at=meta.alarm,
+            restarts=meta.restarts,
+        )
+
+    def dead_letters(self, index: int | None = None) -> list[DeadLetter]:
+        """The dead letters of the pool or of one instance, by instance then sequence."""
+        self._check_open()
+        indices = range(self.concurrency) if index is None else [self._check_index(index)]
+        with self._runtime._store.read() as txn:
+            return [
+                dead_letter_from_record(i, sequence, record)
+                for i in indices
+                for sequence, record in self._namespaces[i].iter_dead_letters(txn)
+            ]
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until nothing is pending or in flight on any instance, follow-ups included.
+
+        Under a :class:`SimulatedClock` this drives virtual time until then, and
+        returns False at once if nothing scheduled can make progress (e.g. the
+        pool is paused). ``timeout`` is in wall-clock seconds; False on timeout.
+        """
+        self._check_open()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        clock = self._runtime.clock
+        activity = clock.activity
+        while True:
+            generation = activity.generation
+            if self._finished():
+                return True
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            if isinstance(clock, SimulatedClock):
+                try:
+                    if not clock.step(deadline=deadline):
+                        return self._finished()
+                except TimeoutError:
+                    return False
+            else:
+                activity.wait_change(generation, remaining)
+
+    def _finished(self) -> bool:
+        with self._runtime._store.read() as txn:
+            for ns in self._namespaces:
+                meta = ns.load_meta(txn)
+                if meta.pending or meta.outbox:
+                    return False
+        keys = [mailbox.key for mailbox in self._mailboxes]
+        keys.append(self._router.key)
+        return not self._runtime.clock.activity.busy(keys)
+
+    def _check_open(self) -> None:
+        if self._runtime.closed:
+            raise PoolClosedError(self.name)
+
+    def _check_index(self, index: int) -> int:
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise ConfigurationError(f"instance index must be an int, got {index!r}")
+        if not 0 <= index < self.concurrency:
+            raise ConfigurationError(
+                f"pool {self.name!r} has no instance {index} (concurrency {self.concurrency})"
+            )
+        return index

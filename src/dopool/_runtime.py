@@ -1,0 +1,310 @@
+"""The runtime: one store, one clock, the pools' actors, and the event stream."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import pykka
+
+from dopool._clock import Clock, RealClock, SimulatedClock
+from dopool._context import EventContext
+from dopool._errors import ConfigurationError, PoolClosedError
+from dopool._instance import InstanceActor, InstanceEnv, PoolSpec
+from dopool._mailbox import Mailbox
+from dopool._messages import Item, Recover
+from dopool._pool import WorkerPool
+from dopool._retry import RetryPolicy
+from dopool._router import Router, RouterActor
+from dopool._storage import Namespace, Store
+from dopool._types import DeadLetter, EmptyInfo, PoolEvent
+from dopool._validation import Schema, check_pool_name, prepare
+
+logger = logging.getLogger("dopool")
+
+DURABILITY_MODES = ("sync", "async")
+
+
+class Runtime:
+    """Opens a store directory and runs pools in it, under a real or simulated clock.
+
+    Args:
+        path: the store directory, created if missing.
+        clock: a :class:`RealClock` (the default) or a :class:`SimulatedClock`.
+        seed: drives retry jitter; with the same seed and calls, a simulated run repeats.
+        durability: ``"sync"`` (fsync each commit) or ``"async"`` (survives a process crash).
+        faults: a fault plan (chaos testing); not supported yet, must be None.
+        trace: a file path to write every :class:`PoolEvent` to, as JSON lines.
+
+    Raises:
+        StoreLockedError: another runtime holds ``path``.
+        ConfigurationError: a bad option.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock | None = None,
+        seed: int | str | None = None,
+        durability: str = "sync",
+        faults: object | None = None,
+        trace: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if durability not in DURABILITY_MODES:
+            raise ConfigurationError(f"durability must be 'sync' or 'async', got {durability!r}")
+        if clock is not None and not isinstance(clock, Clock):
+            raise ConfigurationError(f"clock must be a RealClock or SimulatedClock, got {clock!r}")
+        if faults is not None:
+            raise ConfigurationError("fault plans are not supported yet; pass faults=None")
+        self._owns_clock = clock is None
+        self.clock: Clock = RealClock() if clock is None else clock
+        self.seed = seed
+        self.durability = durability
+        self._store = Store(path, durability=durability)
+        self.path = self._store.path
+        self._lock = threading.RLock()
+        self._emit_lock = threading.Lock()
+        self._closed = False
+        self._pools: dict[str, WorkerPool] = {}
+        self._actors: list[tuple[Mailbox, list[Mailbox]]] = []
+        self._subscribers: list[Callable[[PoolEvent], Any]] = []
+        self._temporary: Path | None = None
+        self._trace: IO[str] | None = None
+        if trace is not None:
+            self._trace = open(trace, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    @classmethod
+    def simulated(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        seed: int | str = 0,
+        start: float = 0.0,
+        **options: Any,
+    ) -> Runtime:
+        """A runtime on a new :class:`SimulatedClock`; ``path=None`` uses a temporary directory."""
+        temporary = None
+        if path is None:
+            temporary = Path(tempfile.mkdtemp(prefix="dopool-"))
+            path = temporary
+        runtime = cls(path, clock=SimulatedClock(start), seed=seed, **options)
+        runtime._temporary = temporary
+        return runtime
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<Runtime {str(self.path)!r} {type(self.clock).__name__} {state}>"
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def define(self, name: str, **options: Any) -> WorkerPool:
+        """Same as ``WorkerPool.define(name, runtime=self, **options)``."""
+        return WorkerPool.define(name, runtime=self, **options)
+
+    def subscribe(self, callback: Callable[[PoolEvent], Any]) -> Callable[[], None]:
+        """Call ``callback`` with every :class:`PoolEvent`; returns a function that unsubscribes."""
+        with self._emit_lock:
+            self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            with self._emit_lock:
+                if callback in self._subscribers:
+                    self._subscribers.remove(callback)
+
+        return unsubscribe
+
+    def _emit(self, event: PoolEvent) -> None:
+        with self._emit_lock:
+            subscribers = list(self._subscribers)
+            if self._trace is not None:
+                self._trace.write(json.dumps(event.to_json_dict(), separators=(",", ":")) + "\n")
+        for callback in subscribers:
+            try:
+                callback(event)
+            except Exception:
+                logger.exception("subscriber %r raised; ignored", callback)
+
+    def _define_pool(
+        self,
+        name: str,
+        *,
+        execute: Callable[[EventContext], Any],
+        concurrency: int,
+        retry: RetryPolicy | None,
+        schema: Schema | None,
+        on_dead_letter: Callable[[DeadLetter], Any] | None,
+        on_empty: Callable[[EmptyInfo], Any] | None,
+        max_queue_depth: int | None,
+    ) -> WorkerPool:
+        check_pool_name(name)
+        _check_options(
+            execute=execute,
+            concurrency=concurrency,
+            retry=retry,
+            schema=schema,
+            on_dead_letter=on_dead_letter,
+            on_empty=on_empty,
+            max_queue_depth=max_queue_depth,
+        )
+        with self._lock:
+            if self._closed:
+                raise PoolClosedError(name)
+            if name in self._pools:
+                raise ConfigurationError(f"pool {name!r} is already defined in this runtime")
+            self._record_concurrency(name, concurrency)
+
+            def prepare_follow_up(event: Any, partition_key: str | None, priority: int) -> Item:
+                return prepare(event, partition_key=partition_key, priority=priority, schema=schema)
+
+            spec = PoolSpec(
+                name=name,
+                concurrency=concurrency,
+                execute=execute,
+                retry=retry,
+                on_dead_letter=on_dead_letter,
+                on_empty=on_empty,
+                max_queue_depth=max_queue_depth,
+                prepare=prepare_follow_up,
+            )
+            activity = self.clock.activity
+            mailboxes = [
+                Mailbox(name, index, f"{name}:{index}", activity) for index in range(concurrency)
+            ]
+            router_mailbox = Mailbox(name, -1, f"{name}:router", activity)
+            router = Router(concurrency)
+            env = InstanceEnv(
+                store=self._store,
+                clock=self.clock,
+                seed=self.seed,
+                emit=self._emit,
+                router=router,
+                mailboxes=mailboxes,
+            )
+            for index, mailbox in enumerate(mailboxes):
+                mailbox.attach(InstanceActor.start(spec, index, env))
+            router_mailbox.attach(RouterActor.start(router, mailboxes, router_mailbox))
+            self._actors.append((router_mailbox, mailboxes))
+            # Recover one instance at a time, so a simulated run's trace is deterministic.
+            for mailbox in mailboxes:
+                reply: pykka.Future[Any] = pykka.ThreadingFuture()
+                mailbox.send(Recover(reply))
+                reply.get()
+            pool = WorkerPool(self, spec, schema, mailboxes, router_mailbox)
+            self._pools[name] = pool
+            return pool
+
+    def _record_concurrency(self, name: str, concurrency: int) -> None:
+        """Store the pool's concurrency, refusing a change while old instances hold work."""
+        store = self._store
+        with store.write() as txn:
+            record = store.get_pool(txn, name)
+            previous = None if record is None else int(record["concurrency"])
+            if previous == concurrency:
+                return
+            if previous is not None:
+                for index in range(previous):
+                    meta = Namespace(name, index).load_meta(txn)
+                    if meta.pending or meta.outbox or meta.dead_letters:
+                        raise ConfigurationError(
+                            f"pool {name!r} was stored with concurrency {previous}; changing it "
+                            f"to {concurrency} would move instance {index}'s {meta.pending} "
+                            f"pending events, {meta.outbox} follow-ups and {meta.dead_letters} "
+                            "dead letters to other partitions. Drain and purge it first, or "
+                            f"keep concurrency={previous}"
+                        )
+            store.put_pool(txn, name, {"concurrency": concurrency})
+
+    def close(self) -> None:
+        """Stop every actor gracefully (a running handler finishes), then close the store.
+
+        Pending events stay durable and resume when the store is opened again.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for router, mailboxes in self._actors:
+                _stop(router)
+                for mailbox in mailboxes:
+                    _stop(mailbox)
+                    self.clock.set_alarm(mailbox, None)
+            self._actors.clear()
+            with self._emit_lock:
+                if self._trace is not None:
+                    self._trace.close()
+                    self._trace = None
+            self._store.close()
+            if self._owns_clock:
+                self.clock.close()
+            if self._temporary is not None:
+                shutil.rmtree(self._temporary, ignore_errors=True)
+
+
+def _stop(mailbox: Mailbox) -> None:
+    ref = mailbox.close()
+    if ref is not None:
+        ref.stop(block=True)
+
+
+def _check_options(
+    *,
+    execute: object,
+    concurrency: object,
+    retry: object,
+    schema: object,
+    on_dead_letter: object,
+    on_empty: object,
+    max_queue_depth: object,
+) -> None:
+    if not callable(execute):
+        raise ConfigurationError(f"execute must be callable, got {execute!r}")
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ConfigurationError(f"concurrency must be an int >= 1, got {concurrency!r}")
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise ConfigurationError(f"retry must be a RetryPolicy or None, got {retry!r}")
+    for label, hook in (
+        ("schema", schema),
+        ("on_dead_letter", on_dead_letter),
+        ("on_empty", on_empty),
+    ):
+        if hook is not None and not callable(hook):
+            raise ConfigurationError(f"{label} must be callable or None, got {hook!r}")
+    if max_queue_depth is not None and (
+        isinstance(max_queue_depth, bool)
+        or not isinstance(max_queue_depth, int)
+        or max_queue_depth < 1
+    ):
+        raise ConfigurationError(
+            f"max_queue_depth must be an int >= 1 or None, got {max_queue_depth!r}"
+        )
+
+
+_default: Runtime | None = None
+_default_lock = threading.Lock()
+
+
+def default_runtime() -> Runtime:
+    """The process-wide runtime: real clock, directory ``$DOPOOL_PATH`` or ``./.dopool``."""
+    global _default  # noqa: PLW0603 - one lazily created runtime per process
+    with _default_lock:
+        if _default is None or _default.closed:
+            _default = Runtime(os.environ.get("DOPOOL_PATH", ".dopool"))
+            atexit.register(_default.close)
+        return _default

@@ -1,0 +1,364 @@
+"""The store: one LMDB environment per runtime, one key namespace per instance.
+
+Key layout (all integers big-endian, so LMDB's byte order is numeric order)::
+
+    P <pool>                              pool record: {"concurrency": N}
+    I <pool>:<index> \\0 m                 instance meta (counters, flags, alarm slot)
+    I <pool>:<index> \\0 q <rank:4> <seq:8> one pending event
+    I <pool>:<index> \\0 d <seq:8>          one dead letter
+    I <pool>:<index> \\0 o <oseq:8>         one follow-up waiting in the outbox
+    I <pool>:<index> \\0 s <source:4>       last outbox sequence accepted from a source
+
+``rank`` is ``2**31 - 1 - priority``, so the first queue key under an instance's
+prefix is always the next event to run: higher priority first, then FIFO.
+Enqueue is one put and dequeue one ``set_range`` through the B-tree; nothing scans.
+
+Everything outside this module sees records and namespaces, never LMDB or msgpack:
+their errors are mapped to :class:`StorageError` / :class:`EventValidationError` here.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import errno
+import fcntl
+import os
+import socket
+import struct
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import lmdb
+import msgpack
+
+from dopool._errors import EventValidationError, StorageError, StoreLockedError
+
+MAX_EVENT_BYTES = 128 * 1024
+MAX_PARTITION_KEY_BYTES = 2 * 1024
+PRIORITY_MIN = -(2**31)
+PRIORITY_MAX = 2**31 - 1
+
+# Virtual address space only: LMDB grows the file as pages are used.
+_MAP_SIZE = 1 << 36
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+
+Txn = Any  # an lmdb.Transaction; lmdb ships no type hints
+
+
+def pack(value: Any) -> bytes:
+    """Encode a value with msgpack (bytes stay bytes, str stays str)."""
+    return msgpack.packb(value, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def unpack(data: bytes) -> Any:
+    """Decode a msgpack value; maps may have non-str keys."""
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+def encode_event(event: Any, *, position: int | None = None) -> bytes:
+    """Encode a user event, mapping msgpack's refusals to :class:`EventValidationError`."""
+    try:
+        return pack(event)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise EventValidationError(
+            f"not msgpack-encodable ({type(exc).__name__}: {exc})", position=position
+        ) from exc
+
+
+class EventRecord(NamedTuple):
+    """A pending event as stored: the encoded event plus what routing needs."""
+
+    event: bytes
+    enqueued_at: float
+    partition_key: str | None
+    priority: int
+
+
+class DeadRecord(NamedTuple):
+    """A dead letter as stored."""
+
+    event: bytes
+    error: str
+    attempts: int
+    enqueued_at: float
+    failed_at: float
+    partition_key: str | None
+    priority: int
+
+
+class OutboxRecord(NamedTuple):
+    """A follow-up committed with its parent's outcome, waiting to reach its instance."""
+
+    target: int
+    event: bytes
+    enqueued_at: float
+    partition_key: str | None
+    priority: int
+
+
+@dataclass(slots=True)
+class Meta:
+    """An instance's durable state, apart from the event, dead-letter and outbox keys."""
+
+    tail: int = 0  # the next sequence to assign; every pending sequence is below it
+    pending: int = 0
+    enqueued: int = 0
+    succeeded: int = 0
+    dead_lettered: int = 0
+    drained: int = 0
+    paused: bool = False
+    alarm: float | None = None  # the alarm slot (absolute clock time)
+    current: bytes | None = None  # queue key of the event whose attempts have started
+    attempt: int = 0  # attempts started for ``current``
+    running: bool = False  # an attempt started and its outcome is not committed yet
+    started_at: float | None = None
+    retry_at: float | None = None
+    restarts: int = 0
+    outbox_next: int = 0
+    outbox: int = 0  # outbox entries not yet acknowledged by their target
+    dead_letters: int = 0  # dead-letter records held
+    priorities: dict[int, int] = field(default_factory=dict)  # pending events per priority
+
+
+_META_FIELDS = tuple(f.name for f in fields(Meta))
+
+
+def queue_key_priority(key: bytes) -> int:
+    """The priority encoded in a queue-key suffix (``rank:4 seq:8``)."""
+    rank: int = _U32.unpack_from(key, len(key) - 12)[0]
+    return PRIORITY_MAX - rank
+
+
+def queue_key_sequence(key: bytes) -> int:
+    """The sequence encoded in a queue key."""
+    sequence: int = _U64.unpack_from(key, len(key) - 8)[0]
+    return sequence
+
+
+class Namespace:
+    """The keys of one instance. Methods take an open transaction from :class:`Store`."""
+
+    __slots__ = ("_dead", "_meta", "_outbox", "_queue", "_seen", "prefix")
+
+    def __init__(self, pool: str, index: int) -> None:
+        self.prefix = b"I" + f"{pool}:{index}".encode() + b"\0"
+        self._meta = self.prefix + b"m"
+        self._queue = self.prefix + b"q"
+        self._dead = self.prefix + b"d"
+        self._outbox = self.prefix + b"o"
+        self._seen = self.prefix + b"s"
+
+    # -- meta ---------------------------------------------------------------
+    def load_meta(self, txn: Txn) -> Meta:
+        raw = txn.get(self._meta)
+        if raw is None:
+            return Meta()
+        return Meta(*unpack(raw))
+
+    def save_meta(self, txn: Txn, meta: Meta) -> None:
+        txn.put(self._meta, pack([getattr(meta, name) for name in _META_FIELDS]))
+
+    # -- queue --------------------------------------------------------------
+    def queue_key(self, priority: int, sequence: int) -> bytes:
+        return self._queue + _U32.pack(PRIORITY_MAX - priority) + _U64.pack(sequence)
+
+    def put_event(self, txn: Txn, key: bytes, record: EventRecord) -> None:
+        txn.put(key, pack(tuple(record)), overwrite=False)
+
+    def get_event(self, txn: Txn, key: bytes) -> EventRecord | None:
+        raw = txn.get(key)
+        return None if raw is None else EventRecord(*unpack(raw))
+
+    def first_event_key(self, txn: Txn) -> bytes | None:
+        with txn.cursor() as cursor:
+            if cursor.set_range(self._queue):
+                key: bytes = cursor.key()
+                if key.startswith(self._queue):
+                    return key
+        return None
+
+    def delete_event(self, txn: Txn, key: bytes) -> None:
+        txn.delete(key)
+
+    def delete_events(self, txn: Txn) -> int:
+        return _delete_prefix(txn, self._queue)
+
+    def iter_event_keys(self, txn: Txn) -> Iterator[bytes]:
+        for key, _ in _iter_prefix(txn, self._queue):
+            yield key
+
+    # -- dead letters -------------------------------------------------------
+    def put_dead_letter(self, txn: Txn, sequence: int, record: DeadRecord) -> None:
+        txn.put(self._dead + _U64.pack(sequence), pack(tuple(record)))
+
+    def iter_dead_letters(self, txn: Txn) -> Iterator[tuple[int, DeadRecord]]:
+        for key, raw in _iter_prefix(txn, self._dead):
+            yield queue_key_sequence(key), DeadRecord(*unpack(raw))
+
+    def pop_dead_letter(self, txn: Txn, sequence: int) -> DeadRecord | None:
+        raw = txn.pop(self._dead + _U64.pack(sequence))
+        return None if raw is None else DeadRecord(*unpack(raw))
+
+    def delete_dead_letters(self, txn: Txn) -> int:
+        return _delete_prefix(txn, self._dead)
+
+    # -- outbox and delivery bookkeeping --------------------------------------
+    def put_outbox(self, txn: Txn, oseq: int, record: OutboxRecord) -> None:
+        txn.put(self._outbox + _U64.pack(oseq), pack(tuple(record)))
+
+    def iter_outbox(self, txn: Txn) -> Iterator[tuple[int, OutboxRecord]]:
+        for key, raw in _iter_prefix(txn, self._outbox):
+            yield queue_key_sequence(key), OutboxRecord(*unpack(raw))
+
+    def delete_outbox(self, txn: Txn, oseq: int) -> bool:
+        return bool(txn.delete(self._outbox + _U64.pack(oseq)))
+
+    def last_delivered(self, txn: Txn, source: int) -> int:
+        """The highest outbox sequence from ``source`` already accepted, or -1."""
+        raw = txn.get(self._seen + _U32.pack(source))
+        return -1 if raw is None else int(_U64.unpack(raw)[0])
+
+    def set_delivered(self, txn: Txn, source: int, oseq: int) -> None:
+        txn.put(self._seen + _U32.pack(source), _U64.pack(oseq))
+
+    def count_keys(self, txn: Txn, tag: bytes) -> int:
+        """How many keys of one kind (``b"q"``, ``b"d"``, ``b"o"``) exist: for checkers only."""
+        return sum(1 for _ in _iter_prefix(txn, self.prefix + tag))
+
+
+def _iter_prefix(txn: Txn, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    with txn.cursor() as cursor:
+        if not cursor.set_range(prefix):
+            return
+        for key, value in cursor:
+            if not key.startswith(prefix):
+                return
+            yield key, value
+
+
+def _delete_prefix(txn: Txn, prefix: bytes) -> int:
+    count = 0
+    with txn.cursor() as cursor:
+        if not cursor.set_range(prefix):
+            return 0
+        while cursor.key().startswith(prefix):
+            cursor.delete()  # moves to the next key
+            count += 1
+            if not cursor.key():
+                break
+    return count
+
+
+class _StoreLock:
+    """An exclusive ``flock`` on ``<path>/lock``; the file names the holder.
+
+    ``flock`` locks belong to an open file description, so a second runtime in
+    the same process conflicts exactly like one in another process.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self._file = directory / "lock"
+        fd = os.open(self._file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                raise StorageError(f"cannot lock store {str(directory)!r}: {exc}") from exc
+            raise StoreLockedError(path=str(directory), holder=self._holder()) from None
+        started = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+        text = f"pid {os.getpid()} on {socket.gethostname()} since {started}"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, text.encode(), 0)
+        self._fd: int | None = fd
+
+    def _holder(self) -> str:
+        try:
+            text = self._file.read_text().strip()
+        except OSError:
+            text = ""
+        if not text:
+            return "another runtime"
+        if text.startswith(f"pid {os.getpid()} "):
+            return f"{text} (this process)"
+        return text
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
+
+
+class Store:
+    """One LMDB environment in a directory, locked for one runtime at a time.
+
+    ``durability="sync"`` fsyncs every commit; ``"async"`` leaves commits in the
+    OS page cache, which survives a crash of the process but not of the OS.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, durability: str = "sync") -> None:
+        self.path = Path(path)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot create store directory {str(self.path)!r}: {exc}") from exc
+        self._lock = _StoreLock(self.path)
+        sync = durability == "sync"
+        try:
+            self._env = lmdb.open(
+                str(self.path / "data"),
+                map_size=_MAP_SIZE,
+                subdir=True,
+                sync=sync,
+                metasync=sync,
+                readahead=False,
+                max_readers=512,
+                max_spare_txns=16,
+            )
+        except lmdb.Error as exc:
+            self._lock.release()
+            raise StorageError(f"cannot open store {str(self.path)!r}: {exc}") from exc
+        self._closed = False
+        self._close_lock = threading.Lock()
+
+    @contextmanager
+    def write(self) -> Iterator[Txn]:
+        """One atomic write transaction: committed on a clean exit, else rolled back."""
+        try:
+            with self._env.begin(write=True) as txn:
+                yield txn
+        except lmdb.Error as exc:
+            raise StorageError(f"write failed and was rolled back: {exc}") from exc
+
+    @contextmanager
+    def read(self) -> Iterator[Txn]:
+        """A read-only snapshot of committed state; never waits for writers."""
+        try:
+            with self._env.begin(write=False, buffers=False) as txn:
+                yield txn
+        except lmdb.Error as exc:
+            raise StorageError(f"read failed: {exc}") from exc
+
+    def get_pool(self, txn: Txn, name: str) -> dict[str, Any] | None:
+        raw = txn.get(b"P" + name.encode())
+        return None if raw is None else dict(unpack(raw))
+
+    def put_pool(self, txn: Txn, name: str, record: dict[str, Any]) -> None:
+        txn.put(b"P" + name.encode(), pack(record))
+
+    def close(self) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._env.sync(True)
+            finally:
+                self._env.close()
+                self._lock.release()

@@ -1,0 +1,116 @@
+"""Plain result records returned by the public API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+InstanceState = Literal["paused", "processing", "backoff", "idle"]
+
+EventKind = Literal[
+    "enqueued",
+    "started",
+    "succeeded",
+    "retry_scheduled",
+    "dead_lettered",
+    "crashed",
+    "recovered",
+    "paused",
+    "resumed",
+    "drained",
+    "empty",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    """Where an accepted event went. ``position`` 0 means it runs next."""
+
+    sequence: int
+    instance_index: int
+    instance_id: str
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceStatus:
+    """Committed state of one instance. Counters are lifetime totals."""
+
+    index: int
+    instance_id: str
+    state: InstanceState
+    enqueued: int
+    pending: int
+    processed: int
+    succeeded: int
+    dead_lettered: int
+    drained: int
+    current_sequence: int | None
+    attempt: int
+    next_alarm_at: float | None
+    restarts: int
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatus:
+    """Committed state of a pool: the sums of its instances' counters."""
+
+    name: str
+    concurrency: int
+    enqueued: int
+    pending: int
+    processed: int
+    succeeded: int
+    dead_lettered: int
+    drained: int
+    instances: list[InstanceStatus]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """An event that exhausted its attempts or failed permanently."""
+
+    sequence: int
+    instance_index: int
+    event: Any
+    error: str
+    attempts: int
+    enqueued_at: float
+    failed_at: float
+    partition_key: str | None
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EmptyInfo:
+    """Passed to ``on_empty`` when an instance's last pending event was processed."""
+
+    pool_name: str
+    instance_index: int
+    instance_id: str
+    processed: int
+
+
+@dataclass(frozen=True, slots=True)
+class PoolEvent:
+    """One observable step of a pool, delivered to subscribers and to the trace."""
+
+    kind: EventKind
+    pool: str
+    instance_index: int
+    sequence: int | None = None
+    attempt: int | None = None
+    time: float = 0.0
+    error: str | None = None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The fields as a dict, in declaration order, for the JSON-lines trace."""
+        return {
+            "kind": self.kind,
+            "pool": self.pool,
+            "instance_index": self.instance_index,
+            "sequence": self.sequence,
+            "attempt": self.attempt,
+            "time": self.time,
+            "error": self.error,
+        }

@@ -1,0 +1,74 @@
+"""Checking an event before anything is sent or stored."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from dopool._errors import ConfigurationError, EventTooLargeError, EventValidationError
+from dopool._messages import Item
+from dopool._storage import (
+    MAX_EVENT_BYTES,
+    MAX_PARTITION_KEY_BYTES,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    encode_event,
+)
+
+Schema = Callable[[Any], Any]
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def check_pool_name(name: object) -> str:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ConfigurationError(
+            f"pool name must be 1-64 characters of [A-Za-z0-9_.-], got {name!r}"
+        )
+    return name
+
+
+def prepare(
+    event: Any,
+    *,
+    partition_key: str | None,
+    priority: int,
+    schema: Schema | None,
+    position: int | None = None,
+) -> Item:
+    """Validate, transform with the schema, encode and size-check one event."""
+    if partition_key is not None:
+        if not isinstance(partition_key, str):
+            raise EventValidationError(
+                f"partition_key must be a str or None, got {type(partition_key).__name__}",
+                position=position,
+            )
+        try:
+            size = len(partition_key.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise EventValidationError(
+                f"partition_key is not valid UTF-8 text ({exc.reason})", position=position
+            ) from exc
+        if size > MAX_PARTITION_KEY_BYTES:
+            raise EventTooLargeError(
+                "partition_key", size=size, limit=MAX_PARTITION_KEY_BYTES, position=position
+            )
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise EventValidationError(f"priority must be an int, got {priority!r}", position=position)
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise EventValidationError(
+            f"priority must be within [{PRIORITY_MIN}, {PRIORITY_MAX}], got {priority}",
+            position=position,
+        )
+    if schema is not None:
+        try:
+            event = schema(event)
+        except Exception as exc:
+            raise EventValidationError(
+                f"schema rejected it ({type(exc).__name__}: {exc})", position=position
+            ) from exc
+    data = encode_event(event, position=position)
+    if len(data) > MAX_EVENT_BYTES:
+        raise EventTooLargeError("event", size=len(data), limit=MAX_EVENT_BYTES, position=position)
+    return Item(data, partition_key, priority)
