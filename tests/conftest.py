@@ -1,0 +1,43 @@
+"""Shared fixtures: simulated runtimes on temporary stores, and no actor outlives a test."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pykka
+import pytest
+from hypothesis import HealthCheck, settings
+
+from dopool import Runtime
+
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(autouse=True)
+def _stop_stray_actors() -> Iterator[None]:
+    """Fail loudly rather than leak threads if a test forgets to close its runtime."""
+    yield
+    pykka.ActorRegistry.stop_all()
+
+
+@pytest.fixture
+def store_path(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def sim(store_path: Path) -> Iterator[Runtime]:
+    """A runtime on a SimulatedClock at t=0 with seed 0, closed after the test."""
+    runtime = Runtime.simulated(store_path, seed=0)
+    yield runtime
+    runtime.close()
