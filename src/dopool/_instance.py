@@ -8,6 +8,7 @@ memory is needed for correctness; each message starts from the stored meta.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -17,8 +18,15 @@ import pykka
 
 from dopool._clock import Clock
 from dopool._context import EventContext
-from dopool._errors import DopoolError, PermanentError, QueueFullError, RetryAfter
-from dopool._mailbox import Mailbox
+from dopool._errors import (
+    DopoolError,
+    InstanceCrashedError,
+    PermanentError,
+    QueueFullError,
+    RetryAfter,
+    StorageError,
+)
+from dopool._mailbox import Mailbox, fail_reply
 from dopool._messages import (
     Alarm,
     Deliver,
@@ -26,6 +34,7 @@ from dopool._messages import (
     Drain,
     Enqueue,
     Item,
+    Kill,
     Pause,
     Purge,
     Recover,
@@ -79,6 +88,16 @@ class InstanceEnv:
     emit: Callable[[PoolEvent], None]
     router: Router
     mailboxes: list[Mailbox]
+    in_handler: threading.local  # .instance is the id of the instance whose handler runs
+    restart: Callable[[int, threading.Event], pykka.ActorRef[Any]]  # the supervisor
+
+
+class _Crash(Exception):
+    """Unwinds an instance from a fault point; it never leaves the actor."""
+
+    def __init__(self, point: str) -> None:
+        self.point = point
+        super().__init__(f"crashed at fault point {point!r}")
 
 
 class _Effects:
@@ -96,8 +115,9 @@ class _Effects:
 class InstanceActor(pykka.ThreadingActor):
     """One instance of a pool. Handles one message at a time, in its own thread."""
 
-    def __init__(self, spec: PoolSpec, index: int, env: InstanceEnv) -> None:
+    def __init__(self, spec: PoolSpec, index: int, env: InstanceEnv, kill: threading.Event) -> None:
         super().__init__()
+        self._kill = kill
         self._spec = spec
         self._index = index
         self._id = f"{spec.name}:{index}"
@@ -118,19 +138,43 @@ class InstanceActor(pykka.ThreadingActor):
             Purge: self._on_purge,
             Deliver: self._on_deliver,
             Delivered: self._on_delivered,
+            Kill: self._on_kill,
         }
 
     def on_receive(self, message: Any) -> None:
         try:
+            self._fault_point("receive")  # a kill lands before any later message
             self._handlers[type(message)](message)
+        except _Crash as crash:
+            self._crash(crash.point, message)
         except Exception as exc:
-            if not isinstance(exc, DopoolError):
+            engine_failure = isinstance(exc, StorageError) or not isinstance(exc, DopoolError)
+            if engine_failure:
                 logger.exception("instance %s failed handling %r", self._id, message)
             reply = getattr(message, "reply", None)
             if reply is not None:
                 reply.set_exception()
+            if engine_failure:  # the in-memory state is suspect: restart from storage
+                self._crash(f"{type(exc).__name__}: {exc}", None)
         finally:
             self._mailbox.finished()
+
+    # -- crashes -------------------------------------------------------------
+    def _fault_point(self, point: str) -> None:
+        """Crash here if this incarnation was killed; nothing uncommitted survives."""
+        if self._kill.is_set():
+            raise _Crash(point)
+
+    def _on_kill(self, _message: Kill) -> None:
+        """Nothing to do: ``on_receive``'s fault point already crashed a killed instance."""
+
+    def _crash(self, reason: str, message: Any) -> None:
+        """Die: fail the caller, hand the address to a fresh incarnation, stop quietly."""
+        fail_reply(message, InstanceCrashedError(self._id))
+        self._env.emit(self._event("crashed", self._clock.now(), error=reason))
+        self._armed = None
+        self._mailbox.replace(partial(self._env.restart, self._index), self.actor_inbox)  # type: ignore[arg-type]
+        self.stop()  # after the message in hand; the drained inbox holds nothing else
 
     # -- enqueue -----------------------------------------------------------
     def _on_enqueue(self, message: Enqueue) -> None:
@@ -149,6 +193,7 @@ class InstanceActor(pykka.ThreadingActor):
             results = self._append(txn, meta, message.items, now, effects)
             self._rearm(meta, now)
             self._ns.save_meta(txn, meta)
+            self._fault_point("enqueue")
         self._publish(meta, effects)
         message.reply.set(results)
 
@@ -194,6 +239,7 @@ class InstanceActor(pykka.ThreadingActor):
             return
         key, record = started
         self._env.emit(self._event("started", now, queue_key_sequence(key), meta.attempt))
+        self._fault_point("before_execute")
         self._execute(key, record, meta.attempt, now)
 
     def _start_attempt(self, txn: Txn, meta: Meta, now: float) -> tuple[bytes, EventRecord] | None:
@@ -232,10 +278,15 @@ class InstanceActor(pykka.ThreadingActor):
             _sleep=self._sleep,
         )
         failure: BaseException | None = None
+        in_handler = self._env.in_handler
+        in_handler.instance = self._id
         try:
             self._spec.execute(ctx)
         except Exception as exc:
             failure = exc
+        finally:
+            in_handler.instance = None
+        self._fault_point("after_execute")
         now = self._clock.now()
         effects = _Effects()
         with self._store.write() as txn:
@@ -336,6 +387,8 @@ class InstanceActor(pykka.ThreadingActor):
         effects = _Effects()
         with self._store.write() as txn:
             meta = self._ns.load_meta(txn)
+            if message.restarted:
+                meta.restarts += 1
             if meta.running and meta.current is not None:
                 record = self._ns.get_event(txn, meta.current)
                 meta.running = False
@@ -347,8 +400,11 @@ class InstanceActor(pykka.ThreadingActor):
             self._ns.save_meta(txn, meta)
             effects.deliveries.extend(self._ns.iter_outbox(txn))
         self._armed = object()  # type: ignore[assignment]  # force the clock to be told
+        if message.restarted:
+            effects.events.insert(0, self._event("recovered", now))
         self._publish(meta, effects)
-        message.reply.set(None)
+        if message.reply is not None:
+            message.reply.set(None)
 
     # -- control ---------------------------------------------------------------
     def _on_pause(self, message: Pause) -> None:

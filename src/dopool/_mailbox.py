@@ -1,25 +1,33 @@
-"""A stable address for an actor, which the clock and other actors send to."""
+"""A stable address for an actor, which callers, the clock and other actors send to."""
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pykka
 
 from dopool._clock import Activity
-from dopool._errors import PoolClosedError
-from dopool._messages import Alarm
+from dopool._errors import DopoolError, InstanceCrashedError, PoolClosedError
+from dopool._messages import Alarm, Deliver, Delivered, Kill, Recover
+
+# Messages the engine sends itself: they survive a crash and go to the restarted
+# instance. A caller's message caught in a crash gets InstanceCrashedError instead.
+_INTERNAL = (Alarm, Deliver, Delivered)
 
 
 class Mailbox:
     """Sends to one actor, counting each message for quiescence; refuses once closed.
 
-    A refused message with a reply future gets :class:`PoolClosedError`, so a
-    caller never waits on an actor that will not answer.
+    It outlives the actor: when an instance crashes, :meth:`replace` starts its
+    successor behind the same address, so senders never see the gap.
+    A refused message with a reply future gets an error, so no caller waits forever.
     """
 
-    __slots__ = ("_activity", "_closed", "_lock", "_ref", "key", "order", "pool")
+    __slots__ = ("_activity", "_closed", "_kill", "_lock", "_ref", "key", "order", "pool")
 
     def __init__(self, pool: str, index: int, key: str, activity: Activity) -> None:
         self.pool = pool
@@ -27,8 +35,14 @@ class Mailbox:
         self.order = (pool, index)
         self._activity = activity
         self._ref: pykka.ActorRef[Any] | None = None
+        self._kill = threading.Event()
         self._lock = threading.Lock()
         self._closed = False
+
+    @property
+    def kill_flag(self) -> threading.Event:
+        """Set when the current incarnation must crash at its next fault point."""
+        return self._kill
 
     def attach(self, ref: pykka.ActorRef[Any]) -> None:
         with self._lock:
@@ -46,9 +60,7 @@ class Mailbox:
                     self._activity.done(self.key)
                 else:
                     return True
-        reply = getattr(message, "reply", None)
-        if reply is not None:
-            reply.set_exception(exc_info=(PoolClosedError, PoolClosedError(self.pool), None))
+        fail_reply(message, PoolClosedError(self.pool))
         return False
 
     def finished(self) -> None:
@@ -58,8 +70,60 @@ class Mailbox:
     def fire_alarm(self) -> None:
         self.send(Alarm())
 
+    def kill(self) -> None:
+        """Make the current incarnation crash at its next fault point (at once if idle)."""
+        with self._lock:
+            if self._closed:
+                raise PoolClosedError(self.pool)
+            self._kill.set()
+        self.send(Kill())
+
+    def replace(
+        self,
+        start: Callable[[threading.Event], pykka.ActorRef[Any]],
+        inbox: queue.Queue[Any],
+    ) -> bool:
+        """Put a restarted actor behind this address; called by the dying actor.
+
+        The successor's first message is its recovery; engine messages still in
+        the dead actor's ``inbox`` follow it, callers' messages are failed.
+        Returns False (and restarts nothing) once the mailbox is closed.
+        """
+        with self._lock:
+            leftovers = []
+            while True:
+                try:
+                    leftovers.append(inbox.get_nowait().message)
+                except queue.Empty:
+                    break
+            restarted = not self._closed
+            if restarted:
+                self._kill = threading.Event()
+                self._ref = start(self._kill)
+                self._activity.sent(self.key)
+                self._ref.tell(Recover(None, restarted=True))
+            for message in leftovers:
+                if restarted and isinstance(message, _INTERNAL):
+                    self._ref.tell(message)  # type: ignore[union-attr]  # set just above
+                    continue
+                self._activity.done(self.key)
+                if restarted:
+                    fail_reply(message, InstanceCrashedError(self.key))
+                else:
+                    fail_reply(message, PoolClosedError(self.pool))
+            return restarted
+
     def close(self) -> pykka.ActorRef[Any] | None:
         """Refuse every later message; returns the actor to stop."""
         with self._lock:
             self._closed = True
             return self._ref
+
+
+def fail_reply(message: Any, error: DopoolError) -> None:
+    """Answer a message's reply future (if it has one that is still open) with ``error``."""
+    reply = getattr(message, "reply", None)
+    if reply is None:
+        return
+    with contextlib.suppress(queue.Full):  # already answered
+        reply.set_exception(exc_info=(type(error), error, None))

@@ -39,9 +39,18 @@ class Enqueue:
 
 @dataclass(frozen=True, slots=True)
 class Recover:
-    """Sent first to a started instance: settle a crashed attempt, re-arm the alarm."""
+    """Sent first to a started instance: settle a crashed attempt, re-arm the alarm.
 
-    reply: Reply
+    ``restarted`` is set when the supervisor restarts the instance after a crash.
+    """
+
+    reply: Reply | None
+    restarted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Kill:
+    """Crash now (``runtime.kill`` on an instance that is not inside its handler)."""
 
 
 @dataclass(frozen=True, slots=True)

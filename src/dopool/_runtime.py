@@ -78,6 +78,7 @@ class Runtime:
         self._actors: list[tuple[Mailbox, list[Mailbox]]] = []
         self._subscribers: list[Callable[[PoolEvent], Any]] = []
         self._temporary: Path | None = None
+        self._in_handler = threading.local()
         self._trace: IO[str] | None = None
         if trace is not None:
             self._trace = open(trace, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
@@ -117,6 +118,27 @@ class Runtime:
     def define(self, name: str, **options: Any) -> WorkerPool:
         """Same as ``WorkerPool.define(name, runtime=self, **options)``."""
         return WorkerPool.define(name, runtime=self, **options)
+
+    def kill(self, pool_name: str, index: int) -> None:
+        """Crash one instance as a fault would; it is restarted and recovers from storage.
+
+        Returns at once. From the instance's own handler, the crash happens at
+        its next fault point (after the handler returns, before its outcome
+        commits); otherwise before the instance handles any message sent after
+        this returns. Under a :class:`SimulatedClock` (outside a handler) it
+        also waits for the crash and recovery, so runs stay deterministic.
+        """
+        with self._lock:
+            if self._closed:
+                raise PoolClosedError(pool_name)
+            pool = self._pools.get(pool_name)
+            if pool is None:
+                raise ConfigurationError(f"no pool named {pool_name!r} in this runtime")
+            mailbox = pool._mailboxes[pool._check_index(index)]
+        mailbox.kill()
+        inside_handler = getattr(self._in_handler, "instance", None) is not None
+        if isinstance(self.clock, SimulatedClock) and not inside_handler:
+            self.clock.activity.wait_quiet()
 
     def subscribe(self, callback: Callable[[PoolEvent], Any]) -> Callable[[], None]:
         """Call ``callback`` with every :class:`PoolEvent`; returns a function that unsubscribes."""
@@ -189,6 +211,12 @@ class Runtime:
             ]
             router_mailbox = Mailbox(name, -1, f"{name}:router", activity)
             router = Router(concurrency)
+            env: InstanceEnv
+
+            def start(index: int, kill: threading.Event) -> pykka.ActorRef[Any]:
+                # The supervisor: a crashed instance is restarted from its namespace.
+                return InstanceActor.start(spec, index, env, kill)
+
             env = InstanceEnv(
                 store=self._store,
                 clock=self.clock,
@@ -196,9 +224,11 @@ class Runtime:
                 emit=self._emit,
                 router=router,
                 mailboxes=mailboxes,
+                in_handler=self._in_handler,
+                restart=start,
             )
             for index, mailbox in enumerate(mailboxes):
-                mailbox.attach(InstanceActor.start(spec, index, env))
+                mailbox.attach(start(index, mailbox.kill_flag))
             router_mailbox.attach(RouterActor.start(router, mailboxes, router_mailbox))
             self._actors.append((router_mailbox, mailboxes))
             # Recover one instance at a time, so a simulated run's trace is deterministic.
