@@ -11,7 +11,7 @@ import argparse
 import random
 import time
 
-from dopool import EventContext, RetryPolicy, Runtime
+from dopool import EventContext, RetryPolicy, Runtime, SimulatedClock
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     latencies: list[float] = []
 
     with Runtime.simulated(seed=args.seed) as runtime:
+        clock = runtime.clock
+        assert isinstance(clock, SimulatedClock)
 
         def handle(ctx: EventContext) -> None:
             event = ctx.event
@@ -34,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError("this event can never succeed")
             if ctx.attempt <= event["flaky"]:
                 raise ConnectionError(f"transient failure {ctx.attempt}")
-            latencies.append(runtime.clock.now() - ctx.enqueued_at)
+            latencies.append(clock.now() - ctx.enqueued_at)
 
         pool = runtime.define(
             "demo",
@@ -56,12 +58,12 @@ def main(argv: list[str] | None = None) -> int:
             pool.enqueue(event, partition_key=rng.choices(keys, weights)[0])
         # Let the burst run for a second of virtual time, then crash one instance:
         # the attempt it was in is counted and retried, nothing is lost.
-        runtime.clock.advance(1.0)
+        clock.advance(1.0)
         runtime.kill("demo", 0)
         finished = pool.join(timeout=120)
         status = pool.status()
         dead = pool.dead_letters()
-        virtual = runtime.clock.now()
+        virtual = clock.now()
     wall = time.perf_counter() - wall
 
     print(f"dopool simulation  seed={args.seed}  events={args.events}  instances={args.instances}")

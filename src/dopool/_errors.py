@@ -78,14 +78,20 @@ class EventTooLargeError(DopoolError):
 class QueueFullError(DopoolError):
     """The instance an event was routed to already holds ``max_queue_depth`` events."""
 
-    def __init__(self, *, pool: str, instance_index: int, depth: int, max_depth: int) -> None:
+    def __init__(
+        self, *, pool: str, instance_index: int, depth: int, max_depth: int, incoming: int = 1
+    ) -> None:
         self.pool = pool
         self.instance_index = instance_index
         self.depth = depth
         self.max_depth = max_depth
-        super().__init__(
-            f"instance {instance_index} of pool {pool!r} is full ({depth}/{max_depth})"
-        )
+        self.incoming = incoming
+        where = f"instance {instance_index} of pool {pool!r}"
+        if incoming == 1:
+            message = f"{where} is full ({depth}/{max_depth})"
+        else:
+            message = f"{where} cannot take {incoming} more events ({depth}/{max_depth} pending)"
+        super().__init__(message)
 
 
 class StoreLockedError(DopoolError):
@@ -128,18 +134,18 @@ class RetryAfter(DopoolError):
     """
 
     def __init__(self, seconds: float) -> None:
-        seconds = _seconds(seconds)
+        seconds = _seconds(seconds, "RetryAfter seconds")
         if not math.isfinite(seconds) or seconds < 0:
             raise ConfigurationError(f"RetryAfter needs a finite delay >= 0, got {seconds!r}")
         self.seconds = seconds
         super().__init__(f"retry after {seconds:g} s")
 
 
-def _seconds(value: Any) -> float:
+def _seconds(value: Any, name: str) -> float:
     """Accept a number or a ``timedelta`` and return seconds as a float."""
     total = getattr(value, "total_seconds", None)
     if callable(total):
         return float(total())
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigurationError(f"expected seconds or a timedelta, got {value!r}")
+        raise ConfigurationError(f"{name} must be seconds or a timedelta, got {value!r}")
     return float(value)

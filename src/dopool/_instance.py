@@ -88,7 +88,7 @@ class InstanceEnv:
     emit: Callable[[PoolEvent], None]
     router: Router
     mailboxes: list[Mailbox]
-    in_handler: threading.local  # .instance is the id of the instance whose handler runs
+    in_handler: threading.local  # .instance: (pool, index) whose handler this thread runs
     restart: Callable[[int, threading.Event], pykka.ActorRef[Any]]  # the supervisor
 
 
@@ -189,6 +189,7 @@ class InstanceActor(pykka.ThreadingActor):
                     instance_index=self._index,
                     depth=meta.pending,
                     max_depth=limit,
+                    incoming=len(message.items),
                 )
             results = self._append(txn, meta, message.items, now, effects)
             self._rearm(meta, now)
@@ -279,10 +280,10 @@ class InstanceActor(pykka.ThreadingActor):
         )
         failure: BaseException | None = None
         in_handler = self._env.in_handler
-        in_handler.instance = self._id
+        in_handler.instance = (self._spec.name, self._index)
         try:
             self._spec.execute(ctx)
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit too: a handler never takes the actor down
             failure = exc
         finally:
             in_handler.instance = None

@@ -114,6 +114,7 @@ class WorkerPool:
             PoolClosedError: the runtime is closed.
         """
         self._check_open()
+        self._refuse_own_instance(None)
         item = prepare(event, partition_key=partition_key, priority=priority, schema=self._schema)
         return self._route((item,), partition_key)[0]
 
@@ -126,6 +127,7 @@ class WorkerPool:
         other instances stored.
         """
         self._check_open()
+        self._refuse_own_instance(None)
         items = tuple(
             prepare(
                 event,
@@ -187,6 +189,8 @@ class WorkerPool:
                 raise ConfigurationError(f"redrive takes DeadLetter records, got {dead!r}")
             self._check_index(dead.instance_index)
             chosen.setdefault(dead.instance_index, set()).add(dead.sequence)
+        for index in chosen:
+            self._refuse_own_instance(index)
         futures = [
             self._send(index, partial(Redrive, frozenset(seqs)))
             for index, seqs in sorted(chosen.items())
@@ -197,6 +201,7 @@ class WorkerPool:
         """Send a message to one instance or to all at once, then gather the answers."""
         self._check_open()
         indices = range(self.concurrency) if index is None else [self._check_index(index)]
+        self._refuse_own_instance(index)
         futures = [self._send(i, message) for i in indices]
         return [future.get() for future in futures]
 
@@ -269,6 +274,12 @@ class WorkerPool:
         pool is paused). ``timeout`` is in wall-clock seconds; False on timeout.
         """
         self._check_open()
+        running = self._runtime.handler_running()
+        if running is not None:
+            raise ConfigurationError(
+                f"join() called from the handler of {running[0]}:{running[1]}, which it would "
+                "wait for forever"
+            )
         deadline = None if timeout is None else time.monotonic() + timeout
         clock = self._runtime.clock
         activity = clock.activity
@@ -297,6 +308,20 @@ class WorkerPool:
         keys = [mailbox.key for mailbox in self._mailboxes]
         keys.append(self._router.key)
         return not self._runtime.clock.activity.busy(keys)
+
+    def _refuse_own_instance(self, index: int | None) -> None:
+        """Refuse a call from a handler that would wait on that handler's own instance.
+
+        ``index=None`` means any instance of this pool may be involved.
+        """
+        running = self._runtime.handler_running()
+        if running is None or running[0] != self.name:
+            return
+        if index is None or index == running[1]:
+            raise ConfigurationError(
+                f"called from the handler of {self.name}:{running[1]}, which would wait on "
+                "itself forever; use ctx.enqueue for follow-ups, or address another instance"
+            )
 
     def _check_open(self) -> None:
         if self._runtime.closed:

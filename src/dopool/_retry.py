@@ -39,8 +39,8 @@ class RetryPolicy:
         if self.max_attempts < 1:
             raise ConfigurationError(f"max_attempts must be >= 1, got {self.max_attempts}")
         # Normalise timedeltas to seconds so the fields always read as floats.
-        object.__setattr__(self, "initial_delay", _seconds(self.initial_delay))
-        object.__setattr__(self, "max_delay", _seconds(self.max_delay))
+        object.__setattr__(self, "initial_delay", _seconds(self.initial_delay, "initial_delay"))
+        object.__setattr__(self, "max_delay", _seconds(self.max_delay, "max_delay"))
         object.__setattr__(self, "multiplier", _number("multiplier", self.multiplier))
         object.__setattr__(self, "jitter", _number("jitter", self.jitter))
         initial, maximum = self.initial_seconds, self.max_seconds

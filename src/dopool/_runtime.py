@@ -6,6 +6,7 @@ import atexit
 import json
 import logging
 import os
+import secrets
 import shutil
 import tempfile
 import threading
@@ -67,7 +68,8 @@ class Runtime:
             raise ConfigurationError("fault plans are not supported yet; pass faults=None")
         self._owns_clock = clock is None
         self.clock: Clock = RealClock() if clock is None else clock
-        self.seed = seed
+        # seed=None means "not reproducible": draw one, so jitter still varies run to run.
+        self.seed = secrets.randbits(64) if seed is None else seed
         self.durability = durability
         self._store = Store(path, durability=durability)
         self.path = self._store.path
@@ -81,7 +83,11 @@ class Runtime:
         self._in_handler = threading.local()
         self._trace: IO[str] | None = None
         if trace is not None:
-            self._trace = open(trace, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            try:
+                self._trace = open(trace, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            except OSError as exc:
+                self._store.close()
+                raise ConfigurationError(f"cannot open trace file {str(trace)!r}: {exc}") from exc
 
     @classmethod
     def simulated(
@@ -93,6 +99,10 @@ class Runtime:
         **options: Any,
     ) -> Runtime:
         """A runtime on a new :class:`SimulatedClock`; ``path=None`` uses a temporary directory."""
+        if "clock" in options:
+            raise ConfigurationError(
+                "Runtime.simulated makes its own SimulatedClock; pass no clock"
+            )
         temporary = None
         if path is None:
             temporary = Path(tempfile.mkdtemp(prefix="dopool-"))
@@ -136,9 +146,14 @@ class Runtime:
                 raise ConfigurationError(f"no pool named {pool_name!r} in this runtime")
             mailbox = pool._mailboxes[pool._check_index(index)]
         mailbox.kill()
-        inside_handler = getattr(self._in_handler, "instance", None) is not None
+        inside_handler = self.handler_running() is not None
         if isinstance(self.clock, SimulatedClock) and not inside_handler:
             self.clock.activity.wait_quiet()
+
+    def handler_running(self) -> tuple[str, int] | None:
+        """``(pool, index)`` if the calling thread is running that instance's handler."""
+        running: tuple[str, int] | None = getattr(self._in_handler, "instance", None)
+        return running
 
     def subscribe(self, callback: Callable[[PoolEvent], Any]) -> Callable[[], None]:
         """Call ``callback`` with every :class:`PoolEvent`; returns a function that unsubscribes."""
@@ -270,11 +285,19 @@ class Runtime:
             if self._closed:
                 return
             self._closed = True
-            for router, mailboxes in self._actors:
-                _stop(router)
-                for mailbox in mailboxes:
-                    _stop(mailbox)
-                    self.clock.set_alarm(mailbox, None)
+            for router, _ in self._actors:
+                _stop(router)  # first, so everything it routed reaches the instances
+            instances = [mailbox for _, mailboxes in self._actors for mailbox in mailboxes]
+            refs = [mailbox.close() for mailbox in instances]
+            if isinstance(self.clock, SimulatedClock):
+                # A handler asleep in virtual time finishes only if the clock moves.
+                keys = [mailbox.key for mailbox in instances]
+                while self.clock.activity.busy(keys) and self.clock.step():
+                    pass
+            for mailbox, ref in zip(instances, refs, strict=True):
+                if ref is not None:
+                    ref.stop(block=True)
+                self.clock.set_alarm(mailbox, None)
             self._actors.clear()
             with self._emit_lock:
                 if self._trace is not None:

@@ -1,0 +1,1 @@
+"""Throughput benchmarks for dopool on disk; run them with ``python -m benchmarks``."""

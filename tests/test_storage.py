@@ -1,0 +1,503 @@
+"""The storage layer on its own: namespaces, key order, encoding, transactions, the lock."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dopool import EventValidationError, StoreLockedError
+from dopool._errors import StorageError
+from dopool._storage import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    DeadRecord,
+    EventRecord,
+    Meta,
+    Namespace,
+    OutboxRecord,
+    Store,
+    encode_event,
+    queue_key_priority,
+    queue_key_sequence,
+    unpack,
+)
+
+
+@pytest.fixture
+def store(store_path: Path) -> Iterator[Store]:
+    store = Store(store_path)
+    yield store
+    store.close()
+
+
+@pytest.fixture(scope="module")
+def shared_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    """One store for property tests; each example takes fresh namespaces."""
+    store = Store(tmp_path_factory.mktemp("shared") / "store", durability="async")
+    yield store
+    store.close()
+
+
+_fresh = itertools.count()
+
+
+def fresh_pool() -> str:
+    return f"prop{next(_fresh)}"
+
+
+def record(tag: str = "e", *, priority: int = 0) -> EventRecord:
+    return EventRecord(encode_event(tag), 1.5, None, priority)
+
+
+def put(store: Store, ns: Namespace, priority: int, sequence: int) -> bytes:
+    key = ns.queue_key(priority, sequence)
+    with store.write() as txn:
+        ns.put_event(txn, key, record(f"{priority}/{sequence}", priority=priority))
+    return key
+
+
+# -- meta ----------------------------------------------------------------------
+
+
+def test_meta_defaults_when_absent(store: Store) -> None:
+    with store.read() as txn:
+        assert Namespace("a", 0).load_meta(txn) == Meta()
+    assert Meta().alarm is None
+    assert Meta().priorities == {}
+
+
+def test_meta_round_trips_every_field(store: Store) -> None:
+    ns = Namespace("a", 0)
+    meta = Meta(
+        tail=42,
+        pending=3,
+        enqueued=45,
+        succeeded=30,
+        dead_lettered=10,
+        drained=2,
+        paused=True,
+        alarm=1234.5,
+        current=ns.queue_key(-7, 39),
+        attempt=2,
+        running=True,
+        started_at=1200.25,
+        retry_at=1300.0,
+        restarts=4,
+        outbox_next=9,
+        outbox=1,
+        dead_letters=8,
+        priorities={0: 2, -7: 1, PRIORITY_MAX: 0},
+    )
+    with store.write() as txn:
+        ns.save_meta(txn, meta)
+    with store.read() as txn:
+        loaded = ns.load_meta(txn)
+        assert Namespace("a", 1).load_meta(txn) == Meta()
+    assert loaded == meta
+    assert isinstance(loaded.current, bytes)
+
+
+def test_pool_records_round_trip(store: Store) -> None:
+    with store.write() as txn:
+        assert store.get_pool(txn, "orders") is None
+        store.put_pool(txn, "orders", {"concurrency": 4})
+    with store.read() as txn:
+        assert store.get_pool(txn, "orders") == {"concurrency": 4}
+        assert store.get_pool(txn, "order") is None
+
+
+# -- queue keys ----------------------------------------------------------------
+
+
+def test_queue_key_decodes_priority_and_sequence() -> None:
+    ns = Namespace("a", 3)
+    for priority, sequence in [(0, 0), (PRIORITY_MAX, 2**64 - 1), (PRIORITY_MIN, 7), (-1, 1)]:
+        key = ns.queue_key(priority, sequence)
+        assert key.startswith(ns.prefix)
+        assert queue_key_priority(key) == priority
+        assert queue_key_sequence(key) == sequence
+
+
+def test_events_round_trip(store: Store) -> None:
+    ns = Namespace("a", 0)
+    key = ns.queue_key(5, 0)
+    stored = EventRecord(encode_event({"id": 1}), 10.0, "user-1", 5)
+    with store.write() as txn:
+        ns.put_event(txn, key, stored)
+    with store.read() as txn:
+        got = ns.get_event(txn, key)
+        assert ns.get_event(txn, ns.queue_key(5, 1)) is None
+    assert got == stored
+    assert got is not None
+    assert unpack(got.event) == {"id": 1}
+
+
+@given(
+    entries=st.lists(
+        st.tuples(
+            st.one_of(st.integers(-3, 3), st.integers(PRIORITY_MIN, PRIORITY_MAX)),
+            st.integers(0, 2**64 - 1),
+        ),
+        min_size=1,
+        max_size=30,
+        unique_by=lambda entry: entry[1],  # sequences are unique within an instance
+    )
+)
+def test_queue_order_is_priority_descending_then_sequence(
+    shared_store: Store, entries: list[tuple[int, int]]
+) -> None:
+    pool = fresh_pool()
+    ns, neighbour = Namespace(pool, 1), Namespace(pool, 10)  # adjacent in key order
+    with shared_store.write() as txn:
+        for priority, sequence in entries:  # in the drawn (random) order
+            ns.put_event(txn, ns.queue_key(priority, sequence), record(priority=priority))
+        neighbour.put_event(txn, neighbour.queue_key(PRIORITY_MAX, 0), record())
+    expected = sorted(entries, key=lambda entry: (-entry[0], entry[1]))
+    with shared_store.read() as txn:
+        first = ns.first_event_key(txn)
+        keys = list(ns.iter_event_keys(txn))
+    assert first is not None
+    assert (queue_key_priority(first), queue_key_sequence(first)) == expected[0]
+    assert [(queue_key_priority(k), queue_key_sequence(k)) for k in keys] == expected
+    with shared_store.write() as txn:
+        assert ns.delete_events(txn) == len(entries)
+        assert neighbour.delete_events(txn) == 1
+
+
+def test_first_event_key_of_an_empty_queue_is_none_despite_neighbours(store: Store) -> None:
+    a1, a10, ab1 = Namespace("a", 1), Namespace("a", 10), Namespace("ab", 1)
+    with store.write() as txn:
+        # a:1 holds everything but events: a dead letter sorts before its queue, a
+        # delivery mark after it; a:10 and ab:1 hold events right after a:1's keys.
+        a1.put_dead_letter(txn, 0, dead_record())
+        a1.set_delivered(txn, 0, 5)
+        a10.put_event(txn, a10.queue_key(0, 0), record())
+        ab1.put_event(txn, ab1.queue_key(0, 0), record())
+    with store.read() as txn:
+        assert a1.first_event_key(txn) is None
+        assert list(a1.iter_event_keys(txn)) == []
+        assert a10.first_event_key(txn) == a10.queue_key(0, 0)
+
+
+def test_first_event_key_at_the_end_of_the_database(store: Store) -> None:
+    with store.read() as txn:
+        assert Namespace("zzz", 0).first_event_key(txn) is None
+
+
+def test_delete_event_removes_one_key(store: Store) -> None:
+    ns = Namespace("a", 0)
+    keys = [put(store, ns, 0, seq) for seq in range(3)]
+    with store.write() as txn:
+        ns.delete_event(txn, keys[0])
+    with store.read() as txn:
+        assert ns.first_event_key(txn) == keys[1]
+        assert list(ns.iter_event_keys(txn)) == keys[1:]
+
+
+# -- isolation between namespaces ------------------------------------------------
+
+
+def fill(store: Store, ns: Namespace, events: int, dead: int) -> None:
+    with store.write() as txn:
+        for seq in range(events):
+            ns.put_event(txn, ns.queue_key(seq % 3, seq), record())
+        for seq in range(dead):
+            ns.put_dead_letter(txn, seq, dead_record())
+        ns.save_meta(txn, Meta(tail=events))
+        ns.put_outbox(txn, 0, outbox_record())
+        ns.set_delivered(txn, 1, 3)
+
+
+def counts(store: Store, ns: Namespace) -> tuple[int, int, int]:
+    with store.read() as txn:
+        return ns.count_keys(txn, b"q"), ns.count_keys(txn, b"d"), ns.count_keys(txn, b"o")
+
+
+@pytest.mark.parametrize(
+    ("target", "others"),
+    [
+        (("a", 1), [("a", 10), ("a", 0), ("a", 2), ("ab", 1), ("b", 1)]),
+        (("a", 10), [("a", 1), ("a", 100), ("a", 11)]),
+        (("ab", 1), [("a", 1), ("abc", 1), ("ab", 10)]),
+        (("z", 9), [("a", 9), ("z", 90)]),  # the last keys of the database
+    ],
+)
+def test_deletes_touch_only_their_own_instance(
+    store: Store, target: tuple[str, int], others: list[tuple[str, int]]
+) -> None:
+    mine = Namespace(*target)
+    neighbours = [Namespace(*other) for other in others]
+    fill(store, mine, events=5, dead=4)
+    for n, ns in enumerate(neighbours):
+        fill(store, ns, events=2 + n, dead=1 + n)
+
+    with store.write() as txn:
+        assert mine.delete_events(txn) == 5
+    assert counts(store, mine) == (0, 4, 1)
+    with store.write() as txn:
+        assert mine.delete_dead_letters(txn) == 4
+        assert mine.delete_events(txn) == 0
+        assert mine.delete_dead_letters(txn) == 0
+    assert counts(store, mine) == (0, 0, 1)
+
+    with store.read() as txn:
+        assert mine.load_meta(txn) == Meta(tail=5)
+        assert mine.last_delivered(txn, 1) == 3
+    for n, ns in enumerate(neighbours):
+        assert counts(store, ns) == (2 + n, 1 + n, 1), ns.prefix
+
+
+# -- dead letters, outbox, delivery marks ------------------------------------------
+
+
+def dead_record(error: str = "boom", partition_key: str | None = None) -> DeadRecord:
+    return DeadRecord(encode_event({"x": b"\x00"}), error, 3, 1.0, 9.5, partition_key, -2)
+
+
+def outbox_record(target: int = 1) -> OutboxRecord:
+    return OutboxRecord(target, encode_event(["follow", "up"]), 4.0, "k", 1)
+
+
+def test_dead_letters_round_trip_in_sequence_order(store: Store) -> None:
+    ns = Namespace("a", 0)
+    records = {7: dead_record("seven", "pk"), 2: dead_record("two"), 300: dead_record("big")}
+    with store.write() as txn:
+        for seq, rec in records.items():
+            ns.put_dead_letter(txn, seq, rec)
+    with store.read() as txn:
+        assert list(ns.iter_dead_letters(txn)) == sorted(records.items())
+    with store.write() as txn:
+        assert ns.pop_dead_letter(txn, 7) == records[7]
+        assert ns.pop_dead_letter(txn, 7) is None
+        assert ns.pop_dead_letter(txn, 8) is None
+    with store.read() as txn:
+        assert [seq for seq, _ in ns.iter_dead_letters(txn)] == [2, 300]
+    assert unpack(records[7].event) == {"x": b"\x00"}
+
+
+def test_outbox_round_trips(store: Store) -> None:
+    ns = Namespace("a", 0)
+    with store.write() as txn:
+        ns.put_outbox(txn, 1, outbox_record(2))
+        ns.put_outbox(txn, 0, outbox_record(0))
+    with store.read() as txn:
+        assert list(ns.iter_outbox(txn)) == [(0, outbox_record(0)), (1, outbox_record(2))]
+    with store.write() as txn:
+        assert ns.delete_outbox(txn, 0) is True
+        assert ns.delete_outbox(txn, 0) is False
+    with store.read() as txn:
+        assert list(ns.iter_outbox(txn)) == [(1, outbox_record(2))]
+        assert Namespace("a", 1).count_keys(txn, b"o") == 0
+
+
+def test_last_delivered_per_source(store: Store) -> None:
+    ns = Namespace("a", 0)
+    with store.read() as txn:
+        assert ns.last_delivered(txn, 0) == -1
+    with store.write() as txn:
+        ns.set_delivered(txn, 0, 5)
+        ns.set_delivered(txn, 3, 2**64 - 1)
+    with store.write() as txn:
+        ns.set_delivered(txn, 0, 6)
+    with store.read() as txn:
+        assert ns.last_delivered(txn, 0) == 6
+        assert ns.last_delivered(txn, 3) == 2**64 - 1
+        assert ns.last_delivered(txn, 1) == -1
+        assert Namespace("a", 1).last_delivered(txn, 0) == -1
+
+
+# -- transactions ----------------------------------------------------------------
+
+
+def test_an_exception_inside_a_write_rolls_it_back(store: Store) -> None:
+    ns = Namespace("a", 0)
+    put(store, ns, 0, 0)
+
+    def failing_write() -> None:
+        with store.write() as txn:
+            ns.put_event(txn, ns.queue_key(0, 1), record())
+            ns.delete_event(txn, ns.queue_key(0, 0))
+            ns.save_meta(txn, Meta(tail=2))
+            ns.put_dead_letter(txn, 0, dead_record())
+            raise RuntimeError("handler blew up")
+
+    with pytest.raises(RuntimeError, match="handler blew up"):
+        failing_write()
+    with store.read() as txn:
+        assert list(ns.iter_event_keys(txn)) == [ns.queue_key(0, 0)]
+        assert ns.load_meta(txn) == Meta()
+        assert list(ns.iter_dead_letters(txn)) == []
+
+
+def test_lmdb_errors_are_mapped_to_storage_error(store: Store) -> None:
+    with pytest.raises(StorageError) as info, store.write() as txn:
+        txn.put(b"k" * 1000, b"v")  # over LMDB's maximum key size
+    assert isinstance(info.value.__cause__, lmdb.Error)
+    with store.read() as txn:
+        assert txn.get(b"k" * 1000) is None
+
+
+def test_a_read_does_not_see_a_later_commit(store: Store) -> None:
+    ns = Namespace("a", 0)
+    with store.read() as txn:
+        put(store, ns, 0, 0)
+        assert ns.first_event_key(txn) is None
+    with store.read() as txn:
+        assert ns.first_event_key(txn) == ns.queue_key(0, 0)
+
+
+# -- encoding --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {1, 2},
+        frozenset({1}),
+        object(),
+        {"nested": [1, {2}]},
+        2**64,
+        -(2**63) - 1,
+        "\ud800",
+        {"key": "bad \udc80 surrogate"},
+        1j,
+    ],
+    ids=repr,
+)
+def test_encode_event_rejects_what_msgpack_cannot_encode(event: Any) -> None:
+    with pytest.raises(EventValidationError, match="not msgpack-encodable") as info:
+        encode_event(event)
+    assert info.value.position is None
+    assert info.value.__cause__ is not None
+
+
+def test_encode_event_carries_the_position() -> None:
+    with pytest.raises(EventValidationError) as info:
+        encode_event({1}, position=3)
+    assert info.value.position == 3
+
+
+@pytest.mark.parametrize(
+    ("event", "decoded"),
+    [
+        ((1, "two", (3,)), [1, "two", [3]]),
+        (b"\x00\xff", b"\x00\xff"),
+        (
+            {"a": [None, True, 1.5, -(2**63), 2**64 - 1]},
+            {"a": [None, True, 1.5, -(2**63), 2**64 - 1]},
+        ),
+        ({1: "int keys"}, {1: "int keys"}),
+        ("", ""),
+    ],
+)
+def test_encode_event_round_trips(event: Any, decoded: Any) -> None:
+    data = encode_event(event)
+    assert isinstance(data, bytes)
+    assert unpack(data) == decoded
+    assert type(unpack(data)) is type(decoded)
+
+
+# -- durability modes and reopening -------------------------------------------------
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_committed_data_survives_close_and_reopen(store_path: Path, durability: str) -> None:
+    ns = Namespace("a", 0)
+    first = Store(store_path, durability=durability)
+    try:
+        put(first, ns, 1, 0)
+        with first.write() as txn:
+            ns.save_meta(txn, Meta(tail=1, pending=1, enqueued=1))
+    finally:
+        first.close()
+    second = Store(store_path, durability=durability)
+    try:
+        with second.read() as txn:
+            assert list(ns.iter_event_keys(txn)) == [ns.queue_key(1, 0)]
+            assert ns.load_meta(txn) == Meta(tail=1, pending=1, enqueued=1)
+    finally:
+        second.close()
+
+
+def test_store_creates_missing_directories(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "er" / "store"
+    Store(path).close()
+    assert (path / "data").is_dir()
+
+
+def test_close_is_idempotent(store_path: Path) -> None:
+    store = Store(store_path)
+    store.close()
+    store.close()
+
+
+# -- the store lock --------------------------------------------------------------
+
+
+def test_a_second_store_in_this_process_is_refused(store: Store, store_path: Path) -> None:
+    with pytest.raises(StoreLockedError) as info:
+        Store(store_path)
+    assert info.value.path == str(store_path)
+    assert f"pid {os.getpid()} " in info.value.holder
+    assert info.value.holder.endswith("(this process)")
+    assert info.value.holder in str(info.value)
+    # A refused open must not disturb the holder: still locked, still usable.
+    with pytest.raises(StoreLockedError):
+        Store(store_path)
+    put(store, Namespace("a", 0), 0, 0)
+
+
+_OPEN_IN_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    from dopool import StoreLockedError
+    from dopool._storage import Store
+    try:
+        Store(sys.argv[1]).close()
+    except StoreLockedError as exc:
+        print(json.dumps({"outcome": "locked", "holder": exc.holder, "path": exc.path}))
+    else:
+        print(json.dumps({"outcome": "opened"}))
+    """
+)
+
+
+def open_in_child(path: Path) -> dict[str, str]:
+    done = subprocess.run(
+        [sys.executable, "-c", _OPEN_IN_CHILD, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    result: dict[str, str] = json.loads(done.stdout)
+    return result
+
+
+def test_a_store_in_another_process_is_refused_naming_this_pid(
+    store: Store, store_path: Path
+) -> None:
+    result = open_in_child(store_path)
+    assert result["outcome"] == "locked"
+    assert result["path"] == str(store_path)
+    assert result["holder"].startswith(f"pid {os.getpid()} ")
+    assert "(this process)" not in result["holder"]
+
+
+def test_after_close_the_store_can_be_opened_again(store_path: Path) -> None:
+    Store(store_path).close()
+    assert open_in_child(store_path) == {"outcome": "opened"}
+    reopened = Store(store_path)
+    reopened.close()
