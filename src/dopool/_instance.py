@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -56,8 +57,12 @@ from dopool._storage import (
     unpack,
 )
 from dopool._types import DeadLetter, EmptyInfo, EnqueueResult, EventKind, PoolEvent
+from dopool.chaos import FaultInjector
 
 logger = logging.getLogger("dopool")
+
+ALARM_RETRY_FIRST = 2.0  # seconds before a failed alarm delivery is retried; doubles
+ALARM_RETRY_MAX = 60.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,6 +95,7 @@ class InstanceEnv:
     mailboxes: list[Mailbox]
     in_handler: threading.local  # .instance: (pool, index) whose handler this thread runs
     restart: Callable[[int, threading.Event], pykka.ActorRef[Any]]  # the supervisor
+    faults: list[FaultInjector]  # one per instance, outliving its incarnations
 
 
 class _Crash(Exception):
@@ -118,6 +124,7 @@ class InstanceActor(pykka.ThreadingActor):
     def __init__(self, spec: PoolSpec, index: int, env: InstanceEnv, kill: threading.Event) -> None:
         super().__init__()
         self._kill = kill
+        self._faults = env.faults[index]
         self._spec = spec
         self._index = index
         self._id = f"{spec.name}:{index}"
@@ -160,10 +167,22 @@ class InstanceActor(pykka.ThreadingActor):
             self._mailbox.finished()
 
     # -- crashes -------------------------------------------------------------
-    def _fault_point(self, point: str) -> None:
-        """Crash here if this incarnation was killed; nothing uncommitted survives."""
+    def _fault_point(self, point: str, fault: str | None = None) -> None:
+        """Crash here if this incarnation was killed, or if the fault plan says so.
+
+        Whatever was not committed yet is lost with the actor.
+        """
         if self._kill.is_set():
             raise _Crash(point)
+        if fault is not None and self._faults.fires(fault):
+            raise _Crash(fault)
+
+    @contextmanager
+    def _write(self) -> Iterator[Txn]:
+        """A write transaction that may fail (``storage_error``) just before it commits."""
+        with self._store.write() as txn:
+            yield txn
+            self._fault_point("storage_write", "storage_error")
 
     def _on_kill(self, _message: Kill) -> None:
         """Nothing to do: ``on_receive``'s fault point already crashed a killed instance."""
@@ -180,7 +199,7 @@ class InstanceActor(pykka.ThreadingActor):
     def _on_enqueue(self, message: Enqueue) -> None:
         now = self._clock.now()
         effects = _Effects()
-        with self._store.write() as txn:
+        with self._write() as txn:
             meta = self._ns.load_meta(txn)
             limit = self._spec.max_queue_depth
             if limit is not None and meta.pending + len(message.items) > limit:
@@ -194,7 +213,7 @@ class InstanceActor(pykka.ThreadingActor):
             results = self._append(txn, meta, message.items, now, effects)
             self._rearm(meta, now)
             self._ns.save_meta(txn, meta)
-            self._fault_point("enqueue")
+            self._fault_point("enqueue", "crash_during_enqueue")
         self._publish(meta, effects)
         message.reply.set(results)
 
@@ -228,11 +247,19 @@ class InstanceActor(pykka.ThreadingActor):
     def _on_alarm(self, _message: Alarm) -> None:
         now = self._clock.now()
         self._armed = None  # the clock consumed it
-        with self._store.write() as txn:
+        with self._write() as txn:
             meta = self._ns.load_meta(txn)
             if meta.alarm is None or meta.alarm > now or meta.running:
                 started = None  # a stale or early delivery: harmless
+            elif self._faults.fires("alarm_error"):
+                # The delivery failed before doing anything: retry it later, never drop it.
+                meta.alarm_failures += 1
+                backoff = min(ALARM_RETRY_FIRST * 2 ** (meta.alarm_failures - 1), ALARM_RETRY_MAX)
+                meta.alarm = now + backoff
+                self._ns.save_meta(txn, meta)
+                started = None
             else:
+                meta.alarm_failures = 0
                 started = self._start_attempt(txn, meta, now)
                 self._ns.save_meta(txn, meta)
         if started is None:
@@ -240,7 +267,7 @@ class InstanceActor(pykka.ThreadingActor):
             return
         key, record = started
         self._env.emit(self._event("started", now, queue_key_sequence(key), meta.attempt))
-        self._fault_point("before_execute")
+        self._fault_point("before_execute", "crash_before_execute")
         self._execute(key, record, meta.attempt, now)
 
     def _start_attempt(self, txn: Txn, meta: Meta, now: float) -> tuple[bytes, EventRecord] | None:
@@ -287,10 +314,10 @@ class InstanceActor(pykka.ThreadingActor):
             failure = exc
         finally:
             in_handler.instance = None
-        self._fault_point("after_execute")
+        self._fault_point("after_execute", "crash_after_execute")
         now = self._clock.now()
         effects = _Effects()
-        with self._store.write() as txn:
+        with self._write() as txn:
             meta = self._ns.load_meta(txn)
             meta.running = False
             meta.started_at = None
@@ -386,7 +413,7 @@ class InstanceActor(pykka.ThreadingActor):
         """Settle an attempt a crash interrupted, re-arm the alarm, resend the outbox."""
         now = self._clock.now()
         effects = _Effects()
-        with self._store.write() as txn:
+        with self._write() as txn:
             meta = self._ns.load_meta(txn)
             if message.restarted:
                 meta.restarts += 1
@@ -417,7 +444,7 @@ class InstanceActor(pykka.ThreadingActor):
     def _set_paused(self, paused: bool, message: Pause | Resume) -> None:
         now = self._clock.now()
         effects = _Effects()
-        with self._store.write() as txn:
+        with self._write() as txn:
             meta = self._ns.load_meta(txn)
             if meta.paused != paused:
                 meta.paused = paused
@@ -430,7 +457,7 @@ class InstanceActor(pykka.ThreadingActor):
     def _on_drain(self, message: Drain) -> None:
         now = self._clock.now()
         effects = _Effects()
-        with self._store.write() as txn:
+        with self._write() as txn:
             meta = self._ns.load_meta(txn)
             removed = self._ns.delete_events(txn)
             meta.drained += meta.pending
@@ -451,7 +478,7 @@ class InstanceActor(pykka.ThreadingActor):
     def _on_redrive(self, message: Redrive) -> None:
         now = self._clock.now()
         effects = _Effects()
-        with self._store.write() as txn:
+        with self._write() as txn:
             meta = self._ns.load_meta(txn)
             wanted = message.sequences
             chosen = [
@@ -472,7 +499,7 @@ class InstanceActor(pykka.ThreadingActor):
         message.reply.set(len(items))
 
     def _on_purge(self, message: Purge) -> None:
-        with self._store.write() as txn:
+        with self._write() as txn:
             meta = self._ns.load_meta(txn)
             count = self._ns.delete_dead_letters(txn)
             meta.dead_letters = 0
@@ -484,7 +511,7 @@ class InstanceActor(pykka.ThreadingActor):
         """Accept a follow-up from another instance's outbox, once, then acknowledge it."""
         now = self._clock.now()
         effects = _Effects()
-        with self._store.write() as txn:
+        with self._write() as txn:
             meta = self._ns.load_meta(txn)
             if message.oseq > self._ns.last_delivered(txn, message.source):
                 record = message.record
@@ -499,7 +526,7 @@ class InstanceActor(pykka.ThreadingActor):
         self._clock.deliver(source.order, partial(source.send, ack))
 
     def _on_delivered(self, message: Delivered) -> None:
-        with self._store.write() as txn:
+        with self._write() as txn:
             if self._ns.delete_outbox(txn, message.oseq):
                 meta = self._ns.load_meta(txn)
                 meta.outbox -= 1
@@ -510,10 +537,17 @@ class InstanceActor(pykka.ThreadingActor):
         """Point the alarm slot where the committed state needs it."""
         if meta.paused or meta.pending == 0:
             meta.alarm = None
-        elif meta.current is not None and meta.retry_at is not None:
-            meta.alarm = meta.retry_at  # a backoff is never shortened
-        elif meta.alarm is None or meta.alarm > now:
-            meta.alarm = now
+            meta.alarm_failures = 0
+            return
+        if meta.current is not None and meta.retry_at is not None:
+            due = meta.retry_at  # a retry's backoff is never shortened
+        elif meta.alarm is not None and meta.alarm <= now:
+            due = meta.alarm  # already due: keep it
+        else:
+            due = now
+        if meta.alarm_failures and meta.alarm is not None:
+            due = max(due, meta.alarm)  # nor is a failing alarm's backoff
+        meta.alarm = due
 
     def _sync_alarm(self, meta: Meta) -> None:
         if meta.alarm != self._armed:

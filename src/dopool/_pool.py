@@ -14,7 +14,7 @@ from dopool._context import EventContext
 from dopool._errors import ConfigurationError, DopoolError, PoolClosedError
 from dopool._instance import PoolSpec, dead_letter_from_record
 from dopool._mailbox import Mailbox
-from dopool._messages import Drain, Item, Pause, Purge, Redrive, Resume, Route
+from dopool._messages import Drain, Enqueue, Item, Pause, Purge, Redrive, Resume, Route
 from dopool._retry import RetryPolicy
 from dopool._storage import Meta, Namespace, queue_key_sequence
 from dopool._types import DeadLetter, EmptyInfo, EnqueueResult, InstanceStatus, PoolStatus
@@ -44,6 +44,7 @@ class WorkerPool:
         self._mailboxes = mailboxes
         self._router = router
         self._namespaces = [Namespace(spec.name, i) for i in range(spec.concurrency)]
+        self._sequential = isinstance(runtime.clock, SimulatedClock)
 
     @classmethod
     def define(
@@ -144,12 +145,19 @@ class WorkerPool:
 
     def _route(self, items: tuple[Item, ...], partition_key: str | None) -> list[EnqueueResult]:
         reply: pykka.Future[Any] = pykka.ThreadingFuture()
-        self._router.send(Route(items, partition_key, reply))
-        parts: list[tuple[int, pykka.Future[Any], list[int]]] = reply.get()
+        # A batch spread over several instances at once would commit in thread
+        # order; under a simulated clock each part goes in turn instead.
+        forward = len(items) == 1 or not self._sequential
+        self._router.send(Route(items, partition_key, reply, forward))
+        parts: list[tuple[int, pykka.Future[Any] | None, list[int]]] = reply.get()
         results: list[EnqueueResult | None] = [None] * len(items)
         failure: DopoolError | None = None
-        for _, future, positions in parts:
+        for index, forwarded, positions in parts:
             try:
+                future = forwarded
+                if future is None:
+                    part = tuple(items[p] for p in positions)
+                    future = self._send(index, partial(Enqueue, part))
                 stored = future.get()
             except DopoolError as exc:
                 failure = failure or exc
@@ -191,17 +199,18 @@ class WorkerPool:
             chosen.setdefault(dead.instance_index, set()).add(dead.sequence)
         for index in chosen:
             self._refuse_own_instance(index)
-        futures = [
-            self._send(index, partial(Redrive, frozenset(seqs)))
-            for index, seqs in sorted(chosen.items())
-        ]
-        return sum(future.get() for future in futures)
+        total = 0
+        for index, seqs in sorted(chosen.items()):
+            total += self._each(index, partial(Redrive, frozenset(seqs)))[0]
+        return total
 
     def _each(self, index: int | None, message: Callable[[pykka.Future[Any]], Any]) -> list[Any]:
         """Send a message to one instance or to all at once, then gather the answers."""
         self._check_open()
         indices = range(self.concurrency) if index is None else [self._check_index(index)]
         self._refuse_own_instance(index)
+        if self._sequential:  # one instance at a time, so a simulated run is reproducible
+            return [self._send(i, message).get() for i in indices]
         futures = [self._send(i, message) for i in indices]
         return [future.get() for future in futures]
 

@@ -44,7 +44,8 @@ class RouterActor(pykka.ThreadingActor):
     """One per pool: splits a batch by instance and forwards each part, without waiting.
 
     The caller's reply future gets one ``(index, future, positions)`` triple per
-    instance; the instances answer those futures directly.
+    instance; the instances answer those futures directly. When the route is
+    only planned (``forward=False``) the futures are None.
     """
 
     def __init__(self, router: Router, instances: list[Mailbox], mailbox: Mailbox) -> None:
@@ -65,8 +66,11 @@ class RouterActor(pykka.ThreadingActor):
         for position in range(len(message.items)):
             index = self._router.choose(message.partition_key)
             groups.setdefault(index, []).append(position)
-        parts = []
+        parts: list[tuple[int, pykka.Future[Any] | None, list[int]]] = []
         for index, positions in groups.items():
+            if not message.forward:
+                parts.append((index, None, positions))
+                continue
             reply: pykka.Future[Any] = pykka.ThreadingFuture()
             items = tuple(message.items[p] for p in positions)
             self._instances[index].send(Enqueue(items, reply))

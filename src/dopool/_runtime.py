@@ -28,6 +28,7 @@ from dopool._router import Router, RouterActor
 from dopool._storage import Namespace, Store
 from dopool._types import DeadLetter, EmptyInfo, PoolEvent
 from dopool._validation import Schema, check_pool_name, prepare
+from dopool.chaos import FaultInjector, FaultPlan
 
 logger = logging.getLogger("dopool")
 
@@ -42,7 +43,7 @@ class Runtime:
         clock: a :class:`RealClock` (the default) or a :class:`SimulatedClock`.
         seed: drives retry jitter; with the same seed and calls, a simulated run repeats.
         durability: ``"sync"`` (fsync each commit) or ``"async"`` (survives a process crash).
-        faults: a fault plan (chaos testing); not supported yet, must be None.
+        faults: a :class:`~dopool.chaos.FaultPlan` of crashes to inject (chaos testing).
         trace: a file path to write every :class:`PoolEvent` to, as JSON lines.
 
     Raises:
@@ -57,15 +58,16 @@ class Runtime:
         clock: Clock | None = None,
         seed: int | str | None = None,
         durability: str = "sync",
-        faults: object | None = None,
+        faults: FaultPlan | None = None,
         trace: str | os.PathLike[str] | None = None,
     ) -> None:
         if durability not in DURABILITY_MODES:
             raise ConfigurationError(f"durability must be 'sync' or 'async', got {durability!r}")
         if clock is not None and not isinstance(clock, Clock):
             raise ConfigurationError(f"clock must be a RealClock or SimulatedClock, got {clock!r}")
-        if faults is not None:
-            raise ConfigurationError("fault plans are not supported yet; pass faults=None")
+        if faults is not None and not isinstance(faults, FaultPlan):
+            raise ConfigurationError(f"faults must be a dopool.chaos.FaultPlan, got {faults!r}")
+        self.faults = faults
         self._owns_clock = clock is None
         self.clock: Clock = RealClock() if clock is None else clock
         # seed=None means "not reproducible": draw one, so jitter still varies run to run.
@@ -241,6 +243,7 @@ class Runtime:
                 mailboxes=mailboxes,
                 in_handler=self._in_handler,
                 restart=start,
+                faults=[FaultInjector(self.faults, name, index) for index in range(concurrency)],
             )
             for index, mailbox in enumerate(mailboxes):
                 mailbox.attach(start(index, mailbox.kill_flag))

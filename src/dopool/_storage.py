@@ -123,6 +123,7 @@ class Meta:
     outbox: int = 0  # outbox entries not yet acknowledged by their target
     dead_letters: int = 0  # dead-letter records held
     priorities: dict[int, int] = field(default_factory=dict)  # pending events per priority
+    alarm_failures: int = 0  # consecutive failed alarm deliveries (fault injection)
 
 
 _META_FIELDS = tuple(f.name for f in fields(Meta))
