@@ -93,7 +93,7 @@ class InstanceEnv:
     emit: Callable[[PoolEvent], None]
     router: Router
     mailboxes: list[Mailbox]
-    in_handler: threading.local  # .instance: (pool, index) whose handler this thread runs
+    in_handler: threading.local  # .instance: (pool, index) whose thread this is, mid-message
     restart: Callable[[int, threading.Event], pykka.ActorRef[Any]]  # the supervisor
     faults: list[FaultInjector]  # one per instance, outliving its incarnations
 
@@ -149,6 +149,8 @@ class InstanceActor(pykka.ThreadingActor):
         }
 
     def on_receive(self, message: Any) -> None:
+        # Lets the pool refuse calls from handlers and hooks that would wait on this actor.
+        self._env.in_handler.instance = (self._spec.name, self._index)
         try:
             self._fault_point("receive")  # a kill lands before any later message
             self._handlers[type(message)](message)
@@ -164,6 +166,7 @@ class InstanceActor(pykka.ThreadingActor):
             if engine_failure:  # the in-memory state is suspect: restart from storage
                 self._crash(f"{type(exc).__name__}: {exc}", None)
         finally:
+            self._env.in_handler.instance = None
             self._mailbox.finished()
 
     # -- crashes -------------------------------------------------------------
@@ -306,14 +309,10 @@ class InstanceActor(pykka.ThreadingActor):
             _sleep=self._sleep,
         )
         failure: BaseException | None = None
-        in_handler = self._env.in_handler
-        in_handler.instance = (self._spec.name, self._index)
         try:
             self._spec.execute(ctx)
         except BaseException as exc:  # SystemExit too: a handler never takes the actor down
             failure = exc
-        finally:
-            in_handler.instance = None
         self._fault_point("after_execute", "crash_after_execute")
         now = self._clock.now()
         effects = _Effects()

@@ -153,7 +153,10 @@ class Runtime:
             self.clock.activity.wait_quiet()
 
     def handler_running(self) -> tuple[str, int] | None:
-        """``(pool, index)`` if the calling thread is running that instance's handler."""
+        """``(pool, index)`` if the calling thread is that instance's, inside a message.
+
+        True in handlers and in the hooks and subscribers an instance calls.
+        """
         running: tuple[str, int] | None = getattr(self._in_handler, "instance", None)
         return running
 
