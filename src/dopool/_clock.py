@@ -192,7 +192,7 @@ class RealClock(Clock):
             target.fire_alarm()
 
 
-_ALARM, _DELIVERY, _WAKE = 0, 1, 2
+_ALARM, _DELIVERY, _WAKE, _CALL = 0, 1, 2, 3
 
 
 class SimulatedClock(Clock):
@@ -233,6 +233,17 @@ class SimulatedClock(Clock):
         with self._lock:
             ticket = next(self._tickets)
             heapq.heappush(self._heap, (self._now, *order, ticket, _DELIVERY, send))
+
+    def call_at(self, time: float, callback: Callable[[], object]) -> None:
+        """Run ``callback`` in the driving thread when virtual time reaches ``time``.
+
+        Callbacks due at the same time run in the order they were scheduled,
+        before that time's alarms. A callback must not wait for an instance
+        (use non-blocking sends): the clock is not driven while it runs.
+        """
+        with self._lock:
+            ticket = next(self._tickets)
+            heapq.heappush(self._heap, (max(time, self._now), "", -1, ticket, _CALL, callback))
 
     def sleep(self, seconds: float, key: Hashable) -> None:
         if seconds <= 0:
@@ -295,7 +306,7 @@ class SimulatedClock(Clock):
                 del self._slots[id(payload)]
         if kind == _ALARM:
             payload.fire_alarm()  # type: ignore[attr-defined]
-        elif kind == _DELIVERY:
+        elif kind in (_DELIVERY, _CALL):
             payload()  # type: ignore[operator]
         else:
             sleeper: tuple[Hashable, threading.Event] = payload  # type: ignore[assignment]

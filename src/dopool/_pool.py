@@ -143,6 +143,21 @@ class WorkerPool:
             return []
         return self._route(items, partition_key)
 
+    def _submit(
+        self, event: Any, *, partition_key: str | None = None, priority: int = 0
+    ) -> pykka.Future[EnqueueResult]:
+        """Validate one event and send it without waiting for it to be stored.
+
+        For simulated arrivals scheduled with ``SimulatedClock.call_at``, which
+        must not wait on an instance that may be asleep in its handler.
+        ``get()`` on the result gives the EnqueueResult or raises its error.
+        """
+        self._check_open()
+        item = prepare(event, partition_key=partition_key, priority=priority, schema=self._schema)
+        reply: pykka.Future[Any] = pykka.ThreadingFuture()
+        self._router.send(Route((item,), partition_key, reply))
+        return reply.map(lambda parts: parts[0][1].get()[0])
+
     def _route(self, items: tuple[Item, ...], partition_key: str | None) -> list[EnqueueResult]:
         reply: pykka.Future[Any] = pykka.ThreadingFuture()
         # A batch spread over several instances at once would commit in thread
