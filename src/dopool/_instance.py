@@ -8,9 +8,10 @@ memory is needed for correctness; each message starts from the stored meta.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -162,7 +163,8 @@ class InstanceActor(pykka.ThreadingActor):
                 logger.exception("instance %s failed handling %r", self._id, message)
             reply = getattr(message, "reply", None)
             if reply is not None:
-                reply.set_exception()
+                with suppress(queue.Full):  # unless it was answered before the failure
+                    reply.set_exception()
             if engine_failure:  # the in-memory state is suspect: restart from storage
                 self._crash(f"{type(exc).__name__}: {exc}", None)
         finally:
@@ -284,7 +286,7 @@ class InstanceActor(pykka.ThreadingActor):
         key = meta.current if meta.current is not None else self._ns.first_event_key(txn)
         record = None if key is None else self._ns.get_event(txn, key)
         if key is None or record is None:
-            raise DopoolError(f"instance {self._id}: {meta.pending} pending but no event key")
+            raise StorageError(f"instance {self._id}: {meta.pending} pending but no event key")
         meta.current = key
         meta.attempt += 1
         meta.running = True
@@ -469,7 +471,7 @@ class InstanceActor(pykka.ThreadingActor):
             self._rearm(meta, now)
             self._ns.save_meta(txn, meta)
             if removed != count:
-                raise DopoolError(f"instance {self._id}: {count} pending but {removed} keys")
+                raise StorageError(f"instance {self._id}: {count} pending but {removed} keys")
             effects.events.append(self._event("drained", now))
         self._publish(meta, effects)
         message.reply.set(count)
