@@ -166,7 +166,7 @@ class InstanceActor(pykka.ThreadingActor):
                 with suppress(queue.Full):  # unless it was answered before the failure
                     reply.set_exception()
             if engine_failure:  # the in-memory state is suspect: restart from storage
-                self._crash(f"{type(exc).__name__}: {exc}", None)
+                self._crash(f"{type(exc).__name__}: {exc}", message)
         finally:
             self._env.in_handler.instance = None
             self._mailbox.finished()
@@ -193,11 +193,16 @@ class InstanceActor(pykka.ThreadingActor):
         """Nothing to do: ``on_receive``'s fault point already crashed a killed instance."""
 
     def _crash(self, reason: str, message: Any) -> None:
-        """Die: fail the caller, hand the address to a fresh incarnation, stop quietly."""
-        fail_reply(message, InstanceCrashedError(self._id))
+        """Die: hand the address to a fresh incarnation, fail the caller, stop quietly.
+
+        The successor is in place before the caller hears of the crash, so the
+        caller's next call reaches it; ``crashed`` is emitted before the
+        successor can emit ``recovered``.
+        """
         self._env.emit(self._event("crashed", self._clock.now(), error=reason))
-        self._armed = None
-        self._mailbox.replace(partial(self._env.restart, self._index), self.actor_inbox)  # type: ignore[arg-type]
+        start = partial(self._env.restart, self._index)
+        self._mailbox.replace(start, self.actor_inbox, message)  # type: ignore[arg-type]
+        fail_reply(message, InstanceCrashedError(self._id))
         self.stop()  # after the message in hand; the drained inbox holds nothing else
 
     # -- enqueue -----------------------------------------------------------
@@ -416,8 +421,7 @@ class InstanceActor(pykka.ThreadingActor):
         effects = _Effects()
         with self._write() as txn:
             meta = self._ns.load_meta(txn)
-            if message.restarted:
-                meta.restarts += 1
+            meta.restarts += message.restarts
             if meta.running and meta.current is not None:
                 record = self._ns.get_event(txn, meta.current)
                 meta.running = False
@@ -429,7 +433,8 @@ class InstanceActor(pykka.ThreadingActor):
             self._ns.save_meta(txn, meta)
             effects.deliveries.extend(self._ns.iter_outbox(txn))
         self._armed = object()  # type: ignore[assignment]  # force the clock to be told
-        if message.restarted:
+        if message.restarts:
+            self._mailbox.restarts_recorded(message.restarts)
             effects.events.insert(0, self._event("recovered", now))
         self._publish(meta, effects)
         if message.reply is not None:

@@ -11,11 +11,11 @@ from typing import Any
 import pykka
 
 from dopool._clock import Activity
-from dopool._errors import DopoolError, InstanceCrashedError, PoolClosedError
+from dopool._errors import DopoolError, PoolClosedError
 from dopool._messages import Alarm, Deliver, Delivered, Kill, Recover
 
-# Messages the engine sends itself: they survive a crash and go to the restarted
-# instance. A caller's message caught in a crash gets InstanceCrashedError instead.
+# Messages the engine sends itself: one a crash interrupts goes to the restarted
+# instance again. A caller's message that a crash interrupts fails instead.
 _INTERNAL = (Alarm, Deliver, Delivered)
 
 
@@ -27,7 +27,17 @@ class Mailbox:
     A refused message with a reply future gets an error, so no caller waits forever.
     """
 
-    __slots__ = ("_activity", "_closed", "_kill", "_lock", "_ref", "key", "order", "pool")
+    __slots__ = (
+        "_activity",
+        "_closed",
+        "_kill",
+        "_lock",
+        "_ref",
+        "_unrecorded_restarts",
+        "key",
+        "order",
+        "pool",
+    )
 
     def __init__(self, pool: str, index: int, key: str, activity: Activity) -> None:
         self.pool = pool
@@ -38,6 +48,7 @@ class Mailbox:
         self._kill = threading.Event()
         self._lock = threading.Lock()
         self._closed = False
+        self._unrecorded_restarts = 0
 
     @property
     def kill_flag(self) -> threading.Event:
@@ -82,36 +93,44 @@ class Mailbox:
         self,
         start: Callable[[threading.Event], pykka.ActorRef[Any]],
         inbox: queue.Queue[Any],
+        in_hand: Any,
     ) -> bool:
         """Put a restarted actor behind this address; called by the dying actor.
 
-        The successor's first message is its recovery; engine messages still in
-        the dead actor's ``inbox`` follow it, callers' messages are failed.
+        The successor's first message is its recovery. Then comes the message
+        the crash interrupted, if the engine sent it (an alarm, a delivery or its
+        acknowledgement must not be lost with the actor; a caller's message is
+        not retried: its caller gets :class:`InstanceCrashedError`), then every
+        message still waiting in the dead actor's ``inbox``, in order.
         Returns False (and restarts nothing) once the mailbox is closed.
         """
         with self._lock:
-            leftovers = []
+            waiting = []
             while True:
                 try:
-                    leftovers.append(inbox.get_nowait().message)
+                    waiting.append(inbox.get_nowait().message)
                 except queue.Empty:
                     break
-            restarted = not self._closed
-            if restarted:
-                self._kill = threading.Event()
-                self._ref = start(self._kill)
-                self._activity.sent(self.key)
-                self._ref.tell(Recover(None, restarted=True))
-            for message in leftovers:
-                if restarted and isinstance(message, _INTERNAL):
-                    self._ref.tell(message)  # type: ignore[union-attr]  # set just above
-                    continue
-                self._activity.done(self.key)
-                if restarted:
-                    fail_reply(message, InstanceCrashedError(self.key))
-                else:
+            if self._closed:
+                for message in waiting:
+                    self._activity.done(self.key)
                     fail_reply(message, PoolClosedError(self.pool))
-            return restarted
+                return False
+            self._kill = threading.Event()
+            ref = self._ref = start(self._kill)
+            self._unrecorded_restarts += 1
+            retried = [in_hand] if isinstance(in_hand, _INTERNAL) else []
+            for message in (Recover(None, restarts=self._unrecorded_restarts), *retried):
+                self._activity.sent(self.key)
+                ref.tell(message)
+            for message in waiting:
+                ref.tell(message)  # already counted when it was first sent
+            return True
+
+    def restarts_recorded(self, count: int) -> None:
+        """A recovery committed ``count`` restarts to the instance's counters."""
+        with self._lock:
+            self._unrecorded_restarts -= count
 
     def close(self) -> pykka.ActorRef[Any] | None:
         """Refuse every later message; returns the actor to stop."""

@@ -46,11 +46,12 @@ class Enqueue:
 class Recover:
     """Sent first to a started instance: settle a crashed attempt, re-arm the alarm.
 
-    ``restarted`` is set when the supervisor restarts the instance after a crash.
+    ``restarts`` counts the supervisor restarts not yet recorded: more than one
+    when an earlier recovery crashed before its write committed.
     """
 
     reply: Reply | None
-    restarted: bool = False
+    restarts: int = 0
 
 
 @dataclass(frozen=True, slots=True)

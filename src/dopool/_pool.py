@@ -16,8 +16,9 @@ from dopool._instance import PoolSpec, dead_letter_from_record
 from dopool._mailbox import Mailbox
 from dopool._messages import Drain, Enqueue, Item, Pause, Purge, Redrive, Resume, Route
 from dopool._retry import RetryPolicy
-from dopool._storage import Meta, Namespace, queue_key_sequence
-from dopool._types import DeadLetter, EmptyInfo, EnqueueResult, InstanceStatus, PoolStatus
+from dopool._status import instance_status, pool_status
+from dopool._storage import Namespace
+from dopool._types import DeadLetter, EmptyInfo, EnqueueResult, PoolStatus
 from dopool._validation import Schema, prepare
 
 if TYPE_CHECKING:
@@ -143,21 +144,6 @@ class WorkerPool:
             return []
         return self._route(items, partition_key)
 
-    def _submit(
-        self, event: Any, *, partition_key: str | None = None, priority: int = 0
-    ) -> pykka.Future[EnqueueResult]:
-        """Validate one event and send it without waiting for it to be stored.
-
-        For simulated arrivals scheduled with ``SimulatedClock.call_at``, which
-        must not wait on an instance that may be asleep in its handler.
-        ``get()`` on the result gives the EnqueueResult or raises its error.
-        """
-        self._check_open()
-        item = prepare(event, partition_key=partition_key, priority=priority, schema=self._schema)
-        reply: pykka.Future[Any] = pykka.ThreadingFuture()
-        self._router.send(Route((item,), partition_key, reply))
-        return reply.map(lambda parts: parts[0][1].get()[0])
-
     def _route(self, items: tuple[Item, ...], partition_key: str | None) -> list[EnqueueResult]:
         reply: pykka.Future[Any] = pykka.ThreadingFuture()
         # A batch spread over several instances at once would commit in thread
@@ -240,44 +226,10 @@ class WorkerPool:
         self._check_open()
         with self._runtime._store.read() as txn:
             instances = [
-                self._instance_status(i, ns.load_meta(txn)) for i, ns in enumerate(self._namespaces)
+                instance_status(self.name, i, ns.load_meta(txn))
+                for i, ns in enumerate(self._namespaces)
             ]
-        return PoolStatus(
-            name=self.name,
-            concurrency=self.concurrency,
-            enqueued=sum(s.enqueued for s in instances),
-            pending=sum(s.pending for s in instances),
-            processed=sum(s.processed for s in instances),
-            succeeded=sum(s.succeeded for s in instances),
-            dead_lettered=sum(s.dead_lettered for s in instances),
-            drained=sum(s.drained for s in instances),
-            instances=instances,
-        )
-
-    def _instance_status(self, index: int, meta: Meta) -> InstanceStatus:
-        if meta.paused:
-            state = "paused"
-        elif meta.running:
-            state = "processing"
-        elif meta.current is not None and meta.retry_at is not None:
-            state = "backoff"
-        else:
-            state = "idle"
-        return InstanceStatus(
-            index=index,
-            instance_id=f"{self.name}:{index}",
-            state=state,  # type: ignore[arg-type]  # one of the four literals
-            enqueued=meta.enqueued,
-            pending=meta.pending,
-            processed=meta.succeeded + meta.dead_lettered,
-            succeeded=meta.succeeded,
-            dead_lettered=meta.dead_lettered,
-            drained=meta.drained,
-            current_sequence=None if meta.current is None else queue_key_sequence(meta.current),
-            attempt=meta.attempt,
-            next_alarm_at=meta.alarm,
-            restarts=meta.restarts,
-        )
+        return pool_status(self.name, instances)
 
     def dead_letters(self, index: int | None = None) -> list[DeadLetter]:
         """The dead letters of the pool or of one instance, by instance then sequence."""

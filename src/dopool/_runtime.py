@@ -18,7 +18,7 @@ import pykka
 
 from dopool._clock import Clock, RealClock, SimulatedClock
 from dopool._context import EventContext
-from dopool._errors import ConfigurationError, PoolClosedError
+from dopool._errors import ConfigurationError, InstanceCrashedError, PoolClosedError
 from dopool._instance import InstanceActor, InstanceEnv, PoolSpec
 from dopool._mailbox import Mailbox
 from dopool._messages import Item, Recover
@@ -254,9 +254,7 @@ class Runtime:
             self._actors.append((router_mailbox, mailboxes))
             # Recover one instance at a time, so a simulated run's trace is deterministic.
             for mailbox in mailboxes:
-                reply: pykka.Future[Any] = pykka.ThreadingFuture()
-                mailbox.send(Recover(reply))
-                reply.get()
+                _recover(mailbox)
             pool = WorkerPool(self, spec, schema, mailboxes, router_mailbox)
             self._pools[name] = pool
             return pool
@@ -314,6 +312,23 @@ class Runtime:
                 self.clock.close()
             if self._temporary is not None:
                 shutil.rmtree(self._temporary, ignore_errors=True)
+
+
+def _recover(mailbox: Mailbox) -> None:
+    """Run an instance's first recovery and wait for it.
+
+    If that recovery crashes, the supervisor restarts the instance and its
+    successor recovers first thing; asking again waits for that (a recovery
+    that finds nothing to settle changes nothing).
+    """
+    while True:
+        reply: pykka.Future[Any] = pykka.ThreadingFuture()
+        mailbox.send(Recover(reply))
+        try:
+            reply.get()
+        except InstanceCrashedError:
+            continue
+        return
 
 
 def _stop(mailbox: Mailbox) -> None:

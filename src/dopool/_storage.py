@@ -44,6 +44,8 @@ PRIORITY_MAX = 2**31 - 1
 
 # Virtual address space only: LMDB grows the file as pages are used.
 _MAP_SIZE = 1 << 36
+_MAX_READERS = 512
+_POOL_PREFIX = b"P"
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 
@@ -319,7 +321,7 @@ class Store:
                 sync=sync,
                 metasync=sync,
                 readahead=False,
-                max_readers=512,
+                max_readers=_MAX_READERS,
                 max_spare_txns=16,
             )
         except lmdb.Error as exc:
@@ -347,11 +349,11 @@ class Store:
             raise StorageError(f"read failed: {exc}") from exc
 
     def get_pool(self, txn: Txn, name: str) -> dict[str, Any] | None:
-        raw = txn.get(b"P" + name.encode())
+        raw = txn.get(_POOL_PREFIX + name.encode())
         return None if raw is None else dict(unpack(raw))
 
     def put_pool(self, txn: Txn, name: str, record: dict[str, Any]) -> None:
-        txn.put(b"P" + name.encode(), pack(record))
+        txn.put(_POOL_PREFIX + name.encode(), pack(record))
 
     def close(self) -> None:
         with self._close_lock:
@@ -363,3 +365,44 @@ class Store:
             finally:
                 self._env.close()
                 self._lock.release()
+
+
+def pool_records(txn: Txn) -> dict[str, int]:
+    """Every pool a store knows, by name, with its stored concurrency."""
+    return {
+        key[len(_POOL_PREFIX) :].decode(): int(unpack(raw)["concurrency"])
+        for key, raw in _iter_prefix(txn, _POOL_PREFIX)
+    }
+
+
+def open_readonly(path: Path) -> Any:
+    """Open a store's LMDB environment read-only, beside the runtime that may hold it.
+
+    Returns an ``lmdb.Environment``; read it with ``begin(write=False)``.
+    """
+    try:
+        return lmdb.open(
+            str(path / "data"),
+            readonly=True,
+            subdir=True,
+            create=False,
+            map_size=_MAP_SIZE,
+            max_readers=_MAX_READERS,
+            readahead=False,
+        )
+    except lmdb.Error:
+        pass
+    try:
+        # Without write access to LMDB's lock file, read without it: consistent for a
+        # snapshot this short, though a live writer may then reuse pages sooner.
+        return lmdb.open(
+            str(path / "data"),
+            readonly=True,
+            lock=False,
+            subdir=True,
+            create=False,
+            map_size=_MAP_SIZE,
+            readahead=False,
+        )
+    except lmdb.Error as exc:
+        raise StorageError(f"cannot open store {str(path)!r} read-only: {exc}") from exc

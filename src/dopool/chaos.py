@@ -18,7 +18,7 @@ __all__ = ["FaultPlan"]
 
 @dataclass(frozen=True, kw_only=True)
 class FaultPlan:
-    """Probabilities, each in [0, 1], of failing at each fault point.
+    """Probabilities, each in [0, 1] (``storage_error`` below 1), of failing at each point.
 
     Attributes:
         seed: seeds every draw; independent of the runtime's seed.
@@ -48,6 +48,9 @@ class FaultPlan:
             if not (math.isfinite(value) and 0.0 <= value <= 1.0):
                 raise ConfigurationError(f"{spec.name} must be within [0, 1], got {value!r}")
             object.__setattr__(self, spec.name, float(value))
+        if self.storage_error >= 1.0:
+            # Recovery writes too: every restart would crash again, for ever.
+            raise ConfigurationError("storage_error must be below 1: no write could ever commit")
 
 
 class FaultInjector:

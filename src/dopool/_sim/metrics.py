@@ -1,0 +1,319 @@
+"""What a simulation measures, from the pool's own event stream.
+
+:class:`Collector` subscribes to a runtime and follows every
+:class:`~dopool.PoolEvent`: queue depth and busy time per instance, each
+event's enqueue and success times (latency), retries, crashes and restarts.
+Alongside, it checks the order and at-least-once guarantees (SPEC §4) event by
+event: an instance must start its events in sequence, one at a time, and never
+start or succeed an event again after its success.
+
+Under a simulated clock the instances run one at a time, so the collector's
+callbacks never overlap and need no lock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from dopool._types import PoolEvent
+
+Key = tuple[int, int]  # (instance index, sequence)
+
+PERCENTILES = (50, 95, 99)
+MAX_VIOLATIONS = 20  # kept per check: the first few say enough
+
+
+def percentile(ordered: list[float], pct: float) -> float:
+    """Nearest-rank percentile of an ascending list (0.0 for an empty one)."""
+    if not ordered:
+        return 0.0
+    rank = max(1, math.ceil(pct / 100.0 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass(slots=True)
+class InstanceTrack:
+    """One instance's running figures."""
+
+    depth: int = 0
+    max_depth: int = 0
+    busy: float = 0.0
+    busy_since: float | None = None
+    started: int = 0
+    crashes: int = 0
+    queue: deque[int] = field(default_factory=deque)  # pending sequences, FIFO
+    current: int | None = None  # the sequence whose attempts have started
+    series: list[tuple[float, int]] = field(default_factory=lambda: [(0.0, 0)])
+
+
+class Collector:
+    """Follows a pool's events; see the module docstring."""
+
+    def __init__(self, pool: str, instances: int) -> None:
+        self.pool = pool
+        self.tracks = [InstanceTrack() for _ in range(instances)]
+        self.enqueued_at: dict[Key, float] = {}
+        self.succeeded_at: dict[Key, float] = {}
+        self.succeeded: set[Key] = set()
+        self.dead: set[Key] = set()
+        self.counts: dict[str, int] = {}
+        self.order_violations: list[str] = []
+        self.repeat_violations: list[str] = []
+        self.last_time = 0.0
+
+    def __call__(self, event: PoolEvent) -> None:
+        if event.pool != self.pool:
+            return
+        kind = event.kind
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        track = self.tracks[event.instance_index]
+        time = event.time
+        self.last_time = max(self.last_time, time)
+        index = event.instance_index
+        sequence = event.sequence
+        if kind == "enqueued":
+            assert sequence is not None
+            self.enqueued_at[(index, sequence)] = time
+            track.queue.append(sequence)
+            self._depth(track, time, +1)
+        elif kind == "started":
+            assert sequence is not None
+            self._started(index, track, sequence, time)
+        elif kind in ("succeeded", "dead_lettered"):
+            assert sequence is not None
+            self._idle(track, time)
+            self._finished(index, track, sequence, time, kind == "succeeded")
+        elif kind in ("retry_scheduled", "crashed"):
+            self._idle(track, time)
+            if kind == "crashed":
+                track.crashes += 1
+        elif kind == "drained":
+            track.queue.clear()
+            track.current = None
+            track.depth = 0
+            track.series.append((time, 0))
+
+    def _depth(self, track: InstanceTrack, time: float, change: int) -> None:
+        track.depth += change
+        track.max_depth = max(track.max_depth, track.depth)
+        track.series.append((time, track.depth))
+
+    def _idle(self, track: InstanceTrack, time: float) -> None:
+        if track.busy_since is not None:
+            track.busy += time - track.busy_since
+            track.busy_since = None
+
+    def _started(self, index: int, track: InstanceTrack, sequence: int, time: float) -> None:
+        track.busy_since = time
+        track.started += 1
+        key = (index, sequence)
+        if key in self.succeeded:
+            _note(
+                self.repeat_violations,
+                f"{self.pool}:{index} started #{sequence} again after its success",
+            )
+        if track.current is not None and track.current != sequence:
+            _note(
+                self.order_violations,
+                f"{self.pool}:{index} started #{sequence} while #{track.current} was unfinished",
+            )
+        elif track.current is None and track.queue and track.queue[0] != sequence:
+            _note(
+                self.order_violations,
+                f"{self.pool}:{index} started #{sequence} before #{track.queue[0]}",
+            )
+        track.current = sequence
+
+    def _finished(
+        self, index: int, track: InstanceTrack, sequence: int, time: float, success: bool
+    ) -> None:
+        key = (index, sequence)
+        if success:
+            if key in self.succeeded:
+                _note(self.repeat_violations, f"{self.pool}:{index} succeeded #{sequence} twice")
+            self.succeeded.add(key)
+            self.succeeded_at.setdefault(key, time)
+        else:
+            self.dead.add(key)
+        if track.queue and track.queue[0] == sequence:
+            track.queue.popleft()
+        elif sequence in track.queue:
+            track.queue.remove(sequence)
+        track.current = None
+        self._depth(track, time, -1)
+
+    def pending_keys(self) -> set[Key]:
+        """The (instance, sequence) of every event still queued, as the events tell it."""
+        return {(i, s) for i, track in enumerate(self.tracks) for s in track.queue}
+
+
+def _note(violations: list[str], text: str) -> None:
+    if len(violations) < MAX_VIOLATIONS:
+        violations.append(text)
+
+
+# -- the result of a run ------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class InstanceResult:
+    index: int
+    enqueued: int
+    succeeded: int
+    dead_lettered: int
+    pending: int
+    started: int
+    crashes: int
+    restarts: int
+    max_depth: int
+    utilisation: float
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "enqueued": self.enqueued,
+            "succeeded": self.succeeded,
+            "dead_lettered": self.dead_lettered,
+            "pending": self.pending,
+            "attempts_started": self.started,
+            "crashes": self.crashes,
+            "restarts": self.restarts,
+            "max_queue_depth": self.max_depth,
+            "utilisation": round(self.utilisation, 6),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Invariant:
+    """One guarantee checked at the end of a run."""
+
+    name: str
+    passed: bool
+    detail: str
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "passed": self.passed, "detail": self.detail}
+
+
+@dataclass(frozen=True, slots=True)
+class Latency:
+    """A distribution of durations in virtual seconds (nearest-rank percentiles)."""
+
+    count: int
+    mean: float
+    p50: float
+    p95: float
+    p99: float
+    max: float
+
+    @classmethod
+    def of(cls, samples: list[float]) -> Latency:
+        ordered = sorted(samples)
+        if not ordered:
+            return cls(0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        return cls(
+            count=len(ordered),
+            mean=math.fsum(ordered) / len(ordered),
+            p50=percentile(ordered, 50),
+            p95=percentile(ordered, 95),
+            p99=percentile(ordered, 99),
+            max=ordered[-1],
+        )
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "mean": round(self.mean, 6),
+            "p50": round(self.p50, 6),
+            "p95": round(self.p95, 6),
+            "p99": round(self.p99, 6),
+            "max": round(self.max, 6),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """Everything a run measured. Only virtual-time figures: two runs of the same
+    scenario and seed give equal results (and byte-identical JSON).
+
+    ``offered`` arrivals happened; each was ``acknowledged`` (stored), ``rejected``
+    (queue full), ``failed`` (the instance crashed during the enqueue, nothing stored)
+    or is still ``waiting`` when a ``duration`` ends the run (its instance is inside a
+    handler, and an instance takes no enqueue while its handler runs).
+
+    ``latency`` runs from an event's arrival (the caller's ``enqueue``) to its
+    success; ``enqueue_wait`` from its arrival to its being stored.
+    """
+
+    scenario: dict[str, Any]
+    finished: bool
+    virtual_time: float
+    offered: int
+    acknowledged: int
+    rejected: int
+    failed: int
+    waiting: int
+    succeeded: int
+    dead_lettered: int
+    pending: int
+    drained: int
+    lost: int
+    retries: int
+    crashes: int
+    restarts: int
+    pauses: int
+    latency: Latency
+    enqueue_wait: Latency
+    instances: list[InstanceResult]
+    invariants: list[Invariant]
+    dead_letters: list[dict[str, Any]]
+    pool_events: int
+    # For plots only; not part of the JSON document.
+    depth_series: list[list[tuple[float, int]]] = field(repr=False, compare=False)
+    latencies: list[float] = field(repr=False, compare=False)
+
+    @property
+    def throughput(self) -> float:
+        """Successes per virtual second."""
+        return self.succeeded / self.virtual_time if self.virtual_time > 0 else 0.0
+
+    @property
+    def max_depth(self) -> int:
+        return max((i.max_depth for i in self.instances), default=0)
+
+    @property
+    def passed(self) -> bool:
+        return all(check.passed for check in self.invariants)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "finished": self.finished,
+            "virtual_time": round(self.virtual_time, 6),
+            "events": {
+                "offered": self.offered,
+                "enqueued": self.acknowledged,
+                "rejected_queue_full": self.rejected,
+                "failed_enqueue": self.failed,
+                "waiting_enqueue": self.waiting,
+                "succeeded": self.succeeded,
+                "dead_lettered": self.dead_lettered,
+                "pending": self.pending,
+                "drained": self.drained,
+                "lost": self.lost,
+            },
+            "throughput": round(self.throughput, 6),
+            "latency": self.latency.to_json_dict(),
+            "enqueue_wait": self.enqueue_wait.to_json_dict(),
+            "retries": self.retries,
+            "crashes": self.crashes,
+            "restarts": self.restarts,
+            "pauses": self.pauses,
+            "max_queue_depth": self.max_depth,
+            "instances": [i.to_json_dict() for i in self.instances],
+            "invariants": [check.to_json_dict() for check in self.invariants],
+            "invariants_passed": self.passed,
+            "dead_letters": self.dead_letters,
+            "pool_events": self.pool_events,
+        }

@@ -1,0 +1,148 @@
+"""Reading a real store from outside its runtime, and acting on its dead letters.
+
+:class:`StoreView` opens a store's LMDB environment read-only, without taking
+the store lock, so it works beside a live runtime (in this process or
+another): LMDB readers see the last committed state and never block the
+writer. It decodes the same records the engine writes (through
+:mod:`dopool._storage`), so ``dopool status`` shows what ``pool.status()``
+would.
+
+Acting on dead letters (:func:`redrive` and :func:`purge`) needs the store
+lock, like any runtime: it opens one on a :class:`~dopool.SimulatedClock` set
+to the wall-clock time, which never fires an alarm, so no event is executed by
+the stand-in handler, and the redriven events run when the pool's own runtime
+next opens the store.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+from dopool._clock import RealClock, SimulatedClock
+from dopool._context import EventContext
+from dopool._errors import ConfigurationError, StorageError
+from dopool._instance import dead_letter_from_record
+from dopool._runtime import Runtime
+from dopool._status import instance_status, pool_status
+from dopool._storage import Namespace, open_readonly, pool_records
+from dopool._types import DeadLetter, PoolStatus
+
+
+class StoreNotFoundError(ConfigurationError):
+    """The path holds no dopool store."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"no dopool store at {path!r}: {reason}")
+
+
+class StoreView:
+    """A read-only window on a store; see the module docstring."""
+
+    def __init__(self, env: Any, path: Path) -> None:
+        self._env = env
+        self.path = path
+
+    @contextmanager
+    def _read(self) -> Iterator[Any]:
+        try:
+            with self._env.begin(write=False, buffers=False) as txn:
+                yield txn
+        except lmdb.Error as exc:
+            raise StorageError(f"cannot read store {str(self.path)!r}: {exc}") from exc
+
+    def pools(self) -> dict[str, int]:
+        """Every pool the store knows, by name, with its stored concurrency."""
+        with self._read() as txn:
+            return pool_records(txn)
+
+    def status(self, name: str, concurrency: int) -> PoolStatus:
+        """The same figures as ``pool.status()``, read from committed state."""
+        with self._read() as txn:
+            instances = [
+                instance_status(name, index, Namespace(name, index).load_meta(txn))
+                for index in range(concurrency)
+            ]
+        return pool_status(name, instances)
+
+    def dead_letters(self, name: str, concurrency: int) -> list[DeadLetter]:
+        """The pool's dead letters, by instance then sequence."""
+        with self._read() as txn:
+            return [
+                dead_letter_from_record(index, sequence, record)
+                for index in range(concurrency)
+                for sequence, record in Namespace(name, index).iter_dead_letters(txn)
+            ]
+
+
+def _check_store_path(path: str | os.PathLike[str]) -> Path:
+    where = Path(path)
+    if not where.exists():
+        raise StoreNotFoundError(str(path), "no such directory")
+    if not where.is_dir():
+        raise StoreNotFoundError(str(path), "not a directory")
+    if not (where / "data" / "data.mdb").is_file():
+        raise StoreNotFoundError(str(path), "it has no data/data.mdb (is it a store directory?)")
+    return where
+
+
+@contextmanager
+def open_view(path: str | os.PathLike[str]) -> Iterator[StoreView]:
+    """Open a store read-only, beside any runtime that holds it."""
+    where = _check_store_path(path)
+    env = open_readonly(where)
+    try:
+        yield StoreView(env, where)
+    finally:
+        env.close()
+
+
+def _stand_in(ctx: EventContext) -> None:
+    raise AssertionError("a maintenance runtime never executes events")  # pragma: no cover
+
+
+def _act(path: str | os.PathLike[str], pools: dict[str, int], action: str) -> dict[str, int]:
+    where = _check_store_path(path)
+    done: dict[str, int] = {}
+    # The store lock first (StoreLockedError names the holder), then a check that no
+    # attempt awaits recovery: opening a pool recovers it, and an interrupted attempt
+    # must be settled by the pool's own retry policy, not by this stand-in. (Read through
+    # the runtime's own environment: LMDB must not be opened twice in one process.)
+    runtime = Runtime(where, clock=SimulatedClock(RealClock().now()), durability="sync")
+    try:
+        with runtime._store.read() as txn:
+            for name, concurrency in pools.items():
+                interrupted = [
+                    index
+                    for index in range(concurrency)
+                    if Namespace(name, index).load_meta(txn).running
+                ]
+                if interrupted:
+                    raise ConfigurationError(
+                        f"pool {name!r} has an interrupted attempt on instance "
+                        f"{', '.join(map(str, interrupted))}; open the store with the pool's own "
+                        "runtime once (its retry policy settles the attempt), then retry"
+                    )
+        for name, concurrency in pools.items():
+            pool = runtime.define(name, execute=_stand_in, concurrency=concurrency)
+            done[name] = pool.redrive() if action == "redrive" else pool.purge_dead_letters()
+    finally:
+        runtime.close()
+    return done
+
+
+def redrive(path: str | os.PathLike[str], pools: dict[str, int]) -> dict[str, int]:
+    """Re-enqueue every dead letter of the given pools; needs the store lock."""
+    return _act(path, pools, "redrive")
+
+
+def purge(path: str | os.PathLike[str], pools: dict[str, int]) -> dict[str, int]:
+    """Delete every dead letter of the given pools; needs the store lock."""
+    return _act(path, pools, "purge")

@@ -1,0 +1,51 @@
+"""Building status records from an instance's committed meta (one rule, one place)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dopool._storage import Meta, queue_key_sequence
+from dopool._types import InstanceState, InstanceStatus, PoolStatus
+
+
+def instance_status(pool: str, index: int, meta: Meta) -> InstanceStatus:
+    """An instance's status; ``state`` is the first of paused, processing, backoff, idle."""
+    state: InstanceState
+    if meta.paused:
+        state = "paused"
+    elif meta.running:
+        state = "processing"
+    elif meta.current is not None and meta.retry_at is not None:
+        state = "backoff"
+    else:
+        state = "idle"
+    return InstanceStatus(
+        index=index,
+        instance_id=f"{pool}:{index}",
+        state=state,
+        enqueued=meta.enqueued,
+        pending=meta.pending,
+        processed=meta.succeeded + meta.dead_lettered,
+        succeeded=meta.succeeded,
+        dead_lettered=meta.dead_lettered,
+        drained=meta.drained,
+        current_sequence=None if meta.current is None else queue_key_sequence(meta.current),
+        attempt=meta.attempt,
+        next_alarm_at=meta.alarm,
+        restarts=meta.restarts,
+    )
+
+
+def pool_status(name: str, instances: Sequence[InstanceStatus]) -> PoolStatus:
+    """A pool's status: its instances' counters summed."""
+    return PoolStatus(
+        name=name,
+        concurrency=len(instances),
+        enqueued=sum(s.enqueued for s in instances),
+        pending=sum(s.pending for s in instances),
+        processed=sum(s.processed for s in instances),
+        succeeded=sum(s.succeeded for s in instances),
+        dead_lettered=sum(s.dead_lettered for s in instances),
+        drained=sum(s.drained for s in instances),
+        instances=list(instances),
+    )

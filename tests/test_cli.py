@@ -1,0 +1,430 @@
+"""The ``dopool`` command line, end to end through click's test runner.
+
+Each test checks the exit code and what reaches stdout and stderr: a report, a
+table, or one ``Error: ...`` line that names what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from dopool import Runtime
+from dopool._cli import cli
+from dopool._sim import scenario as sc
+
+SMALL = ("--events", "150")  # keeps each simulation to a fraction of a second
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def assert_one_line_error(result: Result, code: int, *words: str) -> None:
+    assert result.exit_code == code, result.output
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error: ")
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+# -- simulate ----------------------------------------------------------------------------
+def test_simulate_prints_a_report() -> None:
+    result = invoke("simulate", "--scenario", "steady", "--seed", "7", *SMALL)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "dopool simulate · steady · seed 7" in out
+    for heading in ("events", "throughput", "latency", "enqueue wait", "faults", "instances"):
+        assert heading in out
+    assert "150 offered · 150 enqueued · 150 succeeded" in out
+    assert "0 lost" in out
+    assert "invariants" in out
+    assert "FAIL" not in out
+    assert out.count("pass") >= 4
+    assert "events per wall second" in out
+
+
+def test_simulate_defaults_to_the_steady_scenario() -> None:
+    result = invoke("simulate", *SMALL)
+    assert result.exit_code == 0
+    assert "· steady ·" in result.stdout
+
+
+@pytest.mark.parametrize("name", sc.BUILTINS)
+def test_every_builtin_runs_by_name(name: str) -> None:
+    result = invoke("simulate", "-s", name, "-q", *SMALL)
+    assert result.exit_code == 0, result.output
+    assert f"· {name} ·" in result.stdout
+
+
+def test_flags_change_the_scenario() -> None:
+    result = invoke(
+        "simulate",
+        "--instances",
+        "3",
+        "--routing",
+        "partition",
+        "--keys",
+        "5",
+        "--service",
+        "fixed",
+        "--service-mean",
+        "0.01",
+        "--set",
+        "faults.crash_before_execute=0.05",
+        *SMALL,
+    )
+    assert result.exit_code == 0, result.output
+    assert "3 instances, partition routing" in result.stdout
+    assert "crashes" in result.stdout
+
+
+def test_print_scenario_gives_toml_that_loads_back() -> None:
+    result = invoke("simulate", "-s", "crash-storm", "--instances", "6", "--print-scenario")
+    assert result.exit_code == 0
+    loaded = sc.from_mapping(tomllib.loads(result.stdout))
+    assert loaded.instances == 6
+    assert loaded.kills == sc.builtin("crash-storm").kills
+
+
+def test_list_names_every_builtin() -> None:
+    result = invoke("simulate", "--list")
+    assert result.exit_code == 0
+    for name in sc.BUILTINS:
+        assert name in result.stdout
+
+
+def test_a_scenario_file(tmp_path: Path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text(
+        'name = "mine"\ninstances = 2\n[arrivals]\nprocess = "steady"\nrate = 10.0\ntotal = 40\n'
+    )
+    result = invoke("simulate", "--scenario", str(path))
+    assert result.exit_code == 0, result.output
+    assert "· mine ·" in result.stdout
+    assert "40 succeeded" in result.stdout
+
+
+def test_json_and_trace_are_byte_identical_for_the_same_seed(tmp_path: Path) -> None:
+    outputs = []
+    for run in range(2):
+        json_path = tmp_path / f"r{run}.json"
+        trace_path = tmp_path / f"r{run}.jsonl"
+        result = invoke(
+            "simulate",
+            "-s",
+            "crash-storm",
+            "--seed",
+            "3",
+            "--events",
+            "200",
+            "--json",
+            str(json_path),
+            "--trace",
+            str(trace_path),
+        )
+        assert result.exit_code == 0, result.output
+        assert f"wrote json {json_path}, trace {trace_path}" in result.stdout
+        outputs.append((json_path.read_bytes(), trace_path.read_bytes()))
+    assert outputs[0] == outputs[1]
+    document = json.loads(outputs[0][0])
+    assert document["scenario"]["seed"] == 3
+    assert document["events"]["lost"] == 0
+    assert document["invariants_passed"] is True
+    assert "wall" not in outputs[0][0].decode()
+    first = json.loads(outputs[0][1].splitlines()[0])
+    assert set(first) == {"kind", "pool", "instance_index", "sequence", "attempt", "time", "error"}
+    other = tmp_path / "other.json"
+    invoke("simulate", "-s", "crash-storm", "--seed", "4", "--events", "200", "--json", str(other))
+    assert other.read_bytes() != outputs[0][0]
+
+
+def test_sweep_prints_one_row_per_value(tmp_path: Path) -> None:
+    json_path = tmp_path / "sweep.json"
+    result = invoke(
+        "simulate", "--sweep", "instances=1,2,4", *SMALL, "--json", str(json_path), "-q"
+    )
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.stdout.splitlines()]
+    assert [row[0] for row in rows if row and row[0] in {"1", "2", "4"}] == ["1", "2", "4"]
+    assert "p99" in result.stdout
+    document = json.loads(json_path.read_text())
+    assert document["sweep"] == {"field": "instances", "values": [1, 2, 4]}
+    assert [len(r["instances"]) for r in document["runs"]] == [1, 2, 4]
+
+
+def test_sweep_a_float_field() -> None:
+    result = invoke("simulate", "--sweep", "service.mean=0.01,0.02", *SMALL)
+    assert result.exit_code == 0, result.output
+    assert "0.01" in result.stdout
+    assert "0.02" in result.stdout
+
+
+def test_store_keeps_the_simulated_store_for_status(tmp_path: Path) -> None:
+    store = tmp_path / "sim-store"
+    result = invoke(
+        "simulate", "-s", "poison", "--store", str(store), "--poison-share", "0.1", *SMALL
+    )
+    assert result.exit_code == 0, result.output
+    status = invoke("status", str(store))
+    assert status.exit_code == 0
+    assert "pool sim · 4 instances · 150 enqueued" in status.stdout
+    letters = invoke("dead-letters", str(store))
+    assert letters.exit_code == 0
+    assert "PoisonEventError" in letters.stdout
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "plot.png"
+    result = invoke("simulate", "-s", "maintenance", *SMALL, "--plot", str(target))
+    assert result.exit_code == 0, result.output
+    assert target.read_bytes().startswith(b"\x89PNG")
+
+
+def test_plot_without_matplotlib_fails_before_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    result = invoke("simulate", "--plot", str(tmp_path / "p.png"))
+    assert_one_line_error(result, 1, "--plot needs matplotlib", "dopool[plot]")
+    assert not (tmp_path / "p.png").exists()
+
+
+# -- simulate: errors ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("--rate", "-5"), ("--rate", "field 'arrivals.rate'", "> 0")),
+        (("--instances", "0"), ("--instances", "field 'instances'", ">= 1")),
+        (("--instances", "many"), ("--instances", "an integer")),
+        (("--max-queue-depth", "-1"), ("--max-queue-depth", "max_queue_depth")),
+        (("--set", "arrivals.rte=3"), ("arrivals.rte", "did you mean 'arrivals.rate'")),
+        (("--set", "faults.storage_error=0.9"), ("faults.storage_error", "<= 0.5")),
+        (("--set", "nonsense"), ("--set expects FIELD=VALUE",)),
+        (("--set", "pauses=1"), ("pauses", "scenario file")),
+        (("--sweep", "routing=a,b"), ("--sweep", "'routing'", "not a numeric")),
+        (("--sweep", "instances=1,x"), ("instances", "an integer")),
+        (("--sweep", "instances"), ("--sweep expects FIELD=V1,V2",)),
+        (("--scenario", "hot-partitions"), ("hot-partitions", "neither a built-in")),
+        (("--scenario", "missing.toml"), ("missing.toml", "cannot be read")),
+        (("--routing", "random"), ("--routing", "random")),
+        (("--bogus",), ("No such option", "--bogus")),
+    ],
+)
+def test_bad_flags_are_one_line_naming_the_field(args: tuple[str, ...], words: tuple[str]) -> None:
+    assert_one_line_error(invoke("simulate", *args), 2, *words)
+
+
+def test_a_bad_scenario_file_names_file_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('[service]\ndistribution = "exponential"\nmean = "slow"\n')
+    assert_one_line_error(
+        invoke("simulate", "-s", str(path)), 2, "bad.toml", "field 'service.mean'", "a number"
+    )
+    path.write_text("[arrivals\n")
+    assert_one_line_error(invoke("simulate", "-s", str(path)), 2, "bad.toml", "not valid TOML")
+
+
+def test_bad_output_paths(tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "such" / "r.json"
+    assert_one_line_error(invoke("simulate", "--json", str(missing)), 1, "--json", "does not exist")
+    assert_one_line_error(
+        invoke("simulate", "--sweep", "instances=1,2", "--trace", str(tmp_path / "t")),
+        2,
+        "--trace cannot be used with --sweep",
+    )
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "something").write_text("")
+    assert_one_line_error(
+        invoke("simulate", "--store", str(full), *SMALL), 1, "not an empty directory"
+    )
+
+
+# -- status and dead-letters --------------------------------------------------------------------
+@pytest.fixture
+def real_store(tmp_path: Path) -> Path:
+    """A real-clock store with dead letters, and a paused pool with pending events."""
+    store = tmp_path / "store"
+
+    def execute(ctx):  # type: ignore[no-untyped-def]
+        if ctx.event.get("bad"):
+            raise ValueError(f"bad event {ctx.event['n']}")
+
+    with Runtime(store) as runtime:
+        pool = runtime.define("emails", execute=execute, concurrency=2)
+        for n in range(6):
+            pool.enqueue({"n": n, "bad": n % 3 == 0}, partition_key=f"user-{n}")
+        assert pool.join(timeout=10)
+        pool.pause()
+        pool.enqueue({"n": 100})
+        pool.enqueue({"n": 101})
+        other = runtime.define("reports", execute=lambda ctx: None)
+        other.enqueue("r")
+        assert other.join(timeout=10)
+    return store
+
+
+@pytest.mark.threaded
+def test_status_prints_every_pool(real_store: Path) -> None:
+    result = invoke("status", str(real_store))
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert (
+        "pool emails · 2 instances · 8 enqueued · 2 pending · 4 succeeded · 2 dead-lettered" in out
+    )
+    assert "pool reports · 1 instances" in out
+    assert "emails:1" in out
+    assert "paused" in out
+
+
+@pytest.mark.threaded
+def test_status_json_and_one_pool(real_store: Path) -> None:
+    result = invoke("status", str(real_store), "--pool", "emails", "--json")
+    assert result.exit_code == 0
+    document = json.loads(result.stdout)
+    (pool,) = document["pools"]
+    assert pool["name"] == "emails"
+    assert pool["pending"] == 2
+    assert [i["state"] for i in pool["instances"]] == ["paused", "paused"]
+
+
+@pytest.mark.threaded
+def test_status_errors(tmp_path: Path, real_store: Path) -> None:
+    assert_one_line_error(invoke("status", str(tmp_path / "nope")), 1, "no dopool store", "nope")
+    assert_one_line_error(invoke("status", str(tmp_path)), 1, "no dopool store", "data/data.mdb")
+    assert_one_line_error(
+        invoke("status", str(real_store), "--pool", "sms"),
+        1,
+        "no pool named 'sms'",
+        "emails, reports",
+    )
+
+
+@pytest.mark.threaded
+def test_dead_letters_list_redrive_purge(real_store: Path) -> None:
+    listed = invoke("dead-letters", str(real_store))
+    assert listed.exit_code == 0, listed.output
+    assert "2 dead letters" in listed.stdout
+    assert "ValueError: bad event 0" in listed.stdout
+    as_json = json.loads(invoke("dead-letters", str(real_store), "--json").stdout)
+    assert [(d["pool"], d["event"]["n"]) for d in as_json] == [("emails", 0), ("emails", 3)] or [
+        (d["pool"], d["event"]["n"]) for d in as_json
+    ] == [("emails", 3), ("emails", 0)]
+    redriven = invoke("dead-letters", str(real_store), "--pool", "emails", "--redrive")
+    assert redriven.exit_code == 0, redriven.output
+    assert "redrove 2 dead letters of pool 'emails'" in redriven.stdout
+    assert (
+        json.loads(invoke("status", str(real_store), "--json").stdout)["pools"][0]["pending"] == 4
+    )
+    assert "no dead letters" in invoke("dead-letters", str(real_store)).stdout
+    purged = invoke("dead-letters", str(real_store), "--purge")
+    assert purged.exit_code == 0
+    assert "purged 0 dead letters of pool 'emails'" in purged.stdout
+    assert_one_line_error(
+        invoke("dead-letters", str(real_store), "--redrive", "--purge"), 2, "exclude each other"
+    )
+
+
+@pytest.mark.threaded
+def test_dead_letters_limit(real_store: Path) -> None:
+    result = invoke("dead-letters", str(real_store), "--limit", "1")
+    assert result.exit_code == 0
+    assert "1 more: raise --limit" in result.stdout
+
+
+HOLDER = """
+import sys
+from dopool import Runtime
+runtime = Runtime(sys.argv[1])
+print("holding", flush=True)
+sys.stdin.readline()
+runtime.close()
+"""
+
+
+@pytest.fixture
+def held(real_store: Path) -> Iterator[tuple[Path, int]]:
+    """The store, held open by a runtime in another process; yields (path, its pid)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(real_store)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "holding"
+        yield real_store, child.pid
+    finally:
+        assert child.stdin is not None
+        child.stdin.write("\n")
+        child.stdin.close()
+        child.wait(timeout=30)
+        child.stdout.close()
+
+
+@pytest.mark.threaded
+def test_status_and_listing_work_beside_a_live_runtime(held: tuple[Path, int]) -> None:
+    store, _ = held
+    result = invoke("status", str(store))
+    assert result.exit_code == 0, result.output
+    assert "pool emails" in result.stdout
+    assert invoke("dead-letters", str(store)).exit_code == 0
+
+
+@pytest.mark.threaded
+def test_acting_on_a_locked_store_names_the_holder(held: tuple[Path, int]) -> None:
+    store, pid = held
+    for action in ("--redrive", "--purge"):
+        assert_one_line_error(
+            invoke("dead-letters", str(store), action), 1, "is locked by", f"pid {pid}"
+        )
+
+
+# -- the command itself ----------------------------------------------------------------------------
+@pytest.mark.parametrize("command", [(), ("simulate",), ("status",), ("dead-letters",)])
+def test_help(command: tuple[str, ...]) -> None:
+    result = invoke(*command, "--help")
+    assert result.exit_code == 0
+    assert "Usage: " in result.stdout
+
+
+def test_unknown_command_is_one_line() -> None:
+    assert_one_line_error(invoke("simulat"), 2, "No such command 'simulat'")
+
+
+def test_the_console_script_runs() -> None:
+    script = shutil.which("dopool")
+    if script is None:
+        pytest.skip("the dopool console script is not installed (pip install -e '.[dev]')")
+    done = subprocess.run(
+        [script, "simulate", "-s", "steady", "--events", "50", "--seed", "1"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "dopool simulate · steady · seed 1" in done.stdout
+    missing = subprocess.run(
+        [script, "status", "/nonexistent/dopool-store"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert missing.returncode == 1
+    assert missing.stderr.strip().startswith("Error: no dopool store")
+    assert "Traceback" not in missing.stderr

@@ -1,0 +1,519 @@
+"""The simulator: scenarios and their validation, the driver on the real engine, metrics.
+
+Runs are small (a few hundred events) so the whole file takes seconds; the built-in
+scenarios themselves run at full size once each where their lesson needs it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from dopool import ConfigurationError, Runtime, SimulatedClock
+from dopool._sim import scenario as sc
+from dopool._sim.driver import arrivals, make_handler, run, service_time, sweep
+from dopool._sim.metrics import Collector, Latency, percentile
+from dopool._sim.scenario import (
+    Arrivals,
+    Faults,
+    Kill,
+    Pause,
+    Scenario,
+    ScenarioError,
+    Service,
+)
+from dopool._sim.storeview import StoreNotFoundError, open_view, purge, redrive
+from dopool._types import PoolEvent
+
+
+def small(name: str, events: int = 200, **overrides: object) -> Scenario:
+    """A built-in scenario cut down to ``events`` arrivals."""
+    return sc.with_overrides(sc.builtin(name), {"arrivals.total": events, **overrides})
+
+
+# -- scenarios -----------------------------------------------------------------------
+@pytest.mark.parametrize("name", sc.BUILTINS)
+def test_builtins_load_and_describe_themselves(name: str) -> None:
+    scenario = sc.builtin(name)
+    assert scenario.name == name
+    assert len(scenario.description) > 80  # says what it teaches
+    assert sc.resolve(name) == scenario
+
+
+def test_at_least_five_builtins_named_as_the_issue_asks() -> None:
+    assert {"steady", "burst", "hot-partition", "poison", "crash-storm"} <= set(sc.BUILTINS)
+
+
+@pytest.mark.parametrize("name", sc.BUILTINS)
+def test_to_toml_round_trips(name: str) -> None:
+    scenario = sc.builtin(name)
+    assert sc.loads(scenario.to_toml()) == scenario
+
+
+def test_defaults_make_a_valid_scenario() -> None:
+    scenario = Scenario()
+    assert scenario.arrivals.total == sc.DEFAULT_TOTAL
+    assert scenario.arrivals.duration is None
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "words"),
+    [
+        ("instances = 0", "instances", ">= 1"),
+        ("instances = 'four'", "instances", "an integer"),
+        ("routing = 'random'", "routing", "'round-robin'"),
+        ("[arrivals]\nrate = -3", "arrivals.rate", "> 0"),
+        ("[arrivals]\nrate = 'fast'", "arrivals.rate", "a number"),
+        ("[arrivals]\nprocess = 'uniform'", "arrivals.process", "'poisson'"),
+        ("[arrivals]\ntotal = 10\nduration = 5.0", "arrivals.duration", "together"),
+        ("[arrivals]\nrte = 3", "arrivals.rte", "did you mean 'rate'"),
+        ("instanses = 3", "instanses", "did you mean 'instances'"),
+        ("[service]\ndistribution = 'pareto'", "service.distribution", "'lognormal'"),
+        ("[service]\nmean = -1", "service.mean", ">= 0"),
+        ("[retry]\nmax_attempts = 0", "retry.max_attempts", ">= 1"),
+        ("[retry]\ninitial_delay = 5\nmax_delay = 1", "retry.max_delay", ">= 5"),
+        ("[faults]\ncrash_before_execute = 1.5", "faults.crash_before_execute", "<= 1"),
+        ("[faults]\nstorage_error = 0.9", "faults.storage_error", "<= 0.5"),
+        ("[partitions]\nkeys = 0", "partitions.keys", ">= 1"),
+        ("poison_share = true", "poison_share", "a number"),
+        ("payload_bytes = 1000000", "payload_bytes", "<= 100,000"),
+        ("[[pauses]]\nat = 1.0", "pauses[0].duration", "required"),
+        (
+            "[[pauses]]\nat = 1.0\nduration = 2.0\n[[pauses]]\nat = -1\nduration = 1",
+            "pauses[1].at",
+            ">= 0",
+        ),
+        ("instances = 2\n[[kills]]\nat = 1.0\ninstance = 2", "kills[0].instance", "< instances"),
+        ("[[kills]]\nat = 1.0\nwhen = 2", "kills[0].when", "not a scenario field"),
+        ("arrivals = 3", "arrivals", "a table"),
+        ("pauses = 3", "pauses", "array of tables"),
+    ],
+)
+def test_bad_fields_are_named(text: str, field: str, words: str) -> None:
+    with pytest.raises(ScenarioError) as caught:
+        sc.loads(text, source="my.toml")
+    error = caught.value
+    assert error.field == field
+    assert words in str(error)
+    assert str(error).startswith(f"my.toml: field '{field}'")
+
+
+def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "broken.toml"
+    path.write_text("instances = = 3\n")
+    with pytest.raises(ScenarioError, match=r"broken\.toml: scenario is not valid TOML"):
+        sc.load_file(path)
+
+
+def test_missing_file_and_unknown_name() -> None:
+    with pytest.raises(ScenarioError, match="cannot be read"):
+        sc.resolve("no/such/file.toml")
+    with pytest.raises(ScenarioError, match="neither a built-in scenario"):
+        sc.resolve("hot-partitions")
+
+
+def test_scenario_errors_are_configuration_errors() -> None:
+    with pytest.raises(ConfigurationError):
+        Scenario(instances=-1)
+
+
+def test_sections_name_their_fields_when_built_directly() -> None:
+    with pytest.raises(ScenarioError) as caught:
+        Arrivals(rate=0)
+    assert caught.value.field == "arrivals.rate"
+    with pytest.raises(ScenarioError) as caught:
+        Scenario(pauses=(Pause(at=1, duration=1, instance=9),))
+    assert caught.value.field == "pauses[0].instance"
+
+
+def test_overrides_parse_flag_text_and_name_the_field() -> None:
+    base = sc.builtin("steady")
+    changed = sc.with_overrides(
+        base,
+        {
+            "instances": "16",
+            "arrivals.rate": "80.5",
+            "max_queue_depth": "100",
+            "faults.crash_before_execute": "0.01",
+        },
+    )
+    assert changed.instances == 16
+    assert changed.arrivals.rate == 80.5
+    assert changed.max_queue_depth == 100
+    assert changed.faults.crash_before_execute == 0.01
+    assert sc.with_overrides(changed, {"max_queue_depth": "none"}).max_queue_depth is None
+    for path, value, words in [
+        ("instances", "many", "an integer"),
+        ("arrivals.rate", "x", "a number"),
+        ("arrivals.rte", "1", "did you mean 'arrivals.rate'"),
+        ("pauses", "1", "scenario file"),
+        ("retry", "1", "is a table"),
+    ]:
+        with pytest.raises(ScenarioError, match=words) as caught:
+            sc.with_overrides(base, {path: value})
+        assert caught.value.field == path
+
+
+def test_total_and_duration_replace_each_other() -> None:
+    base = sc.builtin("steady")
+    by_time = sc.with_overrides(base, {"arrivals.duration": "30"})
+    assert (by_time.arrivals.total, by_time.arrivals.duration) == (None, 30.0)
+    by_count = sc.with_overrides(by_time, {"arrivals.total": "40"})
+    assert (by_count.arrivals.total, by_count.arrivals.duration) == (40, None)
+
+
+def test_numeric_fields_are_what_a_sweep_may_vary() -> None:
+    numeric = sc.numeric_fields()
+    assert {"instances", "arrivals.rate", "service.mean", "max_queue_depth"} <= set(numeric)
+    assert "routing" not in numeric
+    assert "service.distribution" not in numeric
+
+
+# -- the workload ---------------------------------------------------------------------
+def test_steady_arrivals_are_evenly_spaced() -> None:
+    scenario = Scenario(arrivals=Arrivals(process="steady", rate=4.0, total=8))
+    assert [a.time for a in arrivals(scenario)] == [n / 4 for n in range(8)]
+    assert [a.event_id for a in arrivals(scenario)] == list(range(8))
+
+
+def test_bursts_arrive_together_until_the_duration() -> None:
+    spec = Arrivals(process="bursts", burst_size=3, burst_interval=5.0, duration=12.0)
+    times = [a.time for a in arrivals(Scenario(arrivals=spec))]
+    assert times == [0.0] * 3 + [5.0] * 3 + [10.0] * 3
+
+
+def test_poisson_arrivals_have_the_mean_rate_and_repeat_with_the_seed() -> None:
+    scenario = Scenario(seed=3, arrivals=Arrivals(rate=10.0, duration=200.0))
+    first = arrivals(scenario)
+    assert 1800 < len(first) < 2200
+    assert all(a.time < 200.0 for a in first)
+    assert first == arrivals(scenario)
+    assert first != arrivals(replace(scenario, seed=4))
+
+
+def test_partition_keys_follow_the_hot_share_and_the_skew() -> None:
+    hot = sc.with_overrides(
+        Scenario(routing="partition"),
+        {"arrivals.total": 4000, "partitions.keys": 10, "partitions.hot_key_share": 0.5},
+    )
+    keys = [a.partition_key for a in arrivals(hot)]
+    assert 0.5 < keys.count("k0") / len(keys) < 0.6  # the hot half plus its uniform share
+    zipf = sc.with_overrides(hot, {"partitions.hot_key_share": 0.0, "partitions.zipf": 1.0})
+    keys = [a.partition_key for a in arrivals(zipf)]
+    assert keys.count("k0") > 2 * keys.count("k1") * 0.8
+    assert keys.count("k1") > keys.count("k9")
+    assert all(a.partition_key is None for a in arrivals(Scenario()))
+
+
+def test_poison_share_marks_events() -> None:
+    scenario = Scenario(poison_share=0.1, arrivals=Arrivals(total=2000))
+    share = sum(a.poison for a in arrivals(scenario)) / 2000
+    assert 0.08 < share < 0.12
+
+
+@pytest.mark.parametrize("distribution", ["fixed", "exponential", "lognormal"])
+def test_service_time_distributions_have_the_mean(distribution: str) -> None:
+    scenario = Scenario(service=Service(distribution=distribution, mean=0.2, sigma=0.5))
+    rng = random.Random(1)
+    draws = [service_time(scenario, rng) for _ in range(20_000)]
+    assert math.isclose(sum(draws) / len(draws), 0.2, rel_tol=0.03)
+    assert all(d >= 0 for d in draws)
+    if distribution == "fixed":
+        assert set(draws) == {0.2}
+
+
+def test_the_handler_is_a_pure_function_of_seed_event_and_attempt(tmp_path: Path) -> None:
+    scenario = Scenario(failure_probability=0.5, service=Service(distribution="fixed", mean=1.0))
+    handle = make_handler(scenario)
+    outcomes: list[tuple[int, int, float, str | None]] = []
+    with Runtime.simulated(tmp_path / "s") as runtime:
+        clock = runtime.clock
+        assert isinstance(clock, SimulatedClock)
+
+        def execute(ctx):  # type: ignore[no-untyped-def]
+            start = clock.now()
+            try:
+                handle(ctx)
+                error = None
+            except Exception as exc:
+                error = type(exc).__name__
+            outcomes.append((ctx.event["id"], ctx.attempt, clock.now() - start, error))
+
+        pool = runtime.define("p", execute=execute)
+        for number in range(6):
+            pool.enqueue({"id": number})
+        pool.enqueue({"id": 99, "poison": True})
+        assert pool.join(timeout=10)
+    assert all(seconds == 1.0 for _, _, seconds, _ in outcomes)
+    assert outcomes[-1][3] == "PoisonEventError"
+    assert {error for *_, error in outcomes[:-1]} == {None, "SimulatedFailure"}
+
+
+# -- runs on the engine ------------------------------------------------------------------
+def test_a_small_run_settles_every_event(tmp_path: Path) -> None:
+    result = run(small("steady"), store=tmp_path / "store").result
+    assert result.finished
+    assert result.offered == result.acknowledged == result.succeeded == 200
+    assert result.lost == result.pending == result.dead_lettered == 0
+    assert result.passed, result.invariants
+    assert [check.name for check in result.invariants] == [
+        "no loss",
+        "at-least-once",
+        "order",
+        "counters",
+    ]
+    assert sum(i.enqueued for i in result.instances) == 200
+    assert all(0 < i.utilisation < 1 for i in result.instances)
+    assert 0 < result.latency.p50 <= result.latency.p95 <= result.latency.p99 <= result.latency.max
+    assert result.throughput == pytest.approx(200 / result.virtual_time)
+    assert (tmp_path / "store" / "data").is_dir()  # kept: --store
+
+
+def test_the_store_must_be_fresh(tmp_path: Path) -> None:
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "x").write_text("")
+    with pytest.raises(ConfigurationError, match="not an empty directory"):
+        run(small("steady"), store=tmp_path / "old")
+
+
+def test_same_seed_same_bytes_other_seed_other_run(tmp_path: Path) -> None:
+    scenario = small("crash-storm", 300)
+    documents = []
+    traces = []
+    for attempt in range(2):
+        trace = tmp_path / f"trace{attempt}.jsonl"
+        result = run(scenario, trace=trace).result
+        documents.append(json.dumps(result.to_json_dict(), indent=2))
+        traces.append(trace.read_bytes())
+    assert documents[0] == documents[1]
+    assert traces[0] == traces[1]
+    assert len(traces[0].splitlines()) == json.loads(documents[0])["pool_events"]
+    other = run(replace(scenario, seed=scenario.seed + 1)).result
+    assert json.dumps(other.to_json_dict(), indent=2) != documents[0]
+
+
+def test_json_has_no_wall_clock_figures() -> None:
+    document = json.dumps(run(small("steady", 50)).result.to_json_dict())
+    assert "wall" not in document
+
+
+def test_hot_partition_piles_up_on_one_instance() -> None:
+    scenario = sc.with_overrides(sc.builtin("hot-partition"), {"arrivals.duration": 20.0})
+    result = run(scenario).result
+    assert result.passed
+    hot = max(result.instances, key=lambda i: i.max_depth)
+    others = [i for i in result.instances if i is not hot]
+    assert hot.max_depth > 150
+    assert all(i.max_depth <= 10 for i in others)
+    assert hot.utilisation > 0.9
+    assert all(i.utilisation < 0.3 for i in others)
+
+
+def test_crash_storm_crashes_and_restarts_without_loss() -> None:
+    result = run(sc.builtin("crash-storm")).result
+    assert result.crashes > 50
+    assert result.restarts > 50
+    assert result.failed > 0  # crashes during enqueue: refused, never acknowledged
+    assert result.lost == 0
+    assert result.acknowledged == result.succeeded + result.dead_lettered
+    assert result.passed, result.invariants
+
+
+def test_poison_is_dead_lettered_and_the_queue_moves_on() -> None:
+    result = run(sc.builtin("poison")).result
+    assert result.dead_lettered >= 1
+    assert result.passed
+    assert result.pending == 0
+    for letter in result.dead_letters:
+        assert letter["attempts"] == 4
+        assert letter["error"].startswith("PoisonEventError")
+        later = result.instances[letter["instance"]]
+        assert later.enqueued > letter["sequence"] + 1  # events behind it on its instance...
+    assert result.succeeded == result.acknowledged - result.dead_lettered  # ...all succeeded
+    assert result.retries == 3 * result.dead_lettered
+
+
+def test_bursts_over_the_queue_limit_are_rejected() -> None:
+    result = run(sc.builtin("burst")).result
+    assert result.rejected > 0
+    assert result.max_depth == 40
+    assert result.acknowledged + result.rejected == result.offered
+    assert result.passed
+
+
+def test_pauses_grow_the_paused_queue_and_it_catches_up() -> None:
+    result = run(sc.builtin("maintenance")).result
+    assert result.pauses == 1 + 4
+    paused = result.instances[1]
+    assert paused.max_depth > 2 * max(i.max_depth for i in result.instances if i.index != 1)
+    assert result.finished
+    assert result.passed
+
+
+def test_kills_at_given_times() -> None:
+    scenario = replace(small("steady", 100), kills=(Kill(at=0.5, instance=0), Kill(at=1.0)))
+    result = run(scenario).result
+    assert result.crashes == 2
+    assert result.instances[0].restarts == 2
+    assert result.passed
+
+
+def test_a_duration_stops_the_run_and_counts_what_is_left(tmp_path: Path) -> None:
+    scenario = replace(
+        small("steady", 400),
+        duration=3.0,
+        pauses=(Pause(at=1.0, duration=100.0, instance=2),),
+    )
+    trace = tmp_path / "t.jsonl"
+    result = run(scenario, trace=trace).result
+    assert not result.finished
+    assert result.virtual_time == 3.0
+    assert result.offered < 400
+    assert result.pending > 0
+    assert result.lost == 0
+    assert result.passed, result.invariants
+    again = run(scenario, trace=tmp_path / "u.jsonl").result
+    assert again.to_json_dict() == result.to_json_dict()
+    assert trace.read_bytes() == (tmp_path / "u.jsonl").read_bytes()
+
+
+def test_faults_every_point_small_run() -> None:
+    scenario = replace(
+        small("steady", 300, failure_probability=0.1),
+        faults=Faults(
+            crash_before_execute=0.05,
+            crash_after_execute=0.05,
+            crash_during_enqueue=0.05,
+            alarm_error=0.05,
+            storage_error=0.05,
+        ),
+    )
+    result = run(scenario).result
+    assert result.crashes > 0
+    assert result.lost == 0
+    assert result.passed, result.invariants
+
+
+def test_sweep_runs_each_value(tmp_path: Path) -> None:
+    seen: list[int] = []
+    runs = sweep(
+        small("steady", 100),
+        "instances",
+        [1, 2, 4],
+        store=tmp_path / "stores",
+        progress=lambda position, *_: seen.append(position),
+    )
+    assert [value for value, _ in runs] == [1, 2, 4]
+    assert [len(r.result.instances) for _, r in runs] == [1, 2, 4]
+    assert all(r.result.passed for _, r in runs)
+    assert runs[0][1].result.latency.p99 > runs[2][1].result.latency.p99
+    assert sorted(set(seen)) == [0, 1, 2]
+    assert (tmp_path / "stores" / "instances=2" / "data").is_dir()
+
+
+# -- metrics ---------------------------------------------------------------------------------
+def test_percentiles_are_nearest_rank() -> None:
+    ordered = [float(n) for n in range(1, 101)]
+    assert percentile(ordered, 50) == 50.0
+    assert percentile(ordered, 99) == 99.0
+    assert percentile([], 50) == 0.0
+    assert Latency.of([3.0, 1.0, 2.0]).max == 3.0
+
+
+def test_the_collector_flags_out_of_order_and_repeated_starts() -> None:
+    collector = Collector("p", 1)
+    for kind, sequence, time in [
+        ("enqueued", 0, 0.0),
+        ("enqueued", 1, 0.0),
+        ("started", 1, 0.0),  # before 0
+        ("succeeded", 1, 1.0),
+        ("started", 1, 1.0),  # again after its success
+        ("succeeded", 1, 2.0),
+    ]:
+        collector(PoolEvent(kind, "p", 0, sequence, 1, time))  # type: ignore[arg-type]
+    collector(PoolEvent("started", "other", 0, 5, 1, 0.0))  # other pools are ignored
+    assert collector.order_violations[0] == "p:0 started #1 before #0"
+    assert len(collector.repeat_violations) == 2
+
+
+# -- stores from outside --------------------------------------------------------------------
+def test_storeview_reads_status_and_dead_letters_and_acts(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    run(small("poison", 400, poison_share=0.05), store=store)
+    with open_view(store) as view:
+        pools = view.pools()
+        assert pools == {"sim": 4}
+        status = view.status("sim", 4)
+        letters = view.dead_letters("sim", 4)
+    assert status.dead_lettered == len(letters) > 0
+    assert status.enqueued == status.succeeded + status.dead_lettered
+    assert redrive(store, pools) == {"sim": len(letters)}
+    with open_view(store) as view:
+        assert view.dead_letters("sim", 4) == []
+        assert view.status("sim", 4).pending == len(letters)
+    assert purge(store, pools) == {"sim": 0}
+
+
+def test_storeview_refuses_what_is_not_a_store(tmp_path: Path) -> None:
+    with pytest.raises(StoreNotFoundError, match="no such directory"), open_view(tmp_path / "x"):
+        pass
+    (tmp_path / "file").write_text("")
+    with pytest.raises(StoreNotFoundError, match="not a directory"), open_view(tmp_path / "file"):
+        pass
+    with pytest.raises(StoreNotFoundError, match=r"no data/data\.mdb"), open_view(tmp_path):
+        pass
+
+
+def test_acting_refuses_an_interrupted_attempt(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    clock = SimulatedClock()
+    with Runtime(store, clock=clock) as runtime:
+        pool = runtime.define("p", execute=lambda ctx: ctx.sleep(100))
+        pool.enqueue("x")
+        clock.advance(1)  # the attempt has started and sleeps: its outcome is not committed
+        # What a process killed now would leave behind (sync durability: on disk).
+        crashed = tmp_path / "crashed"
+        shutil.copytree(store / "data", crashed / "data")
+        clock.run_until_idle()
+    with pytest.raises(ConfigurationError, match="interrupted attempt on instance 0"):
+        redrive(crashed, {"p": 1})
+
+
+# -- the core stays free of the CLI's dependencies ----------------------------------------------
+def test_import_dopool_does_not_load_the_simulator_or_the_cli() -> None:
+    code = (
+        "import sys, dopool\n"
+        "assert 'dopool._sim' not in sys.modules and 'dopool._cli' not in sys.modules\n"
+        "sys.modules['click'] = None\n"
+        "sys.modules['rich'] = None\n"
+        "sys.modules['matplotlib'] = None\n"
+        "import dopool._sim.driver, dopool._sim.storeview, dopool._sim.plot\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from dopool._sim.plot import plot, thin
+
+    result = run(small("maintenance", 300)).result
+    target = tmp_path / "p.png"
+    plot(result, target, title="maintenance")
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    series = [(float(n), n % 7) for n in range(10_000)]
+    thinned = thin(series, 100)
+    assert len(thinned) <= 102
+    assert max(d for _, d in thinned) == 6
