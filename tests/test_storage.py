@@ -267,7 +267,7 @@ def dead_record(error: str = "boom", partition_key: str | None = None) -> DeadRe
 
 
 def outbox_record(target: int = 1) -> OutboxRecord:
-    return OutboxRecord(target, encode_event(["follow", "up"]), 4.0, "k", 1)
+    return OutboxRecord(target, 0, encode_event(["follow", "up"]), 4.0, "k", 1)
 
 
 def test_dead_letters_round_trip_in_sequence_order(store: Store) -> None:

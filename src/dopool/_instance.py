@@ -355,7 +355,9 @@ class InstanceActor(pykka.ThreadingActor):
             oseq = meta.outbox_next
             meta.outbox_next += 1
             meta.outbox += 1
-            record = OutboxRecord(target, item.event, now, item.partition_key, item.priority)
+            link = meta.links.get(target, 0)
+            meta.links[target] = link + 1
+            record = OutboxRecord(target, link, item.event, now, item.partition_key, item.priority)
             self._ns.put_outbox(txn, oseq, record)
             effects.deliveries.append((oseq, record))
         effects.empty = meta.pending == 0
@@ -514,16 +516,33 @@ class InstanceActor(pykka.ThreadingActor):
 
     # -- follow-up delivery ------------------------------------------------------
     def _on_deliver(self, message: Deliver) -> None:
-        """Accept a follow-up from another instance's outbox, once, then acknowledge it."""
+        """Accept a follow-up from another instance's outbox, once, then acknowledge it.
+
+        Links from one source arrive in order (mailboxes are FIFO, and a message
+        a crash interrupts is retried first), so the next link is accepted, an
+        older one is a resent duplicate, and a newer one means an earlier one
+        went missing: it is neither stored nor acknowledged, and stays in the
+        source's outbox to be resent, rather than being taken for a duplicate.
+        """
         now = self._clock.now()
         effects = _Effects()
+        record = message.record
         with self._write() as txn:
             meta = self._ns.load_meta(txn)
-            if message.oseq > self._ns.last_delivered(txn, message.source):
-                record = message.record
+            expected = self._ns.last_delivered(txn, message.source) + 1
+            if record.link > expected:
+                logger.error(
+                    "instance %s: follow-up link %d from instance %d arrived before link %d",
+                    self._id,
+                    record.link,
+                    message.source,
+                    expected,
+                )
+                return
+            if record.link == expected:
                 item = Item(record.event, record.partition_key, record.priority)
                 self._append(txn, meta, (item,), now, effects)
-                self._ns.set_delivered(txn, message.source, message.oseq)
+                self._ns.set_delivered(txn, message.source, record.link)
                 self._rearm(meta, now)
                 self._ns.save_meta(txn, meta)
         self._publish(meta, effects)

@@ -94,9 +94,14 @@ class DeadRecord(NamedTuple):
 
 
 class OutboxRecord(NamedTuple):
-    """A follow-up committed with its parent's outcome, waiting to reach its instance."""
+    """A follow-up committed with its parent's outcome, waiting to reach its instance.
+
+    ``link`` numbers the follow-ups from this source to ``target`` consecutively
+    from 0, which is how the target tells a duplicate from a gap.
+    """
 
     target: int
+    link: int
     event: bytes
     enqueued_at: float
     partition_key: str | None
@@ -126,6 +131,7 @@ class Meta:
     dead_letters: int = 0  # dead-letter records held
     priorities: dict[int, int] = field(default_factory=dict)  # pending events per priority
     alarm_failures: int = 0  # consecutive failed alarm deliveries (fault injection)
+    links: dict[int, int] = field(default_factory=dict)  # next outbox link per target
 
 
 _META_FIELDS = tuple(f.name for f in fields(Meta))
@@ -222,12 +228,12 @@ class Namespace:
         return bool(txn.delete(self._outbox + _U64.pack(oseq)))
 
     def last_delivered(self, txn: Txn, source: int) -> int:
-        """The highest outbox sequence from ``source`` already accepted, or -1."""
+        """The last link accepted from ``source`` (all below it were too), or -1."""
         raw = txn.get(self._seen + _U32.pack(source))
         return -1 if raw is None else int(_U64.unpack(raw)[0])
 
-    def set_delivered(self, txn: Txn, source: int, oseq: int) -> None:
-        txn.put(self._seen + _U32.pack(source), _U64.pack(oseq))
+    def set_delivered(self, txn: Txn, source: int, link: int) -> None:
+        txn.put(self._seen + _U32.pack(source), _U64.pack(link))
 
     def count_keys(self, txn: Txn, tag: bytes) -> int:
         """How many keys of one kind (``b"q"``, ``b"d"``, ``b"o"``) exist: for checkers only."""
