@@ -11,7 +11,7 @@ import pykka
 
 from dopool._clock import SimulatedClock
 from dopool._context import EventContext
-from dopool._errors import ConfigurationError, DopoolError, PoolClosedError
+from dopool._errors import ConfigurationError, DopoolError, InstanceCrashedError, PoolClosedError
 from dopool._instance import PoolSpec, dead_letter_from_record
 from dopool._mailbox import Mailbox
 from dopool._messages import Drain, Enqueue, Item, Pause, Purge, Redrive, Resume, Route
@@ -159,7 +159,7 @@ class WorkerPool:
                 if future is None:
                     part = tuple(items[p] for p in positions)
                     future = self._send(index, partial(Enqueue, part))
-                stored = future.get()
+                stored = self._wait(future)
             except DopoolError as exc:
                 failure = failure or exc
                 continue
@@ -211,9 +211,22 @@ class WorkerPool:
         indices = range(self.concurrency) if index is None else [self._check_index(index)]
         self._refuse_own_instance(index)
         if self._sequential:  # one instance at a time, so a simulated run is reproducible
-            return [self._send(i, message).get() for i in indices]
+            return [self._wait(self._send(i, message)) for i in indices]
         futures = [self._send(i, message) for i in indices]
         return [future.get() for future in futures]
+
+    def _wait(self, future: pykka.Future[Any]) -> Any:
+        """The answer to a call; under a simulated clock, a crash settles before it is raised.
+
+        The restarted instance recovers on its own thread: waiting for it keeps
+        the next call, and so the trace, in a reproducible order.
+        """
+        try:
+            return future.get()
+        except InstanceCrashedError:
+            if self._sequential and self._runtime.handler_running() is None:
+                self._runtime.clock.activity.wait_quiet()
+            raise
 
     def _send(self, index: int, message: Callable[[pykka.Future[Any]], Any]) -> pykka.Future[Any]:
         reply: pykka.Future[Any] = pykka.ThreadingFuture()

@@ -289,29 +289,30 @@ class Runtime:
             if self._closed:
                 return
             self._closed = True
-            for router, _ in self._actors:
-                _stop(router)  # first, so everything it routed reaches the instances
-            instances = [mailbox for _, mailboxes in self._actors for mailbox in mailboxes]
-            refs = [mailbox.close() for mailbox in instances]
-            if isinstance(self.clock, SimulatedClock):
-                # A handler asleep in virtual time finishes only if the clock moves.
-                keys = [mailbox.key for mailbox in instances]
-                while self.clock.activity.busy(keys) and self.clock.step():
-                    pass
-            for mailbox, ref in zip(instances, refs, strict=True):
-                if ref is not None:
-                    ref.stop(block=True)
-                self.clock.set_alarm(mailbox, None)
-            self._actors.clear()
-            with self._emit_lock:
-                if self._trace is not None:
-                    self._trace.close()
-                    self._trace = None
-            self._store.close()
-            if self._owns_clock:
-                self.clock.close()
-            if self._temporary is not None:
-                shutil.rmtree(self._temporary, ignore_errors=True)
+            actors, self._actors = self._actors, []
+        # Not under the lock: a handler still finishing may call into the runtime.
+        for router, _ in actors:
+            _stop(router)  # first, so everything it routed reaches the instances
+        instances = [mailbox for _, mailboxes in actors for mailbox in mailboxes]
+        refs = [mailbox.close() for mailbox in instances]
+        if isinstance(self.clock, SimulatedClock):
+            # A handler asleep in virtual time finishes only if the clock moves.
+            keys = [mailbox.key for mailbox in instances]
+            while self.clock.activity.busy(keys) and self.clock.step():
+                pass
+        for mailbox, ref in zip(instances, refs, strict=True):
+            if ref is not None:
+                ref.stop(block=True)
+            self.clock.set_alarm(mailbox, None)
+        with self._emit_lock:
+            if self._trace is not None:
+                self._trace.close()
+                self._trace = None
+        self._store.close()
+        if self._owns_clock:
+            self.clock.close()
+        if self._temporary is not None:
+            shutil.rmtree(self._temporary, ignore_errors=True)
 
 
 def _recover(mailbox: Mailbox) -> None:

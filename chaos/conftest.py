@@ -1,0 +1,15 @@
+"""Fixtures for the chaos suite (``tests/conftest.py`` is not visible from here)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pykka
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _stop_stray_actors() -> Iterator[None]:
+    """No actor outlives a test, even one whose runtime was left open by a failure."""
+    yield
+    pykka.ActorRegistry.stop_all()

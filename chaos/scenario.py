@@ -1,0 +1,240 @@
+"""A chaos scenario, generated from one integer seed.
+
+``generate(seed)`` draws everything from ``random.Random(seed)``: the pool's
+concurrency (1-4), its retry policy, a queue depth limit, a fault plan with
+small probabilities (seeded from the scenario seed), and a list of steps.
+Each event says how its handler behaves (see :data:`EVENT_FIELDS`), so the
+checker can tell a legitimate retry from a spurious re-execution.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from dopool import RetryPolicy
+from dopool.chaos import FaultPlan
+
+POOL = "chaos"
+PARTITION_KEYS = tuple(f"k{n}" for n in range(8))
+# Zipf-like skew: k0 is picked about twice as often as k1, eight times as often as k7.
+PARTITION_WEIGHTS = tuple(1.0 / (rank + 1) for rank in range(len(PARTITION_KEYS)))
+PRIORITIES = (0, 0, 0, 0, 0, 0, 0, 1, -1, 5)
+FAULT_POINTS = (
+    "crash_before_execute",
+    "crash_after_execute",
+    "crash_during_enqueue",
+    "alarm_error",
+    "storage_error",
+)
+MAX_FAULT_PROBABILITY = 0.05
+
+#: What an event's fields tell its handler to do, attempt by attempt.
+EVENT_FIELDS = {
+    "id": "unique name; a follow-up is named '<parent>.<attempt>.<n>'",
+    "fail": "attempts 1..fail end with `mode` (a large value: always)",
+    "mode": "'error' (RuntimeError), 'retry' (RetryAfter(after)) or 'perm' (PermanentError)",
+    "after": "the RetryAfter delay in seconds",
+    "sleep": "virtual seconds the handler sleeps (ctx.sleep) on every attempt",
+    "kids": "follow-ups enqueued on every attempt (committed only with a success)",
+    "pk": "the partition key it was enqueued with",
+    "prio": "the priority it was enqueued with",
+    "poison": "the handler kills its own instance on every attempt",
+}
+
+
+def make_event(ident: str, **fields: Any) -> dict[str, Any]:
+    """An event content with well-behaved defaults (for hand-written scenarios)."""
+    content: dict[str, Any] = {
+        "id": ident,
+        "fail": 0,
+        "mode": "error",
+        "after": 0.0,
+        "sleep": 0.0,
+        "kids": [],
+        "pk": None,
+        "prio": 0,
+        "poison": False,
+    }
+    unknown = set(fields) - set(content)
+    if unknown:
+        raise ValueError(f"unknown event fields {sorted(unknown)}; see EVENT_FIELDS")
+    content.update(fields)
+    return content
+
+
+class Step(NamedTuple):
+    """One call the runner makes: ``kind`` names it, ``args`` parameterise it."""
+
+    kind: str
+    args: dict[str, Any]
+
+    def describe(self) -> str:
+        """A short line for traces and failure reports."""
+        if self.kind in ("enqueue", "enqueue_many"):
+            ids = [event["id"] for event in self.args["events"]]
+            span = ids[0] if len(ids) == 1 else f"{ids[0]}..{ids[-1]}"
+            extra = ""
+            if self.kind == "enqueue_many":
+                extra = f" pk={self.args['pk']} prio={self.args['prio']}"
+            return f"{self.kind} {len(ids)} ({span}){extra}"
+        detail = " ".join(f"{key}={value}" for key, value in self.args.items())
+        return f"{self.kind} {detail}".strip()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything one run needs; a pure function of ``seed``."""
+
+    seed: int
+    concurrency: int
+    retry: RetryPolicy | None
+    faults: FaultPlan | None
+    max_queue_depth: int | None
+    steps: tuple[Step, ...] = field(default=())
+
+    @property
+    def max_attempts(self) -> int:
+        return 1 if self.retry is None else self.retry.max_attempts
+
+    def describe(self) -> str:
+        """A few lines naming the configuration and every step."""
+        faults = "none"
+        if self.faults is not None:
+            faults = ", ".join(
+                f"{point}={getattr(self.faults, point):.3f}"
+                for point in FAULT_POINTS
+                if getattr(self.faults, point)
+            )
+        lines = [
+            f"seed {self.seed}: concurrency={self.concurrency} retry={self.retry!r} "
+            f"max_queue_depth={self.max_queue_depth}",
+            f"  faults: {faults or 'none'}",
+        ]
+        lines += [f"  step {n}: {step.describe()}" for n, step in enumerate(self.steps)]
+        return "\n".join(lines)
+
+
+def generate(seed: int, *, steps: int | None = None) -> Scenario:
+    """The scenario for ``seed``; ``steps`` overrides the drawn number of steps."""
+    rng = random.Random(seed)
+    concurrency = rng.randint(1, 4)
+    retry = _retry_policy(rng)
+    faults = _fault_plan(rng, seed)
+    max_queue_depth = rng.randint(8, 30) if rng.random() < 0.15 else None
+    count = rng.randint(8, 30) if steps is None else steps
+    events = _EventSource(rng)
+    plan = tuple(_step(rng, events, concurrency) for _ in range(count))
+    return Scenario(seed, concurrency, retry, faults, max_queue_depth, plan)
+
+
+def _retry_policy(rng: random.Random) -> RetryPolicy | None:
+    if rng.random() < 0.1:
+        return None
+    initial = round(rng.uniform(0.05, 2.0), 2)
+    return RetryPolicy(
+        max_attempts=rng.randint(1, 5),
+        initial_delay=initial,
+        multiplier=rng.choice([1.0, 1.5, 2.0, 3.0]),
+        max_delay=initial * rng.choice([1, 5, 20]),
+        jitter=rng.choice([0.0, 0.1, 0.5]),
+    )
+
+
+def _fault_plan(rng: random.Random, seed: int) -> FaultPlan | None:
+    if rng.random() < 0.2:
+        return None
+    probabilities = {
+        point: 0.0 if rng.random() < 0.5 else round(rng.uniform(0, MAX_FAULT_PROBABILITY), 4)
+        for point in FAULT_POINTS
+    }
+    return FaultPlan(seed=seed, **probabilities)
+
+
+class _EventSource:
+    """Makes event contents with fresh ids: mostly well-behaved, some flaky or poisonous."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+        self._next = 0
+
+    def partition_key(self) -> str | None:
+        rng = self._rng
+        if rng.random() < 0.3:
+            return None
+        return rng.choices(PARTITION_KEYS, PARTITION_WEIGHTS)[0]
+
+    def event(self, pk: str | None, prio: int, depth: int = 0) -> dict[str, Any]:
+        content = self._behaviour(depth)
+        content["pk"] = pk
+        content["prio"] = prio
+        if depth == 0:
+            content = {"id": f"e{self._next}", **content}
+            self._next += 1
+        return content
+
+    def _behaviour(self, depth: int) -> dict[str, Any]:
+        rng = self._rng
+        roll = rng.random()
+        if roll < 0.70:
+            fail = 0
+        elif roll < 0.90:
+            fail = rng.randint(1, 3)
+        else:
+            fail = 99  # never succeeds: dead-lettered after max_attempts
+        kids: list[dict[str, Any]] = []
+        if depth < 2 and rng.random() < (0.15 if depth == 0 else 0.05):
+            for _ in range(rng.randint(1, 3)):
+                kid = self._behaviour(depth + 1)
+                kid["pk"] = self.partition_key()
+                kid["prio"] = rng.choice(PRIORITIES)
+                kids.append(kid)
+        return {
+            "fail": fail,
+            "mode": rng.choices(["error", "retry", "perm"], [0.75, 0.15, 0.1])[0],
+            "after": round(rng.uniform(0.0, 2.0), 2),
+            "sleep": 0.0 if rng.random() < 0.8 else round(rng.uniform(0.1, 3.0), 1),
+            "kids": kids,
+            "poison": rng.random() < 0.01,
+        }
+
+
+def _index(rng: random.Random, concurrency: int) -> int | None:
+    return None if rng.random() < 0.5 else rng.randrange(concurrency)
+
+
+def _step(rng: random.Random, events: _EventSource, concurrency: int) -> Step:
+    kinds = {
+        "enqueue": 30,
+        "enqueue_many": 8,
+        "advance": 25,
+        "pause": 4,
+        "resume": 4,
+        "drain": 2,
+        "kill": 8,
+        "reopen": 4,
+        "redrive": 3,
+        "purge": 1,
+        "join": 6,
+    }
+    kind = rng.choices(list(kinds), list(kinds.values()))[0]
+    if kind == "enqueue":
+        burst = [
+            events.event(events.partition_key(), rng.choice(PRIORITIES))
+            for _ in range(rng.randint(1, 20))
+        ]
+        return Step(kind, {"events": burst})
+    if kind == "enqueue_many":
+        pk, prio = events.partition_key(), rng.choice(PRIORITIES)
+        batch = [events.event(pk, prio) for _ in range(rng.randint(1, 12))]
+        return Step(kind, {"events": batch, "pk": pk, "prio": prio})
+    if kind == "advance":
+        return Step(kind, {"seconds": round(rng.uniform(0.0, 5.0), 2)})
+    if kind in ("pause", "resume", "drain"):
+        return Step(kind, {"index": _index(rng, concurrency)})
+    if kind == "kill":
+        return Step(kind, {"index": rng.randrange(concurrency)})
+    if kind == "redrive":
+        return Step(kind, {"which": rng.choice(["all", "odd"])})
+    return Step(kind, {})

@@ -1,0 +1,320 @@
+"""Quick mode of the chaos harness (``pytest chaos``), and tests of the harness itself.
+
+Every seed in :data:`QUICK_SEEDS` is one test: a failure names the seed, lists the
+violated invariants and prints ``python -m chaos --seed S``, which replays it exactly.
+
+Two engine bugs the harness found have regression tests here: under a
+SimulatedClock the part of an ``enqueue_many`` batch after a crashed one must wait
+for the crashed instance's recovery (else the trace varies, SPEC §4.5), and
+``Runtime.close()`` must not deadlock with a handler that calls ``runtime.kill``
+after a sleep.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from chaos import __main__ as cli
+from chaos.checker import Ack, Call, Ev, Exec, History, check_history
+from chaos.runner import Result, Runner, replay_command, run_seed
+from chaos.scenario import Scenario, Step, generate, make_event
+from dopool import (
+    EventContext,
+    InstanceCrashedError,
+    PoolEvent,
+    RetryPolicy,
+    Runtime,
+)
+from dopool.chaos import FaultPlan
+
+QUICK_SEEDS = range(300)
+# Seeds whose runs crash, kill, sleep, spawn follow-ups and reopen the runtime, and whose
+# traces are not subject to the enqueue_many race described above.
+DETERMINISM_SEEDS = (38, 81)
+
+
+@pytest.mark.parametrize("seed", QUICK_SEEDS)
+def test_scenario_keeps_every_invariant(seed: int) -> None:
+    result = run_seed(seed)
+    if not result.ok:
+        pytest.fail(result.report(), pytrace=False)
+
+
+# -- determinism and replay --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", DETERMINISM_SEEDS)
+def test_same_seed_gives_identical_traces(seed: int) -> None:
+    first = run_seed(seed, keep_log=True)
+    second = run_seed(seed, keep_log=True)
+    assert first.crashes > 0
+    assert first.reopens > 0
+    assert first.trace  # the runtimes' own JSON-lines traces
+    assert first.trace == second.trace
+    assert first.log == second.log  # the harness's history, handler calls included
+    assert first.violations == second.violations
+
+
+def test_replay_command_writes_the_same_trace_twice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seed = DETERMINISM_SEEDS[0]
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    assert cli.main(["--seed", str(seed), "--trace", str(first)]) == 0
+    assert cli.main(["--seed", str(seed), "--trace", str(second)]) == 0
+    assert first.read_bytes() == second.read_bytes()
+    assert first.stat().st_size > 0
+    assert f"seed {seed}:" in capsys.readouterr().out
+
+
+def test_generation_is_a_function_of_the_seed() -> None:
+    assert generate(7) == generate(7)
+    assert generate(7) != generate(8)
+    assert {generate(seed).concurrency for seed in range(40)} == {1, 2, 3, 4}
+
+
+def test_enqueue_many_crash_keeps_the_trace_deterministic() -> None:
+    seen: list[tuple[str, int]] = []
+
+    def slow_subscriber(event: PoolEvent) -> None:
+        # A slow subscriber (20 ms) widens the race: subscribers run before the
+        # instance finishes its message, so the next part must still come after.
+        if event.kind == "recovered":
+            time.sleep(0.02)
+        seen.append((event.kind, event.instance_index))
+
+    # Fault seed 4 crashes instance 0's part of the batch and spares instance 1's.
+    plan = FaultPlan(seed=4, crash_during_enqueue=0.5)
+    with Runtime.simulated(seed=0, faults=plan) as runtime:
+        runtime.subscribe(slow_subscriber)
+        pool = runtime.define("race", execute=lambda ctx: None, concurrency=2)
+        with pytest.raises(InstanceCrashedError):
+            pool.enqueue_many(range(6))
+        runtime.clock.activity.wait_quiet()
+    assert seen == [("crashed", 0), ("recovered", 0), *[("enqueued", 1)] * 3]
+
+
+CLOSE_WHILE_A_HANDLER_KILLS = """
+import faulthandler
+from dopool import Runtime
+
+faulthandler.dump_traceback_later(5, exit=True)  # a deadlock exits 1 after 5 s
+runtime = Runtime.simulated(seed=0)
+
+def handle(ctx):
+    ctx.sleep(1.0)
+    runtime.kill(ctx.pool_name, ctx.instance_index)  # close() holds the runtime's lock
+
+pool = runtime.define("p", execute=handle)
+pool.enqueue("x")
+runtime.clock.advance(0.5)  # the handler is asleep until t=1
+runtime.close()  # steps the clock so the handler finishes, under the lock kill() takes
+"""
+
+
+def test_close_while_a_sleeping_handler_will_kill_its_instance() -> None:
+    # In a subprocess: a deadlocked actor would hang this process's teardown.
+    done = subprocess.run(
+        [sys.executable, "-c", CLOSE_WHILE_A_HANDLER_KILLS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+# -- the poison event ------------------------------------------------------------------------
+
+
+def test_poison_event_that_kills_its_instance_is_dead_lettered_after_max_attempts() -> None:
+    events: list[PoolEvent] = []
+    done: list[int] = []
+    with Runtime.simulated(seed=3) as runtime:
+        runtime.subscribe(events.append)
+
+        def handle(ctx: EventContext) -> None:
+            if ctx.event == "poison":
+                runtime.kill(ctx.pool_name, ctx.instance_index)  # crashes after we return
+                return
+            done.append(ctx.event)
+
+        pool = runtime.define(
+            "poisoned",
+            execute=handle,
+            concurrency=2,
+            retry=RetryPolicy(max_attempts=3, initial_delay=0.5, jitter=0.0),
+        )
+        first = pool.enqueue("poison", partition_key="p")
+        for n in range(5):
+            pool.enqueue(n, partition_key="p")  # the same instance, behind the poison
+        assert pool.join(timeout=30)
+        (dead,) = pool.dead_letters()
+        status = pool.status().instances[first.instance_index]
+
+    assert dead.event == "poison"
+    assert dead.sequence == first.sequence
+    assert dead.attempts == 3
+    assert done == [0, 1, 2, 3, 4]
+    assert status.dead_lettered == 1
+    assert status.succeeded == 5
+    assert status.restarts == 3
+    crashes = [e for e in events if e.kind == "crashed"]
+    assert len(crashes) == 3
+
+
+def test_poison_event_in_a_checked_scenario() -> None:
+    behind = [make_event(f"after{n}", pk="p") for n in range(6)]
+    steps = (
+        Step("enqueue", {"events": [make_event("poison", pk="p", poison=True), *behind]}),
+        Step("advance", {"seconds": 0.2}),
+        Step("kill", {"index": 0}),
+        Step("join", {}),
+    )
+    retry = RetryPolicy(max_attempts=3, initial_delay=0.5)
+    scenario = Scenario(11, 2, retry, None, None, steps)
+    runner = Runner(scenario)
+    result = runner.run()
+    assert result.ok, result.report()
+    names = runner.history.names
+    settled = [
+        (names[(r.inst, r.seq or 0)], r.kind, r.attempt)
+        for r in runner.history.records
+        if isinstance(r, Ev) and r.kind in ("succeeded", "dead_lettered")
+    ]
+    assert settled[0] == ("poison", "dead_lettered", 3)
+    assert [name for name, kind, _ in settled[1:]] == [event["id"] for event in behind]
+    assert {kind for _, kind, _ in settled[1:]} == {"succeeded"}
+
+
+# -- the checker can fail -------------------------------------------------------------------
+
+
+def _history(*records: object, names: dict[tuple[int, int], str] | None = None) -> History:
+    history = History(1, RetryPolicy(max_attempts=2, initial_delay=1.0, jitter=0.0))
+    for ident in ("a", "b"):
+        history.contents[ident] = make_event(ident)
+    history.names.update(names or {(0, 0): "a", (0, 1): "b"})
+    for record in records:
+        history.add(record)  # type: ignore[arg-type]
+    return history
+
+
+def _enqueued(seq: int) -> Ev:
+    return Ev("enqueued", 0, seq, None, 0.0, None)
+
+
+def _ev(kind: str, seq: int, attempt: int, time: float = 0.0) -> Ev:
+    return Ev(kind, 0, seq, attempt, time, None)
+
+
+def _run(ident: str, seq: int, attempt: int, outcome: str = "ok", time: float = 0.0) -> Exec:
+    return Exec(ident, 0, seq, attempt, time, outcome, ())
+
+
+CLEAN = (
+    Call(0, "enqueue"),
+    _enqueued(0),
+    Ack("a", 0, 0),
+    _enqueued(1),
+    Ack("b", 0, 1),
+    Call(1, "advance"),
+    _ev("started", 0, 1),
+    _run("a", 0, 1, "error"),
+    Ev("retry_scheduled", 0, 0, 1, 0.0, "RuntimeError"),
+    _ev("started", 0, 2, time=1.0),
+    _run("a", 0, 2, time=1.0),
+    _ev("succeeded", 0, 2, time=1.0),
+    _ev("started", 1, 1, time=1.0),
+    _run("b", 1, 1, time=1.0),
+    _ev("succeeded", 1, 1, time=1.0),
+)
+
+
+def test_checker_accepts_a_clean_fabricated_history() -> None:
+    assert check_history(_history(*CLEAN)) == []
+
+
+@pytest.mark.parametrize(
+    ("records", "complaint"),
+    [
+        pytest.param(CLEAN[:-3], "'b' was enqueued 1 times but ended 0 times", id="lost"),
+        pytest.param(
+            (*CLEAN, _ev("started", 1, 2, time=2.0), _run("b", 1, 2, time=2.0)),
+            "started entry (0, 1) (attempt 2) after it was succeeded",
+            id="run-after-success",
+        ),
+        pytest.param(
+            (*CLEAN[:6], _ev("started", 1, 1), _run("b", 1, 1), _ev("succeeded", 1, 1)),
+            "started sequence 1 (priority 0) while sequence 0",
+            id="out-of-order",
+        ),
+        pytest.param(
+            (
+                *CLEAN[:7],
+                _run("a", 0, 1),  # returned normally, no crash...
+                Ev("retry_scheduled", 0, 0, 1, 0.0, "?"),  # ...and yet retried
+            ),
+            "nothing failed (spurious retry)",
+            id="spurious-retry",
+        ),
+        pytest.param(
+            (*CLEAN[:9], _ev("started", 0, 2, time=0.5)),
+            "before its backoff ended",
+            id="early-retry",
+        ),
+        pytest.param(
+            (*CLEAN[:7], _run("a", 0, 1, "error"), Ev("dead_lettered", 0, 0, 1, 0.0, "?")),
+            "dead-lettered (0, 0) attempt 1 (error) with 1 of 2 attempts",
+            id="dead-too-soon",
+        ),
+        pytest.param(
+            (*CLEAN, Ev("enqueued", 0, 5, None, 2.0, None)),
+            "enqueued sequence 5, expected 2",
+            id="sequence-gap",
+        ),
+    ],
+)
+def test_checker_catches_a_planted_violation(records: tuple[object, ...], complaint: str) -> None:
+    violations = check_history(_history(*records))
+    assert any(complaint in violation for violation in violations), violations
+
+
+def test_failure_report_names_the_seed_and_the_replay_command() -> None:
+    report = Result(seed=4242, violations=["step 3: event 'e1' lost"]).report()
+    assert "chaos seed 4242" in report
+    assert "python -m chaos --seed 4242" in report
+    assert replay_command(4242) == "python -m chaos --seed 4242"
+    assert "step 3: event 'e1' lost" in report
+
+
+# -- long mode ---------------------------------------------------------------------------------
+
+
+def test_long_mode_summarises_and_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--seeds", "3", "--start", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "chaos summary: 3 scenarios" in out
+    for word in ("events", "crashes", "restarts", "0 violations"):
+        assert word in out
+
+
+def test_long_mode_exits_1_and_prints_replay_commands(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(seed: int, *, keep_log: bool = False) -> Result:
+        violations = ["step 0: planted"] if seed == 21 else []
+        return Result(seed=seed, violations=violations)
+
+    monkeypatch.setattr(cli, "run_seed", broken)
+    assert cli.main(["--seeds", "2", "--start", "20"]) == 1
+    out = capsys.readouterr().out
+    assert "1 violations in 1 scenarios" in out
+    assert "python -m chaos --seed 21" in out
+    assert "python -m chaos --seed 20" not in out
+    assert cli.main(["--seed", "21"]) == 1
