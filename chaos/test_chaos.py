@@ -1,7 +1,7 @@
 """Quick mode of the chaos harness (``pytest chaos``), and tests of the harness itself.
 
 Every seed in :data:`QUICK_SEEDS` is one test: a failure names the seed, lists the
-violated invariants and prints ``python -m chaos --seed S``, which replays it exactly.
+violated invariants and prints ``dopool chaos --seed S``, which replays it exactly.
 
 Two engine bugs the harness found have regression tests here: under a
 SimulatedClock the part of an ``enqueue_many`` batch after a crashed one must wait
@@ -19,10 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from chaos import __main__ as cli
-from chaos.checker import Ack, Call, Ev, Exec, History, check_history
-from chaos.runner import Result, Runner, replay_command, run_seed
-from chaos.scenario import Scenario, Step, generate, make_event
 from dopool import (
     EventContext,
     InstanceCrashedError,
@@ -30,6 +26,10 @@ from dopool import (
     RetryPolicy,
     Runtime,
 )
+from dopool._chaos import harness as cli
+from dopool._chaos.checker import Ack, Call, Ev, Exec, History, check_history
+from dopool._chaos.runner import Result, Runner, replay_command, run_seed
+from dopool._chaos.scenario import Scenario, Step, generate, make_event
 from dopool.chaos import FaultPlan
 
 QUICK_SEEDS = range(300)
@@ -288,8 +288,8 @@ def test_checker_catches_a_planted_violation(records: tuple[object, ...], compla
 def test_failure_report_names_the_seed_and_the_replay_command() -> None:
     report = Result(seed=4242, violations=["step 3: event 'e1' lost"]).report()
     assert "chaos seed 4242" in report
-    assert "python -m chaos --seed 4242" in report
-    assert replay_command(4242) == "python -m chaos --seed 4242"
+    assert "dopool chaos --seed 4242" in report
+    assert replay_command(4242) == "dopool chaos --seed 4242"
     assert "step 3: event 'e1' lost" in report
 
 
@@ -315,6 +315,6 @@ def test_long_mode_exits_1_and_prints_replay_commands(
     assert cli.main(["--seeds", "2", "--start", "20"]) == 1
     out = capsys.readouterr().out
     assert "1 violations in 1 scenarios" in out
-    assert "python -m chaos --seed 21" in out
-    assert "python -m chaos --seed 20" not in out
+    assert "dopool chaos --seed 21" in out
+    assert "dopool chaos --seed 20" not in out
     assert cli.main(["--seed", "21"]) == 1

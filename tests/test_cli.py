@@ -428,3 +428,25 @@ def test_the_console_script_runs() -> None:
     assert missing.returncode == 1
     assert missing.stderr.strip().startswith("Error: no dopool store")
     assert "Traceback" not in missing.stderr
+
+
+# -- chaos ------------------------------------------------------------------------------
+
+
+def test_chaos_runs_seeded_scenarios_and_reports_no_violation() -> None:
+    result = invoke("chaos", "--seeds", "3", "--start", "10")
+    assert result.exit_code == 0, result.output
+    assert "3 scenarios" in result.output
+    assert "0 violations" in result.output
+
+
+def test_chaos_replays_one_seed() -> None:
+    result = invoke("chaos", "--seed", "11")
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("seed 11:")
+    assert result.output.rstrip().endswith("ok")
+
+
+def test_chaos_rejects_a_bad_flag_with_usage_exit() -> None:
+    result = invoke("chaos", "--seeds", "0")
+    assert result.exit_code == 2

@@ -1,4 +1,4 @@
-"""The ``dopool`` command line: ``simulate``, ``status`` and ``dead-letters``.
+"""The ``dopool`` command line: ``simulate``, ``status``, ``dead-letters`` and ``chaos``.
 
 Only the console script imports this module (click and rich are the ``cli``
 extra). The work is done elsewhere: :mod:`dopool._sim.driver` runs scenarios,
@@ -144,6 +144,23 @@ def cli() -> None:
 def main() -> None:
     """The ``dopool`` console script."""
     cli(prog_name="dopool")
+
+
+# -- chaos ------------------------------------------------------------------------------
+@cli.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    add_help_option=False,
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def chaos(args: tuple[str, ...]) -> None:
+    """Run the chaos harness: seeded scenarios under fault plans, invariants checked.
+
+    --seeds N [--start S] [--jobs J] runs N scenarios; --seed S replays one exactly.
+    See 'dopool chaos --help'.
+    """
+    from dopool._chaos.harness import main as harness  # noqa: PLC0415 - loaded on demand
+
+    sys.exit(harness(list(args)))
 
 
 # -- simulate ---------------------------------------------------------------------------

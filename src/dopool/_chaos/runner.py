@@ -3,8 +3,8 @@
 The runner owns a temporary store and one :class:`SimulatedClock` that lives
 across close-and-reopen, so virtual time goes on. It subscribes to every pool
 event, records each handler call, each acknowledged enqueue and each of its own
-calls into one :class:`~chaos.checker.History`, and after every step compares
-committed storage with a replay of that history (:class:`~chaos.checker.Model`).
+calls into one :class:`~dopool._chaos.checker.History`, and after every step compares
+committed storage with a replay of that history (:class:`~dopool._chaos.checker.Model`).
 
 Driving the clock without deadlock. Under a SimulatedClock a call such as
 ``enqueue`` or ``pause`` completes at once, except when its instance is inside
@@ -35,19 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.checker import (
-    Ack,
-    Call,
-    Ev,
-    Exec,
-    History,
-    Model,
-    Phase,
-    Purged,
-    Redriven,
-    read_store,
-)
-from chaos.scenario import POOL, Scenario, Step, generate
 from dopool import (
     DeadLetter,
     DopoolError,
@@ -61,6 +48,19 @@ from dopool import (
     SimulatedClock,
     WorkerPool,
 )
+from dopool._chaos.checker import (
+    Ack,
+    Call,
+    Ev,
+    Exec,
+    History,
+    Model,
+    Phase,
+    Purged,
+    Redriven,
+    read_store,
+)
+from dopool._chaos.scenario import POOL, Scenario, Step, generate
 
 JOIN_TIMEOUT = 60.0  # wall seconds; virtual time is free
 # Clock steps (alarms, wake-ups, deliveries) one advance or settle may take before the
@@ -72,7 +72,7 @@ RESUME_TRIES = 50  # a fault may crash a resume; each try draws again
 
 def replay_command(seed: int) -> str:
     """The one-line command that runs ``seed`` again, exactly."""
-    return f"python -m chaos --seed {seed}"
+    return f"dopool chaos --seed {seed}"
 
 
 @dataclass
@@ -249,7 +249,7 @@ class Runner:
         )
 
     def _execute(self, ctx: EventContext) -> None:
-        """The handler: does what the event's fields say (see ``chaos.scenario``)."""
+        """The handler: does what the event's fields say (see ``dopool._chaos.scenario``)."""
         event = ctx.event
         ident = event["id"]
         attempt = ctx.attempt
@@ -319,7 +319,7 @@ class Runner:
         recovery may still be running: a call to another instance would race with
         it, and the trace would depend on thread timing. ``runtime.kill`` waits
         the same way. (``enqueue_many`` itself does not, between the parts of one
-        batch: see the module docstring of ``chaos.test_chaos``.)
+        batch: see the module docstring of ``chaos.test_chaos`` (in the repository).)
         """
         self.clock.activity.wait_quiet()
 

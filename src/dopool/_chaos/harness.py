@@ -1,0 +1,134 @@
+"""``dopool chaos``: the long mode of the chaos harness, and the replay of one seed.
+
+    dopool chaos --seeds 5000 [--start N] [--jobs J]   # run seeds N .. N+4999
+    dopool chaos --seed S [--trace FILE] [--verbose]  # replay one seed exactly
+
+(``python -m chaos`` in the repository is the same.)
+
+Prints a progress line now and then and a summary of scenarios, events,
+executions, crashes, restarts and violations. Exits 1 if any scenario broke an
+invariant, after printing, for each such seed, the command that replays it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from dopool._chaos.runner import Result, replay_command, run_seed, run_seed_quietly
+from dopool._chaos.scenario import generate
+
+PROGRESS_EVERY = 5.0  # wall seconds between progress lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="dopool chaos", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
+    parser.add_argument("--seeds", type=int, default=200, help="how many scenarios to run")
+    parser.add_argument("--start", type=int, default=0, help="the first seed")
+    parser.add_argument("--seed", type=int, help="run only this seed (a replay)")
+    parser.add_argument("--trace", type=Path, help="with --seed: write the runtime trace here")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes (long mode)")
+    parser.add_argument(
+        "--verbose", action="store_true", help="with --seed: print the scenario and its history"
+    )
+    args = parser.parse_args(argv)
+    if args.seed is not None:
+        return _replay(args.seed, args.trace, verbose=args.verbose)
+    if args.trace is not None:
+        parser.error("--trace needs --seed")
+    if args.seeds < 1 or args.jobs < 1:
+        parser.error("--seeds and --jobs must be at least 1")
+    return _long(range(args.start, args.start + args.seeds), args.jobs)
+
+
+def _replay(seed: int, trace: Path | None, *, verbose: bool) -> int:
+    result = run_seed(seed, keep_log=verbose)
+    if verbose:
+        print(generate(seed).describe())
+        print("history:")
+        for line in result.log:
+            print(f"  {line}")
+    if trace is not None:
+        trace.write_bytes(result.trace)
+        print(f"trace: {trace} ({len(result.trace)} bytes)")
+    print(_one_line(result))
+    if not result.ok:
+        print(result.report())
+        return 1
+    return 0
+
+
+def _one_line(result: Result) -> str:
+    return (
+        f"seed {result.seed}: {result.steps} steps, {result.enqueued} events, "
+        f"{result.executions} executions, {result.crashes} crashes, {result.restarts} restarts, "
+        f"{result.reopens} reopens, {result.virtual_time:.1f} virtual s, "
+        f"{result.wall_time:.2f} wall s: "
+        + ("ok" if result.ok else f"{len(result.violations)} violation(s)")
+    )
+
+
+def _results(seeds: range, jobs: int) -> Iterator[Result]:
+    if jobs == 1:
+        for seed in seeds:
+            yield run_seed(seed)
+        return
+    # spawn, not fork: the parent may hold actor threads and LMDB handles.
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(jobs) as workers:
+        yield from workers.imap(run_seed_quietly, seeds, chunksize=8)
+
+
+def _long(seeds: range, jobs: int) -> int:
+    started = last = time.perf_counter()
+    totals = dict.fromkeys(
+        ("events", "acknowledged", "executions", "crashes", "restarts", "reopens", "violations"), 0
+    )
+    failures: list[Result] = []
+    scenarios = 0
+    print(f"chaos: seeds {seeds.start}..{seeds.stop - 1} ({len(seeds)} scenarios, {jobs} job(s))")
+    for result in _results(seeds, jobs):
+        scenarios += 1
+        totals["events"] += result.enqueued
+        totals["acknowledged"] += result.acknowledged
+        totals["executions"] += result.executions
+        totals["crashes"] += result.crashes
+        totals["restarts"] += result.restarts
+        totals["reopens"] += result.reopens
+        totals["violations"] += len(result.violations)
+        if not result.ok:
+            failures.append(result)
+            print(
+                f"FAIL seed {result.seed}: {result.violations[0]}  [{replay_command(result.seed)}]"
+            )
+        now = time.perf_counter()
+        if now - last >= PROGRESS_EVERY:
+            last = now
+            print(
+                f"  {scenarios}/{len(seeds)} scenarios, {totals['events']} events, "
+                f"{totals['crashes']} crashes, {len(failures)} failing, {now - started:.0f}s",
+                flush=True,
+            )
+    elapsed = time.perf_counter() - started
+    print(
+        f"chaos summary: {scenarios} scenarios, {totals['events']} events "
+        f"({totals['acknowledged']} acknowledged enqueues), {totals['executions']} executions, "
+        f"{totals['crashes']} crashes, {totals['restarts']} restarts, {totals['reopens']} reopens, "
+        f"{totals['violations']} violations in {len(failures)} scenarios, {elapsed:.1f}s"
+    )
+    if failures:
+        print("replay each failing seed with:")
+        for result in failures:
+            print(f"  {replay_command(result.seed)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
