@@ -85,7 +85,7 @@ def test_enqueue_many_crash_keeps_the_trace_deterministic() -> None:
         # A slow subscriber (20 ms) widens the race: subscribers run before the
         # instance finishes its message, so the next part must still come after.
         if event.kind == "recovered":
-            time.sleep(0.02)
+            time.sleep(0.02)  # real-time: a slow subscriber widens the race
         seen.append((event.kind, event.instance_index))
 
     # Fault seed 4 crashes instance 0's part of the batch and spares instance 1's.

@@ -1129,7 +1129,11 @@ def test_a_call_after_a_crashed_call_reaches_the_restarted_instance(tmp_path: Pa
     plan = FaultPlan(crash_during_enqueue=1.0)  # every enqueue crashes; nothing else does
     with Runtime(tmp_path, clock=SimulatedClock(), seed=0, faults=plan) as runtime:
         # A slow subscriber widens the window between the crash and the restart.
-        runtime.subscribe(lambda event: time.sleep(0.02) if event.kind == "crashed" else None)
+        def slow(event: PoolEvent) -> None:
+            if event.kind == "crashed":
+                time.sleep(0.02)  # real-time: a slow subscriber widens the race
+
+        runtime.subscribe(slow)
         pool = runtime.define("crashy", execute=lambda ctx: None)
         for round_ in range(3):
             with pytest.raises(InstanceCrashedError):

@@ -89,11 +89,15 @@ _FLAG_OF = {path: flag for flag, path, _ in FIELD_FLAGS}
 
 
 class CliError(click.ClickException):
-    """Printed as one ``Error: ...`` line on stderr."""
+    """Printed as one ``Error: ...`` line on stderr; exits 1."""
 
-    def __init__(self, message: str, exit_code: int = FAILURE_EXIT) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
+    exit_code = FAILURE_EXIT
+
+
+class CliUsageError(CliError):
+    """A bad flag or scenario: one ``Error: ...`` line, exit 2."""
+
+    exit_code = USAGE_EXIT
 
 
 class _OneLineErrors(click.Group):
@@ -118,9 +122,9 @@ def _one_line() -> Iterator[None]:
         hint = ""
         if exc.ctx is not None:
             hint = f" (see '{exc.ctx.command_path} --help')"
-        raise CliError(exc.format_message() + hint, exc.exit_code) from None
+        raise CliUsageError(exc.format_message() + hint) from None
     except ScenarioError as exc:
-        raise CliError(str(exc), USAGE_EXIT) from None
+        raise CliUsageError(str(exc)) from None
     except StoreLockedError as exc:
         raise CliError(
             f"{exc}; stop that runtime first (--redrive and --purge need the store lock)"
@@ -275,7 +279,7 @@ def simulate(
     if sweep_spec is not None:
         for flag, target in (("--trace", trace_path), ("--plot", plot_path)):
             if target is not None:
-                raise CliError(f"{flag} cannot be used with --sweep", USAGE_EXIT)
+                raise CliUsageError(f"{flag} cannot be used with --sweep")
         field, values = _parse_sweep(sweep_spec)
         _run_sweep(out, chosen, field, values, json_path, store_path, quiet)
         return
@@ -317,7 +321,7 @@ def _build_scenario(
         path, sep, value = setting.partition("=")
         path = path.strip()
         if not sep or not path:
-            raise CliError(f"--set expects FIELD=VALUE, got {setting!r}", USAGE_EXIT)
+            raise CliUsageError(f"--set expects FIELD=VALUE, got {setting!r}")
         overrides[path] = value.strip()
         sources[path] = f"--set {path}"
     if seed is not None:
@@ -336,7 +340,7 @@ def _parse_sweep(spec: str) -> tuple[str, list[Any]]:
     field, sep, text = spec.partition("=")
     field = field.strip()
     if not sep or not text.strip():
-        raise CliError(f"--sweep expects FIELD=V1,V2,..., got {spec!r}", USAGE_EXIT)
+        raise CliUsageError(f"--sweep expects FIELD=V1,V2,..., got {spec!r}")
     numeric = scenarios.numeric_fields()
     if field not in numeric:
         import difflib  # noqa: PLC0415 - only on this error path
@@ -348,7 +352,7 @@ def _parse_sweep(spec: str) -> tuple[str, list[Any]]:
         scenarios.parse_value(field, part.strip()) for part in text.split(",") if part.strip()
     ]
     if not values:
-        raise CliError("--sweep needs at least one value", USAGE_EXIT)
+        raise CliUsageError("--sweep needs at least one value")
     return field, values
 
 
@@ -703,7 +707,7 @@ def dead_letters(
     next opens the store.
     """
     if do_redrive and do_purge:
-        raise CliError("--redrive and --purge exclude each other", USAGE_EXIT)
+        raise CliUsageError("--redrive and --purge exclude each other")
     with open_view(path) as view:
         pools = _chosen_pools(view, pool_name)
         letters = {name: view.dead_letters(name, count) for name, count in sorted(pools.items())}

@@ -126,7 +126,7 @@ class _Section:
             raise exc.within(self.section) from None
 
     def _check(self) -> None:
-        raise NotImplementedError
+        """Validate the section's fields; each section overrides this."""
 
 
 @dataclass(frozen=True, kw_only=True)
