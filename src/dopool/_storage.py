@@ -386,29 +386,16 @@ def open_readonly(path: Path) -> Any:
 
     Returns an ``lmdb.Environment``; read it with ``begin(write=False)``.
     """
+    options = {"readonly": True, "subdir": True, "create": False, "readahead": False}
     try:
         return lmdb.open(
-            str(path / "data"),
-            readonly=True,
-            subdir=True,
-            create=False,
-            map_size=_MAP_SIZE,
-            max_readers=_MAX_READERS,
-            readahead=False,
+            str(path / "data"), map_size=_MAP_SIZE, max_readers=_MAX_READERS, **options
         )
     except lmdb.Error:
         pass
     try:
         # Without write access to LMDB's lock file, read without it: consistent for a
         # snapshot this short, though a live writer may then reuse pages sooner.
-        return lmdb.open(
-            str(path / "data"),
-            readonly=True,
-            lock=False,
-            subdir=True,
-            create=False,
-            map_size=_MAP_SIZE,
-            readahead=False,
-        )
+        return lmdb.open(str(path / "data"), map_size=_MAP_SIZE, lock=False, **options)
     except lmdb.Error as exc:
         raise StorageError(f"cannot open store {str(path)!r} read-only: {exc}") from exc
