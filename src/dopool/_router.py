@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 def stable_hash(partition_key: str) -> int:
     """BLAKE2b (8-byte digest) of the key's UTF-8, read big-endian.
 
-    Unlike the built-in ``hash()``, it is the same in every process and on every
+    Unlike Python's salted string hashing, it is the same in every process and on every
     Python version, so a partition always maps to the same instance.
     """
     digest = hashlib.blake2b(partition_key.encode(), digest_size=8).digest()
