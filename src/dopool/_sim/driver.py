@@ -301,10 +301,9 @@ def _run(
 def _submit(pool: WorkerPool, event: Any, partition_key: str | None) -> pykka.Future[Any]:
     """Send one event to the pool's router without waiting; returns the router's reply.
 
-    ``WorkerPool._submit`` would do, but its future waits for the instance's answer
-    without a timeout, and at the end of a run cut short by ``duration`` an instance
-    may still be inside a handler with the enqueue queued behind it. The router's
-    reply lets :func:`_answer` look at each half without waiting.
+    At the end of a run cut short by ``duration`` an instance may still be inside
+    a handler with the enqueue queued behind it, so nothing here waits: the
+    router's reply lets :func:`_answer` look at each half without waiting.
     """
     item = prepare(event, partition_key=partition_key, priority=0, schema=None)
     reply: pykka.Future[Any] = pykka.ThreadingFuture()
