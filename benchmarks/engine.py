@@ -116,6 +116,11 @@ def _finish(pool: WorkerPool, expected: int) -> float:
     return finished
 
 
+def _rates(count: int, start: float, enqueued: float, finished: float) -> Rates:
+    """Enqueue rate up to the last enqueue, end-to-end rate up to the last completion."""
+    return {"enqueue/s": count / (enqueued - start), "processed/s": count / (finished - start)}
+
+
 def sequential(events: int) -> Callable[[str, Path], Rates]:
     """One producer calls ``enqueue`` ``events`` times; then the pool drains."""
 
@@ -127,10 +132,7 @@ def sequential(events: int) -> Callable[[str, Path], Rates]:
                 pool.enqueue(event)
             enqueued = time.perf_counter()
             finished = _finish(pool, events)
-        return {
-            "enqueue/s": events / (enqueued - start),
-            "processed/s": events / (finished - start),
-        }
+        return _rates(events, start, enqueued, finished)
 
     return run
 
@@ -157,10 +159,7 @@ def producers(events: int, threads: int = PRODUCERS) -> Callable[[str, Path], Ra
                     future.result()  # re-raises a producer's error
             enqueued = time.perf_counter()
             finished = _finish(pool, events)
-        return {
-            "enqueue/s": events / (enqueued - start),
-            "processed/s": events / (finished - start),
-        }
+        return _rates(events, start, enqueued, finished)
 
     return run
 
@@ -177,10 +176,7 @@ def batches(size: int = BATCH_SIZE, count: int = BATCHES) -> Callable[[str, Path
                 pool.enqueue_many(chunk)
             enqueued = time.perf_counter()
             finished = _finish(pool, total)
-        return {
-            "enqueue/s": total / (enqueued - start),
-            "processed/s": total / (finished - start),
-        }
+        return _rates(total, start, enqueued, finished)
 
     return run
 
