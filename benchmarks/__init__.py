@@ -1,1 +1,5 @@
-"""Throughput benchmarks for dopool on disk; run them with ``python -m benchmarks``."""
+"""Benchmarks: dopool on disk beside SqliteHuey, persist-queue and raw LMDB.
+
+Run them with ``python -m benchmarks`` (``--quick`` for a smoke run, ``--help`` for the
+options); ``python -m benchmarks.simulate`` times the simulator.
+"""

@@ -1,266 +1,299 @@
-"""Throughput of a durable pool on disk, beside the raw LMDB ceiling of the same disk.
+"""dopool's scenarios: a durable pool on disk with a real clock and no-op handlers.
 
-Each run opens a fresh store in its own directory under a work directory, with a
-real clock, times one scenario with :func:`time.perf_counter`, checks that every
-event succeeded, and removes the store. Opening and closing the runtime are not
-timed. Rates are events per second.
+Each run opens a fresh :class:`~dopool.Runtime` on its own directory, times one
+scenario with :func:`time.perf_counter`, checks the outcome (every event succeeded,
+nothing pending) and raises if it is wrong. Opening and closing the runtime are not
+timed, except where the scenario is about them (``scale``).
 """
 
 from __future__ import annotations
 
-import shutil
-import statistics
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import lmdb
-import msgpack
-
+from benchmarks.harness import (
+    TIMEOUT,
+    Case,
+    Reading,
+    Sizes,
+    body_for,
+    make_event,
+    memory_kib,
+    percentile,
+    rate,
+    run_producers,
+)
 from dopool import EventContext, Runtime, WorkerPool
 
 MODES = ("sync", "async")
-CONCURRENCY = 4
-PRODUCERS = 4
-BATCH_SIZE = 1_000
-BATCHES = 10
 POOL_NAME = "bench"
-# Generous: a stalled pool fails the run instead of hanging it.
-JOIN_TIMEOUT = 120.0
-# The same LMDB options as dopool's store (map size is address space, not disk).
-_MAP_SIZE = 1 << 36
-
-Rates = dict[str, float]
+# Latency samples skip this many events first: a fresh store's first writes fault in pages.
+WARM_UP = 10
 
 
-def make_event(number: int) -> dict[str, Any]:
-    """A small event, the same size for every ``number`` below 2**32 (a uint64 ``n``)."""
-    return {"n": (1 << 32) + number, "body": "x" * 64}
-
-
-def stored_value_size() -> int:
-    """Bytes of the value dopool stores for one event: its msgpack record."""
-    event = msgpack.packb(make_event(0), use_bin_type=True)
-    record = msgpack.packb([event, time.time(), None, 0], use_bin_type=True)
-    return len(record)
+def system(mode: str) -> str:
+    """The name of dopool in one durability mode, as the table and the targets use it."""
+    return f"dopool {mode}"
 
 
 def no_op(ctx: EventContext) -> None:
     """The benchmark handler: succeed at once."""
 
 
-@dataclass(frozen=True, slots=True)
-class Figure:
-    """One measured rate over the repeats of a scenario."""
-
-    scenario: str
-    mode: str
-    metric: str
-    samples: tuple[float, ...]
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.samples)
-
-    @property
-    def low(self) -> float:
-        return min(self.samples)
-
-    @property
-    def high(self) -> float:
-        return max(self.samples)
-
-    def to_json_dict(self) -> dict[str, Any]:
-        return {
-            "scenario": self.scenario,
-            "mode": self.mode,
-            "metric": self.metric,
-            "unit": "events/s",
-            "median": self.median,
-            "min": self.low,
-            "max": self.high,
-            "samples": list(self.samples),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Scenario:
-    """A named measurement: ``run(mode, store_dir)`` returns rates by metric name."""
-
-    name: str
-    run: Callable[[str, Path], Rates]
-
-
 @contextmanager
-def _pool(mode: str, store: Path) -> Iterator[WorkerPool]:
+def _pool(
+    store: Path,
+    mode: str,
+    concurrency: int,
+    execute: Callable[[EventContext], None] = no_op,
+    name: str = POOL_NAME,
+) -> Iterator[WorkerPool]:
     with Runtime(store, durability=mode) as runtime:
-        yield runtime.define(POOL_NAME, execute=no_op, concurrency=CONCURRENCY)
+        yield runtime.define(name, execute=execute, concurrency=concurrency)
 
 
 def _finish(pool: WorkerPool, expected: int) -> float:
-    """Wait for the pool to process everything; the time it finished."""
-    if not pool.join(timeout=JOIN_TIMEOUT):
-        raise RuntimeError(f"pool did not finish {expected} events in {JOIN_TIMEOUT:g} s")
+    """Wait until the pool is idle, check that ``expected`` events succeeded; the time it was."""
+    if not pool.join(timeout=TIMEOUT):
+        raise RuntimeError(f"pool did not finish {expected:,} events in {TIMEOUT:g} s")
     finished = time.perf_counter()
-    status = pool.status()
-    if status.succeeded != expected or status.pending:
-        raise RuntimeError(
-            f"expected {expected} succeeded, got {status.succeeded} ({status.pending} pending)"
-        )
+    _check(pool, succeeded=expected, pending=0)
     return finished
 
 
-def _rates(count: int, start: float, enqueued: float, finished: float) -> Rates:
-    """Enqueue rate up to the last enqueue, end-to-end rate up to the last completion."""
-    return {"enqueue/s": count / (enqueued - start), "processed/s": count / (finished - start)}
+def _check(pool: WorkerPool, *, succeeded: int | None = None, pending: int | None = None) -> None:
+    """Raise unless the pool's committed counters are as expected."""
+    status = pool.status()
+    wanted = {"succeeded": succeeded, "pending": pending}
+    found = {"succeeded": status.succeeded, "pending": status.pending}
+    if any(value is not None and found[name] != value for name, value in wanted.items()):
+        expected = ", ".join(f"{v:,} {k}" for k, v in wanted.items() if v is not None)
+        raise RuntimeError(
+            f"expected {expected}; the pool has {status.succeeded:,} succeeded, "
+            f"{status.pending:,} pending, {status.dead_lettered:,} dead-lettered"
+        )
 
 
-def sequential(events: int) -> Callable[[str, Path], Rates]:
-    """One producer calls ``enqueue`` ``events`` times; then the pool drains."""
+def end_to_end(mode: str, sizes: Sizes) -> Case:
+    """Producer threads enqueue one event per call while the pool runs; until the last is done."""
 
-    def run(mode: str, store: Path) -> Rates:
-        payloads = [make_event(i) for i in range(events)]
-        with _pool(mode, store) as pool:
+    def run(store: Path) -> list[Reading]:
+        with _pool(store, mode, sizes.concurrency) as pool:
+            start, enqueued = run_producers(pool.enqueue, sizes.events, sizes.producers)
+            finished = _finish(pool, sizes.events)
+        return [
+            Reading("end-to-end", "events/s", rate(sizes.events, finished - start)),
+            Reading("enqueue", "events/s", rate(sizes.events, enqueued - start)),
+        ]
+
+    return Case("e2e", system(mode), run)
+
+
+def sequential(mode: str, sizes: Sizes) -> Case:
+    """One thread calls ``enqueue`` N times; then the pool drains."""
+
+    def run(store: Path) -> list[Reading]:
+        events = [make_event(i) for i in range(sizes.sequential)]
+        with _pool(store, mode, sizes.concurrency) as pool:
             start = time.perf_counter()
-            for event in payloads:
+            for event in events:
                 pool.enqueue(event)
             enqueued = time.perf_counter()
-            finished = _finish(pool, events)
-        return _rates(events, start, enqueued, finished)
+            finished = _finish(pool, sizes.sequential)
+        return [
+            Reading("enqueue", "events/s", rate(sizes.sequential, enqueued - start)),
+            Reading("processed", "events/s", rate(sizes.sequential, finished - start)),
+        ]
 
-    return run
-
-
-def producers(events: int, threads: int = PRODUCERS) -> Callable[[str, Path], Rates]:
-    """``threads`` producers share ``events`` single enqueues while the pool runs."""
-
-    def run(mode: str, store: Path) -> Rates:
-        shares = [range(i, events, threads) for i in range(threads)]
-        with _pool(mode, store) as pool:
-            barrier = threading.Barrier(threads + 1)
-
-            def produce(share: range) -> None:
-                payloads = [make_event(i) for i in share]
-                barrier.wait()
-                for event in payloads:
-                    pool.enqueue(event)
-
-            with ThreadPoolExecutor(threads, thread_name_prefix="producer") as executor:
-                futures = [executor.submit(produce, share) for share in shares]
-                start = time.perf_counter()
-                barrier.wait()
-                for future in futures:
-                    future.result()  # re-raises a producer's error
-            enqueued = time.perf_counter()
-            finished = _finish(pool, events)
-        return _rates(events, start, enqueued, finished)
-
-    return run
+    return Case("sequential", system(mode), run)
 
 
-def batches(size: int = BATCH_SIZE, count: int = BATCHES) -> Callable[[str, Path], Rates]:
-    """``count`` calls of ``enqueue_many`` with ``size`` events each; then the pool drains."""
+def batches(mode: str, sizes: Sizes) -> Case:
+    """``enqueue_many`` of fixed-size chunks; the calls are timed, then the drain."""
 
-    def run(mode: str, store: Path) -> Rates:
+    def run(store: Path) -> list[Reading]:
+        size, count = sizes.batch_size, sizes.batches
         chunks = [[make_event(b * size + i) for i in range(size)] for b in range(count)]
         total = size * count
-        with _pool(mode, store) as pool:
+        with _pool(store, mode, sizes.concurrency) as pool:
+            spent = 0.0
             start = time.perf_counter()
             for chunk in chunks:
-                pool.enqueue_many(chunk)
-            enqueued = time.perf_counter()
+                before = time.perf_counter()
+                results = pool.enqueue_many(chunk)
+                spent += time.perf_counter() - before
+                if len(results) != len(chunk):
+                    raise RuntimeError(f"enqueue_many stored {len(results)} of {len(chunk)}")
             finished = _finish(pool, total)
-        return _rates(total, start, enqueued, finished)
+        return [
+            Reading("enqueue", "events/s", rate(total, spent)),
+            Reading("processed", "events/s", rate(total, finished - start)),
+        ]
 
-    return run
+    return Case("enqueue_many", system(mode), run)
 
 
-def raw_lmdb(events: int) -> Callable[[str, Path], Rates]:
-    """The ceiling: one ``put`` per LMDB write transaction, same value size, no dopool.
+def latency(mode: str, sizes: Sizes) -> Case:
+    """Enqueue to handler start on an idle pool, one event at a time.
 
-    Mode ``"sync"`` opens the environment with ``sync=True`` (an fsync per commit,
-    the ceiling for dopool's ``"sync"``); ``"async"`` with ``sync=False``.
+    Each sample runs from just before ``enqueue`` to the first line of the handler;
+    the next event is enqueued only once the pool is idle again (``join``).
     """
 
-    def run(mode: str, store: Path) -> Rates:
-        sync = mode == "sync"
-        value = b"v" * stored_value_size()
-        keys = [b"Ibench:0\0q" + i.to_bytes(12, "big") for i in range(events)]
-        env = lmdb.open(
-            str(store),
-            map_size=_MAP_SIZE,
-            subdir=True,
-            sync=sync,
-            metasync=sync,
-            readahead=False,
-        )
-        try:
+    def run(store: Path) -> list[Reading]:
+        started: dict[int, float] = {}
+        ready = threading.Event()
+
+        def record(ctx: EventContext) -> None:
+            started[ctx.event["n"]] = time.perf_counter()
+            ready.set()
+
+        total = WARM_UP + sizes.latency
+        samples = []
+        with _pool(store, mode, sizes.concurrency, record) as pool:
+            for number in range(total):
+                ready.clear()
+                before = time.perf_counter()
+                pool.enqueue(make_event(number))
+                if not ready.wait(TIMEOUT):
+                    raise RuntimeError(f"event {number} did not start in {TIMEOUT:g} s")
+                if number >= WARM_UP:
+                    samples.append(started[number] - before)
+                if not pool.join(timeout=TIMEOUT):
+                    raise RuntimeError(f"pool did not go idle after event {number}")
+            _check(pool, succeeded=total, pending=0)
+        return [
+            Reading("p50", "ms", percentile(samples, 0.50) * 1e3),
+            Reading("p99", "ms", percentile(samples, 0.99) * 1e3),
+        ]
+
+    return Case("latency", system(mode), run)
+
+
+def depth(sizes: Sizes) -> Case:
+    """Per-enqueue cost with a shallow and with a deep queue, and the memory the depth costs.
+
+    A paused pool (sync, concurrency 1) is filled with ``enqueue_many`` (not timed) to
+    ``shallow`` pending events, then ``probe`` single enqueues are timed; likewise at
+    ``depth`` pending. Then the pool resumes and the time to process the first
+    ``probe`` events from the head of the deep queue is measured. Resident memory is
+    read before the first fill and after the deep probe; VmRSS counts the pages of
+    LMDB's memory map that were touched (file-backed, which the kernel can reclaim),
+    so it is reported split into anonymous and file-backed growth as well.
+    """
+
+    body = body_for(sizes.depth_event_bytes)
+    first = 1 << 16  # numbers from here on encode to the same size (see body_for)
+
+    def run(store: Path) -> list[Reading]:
+        done = threading.Event()
+        processed = 0
+
+        def count(ctx: EventContext) -> None:
+            nonlocal processed  # one instance: one thread runs this
+            processed += 1
+            if processed == sizes.probe:
+                done.set()
+
+        pending = 0
+        with _pool(store, "sync", 1, count, name="deep") as pool:
+            pool.pause()
+            before = memory_kib()
+
+            def fill(to: int) -> float:
+                nonlocal pending
+                filled, start = to - pending, time.perf_counter()
+                while pending < to:
+                    chunk = min(sizes.batch_size, to - pending)
+                    pool.enqueue_many([make_event(first + pending + i, body) for i in range(chunk)])
+                    pending += chunk
+                seconds = time.perf_counter() - start
+                _check(pool, pending=pending)
+                return rate(filled, seconds) if filled else 0.0
+
+            def probe() -> float:
+                nonlocal pending
+                events = [make_event(first + pending + i, body) for i in range(sizes.probe)]
+                start = time.perf_counter()
+                for event in events:
+                    pool.enqueue(event)
+                seconds = time.perf_counter() - start
+                pending += sizes.probe
+                _check(pool, pending=pending)
+                return seconds / sizes.probe
+
+            fill(sizes.shallow)
+            shallow = probe()
+            fill_rate = fill(sizes.depth)
+            deep = probe()
+            after = memory_kib()
+            pool.resume()
             start = time.perf_counter()
-            for key in keys:
-                with env.begin(write=True) as txn:
-                    txn.put(key, value)
-            finished = time.perf_counter()
-        finally:
-            env.close()
-        return {"put/s": events / (finished - start)}
+            if not done.wait(TIMEOUT):
+                raise RuntimeError(f"{sizes.probe} events not processed in {TIMEOUT:g} s")
+            head = rate(sizes.probe, time.perf_counter() - start)
+            pool.pause()  # so that closing does not wait for the rest of the queue
+        return [
+            Reading("enqueue, shallow", "µs/event", shallow * 1e6),
+            Reading("enqueue, deep", "µs/event", deep * 1e6),
+            Reading("deep / shallow", "ratio", deep / shallow),
+            Reading("processed from head, deep", "events/s", head),
+            Reading("fill (enqueue_many)", "events/s", fill_rate),
+            Reading("RSS growth", "MiB", (after["VmRSS"] - before["VmRSS"]) / 1024),
+            Reading("anonymous RSS growth", "MiB", (after["RssAnon"] - before["RssAnon"]) / 1024),
+            Reading("file-backed RSS growth", "MiB", (after["RssFile"] - before["RssFile"]) / 1024),
+        ]
 
-    return run
-
-
-def scenarios(events: int) -> list[Scenario]:
-    """Every scenario, in the order they are run and printed."""
-    return [
-        Scenario("sequential enqueue", sequential(events)),
-        Scenario(f"{PRODUCERS} producer threads", producers(events)),
-        Scenario(f"enqueue_many {BATCH_SIZE:,} x {BATCHES}", batches()),
-        Scenario("raw LMDB, 1 put/txn", raw_lmdb(events)),
-    ]
+    return Case("depth", depth_system(sizes), run, once=True)
 
 
-@contextmanager
-def work_directory(parent: Path | None) -> Iterator[Path]:
-    """A fresh temporary directory under ``parent`` (default: the current one), removed after."""
-    base = Path.cwd() if parent is None else parent
-    base.mkdir(parents=True, exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix="dopool-bench-", dir=base))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+def depth_system(sizes: Sizes) -> str:
+    return f"dopool sync c=1, {sizes.shallow:,} vs {sizes.depth:,} pending"
 
 
-def measure(
-    events: int,
-    repeat: int,
-    parent: Path | None = None,
-    progress: Callable[[str], None] | None = None,
-) -> list[Figure]:
-    """Run every scenario ``repeat`` times in both durability modes; one figure per metric.
+def scale(sizes: Sizes) -> Case:
+    """Many instances: the time to define them, their memory, and a round-robin drain."""
 
-    Repeats are interleaved (all scenarios, then all again) so that a slow spell of
-    the disk spreads over every scenario rather than landing on one.
-    """
-    plan = [(scenario, mode) for scenario in scenarios(events) for mode in MODES]
-    samples: dict[tuple[str, str, str], list[float]] = {}
-    with work_directory(parent) as root:
-        for round_ in range(repeat):
-            for number, (scenario, mode) in enumerate(plan):
-                if progress is not None:
-                    progress(f"round {round_ + 1}/{repeat}: {scenario.name} ({mode})")
-                store = root / f"run-{round_}-{number}"
-                try:
-                    rates = scenario.run(mode, store)
-                finally:
-                    shutil.rmtree(store, ignore_errors=True)
-                for metric, rate in rates.items():
-                    samples.setdefault((scenario.name, mode, metric), []).append(rate)
-    return [
-        Figure(scenario, mode, metric, tuple(values))
-        for (scenario, mode, metric), values in samples.items()
-    ]
+    def run(store: Path) -> list[Reading]:
+        events = [make_event(i) for i in range(sizes.scale_events)]
+        with Runtime(store, durability="sync") as runtime:
+            before = memory_kib()
+            start = time.perf_counter()
+            pool = runtime.define("wide", execute=no_op, concurrency=sizes.instances)
+            defined = time.perf_counter()
+            after = memory_kib()
+            start_drain = time.perf_counter()
+            results = pool.enqueue_many(events)
+            if len(results) != len(events):
+                raise RuntimeError(f"enqueue_many stored {len(results)} of {len(events)}")
+            finished = _finish(pool, sizes.scale_events)
+            closing = time.perf_counter()
+        closed = time.perf_counter()
+        per_instance = (after["VmRSS"] - before["VmRSS"]) / sizes.instances
+        return [
+            Reading("start (define)", "s", defined - start),
+            Reading("RSS per instance", "KiB", per_instance),
+            Reading("drain", "events/s", rate(sizes.scale_events, finished - start_drain)),
+            Reading("close", "s", closed - closing),
+        ]
+
+    return Case("scale", scale_system(sizes), run)
+
+
+def scale_system(sizes: Sizes) -> str:
+    return f"dopool sync c={sizes.instances:,}"
+
+
+def cases(sizes: Sizes) -> list[Case]:
+    """dopool's cases, scenario by scenario."""
+    found = []
+    found += [end_to_end(mode, sizes) for mode in MODES]
+    found += [sequential(mode, sizes) for mode in MODES]
+    found += [batches(mode, sizes) for mode in MODES]
+    found += [latency(mode, sizes) for mode in MODES]
+    found.append(depth(sizes))
+    found.append(scale(sizes))
+    return found

@@ -98,6 +98,11 @@ class Activity:
 class Clock(ABC):
     """Where instances get the time, set their alarm slot, sleep and send to each other."""
 
+    #: Whether work that is due may start in the message that made it due (an
+    #: enqueue to an idle instance starts the event in the same transaction).
+    #: A simulated clock runs nothing until it is driven, so it says no.
+    starts_due_work_at_once = False
+
     def __init__(self) -> None:
         self.activity = Activity()
 
@@ -127,6 +132,8 @@ class RealClock(Clock):
     An alarm that is already due is delivered at once from the calling thread,
     so an immediate alarm reaches its instance without a thread hop.
     """
+
+    starts_due_work_at_once = True
 
     def __init__(self) -> None:
         super().__init__()

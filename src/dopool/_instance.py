@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import pykka
 
@@ -65,6 +65,10 @@ logger = logging.getLogger("dopool")
 ALARM_RETRY_FIRST = 2.0  # seconds before a failed alarm delivery is retried; doubles
 ALARM_RETRY_MAX = 60.0
 
+T = TypeVar("T")
+# What a transaction that started an attempt hands to the code that executes it.
+Started = tuple[bytes, EventRecord, int, float]  # queue key, record, attempt, started_at
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PoolSpec:
@@ -110,9 +114,10 @@ class _Crash(Exception):
 class _Effects:
     """What a committed transaction must tell the world, in order."""
 
-    __slots__ = ("dead", "deliveries", "empty", "events")
+    __slots__ = ("answers", "dead", "deliveries", "empty", "events")
 
     def __init__(self) -> None:
+        self.answers: list[tuple[Enqueue, list[EnqueueResult] | DopoolError]] = []
         self.events: list[PoolEvent] = []
         self.dead: list[DeadLetter] = []
         self.deliveries: list[tuple[int, OutboxRecord]] = []
@@ -135,6 +140,9 @@ class InstanceActor(pykka.ThreadingActor):
         self._ns = Namespace(spec.name, index)
         self._mailbox = env.mailboxes[index]
         self._armed: float | None = None  # what the clock was last told, to skip repeats
+        # Enqueues taken from the inbox ahead of their turn, to share a transaction;
+        # answered after it commits, or failed if this incarnation dies first.
+        self._taken: list[Enqueue] = []
         self._handlers: dict[type, Callable[[Any], None]] = {
             Enqueue: self._on_enqueue,
             Alarm: self._on_alarm,
@@ -165,6 +173,7 @@ class InstanceActor(pykka.ThreadingActor):
             if reply is not None:
                 with suppress(queue.Full):  # unless it was answered before the failure
                     reply.set_exception()
+            self._fail_taken(exc if isinstance(exc, DopoolError) else None)
             if engine_failure:  # the in-memory state is suspect: restart from storage
                 self._crash(f"{type(exc).__name__}: {exc}", message)
         finally:
@@ -182,12 +191,30 @@ class InstanceActor(pykka.ThreadingActor):
         if fault is not None and self._faults.fires(fault):
             raise _Crash(fault)
 
-    @contextmanager
-    def _write(self) -> Iterator[Txn]:
-        """A write transaction that may fail (``storage_error``) just before it commits."""
-        with self._store.write() as txn:
-            yield txn
+    def _transact(self, body: Callable[[Txn], T]) -> T:
+        """Run ``body`` in a write transaction that may fail (``storage_error``) before commit.
+
+        The store may commit it together with other instances' transactions
+        (group commit); it returns only once the commit is durable.
+        """
+
+        def guarded(txn: Txn) -> T:
+            result = body(txn)
             self._fault_point("storage_write", "storage_error")
+            return result
+
+        return self._store.transact(guarded)
+
+    def _may_continue(self) -> bool:
+        """Whether due work may start in this message: nothing else is waiting for us.
+
+        A waiting message (a caller, a stop) goes first; the alarm, set due now,
+        then queues behind it. A closing runtime starts nothing more.
+        """
+        return self._mailbox_empty() and not self._kill.is_set() and not self._mailbox.closed
+
+    def _mailbox_empty(self) -> bool:
+        return self.actor_inbox.empty()
 
     def _on_kill(self, _message: Kill) -> None:
         """Nothing to do: ``on_receive``'s fault point already crashed a killed instance."""
@@ -203,29 +230,76 @@ class InstanceActor(pykka.ThreadingActor):
         start = partial(self._env.restart, self._index)
         self._mailbox.replace(start, self.actor_inbox, message)  # type: ignore[arg-type]
         fail_reply(message, InstanceCrashedError(self._id))
+        self._fail_taken(None)
         self.stop()  # after the message in hand; the drained inbox holds nothing else
 
     # -- enqueue -----------------------------------------------------------
     def _on_enqueue(self, message: Enqueue) -> None:
         now = self._clock.now()
         effects = _Effects()
-        with self._write() as txn:
+        self._taken.append(message)
+        self._take_enqueues()
+        # An idle instance under a clock that runs due work at once starts the
+        # first new event in the same transaction: one commit, no alarm round trip.
+        start_now = self._clock.starts_due_work_at_once and self._may_continue()
+
+        def body(txn: Txn) -> tuple[Meta, Started | None]:
             meta = self._ns.load_meta(txn)
-            limit = self._spec.max_queue_depth
-            if limit is not None and meta.pending + len(message.items) > limit:
-                raise QueueFullError(
+            self._accept(txn, meta, now, effects)
+            self._rearm(meta, now)
+            started = self._take_alarm(txn, meta, now) if start_now else None
+            self._ns.save_meta(txn, meta)
+            return meta, started
+
+        meta, started = self._transact(body)
+        self._publish(meta, effects)
+        self._run(started)
+
+    def _take_enqueues(self) -> None:
+        """Take the enqueues waiting at the head of the inbox, to share one transaction.
+
+        Only a run of enqueues at the head is taken, so no message overtakes
+        another kind sent before it (a pause, say). The actor is the inbox's only
+        reader, so what it sees at the head is still there to take.
+        """
+        inbox = cast("queue.Queue[Any]", self.actor_inbox)  # a ThreadingActor's inbox
+        while True:
+            with inbox.mutex:
+                head = inbox.queue[0].message if inbox.queue else None
+            if type(head) is not Enqueue:
+                return
+            inbox.get_nowait()
+            self._taken.append(head)
+            self._mailbox.finished()  # the message in hand keeps this actor counted busy
+
+    def _accept(self, txn: Txn, meta: Meta, now: float, effects: _Effects) -> None:
+        """Append every taken enqueue that fits; ``effects.answers`` gets one answer each.
+
+        Each enqueue is all or nothing: one that would pass ``max_queue_depth``
+        is refused alone.
+        """
+        limit = self._spec.max_queue_depth
+        for message in self._taken:
+            incoming = len(message.items)
+            if limit is not None and meta.pending + incoming > limit:
+                full = QueueFullError(
                     pool=self._spec.name,
                     instance_index=self._index,
                     depth=meta.pending,
                     max_depth=limit,
-                    incoming=len(message.items),
+                    incoming=incoming,
                 )
+                effects.answers.append((message, full))
+                continue
             results = self._append(txn, meta, message.items, now, effects)
-            self._rearm(meta, now)
-            self._ns.save_meta(txn, meta)
+            effects.answers.append((message, results))
             self._fault_point("enqueue", "crash_during_enqueue")
-        self._publish(meta, effects)
-        message.reply.set(results)
+
+    def _fail_taken(self, error: DopoolError | None) -> None:
+        """Fail the taken enqueues not answered yet: nothing of theirs committed."""
+        taken, self._taken = self._taken, []
+        for message in taken:
+            fail_reply(message, error or InstanceCrashedError(self._id))
 
     def _append(
         self, txn: Txn, meta: Meta, items: tuple[Item, ...], now: float, effects: _Effects
@@ -257,30 +331,35 @@ class InstanceActor(pykka.ThreadingActor):
     def _on_alarm(self, _message: Alarm) -> None:
         now = self._clock.now()
         self._armed = None  # the clock consumed it
-        with self._write() as txn:
+
+        def body(txn: Txn) -> tuple[Meta, Started | None]:
             meta = self._ns.load_meta(txn)
-            if meta.alarm is None or meta.alarm > now or meta.running:
-                started = None  # a stale or early delivery: harmless
-            elif self._faults.fires("alarm_error"):
-                # The delivery failed before doing anything: retry it later, never drop it.
-                meta.alarm_failures += 1
-                backoff = min(ALARM_RETRY_FIRST * 2 ** (meta.alarm_failures - 1), ALARM_RETRY_MAX)
-                meta.alarm = now + backoff
-                self._ns.save_meta(txn, meta)
-                started = None
-            else:
-                meta.alarm_failures = 0
-                started = self._start_attempt(txn, meta, now)
-                self._ns.save_meta(txn, meta)
+            started = self._take_alarm(txn, meta, now)
+            self._ns.save_meta(txn, meta)
+            return meta, started
+
+        meta, started = self._transact(body)
         if started is None:
             self._sync_alarm(meta)
-            return
-        key, record = started
-        self._env.emit(self._event("started", now, queue_key_sequence(key), meta.attempt))
-        self._fault_point("before_execute", "crash_before_execute")
-        self._execute(key, record, meta.attempt, now)
+        self._run(started)
 
-    def _start_attempt(self, txn: Txn, meta: Meta, now: float) -> tuple[bytes, EventRecord] | None:
+    def _take_alarm(self, txn: Txn, meta: Meta, now: float) -> Started | None:
+        """Act on the alarm slot if it is due: start the next attempt, if there is one.
+
+        A stale or early alarm is harmless. A delivery that fails (``alarm_error``)
+        does nothing but set a retry of the alarm after a backoff: never dropped.
+        """
+        if meta.alarm is None or meta.alarm > now or meta.running:
+            return None
+        if self._faults.fires("alarm_error"):
+            meta.alarm_failures += 1
+            backoff = min(ALARM_RETRY_FIRST * 2 ** (meta.alarm_failures - 1), ALARM_RETRY_MAX)
+            meta.alarm = now + backoff
+            return None
+        meta.alarm_failures = 0
+        return self._start_attempt(txn, meta, now)
+
+    def _start_attempt(self, txn: Txn, meta: Meta, now: float) -> Started | None:
         """Consume the alarm and, if there is work, record the next attempt's start."""
         meta.alarm = None
         if meta.paused or meta.pending == 0:
@@ -297,9 +376,26 @@ class InstanceActor(pykka.ThreadingActor):
         meta.running = True
         meta.retry_at = None
         meta.started_at = now
-        return key, record
+        return key, record, meta.attempt, now
 
-    def _execute(self, key: bytes, record: EventRecord, attempt: int, started_at: float) -> None:
+    def _run(self, started: Started | None) -> None:
+        """Execute attempts whose start committed, one after another.
+
+        Each outcome's transaction also starts the next due event while nothing
+        else waits for this instance, so a busy queue costs one commit per event
+        and no trip through the clock.
+        """
+        while started is not None:
+            key, record, attempt, started_at = started
+            sequence = queue_key_sequence(key)
+            self._env.emit(self._event("started", started_at, sequence, attempt))
+            self._fault_point("before_execute", "crash_before_execute")
+            started = self._execute(key, record, attempt, started_at)
+
+    def _execute(
+        self, key: bytes, record: EventRecord, attempt: int, started_at: float
+    ) -> Started | None:
+        """Run the handler once and commit its outcome; returns the next attempt started."""
         sequence = queue_key_sequence(key)
         ctx = EventContext(
             event=unpack(record.event),
@@ -323,7 +419,10 @@ class InstanceActor(pykka.ThreadingActor):
         self._fault_point("after_execute", "crash_after_execute")
         now = self._clock.now()
         effects = _Effects()
-        with self._write() as txn:
+        self._take_enqueues()  # callers that waited for the handler commit with its outcome
+        go_on = self._may_continue()
+
+        def body(txn: Txn) -> tuple[Meta, Started | None]:
             meta = self._ns.load_meta(txn)
             meta.running = False
             meta.started_at = None
@@ -331,9 +430,15 @@ class InstanceActor(pykka.ThreadingActor):
                 self._succeed(txn, meta, key, now, ctx, effects)
             else:
                 self._fail(txn, meta, key, record, failure, now, effects)
+            self._accept(txn, meta, now, effects)
             self._rearm(meta, now)
+            started = self._take_alarm(txn, meta, now) if go_on else None
             self._ns.save_meta(txn, meta)
+            return meta, started
+
+        meta, started = self._transact(body)
         self._publish(meta, effects)
+        return started
 
     def _sleep(self, seconds: float) -> None:
         self._clock.sleep(seconds, self._mailbox.key)
@@ -421,7 +526,8 @@ class InstanceActor(pykka.ThreadingActor):
         """Settle an attempt a crash interrupted, re-arm the alarm, resend the outbox."""
         now = self._clock.now()
         effects = _Effects()
-        with self._write() as txn:
+
+        def body(txn: Txn) -> Meta:
             meta = self._ns.load_meta(txn)
             meta.restarts += message.restarts
             if meta.running and meta.current is not None:
@@ -434,6 +540,9 @@ class InstanceActor(pykka.ThreadingActor):
             self._rearm(meta, now)
             self._ns.save_meta(txn, meta)
             effects.deliveries.extend(self._ns.iter_outbox(txn))
+            return meta
+
+        meta = self._transact(body)
         self._armed = object()  # type: ignore[assignment]  # force the clock to be told
         if message.restarts:
             self._mailbox.restarts_recorded(message.restarts)
@@ -452,20 +561,25 @@ class InstanceActor(pykka.ThreadingActor):
     def _set_paused(self, paused: bool, message: Pause | Resume) -> None:
         now = self._clock.now()
         effects = _Effects()
-        with self._write() as txn:
+
+        def body(txn: Txn) -> Meta:
             meta = self._ns.load_meta(txn)
             if meta.paused != paused:
                 meta.paused = paused
                 self._rearm(meta, now)
                 self._ns.save_meta(txn, meta)
                 effects.events.append(self._event("paused" if paused else "resumed", now))
+            return meta
+
+        meta = self._transact(body)
         self._publish(meta, effects)
         message.reply.set(None)
 
     def _on_drain(self, message: Drain) -> None:
         now = self._clock.now()
         effects = _Effects()
-        with self._write() as txn:
+
+        def body(txn: Txn) -> tuple[Meta, int]:
             meta = self._ns.load_meta(txn)
             removed = self._ns.delete_events(txn)
             meta.drained += meta.pending
@@ -480,13 +594,17 @@ class InstanceActor(pykka.ThreadingActor):
             if removed != count:
                 raise StorageError(f"instance {self._id}: {count} pending but {removed} keys")
             effects.events.append(self._event("drained", now))
+            return meta, count
+
+        meta, count = self._transact(body)
         self._publish(meta, effects)
         message.reply.set(count)
 
     def _on_redrive(self, message: Redrive) -> None:
         now = self._clock.now()
         effects = _Effects()
-        with self._write() as txn:
+
+        def body(txn: Txn) -> tuple[Meta, int]:
             meta = self._ns.load_meta(txn)
             wanted = message.sequences
             chosen = [
@@ -503,16 +621,21 @@ class InstanceActor(pykka.ThreadingActor):
             self._append(txn, meta, tuple(items), now, effects)
             self._rearm(meta, now)
             self._ns.save_meta(txn, meta)
+            return meta, len(items)
+
+        meta, count = self._transact(body)
         self._publish(meta, effects)
-        message.reply.set(len(items))
+        message.reply.set(count)
 
     def _on_purge(self, message: Purge) -> None:
-        with self._write() as txn:
+        def body(txn: Txn) -> int:
             meta = self._ns.load_meta(txn)
             count = self._ns.delete_dead_letters(txn)
             meta.dead_letters = 0
             self._ns.save_meta(txn, meta)
-        message.reply.set(count)
+            return count
+
+        message.reply.set(self._transact(body))
 
     # -- follow-up delivery ------------------------------------------------------
     def _on_deliver(self, message: Deliver) -> None:
@@ -527,35 +650,41 @@ class InstanceActor(pykka.ThreadingActor):
         now = self._clock.now()
         effects = _Effects()
         record = message.record
-        with self._write() as txn:
+
+        def body(txn: Txn) -> tuple[Meta, int]:
             meta = self._ns.load_meta(txn)
             expected = self._ns.last_delivered(txn, message.source) + 1
-            if record.link > expected:
-                logger.error(
-                    "instance %s: follow-up link %d from instance %d arrived before link %d",
-                    self._id,
-                    record.link,
-                    message.source,
-                    expected,
-                )
-                return
             if record.link == expected:
                 item = Item(record.event, record.partition_key, record.priority)
                 self._append(txn, meta, (item,), now, effects)
                 self._ns.set_delivered(txn, message.source, record.link)
                 self._rearm(meta, now)
                 self._ns.save_meta(txn, meta)
+            return meta, expected
+
+        meta, expected = self._transact(body)
+        if record.link > expected:
+            logger.error(
+                "instance %s: follow-up link %d from instance %d arrived before link %d",
+                self._id,
+                record.link,
+                message.source,
+                expected,
+            )
+            return
         self._publish(meta, effects)
         source = self._env.mailboxes[message.source]
         ack = Delivered(message.oseq)
         self._clock.deliver(source.order, partial(source.send, ack))
 
     def _on_delivered(self, message: Delivered) -> None:
-        with self._write() as txn:
+        def body(txn: Txn) -> None:
             if self._ns.delete_outbox(txn, message.oseq):
                 meta = self._ns.load_meta(txn)
                 meta.outbox -= 1
                 self._ns.save_meta(txn, meta)
+
+        self._transact(body)
 
     # -- after a commit ----------------------------------------------------------
     def _rearm(self, meta: Meta, now: float) -> None:
@@ -580,8 +709,9 @@ class InstanceActor(pykka.ThreadingActor):
             self._clock.set_alarm(self._mailbox, meta.alarm)
 
     def _publish(self, meta: Meta, effects: _Effects) -> None:
-        """Tell the clock, subscribers, callbacks and other instances what just committed."""
+        """Tell the clock, callers, subscribers, callbacks and other instances what committed."""
         self._sync_alarm(meta)
+        self._taken = []
         emit = self._env.emit
         for event in effects.events:
             emit(event)
@@ -600,6 +730,11 @@ class InstanceActor(pykka.ThreadingActor):
                     self._spec.name, self._index, self._id, meta.succeeded + meta.dead_lettered
                 )
                 _call_hook("on_empty", self._spec.on_empty, info)
+        for message, answer in effects.answers:  # last: a caller sees its events emitted
+            if isinstance(answer, DopoolError):
+                fail_reply(message, answer)
+            else:
+                message.reply.set(answer)
 
     def _event(
         self,

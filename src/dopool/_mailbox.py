@@ -51,6 +51,11 @@ class Mailbox:
         self._unrecorded_restarts = 0
 
     @property
+    def closed(self) -> bool:
+        """Whether the runtime is closing: the actor should start no further work."""
+        return self._closed
+
+    @property
     def kill_flag(self) -> threading.Event:
         """Set when the current incarnation must crash at its next fault point."""
         return self._kill

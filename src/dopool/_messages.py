@@ -21,20 +21,6 @@ class Item(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
-class Route:
-    """Caller → router: place these items, answer with the per-instance parts.
-
-    With ``forward=False`` the router only plans: the caller sends each part
-    itself, one after another (what a simulated clock needs to stay deterministic).
-    """
-
-    items: tuple[Item, ...]
-    partition_key: str | None
-    reply: Reply
-    forward: bool = True
-
-
-@dataclass(frozen=True, slots=True)
 class Enqueue:
     """Append items atomically (all or none), answering a list of EnqueueResult."""
 

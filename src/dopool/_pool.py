@@ -14,8 +14,9 @@ from dopool._context import EventContext
 from dopool._errors import ConfigurationError, DopoolError, InstanceCrashedError, PoolClosedError
 from dopool._instance import PoolSpec, dead_letter_from_record
 from dopool._mailbox import Mailbox
-from dopool._messages import Drain, Enqueue, Item, Pause, Purge, Redrive, Resume, Route
+from dopool._messages import Drain, Enqueue, Item, Pause, Purge, Redrive, Resume
 from dopool._retry import RetryPolicy
+from dopool._router import Router
 from dopool._status import instance_status, pool_status
 from dopool._storage import Namespace
 from dopool._types import DeadLetter, EmptyInfo, EnqueueResult, PoolStatus
@@ -37,7 +38,7 @@ class WorkerPool:
         spec: PoolSpec,
         schema: Schema | None,
         mailboxes: list[Mailbox],
-        router: Mailbox,
+        router: Router,
     ) -> None:
         self._runtime = runtime
         self._spec = spec
@@ -145,30 +146,34 @@ class WorkerPool:
         return self._route(items, partition_key)
 
     def _route(self, items: tuple[Item, ...], partition_key: str | None) -> list[EnqueueResult]:
-        reply: pykka.Future[Any] = pykka.ThreadingFuture()
-        # A batch spread over several instances at once would commit in thread
-        # order; under a simulated clock each part goes in turn instead.
-        forward = len(items) == 1 or not self._sequential
-        self._router.send(Route(items, partition_key, reply, forward))
-        parts: list[tuple[int, pykka.Future[Any] | None, list[int]]] = reply.get()
+        """Send each instance its share from this thread, then gather the answers."""
+        if len(items) == 1:  # the common case: one hop, to the instance
+            index = self._router.choose(partition_key)
+            return self._wait(self._send(index, partial(Enqueue, items)))  # type: ignore[no-any-return]
+        groups = self._router.split(len(items), partition_key)
+        parts = [(index, tuple(items[p] for p in positions)) for index, positions in groups.items()]
+        # Parts sent at once would commit in thread order; under a simulated
+        # clock each part goes in turn instead, so the run is reproducible.
+        futures = [] if self._sequential else [self._send(i, partial(Enqueue, p)) for i, p in parts]
         results: list[EnqueueResult | None] = [None] * len(items)
         failure: DopoolError | None = None
-        for index, forwarded, positions in parts:
+        for number, (index, part) in enumerate(parts):
             try:
-                future = forwarded
-                if future is None:
-                    part = tuple(items[p] for p in positions)
-                    future = self._send(index, partial(Enqueue, part))
+                future = futures[number] if futures else self._send(index, partial(Enqueue, part))
                 stored = self._wait(future)
             except DopoolError as exc:
                 failure = failure or exc
                 continue
-            for position, result in zip(positions, stored, strict=True):
+            for position, result in zip(groups[index], stored, strict=True):
                 results[position] = result
         if failure is not None:
             failure.stored = [result for result in results if result is not None]
             raise failure
         return [result for result in results if result is not None]
+
+    def _submit(self, item: Item, partition_key: str | None) -> pykka.Future[Any]:
+        """Send one event to its instance without waiting; the future answers a result list."""
+        return self._send(self._router.choose(partition_key), partial(Enqueue, (item,)))
 
     # -- control -----------------------------------------------------------------
     def pause(self, index: int | None = None) -> None:
@@ -295,7 +300,6 @@ class WorkerPool:
                 if meta.pending or meta.outbox:
                     return False
         keys = [mailbox.key for mailbox in self._mailboxes]
-        keys.append(self._router.key)
         return not self._runtime.clock.activity.busy(keys)
 
     def _refuse_own_instance(self, index: int | None) -> None:

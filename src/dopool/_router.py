@@ -1,18 +1,15 @@
-"""Choosing an instance for an event, and the router actor that forwards enqueues."""
+"""Choosing an instance for an event.
+
+The router is an object, not an actor: its choice is one hash or one counter
+step, so the caller's own thread makes it and sends straight to the instance.
+A router actor in between would cost every enqueue a second thread hop.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import itertools
 import threading
-from typing import TYPE_CHECKING, Any
-
-import pykka
-
-from dopool._messages import Enqueue, Route
-
-if TYPE_CHECKING:
-    from dopool._mailbox import Mailbox
 
 
 def stable_hash(partition_key: str) -> int:
@@ -34,45 +31,21 @@ class Router:
         self._lock = threading.Lock()
 
     def choose(self, partition_key: str | None) -> int:
+        """The instance for one event."""
         if partition_key is not None:
             return stable_hash(partition_key) % self.concurrency
         with self._lock:
             return next(self._next) % self.concurrency
 
-
-class RouterActor(pykka.ThreadingActor):
-    """One per pool: splits a batch by instance and forwards each part, without waiting.
-
-    The caller's reply future gets one ``(index, future, positions)`` triple per
-    instance; the instances answer those futures directly. When the route is
-    only planned (``forward=False``) the futures are None.
-    """
-
-    def __init__(self, router: Router, instances: list[Mailbox], mailbox: Mailbox) -> None:
-        super().__init__()
-        self._router = router
-        self._instances = instances
-        self._mailbox = mailbox
-
-    def on_receive(self, message: Any) -> None:
-        try:
-            if isinstance(message, Route):
-                self._route(message)
-        finally:
-            self._mailbox.finished()
-
-    def _route(self, message: Route) -> None:
+    def split(self, count: int, partition_key: str | None) -> dict[int, list[int]]:
+        """Positions ``0..count-1`` of a batch grouped by instance, in first-seen order."""
+        if partition_key is not None:
+            return {self.choose(partition_key): list(range(count))}
+        with self._lock:
+            start = next(self._next)
+            # Claim the whole batch's turns at once, so batches from threads never interleave.
+            self._next = itertools.count(start + count)
         groups: dict[int, list[int]] = {}
-        for position in range(len(message.items)):
-            index = self._router.choose(message.partition_key)
-            groups.setdefault(index, []).append(position)
-        parts: list[tuple[int, pykka.Future[Any] | None, list[int]]] = []
-        for index, positions in groups.items():
-            if not message.forward:
-                parts.append((index, None, positions))
-                continue
-            reply: pykka.Future[Any] = pykka.ThreadingFuture()
-            items = tuple(message.items[p] for p in positions)
-            self._instances[index].send(Enqueue(items, reply))
-            parts.append((index, reply, positions))
-        message.reply.set(parts)
+        for position in range(count):
+            groups.setdefault((start + position) % self.concurrency, []).append(position)
+        return groups

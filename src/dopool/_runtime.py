@@ -24,7 +24,7 @@ from dopool._mailbox import Mailbox
 from dopool._messages import Item, Recover
 from dopool._pool import WorkerPool
 from dopool._retry import RetryPolicy
-from dopool._router import Router, RouterActor
+from dopool._router import Router
 from dopool._storage import Namespace, Store
 from dopool._types import DeadLetter, EmptyInfo, PoolEvent
 from dopool._validation import Schema, check_pool_name, prepare
@@ -79,7 +79,7 @@ class Runtime:
         self._emit_lock = threading.Lock()
         self._closed = False
         self._pools: dict[str, WorkerPool] = {}
-        self._actors: list[tuple[Mailbox, list[Mailbox]]] = []
+        self._actors: list[list[Mailbox]] = []  # each pool's instances
         self._subscribers: list[Callable[[PoolEvent], Any]] = []
         self._temporary: Path | None = None
         self._in_handler = threading.local()
@@ -173,6 +173,8 @@ class Runtime:
         return unsubscribe
 
     def _emit(self, event: PoolEvent) -> None:
+        if not self._subscribers and self._trace is None:
+            return  # nobody listens (read without the lock: a racing subscribe sees later ones)
         with self._emit_lock:
             subscribers = list(self._subscribers)
             if self._trace is not None:
@@ -229,7 +231,6 @@ class Runtime:
             mailboxes = [
                 Mailbox(name, index, f"{name}:{index}", activity) for index in range(concurrency)
             ]
-            router_mailbox = Mailbox(name, -1, f"{name}:router", activity)
             router = Router(concurrency)
             env: InstanceEnv
 
@@ -250,12 +251,11 @@ class Runtime:
             )
             for index, mailbox in enumerate(mailboxes):
                 mailbox.attach(start(index, mailbox.kill_flag))
-            router_mailbox.attach(RouterActor.start(router, mailboxes, router_mailbox))
-            self._actors.append((router_mailbox, mailboxes))
+            self._actors.append(mailboxes)
             # Recover one instance at a time, so a simulated run's trace is deterministic.
             for mailbox in mailboxes:
                 _recover(mailbox)
-            pool = WorkerPool(self, spec, schema, mailboxes, router_mailbox)
+            pool = WorkerPool(self, spec, schema, mailboxes, router)
             self._pools[name] = pool
             return pool
 
@@ -291,9 +291,7 @@ class Runtime:
             self._closed = True
             actors, self._actors = self._actors, []
         # Not under the lock: a handler still finishing may call into the runtime.
-        for router, _ in actors:
-            _stop(router)  # first, so everything it routed reaches the instances
-        instances = [mailbox for _, mailboxes in actors for mailbox in mailboxes]
+        instances = [mailbox for mailboxes in actors for mailbox in mailboxes]
         refs = [mailbox.close() for mailbox in instances]
         if isinstance(self.clock, SimulatedClock):
             # A handler asleep in virtual time finishes only if the clock moves.
@@ -330,12 +328,6 @@ def _recover(mailbox: Mailbox) -> None:
         except InstanceCrashedError:
             continue
         return
-
-
-def _stop(mailbox: Mailbox) -> None:
-    ref = mailbox.close()
-    if ref is not None:
-        ref.stop(block=True)
 
 
 def _check_options(

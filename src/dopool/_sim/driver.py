@@ -9,7 +9,7 @@ the same clock with ``SimulatedClock.call_at``. Then it drives the clock and
 reads the outcome from the pool's events and its store.
 
 Clock callbacks never wait on an instance (one may be asleep in its handler
-until the clock moves): arrivals are sent to the pool's router without waiting
+until the clock moves): arrivals are sent to their instance without waiting
 for the answer, and so are pauses to their instance. Each callback sends to one
 instance only, so the instances still act one at a time, in a fixed order, and
 the same scenario and seed give the same run, event for event.
@@ -35,7 +35,7 @@ import pykka
 from dopool._clock import SimulatedClock
 from dopool._context import EventContext
 from dopool._errors import ConfigurationError, DopoolError, QueueFullError
-from dopool._messages import Pause, Resume, Route
+from dopool._messages import Pause, Resume
 from dopool._pool import WorkerPool
 from dopool._retry import RetryPolicy
 from dopool._runtime import Runtime
@@ -299,16 +299,14 @@ def _run(
 
 
 def _submit(pool: WorkerPool, event: Any, partition_key: str | None) -> pykka.Future[Any]:
-    """Send one event to the pool's router without waiting; returns the router's reply.
+    """Send one event to its instance without waiting; returns the instance's reply.
 
     At the end of a run cut short by ``duration`` an instance may still be inside
     a handler with the enqueue queued behind it, so nothing here waits: the
-    router's reply lets :func:`_answer` look at each half without waiting.
+    reply lets :func:`_answer` look without waiting.
     """
     item = prepare(event, partition_key=partition_key, priority=0, schema=None)
-    reply: pykka.Future[Any] = pykka.ThreadingFuture()
-    pool._router.send(Route((item,), partition_key, reply))
-    return reply
+    return pool._submit(item, partition_key)
 
 
 def _answer(reply: pykka.Future[Any]) -> EnqueueResult | DopoolError | None:
@@ -318,8 +316,7 @@ def _answer(reply: pykka.Future[Any]) -> EnqueueResult | DopoolError | None:
     before the clock moves again is already there: nothing here waits.
     """
     try:
-        parts = reply.get(timeout=0)
-        stored = parts[0][1].get(timeout=0)
+        stored = reply.get(timeout=0)
     except pykka.Timeout:
         return None
     except DopoolError as exc:
