@@ -14,7 +14,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import Any, NoReturn, TypeVar, cast
 
 import pykka
 
@@ -24,11 +24,12 @@ from dopool._errors import (
     DopoolError,
     InstanceCrashedError,
     PermanentError,
+    PoolClosedError,
     QueueFullError,
     RetryAfter,
     StorageError,
 )
-from dopool._mailbox import Mailbox, fail_reply
+from dopool._mailbox import UNKNOWN, Mailbox, fail_reply
 from dopool._messages import (
     Alarm,
     Deliver,
@@ -42,6 +43,7 @@ from dopool._messages import (
     Recover,
     Redrive,
     Resume,
+    Run,
 )
 from dopool._retry import RetryPolicy, uniform_draw
 from dopool._router import Router
@@ -124,12 +126,15 @@ class _Effects:
         self.empty = False
 
 
-class InstanceActor(pykka.ThreadingActor):
-    """One instance of a pool. Handles one message at a time, in its own thread."""
+class _Instance:
+    """The queue state machine of one instance, run by whichever thread holds its turn.
 
-    def __init__(self, spec: PoolSpec, index: int, env: InstanceEnv, kill: threading.Event) -> None:
-        super().__init__()
-        self._kill = kill
+    Its actor runs it for every message; a caller enqueuing from its own thread
+    (:class:`DirectEnqueue`) runs it too, holding the instance's turn, so the
+    instance still acts on one thing at a time.
+    """
+
+    def __init__(self, spec: PoolSpec, index: int, env: InstanceEnv) -> None:
         self._faults = env.faults[index]
         self._spec = spec
         self._index = index
@@ -139,55 +144,21 @@ class InstanceActor(pykka.ThreadingActor):
         self._clock = env.clock
         self._ns = Namespace(spec.name, index)
         self._mailbox = env.mailboxes[index]
-        self._armed: float | None = None  # what the clock was last told, to skip repeats
-        # Enqueues taken from the inbox ahead of their turn, to share a transaction;
-        # answered after it commits, or failed if this incarnation dies first.
+        # Enqueues to commit in the next transaction; answered after it commits,
+        # or failed if the instance dies first.
         self._taken: list[Enqueue] = []
-        self._handlers: dict[type, Callable[[Any], None]] = {
-            Enqueue: self._on_enqueue,
-            Alarm: self._on_alarm,
-            Recover: self._on_recover,
-            Pause: self._on_pause,
-            Resume: self._on_resume,
-            Drain: self._on_drain,
-            Redrive: self._on_redrive,
-            Purge: self._on_purge,
-            Deliver: self._on_deliver,
-            Delivered: self._on_delivered,
-            Kill: self._on_kill,
-        }
 
-    def on_receive(self, message: Any) -> None:
-        # Lets the pool refuse calls from handlers and hooks that would wait on this actor.
-        self._env.in_handler.instance = (self._spec.name, self._index)
-        try:
-            self._fault_point("receive")  # a kill lands before any later message
-            self._handlers[type(message)](message)
-        except _Crash as crash:
-            self._crash(crash.point, message)
-        except Exception as exc:
-            engine_failure = isinstance(exc, StorageError) or not isinstance(exc, DopoolError)
-            if engine_failure:
-                logger.exception("instance %s failed handling %r", self._id, message)
-            reply = getattr(message, "reply", None)
-            if reply is not None:
-                with suppress(queue.Full):  # unless it was answered before the failure
-                    reply.set_exception()
-            self._fail_taken(exc if isinstance(exc, DopoolError) else None)
-            if engine_failure:  # the in-memory state is suspect: restart from storage
-                self._crash(f"{type(exc).__name__}: {exc}", message)
-        finally:
-            self._env.in_handler.instance = None
-            self._mailbox.finished()
+    def _killed(self) -> bool:
+        """Whether this incarnation must crash at its next fault point."""
+        return self._mailbox.kill_flag.is_set()
 
-    # -- crashes -------------------------------------------------------------
     def _fault_point(self, point: str, fault: str | None = None) -> None:
         """Crash here if this incarnation was killed, or if the fault plan says so.
 
         Whatever was not committed yet is lost with the actor.
         """
-        if self._kill.is_set():
-            raise _Crash(point)
+        if self._killed():
+            raise _Crash(self._mailbox.kill_reason or point)
         if fault is not None and self._faults.fires(fault):
             raise _Crash(fault)
 
@@ -204,73 +175,6 @@ class InstanceActor(pykka.ThreadingActor):
             return result
 
         return self._store.transact(guarded)
-
-    def _may_continue(self) -> bool:
-        """Whether due work may start in this message: nothing else is waiting for us.
-
-        A waiting message (a caller, a stop) goes first; the alarm, set due now,
-        then queues behind it. A closing runtime starts nothing more.
-        """
-        return self._mailbox_empty() and not self._kill.is_set() and not self._mailbox.closed
-
-    def _mailbox_empty(self) -> bool:
-        return self.actor_inbox.empty()
-
-    def _on_kill(self, _message: Kill) -> None:
-        """Nothing to do: ``on_receive``'s fault point already crashed a killed instance."""
-
-    def _crash(self, reason: str, message: Any) -> None:
-        """Die: hand the address to a fresh incarnation, fail the caller, stop quietly.
-
-        The successor is in place before the caller hears of the crash, so the
-        caller's next call reaches it; ``crashed`` is emitted before the
-        successor can emit ``recovered``.
-        """
-        self._env.emit(self._event("crashed", self._clock.now(), error=reason))
-        start = partial(self._env.restart, self._index)
-        self._mailbox.replace(start, self.actor_inbox, message)  # type: ignore[arg-type]
-        fail_reply(message, InstanceCrashedError(self._id))
-        self._fail_taken(None)
-        self.stop()  # after the message in hand; the drained inbox holds nothing else
-
-    # -- enqueue -----------------------------------------------------------
-    def _on_enqueue(self, message: Enqueue) -> None:
-        now = self._clock.now()
-        effects = _Effects()
-        self._taken.append(message)
-        self._take_enqueues()
-        # An idle instance under a clock that runs due work at once starts the
-        # first new event in the same transaction: one commit, no alarm round trip.
-        start_now = self._clock.starts_due_work_at_once and self._may_continue()
-
-        def body(txn: Txn) -> tuple[Meta, Started | None]:
-            meta = self._ns.load_meta(txn)
-            self._accept(txn, meta, now, effects)
-            self._rearm(meta, now)
-            started = self._take_alarm(txn, meta, now) if start_now else None
-            self._ns.save_meta(txn, meta)
-            return meta, started
-
-        meta, started = self._transact(body)
-        self._publish(meta, effects)
-        self._run(started)
-
-    def _take_enqueues(self) -> None:
-        """Take the enqueues waiting at the head of the inbox, to share one transaction.
-
-        Only a run of enqueues at the head is taken, so no message overtakes
-        another kind sent before it (a pause, say). The actor is the inbox's only
-        reader, so what it sees at the head is still there to take.
-        """
-        inbox = cast("queue.Queue[Any]", self.actor_inbox)  # a ThreadingActor's inbox
-        while True:
-            with inbox.mutex:
-                head = inbox.queue[0].message if inbox.queue else None
-            if type(head) is not Enqueue:
-                return
-            inbox.get_nowait()
-            self._taken.append(head)
-            self._mailbox.finished()  # the message in hand keeps this actor counted busy
 
     def _accept(self, txn: Txn, meta: Meta, now: float, effects: _Effects) -> None:
         """Append every taken enqueue that fits; ``effects.answers`` gets one answer each.
@@ -294,6 +198,27 @@ class InstanceActor(pykka.ThreadingActor):
             results = self._append(txn, meta, message.items, now, effects)
             effects.answers.append((message, results))
             self._fault_point("enqueue", "crash_during_enqueue")
+
+    def _enqueue_body(
+        self, effects: _Effects, idle: bool
+    ) -> Callable[[Txn], tuple[Meta, Started | None]]:
+        """The transaction of the taken enqueues.
+
+        On an ``idle`` instance, under a clock that runs due work at once, it
+        also starts the first due event: one commit, no trip through the clock.
+        """
+        now = self._clock.now()
+        start_now = idle and self._clock.starts_due_work_at_once
+
+        def body(txn: Txn) -> tuple[Meta, Started | None]:
+            meta = self._ns.load_meta(txn)
+            self._accept(txn, meta, now, effects)
+            self._rearm(meta, now)
+            started = self._take_alarm(txn, meta, now) if start_now else None
+            self._ns.save_meta(txn, meta)
+            return meta, started
+
+        return body
 
     def _fail_taken(self, error: DopoolError | None) -> None:
         """Fail the taken enqueues not answered yet: nothing of theirs committed."""
@@ -326,22 +251,6 @@ class InstanceActor(pykka.ThreadingActor):
         if meta.current is not None and queue_key_priority(meta.current) < priority:
             ahead += 1  # the started event keeps its place whatever its priority
         return ahead
-
-    # -- processing ----------------------------------------------------------
-    def _on_alarm(self, _message: Alarm) -> None:
-        now = self._clock.now()
-        self._armed = None  # the clock consumed it
-
-        def body(txn: Txn) -> tuple[Meta, Started | None]:
-            meta = self._ns.load_meta(txn)
-            started = self._take_alarm(txn, meta, now)
-            self._ns.save_meta(txn, meta)
-            return meta, started
-
-        meta, started = self._transact(body)
-        if started is None:
-            self._sync_alarm(meta)
-        self._run(started)
 
     def _take_alarm(self, txn: Txn, meta: Meta, now: float) -> Started | None:
         """Act on the alarm slot if it is due: start the next attempt, if there is one.
@@ -377,6 +286,218 @@ class InstanceActor(pykka.ThreadingActor):
         meta.retry_at = None
         meta.started_at = now
         return key, record, meta.attempt, now
+
+    def _rearm(self, meta: Meta, now: float) -> None:
+        """Point the alarm slot where the committed state needs it."""
+        if meta.paused or meta.pending == 0:
+            meta.alarm = None
+            meta.alarm_failures = 0
+            return
+        if meta.current is not None and meta.retry_at is not None:
+            due = meta.retry_at  # a retry's backoff is never shortened
+        elif meta.alarm is not None and meta.alarm <= now:
+            due = meta.alarm  # already due: keep it
+        else:
+            due = now
+        if meta.alarm_failures and meta.alarm is not None:
+            due = max(due, meta.alarm)  # nor is a failing alarm's backoff
+        meta.alarm = due
+
+    def _sync_alarm(self, meta: Meta) -> None:
+        mailbox = self._mailbox
+        if meta.alarm != mailbox.armed:
+            mailbox.armed = meta.alarm
+            self._clock.set_alarm(mailbox, meta.alarm)
+
+    def _publish(self, meta: Meta, effects: _Effects) -> None:
+        """Tell the clock, callers, subscribers, callbacks and other instances what committed."""
+        self._sync_alarm(meta)
+        self._taken = []
+        emit = self._env.emit
+        for event in effects.events:
+            emit(event)
+        for oseq, record in effects.deliveries:
+            target = self._env.mailboxes[record.target]
+            deliver = Deliver(self._index, oseq, record)
+            self._clock.deliver(target.order, partial(target.send, deliver))
+        if self._spec.on_dead_letter is not None:
+            for dead in effects.dead:
+                _call_hook("on_dead_letter", self._spec.on_dead_letter, dead)
+        if effects.empty:
+            now = self._clock.now()
+            emit(self._event("empty", now))
+            if self._spec.on_empty is not None:
+                info = EmptyInfo(
+                    self._spec.name, self._index, self._id, meta.succeeded + meta.dead_lettered
+                )
+                _call_hook("on_empty", self._spec.on_empty, info)
+        for message, answer in effects.answers:  # last: a caller sees its events emitted
+            if isinstance(answer, DopoolError):
+                fail_reply(message, answer)
+            else:
+                message.reply.set(answer)
+
+    def _event(
+        self,
+        kind: EventKind,
+        time: float,
+        sequence: int | None = None,
+        attempt: int | None = None,
+        error: str | None = None,
+    ) -> PoolEvent:
+        return PoolEvent(kind, self._spec.name, self._index, sequence, attempt, time, error)
+
+    def _dead_letter(self, sequence: int, dead: DeadRecord) -> DeadLetter:
+        return dead_letter_from_record(self._index, sequence, dead)
+
+
+class InstanceActor(_Instance, pykka.ThreadingActor):
+    """One instance of a pool. Handles one message at a time, in its own thread."""
+
+    def __init__(self, spec: PoolSpec, index: int, env: InstanceEnv, kill: threading.Event) -> None:
+        pykka.ThreadingActor.__init__(self)
+        _Instance.__init__(self, spec, index, env)
+        self._kill = kill  # this incarnation's: a successor gets a fresh one
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            Enqueue: self._on_enqueue,
+            Alarm: self._on_alarm,
+            Recover: self._on_recover,
+            Pause: self._on_pause,
+            Resume: self._on_resume,
+            Drain: self._on_drain,
+            Redrive: self._on_redrive,
+            Purge: self._on_purge,
+            Deliver: self._on_deliver,
+            Delivered: self._on_delivered,
+            Kill: self._on_kill,
+            Run: self._on_run,
+        }
+
+    def on_receive(self, message: Any) -> None:
+        turn = self._mailbox.turn
+        turn.acquire()  # the instance acts on one thing at a time: a message or a caller
+        # Lets the pool refuse calls from handlers and hooks that would wait on this actor.
+        self._env.in_handler.instance = (self._spec.name, self._index)
+        try:
+            self._fault_point("receive")  # a kill lands before any later message
+            self._run(self._mailbox.take_run())  # an attempt a caller started, first
+            self._handlers[type(message)](message)
+        except _Crash as crash:
+            self._crash(crash.point, message)
+        except Exception as exc:
+            engine_failure = isinstance(exc, StorageError) or not isinstance(exc, DopoolError)
+            if engine_failure:
+                logger.exception("instance %s failed handling %r", self._id, message)
+            reply = getattr(message, "reply", None)
+            if reply is not None:
+                with suppress(queue.Full):  # unless it was answered before the failure
+                    reply.set_exception()
+            self._fail_taken(exc if isinstance(exc, DopoolError) else None)
+            if engine_failure:  # the in-memory state is suspect: restart from storage
+                self._crash(f"{type(exc).__name__}: {exc}", message)
+        finally:
+            self._env.in_handler.instance = None
+            turn.release()
+            self._mailbox.finished()
+
+    def on_stop(self) -> None:
+        """Run an attempt a caller started just before the runtime closed: it was committed."""
+        if self._kill.is_set():
+            return  # a crash: the successor's recovery settles it
+        with self._mailbox.turn:
+            started = self._mailbox.take_run()
+            if started is None:
+                return
+            self._env.in_handler.instance = (self._spec.name, self._index)
+            try:
+                self._run(started)
+            except _Crash:
+                pass  # the attempt stays started: the next open's recovery settles it
+            finally:
+                self._env.in_handler.instance = None
+
+    def _killed(self) -> bool:
+        return self._kill.is_set()
+
+    # -- crashes -------------------------------------------------------------
+    def _may_continue(self) -> bool:
+        """Whether due work may start in this message: nothing else is waiting for us.
+
+        A waiting message or caller (a stop, an enqueue) goes first; the alarm,
+        set due now, then queues behind it. A closing runtime starts nothing more.
+        """
+        mailbox = self._mailbox
+        return (
+            self._mailbox_empty()
+            and not mailbox.turn.contended()
+            and not self._kill.is_set()
+            and not mailbox.closed
+        )
+
+    def _mailbox_empty(self) -> bool:
+        return self.actor_inbox.empty()
+
+    def _on_kill(self, _message: Kill) -> None:
+        """Nothing to do: ``on_receive``'s fault point already crashed a killed instance."""
+
+    def _on_run(self, _message: Run) -> None:
+        """Nothing more to do: ``on_receive`` ran the attempt the caller started."""
+
+    def _crash(self, reason: str, message: Any) -> None:
+        """Die: hand the address to a fresh incarnation, fail the caller, stop quietly.
+
+        The successor is in place before the caller hears of the crash, so the
+        caller's next call reaches it; ``crashed`` is emitted before the
+        successor can emit ``recovered``.
+        """
+        self._env.emit(self._event("crashed", self._clock.now(), error=reason))
+        start = partial(self._env.restart, self._index)
+        self._mailbox.replace(start, self.actor_inbox, message)  # type: ignore[arg-type]
+        fail_reply(message, InstanceCrashedError(self._id))
+        self._fail_taken(None)
+        self.stop()  # after the message in hand; the drained inbox holds nothing else
+
+    # -- enqueue -----------------------------------------------------------
+    def _on_enqueue(self, message: Enqueue) -> None:
+        self._taken.append(message)
+        self._take_enqueues()
+        effects = _Effects()
+        meta, started = self._transact(self._enqueue_body(effects, self._may_continue()))
+        self._publish(meta, effects)
+        self._run(started)
+
+    def _take_enqueues(self) -> None:
+        """Take the enqueues waiting at the head of the inbox, to share one transaction.
+
+        Only a run of enqueues at the head is taken, so no message overtakes
+        another kind sent before it (a pause, say). The actor is the inbox's only
+        reader, so what it sees at the head is still there to take.
+        """
+        inbox = cast("queue.Queue[Any]", self.actor_inbox)  # a ThreadingActor's inbox
+        while True:
+            with inbox.mutex:
+                head = inbox.queue[0].message if inbox.queue else None
+            if type(head) is not Enqueue:
+                return
+            inbox.get_nowait()
+            self._taken.append(head)
+            self._mailbox.finished()  # the message in hand keeps this actor counted busy
+
+    # -- processing ----------------------------------------------------------
+    def _on_alarm(self, _message: Alarm) -> None:
+        now = self._clock.now()
+        self._mailbox.armed = None  # the clock consumed it
+
+        def body(txn: Txn) -> tuple[Meta, Started | None]:
+            meta = self._ns.load_meta(txn)
+            started = self._take_alarm(txn, meta, now)
+            self._ns.save_meta(txn, meta)
+            return meta, started
+
+        meta, started = self._transact(body)
+        if started is None:
+            self._sync_alarm(meta)
+        self._run(started)
 
     def _run(self, started: Started | None) -> None:
         """Execute attempts whose start committed, one after another.
@@ -543,7 +664,8 @@ class InstanceActor(pykka.ThreadingActor):
             return meta
 
         meta = self._transact(body)
-        self._armed = object()  # type: ignore[assignment]  # force the clock to be told
+        self._mailbox.armed = UNKNOWN  # force the clock to be told
+        self._mailbox.recovered()
         if message.restarts:
             self._mailbox.restarts_recorded(message.restarts)
             effects.events.insert(0, self._event("recovered", now))
@@ -686,68 +808,63 @@ class InstanceActor(pykka.ThreadingActor):
 
         self._transact(body)
 
-    # -- after a commit ----------------------------------------------------------
-    def _rearm(self, meta: Meta, now: float) -> None:
-        """Point the alarm slot where the committed state needs it."""
-        if meta.paused or meta.pending == 0:
-            meta.alarm = None
-            meta.alarm_failures = 0
-            return
-        if meta.current is not None and meta.retry_at is not None:
-            due = meta.retry_at  # a retry's backoff is never shortened
-        elif meta.alarm is not None and meta.alarm <= now:
-            due = meta.alarm  # already due: keep it
-        else:
-            due = now
-        if meta.alarm_failures and meta.alarm is not None:
-            due = max(due, meta.alarm)  # nor is a failing alarm's backoff
-        meta.alarm = due
 
-    def _sync_alarm(self, meta: Meta) -> None:
-        if meta.alarm != self._armed:
-            self._armed = meta.alarm
-            self._clock.set_alarm(self._mailbox, meta.alarm)
+class DirectEnqueue(_Instance):
+    """Enqueue from the caller's own thread while the instance is free: no thread hop.
 
-    def _publish(self, meta: Meta, effects: _Effects) -> None:
-        """Tell the clock, callers, subscribers, callbacks and other instances what committed."""
-        self._sync_alarm(meta)
+    If nobody holds the instance's turn, the caller takes it and runs the
+    instance's enqueue transaction itself, as the actor would; what it commits
+    it publishes at once, still holding the turn, so subscribers and hooks see
+    the same order. An attempt it starts on an idle instance is handed to the
+    actor, which runs it before its next message. A busy instance gets a
+    message instead: its actor takes it into the transaction of its current
+    event's outcome.
+    """
+
+    def enqueue(self, items: tuple[Item, ...]) -> list[EnqueueResult] | None:
+        """Store ``items`` atomically; None if the instance must be sent a message instead.
+
+        That is the case while the instance is busy, killed or recovering (the
+        message then queues behind the recovery), and once the runtime is closing.
+        """
+        mailbox = self._mailbox
+        if not mailbox.turn.try_acquire():
+            return None
+        try:
+            if not mailbox.takes_direct_calls():
+                return None
+            reply: pykka.Future[Any] = pykka.ThreadingFuture()
+            self._taken = [Enqueue(items, reply)]
+            effects = _Effects()
+            try:
+                meta, started = self._transact(self._enqueue_body(effects, mailbox.idle()))
+            except _Crash as crash:
+                self._crash(crash.point)
+            except Exception as exc:
+                if isinstance(exc, StorageError) or not isinstance(exc, DopoolError):
+                    logger.exception("instance %s failed an enqueue", self._id)
+                    self._crash(f"{type(exc).__name__}: {exc}")
+                self._taken = []
+                raise
+            in_handler = self._env.in_handler
+            caller = getattr(in_handler, "instance", None)
+            in_handler.instance = (self._spec.name, self._index)  # hooks act as the instance
+            try:
+                self._publish(meta, effects)
+            finally:
+                in_handler.instance = caller
+            if started is not None:
+                mailbox.start_run(started)
+        finally:
+            mailbox.turn.release()
+        return reply.get(timeout=0)  # type: ignore[no-any-return]
+
+    def _crash(self, reason: str) -> NoReturn:
+        """Nothing was committed; the instance crashes as if it had failed this itself."""
         self._taken = []
-        emit = self._env.emit
-        for event in effects.events:
-            emit(event)
-        for oseq, record in effects.deliveries:
-            target = self._env.mailboxes[record.target]
-            deliver = Deliver(self._index, oseq, record)
-            self._clock.deliver(target.order, partial(target.send, deliver))
-        if self._spec.on_dead_letter is not None:
-            for dead in effects.dead:
-                _call_hook("on_dead_letter", self._spec.on_dead_letter, dead)
-        if effects.empty:
-            now = self._clock.now()
-            emit(self._event("empty", now))
-            if self._spec.on_empty is not None:
-                info = EmptyInfo(
-                    self._spec.name, self._index, self._id, meta.succeeded + meta.dead_lettered
-                )
-                _call_hook("on_empty", self._spec.on_empty, info)
-        for message, answer in effects.answers:  # last: a caller sees its events emitted
-            if isinstance(answer, DopoolError):
-                fail_reply(message, answer)
-            else:
-                message.reply.set(answer)
-
-    def _event(
-        self,
-        kind: EventKind,
-        time: float,
-        sequence: int | None = None,
-        attempt: int | None = None,
-        error: str | None = None,
-    ) -> PoolEvent:
-        return PoolEvent(kind, self._spec.name, self._index, sequence, attempt, time, error)
-
-    def _dead_letter(self, sequence: int, dead: DeadRecord) -> DeadLetter:
-        return dead_letter_from_record(self._index, sequence, dead)
+        with suppress(PoolClosedError):
+            self._mailbox.kill(reason)
+        raise InstanceCrashedError(self._id)
 
 
 def dead_letter_from_record(index: int, sequence: int, dead: DeadRecord) -> DeadLetter:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -12,11 +13,64 @@ import pykka
 
 from dopool._clock import Activity
 from dopool._errors import DopoolError, PoolClosedError
-from dopool._messages import Alarm, Deliver, Delivered, Kill, Recover
+from dopool._messages import Alarm, Deliver, Delivered, Kill, Recover, Run
 
 # Messages the engine sends itself: one a crash interrupts goes to the restarted
 # instance again. A caller's message that a crash interrupts fails instead.
 _INTERNAL = (Alarm, Deliver, Delivered)
+
+UNKNOWN = float("nan")  # an alarm time equal to none: the clock must be told again
+
+
+class Turn:
+    """A first-come, first-served lock: an instance's right to act on its namespace.
+
+    The actor holds it for each message, a caller for its enqueue (see
+    ``DirectEnqueue``). Release hands it straight to the longest waiter, so
+    neither side can take it twice while the other waits.
+    """
+
+    __slots__ = ("_held", "_lock", "_waiters")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held = False
+        self._waiters: deque[threading.Lock] = deque()
+
+    def acquire(self) -> None:
+        with self._lock:
+            if not self._held:
+                self._held = True
+                return
+            handoff = threading.Lock()
+            handoff.acquire()
+            self._waiters.append(handoff)
+        handoff.acquire()  # released by the holder, which hands the turn over
+
+    def try_acquire(self) -> bool:
+        """Take the turn if nobody holds it; never waits."""
+        with self._lock:
+            if self._held:
+                return False
+            self._held = True
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            if self._waiters:
+                self._waiters.popleft().release()  # still held: now by the waiter
+            else:
+                self._held = False
+
+    def contended(self) -> bool:
+        """Whether someone waits for the turn."""
+        return bool(self._waiters)
+
+    def __enter__(self) -> None:
+        self.acquire()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
 
 
 class Mailbox:
@@ -32,11 +86,16 @@ class Mailbox:
         "_closed",
         "_kill",
         "_lock",
+        "_recovering",
         "_ref",
+        "_run",
         "_unrecorded_restarts",
+        "armed",
         "key",
+        "kill_reason",
         "order",
         "pool",
+        "turn",
     )
 
     def __init__(self, pool: str, index: int, key: str, activity: Activity) -> None:
@@ -49,6 +108,11 @@ class Mailbox:
         self._lock = threading.Lock()
         self._closed = False
         self._unrecorded_restarts = 0
+        self.turn = Turn()
+        self.armed: float | None = None  # what the clock was last told, to skip repeats
+        self.kill_reason: str | None = None  # why the current incarnation was killed
+        self._recovering = False  # a successor's recovery has not committed yet
+        self._run: Any = None  # an attempt a caller started, for the actor to run
 
     @property
     def closed(self) -> bool:
@@ -79,6 +143,33 @@ class Mailbox:
         fail_reply(message, PoolClosedError(self.pool))
         return False
 
+    def takes_direct_calls(self) -> bool:
+        """Whether a caller holding the turn may act for the instance (see ``DirectEnqueue``).
+
+        Not while it is killed or recovering, so that a call made after ``kill``
+        returned still comes after the crash and the recovery; nor once closed.
+        """
+        return not (self._closed or self._recovering or self._kill.is_set())
+
+    def idle(self) -> bool:
+        """Whether no message waits for the actor (read with the turn held)."""
+        ref = self._ref
+        return ref is not None and ref.actor_inbox.empty()
+
+    def start_run(self, started: Any) -> None:
+        """Hand the actor an attempt whose start a caller committed; it runs it next."""
+        self._run = started
+        self.send(Run())  # if refused (closing), the actor's on_stop runs it
+
+    def take_run(self) -> Any:
+        """The attempt a caller started, if any (called with the turn held)."""
+        started, self._run = self._run, None
+        return started
+
+    def recovered(self) -> None:
+        """The current incarnation's recovery committed: direct calls may go on."""
+        self._recovering = False
+
     def finished(self) -> None:
         """Called by the actor when it has handled one message."""
         self._activity.done(self.key)
@@ -86,11 +177,13 @@ class Mailbox:
     def fire_alarm(self) -> None:
         self.send(Alarm())
 
-    def kill(self) -> None:
+    def kill(self, reason: str | None = None) -> None:
         """Make the current incarnation crash at its next fault point (at once if idle)."""
         with self._lock:
             if self._closed:
                 raise PoolClosedError(self.pool)
+            if reason is not None and not self._kill.is_set():
+                self.kill_reason = reason
             self._kill.set()
         self.send(Kill())
 
@@ -122,6 +215,9 @@ class Mailbox:
                     fail_reply(message, PoolClosedError(self.pool))
                 return False
             self._kill = threading.Event()
+            self.kill_reason = None
+            self._recovering = True
+            self._run = None  # the recovery settles that attempt
             ref = self._ref = start(self._kill)
             self._unrecorded_restarts += 1
             retried = [in_hand] if isinstance(in_hand, _INTERNAL) else []

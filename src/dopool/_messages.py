@@ -46,6 +46,11 @@ class Kill:
 
 
 @dataclass(frozen=True, slots=True)
+class Run:
+    """A caller started an attempt on this idle instance: run it (see ``Mailbox.start_run``)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Alarm:
     """The clock says the alarm slot is due."""
 

@@ -12,7 +12,7 @@ import pykka
 from dopool._clock import SimulatedClock
 from dopool._context import EventContext
 from dopool._errors import ConfigurationError, DopoolError, InstanceCrashedError, PoolClosedError
-from dopool._instance import PoolSpec, dead_letter_from_record
+from dopool._instance import DirectEnqueue, PoolSpec, dead_letter_from_record
 from dopool._mailbox import Mailbox
 from dopool._messages import Drain, Enqueue, Item, Pause, Purge, Redrive, Resume
 from dopool._retry import RetryPolicy
@@ -39,12 +39,14 @@ class WorkerPool:
         schema: Schema | None,
         mailboxes: list[Mailbox],
         router: Router,
+        direct: list[DirectEnqueue],
     ) -> None:
         self._runtime = runtime
         self._spec = spec
         self._schema = schema
         self._mailboxes = mailboxes
         self._router = router
+        self._direct = direct
         self._namespaces = [Namespace(spec.name, i) for i in range(spec.concurrency)]
         self._sequential = isinstance(runtime.clock, SimulatedClock)
 
@@ -147,9 +149,16 @@ class WorkerPool:
 
     def _route(self, items: tuple[Item, ...], partition_key: str | None) -> list[EnqueueResult]:
         """Send each instance its share from this thread, then gather the answers."""
-        if len(items) == 1:  # the common case: one hop, to the instance
+        if len(items) == 1:  # the common case: stored from this thread, no hop at all
             index = self._router.choose(partition_key)
-            return self._wait(self._send(index, partial(Enqueue, items)))  # type: ignore[no-any-return]
+            try:
+                stored = self._direct[index].enqueue(items)
+            except InstanceCrashedError:
+                self._settle_crash()
+                raise
+            if stored is None:  # killed or recovering: queue behind the recovery
+                stored = self._wait(self._send(index, partial(Enqueue, items)))
+            return stored
         groups = self._router.split(len(items), partition_key)
         parts = [(index, tuple(items[p] for p in positions)) for index, positions in groups.items()]
         # Parts sent at once would commit in thread order; under a simulated
@@ -229,9 +238,13 @@ class WorkerPool:
         try:
             return future.get()
         except InstanceCrashedError:
-            if self._sequential and self._runtime.handler_running() is None:
-                self._runtime.clock.activity.wait_quiet()
+            self._settle_crash()
             raise
+
+    def _settle_crash(self) -> None:
+        """Under a simulated clock, wait for a crashed instance's recovery (reproducibility)."""
+        if self._sequential and self._runtime.handler_running() is None:
+            self._runtime.clock.activity.wait_quiet()
 
     def _send(self, index: int, message: Callable[[pykka.Future[Any]], Any]) -> pykka.Future[Any]:
         reply: pykka.Future[Any] = pykka.ThreadingFuture()

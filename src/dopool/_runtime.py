@@ -19,7 +19,7 @@ import pykka
 from dopool._clock import Clock, RealClock, SimulatedClock
 from dopool._context import EventContext
 from dopool._errors import ConfigurationError, InstanceCrashedError, PoolClosedError
-from dopool._instance import InstanceActor, InstanceEnv, PoolSpec
+from dopool._instance import DirectEnqueue, InstanceActor, InstanceEnv, PoolSpec
 from dopool._mailbox import Mailbox
 from dopool._messages import Item, Recover
 from dopool._pool import WorkerPool
@@ -255,7 +255,8 @@ class Runtime:
             # Recover one instance at a time, so a simulated run's trace is deterministic.
             for mailbox in mailboxes:
                 _recover(mailbox)
-            pool = WorkerPool(self, spec, schema, mailboxes, router)
+            direct = [DirectEnqueue(spec, index, env) for index in range(concurrency)]
+            pool = WorkerPool(self, spec, schema, mailboxes, router, direct)
             self._pools[name] = pool
             return pool
 

@@ -394,7 +394,9 @@ class _GroupCommit:
             if self._gather and len(self._queue) < self._expected and window >= _GATHER_MIN:
                 cond.wait_for(lambda: len(self._queue) >= self._expected, window)
             group, self._queue = self._queue, []
-            self._expected = len(group)
+            # Expect as many writers as the larger of this group and one fewer than
+            # last time: one group that came up short does not stop the waiting.
+            self._expected = max(len(group), self._expected - 1)
         started = time.perf_counter()
         try:
             self._commit(group)
