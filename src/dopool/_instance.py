@@ -98,6 +98,7 @@ class InstanceEnv:
     clock: Clock
     seed: int | str | None
     emit: Callable[[PoolEvent], None]
+    listening: Callable[[], bool]  # whether anyone takes events: if not, none are made
     router: Router
     mailboxes: list[Mailbox]
     in_handler: threading.local  # .instance: (pool, index) whose thread this is, mid-message
@@ -230,18 +231,27 @@ class _Instance:
         self, txn: Txn, meta: Meta, items: tuple[Item, ...], now: float, effects: _Effects
     ) -> list[EnqueueResult]:
         results = []
+        listening = self._env.listening()
+        ns, index, ident, counts = self._ns, self._index, self._id, meta.priorities
+        previous: int | None = None
+        position = 0
         for item in items:
+            priority = item.priority
+            if priority == previous:
+                position += 1  # right behind the one before, of the same priority
+            else:
+                position = self._position(meta, priority)
+                previous = priority
             sequence = meta.tail
-            meta.tail += 1
-            position = self._position(meta, item.priority)
-            key = self._ns.queue_key(item.priority, sequence)
-            record = EventRecord(item.event, now, item.partition_key, item.priority)
-            self._ns.put_event(txn, key, record)
-            meta.pending += 1
-            meta.enqueued += 1
-            meta.priorities[item.priority] = meta.priorities.get(item.priority, 0) + 1
-            results.append(EnqueueResult(sequence, self._index, self._id, position))
-            effects.events.append(self._event("enqueued", now, sequence))
+            meta.tail = sequence + 1
+            record = (item.event, now, item.partition_key, priority)  # an EventRecord's fields
+            ns.put_event(txn, ns.queue_key(priority, sequence), record)
+            counts[priority] = counts.get(priority, 0) + 1
+            results.append(EnqueueResult(sequence, index, ident, position))
+            if listening:
+                effects.events.append(self._event("enqueued", now, sequence))
+        meta.pending += len(items)
+        meta.enqueued += len(items)
         return results
 
     @staticmethod

@@ -20,7 +20,7 @@ from dopool._router import Router
 from dopool._status import instance_status, pool_status
 from dopool._storage import Namespace
 from dopool._types import DeadLetter, EmptyInfo, EnqueueResult, PoolStatus
-from dopool._validation import Schema, prepare
+from dopool._validation import Schema, prepare, prepare_many
 
 if TYPE_CHECKING:
     from dopool._runtime import Runtime
@@ -133,15 +133,8 @@ class WorkerPool:
         """
         self._check_open()
         self._refuse_own_instance(None)
-        items = tuple(
-            prepare(
-                event,
-                partition_key=partition_key,
-                priority=priority,
-                schema=self._schema,
-                position=position,
-            )
-            for position, event in enumerate(events)
+        items = prepare_many(
+            events, partition_key=partition_key, priority=priority, schema=self._schema
         )
         if not items:
             return []
@@ -156,15 +149,15 @@ class WorkerPool:
             except InstanceCrashedError:
                 self._settle_crash()
                 raise
-            if stored is None:  # killed or recovering: queue behind the recovery
+            if stored is None:  # busy, killed or recovering: a message waits its turn
                 stored = self._wait(self._send(index, partial(Enqueue, items)))
             return stored
         groups = self._router.split(len(items), partition_key)
-        parts = [(index, tuple(items[p] for p in positions)) for index, positions in groups.items()]
+        parts = [(index, items[p.start : p.stop : p.step]) for index, p in groups.items()]
         # Parts sent at once would commit in thread order; under a simulated
         # clock each part goes in turn instead, so the run is reproducible.
         futures = [] if self._sequential else [self._send(i, partial(Enqueue, p)) for i, p in parts]
-        results: list[EnqueueResult | None] = [None] * len(items)
+        results: list[Any] = [None] * len(items)
         failure: DopoolError | None = None
         for number, (index, part) in enumerate(parts):
             try:
@@ -173,12 +166,12 @@ class WorkerPool:
             except DopoolError as exc:
                 failure = failure or exc
                 continue
-            for position, result in zip(groups[index], stored, strict=True):
-                results[position] = result
+            positions = groups[index]
+            results[positions.start : positions.stop : positions.step] = stored
         if failure is not None:
             failure.stored = [result for result in results if result is not None]
             raise failure
-        return [result for result in results if result is not None]
+        return results
 
     def _submit(self, item: Item, partition_key: str | None) -> pykka.Future[Any]:
         """Send one event to its instance without waiting; the future answers a result list."""

@@ -37,15 +37,18 @@ class Router:
         with self._lock:
             return next(self._next) % self.concurrency
 
-    def split(self, count: int, partition_key: str | None) -> dict[int, list[int]]:
-        """Positions ``0..count-1`` of a batch grouped by instance, in first-seen order."""
+    def split(self, count: int, partition_key: str | None) -> dict[int, range]:
+        """Positions ``0..count-1`` of a batch grouped by instance, in first-seen order.
+
+        Round-robin gives instance ``i`` every ``concurrency``-th position, as a range.
+        """
         if partition_key is not None:
-            return {self.choose(partition_key): list(range(count))}
+            return {self.choose(partition_key): range(count)}
         with self._lock:
             start = next(self._next)
             # Claim the whole batch's turns at once, so batches from threads never interleave.
             self._next = itertools.count(start + count)
-        groups: dict[int, list[int]] = {}
-        for position in range(count):
-            groups.setdefault((start + position) % self.concurrency, []).append(position)
-        return groups
+        step = self.concurrency
+        return {
+            (start + first) % step: range(first, count, step) for first in range(min(step, count))
+        }

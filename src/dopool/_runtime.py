@@ -172,6 +172,10 @@ class Runtime:
 
         return unsubscribe
 
+    def _listening(self) -> bool:
+        """Whether any subscriber or trace takes events (read without the lock: a hint)."""
+        return bool(self._subscribers) or self._trace is not None
+
     def _emit(self, event: PoolEvent) -> None:
         if not self._subscribers and self._trace is None:
             return  # nobody listens (read without the lock: a racing subscribe sees later ones)
@@ -243,6 +247,7 @@ class Runtime:
                 clock=self.clock,
                 seed=self.seed,
                 emit=self._emit,
+                listening=self._listening,
                 router=router,
                 mailboxes=mailboxes,
                 in_handler=self._in_handler,

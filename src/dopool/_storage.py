@@ -50,6 +50,7 @@ _MAX_READERS = 512
 _POOL_PREFIX = b"P"
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
+_RANK_SEQ = struct.Struct(">IQ")
 
 Txn = Any  # an lmdb.Transaction; lmdb ships no type hints
 T = TypeVar("T")
@@ -189,10 +190,11 @@ class Namespace:
 
     # -- queue --------------------------------------------------------------
     def queue_key(self, priority: int, sequence: int) -> bytes:
-        return self._queue + _U32.pack(PRIORITY_MAX - priority) + _U64.pack(sequence)
+        return self._queue + _RANK_SEQ.pack(PRIORITY_MAX - priority, sequence)
 
-    def put_event(self, txn: Txn, key: bytes, record: EventRecord) -> None:
-        txn.put(key, pack(tuple(record)), overwrite=False)
+    def put_event(self, txn: Txn, key: bytes, record: EventRecord | tuple[Any, ...]) -> None:
+        """Store a pending event: an :class:`EventRecord`, or a plain tuple of its fields."""
+        txn.put(key, pack(record), overwrite=False)
 
     def get_event(self, txn: Txn, key: bytes) -> EventRecord | None:
         raw = txn.get(key)

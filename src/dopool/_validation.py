@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from dopool._errors import ConfigurationError, EventTooLargeError, EventValidationError
@@ -61,6 +61,32 @@ def prepare(
             f"priority must be within [{PRIORITY_MIN}, {PRIORITY_MAX}], got {priority}",
             position=position,
         )
+    return Item(_encode(event, schema, position), partition_key, priority)
+
+
+def prepare_many(
+    events: Iterable[Any], *, partition_key: str | None, priority: int, schema: Schema | None
+) -> tuple[Item, ...]:
+    """:func:`prepare` for a batch that shares one partition key and priority.
+
+    The first event checks them (an error names position 0); the rest are only
+    transformed, encoded and size-checked.
+    """
+    items = []
+    for position, event in enumerate(events):
+        if position == 0:
+            items.append(
+                prepare(
+                    event, partition_key=partition_key, priority=priority, schema=schema, position=0
+                )
+            )
+        else:
+            items.append(Item(_encode(event, schema, position), partition_key, priority))
+    return tuple(items)
+
+
+def _encode(event: Any, schema: Schema | None, position: int | None) -> bytes:
+    """Transform with the schema, encode and size-check one event."""
     if schema is not None:
         try:
             event = schema(event)
@@ -71,4 +97,4 @@ def prepare(
     data = encode_event(event, position=position)
     if len(data) > MAX_EVENT_BYTES:
         raise EventTooLargeError("event", size=len(data), limit=MAX_EVENT_BYTES, position=position)
-    return Item(data, partition_key, priority)
+    return data
