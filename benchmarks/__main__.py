@@ -194,7 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     fs = env["filesystem"] or {}
     print(
         f"dopool {env['packages']['dopool']} on {env['python']}, LMDB {env['lmdb']}, "
-        f"SQLite {env['sqlite']}, {env['cpu_count']} CPUs, {env['platform']}"
+        f"SQLite {env['sqlite']}, {env['cpus_usable']} of {env['cpu_count']} CPUs usable, "
+        f"{env['platform']}"
     )
     print(
         f"stores under {parent} ({fs.get('type', '?')} on {fs.get('device', '?')}); "

@@ -203,16 +203,19 @@ class Mailbox:
         Returns False (and restarts nothing) once the mailbox is closed.
         """
         with self._lock:
-            waiting = []
+            waiting = []  # envelopes: a pykka stop request carries its reply in one
             while True:
                 try:
-                    waiting.append(inbox.get_nowait().message)
+                    waiting.append(inbox.get_nowait())
                 except queue.Empty:
                     break
             if self._closed:
-                for message in waiting:
+                for envelope in waiting:
+                    if envelope.reply_to is not None:  # close() asking the actor to stop
+                        envelope.reply_to.set(None)  # it is stopping: the answer close waits for
+                        continue
                     self._activity.done(self.key)
-                    fail_reply(message, PoolClosedError(self.pool))
+                    fail_reply(envelope.message, PoolClosedError(self.pool))
                 return False
             self._kill = threading.Event()
             self.kill_reason = None
@@ -224,8 +227,8 @@ class Mailbox:
             for message in (Recover(None, restarts=self._unrecorded_restarts), *retried):
                 self._activity.sent(self.key)
                 ref.tell(message)
-            for message in waiting:
-                ref.tell(message)  # already counted when it was first sent
+            for envelope in waiting:
+                ref.actor_inbox.put(envelope)  # as sent (and already counted), reply and all
             return True
 
     def restarts_recorded(self, count: int) -> None:

@@ -1,0 +1,337 @@
+"""Group commit: concurrent ``Store.transact`` bodies share one LMDB commit, each isolated.
+
+Tests that need a group of a known shape hold a first body inside its transaction
+until the writers they want have queued behind it: the queue is watched through
+the group commit's own condition, so nothing depends on thread timing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import pytest
+
+from dopool._errors import StorageError
+from dopool._storage import Store, Txn
+
+pytestmark = pytest.mark.threaded
+
+TIMEOUT = 10.0
+TOO_LONG_KEY = b"k" * 600  # LMDB refuses keys over 511 bytes (lmdb.BadValsizeError)
+
+
+@pytest.fixture(params=["sync", "async"])
+def store(request: pytest.FixtureRequest, store_path: Path) -> Iterator[Store]:
+    store = Store(store_path, durability=request.param)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def sync_store(store_path: Path) -> Iterator[Store]:
+    store = Store(store_path, durability="sync")
+    yield store
+    store.close()
+
+
+def put(key: bytes, value: bytes, result: Any = None) -> Callable[[Txn], Any]:
+    def body(txn: Txn) -> Any:
+        txn.put(key, value)
+        return result
+
+    return body
+
+
+def committed(store: Store, key: bytes) -> bytes | None:
+    with store.read() as txn:
+        value: bytes | None = txn.get(key)
+        return value
+
+
+def in_thread(store: Store, body: Callable[[Txn], Any]) -> Future[Any]:
+    """``store.transact(body)`` on a new thread; the future holds its result or exception."""
+    future: Future[Any] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(store.transact(body))
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    return future
+
+
+def wait_queued(store: Store, count: int) -> None:
+    """Wait until ``count`` writers wait behind the group being committed."""
+    group = store._group
+    deadline = time.monotonic() + TIMEOUT
+    with group._cond:
+        while len(group._queue) < count:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"only {len(group._queue)} of {count} writers queued"
+            group._cond.wait(min(remaining, 0.01))
+
+
+class Gate:
+    """A transaction body that stays inside its transaction until opened."""
+
+    def __init__(self) -> None:
+        self.inside = threading.Event()
+        self.open = threading.Event()
+
+    def __call__(self, txn: Txn) -> str:
+        txn.put(b"gate", b"held")
+        self.inside.set()
+        assert self.open.wait(TIMEOUT)
+        return "gate"
+
+
+def queue_behind_gate(store: Store, bodies: list[Callable[[Txn], Any]]) -> list[Future[Any]]:
+    """Hold a lone first group, queue ``bodies`` behind it in order, then let it commit.
+
+    The bodies then form one group, in that order, led by the first of them.
+    """
+    gate = Gate()
+    gated = in_thread(store, gate)
+    assert gate.inside.wait(TIMEOUT)
+    futures = []
+    for number, body in enumerate(bodies, start=1):
+        futures.append(in_thread(store, body))
+        wait_queued(store, number)
+    gate.open.set()
+    assert gated.result(TIMEOUT) == "gate"
+    return futures
+
+
+# -- coalescing -------------------------------------------------------------------
+
+
+def test_a_lone_writer_commits_alone_and_gets_its_result(store: Store) -> None:
+    assert store.transact(put(b"a", b"1", result="done")) == "done"
+
+    assert committed(store, b"a") == b"1"
+    assert store.commit_counts == (1, 1)
+
+
+def test_writers_queued_behind_a_commit_share_the_next_one(sync_store: Store) -> None:
+    bodies = [put(b"k%d" % n, b"v%d" % n, result=n) for n in range(7)]
+
+    futures = queue_behind_gate(sync_store, bodies)
+
+    assert [future.result(TIMEOUT) for future in futures] == list(range(7))
+    assert sync_store.commit_counts == (2, 8)  # the gate alone, then the seven together
+    for n in range(7):
+        assert committed(sync_store, b"k%d" % n) == b"v%d" % n
+
+
+def test_many_concurrent_writers_every_write_lands_and_results_reach_their_callers(
+    store: Store,
+) -> None:
+    threads, writes = 8, 200
+    wrong: list[tuple[int, int, Any]] = []
+    unseen: list[tuple[int, int]] = []
+
+    def writer(thread: int) -> None:
+        for n in range(writes):
+            key = f"{thread}/{n}".encode()
+            got = store.transact(put(key, b"%d" % n, result=(thread, n)))
+            if got != (thread, n):
+                wrong.append((thread, n, got))
+            if committed(store, key) != b"%d" % n:  # durable before transact returned
+                unseen.append((thread, n))
+
+    # Every writer's first body queues behind a held one, so at least one group is shared.
+    gate = Gate()
+    gated = in_thread(store, gate)
+    assert gate.inside.wait(TIMEOUT)
+    workers = [threading.Thread(target=writer, args=(t,)) for t in range(threads)]
+    for worker in workers:
+        worker.start()
+    wait_queued(store, threads)
+    gate.open.set()
+    assert gated.result(TIMEOUT) == "gate"
+    for worker in workers:
+        worker.join(TIMEOUT)
+        assert not worker.is_alive()
+
+    assert wrong == []
+    assert unseen == []
+    with store.read() as txn:
+        assert sum(1 for _ in txn.cursor()) == threads * writes + 1  # and the gate's
+    commits, bodies = store.commit_counts
+    assert bodies == threads * writes + 1
+    assert commits <= bodies - (threads - 1)  # the first bodies of all eight shared a commit
+
+
+def test_a_lone_writer_after_a_large_group_does_not_wait_for_company(sync_store: Store) -> None:
+    """The leader expects as many writers as last time, but waits only a fraction of a commit."""
+    for future in queue_behind_gate(sync_store, [put(b"k%d" % n, b"v") for n in range(7)]):
+        future.result(TIMEOUT)
+    assert sync_store.commit_counts == (2, 8)
+
+    for n in range(20):
+        done = in_thread(sync_store, put(b"alone%d" % n, b"v"))
+        done.result(TIMEOUT)  # a leader waiting for company forever would time out here
+
+    assert sync_store.commit_counts == (22, 28)  # one commit each
+
+
+# -- isolation of a failing body --------------------------------------------------------
+
+
+def raise_after_put(key: bytes) -> Callable[[Txn], Any]:
+    def body(txn: Txn) -> None:
+        txn.put(key, b"never")
+        raise ValueError(f"body for {key!r} failed")
+
+    return body
+
+
+@pytest.mark.parametrize("failing", [0, 1, 3], ids=["leader", "middle", "last"])
+def test_a_raising_body_in_a_group_is_rolled_back_alone(sync_store: Store, failing: int) -> None:
+    keys = [b"k%d" % n for n in range(4)]
+    bodies = [
+        raise_after_put(key) if n == failing else put(key, b"v", result=n)
+        for n, key in enumerate(keys)
+    ]
+
+    futures = queue_behind_gate(sync_store, bodies)
+
+    for n, future in enumerate(futures):
+        if n == failing:
+            with pytest.raises(ValueError, match="failed"):
+                future.result(TIMEOUT)
+        else:
+            assert future.result(TIMEOUT) == n
+    assert sync_store.commit_counts == (2, 5)  # the failure did not split the group
+    for n, key in enumerate(keys):
+        assert committed(sync_store, key) == (None if n == failing else b"v")
+    assert committed(sync_store, b"gate") == b"held"
+
+
+def test_a_lone_raising_body_is_rolled_back_and_reraised(store: Store) -> None:
+    with pytest.raises(ValueError, match="failed"):
+        store.transact(raise_after_put(b"a"))
+
+    assert committed(store, b"a") is None
+    assert store.transact(put(b"b", b"1", result="next")) == "next"  # the store goes on
+    assert committed(store, b"b") == b"1"
+
+
+def test_each_caller_gets_the_exception_its_own_body_raised(sync_store: Store) -> None:
+    class Mine(Exception):
+        pass
+
+    def raises(n: int) -> Callable[[Txn], Any]:
+        def body(_txn: Txn) -> None:
+            raise Mine(n)
+
+        return body
+
+    futures = queue_behind_gate(sync_store, [raises(n) for n in range(5)])
+
+    for n, future in enumerate(futures):
+        error = future.exception(TIMEOUT)
+        assert isinstance(error, Mine)
+        assert error.args == (n,)
+
+
+# -- lmdb errors ----------------------------------------------------------------------
+
+
+def test_an_lmdb_error_in_a_lone_body_is_a_storage_error(store: Store) -> None:
+    with pytest.raises(StorageError) as info:
+        store.transact(put(TOO_LONG_KEY, b"v"))
+
+    assert isinstance(info.value.__cause__, lmdb.BadValsizeError)
+    assert store.transact(put(b"a", b"1", result="next")) == "next"
+
+
+def test_an_lmdb_error_in_a_group_is_a_storage_error_for_that_body_only(
+    sync_store: Store,
+) -> None:
+    def too_long(txn: Txn) -> None:
+        txn.put(b"first", b"v")
+        txn.put(TOO_LONG_KEY, b"v")
+
+    fine, failing = queue_behind_gate(sync_store, [put(b"a", b"v", result="a"), too_long])
+
+    error = failing.exception(TIMEOUT)
+    assert isinstance(error, StorageError)
+    assert isinstance(error.__cause__, lmdb.BadValsizeError)
+    assert fine.result(TIMEOUT) == "a"
+    assert sync_store.commit_counts == (2, 3)
+    assert committed(sync_store, b"first") is None  # its own earlier write went with it
+    assert committed(sync_store, b"a") == b"v"
+
+
+class _CommitFails:
+    """An LMDB environment whose outermost write transactions fail to commit."""
+
+    def __init__(self, env: Any) -> None:
+        self._env = env
+
+    def begin(self, *, write: bool = False, parent: Any = None, **options: Any) -> Any:
+        txn = self._env.begin(write=write, parent=parent, **options)
+        return txn if parent is not None else _FailingCommit(txn)
+
+
+class _FailingCommit:
+    def __init__(self, txn: Any) -> None:
+        self._txn = txn
+
+    def __enter__(self) -> Any:
+        return self._txn
+
+    def __exit__(self, exc_type: object, *_: object) -> bool:
+        self._txn.abort()
+        if exc_type is None:
+            raise lmdb.DiskError("commit failed")
+        return False
+
+
+def test_a_failed_commit_fails_every_body_of_the_group(
+    sync_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = Gate()
+    gated = in_thread(sync_store, gate)
+    assert gate.inside.wait(TIMEOUT)
+    # The gate's commit goes through; the group queued behind it fails to commit.
+    monkeypatch.setattr(sync_store._group, "_env", _CommitFails(sync_store._env))
+    bodies = [put(b"a", b"v", result="a"), raise_after_put(b"b"), put(b"c", b"v", result="c")]
+    futures = []
+    for number, body in enumerate(bodies, start=1):
+        futures.append(in_thread(sync_store, body))
+        wait_queued(sync_store, number)
+    gate.open.set()
+    assert gated.result(TIMEOUT) == "gate"
+
+    for n in (0, 2):
+        error = futures[n].exception(TIMEOUT)
+        assert isinstance(error, StorageError)
+        assert isinstance(error.__cause__, lmdb.DiskError)
+    assert isinstance(futures[1].exception(TIMEOUT), ValueError)  # its own error, not the commit's
+    for key in (b"a", b"b", b"c"):
+        assert committed(sync_store, key) is None
+    assert committed(sync_store, b"gate") == b"held"
+
+
+def test_a_failed_commit_of_a_lone_body_is_a_storage_error(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store._group, "_env", _CommitFails(store._env))
+
+    with pytest.raises(StorageError) as info:
+        store.transact(put(b"a", b"v"))
+
+    assert isinstance(info.value.__cause__, lmdb.DiskError)
+    monkeypatch.undo()
+    assert committed(store, b"a") is None
+    assert store.transact(put(b"a", b"v", result="again")) == "again"
