@@ -148,7 +148,8 @@ def legend(sizes: Sizes) -> list[tuple[str, str]]:
         ("sequential", f"one thread, {s.sequential:,} enqueue calls, concurrency {s.concurrency}"),
         (
             "enqueue_many",
-            f"{s.batches} x enqueue_many({s.batch_size:,}); the calls timed, then the drain",
+            f"{s.batches} x enqueue_many({s.batch_size:,}) into a paused pool, {s.batches} more "
+            "while it drains; the calls timed, then the drain from resume",
         ),
         ("latency", f"{s.latency:,} enqueues, each on an idle pool; enqueue to handler start"),
         (
