@@ -201,17 +201,19 @@ class _Instance:
             self._fault_point("enqueue", "crash_during_enqueue")
 
     def _enqueue_body(
-        self, effects: _Effects, idle: bool
+        self, effects: _Effects, idle: Callable[[], bool]
     ) -> Callable[[Txn], tuple[Meta, Started | None]]:
         """The transaction of the taken enqueues.
 
-        On an ``idle`` instance, under a clock that runs due work at once, it
-        also starts the first due event: one commit, no trip through the clock.
+        If ``idle()`` says the instance is idle when the body runs, and the clock
+        runs due work at once, it also starts the first due event: one commit, no
+        trip through the clock.
         """
         now = self._clock.now()
-        start_now = idle and self._clock.starts_due_work_at_once
+        starts = self._clock.starts_due_work_at_once
 
         def body(txn: Txn) -> tuple[Meta, Started | None]:
+            start_now = idle() and starts
             meta = self._ns.load_meta(txn)
             self._accept(txn, meta, now, effects)
             self._rearm(meta, now)
@@ -470,11 +472,21 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
     # -- enqueue -----------------------------------------------------------
     def _on_enqueue(self, message: Enqueue) -> None:
         self._taken.append(message)
-        self._take_enqueues()
         effects = _Effects()
-        meta, started = self._transact(self._enqueue_body(effects, self._may_continue()))
+        meta, started = self._transact(self._enqueue_body(effects, self._take_and_continue))
         self._publish(meta, effects)
         self._run(started)
+
+    def _take_and_continue(self) -> bool:
+        """In a transaction body: take the enqueues waiting now, then ``_may_continue()``.
+
+        A body waits its turn in the group commit; taking at the last moment lets
+        callers that sent meanwhile share this commit instead of waiting for the
+        next. The actor is blocked in the commit meanwhile, so its inbox and
+        taken list are not touched by its own thread.
+        """
+        self._take_enqueues()
+        return self._may_continue()
 
     def _take_enqueues(self) -> None:
         """Take the enqueues waiting at the head of the inbox, to share one transaction.
@@ -550,10 +562,10 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         self._fault_point("after_execute", "crash_after_execute")
         now = self._clock.now()
         effects = _Effects()
-        self._take_enqueues()  # callers that waited for the handler commit with its outcome
-        go_on = self._may_continue()
 
         def body(txn: Txn) -> tuple[Meta, Started | None]:
+            # Callers that waited for the handler commit with its outcome.
+            go_on = self._take_and_continue()
             meta = self._ns.load_meta(txn)
             meta.running = False
             meta.started_at = None
@@ -847,7 +859,7 @@ class DirectEnqueue(_Instance):
             self._taken = [Enqueue(items, reply)]
             effects = _Effects()
             try:
-                meta, started = self._transact(self._enqueue_body(effects, mailbox.idle()))
+                meta, started = self._transact(self._enqueue_body(effects, mailbox.idle))
             except _Crash as crash:
                 self._crash(crash.point)
             except Exception as exc:
