@@ -531,7 +531,8 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         while started is not None:
             key, record, attempt, started_at = started
             sequence = queue_key_sequence(key)
-            self._env.emit(self._event("started", started_at, sequence, attempt))
+            if self._env.listening():
+                self._env.emit(self._event("started", started_at, sequence, attempt))
             self._fault_point("before_execute", "crash_before_execute")
             started = self._execute(key, record, attempt, started_at)
 
@@ -592,7 +593,8 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         sequence = queue_key_sequence(key)
         self._remove_current(txn, meta, key)
         meta.succeeded += 1
-        effects.events.append(self._event("succeeded", now, sequence, ctx.attempt))
+        if self._env.listening():
+            effects.events.append(self._event("succeeded", now, sequence, ctx.attempt))
         for item in ctx._follow_ups:
             target = self._env.router.choose(item.partition_key)
             if target == self._index:
