@@ -7,6 +7,7 @@ the group commit's own condition, so nothing depends on thread timing.
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +17,8 @@ from typing import Any
 
 import lmdb
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dopool._errors import StorageError
 from dopool._storage import Store, Txn
@@ -335,3 +338,85 @@ def test_a_failed_commit_of_a_lone_body_is_a_storage_error(
     monkeypatch.undo()
     assert committed(store, b"a") is None
     assert store.transact(put(b"a", b"v", result="again")) == "again"
+
+
+# -- a group against a model ------------------------------------------------------
+
+KEYS = [b"a", b"b", b"c"]
+# One operation of a body: set a key, delete it, or append to what the body reads there.
+operation = st.one_of(
+    st.tuples(st.just("set"), st.sampled_from(KEYS), st.binary(min_size=1, max_size=3)),
+    st.tuples(st.just("delete"), st.sampled_from(KEYS), st.just(b"")),
+    st.tuples(st.just("append"), st.sampled_from(KEYS), st.binary(min_size=1, max_size=3)),
+)
+# A body: its operations, and whether it raises after doing them.
+body_spec = st.tuples(st.lists(operation, max_size=4), st.booleans())
+
+
+def apply(
+    ops: list[tuple[str, bytes, bytes]],
+    read: Callable[[bytes], bytes | None],
+    write: Callable[[bytes, bytes | None], None],
+) -> list[bytes | None]:
+    """Do ``ops`` against a store or a model; returns what each ``append`` read."""
+    seen = []
+    for kind, key, value in ops:
+        if kind == "set":
+            write(key, value)
+        elif kind == "delete":
+            write(key, None)
+        else:
+            current = read(key)
+            seen.append(current)
+            write(key, (current or b"") + value)
+    return seen
+
+
+def spec_body(ops: list[tuple[str, bytes, bytes]], fails: bool) -> Callable[[Txn], Any]:
+    def body(txn: Txn) -> list[bytes | None]:
+        def write(key: bytes, value: bytes | None) -> None:
+            if value is None:
+                txn.delete(key)
+            else:
+                txn.put(key, value)
+
+        seen = apply(ops, txn.get, write)
+        if fails:
+            raise ValueError("planned")
+        return seen
+
+    return body
+
+
+@given(bodies=st.lists(body_spec, min_size=1, max_size=6))
+@settings(max_examples=40, deadline=None)
+def test_a_group_commits_exactly_what_its_bodies_would_alone_in_order(
+    bodies: list[tuple[list[tuple[str, bytes, bytes]], bool]],
+) -> None:
+    """Each body sees the writes of the ones before it that succeeded, and only those."""
+    model: dict[bytes, bytes] = {}
+
+    def write(key: bytes, value: bytes | None) -> None:
+        if value is None:
+            model.pop(key, None)
+        else:
+            model[key] = value
+
+    with tempfile.TemporaryDirectory() as directory:
+        store = Store(Path(directory), durability="async")
+        try:
+            futures = queue_behind_gate(store, [spec_body(ops, fails) for ops, fails in bodies])
+            for (ops, fails), future in zip(bodies, futures, strict=True):
+                if fails:
+                    with pytest.raises(ValueError, match="planned"):
+                        future.result(TIMEOUT)
+                    continue
+                before = dict(model)
+                expected = apply(ops, model.get, write)
+                assert future.result(TIMEOUT) == expected, before
+            assert store.commit_counts == (2, len(bodies) + 1)  # one group behind the gate
+            with store.read() as txn:
+                stored = {key: txn.get(key) for key in KEYS}
+        finally:
+            store.close()
+    assert stored == {key: model.get(key) for key in KEYS}
