@@ -21,9 +21,11 @@ from dopool import (
     EnqueueResult,
     EventContext,
     InstanceCrashedError,
+    PoolClosedError,
     PoolEvent,
     RetryPolicy,
     Runtime,
+    WorkerPool,
 )
 from dopool.chaos import FaultPlan
 
@@ -123,3 +125,50 @@ def test_racing_producers_kills_and_faults_lose_nothing(durability: str, tmp_pat
         by_key[key].append(succeeded[(result.instance_index, result.sequence)])
     for key, positions in by_key.items():
         assert positions == sorted(positions), f"partition {key} completed out of order"
+
+
+def test_enqueues_racing_close_are_either_stored_or_refused(tmp_path: Path) -> None:
+    """A caller enqueuing while close() runs: each call is stored, or refused and not stored.
+
+    With ``retry=None``, an attempt a caller started but nobody ran before the close
+    would be dead-lettered by the next open's recovery.
+    """
+    store = tmp_path / "store"
+    stored = 0
+    for round_ in range(20):
+        runtime = Runtime(store)
+        pool = runtime.define(POOL, execute=handler_noop, concurrency=2)
+        started = threading.Event()
+        outcomes: list[str] = []
+        producer = threading.Thread(target=produce, args=(pool, round_, started, outcomes))
+        producer.start()
+        assert started.wait(TIMEOUT)
+        runtime.close()
+        producer.join(TIMEOUT)
+        assert not producer.is_alive()
+        assert "refused" not in outcomes[:-1]  # once refused, the producer stopped
+        stored += outcomes.count("stored")
+
+    with Runtime(store) as reopened:
+        pool = reopened.define(POOL, execute=handler_noop, concurrency=2)
+        assert pool.join(timeout=TIMEOUT)
+        status = pool.status()
+    assert (status.enqueued, status.succeeded, status.dead_lettered) == (stored, stored, 0)
+
+
+def handler_noop(_ctx: EventContext) -> None:
+    pass
+
+
+def produce(pool: WorkerPool, round_: int, started: threading.Event, outcomes: list[str]) -> None:
+    """Enqueue until refused (or 1,000 times); ``started`` is set after the first few."""
+    for n in range(1_000):
+        if n == 5:
+            started.set()
+        try:
+            pool.enqueue({"round": round_, "n": n})
+        except PoolClosedError:
+            outcomes.append("refused")
+            break
+        outcomes.append("stored")
+    started.set()

@@ -865,6 +865,9 @@ class DirectEnqueue(_Instance):
             except _Crash as crash:
                 self._crash(crash.point)
             except Exception as exc:
+                if mailbox.closed:  # the runtime closed the store under this call
+                    self._taken = []
+                    raise PoolClosedError(self._spec.name) from exc
                 if isinstance(exc, StorageError) or not isinstance(exc, DopoolError):
                     logger.exception("instance %s failed an enqueue", self._id)
                     self._crash(f"{type(exc).__name__}: {exc}")

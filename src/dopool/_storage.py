@@ -370,6 +370,7 @@ class _GroupCommit:
         self._cond = threading.Condition(threading.Lock())
         self._queue: list[_Job] = []
         self._busy = False  # a leader is gathering or committing a group
+        self._closed = False
         self._expected = 1  # the last group's size: how many writers are about
         self._commit_seconds = 0.0  # a moving average of one commit's duration
         self.groups = 0  # commits made, for the benchmarks
@@ -379,6 +380,8 @@ class _GroupCommit:
         job = _Job(body)
         cond = self._cond
         with cond:
+            if self._closed:
+                raise StorageError("the store is closed")
             lead = not self._busy
             self._busy = True
             if not lead:
@@ -412,10 +415,17 @@ class _GroupCommit:
                     successor.set()
                 else:
                     self._busy = False
+                    cond.notify_all()  # close() may be waiting for the last group
             for other in group:
                 if other is not job:
                     other.set()
         return cast(T, _result(job))
+
+    def close(self) -> None:
+        """Refuse new bodies, and wait for the groups already queued to commit."""
+        with self._cond:
+            self._closed = True
+            self._cond.wait_for(lambda: not self._busy)
 
     def _commit(self, group: list[_Job]) -> None:
         self.groups += 1
@@ -532,6 +542,7 @@ class Store:
             if self._closed:
                 return
             self._closed = True
+            self._group.close()  # no transaction may still be open when the env closes
             try:
                 self._env.sync(True)
             finally:
