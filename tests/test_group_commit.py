@@ -420,3 +420,28 @@ def test_a_group_commits_exactly_what_its_bodies_would_alone_in_order(
         finally:
             store.close()
     assert stored == {key: model.get(key) for key in KEYS}
+
+
+def test_close_waits_for_queued_groups_and_refuses_new_bodies(store_path: Path) -> None:
+    store = Store(store_path, durability="sync")
+    gate = Gate()
+    gated = in_thread(store, gate)
+    assert gate.inside.wait(TIMEOUT)
+    queued = in_thread(store, put(b"queued", b"v", result="done"))
+    wait_queued(store, 1)
+    closer = threading.Thread(target=store.close)
+    closer.start()
+    closer.join(0.05)
+    assert closer.is_alive()  # a transaction is still open: the environment must stay
+    gate.open.set()
+    closer.join(TIMEOUT)
+    assert not closer.is_alive()
+    assert gated.result(TIMEOUT) == "gate"
+    assert queued.result(TIMEOUT) == "done"  # queued before the close: committed
+    with pytest.raises(StorageError, match="closed"):
+        store.transact(put(b"late", b"v"))
+    reopened = Store(store_path)
+    try:
+        assert committed(reopened, b"queued") == b"v"
+    finally:
+        reopened.close()
