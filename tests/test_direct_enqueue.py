@@ -44,6 +44,19 @@ def noop(_ctx: EventContext) -> None:
     pass
 
 
+class FirstBlocks:
+    """A handler that blocks on the event ``"first"`` until ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.running = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, ctx: EventContext) -> None:
+        if ctx.event == "first":
+            self.running.set()
+            assert self.release.wait(TIMEOUT)
+
+
 def call_with_timeout(call: Callable[[], T]) -> T:
     """``call()`` on another thread: a deadlock fails the test instead of hanging it."""
     future: Future[T] = Future()
@@ -283,17 +296,13 @@ def test_an_attempt_started_while_the_runtime_closes_runs_before_the_actor_stops
 
 @pytest.mark.threaded
 def test_an_enqueue_while_the_handler_runs_waits_for_it_then_is_stored(tmp_path: Path) -> None:
-    running, release = threading.Event(), threading.Event()
+    first = FirstBlocks()
+    running, release = first.running, first.release
     seen: list[PoolEvent] = []
-
-    def first_blocks(ctx: EventContext) -> None:
-        if ctx.event == "first":
-            running.set()
-            assert release.wait(TIMEOUT)
 
     with Runtime(tmp_path / "store") as runtime:
         runtime.subscribe(seen.append)
-        pool = runtime.define("p", execute=first_blocks)
+        pool = runtime.define("p", execute=first)
         pool.enqueue("first")
         assert running.wait(TIMEOUT)
 
@@ -337,17 +346,13 @@ def test_an_enqueue_after_kill_comes_after_the_crash_and_the_recovery(tmp_path: 
 def test_an_enqueue_after_killing_a_running_instance_waits_for_its_recovery(
     tmp_path: Path,
 ) -> None:
-    running, release = threading.Event(), threading.Event()
+    first = FirstBlocks()
+    running, release = first.running, first.release
     seen: list[PoolEvent] = []
-
-    def first_blocks(ctx: EventContext) -> None:
-        if ctx.event == "first":
-            running.set()
-            assert release.wait(TIMEOUT)
 
     with Runtime(tmp_path / "store") as runtime:
         runtime.subscribe(seen.append)
-        pool = runtime.define("p", execute=first_blocks)
+        pool = runtime.define("p", execute=first)
         pool.enqueue("first")
         assert running.wait(TIMEOUT)
 

@@ -431,7 +431,6 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
     def _killed(self) -> bool:
         return self._kill.is_set()
 
-    # -- crashes -------------------------------------------------------------
     def _may_continue(self) -> bool:
         """Whether due work may start in this message: nothing else is waiting for us.
 
@@ -442,13 +441,14 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         return (
             self._mailbox_empty()
             and not mailbox.turn.contended()
-            and not self._kill.is_set()
+            and not self._killed()
             and not mailbox.closed
         )
 
     def _mailbox_empty(self) -> bool:
         return self.actor_inbox.empty()
 
+    # -- crashes -------------------------------------------------------------
     def _on_kill(self, _message: Kill) -> None:
         """Nothing to do: ``on_receive``'s fault point already crashed a killed instance."""
 
