@@ -145,7 +145,11 @@ def legend(sizes: Sizes) -> list[tuple[str, str]]:
             f"{s.producers} producer threads x {per_producer:,} single enqueues while "
             f"{s.concurrency} consumers run; first enqueue to last completion",
         ),
-        ("sequential", f"one thread, {s.sequential:,} enqueue calls, concurrency {s.concurrency}"),
+        (
+            "sequential",
+            f"one thread, {s.sequential:,} enqueue calls into a paused pool, then "
+            f"{s.sequential:,} into a running one; concurrency {s.concurrency}",
+        ),
         (
             "enqueue_many",
             f"{s.batches} x enqueue_many({s.batch_size:,}) into a paused pool, {s.batches} more "
@@ -160,7 +164,8 @@ def legend(sizes: Sizes) -> list[tuple[str, str]]:
         (
             "depth",
             f"paused pool, {s.depth_event_bytes}-byte events: {s.probe:,} enqueues at "
-            f"{s.shallow:,} and at {s.depth:,} pending, then {s.probe:,} processed from the head",
+            f"{s.shallow:,} and at {s.depth:,} pending, then {s.probe:,} processed from the head; "
+            "and the same writes as plain LMDB puts, for memory",
         ),
         (
             "scale",

@@ -10,6 +10,9 @@ one benchmark event. Keys follow dopool's queue key layout. Three shapes:
   head of the queue and rewrites a small meta record: what one event costs a minimal
   durable queue (two commits);
 - **batched**: ``batch_size`` puts per transaction, the floor of ``enqueue_many``.
+
+And in the depth scenario, the memory that LMDB itself costs for a deep queue: the
+depth case's fill, done with plain puts (:func:`deep_fill`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,16 @@ from typing import Any
 import lmdb
 import msgpack
 
-from benchmarks.harness import Case, Reading, Sizes, make_event, rate, record_size
+from benchmarks.harness import (
+    Case,
+    Reading,
+    Sizes,
+    body_for,
+    make_event,
+    memory_kib,
+    rate,
+    record_size,
+)
 
 MODES = ("sync", "async")
 # dopool's store: virtual address space only, LMDB grows the file as pages are used.
@@ -44,8 +56,9 @@ def _key(sequence: int) -> bytes:
     return QUEUE + _RANK + _U64.pack(sequence)
 
 
-def _value() -> bytes:
-    return b"v" * record_size(make_event(0))
+def _value(body: str | None = None) -> bytes:
+    event = make_event(0) if body is None else make_event(1 << 16, body)
+    return b"v" * record_size(event)
 
 
 def _meta(tail: int, done: int) -> bytes:
@@ -136,8 +149,58 @@ def batched_puts(mode: str, sizes: Sizes) -> Case:
     return Case("raw", system(f"{sizes.batch_size:,} puts/txn", mode), run)
 
 
+def deep_fill(sizes: Sizes) -> Case:
+    """The depth case's writes with plain puts, and how much resident memory they cost.
+
+    Like dopool's depth case (sync): ``batch_size`` puts per transaction up to
+    ``shallow`` entries, ``probe`` single puts, the same up to ``depth``, ``probe``
+    single puts; values as long as dopool's record of a ``depth_event_bytes`` event.
+    What this grows is what any queue kept in LMDB grows, before dopool adds anything.
+    """
+
+    def run(store: Path) -> list[Reading]:
+        value = _value(body_for(sizes.depth_event_bytes))
+        with _environment(store, "sync") as env:
+            before = memory_kib()
+            stored = 0
+
+            def fill(to: int) -> None:
+                nonlocal stored
+                while stored < to:
+                    chunk = min(sizes.batch_size, to - stored)
+                    with env.begin(write=True) as txn:
+                        for sequence in range(stored, stored + chunk):
+                            txn.put(_key(sequence), value)
+                    stored += chunk
+
+            def probe() -> None:
+                nonlocal stored
+                for sequence in range(stored, stored + sizes.probe):
+                    with env.begin(write=True) as txn:
+                        txn.put(_key(sequence), value)
+                stored += sizes.probe
+
+            fill(sizes.shallow)
+            probe()
+            fill(sizes.depth)
+            probe()
+            after = memory_kib()
+            _check_entries(env, stored)
+        return [
+            Reading("RSS growth", "MiB", (after["VmRSS"] - before["VmRSS"]) / 1024),
+            Reading("anonymous RSS growth", "MiB", (after["RssAnon"] - before["RssAnon"]) / 1024),
+            Reading("file-backed RSS growth", "MiB", (after["RssFile"] - before["RssFile"]) / 1024),
+        ]
+
+    return Case("depth", deep_fill_system(sizes), run, once=True)
+
+
+def deep_fill_system(sizes: Sizes) -> str:
+    return system(f"{sizes.depth:,} puts, as the depth case", "sync")
+
+
 SHAPES: tuple[Callable[[str, Sizes], Case], ...] = (single_puts, queue_steps, batched_puts)
 
 
 def cases(sizes: Sizes) -> list[Case]:
-    return [shape(mode, sizes) for shape in SHAPES for mode in MODES]
+    return [shape(mode, sizes) for shape in SHAPES for mode in MODES] + [deep_fill(sizes)]

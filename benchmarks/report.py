@@ -100,8 +100,8 @@ def targets(sizes: Sizes) -> list[Target]:
         ),
         Target(
             "T3",
-            f"{sync} sequential enqueue / {raw_single}",
-            ("sequential", sync, "enqueue"),
+            f"{sync} sequential enqueue, paused pool / {raw_single}",
+            ("sequential", sync, "enqueue, paused pool"),
             ("raw", raw_single, "put"),
             goal=0.8,
         ),
@@ -139,9 +139,21 @@ def targets(sizes: Sizes) -> list[Target]:
         ),
         Target(
             "info",
-            f"{fast} sequential enqueue / {raw.system('1 put/txn', 'async')}",
-            ("sequential", fast, "enqueue"),
+            f"{sync} sequential enqueue, running pool / {raw_single}",
+            ("sequential", sync, "enqueue, running pool"),
+            ("raw", raw_single, "put"),
+        ),
+        Target(
+            "info",
+            f"{fast} sequential enqueue, paused pool / {raw.system('1 put/txn', 'async')}",
+            ("sequential", fast, "enqueue, paused pool"),
             ("raw", raw.system("1 put/txn", "async"), "put"),
+        ),
+        Target(
+            "info",
+            f"RSS growth with {sizes.depth:,} pending / raw LMDB, the same writes",
+            ("depth", depth, "RSS growth"),
+            ("depth", raw.deep_fill_system(sizes), "RSS growth"),
         ),
         Target(
             "info",

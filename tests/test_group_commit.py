@@ -1,8 +1,10 @@
-"""Group commit: concurrent ``Store.transact`` bodies share one LMDB commit, each isolated.
+"""``Store.transact``: group commit in sync mode, a transaction per body in async mode.
 
+With ``durability="sync"`` concurrent bodies share one LMDB commit, each isolated.
 Tests that need a group of a known shape hold a first body inside its transaction
 until the writers they want have queued behind it: the queue is watched through
-the group commit's own condition, so nothing depends on thread timing.
+the group commit's own condition, so nothing depends on thread timing. With
+``"async"`` each body commits on its own; the tests run on both say so.
 """
 
 from __future__ import annotations
@@ -135,8 +137,9 @@ def test_writers_queued_behind_a_commit_share_the_next_one(sync_store: Store) ->
 
 
 def test_many_concurrent_writers_every_write_lands_and_results_reach_their_callers(
-    store: Store,
+    sync_store: Store,
 ) -> None:
+    store = sync_store
     threads, writes = 8, 200
     wrong: list[tuple[int, int, Any]] = []
     unseen: list[tuple[int, int]] = []
@@ -403,7 +406,7 @@ def test_a_group_commits_exactly_what_its_bodies_would_alone_in_order(
             model[key] = value
 
     with tempfile.TemporaryDirectory() as directory:
-        store = Store(Path(directory), durability="async")
+        store = Store(Path(directory), durability="sync")
         try:
             futures = queue_behind_gate(store, [spec_body(ops, fails) for ops, fails in bodies])
             for (ops, fails), future in zip(bodies, futures, strict=True):
@@ -443,5 +446,66 @@ def test_close_waits_for_queued_groups_and_refuses_new_bodies(store_path: Path) 
     reopened = Store(store_path)
     try:
         assert committed(reopened, b"queued") == b"v"
+    finally:
+        reopened.close()
+
+
+# -- async: a transaction per body ------------------------------------------------------
+
+
+@pytest.fixture
+def async_store(store_path: Path) -> Iterator[Store]:
+    store = Store(store_path, durability="async")
+    yield store
+    store.close()
+
+
+def test_async_writers_commit_one_body_each_and_see_their_writes_on_return(
+    async_store: Store,
+) -> None:
+    threads, writes = 8, 200
+    wrong: list[tuple[int, int, Any]] = []
+
+    def writer(thread: int) -> None:
+        for n in range(writes):
+            key = f"{thread}/{n}".encode()
+            got = async_store.transact(put(key, b"%d" % n, result=(thread, n)))
+            if got != (thread, n) or committed(async_store, key) != b"%d" % n:
+                wrong.append((thread, n, got))
+
+    workers = [threading.Thread(target=writer, args=(t,)) for t in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(TIMEOUT)
+        assert not worker.is_alive()
+
+    assert wrong == []
+    assert async_store.commit_counts == (threads * writes, threads * writes)
+    with async_store.read() as txn:
+        assert sum(1 for _ in txn.cursor()) == threads * writes
+
+
+def test_async_close_waits_for_an_open_transaction_then_refuses_bodies(
+    store_path: Path,
+) -> None:
+    store = Store(store_path, durability="async")
+    gate = Gate()
+    gated = in_thread(store, gate)
+    assert gate.inside.wait(TIMEOUT)
+    closer = threading.Thread(target=store.close)
+    closer.start()
+    closer.join(0.05)
+    assert closer.is_alive()  # a transaction is still open: the environment must stay
+    gate.open.set()
+    closer.join(TIMEOUT)
+    assert not closer.is_alive()
+    assert gated.result(TIMEOUT) == "gate"  # begun before the close: committed
+    with pytest.raises(StorageError, match="closed"):
+        store.transact(put(b"late", b"v"))
+    reopened = Store(store_path)
+    try:
+        assert committed(reopened, b"gate") == b"held"
+        assert committed(reopened, b"late") is None
     finally:
         reopened.close()
