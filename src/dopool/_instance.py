@@ -42,6 +42,7 @@ from dopool._messages import (
     Purge,
     Recover,
     Redrive,
+    Reply,
     Resume,
     Run,
 )
@@ -402,8 +403,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
                 logger.exception("instance %s failed handling %r", self._id, message)
             reply = getattr(message, "reply", None)
             if reply is not None:
-                with suppress(queue.Full):  # unless it was answered before the failure
-                    reply.set_exception()
+                reply.fail(exc)  # unless it was answered before the failure
             self._fail_taken(exc if isinstance(exc, DopoolError) else None)
             if engine_failure:  # the in-memory state is suspect: restart from storage
                 self._crash(f"{type(exc).__name__}: {exc}", message)
@@ -857,7 +857,7 @@ class DirectEnqueue(_Instance):
         try:
             if not mailbox.takes_direct_calls():
                 return None
-            reply: pykka.Future[Any] = pykka.ThreadingFuture()
+            reply = Reply()
             self._taken = [Enqueue(items, reply)]
             effects = _Effects()
             try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 from collections import deque
@@ -248,5 +247,4 @@ def fail_reply(message: Any, error: DopoolError) -> None:
     reply = getattr(message, "reply", None)
     if reply is None:
         return
-    with contextlib.suppress(queue.Full):  # already answered
-        reply.set_exception(exc_info=(type(error), error, None))
+    reply.fail(error)  # unless it was answered already

@@ -2,14 +2,62 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import pykka
-
 from dopool._storage import OutboxRecord
 
-Reply = pykka.Future[Any]
+_ANSWERING = threading.Lock()  # makes "answered yet?" and "now it is" one step
+
+
+class Reply:
+    """The answer to one call: given once by the instance, awaited by the caller.
+
+    pykka's ``ThreadingFuture`` does this with a queue and three conditions; a
+    call on the enqueue path needs only one lock, taken at creation and
+    released by the answer.
+    """
+
+    __slots__ = ("_answered", "_error", "_ready", "_value")
+
+    def __init__(self) -> None:
+        self._ready = threading.Lock()
+        self._ready.acquire()
+        self._answered = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def set(self, value: Any = None) -> None:
+        """Answer ``value``; a call is answered once (RuntimeError otherwise)."""
+        if not self._answer(value, None):
+            raise RuntimeError("this call was already answered")
+
+    def fail(self, error: BaseException) -> bool:
+        """Answer ``error`` unless the call was answered already; whether it was not."""
+        return self._answer(None, error)
+
+    def _answer(self, value: Any, error: BaseException | None) -> bool:
+        with _ANSWERING:
+            if self._answered:
+                return False
+            self._answered = True
+        self._value, self._error = value, error
+        self._ready.release()
+        return True
+
+    def get(self, timeout: float | None = None) -> Any:
+        """Wait for the answer and return it, or raise the error it is.
+
+        Raises:
+            TimeoutError: no answer within ``timeout`` seconds.
+        """
+        if not self._ready.acquire(timeout=-1 if timeout is None else timeout):
+            raise TimeoutError("the call has not been answered yet")
+        self._ready.release()  # so that a later get() sees the answer at once
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 class Item(NamedTuple):

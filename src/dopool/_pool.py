@@ -7,14 +7,12 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import pykka
-
 from dopool._clock import SimulatedClock
 from dopool._context import EventContext
 from dopool._errors import ConfigurationError, DopoolError, InstanceCrashedError, PoolClosedError
 from dopool._instance import DirectEnqueue, PoolSpec, dead_letter_from_record
 from dopool._mailbox import Mailbox
-from dopool._messages import Drain, Enqueue, Item, Pause, Purge, Redrive, Resume
+from dopool._messages import Drain, Enqueue, Item, Pause, Purge, Redrive, Reply, Resume
 from dopool._retry import RetryPolicy
 from dopool._router import Router
 from dopool._status import instance_status, pool_status
@@ -173,7 +171,7 @@ class WorkerPool:
             raise failure
         return results
 
-    def _submit(self, item: Item, partition_key: str | None) -> pykka.Future[Any]:
+    def _submit(self, item: Item, partition_key: str | None) -> Reply:
         """Send one event to its instance without waiting; the future answers a result list."""
         return self._send(self._router.choose(partition_key), partial(Enqueue, (item,)))
 
@@ -212,7 +210,7 @@ class WorkerPool:
             total += self._each(index, partial(Redrive, frozenset(seqs)))[0]
         return total
 
-    def _each(self, index: int | None, message: Callable[[pykka.Future[Any]], Any]) -> list[Any]:
+    def _each(self, index: int | None, message: Callable[[Reply], Any]) -> list[Any]:
         """Send a message to one instance or to all at once, then gather the answers."""
         self._check_open()
         indices = range(self.concurrency) if index is None else [self._check_index(index)]
@@ -222,7 +220,7 @@ class WorkerPool:
         futures = [self._send(i, message) for i in indices]
         return [future.get() for future in futures]
 
-    def _wait(self, future: pykka.Future[Any]) -> Any:
+    def _wait(self, future: Reply) -> Any:
         """The answer to a call; under a simulated clock, a crash settles before it is raised.
 
         The restarted instance recovers on its own thread: waiting for it keeps
@@ -239,8 +237,8 @@ class WorkerPool:
         if self._sequential and self._runtime.handler_running() is None:
             self._runtime.clock.activity.wait_quiet()
 
-    def _send(self, index: int, message: Callable[[pykka.Future[Any]], Any]) -> pykka.Future[Any]:
-        reply: pykka.Future[Any] = pykka.ThreadingFuture()
+    def _send(self, index: int, message: Callable[[Reply], Any]) -> Reply:
+        reply = Reply()
         self._mailboxes[index].send(message(reply))
         return reply
 

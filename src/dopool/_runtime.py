@@ -21,7 +21,7 @@ from dopool._context import EventContext
 from dopool._errors import ConfigurationError, InstanceCrashedError, PoolClosedError
 from dopool._instance import DirectEnqueue, InstanceActor, InstanceEnv, PoolSpec
 from dopool._mailbox import Mailbox
-from dopool._messages import Item, Recover
+from dopool._messages import Item, Recover, Reply
 from dopool._pool import WorkerPool
 from dopool._retry import RetryPolicy
 from dopool._router import Router
@@ -327,7 +327,7 @@ def _recover(mailbox: Mailbox) -> None:
     that finds nothing to settle changes nothing).
     """
     while True:
-        reply: pykka.Future[Any] = pykka.ThreadingFuture()
+        reply = Reply()
         mailbox.send(Recover(reply))
         try:
             reply.get()

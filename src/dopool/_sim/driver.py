@@ -30,12 +30,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import pykka
-
 from dopool._clock import SimulatedClock
 from dopool._context import EventContext
 from dopool._errors import ConfigurationError, DopoolError, QueueFullError
-from dopool._messages import Pause, Resume
+from dopool._messages import Pause, Reply, Resume
 from dopool._pool import WorkerPool
 from dopool._retry import RetryPolicy
 from dopool._runtime import Runtime
@@ -262,7 +260,7 @@ def _run(
             max_queue_depth=scenario.max_queue_depth,
         )
         schedule = arrivals(scenario)
-        futures: list[tuple[Arrival, pykka.Future[Any]]] = []
+        futures: list[tuple[Arrival, Reply]] = []
         padding = b"\0" * scenario.payload_bytes
         upcoming = iter(schedule)
 
@@ -298,7 +296,7 @@ def _run(
         runtime.close()
 
 
-def _submit(pool: WorkerPool, event: Any, partition_key: str | None) -> pykka.Future[Any]:
+def _submit(pool: WorkerPool, event: Any, partition_key: str | None) -> Reply:
     """Send one event to its instance without waiting; returns the instance's reply.
 
     At the end of a run cut short by ``duration`` an instance may still be inside
@@ -309,7 +307,7 @@ def _submit(pool: WorkerPool, event: Any, partition_key: str | None) -> pykka.Fu
     return pool._submit(item, partition_key)
 
 
-def _answer(reply: pykka.Future[Any]) -> EnqueueResult | DopoolError | None:
+def _answer(reply: Reply) -> EnqueueResult | DopoolError | None:
     """What the pool answered an arrival, or None if it has not answered yet.
 
     The clock has stopped at a quiescent point, so every answer that will come
@@ -317,7 +315,7 @@ def _answer(reply: pykka.Future[Any]) -> EnqueueResult | DopoolError | None:
     """
     try:
         stored = reply.get(timeout=0)
-    except pykka.Timeout:
+    except TimeoutError:
         return None
     except DopoolError as exc:
         return exc
@@ -361,7 +359,7 @@ def _measure(
     runtime: Runtime,
     pool: WorkerPool,
     collector: Collector,
-    futures: list[tuple[Arrival, pykka.Future[Any]]],
+    futures: list[tuple[Arrival, Reply]],
     expected: int,
     now: float,
 ) -> Result:
