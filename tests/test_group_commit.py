@@ -12,6 +12,7 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -23,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dopool._errors import StorageError
-from dopool._storage import Store, Txn
+from dopool._storage import Store, Txn, _OwnCommit
 
 pytestmark = pytest.mark.threaded
 
@@ -509,3 +510,47 @@ def test_async_close_waits_for_an_open_transaction_then_refuses_bodies(
         assert committed(reopened, b"late") is None
     finally:
         reopened.close()
+
+
+class _Waiters(deque[Any]):
+    """A turn's queue of waiters that signals when a writer joins it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.joined = threading.Event()
+
+    def append(self, item: Any) -> None:
+        super().append(item)
+        self.joined.set()
+
+
+def test_async_writers_take_turns_in_arrival_order(async_store: Store) -> None:
+    """A writer that just committed cannot take the writer lock again past one that waits."""
+    own = async_store._group
+    assert isinstance(own, _OwnCommit)
+    waiters = own._turn._waiters = _Waiters()
+    gate = Gate()
+    rounds = 50
+
+    def count(txn: Txn) -> None:
+        txn.put(b"count", b"%d" % (int(txn.get(b"count") or b"0") + 1))
+
+    def busy_writer() -> None:  # the gate, then transactions back to back
+        async_store.transact(gate)
+        for _ in range(rounds):
+            async_store.transact(count)
+
+    def seen(txn: Txn) -> bytes | None:
+        value: bytes | None = txn.get(b"count")
+        return value
+
+    busy = threading.Thread(target=busy_writer)
+    busy.start()
+    assert gate.inside.wait(TIMEOUT)
+    waiting = in_thread(async_store, seen)
+    assert waiters.joined.wait(TIMEOUT)  # queued behind the gate
+    gate.open.set()
+
+    assert waiting.result(TIMEOUT) is None  # it went right after the gate, before any count
+    busy.join(TIMEOUT)
+    assert committed(async_store, b"count") == b"%d" % rounds

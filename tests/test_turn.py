@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from dopool._mailbox import Turn
+from dopool._turn import Turn
 
 pytestmark = pytest.mark.threaded
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -13,63 +12,13 @@ import pykka
 from dopool._clock import Activity
 from dopool._errors import DopoolError, PoolClosedError
 from dopool._messages import Alarm, Deliver, Delivered, Kill, Recover, Run
+from dopool._turn import Turn
 
 # Messages the engine sends itself: one a crash interrupts goes to the restarted
 # instance again. A caller's message that a crash interrupts fails instead.
 _INTERNAL = (Alarm, Deliver, Delivered)
 
 UNKNOWN = float("nan")  # an alarm time equal to none: the clock must be told again
-
-
-class Turn:
-    """A first-come, first-served lock: an instance's right to act on its namespace.
-
-    The actor holds it for each message, a caller for its enqueue (see
-    ``DirectEnqueue``). Release hands it straight to the longest waiter, so
-    neither side can take it twice while the other waits.
-    """
-
-    __slots__ = ("_held", "_lock", "_waiters")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._held = False
-        self._waiters: deque[threading.Lock] = deque()
-
-    def acquire(self) -> None:
-        with self._lock:
-            if not self._held:
-                self._held = True
-                return
-            handoff = threading.Lock()
-            handoff.acquire()
-            self._waiters.append(handoff)
-        handoff.acquire()  # released by the holder, which hands the turn over
-
-    def try_acquire(self) -> bool:
-        """Take the turn if nobody holds it; never waits."""
-        with self._lock:
-            if self._held:
-                return False
-            self._held = True
-            return True
-
-    def release(self) -> None:
-        with self._lock:
-            if self._waiters:
-                self._waiters.popleft().release()  # still held: now by the waiter
-            else:
-                self._held = False
-
-    def contended(self) -> bool:
-        """Whether someone waits for the turn."""
-        return bool(self._waiters)
-
-    def __enter__(self) -> None:
-        self.acquire()
-
-    def __exit__(self, *_exc: object) -> None:
-        self.release()
 
 
 class Mailbox:

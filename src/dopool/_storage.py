@@ -38,6 +38,7 @@ import lmdb
 import msgpack
 
 from dopool._errors import EventValidationError, StorageError, StoreLockedError
+from dopool._turn import Turn
 
 MAX_EVENT_BYTES = 128 * 1024
 MAX_PARTITION_KEY_BYTES = 2 * 1024
@@ -455,14 +456,17 @@ class _GroupCommit:
 class _OwnCommit:
     """Runs each body in a write transaction of its own, on the writer's thread.
 
-    LMDB's writer lock orders them. Used when commits do not wait for the disk
-    (``durability="async"``): a commit then costs ~15 µs, less than handing the
-    body to a leader and waking its writer afterwards. The same interface as
-    :class:`_GroupCommit`, and the same errors.
+    Used when commits do not wait for the disk (``durability="async"``): a
+    commit then costs ~15 µs, less than handing the body to a leader and waking
+    its writer afterwards. The same interface as :class:`_GroupCommit`, and the
+    same errors. Writers take turns first come, first served: LMDB's writer
+    lock alone lets the thread that just committed take it again before a
+    waiter wakes, so one busy instance could keep the others from committing.
     """
 
     def __init__(self, env: Any) -> None:
         self._env = env
+        self._turn = Turn()
         self._cond = threading.Condition(threading.Lock())
         self._open = 0  # transactions begun and not yet ended
         self._closed = False
@@ -477,7 +481,7 @@ class _OwnCommit:
             self.groups += 1
             self.bodies += 1
         try:
-            with self._env.begin(write=True) as txn:
+            with self._turn, self._env.begin(write=True) as txn:
                 return body(txn)
         except lmdb.Error as exc:
             raise _storage_error(exc) from exc
