@@ -34,14 +34,21 @@ TOO_LONG_KEY = b"k" * 600  # LMDB refuses keys over 511 bytes (lmdb.BadValsizeEr
 
 @pytest.fixture(params=["sync", "async"])
 def store(request: pytest.FixtureRequest, store_path: Path) -> Iterator[Store]:
-    store = Store(store_path, durability=request.param)
-    yield store
-    store.close()
+    yield from opened(store_path, request.param)
 
 
 @pytest.fixture
 def sync_store(store_path: Path) -> Iterator[Store]:
-    store = Store(store_path, durability="sync")
+    yield from opened(store_path, "sync")
+
+
+@pytest.fixture
+def async_store(store_path: Path) -> Iterator[Store]:
+    yield from opened(store_path, "async")
+
+
+def opened(store_path: Path, durability: str) -> Iterator[Store]:
+    store = Store(store_path, durability=durability)
     yield store
     store.close()
 
@@ -426,13 +433,8 @@ def test_a_group_commits_exactly_what_its_bodies_would_alone_in_order(
     assert stored == {key: model.get(key) for key in KEYS}
 
 
-def test_close_waits_for_queued_groups_and_refuses_new_bodies(store_path: Path) -> None:
-    store = Store(store_path, durability="sync")
-    gate = Gate()
-    gated = in_thread(store, gate)
-    assert gate.inside.wait(TIMEOUT)
-    queued = in_thread(store, put(b"queued", b"v", result="done"))
-    wait_queued(store, 1)
+def close_waits_for(store: Store, gate: Gate) -> None:
+    """Close ``store`` while ``gate`` holds its transaction open: close returns after it."""
     closer = threading.Thread(target=store.close)
     closer.start()
     closer.join(0.05)
@@ -440,25 +442,34 @@ def test_close_waits_for_queued_groups_and_refuses_new_bodies(store_path: Path) 
     gate.open.set()
     closer.join(TIMEOUT)
     assert not closer.is_alive()
-    assert gated.result(TIMEOUT) == "gate"
-    assert queued.result(TIMEOUT) == "done"  # queued before the close: committed
+
+
+def assert_closed_keeping(store: Store, store_path: Path, key: bytes, value: bytes) -> None:
+    """The closed store refuses bodies; reopened, it holds ``key`` and nothing sent late."""
     with pytest.raises(StorageError, match="closed"):
         store.transact(put(b"late", b"v"))
     reopened = Store(store_path)
     try:
-        assert committed(reopened, b"queued") == b"v"
+        assert committed(reopened, key) == value
+        assert committed(reopened, b"late") is None
     finally:
         reopened.close()
 
 
+def test_close_waits_for_queued_groups_and_refuses_new_bodies(store_path: Path) -> None:
+    store = Store(store_path, durability="sync")
+    gate = Gate()
+    gated = in_thread(store, gate)
+    assert gate.inside.wait(TIMEOUT)
+    queued = in_thread(store, put(b"queued", b"v", result="done"))
+    wait_queued(store, 1)
+    close_waits_for(store, gate)
+    assert gated.result(TIMEOUT) == "gate"
+    assert queued.result(TIMEOUT) == "done"  # queued before the close: committed
+    assert_closed_keeping(store, store_path, b"queued", b"v")
+
+
 # -- async: a transaction per body ------------------------------------------------------
-
-
-@pytest.fixture
-def async_store(store_path: Path) -> Iterator[Store]:
-    store = Store(store_path, durability="async")
-    yield store
-    store.close()
 
 
 def test_async_writers_commit_one_body_each_and_see_their_writes_on_return(
@@ -494,22 +505,9 @@ def test_async_close_waits_for_an_open_transaction_then_refuses_bodies(
     gate = Gate()
     gated = in_thread(store, gate)
     assert gate.inside.wait(TIMEOUT)
-    closer = threading.Thread(target=store.close)
-    closer.start()
-    closer.join(0.05)
-    assert closer.is_alive()  # a transaction is still open: the environment must stay
-    gate.open.set()
-    closer.join(TIMEOUT)
-    assert not closer.is_alive()
+    close_waits_for(store, gate)
     assert gated.result(TIMEOUT) == "gate"  # begun before the close: committed
-    with pytest.raises(StorageError, match="closed"):
-        store.transact(put(b"late", b"v"))
-    reopened = Store(store_path)
-    try:
-        assert committed(reopened, b"gate") == b"held"
-        assert committed(reopened, b"late") is None
-    finally:
-        reopened.close()
+    assert_closed_keeping(store, store_path, b"gate", b"held")
 
 
 class _Waiters(deque[Any]):
