@@ -467,35 +467,26 @@ class _OwnCommit:
     def __init__(self, env: Any) -> None:
         self._env = env
         self._turn = Turn()
-        self._cond = threading.Condition(threading.Lock())
-        self._open = 0  # transactions begun and not yet ended
         self._closed = False
         self.groups = 0  # commits made, for the benchmarks
         self.bodies = 0
 
     def run(self, body: Callable[[Txn], T]) -> T:
-        with self._cond:
+        with self._turn:
             if self._closed:
                 raise StorageError("the store is closed")
-            self._open += 1
             self.groups += 1
             self.bodies += 1
-        try:
-            with self._turn, self._env.begin(write=True) as txn:
-                return body(txn)
-        except lmdb.Error as exc:
-            raise _storage_error(exc) from exc
-        finally:
-            with self._cond:
-                self._open -= 1
-                if not self._open:
-                    self._cond.notify_all()  # close() may be waiting
+            try:
+                with self._env.begin(write=True) as txn:
+                    return body(txn)
+            except lmdb.Error as exc:
+                raise _storage_error(exc) from exc
 
     def close(self) -> None:
-        """Refuse new bodies, and wait for the transactions already begun."""
-        with self._cond:
+        """Refuse new bodies, once the writers already waiting have had their turn."""
+        with self._turn:
             self._closed = True
-            self._cond.wait_for(lambda: not self._open)
 
 
 def _storage_error(exc: lmdb.Error) -> StorageError:
