@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import engine, peers, raw, report
+from benchmarks import ceiling, engine, peers, raw, report
 from benchmarks.harness import (
     QUICK,
     SCENARIOS,
@@ -179,7 +179,7 @@ def build_cases(
 ) -> tuple[list[Case], dict[str, str]]:
     """The cases to run, in scenario order, and the peers skipped for want of the extra."""
     peer_cases, skipped = peers.cases(sizes)
-    found = engine.cases(sizes) + peer_cases + raw.cases(sizes)
+    found = engine.cases(sizes) + peer_cases + ceiling.cases(sizes) + raw.cases(sizes)
     wanted = set(only or SCENARIOS)
     if skip_depth:
         wanted.discard("depth")

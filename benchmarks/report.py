@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks import engine, peers, raw
+from benchmarks import ceiling, engine, peers, raw
 from benchmarks.harness import Key, Results, Series, Sizes
 
 DASH = "\u2013"  # an en dash: a range, which a hyphen would make look like a minus sign
@@ -137,6 +137,7 @@ def targets(sizes: Sizes) -> list[Target]:
             goal=3,
             unit="s",
         ),
+        *_ceiling_targets(),
         Target(
             "info",
             f"{sync} sequential enqueue, running pool / {raw_single}",
@@ -168,6 +169,22 @@ def targets(sizes: Sizes) -> list[Target]:
             ("raw", raw.system(f"{sizes.batch_size:,} puts/txn", "sync"), "put"),
         ),
     ]
+
+
+def _ceiling_targets() -> list[Target]:
+    """How far dopool is from the least Python of its design, and that from huey."""
+    found = []
+    for mode, huey in (("sync", peers.HUEY_DURABLE), ("async", peers.HUEY_NO_FSYNC)):
+        dopool = engine.system(mode)
+        via, direct = (ceiling.system(shape, mode) for shape in ceiling.SHAPES)
+        found.append(Target("info", f"{dopool} e2e / {via}", _e2e(dopool), _e2e(via)))
+        for shape in (via, direct):
+            found.append(Target("info", f"{shape} / {huey} e2e", _e2e(shape), _e2e(huey)))
+    return found
+
+
+def _e2e(system: str) -> Key:
+    return ("e2e", system, "end-to-end")
 
 
 # --- text ------------------------------------------------------------------------------

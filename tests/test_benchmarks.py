@@ -9,7 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
+from benchmarks import ceiling
 from benchmarks.__main__ import main
+from benchmarks.harness import Sizes
+
+from dopool._storage import Store
 
 pytestmark = pytest.mark.threaded
 
@@ -34,3 +38,26 @@ def test_a_quick_run_measures_each_target_of_its_scenarios(
         for scenario, system, metric in figures
     )  # plain LMDB's memory for the same writes, which T6's verdict is read against
     assert ("sequential", "dopool sync", "enqueue, paused pool") in figures
+
+
+@pytest.mark.parametrize("mode", ceiling.MODES)
+@pytest.mark.parametrize("shape", ceiling.SHAPES)
+def test_the_python_ceiling_runs_every_event_and_leaves_its_queues_empty(
+    tmp_path: Path, shape: str, mode: str
+) -> None:
+    case = ceiling.end_to_end(shape, mode, Sizes(events=300, producers=3, concurrency=2))
+
+    readings = case.run(tmp_path / "store")  # raises if a queue is not drained exactly
+
+    assert [reading.metric for reading in readings] == ["end-to-end"]
+
+
+def test_the_python_ceiling_check_finds_an_event_left_in_a_queue(tmp_path: Path) -> None:
+    store = Store(tmp_path / "store", durability="async")
+    try:
+        queue = ceiling._Queue(store, 0, 1, direct=True)
+        queue.enqueue(b"record")  # committed; its thread never started, so never run
+        with store.read() as txn, pytest.raises(RuntimeError, match="head 0, tail 1, done 0"):
+            queue.check(txn)
+    finally:
+        store.close()
