@@ -161,7 +161,7 @@ class _Instance:
         """
         if self._killed():
             raise _Crash(self._mailbox.kill_reason or point)
-        if fault is not None and self._faults.fires(fault):
+        if fault is not None and self._faults.armed and self._faults.fires(fault):
             raise _Crash(fault)
 
     def _transact(self, body: Callable[[Txn], T]) -> T:
@@ -273,7 +273,7 @@ class _Instance:
         """
         if meta.alarm is None or meta.alarm > now or meta.running:
             return None
-        if self._faults.fires("alarm_error"):
+        if self._faults.armed and self._faults.fires("alarm_error"):
             meta.alarm_failures += 1
             backoff = min(ALARM_RETRY_FIRST * 2 ** (meta.alarm_failures - 1), ALARM_RETRY_MAX)
             meta.alarm = now + backoff
@@ -534,13 +534,12 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
             if self._env.listening():
                 self._env.emit(self._event("started", started_at, sequence, attempt))
             self._fault_point("before_execute", "crash_before_execute")
-            started = self._execute(key, record, attempt, started_at)
+            started = self._execute(key, sequence, record, attempt, started_at)
 
     def _execute(
-        self, key: bytes, record: EventRecord, attempt: int, started_at: float
+        self, key: bytes, sequence: int, record: EventRecord, attempt: int, started_at: float
     ) -> Started | None:
         """Run the handler once and commit its outcome; returns the next attempt started."""
-        sequence = queue_key_sequence(key)
         ctx = EventContext(
             event=unpack(record.event),
             sequence=sequence,
@@ -590,7 +589,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
     def _succeed(
         self, txn: Txn, meta: Meta, key: bytes, now: float, ctx: EventContext, effects: _Effects
     ) -> None:
-        sequence = queue_key_sequence(key)
+        sequence = ctx.sequence
         self._remove_current(txn, meta, key)
         meta.succeeded += 1
         if self._env.listening():

@@ -472,16 +472,19 @@ class _OwnCommit:
         self.bodies = 0
 
     def run(self, body: Callable[[Txn], T]) -> T:
-        with self._turn:
+        turn = self._turn
+        turn.acquire()  # not ``with``: this runs once per event, and each call counts
+        try:
             if self._closed:
                 raise StorageError("the store is closed")
             self.groups += 1
             self.bodies += 1
-            try:
-                with self._env.begin(write=True) as txn:
-                    return body(txn)
-            except lmdb.Error as exc:
-                raise _storage_error(exc) from exc
+            with self._env.begin(write=True) as txn:
+                return body(txn)
+        except lmdb.Error as exc:
+            raise _storage_error(exc) from exc
+        finally:
+            turn.release()
 
     def close(self) -> None:
         """Refuse new bodies, once the writers already waiting have had their turn."""
