@@ -319,7 +319,10 @@ def test_a_sleeping_actor_is_busy_but_not_active() -> None:
 def test_done_bumps_the_generation_and_wakes_waiters() -> None:
     activity = Activity()
     activity.sent("a")
+    activity.sent("a")
     generation = activity.generation
+    activity.done("a")  # "a" is still busy: nothing a waiter looks for has changed
+    assert activity.generation == generation
     assert not activity.wait_change(generation, 0.01)
     results: list[bool] = []
     waiter = threading.Thread(target=lambda: results.append(activity.wait_quiet(WAIT)))

@@ -35,8 +35,10 @@ class Activity:
     """Counts the messages each actor has been sent and not finished handling.
 
     An actor is *active* while it has such messages and is not asleep in
-    ``ctx.sleep``; the system is quiescent when no actor is active. Every
-    finished message bumps ``generation`` so waiters never miss a change.
+    ``ctx.sleep``; the system is quiescent when no actor is active. Each actor
+    that finishes its last message or falls asleep bumps ``generation`` and
+    wakes the waiters: nothing they wait for can change otherwise, and a
+    message finished while others wait would wake ``join`` for nothing.
     """
 
     def __init__(self) -> None:
@@ -58,10 +60,10 @@ class Activity:
             count = self._pending[key] - 1
             if count:
                 self._pending[key] = count
-            else:
-                del self._pending[key]
-                if key not in self._sleeping:
-                    self._active -= 1
+                return
+            del self._pending[key]
+            if key not in self._sleeping:
+                self._active -= 1
             self.generation += 1
             self._cond.notify_all()
 
@@ -90,7 +92,7 @@ class Activity:
             return self._cond.wait_for(lambda: self._active == 0, timeout)
 
     def wait_change(self, generation: int, timeout: float | None) -> bool:
-        """Block until a message finishes after ``generation`` was read."""
+        """Block until an actor goes idle or asleep after ``generation`` was read."""
         with self._cond:
             return self._cond.wait_for(lambda: self.generation != generation, timeout)
 
