@@ -560,33 +560,21 @@ def seed_where(point: str, probability: float, fires: set[int], visits: int) -> 
     )
 
 
-def test_the_enqueue_after_a_crashed_one_is_stored_and_runs(tmp_path: Path) -> None:
-    seed = seed_where("crash_during_enqueue", 0.5, fires={1}, visits=2)
-    plan = FaultPlan(seed=seed, crash_during_enqueue=0.5)
-    executed: list[Any] = []
-    with Runtime(tmp_path, clock=SimulatedClock(), seed=0, faults=plan) as runtime:
-        seen: list[PoolEvent] = []
-        runtime.subscribe(seen.append)
-        pool = runtime.define("p", execute=lambda ctx: executed.append(ctx.event))
-
-        with pytest.raises(InstanceCrashedError):
-            pool.enqueue("lost")
-        assert pool.enqueue("kept") == EnqueueResult(0, 0, "p:0", 0)
-        assert pool.join(timeout=TIMEOUT)
-        status = pool.status()
-
-    assert executed == ["kept"]
-    assert (status.enqueued, status.succeeded, status.instances[0].restarts) == (1, 1, 1)
-    assert [event.kind for event in seen][:3] == ["crashed", "recovered", "enqueued"]
-
-
-def test_a_storage_error_in_a_direct_enqueue_rolls_it_back_and_crashes_the_instance(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("fault", "probability", "visits"),
+    [
+        ("crash_during_enqueue", 0.5, 2),
+        # Writes: 1 the first recovery, 2 the enqueue (fails), 3 the restart's recovery,
+        # 4 the next enqueue, then that event's start and outcome.
+        ("storage_error", 0.3, 8),
+    ],
+)
+def test_a_fault_in_a_direct_enqueue_rolls_it_back_and_the_next_enqueue_runs(
+    tmp_path: Path, fault: str, probability: float, visits: int
 ) -> None:
-    # Writes: 1 the first recovery, 2 the enqueue (fails), 3 the restart's recovery,
-    # 4 the next enqueue, then that event's start and outcome.
-    seed = seed_where("storage_error", 0.3, fires={2}, visits=8)
-    plan = FaultPlan(seed=seed, storage_error=0.3)
+    fails = 1 if fault == "crash_during_enqueue" else 2  # the visit that is the first enqueue
+    seed = seed_where(fault, probability, fires={fails}, visits=visits)
+    plan = FaultPlan(seed=seed, **{fault: probability})
     executed: list[Any] = []
     with Runtime(tmp_path, clock=SimulatedClock(), seed=0, faults=plan) as runtime:
         seen: list[PoolEvent] = []
@@ -598,13 +586,15 @@ def test_a_storage_error_in_a_direct_enqueue_rolls_it_back_and_crashes_the_insta
         instance = pool.status().instances[0]
         assert (instance.restarts, instance.enqueued, instance.pending) == (1, 0, 0)
 
-        assert pool.enqueue("kept").sequence == 0
+        assert pool.enqueue("kept") == EnqueueResult(0, 0, "p:0", 0)
         assert pool.join(timeout=TIMEOUT)
         status = pool.status()
 
-    assert crashed_errors(seen) == ["storage_error"]
+    assert crashed_errors(seen) == [fault]
+    assert [event.kind for event in seen][:3] == ["crashed", "recovered", "enqueued"]
     assert executed == ["kept"]
     assert (status.enqueued, status.succeeded, status.dead_lettered) == (1, 1, 0)
+    assert status.instances[0].restarts == 1
 
 
 def test_a_subscriber_enqueuing_to_the_publishing_instance_is_refused_not_deadlocked(
