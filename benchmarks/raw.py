@@ -2,8 +2,8 @@
 
 The environment is opened as dopool's store opens it (``subdir=True``,
 ``readahead=False``, the same map size; ``sync`` and ``metasync`` on in mode
-``"sync"``; off, with ``writemap``, in ``"async"``), and every value is as long as
-dopool's record of one benchmark event. Keys follow dopool's queue key layout. Three shapes:
+``"sync"``, off in ``"async"``), and every value is as long as dopool's record of
+one benchmark event. Keys follow dopool's queue key layout. Three shapes:
 
 - **1 put/txn**: one put per write transaction, the floor of one durable enqueue;
 - **queue step**: one transaction puts an event, a later one reads and deletes the
@@ -73,13 +73,7 @@ def _meta(tail: int, done: int) -> bytes:
 def _environment(store: Path, mode: str) -> Iterator[Any]:
     sync = mode == "sync"
     env = lmdb.open(
-        str(store),
-        map_size=MAP_SIZE,
-        subdir=True,
-        sync=sync,
-        metasync=sync,
-        writemap=not sync,
-        readahead=False,
+        str(store), map_size=MAP_SIZE, subdir=True, sync=sync, metasync=sync, readahead=False
     )
     try:
         yield env
