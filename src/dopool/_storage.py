@@ -520,7 +520,16 @@ class Store:
         self._lock = _StoreLock(self.path)
         sync = durability == "sync"
         try:
-            self._env = _open_environment(self.path / "data", sync=sync)
+            self._env = lmdb.open(
+                str(self.path / "data"),
+                map_size=_MAP_SIZE,
+                subdir=True,
+                sync=sync,
+                metasync=sync,
+                readahead=False,
+                max_readers=_MAX_READERS,
+                max_spare_txns=16,
+            )
         except lmdb.Error as exc:
             self._lock.release()
             raise StorageError(f"cannot open store {str(self.path)!r}: {exc}") from exc
@@ -581,34 +590,6 @@ class Store:
             finally:
                 self._env.close()
                 self._lock.release()
-
-
-def _open_environment(directory: Path, *, sync: bool) -> Any:
-    """Open the store's LMDB environment for writing.
-
-    In async mode LMDB writes through its memory map (``writemap``): a commit then
-    writes no pages, only marks them dirty for the kernel, which takes a commit
-    from ~5 µs to ~1.5 µs. It has two costs, both confined to async mode: the
-    data file's size is set to the map size (64 GiB, sparse: only written pages
-    take disk space), and nested transactions are refused, which only sync
-    mode's group commit uses. Where the file cannot be sized so (a file system
-    without sparse files), the environment opens as in sync mode.
-    """
-    options: dict[str, Any] = {
-        "map_size": _MAP_SIZE,
-        "subdir": True,
-        "sync": sync,
-        "metasync": sync,
-        "readahead": False,
-        "max_readers": _MAX_READERS,
-        "max_spare_txns": 16,
-    }
-    if not sync:
-        try:
-            return lmdb.open(str(directory), writemap=True, **options)
-        except lmdb.Error:
-            pass
-    return lmdb.open(str(directory), **options)
 
 
 def pool_records(txn: Txn) -> dict[str, int]:
