@@ -103,8 +103,8 @@ class _Queue:
             head, tail = self._meta(txn)
             with self._arrived:  # taken as the body runs, so late senders share this commit
                 taken, self._handed = self._handed, []
-            for record, _ in taken:
-                txn.put(self._key(tail), record)
+            for handed, _ in taken:
+                txn.put(self._key(tail), handed)
                 tail += 1
             if current is not None:
                 txn.delete(self._key(current))

@@ -87,7 +87,7 @@ def huey_end_to_end(fsync: bool, sizes: Sizes) -> Case:
         )
         countdown = _Countdown(sizes.events)
 
-        @queue.task()
+        @queue.task()  # type: ignore[untyped-decorator]  # huey ships no type hints
         def no_op(event: dict[str, Any]) -> None:
             countdown.tick()
 

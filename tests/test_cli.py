@@ -372,6 +372,7 @@ def held(real_store: Path) -> Iterator[tuple[Path, int]]:
         child.stdin.write("\n")
         child.stdin.close()
         child.wait(timeout=30)
+        assert child.stdout is not None
         child.stdout.close()
 
 

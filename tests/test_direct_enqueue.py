@@ -9,11 +9,12 @@ tests pin down what callers, subscribers and the store can observe of that.
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pytest
 from pykka.messages import _ActorStop
@@ -392,7 +393,9 @@ def test_close_returns_when_a_killed_instance_crashes_while_it_waits(tmp_path: P
     pool.enqueue("x")
     assert running.wait(TIMEOUT)
     runtime.kill("p", 0)  # crashes when the handler returns
-    inbox = pool._mailboxes[0]._ref.actor_inbox
+    ref = pool._mailboxes[0]._ref
+    assert ref is not None
+    inbox = cast("queue.Queue[Any]", ref.actor_inbox)  # a ThreadingActor's inbox
     closer = threading.Thread(target=runtime.close, daemon=True)
     try:
         closer.start()

@@ -55,7 +55,7 @@ def test_queue_full_error() -> None:
 
 def test_queue_full_error_is_keyword_only() -> None:
     with pytest.raises(TypeError):
-        QueueFullError("x", 2, 1000, 1000)  # type: ignore[misc]
+        QueueFullError("x", 2, 1000, 1000)  # type: ignore[call-arg]
 
 
 def test_event_too_large_error() -> None:

@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dopool._errors import StorageError
-from dopool._storage import Store, Txn, _OwnCommit
+from dopool._storage import Store, Txn, _GroupCommit, _OwnCommit
 
 pytestmark = pytest.mark.threaded
 
@@ -84,6 +84,7 @@ def in_thread(store: Store, body: Callable[[Txn], Any]) -> Future[Any]:
 def wait_queued(store: Store, count: int) -> None:
     """Wait until ``count`` writers wait behind the group being committed."""
     group = store._group
+    assert isinstance(group, _GroupCommit)
     deadline = time.monotonic() + TIMEOUT
     with group._cond:
         while len(group._queue) < count:
@@ -304,11 +305,10 @@ class _FailingCommit:
     def __enter__(self) -> Any:
         return self._txn
 
-    def __exit__(self, exc_type: object, *_: object) -> bool:
+    def __exit__(self, exc_type: object, *_: object) -> None:
         self._txn.abort()
         if exc_type is None:
             raise lmdb.DiskError("commit failed")
-        return False
 
 
 def test_a_failed_commit_fails_every_body_of_the_group(

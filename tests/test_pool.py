@@ -46,6 +46,13 @@ MAX_PARTITION_KEY_BYTES = 2 * 1024
 # -- helpers -------------------------------------------------------------------
 
 
+def clock_of(runtime: Runtime) -> SimulatedClock:
+    """The simulated clock of a runtime made by ``Runtime.simulated`` (the ``sim`` fixture)."""
+    clock = runtime.clock
+    assert isinstance(clock, SimulatedClock)
+    return clock
+
+
 @dataclass(frozen=True)
 class Run:
     """One execution of a handler, as the handler saw it."""
@@ -209,7 +216,7 @@ def test_a_started_event_stays_current_through_its_backoff(sim: Runtime) -> None
     pool = sim.define("p", execute=handler, retry=no_jitter(max_attempts=2, initial_delay=10))
 
     assert pool.enqueue("low").position == 0
-    sim.clock.advance(0)  # "low" starts at t=0, fails, and waits for t=10
+    clock_of(sim).advance(0)  # "low" starts at t=0, fails, and waits for t=10
     assert pool.status().instances[0].state == "backoff"
 
     # The started event of lower priority still runs first, so it counts in `position`.
@@ -242,7 +249,7 @@ def test_nothing_runs_until_the_clock_is_driven(sim: Runtime) -> None:
     assert status.instances[0].state == "idle"
     assert status.instances[0].next_alarm_at == 0.0
 
-    sim.clock.advance(0)  # the alarm was due at t=0 and fires only now
+    clock_of(sim).advance(0)  # the alarm was due at t=0 and fires only now
     assert handler.events == ["x"]
     assert pool.status().succeeded == 1
 
@@ -409,7 +416,7 @@ def test_dead_letter_fields(sim: Runtime) -> None:
     policy = no_jitter(max_attempts=2, initial_delay=3)
     pool = sim.define("p", execute=fail, concurrency=2, retry=policy)
 
-    sim.clock.advance(2)
+    clock_of(sim).advance(2)
     result = pool.enqueue({"n": 42, "pair": (1, 2)}, partition_key=key, priority=4)
     assert pool.join(timeout=10)
 
@@ -573,10 +580,10 @@ def test_a_retry_in_backoff_waits_for_resume_and_keeps_its_backoff(
     pool = sim.define("p", execute=handler, retry=no_jitter(initial_delay=10))
 
     pool.enqueue("x")
-    sim.clock.advance(0)  # attempt 1 fails at t=0; the retry is due at t=10
+    clock_of(sim).advance(0)  # attempt 1 fails at t=0; the retry is due at t=10
     pool.pause()
     assert pool.status().instances[0].next_alarm_at is None
-    sim.clock.run_until(resume_at)
+    clock_of(sim).run_until(resume_at)
     assert len(handler.runs) == 1
 
     pool.resume()
@@ -627,7 +634,7 @@ def test_drain_clears_a_retry_in_backoff(sim: Runtime) -> None:
     pool = sim.define("p", execute=handler, retry=policy, on_empty=empties.append)
 
     pool.enqueue_many(["a", "b"])
-    sim.clock.advance(0)
+    clock_of(sim).advance(0)
     assert pool.status().instances[0].state == "backoff"
 
     assert pool.drain() == 2
@@ -635,7 +642,7 @@ def test_drain_clears_a_retry_in_backoff(sim: Runtime) -> None:
     assert instance.state == "idle"
     assert (instance.current_sequence, instance.attempt, instance.next_alarm_at) == (None, 0, None)
     assert pool.join(timeout=10)
-    sim.clock.advance(100)
+    clock_of(sim).advance(100)
 
     assert [run.event for run in handler.runs] == ["a"]
     assert empties == []
@@ -667,7 +674,7 @@ def test_on_empty_is_called_once_per_transition_to_empty(sim: Runtime) -> None:
     assert pool.join(timeout=10)
     assert empties == [EmptyInfo("p", 0, "p:0", 3)]
 
-    sim.clock.advance(100)
+    clock_of(sim).advance(100)
     assert pool.join(timeout=10)
     assert len(empties) == 1
 
@@ -752,7 +759,7 @@ def test_status_shows_backoff_while_a_retry_waits(sim: Runtime) -> None:
     pool = sim.define("p", execute=fail, retry=no_jitter(initial_delay=10))
 
     pool.enqueue("x")
-    sim.clock.advance(3)
+    clock_of(sim).advance(3)
 
     [instance] = pool.status().instances
     assert instance.state == "backoff"
@@ -919,7 +926,7 @@ def test_a_sleeping_instance_does_not_block_the_others(sim: Runtime) -> None:
     pool.enqueue("slow", partition_key=k0)
     pool.enqueue_many(["fast-1", "fast-2", "fast-3"], partition_key=k1)
 
-    sim.clock.run_until(50)
+    clock_of(sim).run_until(50)
     first, second = pool.status().instances
     assert first.state == "processing"
     assert (second.state, second.succeeded) == ("idle", 3)
@@ -1260,7 +1267,7 @@ def test_a_retry_in_backoff_survives_a_reopen_at_its_absolute_time(
 ) -> None:
     pool = sim.define("p", execute=fail, retry=no_jitter(initial_delay=10))
     pool.enqueue("x")
-    sim.clock.advance(2)  # attempt 1 failed at t=0; the retry is due at t=10
+    clock_of(sim).advance(2)  # attempt 1 failed at t=0; the retry is due at t=10
     sim.close()
 
     clock = sim.clock if reopen_at is None else SimulatedClock(start=reopen_at)
@@ -1306,7 +1313,7 @@ def test_an_outbox_follow_up_survives_a_reopen_and_runs_once(
     pool = sim.define("p", execute=_fan_out_to_instance_1, concurrency=2)
     pool.enqueue("parent", partition_key=key_for(0, 2))
     for _ in range(steps):  # 1: the parent commits its outbox; 2: instance 1 accepts the child
-        assert sim.clock.step()
+        assert clock_of(sim).step()
 
     handler = Recorder(_fan_out_to_instance_1)
     with reopen(sim, store_path) as runtime:
@@ -1337,7 +1344,7 @@ def test_a_changed_concurrency_is_refused_while_the_store_holds_work(
         assert pool.join(timeout=10)
     else:
         pool.enqueue("parent", partition_key=key_for(0, 2))
-        assert sim.clock.step()  # the parent succeeded; its child waits in the outbox
+        assert clock_of(sim).step()  # the parent succeeded; its child waits in the outbox
     before = (pool.status(), pool.dead_letters())
 
     with reopen(sim, store_path) as runtime:

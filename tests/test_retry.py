@@ -58,7 +58,7 @@ def test_is_frozen_and_keyword_only() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         policy.max_attempts = 5  # type: ignore[misc]
     with pytest.raises(TypeError):
-        RetryPolicy(5)  # type: ignore[misc]
+        RetryPolicy(5)  # type: ignore[call-arg]
 
 
 def test_repr_shows_the_fields() -> None:

@@ -934,7 +934,7 @@ class FaultyPoolMachine(RuleBasedStateMachine):
             )
         except InstanceCrashedError as exc:
             # Each instance's share is atomic: the others' shares may be stored.
-            stored: list[EnqueueResult] = exc.stored
+            stored = list(exc.stored)
             self._after_crashed_call()
             assert len(stored) < len(payloads)
             assert self._totals() == (enqueued + len(stored), pending + len(stored))

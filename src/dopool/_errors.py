@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -130,10 +131,11 @@ class PermanentError(DopoolError):
 class RetryAfter(DopoolError):
     """Raise from a handler to retry the current event after exactly ``seconds``.
 
-    The attempt still counts against ``max_attempts``.
+    ``seconds`` may be a :class:`~datetime.timedelta`. The attempt still counts
+    against ``max_attempts``.
     """
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float | timedelta) -> None:
         seconds = _seconds(seconds, "RetryAfter seconds")
         if not math.isfinite(seconds) or seconds < 0:
             raise ConfigurationError(f"RetryAfter needs a finite delay >= 0, got {seconds!r}")
