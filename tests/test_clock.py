@@ -316,7 +316,7 @@ def test_a_sleeping_actor_is_busy_but_not_active() -> None:
     assert activity.wait_quiet(0)
 
 
-def test_done_bumps_the_generation_and_wakes_waiters() -> None:
+def test_an_actor_going_idle_bumps_the_generation_and_wakes_waiters() -> None:
     activity = Activity()
     activity.sent("a")
     activity.sent("a")

@@ -37,8 +37,9 @@ class Activity:
     An actor is *active* while it has such messages and is not asleep in
     ``ctx.sleep``; the system is quiescent when no actor is active. Each actor
     that finishes its last message or falls asleep bumps ``generation`` and
-    wakes the waiters: nothing they wait for can change otherwise, and a
-    message finished while others wait would wake ``join`` for nothing.
+    wakes the waiters. Nothing they wait for changes otherwise: waking them for
+    every message would have ``join`` read the store once per message, only to
+    find the actor still busy.
     """
 
     def __init__(self) -> None:
