@@ -56,9 +56,10 @@ class Activity:
             if count == 0 and key not in self._sleeping:
                 self._active += 1
 
-    def done(self, key: Hashable) -> None:
+    def done(self, key: Hashable, count: int = 1) -> None:
+        """``key`` finished ``count`` of its messages."""
         with self._cond:
-            count = self._pending[key] - 1
+            count = self._pending[key] - count
             if count:
                 self._pending[key] = count
                 return

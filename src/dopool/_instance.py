@@ -260,7 +260,10 @@ class _Instance:
     @staticmethod
     def _position(meta: Meta, priority: int) -> int:
         """How many pending events will run before a new one of ``priority``."""
-        ahead = sum(count for level, count in meta.priorities.items() if level >= priority)
+        counts = meta.priorities
+        if len(counts) == 1 and priority in counts:
+            return counts[priority]  # all pending are of this level, the started one too
+        ahead = sum(count for level, count in counts.items() if level >= priority)
         if meta.current is not None and queue_key_priority(meta.current) < priority:
             ahead += 1  # the started event keeps its place whatever its priority
         return ahead
@@ -289,8 +292,12 @@ class _Instance:
         if meta.current is not None and meta.retry_at is not None and meta.retry_at > now:
             meta.alarm = meta.retry_at  # never run a retry early
             return None
-        key = meta.current if meta.current is not None else self._ns.first_event_key(txn)
-        record = None if key is None else self._ns.get_event(txn, key)
+        if meta.current is None:
+            first = self._ns.first_event(txn)
+            key, record = (None, None) if first is None else first
+        else:
+            key = meta.current
+            record = self._ns.get_event(txn, key)
         if key is None or record is None:
             raise StorageError(f"instance {self._id}: {meta.pending} pending but no event key")
         meta.current = key
@@ -496,14 +503,17 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         reader, so what it sees at the head is still there to take.
         """
         inbox = cast("queue.Queue[Any]", self.actor_inbox)  # a ThreadingActor's inbox
-        while True:
-            with inbox.mutex:
-                head = inbox.queue[0].message if inbox.queue else None
-            if type(head) is not Enqueue:
-                return
-            inbox.get_nowait()
-            self._taken.append(head)
-            self._mailbox.finished()  # the message in hand keeps this actor counted busy
+        taken = self._taken
+        before = len(taken)
+        # What ``get_nowait`` does, for a whole run under one hold of the lock: the
+        # inbox is unbounded, so no putter waits for the room this makes.
+        with inbox.mutex:
+            waiting = inbox.queue
+            while waiting and type(waiting[0].message) is Enqueue:
+                taken.append(waiting.popleft().message)
+        if len(taken) > before:
+            # The message in hand keeps this actor counted busy.
+            self._mailbox.finished(len(taken) - before)
 
     # -- processing ----------------------------------------------------------
     def _on_alarm(self, _message: Alarm) -> None:

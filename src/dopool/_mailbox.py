@@ -118,9 +118,9 @@ class Mailbox:
         """The current incarnation's recovery committed: direct calls may go on."""
         self._recovering = False
 
-    def finished(self) -> None:
-        """Called by the actor when it has handled one message."""
-        self._activity.done(self.key)
+    def finished(self, count: int = 1) -> None:
+        """Called by the actor when it has handled ``count`` messages."""
+        self._activity.done(self.key, count)
 
     def fire_alarm(self) -> None:
         self.send(Alarm())

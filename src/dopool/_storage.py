@@ -201,12 +201,13 @@ class Namespace:
         raw = txn.get(key)
         return None if raw is None else EventRecord(*unpack(raw))
 
-    def first_event_key(self, txn: Txn) -> bytes | None:
+    def first_event(self, txn: Txn) -> tuple[bytes, EventRecord] | None:
+        """The queue's first key and its record: the next event to run, if any."""
         with txn.cursor() as cursor:
             if cursor.set_range(self._queue):
-                key: bytes = cursor.key()
+                key, raw = cursor.item()
                 if key.startswith(self._queue):
-                    return key
+                    return key, EventRecord(*unpack(raw))
         return None
 
     def delete_event(self, txn: Txn, key: bytes) -> None:
