@@ -21,6 +21,7 @@ from pykka.messages import _ActorStop
 
 from dopool import (
     ConfigurationError,
+    DopoolError,
     EnqueueResult,
     EventContext,
     InstanceCrashedError,
@@ -34,6 +35,7 @@ from dopool._instance import InstanceActor
 from dopool._mailbox import Mailbox
 from dopool._messages import Pause, Recover, Resume, Run
 from dopool._retry import uniform_draw
+from dopool._storage import Meta, Namespace, Txn
 from dopool.chaos import FaultPlan
 
 TIMEOUT = 10.0
@@ -650,3 +652,36 @@ def test_a_subscriber_may_enqueue_to_another_pool_during_a_direct_publish(sim: R
     assert running == [("p", 0), ("q", 0), ("p", 0)]
     assert sim.handler_running() is None
     assert (first.status().enqueued, other.status().enqueued) == (1, 1)
+
+
+def test_a_rolled_back_transaction_leaves_the_stored_meta_to_the_next_one(sim: Runtime) -> None:
+    """An instance reuses the meta its last commit saved, but never one a failed body changed."""
+    pool = sim.define("p", execute=noop)
+    pool.pause()
+    pool.enqueue("first")
+    mailbox, instance = pool._mailboxes[0], pool._direct[0]
+
+    def stored() -> Meta:
+        with sim._store.read() as txn:
+            return Namespace("p", 0).load_meta(txn)
+
+    def known() -> Meta | None:
+        return mailbox.meta
+
+    assert known() == stored()  # what the enqueue's commit saved
+
+    def body(txn: Txn) -> None:
+        meta = instance._load_meta(txn)
+        meta.tail += 100
+        meta.pending += 100
+        instance._save_meta(txn, meta)
+        raise DopoolError("rolled back")
+
+    with mailbox.turn, pytest.raises(DopoolError, match="rolled back"):
+        instance._transact(body)
+    assert known() is None  # nothing known: the next transaction reads the store
+
+    assert pool.enqueue("second").sequence == 1
+    assert known() == stored()
+    status = pool.status().instances[0]
+    assert (status.enqueued, status.pending) == (2, 2)

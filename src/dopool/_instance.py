@@ -149,6 +149,7 @@ class _Instance:
         # Enqueues to commit in the next transaction; answered after it commits,
         # or failed if the instance dies first.
         self._taken: list[Enqueue] = []
+        self._saved: Meta | None = None  # the meta the running transaction saved
 
     def _killed(self) -> bool:
         """Whether this incarnation must crash at its next fault point."""
@@ -168,7 +169,9 @@ class _Instance:
         """Run ``body`` in a write transaction that may fail (``storage_error``) before commit.
 
         The store may commit it together with other instances' transactions
-        (group commit); it returns only once the commit is durable.
+        (group commit); it returns only once the commit is durable. Then the
+        meta it saved is the committed one, and the next transaction starts
+        from it instead of reading and decoding it again.
         """
 
         def guarded(txn: Txn) -> T:
@@ -176,7 +179,33 @@ class _Instance:
             self._fault_point("storage_write", "storage_error")
             return result
 
-        return self._store.transact(guarded)
+        try:
+            result = self._store.transact(guarded)
+        except BaseException:
+            self._saved = None  # rolled back: the store still holds the meta before it
+            raise
+        saved, self._saved = self._saved, None
+        if saved is not None:
+            self._mailbox.meta = saved
+        return result
+
+    def _load_meta(self, txn: Txn) -> Meta:
+        """The committed meta, which this transaction now owns and may change.
+
+        It is the one the instance's last commit saved, if that is known, else
+        read from the store. Taking it leaves none known: if this transaction
+        fails, the next one reads the store, where its changes never landed.
+        """
+        mailbox = self._mailbox
+        meta = mailbox.meta
+        if meta is None:
+            return self._ns.load_meta(txn)
+        mailbox.meta = None
+        return meta
+
+    def _save_meta(self, txn: Txn, meta: Meta) -> None:
+        self._ns.save_meta(txn, meta)
+        self._saved = meta
 
     def _accept(self, txn: Txn, meta: Meta, now: float, effects: _Effects) -> None:
         """Append every taken enqueue that fits; ``effects.answers`` gets one answer each.
@@ -215,11 +244,11 @@ class _Instance:
 
         def body(txn: Txn) -> tuple[Meta, Started | None]:
             start_now = idle() and starts
-            meta = self._ns.load_meta(txn)
+            meta = self._load_meta(txn)
             self._accept(txn, meta, now, effects)
             self._rearm(meta, now)
             started = self._take_alarm(txn, meta, now) if start_now else None
-            self._ns.save_meta(txn, meta)
+            self._save_meta(txn, meta)
             return meta, started
 
         return body
@@ -521,9 +550,9 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         self._mailbox.armed = None  # the clock consumed it
 
         def body(txn: Txn) -> tuple[Meta, Started | None]:
-            meta = self._ns.load_meta(txn)
+            meta = self._load_meta(txn)
             started = self._take_alarm(txn, meta, now)
-            self._ns.save_meta(txn, meta)
+            self._save_meta(txn, meta)
             return meta, started
 
         meta, started = self._transact(body)
@@ -576,7 +605,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         def body(txn: Txn) -> tuple[Meta, Started | None]:
             # Callers that waited for the handler commit with its outcome.
             go_on = self._take_and_continue()
-            meta = self._ns.load_meta(txn)
+            meta = self._load_meta(txn)
             meta.running = False
             meta.started_at = None
             if failure is None:
@@ -586,7 +615,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
             self._accept(txn, meta, now, effects)
             self._rearm(meta, now)
             started = self._take_alarm(txn, meta, now) if go_on else None
-            self._ns.save_meta(txn, meta)
+            self._save_meta(txn, meta)
             return meta, started
 
         meta, started = self._transact(body)
@@ -682,7 +711,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         effects = _Effects()
 
         def body(txn: Txn) -> Meta:
-            meta = self._ns.load_meta(txn)
+            meta = self._load_meta(txn)
             meta.restarts += message.restarts
             if meta.running and meta.current is not None:
                 record = self._ns.get_event(txn, meta.current)
@@ -692,7 +721,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
                     crash = DopoolError(f"instance crashed during attempt {meta.attempt}")
                     self._fail(txn, meta, meta.current, record, crash, now, effects)
             self._rearm(meta, now)
-            self._ns.save_meta(txn, meta)
+            self._save_meta(txn, meta)
             effects.deliveries.extend(self._ns.iter_outbox(txn))
             return meta
 
@@ -718,11 +747,11 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         effects = _Effects()
 
         def body(txn: Txn) -> Meta:
-            meta = self._ns.load_meta(txn)
+            meta = self._load_meta(txn)
             if meta.paused != paused:
                 meta.paused = paused
                 self._rearm(meta, now)
-                self._ns.save_meta(txn, meta)
+                self._save_meta(txn, meta)
                 effects.events.append(self._event("paused" if paused else "resumed", now))
             return meta
 
@@ -735,7 +764,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         effects = _Effects()
 
         def body(txn: Txn) -> tuple[Meta, int]:
-            meta = self._ns.load_meta(txn)
+            meta = self._load_meta(txn)
             removed = self._ns.delete_events(txn)
             meta.drained += meta.pending
             count = meta.pending
@@ -745,7 +774,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
             meta.attempt = 0
             meta.retry_at = None
             self._rearm(meta, now)
-            self._ns.save_meta(txn, meta)
+            self._save_meta(txn, meta)
             if removed != count:
                 raise StorageError(f"instance {self._id}: {count} pending but {removed} keys")
             effects.events.append(self._event("drained", now))
@@ -760,7 +789,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         effects = _Effects()
 
         def body(txn: Txn) -> tuple[Meta, int]:
-            meta = self._ns.load_meta(txn)
+            meta = self._load_meta(txn)
             wanted = message.sequences
             chosen = [
                 sequence
@@ -775,7 +804,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
             meta.dead_letters -= len(items)
             self._append(txn, meta, tuple(items), now, effects)
             self._rearm(meta, now)
-            self._ns.save_meta(txn, meta)
+            self._save_meta(txn, meta)
             return meta, len(items)
 
         meta, count = self._transact(body)
@@ -784,10 +813,10 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
 
     def _on_purge(self, message: Purge) -> None:
         def body(txn: Txn) -> int:
-            meta = self._ns.load_meta(txn)
+            meta = self._load_meta(txn)
             count = self._ns.delete_dead_letters(txn)
             meta.dead_letters = 0
-            self._ns.save_meta(txn, meta)
+            self._save_meta(txn, meta)
             return count
 
         message.reply.set(self._transact(body))
@@ -807,14 +836,14 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         record = message.record
 
         def body(txn: Txn) -> tuple[Meta, int]:
-            meta = self._ns.load_meta(txn)
+            meta = self._load_meta(txn)
             expected = self._ns.last_delivered(txn, message.source) + 1
             if record.link == expected:
                 item = Item(record.event, record.partition_key, record.priority)
                 self._append(txn, meta, (item,), now, effects)
                 self._ns.set_delivered(txn, message.source, record.link)
                 self._rearm(meta, now)
-                self._ns.save_meta(txn, meta)
+                self._save_meta(txn, meta)
             return meta, expected
 
         meta, expected = self._transact(body)
@@ -835,9 +864,9 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
     def _on_delivered(self, message: Delivered) -> None:
         def body(txn: Txn) -> None:
             if self._ns.delete_outbox(txn, message.oseq):
-                meta = self._ns.load_meta(txn)
+                meta = self._load_meta(txn)
                 meta.outbox -= 1
-                self._ns.save_meta(txn, meta)
+                self._save_meta(txn, meta)
 
         self._transact(body)
 

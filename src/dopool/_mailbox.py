@@ -12,6 +12,7 @@ import pykka
 from dopool._clock import Activity
 from dopool._errors import DopoolError, PoolClosedError
 from dopool._messages import Alarm, Deliver, Delivered, Kill, Recover, Run
+from dopool._storage import Meta
 from dopool._turn import Turn
 
 # Messages the engine sends itself: one a crash interrupts goes to the restarted
@@ -41,6 +42,7 @@ class Mailbox:
         "armed",
         "key",
         "kill_reason",
+        "meta",
         "order",
         "pool",
         "turn",
@@ -61,6 +63,9 @@ class Mailbox:
         self.kill_reason: str | None = None  # why the current incarnation was killed
         self._recovering = False  # a successor's recovery has not committed yet
         self._run: Any = None  # an attempt a caller started, for the actor to run
+        # The instance's meta as its last commit left it, if known (see
+        # ``_Instance._load_meta``): only the holder of the turn touches it.
+        self.meta: Meta | None = None
 
     @property
     def closed(self) -> bool:
@@ -169,6 +174,7 @@ class Mailbox:
             self.kill_reason = None
             self._recovering = True
             self._run = None  # the recovery settles that attempt
+            self.meta = None  # the successor starts from the store
             ref = self._ref = start(self._kill)
             self._unrecorded_restarts += 1
             retried = [in_hand] if isinstance(in_hand, _INTERNAL) else []
