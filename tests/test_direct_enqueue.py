@@ -30,6 +30,7 @@ from dopool import (
     RetryPolicy,
     Runtime,
     SimulatedClock,
+    WorkerPool,
 )
 from dopool._instance import InstanceActor
 from dopool._mailbox import Mailbox
@@ -58,6 +59,29 @@ class FirstBlocks:
         if ctx.event == "first":
             self.running.set()
             assert self.release.wait(TIMEOUT)
+
+
+def enqueue_behind_first(
+    pool: WorkerPool, first: FirstBlocks, meanwhile: Callable[[], object] = lambda: None
+) -> EnqueueResult:
+    """Enqueue ``"second"`` from another thread while the handler of ``"first"`` runs.
+
+    Checks that the call waits for the handler (SPEC §3) and stores nothing meanwhile,
+    then lets the handler finish; returns the call's result. ``meanwhile`` runs once
+    the handler has started, before the call is made.
+    """
+    pool.enqueue("first")
+    assert first.running.wait(TIMEOUT)
+    meanwhile()
+    with ThreadPoolExecutor(1) as executor:
+        try:
+            second = executor.submit(pool.enqueue, "second")
+            done, _ = wait([second], timeout=0.05)
+            assert not done  # SPEC §3: calls to an instance wait while its handler runs
+            assert pool.status().enqueued == 1
+        finally:
+            first.release.set()
+        return second.result(TIMEOUT)
 
 
 def call_with_timeout(call: Callable[[], T]) -> T:
@@ -300,24 +324,12 @@ def test_an_attempt_started_while_the_runtime_closes_runs_before_the_actor_stops
 @pytest.mark.threaded
 def test_an_enqueue_while_the_handler_runs_waits_for_it_then_is_stored(tmp_path: Path) -> None:
     first = FirstBlocks()
-    running, release = first.running, first.release
     seen: list[PoolEvent] = []
 
     with Runtime(tmp_path / "store") as runtime:
         runtime.subscribe(seen.append)
         pool = runtime.define("p", execute=first)
-        pool.enqueue("first")
-        assert running.wait(TIMEOUT)
-
-        with ThreadPoolExecutor(1) as executor:
-            try:
-                second = executor.submit(pool.enqueue, "second")
-                done, _ = wait([second], timeout=0.05)
-                assert not done  # SPEC §3: calls to an instance wait while its handler runs
-                assert pool.status().enqueued == 1
-            finally:
-                release.set()
-            result = second.result(TIMEOUT)
+        result = enqueue_behind_first(pool, first)
         assert pool.join(timeout=TIMEOUT)
         status = pool.status()
 
@@ -350,24 +362,13 @@ def test_an_enqueue_after_killing_a_running_instance_waits_for_its_recovery(
     tmp_path: Path,
 ) -> None:
     first = FirstBlocks()
-    running, release = first.running, first.release
     seen: list[PoolEvent] = []
 
     with Runtime(tmp_path / "store") as runtime:
         runtime.subscribe(seen.append)
         pool = runtime.define("p", execute=first)
-        pool.enqueue("first")
-        assert running.wait(TIMEOUT)
-
-        runtime.kill("p", 0)  # lands when the handler returns, before its outcome commits
-        with ThreadPoolExecutor(1) as executor:
-            try:
-                second = executor.submit(pool.enqueue, "second")
-                done, _ = wait([second], timeout=0.05)
-                assert not done
-            finally:
-                release.set()
-            result = second.result(TIMEOUT)
+        # The kill lands when the handler returns, before its outcome commits.
+        result = enqueue_behind_first(pool, first, lambda: runtime.kill("p", 0))
         assert pool.join(timeout=TIMEOUT)
         status = pool.status()
         dead = pool.dead_letters()
