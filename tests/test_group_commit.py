@@ -107,14 +107,20 @@ class Gate:
         return "gate"
 
 
-def queue_behind_gate(store: Store, bodies: list[Callable[[Txn], Any]]) -> list[Future[Any]]:
+def queue_behind_gate(
+    store: Store,
+    bodies: list[Callable[[Txn], Any]],
+    meanwhile: Callable[[], object] = lambda: None,
+) -> list[Future[Any]]:
     """Hold a lone first group, queue ``bodies`` behind it in order, then let it commit.
 
     The bodies then form one group, in that order, led by the first of them.
+    ``meanwhile`` runs while the first group is held, before the bodies queue.
     """
     gate = Gate()
     gated = in_thread(store, gate)
     assert gate.inside.wait(TIMEOUT)
+    meanwhile()
     futures = []
     for number, body in enumerate(bodies, start=1):
         futures.append(in_thread(store, body))
@@ -314,18 +320,13 @@ class _FailingCommit:
 def test_a_failed_commit_fails_every_body_of_the_group(
     sync_store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gate = Gate()
-    gated = in_thread(sync_store, gate)
-    assert gate.inside.wait(TIMEOUT)
-    # The gate's commit goes through; the group queued behind it fails to commit.
-    monkeypatch.setattr(sync_store._group, "_env", _CommitFails(sync_store._env))
     bodies = [put(b"a", b"v", result="a"), raise_after_put(b"b"), put(b"c", b"v", result="c")]
-    futures = []
-    for number, body in enumerate(bodies, start=1):
-        futures.append(in_thread(sync_store, body))
-        wait_queued(sync_store, number)
-    gate.open.set()
-    assert gated.result(TIMEOUT) == "gate"
+    # The gate's commit goes through; the group queued behind it fails to commit.
+    futures = queue_behind_gate(
+        sync_store,
+        bodies,
+        lambda: monkeypatch.setattr(sync_store._group, "_env", _CommitFails(sync_store._env)),
+    )
 
     for n in (0, 2):
         error = futures[n].exception(TIMEOUT)
