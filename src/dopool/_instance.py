@@ -2,7 +2,8 @@
 
 Every message is handled as: one write transaction, commit, then (and only
 then) the clock, subscribers, callbacks and the caller learn of it. Nothing in
-memory is needed for correctness; each message starts from the stored meta.
+memory is needed for correctness; each message starts from the stored meta (or
+from the copy of it that the instance's last commit saved, which is the same).
 """
 
 from __future__ import annotations
