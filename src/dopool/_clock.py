@@ -59,9 +59,9 @@ class Activity:
     def done(self, key: Hashable, count: int = 1) -> None:
         """``key`` finished ``count`` of its messages."""
         with self._cond:
-            count = self._pending[key] - count
-            if count:
-                self._pending[key] = count
+            remaining = self._pending[key] - count
+            if remaining:
+                self._pending[key] = remaining
                 return
             del self._pending[key]
             if key not in self._sleeping:
