@@ -301,6 +301,20 @@ def test_activity_counts_messages_per_actor() -> None:
     assert not activity.busy(["a", "b"])
 
 
+def test_activity_counts_several_messages_finished_at_once() -> None:
+    activity = Activity()
+    for _ in range(3):
+        activity.sent("a")
+    generation = activity.generation
+    activity.done("a", 2)  # an actor taking two waiting messages into the one in hand
+    assert activity.busy(["a"])
+    assert activity.generation == generation
+    activity.done("a")
+    assert not activity.busy(["a"])
+    assert activity.wait_quiet(0)
+    assert activity.generation == generation + 1
+
+
 def test_a_sleeping_actor_is_busy_but_not_active() -> None:
     activity = Activity()
     activity.sent("a")
