@@ -32,7 +32,7 @@ from dopool import (
     SimulatedClock,
     WorkerPool,
 )
-from dopool._instance import InstanceActor
+from dopool._instance import InstanceActor, _Instance
 from dopool._mailbox import Mailbox
 from dopool._messages import Pause, Recover, Resume, Run
 from dopool._retry import uniform_draw
@@ -686,3 +686,54 @@ def test_a_rolled_back_transaction_leaves_the_stored_meta_to_the_next_one(sim: R
     assert known() == stored()
     status = pool.status().instances[0]
     assert (status.enqueued, status.pending) == (2, 2)
+
+
+@pytest.mark.threaded
+def test_the_enqueues_waiting_behind_a_handler_share_its_outcome_and_nothing_overtakes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The outcome's transaction takes the run of enqueues at the inbox head, up to a pause."""
+    taken: list[int] = []  # how many enqueues each transaction stored
+    accept = _Instance._accept
+
+    def counted(instance: _Instance, *args: Any) -> None:
+        taken.append(len(instance._taken))
+        accept(instance, *args)
+
+    first = FirstBlocks()
+    seen: list[PoolEvent] = []
+    with Runtime(tmp_path / "store") as runtime:
+        runtime.subscribe(seen.append)
+        pool = runtime.define("p", execute=first)
+        pool.enqueue("first")
+        assert first.running.wait(TIMEOUT)
+        monkeypatch.setattr(_Instance, "_accept", counted)
+        ref = pool._mailboxes[0]._ref
+        assert ref is not None
+        inbox = cast("queue.Queue[Any]", ref.actor_inbox)  # a ThreadingActor's inbox
+
+        def waiting(count: int) -> None:
+            with inbox.not_empty:
+                assert inbox.not_empty.wait_for(lambda: len(inbox.queue) >= count, TIMEOUT)
+
+        with ThreadPoolExecutor(5) as executor:
+            try:
+                early = [executor.submit(pool.enqueue, f"early {n}") for n in range(3)]
+                waiting(3)
+                pausing = executor.submit(pool.pause)
+                waiting(4)
+                late = executor.submit(pool.enqueue, "late")
+                waiting(5)
+            finally:
+                first.release.set()
+            sequences = sorted(future.result(TIMEOUT).sequence for future in early)
+            pausing.result(TIMEOUT)
+            late_sequence = late.result(TIMEOUT).sequence
+        instance = pool.status().instances[0]
+
+    assert taken == [3, 1]  # the three with the outcome of "first"; "late" after the pause
+    assert sequences == [1, 2, 3]
+    assert late_sequence == 4
+    kinds = [event.kind for event in seen if event.kind in ("enqueued", "paused")]
+    assert kinds == ["enqueued"] * 4 + ["paused", "enqueued"]
+    assert (instance.state, instance.pending, instance.succeeded) == ("paused", 4, 1)
