@@ -35,8 +35,9 @@ from dopool import (
 from dopool._instance import InstanceActor, _Instance
 from dopool._mailbox import Mailbox
 from dopool._messages import Pause, Recover, Resume, Run
+from dopool._records import Meta
 from dopool._retry import uniform_draw
-from dopool._storage import Meta, Namespace, Txn
+from dopool._storage import Namespace, Txn
 from dopool.chaos import FaultPlan
 
 TIMEOUT = 10.0

@@ -185,7 +185,8 @@ def test_many_concurrent_writers_every_write_lands_and_results_reach_their_calle
     assert wrong == []
     assert unseen == []
     with store.read() as txn:
-        assert sum(1 for _ in txn.cursor()) == threads * writes + 1  # and the gate's
+        # and the gate's key, and the store's format record
+        assert sum(1 for _ in txn.cursor()) == threads * writes + 2
     commits, bodies = store.commit_counts
     assert bodies == threads * writes + 1
     assert commits <= bodies - (threads - 1)  # the first bodies of all eight shared a commit
@@ -496,7 +497,7 @@ def test_async_writers_commit_one_body_each_and_see_their_writes_on_return(
     assert wrong == []
     assert async_store.commit_counts == (threads * writes, threads * writes)
     with async_store.read() as txn:
-        assert sum(1 for _ in txn.cursor()) == threads * writes
+        assert sum(1 for _ in txn.cursor()) == threads * writes + 1  # + the format record
 
 
 def test_async_close_waits_for_an_open_transaction_then_refuses_bodies(

@@ -52,6 +52,7 @@ from dopool import (
     SimulatedClock,
     WorkerPool,
 )
+from dopool._records import unpack
 from dopool._retry import uniform_draw
 from dopool._router import stable_hash
 from dopool._storage import (
@@ -60,7 +61,6 @@ from dopool._storage import (
     Namespace,
     queue_key_priority,
     queue_key_sequence,
-    unpack,
 )
 from dopool.chaos import FaultPlan
 

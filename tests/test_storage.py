@@ -19,20 +19,15 @@ from hypothesis import strategies as st
 
 from dopool import EventValidationError, StoreLockedError
 from dopool._errors import StorageError
+from dopool._records import DeadRecord, EventRecord, Meta, OutboxRecord, encode_event, unpack
 from dopool._storage import (
     PRIORITY_MAX,
     PRIORITY_MIN,
-    DeadRecord,
-    EventRecord,
-    Meta,
     Namespace,
-    OutboxRecord,
     Store,
     Txn,
-    encode_event,
     queue_key_priority,
     queue_key_sequence,
-    unpack,
 )
 
 
@@ -118,9 +113,9 @@ def test_meta_round_trips_every_field(store: Store) -> None:
 def test_pool_records_round_trip(store: Store) -> None:
     with store.write() as txn:
         assert store.get_pool(txn, "orders") is None
-        store.put_pool(txn, "orders", {"concurrency": 4})
+        store.put_pool(txn, "orders", 4)
     with store.read() as txn:
-        assert store.get_pool(txn, "orders") == {"concurrency": 4}
+        assert store.get_pool(txn, "orders") == 4
         assert store.get_pool(txn, "order") is None
 
 

@@ -10,6 +10,9 @@ Every exception derives from :class:`DopoolError`::
     ├── StoreLockedError       another runtime holds the store directory
     ├── PoolClosedError        the runtime was closed
     ├── StorageError           LMDB failed (mapped at the storage boundary)
+    │   ├── StoreFormatError   the store's format version is not this version's
+    │   ├── StoreDamagedError  the store's data file is missing, empty or truncated
+    │   └── DamagedRecordError a stored record failed its checksum or its layout
     ├── InstanceCrashedError   the instance died while the call was waiting on it
     ├── PermanentError         raised by a handler: dead-letter this event now
     └── RetryAfter             raised by a handler: retry after exactly ``seconds``
@@ -114,6 +117,48 @@ class PoolClosedError(DopoolError):
 
 class StorageError(DopoolError):
     """The storage engine failed; the write in progress was rolled back."""
+
+
+class StoreFormatError(StorageError):
+    """The store records a format version this version of dopool does not read.
+
+    Nothing in the store was changed. ``found`` is None for a store written
+    before format versions were recorded.
+    """
+
+    def __init__(self, *, path: str, found: int | None, supported: int) -> None:
+        self.path = path
+        self.found = found
+        self.supported = supported
+        version = "no format version" if found is None else f"format version {found}"
+        super().__init__(
+            f"store {path!r} has {version}; this version of dopool reads format {supported} only"
+        )
+
+
+class StoreDamagedError(StorageError):
+    """The store's data file is missing, empty or truncated: refused, not recreated."""
+
+    def __init__(self, *, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"store {path!r} is damaged: {reason}")
+
+
+class DamagedRecordError(StorageError):
+    """A stored record failed its checksum or does not have its documented layout.
+
+    Attributes:
+        key: the record's key.
+        value: the stored bytes, as found.
+        reason: what is wrong with them.
+    """
+
+    def __init__(self, *, key: bytes, value: bytes, reason: str) -> None:
+        self.key = key
+        self.value = value
+        self.reason = reason
+        super().__init__(f"damaged record at key {key!r}: {reason}")
 
 
 class InstanceCrashedError(DopoolError):

@@ -22,6 +22,7 @@ import pykka
 from dopool._clock import Clock
 from dopool._context import EventContext
 from dopool._errors import (
+    DamagedRecordError,
     DopoolError,
     InstanceCrashedError,
     PermanentError,
@@ -47,20 +48,10 @@ from dopool._messages import (
     Resume,
     Run,
 )
+from dopool._records import DeadRecord, EventRecord, Meta, OutboxRecord, unpack
 from dopool._retry import RetryPolicy, uniform_draw
 from dopool._router import Router
-from dopool._storage import (
-    DeadRecord,
-    EventRecord,
-    Meta,
-    Namespace,
-    OutboxRecord,
-    Store,
-    Txn,
-    queue_key_priority,
-    queue_key_sequence,
-    unpack,
-)
+from dopool._storage import Namespace, Store, Txn, queue_key_priority, queue_key_sequence
 from dopool._types import DeadLetter, EmptyInfo, EnqueueResult, EventKind, PoolEvent
 from dopool.chaos import FaultInjector
 
@@ -106,6 +97,10 @@ class InstanceEnv:
     in_handler: threading.local  # .instance: (pool, index) whose thread this is, mid-message
     restart: Callable[[int, threading.Event], pykka.ActorRef[Any]]  # the supervisor
     faults: list[FaultInjector]  # one per instance, outliving its incarnations
+
+
+class UndecodableEventError(PermanentError):
+    """A stored event does not decode: it is dead-lettered without running the handler."""
 
 
 class _Crash(Exception):
@@ -248,7 +243,7 @@ class _Instance:
             meta = self._load_meta(txn)
             self._accept(txn, meta, now, effects)
             self._rearm(meta, now)
-            started = self._take_alarm(txn, meta, now) if start_now else None
+            started = self._take_alarm(txn, meta, now, effects) if start_now else None
             self._save_meta(txn, meta)
             return meta, started
 
@@ -298,7 +293,7 @@ class _Instance:
             ahead += 1  # the started event keeps its place whatever its priority
         return ahead
 
-    def _take_alarm(self, txn: Txn, meta: Meta, now: float) -> Started | None:
+    def _take_alarm(self, txn: Txn, meta: Meta, now: float, effects: _Effects) -> Started | None:
         """Act on the alarm slot if it is due: start the next attempt, if there is one.
 
         A stale or early alarm is harmless. A delivery that fails (``alarm_error``)
@@ -312,22 +307,32 @@ class _Instance:
             meta.alarm = now + backoff
             return None
         meta.alarm_failures = 0
-        return self._start_attempt(txn, meta, now)
+        return self._start_attempt(txn, meta, now, effects)
 
-    def _start_attempt(self, txn: Txn, meta: Meta, now: float) -> Started | None:
-        """Consume the alarm and, if there is work, record the next attempt's start."""
+    def _start_attempt(self, txn: Txn, meta: Meta, now: float, effects: _Effects) -> Started | None:
+        """Consume the alarm and, if there is work, record the next attempt's start.
+
+        A damaged event record met on the way is dead-lettered, never started.
+        """
         meta.alarm = None
         if meta.paused or meta.pending == 0:
             return None
         if meta.current is not None and meta.retry_at is not None and meta.retry_at > now:
             meta.alarm = meta.retry_at  # never run a retry early
             return None
-        if meta.current is None:
-            first = self._ns.first_event(txn)
-            key, record = (None, None) if first is None else first
-        else:
-            key = meta.current
-            record = self._ns.get_event(txn, key)
+        while True:
+            try:
+                if meta.current is None:
+                    first = self._ns.first_event(txn)
+                    key, record = (None, None) if first is None else first
+                else:
+                    key = meta.current
+                    record = self._ns.get_event(txn, key)
+                break
+            except DamagedRecordError as damage:
+                self._set_aside(txn, meta, damage, now, effects)
+                if meta.pending == 0:
+                    return None
         if key is None or record is None:
             raise StorageError(f"instance {self._id}: {meta.pending} pending but no event key")
         meta.current = key
@@ -336,6 +341,45 @@ class _Instance:
         meta.retry_at = None
         meta.started_at = now
         return key, record, meta.attempt, now
+
+    def _set_aside(
+        self, txn: Txn, meta: Meta, damage: DamagedRecordError, now: float, effects: _Effects
+    ) -> None:
+        """Dead-letter a pending event whose record is damaged, without decoding it.
+
+        The dead letter keeps the record's bytes as found and is marked
+        ``damaged``, so it is reported and never redriven.
+        """
+        key = damage.key
+        sequence = queue_key_sequence(key)
+        attempts = meta.attempt if meta.current == key else 0
+        error = f"DamagedRecordError: {damage.reason}"
+        dead = DeadRecord(
+            damage.value, error, attempts, now, now, None, queue_key_priority(key), True
+        )
+        logger.error(
+            "instance %s: event %d is damaged (%s); dead-lettered", self._id, sequence, error
+        )
+        self._ns.put_dead_letter(txn, sequence, dead)
+        meta.dead_letters += 1
+        meta.dead_lettered += 1
+        self._remove_current(txn, meta, key)
+        effects.events.append(self._event("dead_lettered", now, sequence, attempts, error))
+        effects.dead.append(self._dead_letter(sequence, dead))
+        effects.empty = meta.pending == 0
+
+    def _remove_current(self, txn: Txn, meta: Meta, key: bytes) -> None:
+        self._ns.delete_event(txn, key)
+        priority = queue_key_priority(key)
+        remaining = meta.priorities[priority] - 1
+        if remaining:
+            meta.priorities[priority] = remaining
+        else:
+            del meta.priorities[priority]
+        meta.pending -= 1
+        meta.current = None
+        meta.attempt = 0
+        meta.retry_at = None
 
     def _rearm(self, meta: Meta, now: float) -> None:
         """Point the alarm slot where the committed state needs it."""
@@ -549,16 +593,16 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
     def _on_alarm(self, _message: Alarm) -> None:
         now = self._clock.now()
         self._mailbox.armed = None  # the clock consumed it
+        effects = _Effects()
 
         def body(txn: Txn) -> tuple[Meta, Started | None]:
             meta = self._load_meta(txn)
-            started = self._take_alarm(txn, meta, now)
+            started = self._take_alarm(txn, meta, now, effects)
             self._save_meta(txn, meta)
             return meta, started
 
         meta, started = self._transact(body)
-        if started is None:
-            self._sync_alarm(meta)
+        self._publish(meta, effects)
         self._run(started)
 
     def _run(self, started: Started | None) -> None:
@@ -580,8 +624,14 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         self, key: bytes, sequence: int, record: EventRecord, attempt: int, started_at: float
     ) -> Started | None:
         """Run the handler once and commit its outcome; returns the next attempt started."""
+        failure: BaseException | None = None
+        try:
+            event = unpack(record.event)
+        except Exception as exc:  # stored by another version, or crafted: never run
+            event = record.event
+            failure = UndecodableEventError(f"the stored event does not decode ({exc!r})")
         ctx = EventContext(
-            event=unpack(record.event),
+            event=event,
             sequence=sequence,
             attempt=attempt,
             enqueued_at=record.enqueued_at,
@@ -594,11 +644,11 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
             _prepare=self._spec.prepare,
             _sleep=self._sleep,
         )
-        failure: BaseException | None = None
-        try:
-            self._spec.execute(ctx)
-        except BaseException as exc:  # SystemExit too: a handler never takes the actor down
-            failure = exc
+        if failure is None:
+            try:
+                self._spec.execute(ctx)
+            except BaseException as exc:  # SystemExit too: a handler never takes the actor down
+                failure = exc
         self._fault_point("after_execute", "crash_after_execute")
         now = self._clock.now()
         effects = _Effects()
@@ -615,7 +665,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
                 self._fail(txn, meta, key, record, failure, now, effects)
             self._accept(txn, meta, now, effects)
             self._rearm(meta, now)
-            started = self._take_alarm(txn, meta, now) if go_on else None
+            started = self._take_alarm(txn, meta, now, effects) if go_on else None
             self._save_meta(txn, meta)
             return meta, started
 
@@ -692,19 +742,6 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         effects.dead.append(self._dead_letter(sequence, dead))
         effects.empty = meta.pending == 0
 
-    def _remove_current(self, txn: Txn, meta: Meta, key: bytes) -> None:
-        self._ns.delete_event(txn, key)
-        priority = queue_key_priority(key)
-        remaining = meta.priorities[priority] - 1
-        if remaining:
-            meta.priorities[priority] = remaining
-        else:
-            del meta.priorities[priority]
-        meta.pending -= 1
-        meta.current = None
-        meta.attempt = 0
-        meta.retry_at = None
-
     # -- recovery ------------------------------------------------------------
     def _on_recover(self, message: Recover) -> None:
         """Settle an attempt a crash interrupted, re-arm the alarm, resend the outbox."""
@@ -715,15 +752,26 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
             meta = self._load_meta(txn)
             meta.restarts += message.restarts
             if meta.running and meta.current is not None:
-                record = self._ns.get_event(txn, meta.current)
                 meta.running = False
                 meta.started_at = None
+                try:
+                    record = self._ns.get_event(txn, meta.current)
+                except DamagedRecordError as damage:
+                    self._set_aside(txn, meta, damage, now, effects)
+                    record = None
                 if record is not None:
                     crash = DopoolError(f"instance crashed during attempt {meta.attempt}")
                     self._fail(txn, meta, meta.current, record, crash, now, effects)
+            for oseq, entry in list(self._ns.iter_outbox(txn)):
+                if isinstance(entry, DamagedRecordError):
+                    # Its target is unknown: it cannot be delivered, only reported.
+                    logger.error("instance %s: follow-up %d dropped: %s", self._id, oseq, entry)
+                    self._ns.delete_outbox(txn, oseq)
+                    meta.outbox -= 1
+                else:
+                    effects.deliveries.append((oseq, entry))
             self._rearm(meta, now)
             self._save_meta(txn, meta)
-            effects.deliveries.extend(self._ns.iter_outbox(txn))
             return meta
 
         meta = self._transact(body)
@@ -792,10 +840,10 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         def body(txn: Txn) -> tuple[Meta, int]:
             meta = self._load_meta(txn)
             wanted = message.sequences
-            chosen = [
+            chosen = [  # a damaged one stays where it is, to be inspected and purged
                 sequence
-                for sequence, _ in self._ns.iter_dead_letters(txn)
-                if wanted is None or sequence in wanted
+                for sequence, dead in self._ns.iter_dead_letters(txn)
+                if (wanted is None or sequence in wanted) and not dead.damaged
             ]
             items = []
             for sequence in chosen:
@@ -909,7 +957,7 @@ class DirectEnqueue(_Instance):
                     raise PoolClosedError(self._spec.name) from exc
                 if isinstance(exc, StorageError) or not isinstance(exc, DopoolError):
                     logger.exception("instance %s failed an enqueue", self._id)
-                    self._crash(f"{type(exc).__name__}: {exc}")
+                    self._crash(f"{type(exc).__name__}: {exc}", exc)
                 self._taken = []
                 raise
             in_handler = self._env.in_handler
@@ -925,25 +973,37 @@ class DirectEnqueue(_Instance):
             mailbox.turn.release()
         return reply.get(timeout=0)  # type: ignore[no-any-return]
 
-    def _crash(self, reason: str) -> NoReturn:
-        """Nothing was committed; the instance crashes as if it had failed this itself."""
+    def _crash(self, reason: str, cause: BaseException | None = None) -> NoReturn:
+        """Nothing was committed; the instance crashes as if it had failed this itself.
+
+        The caller gets :class:`InstanceCrashedError`, or the damaged record's
+        own error when that is the cause: it names what is wrong.
+        """
         self._taken = []
         with suppress(PoolClosedError):
             self._mailbox.kill(reason)
-        raise InstanceCrashedError(self._id)
+        if isinstance(cause, DamagedRecordError):
+            raise cause
+        raise InstanceCrashedError(self._id) from cause
 
 
 def dead_letter_from_record(index: int, sequence: int, dead: DeadRecord) -> DeadLetter:
+    """The public record of a dead letter; its event as stored bytes if it does not decode."""
+    event: Any = dead.event
+    if not dead.damaged:
+        with suppress(Exception):
+            event = unpack(dead.event)
     return DeadLetter(
         sequence=sequence,
         instance_index=index,
-        event=unpack(dead.event),
+        event=event,
         error=dead.error,
         attempts=dead.attempts,
         enqueued_at=dead.enqueued_at,
         failed_at=dead.failed_at,
         partition_key=dead.partition_key,
         priority=dead.priority,
+        damaged=dead.damaged,
     )
 
 

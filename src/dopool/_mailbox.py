@@ -12,7 +12,7 @@ import pykka
 from dopool._clock import Activity
 from dopool._errors import DopoolError, PoolClosedError
 from dopool._messages import Alarm, Deliver, Delivered, Kill, Recover, Run
-from dopool._storage import Meta
+from dopool._records import Meta
 from dopool._turn import Turn
 
 # Messages the engine sends itself: one a crash interrupts goes to the restarted

@@ -257,9 +257,18 @@ class Runtime:
             for index, mailbox in enumerate(mailboxes):
                 mailbox.attach(start(index, mailbox.kill_flag))
             self._actors.append(mailboxes)
-            # Recover one instance at a time, so a simulated run's trace is deterministic.
-            for mailbox in mailboxes:
-                _recover(mailbox)
+            try:
+                # One instance at a time, so a simulated run's trace is deterministic.
+                for mailbox in mailboxes:
+                    _recover(mailbox)
+            except BaseException:  # e.g. a damaged record: stop what was started, raise
+                self._actors.remove(mailboxes)
+                for mailbox in mailboxes:
+                    ref = mailbox.close()
+                    if ref is not None:
+                        ref.stop(block=True)
+                    self.clock.set_alarm(mailbox, None)
+                raise
             direct = [DirectEnqueue(spec, index, env) for index in range(concurrency)]
             pool = WorkerPool(self, spec, schema, mailboxes, router, direct)
             self._pools[name] = pool
@@ -269,8 +278,7 @@ class Runtime:
         """Store the pool's concurrency, refusing a change while old instances hold work."""
         store = self._store
         with store.write() as txn:
-            record = store.get_pool(txn, name)
-            previous = None if record is None else int(record["concurrency"])
+            previous = store.get_pool(txn, name)
             if previous == concurrency:
                 return
             if previous is not None:
@@ -284,7 +292,7 @@ class Runtime:
                             "dead letters to other partitions. Drain and purge it first, or "
                             f"keep concurrency={previous}"
                         )
-            store.put_pool(txn, name, {"concurrency": concurrency})
+            store.put_pool(txn, name, concurrency)
 
     def close(self) -> None:
         """Stop every actor gracefully (a running handler finishes), then close the store.

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dopool._storage import Meta, queue_key_sequence
+from dopool._records import Meta
+from dopool._storage import queue_key_sequence
 from dopool._types import InstanceState, InstanceStatus, PoolStatus
 
 

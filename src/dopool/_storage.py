@@ -22,7 +22,6 @@ from __future__ import annotations
 import datetime as _dt
 import errno
 import fcntl
-import operator
 import os
 import socket
 import struct
@@ -30,14 +29,39 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import lmdb
-import msgpack
 
-from dopool._errors import EventValidationError, StorageError, StoreLockedError
+from dopool._errors import (
+    DamagedRecordError,
+    StorageError,
+    StoreDamagedError,
+    StoreFormatError,
+    StoreLockedError,
+)
+from dopool._records import (
+    FORMAT_VERSION,
+    DeadRecord,
+    EventRecord,
+    Meta,
+    OutboxRecord,
+    read_dead,
+    read_event,
+    read_format,
+    read_link,
+    read_meta,
+    read_outbox,
+    read_pool,
+    seal_dead,
+    seal_event,
+    seal_format,
+    seal_link,
+    seal_meta,
+    seal_outbox,
+    seal_pool,
+)
 from dopool._turn import Turn
 
 MAX_EVENT_BYTES = 128 * 1024
@@ -49,109 +73,13 @@ PRIORITY_MAX = 2**31 - 1
 _MAP_SIZE = 1 << 36
 _MAX_READERS = 512
 _POOL_PREFIX = b"P"
+_FORMAT_KEY = b"F"  # the store's format version, written when it is created
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _RANK_SEQ = struct.Struct(">IQ")
 
 Txn = Any  # an lmdb.Transaction; lmdb ships no type hints
 T = TypeVar("T")
-
-
-_packers = threading.local()
-
-
-def pack(value: Any) -> bytes:
-    """Encode a value with msgpack (bytes stay bytes, str stays str).
-
-    Each thread reuses one packer: half the cost of ``msgpack.packb`` per call.
-    A packer resets itself when a value fails to encode.
-    """
-    try:
-        packer = _packers.packer
-    except AttributeError:
-        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
-    return packer.pack(value)  # type: ignore[no-any-return]
-
-
-def unpack(data: bytes) -> Any:
-    """Decode a msgpack value; maps may have non-str keys."""
-    return msgpack.unpackb(data, raw=False, strict_map_key=False)
-
-
-def encode_event(event: Any, *, position: int | None = None) -> bytes:
-    """Encode a user event, mapping msgpack's refusals to :class:`EventValidationError`."""
-    try:
-        return pack(event)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise EventValidationError(
-            f"not msgpack-encodable ({type(exc).__name__}: {exc})", position=position
-        ) from exc
-
-
-class EventRecord(NamedTuple):
-    """A pending event as stored: the encoded event plus what routing needs."""
-
-    event: bytes
-    enqueued_at: float
-    partition_key: str | None
-    priority: int
-
-
-class DeadRecord(NamedTuple):
-    """A dead letter as stored."""
-
-    event: bytes
-    error: str
-    attempts: int
-    enqueued_at: float
-    failed_at: float
-    partition_key: str | None
-    priority: int
-
-
-class OutboxRecord(NamedTuple):
-    """A follow-up committed with its parent's outcome, waiting to reach its instance.
-
-    ``link`` numbers the follow-ups from this source to ``target`` consecutively
-    from 0, which is how the target tells a duplicate from a gap.
-    """
-
-    target: int
-    link: int
-    event: bytes
-    enqueued_at: float
-    partition_key: str | None
-    priority: int
-
-
-@dataclass(slots=True)
-class Meta:
-    """An instance's durable state, apart from the event, dead-letter and outbox keys."""
-
-    tail: int = 0  # the next sequence to assign; every pending sequence is below it
-    pending: int = 0
-    enqueued: int = 0
-    succeeded: int = 0
-    dead_lettered: int = 0
-    drained: int = 0
-    paused: bool = False
-    alarm: float | None = None  # the alarm slot (absolute clock time)
-    current: bytes | None = None  # queue key of the event whose attempts have started
-    attempt: int = 0  # attempts started for ``current``
-    running: bool = False  # an attempt started and its outcome is not committed yet
-    started_at: float | None = None
-    retry_at: float | None = None
-    restarts: int = 0
-    outbox_next: int = 0
-    outbox: int = 0  # outbox entries not yet acknowledged by their target
-    dead_letters: int = 0  # dead-letter records held
-    priorities: dict[int, int] = field(default_factory=dict)  # pending events per priority
-    alarm_failures: int = 0  # consecutive failed alarm deliveries (fault injection)
-    links: dict[int, int] = field(default_factory=dict)  # next outbox link per target
-
-
-_META_FIELDS = tuple(f.name for f in fields(Meta))
-_meta_values = operator.attrgetter(*_META_FIELDS)  # every field in order, in one C call
 
 
 def queue_key_priority(key: bytes) -> int:
@@ -167,7 +95,11 @@ def queue_key_sequence(key: bytes) -> int:
 
 
 class Namespace:
-    """The keys of one instance. Methods take an open transaction from :class:`Store`."""
+    """The keys of one instance. Methods take an open transaction from :class:`Store`.
+
+    Every value is sealed and checked by :mod:`dopool._records`: a read raises
+    :class:`DamagedRecordError` for a record that fails its checksum or layout.
+    """
 
     __slots__ = ("_dead", "_meta", "_outbox", "_queue", "_seen", "prefix")
 
@@ -184,10 +116,10 @@ class Namespace:
         raw = txn.get(self._meta)
         if raw is None:
             return Meta()
-        return Meta(*unpack(raw))
+        return read_meta(self._meta, raw)
 
     def save_meta(self, txn: Txn, meta: Meta) -> None:
-        txn.put(self._meta, pack(_meta_values(meta)))
+        txn.put(self._meta, seal_meta(self._meta, meta))
 
     # -- queue --------------------------------------------------------------
     def queue_key(self, priority: int, sequence: int) -> bytes:
@@ -195,19 +127,23 @@ class Namespace:
 
     def put_event(self, txn: Txn, key: bytes, record: EventRecord | tuple[Any, ...]) -> None:
         """Store a pending event: an :class:`EventRecord`, or a plain tuple of its fields."""
-        txn.put(key, pack(record), overwrite=False)
+        txn.put(key, seal_event(key, record), overwrite=False)
 
     def get_event(self, txn: Txn, key: bytes) -> EventRecord | None:
         raw = txn.get(key)
-        return None if raw is None else EventRecord(*unpack(raw))
+        return None if raw is None else read_event(key, raw)
 
     def first_event(self, txn: Txn) -> tuple[bytes, EventRecord] | None:
-        """The queue's first key and its record: the next event to run, if any."""
+        """The queue's first key and its record: the next event to run, if any.
+
+        Raises:
+            DamagedRecordError: the first record is damaged (its ``key`` says which).
+        """
         with txn.cursor() as cursor:
             if cursor.set_range(self._queue):
                 key, raw = cursor.item()
                 if key.startswith(self._queue):
-                    return key, EventRecord(*unpack(raw))
+                    return key, read_event(key, raw)
         return None
 
     def delete_event(self, txn: Txn, key: bytes) -> None:
@@ -222,41 +158,60 @@ class Namespace:
 
     # -- dead letters -------------------------------------------------------
     def put_dead_letter(self, txn: Txn, sequence: int, record: DeadRecord) -> None:
-        txn.put(self._dead + _U64.pack(sequence), pack(tuple(record)))
+        key = self._dead + _U64.pack(sequence)
+        txn.put(key, seal_dead(key, record))
 
     def iter_dead_letters(self, txn: Txn) -> Iterator[tuple[int, DeadRecord]]:
+        """Every dead letter by sequence; a damaged one is listed as such, not raised."""
         for key, raw in _iter_prefix(txn, self._dead):
-            yield queue_key_sequence(key), DeadRecord(*unpack(raw))
+            yield queue_key_sequence(key), _dead_or_damaged(key, raw)
 
     def pop_dead_letter(self, txn: Txn, sequence: int) -> DeadRecord | None:
-        raw = txn.pop(self._dead + _U64.pack(sequence))
-        return None if raw is None else DeadRecord(*unpack(raw))
+        key = self._dead + _U64.pack(sequence)
+        raw = txn.pop(key)
+        return None if raw is None else _dead_or_damaged(key, raw)
 
     def delete_dead_letters(self, txn: Txn) -> int:
         return _delete_prefix(txn, self._dead)
 
     # -- outbox and delivery bookkeeping --------------------------------------
     def put_outbox(self, txn: Txn, oseq: int, record: OutboxRecord) -> None:
-        txn.put(self._outbox + _U64.pack(oseq), pack(tuple(record)))
+        key = self._outbox + _U64.pack(oseq)
+        txn.put(key, seal_outbox(key, record))
 
-    def iter_outbox(self, txn: Txn) -> Iterator[tuple[int, OutboxRecord]]:
+    def iter_outbox(self, txn: Txn) -> Iterator[tuple[int, OutboxRecord | DamagedRecordError]]:
+        """Every outbox entry by sequence; a damaged one comes as its error, not raised."""
         for key, raw in _iter_prefix(txn, self._outbox):
-            yield queue_key_sequence(key), OutboxRecord(*unpack(raw))
+            try:
+                record: OutboxRecord | DamagedRecordError = read_outbox(key, raw)
+            except DamagedRecordError as exc:
+                record = exc
+            yield queue_key_sequence(key), record
 
     def delete_outbox(self, txn: Txn, oseq: int) -> bool:
         return bool(txn.delete(self._outbox + _U64.pack(oseq)))
 
     def last_delivered(self, txn: Txn, source: int) -> int:
         """The last link accepted from ``source`` (all below it were too), or -1."""
-        raw = txn.get(self._seen + _U32.pack(source))
-        return -1 if raw is None else int(_U64.unpack(raw)[0])
+        key = self._seen + _U32.pack(source)
+        raw = txn.get(key)
+        return -1 if raw is None else read_link(key, raw)
 
     def set_delivered(self, txn: Txn, source: int, link: int) -> None:
-        txn.put(self._seen + _U32.pack(source), _U64.pack(link))
+        key = self._seen + _U32.pack(source)
+        txn.put(key, seal_link(key, link))
 
     def count_keys(self, txn: Txn, tag: bytes) -> int:
         """How many keys of one kind (``b"q"``, ``b"d"``, ``b"o"``) exist: for checkers only."""
         return sum(1 for _ in _iter_prefix(txn, self.prefix + tag))
+
+
+def _dead_or_damaged(key: bytes, raw: bytes) -> DeadRecord:
+    """A dead letter as stored, or, if it is damaged, a record that says so."""
+    try:
+        return read_dead(key, raw)
+    except DamagedRecordError as exc:
+        return DeadRecord(raw, f"DamagedRecordError: {exc.reason}", 0, 0.0, 0.0, None, 0, True)
 
 
 def _iter_prefix(txn: Txn, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
@@ -521,6 +476,7 @@ class Store:
         self._lock = _StoreLock(self.path)
         sync = durability == "sync"
         try:
+            _check_data_file(self.path)
             self._env = lmdb.open(
                 str(self.path / "data"),
                 map_size=_MAP_SIZE,
@@ -534,6 +490,15 @@ class Store:
         except lmdb.Error as exc:
             self._lock.release()
             raise StorageError(f"cannot open store {str(self.path)!r}: {exc}") from exc
+        except BaseException:
+            self._lock.release()
+            raise
+        try:
+            _check_opened(self._env, self.path, create=True)
+        except BaseException:
+            self._env.close()
+            self._lock.release()
+            raise
         self._closed = False
         self._close_lock = threading.Lock()
         self._group = _GroupCommit(self._env) if sync else _OwnCommit(self._env)
@@ -573,12 +538,15 @@ class Store:
         except lmdb.Error as exc:
             raise StorageError(f"read failed: {exc}") from exc
 
-    def get_pool(self, txn: Txn, name: str) -> dict[str, Any] | None:
-        raw = txn.get(_POOL_PREFIX + name.encode())
-        return None if raw is None else dict(unpack(raw))
+    def get_pool(self, txn: Txn, name: str) -> int | None:
+        """The concurrency a pool was stored with, or None for a pool never defined."""
+        key = _POOL_PREFIX + name.encode()
+        raw = txn.get(key)
+        return None if raw is None else read_pool(key, raw)
 
-    def put_pool(self, txn: Txn, name: str, record: dict[str, Any]) -> None:
-        txn.put(_POOL_PREFIX + name.encode(), pack(record))
+    def put_pool(self, txn: Txn, name: str, concurrency: int) -> None:
+        key = _POOL_PREFIX + name.encode()
+        txn.put(key, seal_pool(key, concurrency))
 
     def close(self) -> None:
         with self._close_lock:
@@ -596,9 +564,58 @@ class Store:
 def pool_records(txn: Txn) -> dict[str, int]:
     """Every pool a store knows, by name, with its stored concurrency."""
     return {
-        key[len(_POOL_PREFIX) :].decode(): int(unpack(raw)["concurrency"])
+        key[len(_POOL_PREFIX) :].decode(): read_pool(key, raw)
         for key, raw in _iter_prefix(txn, _POOL_PREFIX)
     }
+
+
+def _check_data_file(path: Path) -> None:
+    """Refuse a store whose data file was lost or emptied, rather than start it anew.
+
+    LMDB would silently make a new, empty database in its place.
+    """
+    data = path / "data"
+    try:
+        size = (data / "data.mdb").stat().st_size
+    except FileNotFoundError:
+        if (data / "lock.mdb").exists():  # made with the data file: it was there once
+            raise StoreDamagedError(path=str(path), reason="data/data.mdb is missing") from None
+        return
+    except OSError as exc:
+        raise StorageError(f"cannot read store {str(path)!r}: {exc}") from exc
+    if size == 0:
+        raise StoreDamagedError(path=str(path), reason="data/data.mdb is empty")
+
+
+def _check_opened(env: Any, path: Path, *, create: bool) -> None:
+    """Check an opened store: its file holds every page it uses, its format is ours.
+
+    A file shorter than its last page would kill the process with SIGBUS on
+    first read of a missing page. A new, empty store gets the format record
+    (``create``); a store without one that holds anything is of no known format.
+    """
+    try:
+        used = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        size = (path / "data" / "data.mdb").stat().st_size
+        if size < used:
+            raise StoreDamagedError(
+                path=str(path), reason=f"data/data.mdb is {size} bytes, shorter than {used} in use"
+            )
+        with env.begin(write=False) as txn:
+            raw = txn.get(_FORMAT_KEY)
+            entries = env.stat()["entries"]
+        if raw is not None:
+            found = read_format(_FORMAT_KEY, raw)
+            if found != FORMAT_VERSION:
+                raise StoreFormatError(path=str(path), found=found, supported=FORMAT_VERSION)
+            return
+        if entries:
+            raise StoreFormatError(path=str(path), found=None, supported=FORMAT_VERSION)
+        if create:
+            with env.begin(write=True) as txn:
+                txn.put(_FORMAT_KEY, seal_format(_FORMAT_KEY))
+    except (lmdb.Error, OSError) as exc:
+        raise StorageError(f"cannot open store {str(path)!r}: {exc}") from exc
 
 
 def open_readonly(path: Path) -> Any:
@@ -606,6 +623,17 @@ def open_readonly(path: Path) -> Any:
 
     Returns an ``lmdb.Environment``; read it with ``begin(write=False)``.
     """
+    _check_data_file(path)
+    env = _open_readonly(path)
+    try:
+        _check_opened(env, path, create=False)
+    except BaseException:
+        env.close()
+        raise
+    return env
+
+
+def _open_readonly(path: Path) -> Any:
     options = {"readonly": True, "subdir": True, "create": False, "readahead": False}
     try:
         return lmdb.open(

@@ -68,7 +68,11 @@ class PoolStatus:
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """An event that exhausted its attempts or failed permanently."""
+    """An event that exhausted its attempts or failed permanently.
+
+    ``event`` is the stored bytes when the event does not decode; ``damaged``
+    marks a record that failed its checksum or layout (never redriven).
+    """
 
     sequence: int
     instance_index: int
@@ -79,6 +83,7 @@ class DeadLetter:
     failed_at: float
     partition_key: str | None
     priority: int = 0
+    damaged: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,13 +8,8 @@ from typing import Any
 
 from dopool._errors import ConfigurationError, EventTooLargeError, EventValidationError
 from dopool._messages import Item
-from dopool._storage import (
-    MAX_EVENT_BYTES,
-    MAX_PARTITION_KEY_BYTES,
-    PRIORITY_MAX,
-    PRIORITY_MIN,
-    encode_event,
-)
+from dopool._records import encode_event
+from dopool._storage import MAX_EVENT_BYTES, MAX_PARTITION_KEY_BYTES, PRIORITY_MAX, PRIORITY_MIN
 
 Schema = Callable[[Any], Any]
 
