@@ -52,7 +52,7 @@ from dopool import (
     SimulatedClock,
     WorkerPool,
 )
-from dopool._records import unpack
+from dopool._records import OutboxRecord, unpack
 from dopool._retry import uniform_draw
 from dopool._router import stable_hash
 from dopool._storage import (
@@ -1075,6 +1075,7 @@ class FaultyPoolMachine(RuleBasedStateMachine):
         with self.runtime._store.read() as txn:
             for index in range(CONCURRENCY):
                 for _, record in Namespace(FAULTY, index).iter_outbox(txn):
+                    assert isinstance(record, OutboxRecord), record  # nothing was damaged
                     in_outbox.add(int(unpack(record.event)["id"]))
         parents = [self.ids[i, s] for i in range(CONCURRENCY) for s in self.succeeded[i]]
         expected = set(self.acked) | {

@@ -8,6 +8,7 @@ from dopool._clock import RealClock, SimulatedClock
 from dopool._context import EventContext
 from dopool._errors import (
     ConfigurationError,
+    DamagedRecordError,
     DopoolError,
     EventTooLargeError,
     EventValidationError,
@@ -17,6 +18,8 @@ from dopool._errors import (
     QueueFullError,
     RetryAfter,
     StorageError,
+    StoreDamagedError,
+    StoreFormatError,
     StoreLockedError,
 )
 from dopool._pool import WorkerPool
@@ -33,6 +36,7 @@ from dopool._types import (
 
 __all__ = [
     "ConfigurationError",
+    "DamagedRecordError",
     "DeadLetter",
     "DopoolError",
     "EmptyInfo",
@@ -53,6 +57,8 @@ __all__ = [
     "Runtime",
     "SimulatedClock",
     "StorageError",
+    "StoreDamagedError",
+    "StoreFormatError",
     "StoreLockedError",
     "WorkerPool",
 ]

@@ -357,9 +357,7 @@ class _Instance:
         dead = DeadRecord(
             damage.value, error, attempts, now, now, None, queue_key_priority(key), True
         )
-        logger.error(
-            "instance %s: event %d is damaged (%s); dead-lettered", self._id, sequence, error
-        )
+        logger.error("instance %s: event %d dead-lettered: %s", self._id, sequence, error)
         self._ns.put_dead_letter(txn, sequence, dead)
         meta.dead_letters += 1
         meta.dead_lettered += 1

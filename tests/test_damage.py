@@ -1,0 +1,260 @@
+"""Events that do not decode and records that are damaged: refused, or reported, never run."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pykka
+import pytest
+
+from dopool import (
+    DamagedRecordError,
+    EventContext,
+    EventValidationError,
+    RetryPolicy,
+    Runtime,
+    SimulatedClock,
+)
+from dopool._records import EventRecord, seal_event
+from dopool._storage import Namespace, Store, Txn
+
+UNDECODABLE = msgpack.packb({(1, 2): "x"})  # a tuple map key: encodes, never decodes
+
+
+class Seen:
+    """A handler that records the events it was called with."""
+
+    def __init__(self, action: Callable[[EventContext], Any] | None = None) -> None:
+        self.events: list[Any] = []
+        self._action = action
+
+    def __call__(self, ctx: EventContext) -> None:
+        self.events.append(ctx.event)
+        if self._action is not None:
+            self._action(ctx)
+
+
+@contextmanager
+def raw_store(path: Path) -> Iterator[Txn]:
+    """One write transaction on a closed runtime's store, outside any runtime."""
+    store = Store(path)
+    try:
+        with store.write() as txn:
+            yield txn
+    finally:
+        store.close()
+
+
+def flip(value: bytes, position: int = -1) -> bytes:
+    """``value`` with one bit of one byte flipped."""
+    data = bytearray(value)
+    data[position] ^= 0x01
+    return bytes(data)
+
+
+def paused_pool_with(path: Path, events: list[Any], **options: Any) -> None:
+    """Store ``events`` on pool ``p`` (one instance, paused) and close the runtime."""
+    with Runtime.simulated(path, seed=0) as runtime:
+        pool = runtime.define("p", execute=Seen(), **options)
+        pool.pause()
+        for event in events:
+            pool.enqueue(event)
+
+
+def open_and_run(path: Path, handler: Seen, **options: Any) -> tuple[Runtime, Any]:
+    runtime = Runtime(path, clock=SimulatedClock(100.0), seed=0)
+    pool = runtime.define("p", execute=handler, **options)
+    pool.resume()
+    assert pool.join(timeout=10)
+    return runtime, pool
+
+
+# -- events that encode but do not decode ---------------------------------------
+
+
+@pytest.mark.parametrize("event", [{(1, 2): "x"}, [{(1,): 1}], {"a": {("b", "c"): None}}])
+def test_an_event_that_would_not_decode_is_refused_and_nothing_is_stored(
+    sim: Runtime, event: Any
+) -> None:
+    pool = sim.define("p", execute=Seen())
+    with pytest.raises(EventValidationError, match="does not decode") as caught:
+        pool.enqueue(event)
+    assert caught.value.position is None
+    with pytest.raises(EventValidationError, match="event 1 of the batch") as batch:
+        pool.enqueue_many([{"ok": 1}, event])
+    assert batch.value.position == 1
+    assert pool.status().enqueued == 0
+
+
+def test_a_follow_up_that_would_not_decode_fails_its_parent_attempt(sim: Runtime) -> None:
+    def parent(ctx: EventContext) -> None:
+        if ctx.event == "parent":
+            ctx.enqueue({(1, 2): "x"})
+
+    handler = Seen(parent)
+    pool = sim.define("p", execute=handler)
+    pool.enqueue("parent")
+    assert pool.join(timeout=10)
+    [dead] = pool.dead_letters()
+    assert "does not decode" in dead.error
+    assert handler.events == ["parent"]
+    assert pool.status().enqueued == 1
+
+
+def test_a_stored_event_that_does_not_decode_is_dead_lettered_without_running(
+    store_path: Path,
+) -> None:
+    paused_pool_with(store_path, ["first", "second"])
+    ns = Namespace("p", 0)
+    with raw_store(store_path) as txn:
+        key = ns.queue_key(0, 0)
+        record = EventRecord(UNDECODABLE, 1.0, None, 0)
+        txn.put(key, seal_event(key, record))  # as another version might have stored it
+    handler = Seen()
+    emptied: list[Any] = []
+    runtime, pool = open_and_run(
+        store_path, handler, retry=RetryPolicy(max_attempts=5), on_empty=emptied.append
+    )
+    with runtime:
+        assert handler.events == ["second"]
+        [dead] = pool.dead_letters()
+        assert dead.sequence == 0
+        assert dead.event == UNDECODABLE  # the stored bytes, as found
+        assert dead.attempts == 1  # dead-lettered at once: decoding will not succeed later
+        assert dead.error.startswith("UndecodableEventError: the stored event does not decode")
+        assert not dead.damaged
+        status = pool.status()
+        assert (status.succeeded, status.dead_lettered, status.pending) == (1, 1, 0)
+        assert status.instances[0].restarts == 0
+        assert len(emptied) == 1
+
+
+# -- damaged records ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("position", [0, 3, 4, -1], ids=["crc", "crc-end", "body", "last"])
+def test_a_damaged_pending_event_is_dead_lettered_as_damaged_and_never_run(
+    store_path: Path, position: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    paused_pool_with(store_path, [{"n": 0}, {"n": 1}, {"n": 2}])
+    key = Namespace("p", 0).queue_key(0, 1)
+    with raw_store(store_path) as txn:
+        original = txn.get(key)
+        txn.put(key, flip(original, position))
+    handler = Seen()
+    dead_seen: list[Any] = []
+    with caplog.at_level(logging.ERROR, logger="dopool"):
+        runtime, pool = open_and_run(store_path, handler, on_dead_letter=dead_seen.append)
+    with runtime:
+        assert handler.events == [{"n": 0}, {"n": 2}]
+        [dead] = pool.dead_letters()
+        assert dead.damaged
+        assert dead.sequence == 1
+        assert dead.event == flip(original, position)
+        assert dead.error == "DamagedRecordError: checksum mismatch"
+        assert dead_seen == [dead]
+        assert "event 1 dead-lettered" in caplog.text
+        # Never redriven: it stays to be inspected, and purge removes it.
+        assert pool.redrive() == 0
+        assert pool.dead_letters() == [dead]
+        assert pool.purge_dead_letters() == 1
+        status = pool.status()
+        assert (status.enqueued, status.succeeded, status.dead_lettered) == (3, 2, 1)
+
+
+def test_a_damaged_event_in_backoff_is_dead_lettered_at_its_retry(store_path: Path) -> None:
+    with Runtime.simulated(store_path, seed=0) as runtime:
+        pool = runtime.define(
+            "p", execute=Seen(lambda ctx: 1 / 0), retry=RetryPolicy(max_attempts=3, jitter=0)
+        )
+        pool.enqueue("flaky")
+        runtime.clock.run_until(0.5)  # type: ignore[attr-defined]
+        assert pool.status().instances[0].state == "backoff"
+    key = Namespace("p", 0).queue_key(0, 0)
+    with raw_store(store_path) as txn:
+        txn.put(key, flip(txn.get(key)))
+    runtime = Runtime(store_path, clock=SimulatedClock(0.5), seed=0)
+    with runtime:
+        handler = Seen()
+        pool = runtime.define("p", execute=handler, retry=RetryPolicy(max_attempts=3))
+        assert pool.join(timeout=10)
+        assert handler.events == []
+        [dead] = pool.dead_letters()
+        assert (dead.damaged, dead.attempts) == (True, 1)
+
+
+def test_a_damaged_dead_letter_is_listed_as_damaged_and_not_redriven(store_path: Path) -> None:
+    with Runtime.simulated(store_path, seed=0) as runtime:
+        pool = runtime.define("p", execute=Seen(lambda ctx: 1 / 0))
+        pool.enqueue_many(["a", "b"])
+        assert pool.join(timeout=10)
+    key = Namespace("p", 0)._dead + (0).to_bytes(8, "big")
+    with raw_store(store_path) as txn:
+        txn.put(key, b"\x00garbage")
+    with Runtime.simulated(store_path, seed=0) as runtime:
+        pool = runtime.define("p", execute=Seen())
+        damaged, intact = pool.dead_letters()
+        assert (damaged.damaged, damaged.event) == (True, b"\x00garbage")
+        assert damaged.error == "DamagedRecordError: checksum mismatch"
+        assert (intact.damaged, intact.event) == (False, "b")
+        assert pool.redrive() == 1
+        assert [dead.sequence for dead in pool.dead_letters()] == [0]
+
+
+def test_a_damaged_meta_record_refuses_the_pool_and_leaves_no_actor(store_path: Path) -> None:
+    paused_pool_with(store_path, ["a"])
+    key = Namespace("p", 0)._meta
+    with raw_store(store_path) as txn:
+        txn.put(key, flip(txn.get(key), 10))
+    with Runtime.simulated(store_path, seed=0) as runtime:
+        with pytest.raises(DamagedRecordError) as caught:
+            runtime.define("p", execute=Seen())
+        assert caught.value.key == key
+        assert caught.value.reason == "checksum mismatch"
+        assert pykka.ActorRegistry.get_all() == []
+        other = runtime.define("q", execute=Seen())  # the runtime goes on
+        other.enqueue("x")
+        assert other.join(timeout=10)
+
+
+def test_a_damaged_outbox_entry_is_dropped_with_an_error_not_delivered(
+    store_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with Runtime.simulated(store_path, seed=0) as runtime:
+        pool = runtime.define("p", execute=Seen(), concurrency=2)
+        pool.enqueue("x")
+        assert pool.join(timeout=10)
+    ns = Namespace("p", 0)
+    key = ns._outbox + (7).to_bytes(8, "big")
+    with raw_store(store_path) as txn:
+        txn.put(key, b"not a record")
+        meta = ns.load_meta(txn)
+        meta.outbox += 1
+        ns.save_meta(txn, meta)
+    with caplog.at_level(logging.ERROR, logger="dopool"), Runtime.simulated(store_path) as rt:
+        pool = rt.define("p", execute=Seen(), concurrency=2)
+        assert pool.join(timeout=10)
+        assert "follow-up 7 dropped" in caplog.text
+        with rt._store.read() as txn:
+            assert ns.count_keys(txn, b"o") == 0
+            assert ns.load_meta(txn).outbox == 0
+
+
+def test_an_enqueue_to_an_instance_whose_meta_is_damaged_names_the_record(
+    store_path: Path,
+) -> None:
+    with Runtime.simulated(store_path, seed=0) as runtime:
+        pool = runtime.define("p", execute=Seen())
+        key = Namespace("p", 0)._meta
+        with runtime._store.write() as txn:
+            txn.put(key, b"\x00\x00\x00\x00")
+        runtime._pools["p"]._mailboxes[0].meta = None  # forget the copy of the last commit
+        with pytest.raises(DamagedRecordError, match="checksum mismatch"):
+            pool.enqueue("x")
+        with pytest.raises(DamagedRecordError):
+            pool.status()
