@@ -1,4 +1,4 @@
-"""The ``dopool`` command line: ``simulate``, ``status``, ``dead-letters`` and ``chaos``.
+"""The ``dopool`` command line: ``simulate``, ``status``, ``dead-letters``, ``check``, ``chaos``.
 
 Only the console script imports this module (click and rich are the ``cli``
 extra). The work is done elsewhere: :mod:`dopool._sim.driver` runs scenarios,
@@ -41,6 +41,7 @@ except ImportError as exc:  # the console script, installed without the ``cli`` 
         "pip install 'dopool[cli]'"
     ) from None
 
+from dopool._check import CheckReport, report_json
 from dopool._errors import DopoolError, StoreLockedError
 from dopool._sim import scenario as scenarios
 from dopool._sim.driver import Run, run, sweep
@@ -770,3 +771,41 @@ def _act(path: Path, pools: dict[str, int], *, redrive_them: bool) -> None:
         if redrive_them and count:
             line += " (they run when the pool's runtime next opens the store)"
         click.echo(line)
+
+
+# -- check ---------------------------------------------------------------------------------
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="print JSON instead of a report")
+def check(path: Path, as_json: bool) -> None:
+    """Verify every record of the store at PATH and every instance's counters (read-only).
+
+    Exits 0 if nothing is wrong, 1 if anything is (each problem is listed).
+    """
+    with open_view(path) as view:
+        report = view.check()
+    if as_json:
+        click.echo(json.dumps(report_json(report), indent=2))
+    else:
+        _print_check(_console(), path, report)
+    if not report.ok:
+        raise SystemExit(FAILURE_EXIT)
+
+
+def _print_check(out: Console, path: Path, report: CheckReport) -> None:
+    pools = ", ".join(f"{name} ({count})" for name, count in report.pools.items()) or "none"
+    out.print(
+        Text(
+            f"store {path}: format {report.format_version}, {report.records:,} records, "
+            f"{report.instances:,} instances; pools: {pools}"
+        ),
+        soft_wrap=True,
+    )
+    if report.ok:
+        out.print(Text("ok: every record and every counter checks out", style="green"))
+        return
+    out.print(Text(f"{len(report.problems):,} problems:", style="bold red"))
+    for problem in report.problems:
+        where = problem.instance or "store"
+        key = "" if problem.key is None else f" (key {problem.key!r})"
+        out.print(Text(f"  {where}: {problem.what}{key}"), soft_wrap=True)

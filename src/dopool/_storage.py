@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import lmdb
 
@@ -92,6 +92,48 @@ def queue_key_sequence(key: bytes) -> int:
     """The sequence encoded in a queue key."""
     sequence: int = _U64.unpack_from(key, len(key) - 8)[0]
     return sequence
+
+
+class InstanceKey(NamedTuple):
+    """A key of some instance's namespace, taken apart (see :func:`parse_instance_key`)."""
+
+    pool: str
+    instance: int
+    tag: bytes  # b"m", b"q", b"d", b"o" or b"s"
+    suffix: bytes
+
+
+# The length of the suffix after each tag of an instance's namespace.
+_SUFFIX_LENGTHS = {b"m": 0, b"q": _RANK_SEQ.size, b"d": 8, b"o": 8, b"s": 4}
+
+
+def parse_instance_key(key: bytes) -> InstanceKey | None:
+    """Take an instance's key apart; None if it is not one of the layout above."""
+    ident, nul, rest = key[1:].partition(b"\0")
+    if key[:1] != b"I" or not nul or not rest:
+        return None
+    try:
+        pool, _, index = ident.decode().rpartition(":")
+    except UnicodeDecodeError:
+        return None
+    tag, suffix = rest[:1], rest[1:]
+    if not pool or not index.isdigit() or _SUFFIX_LENGTHS.get(tag) != len(suffix):
+        return None
+    return InstanceKey(pool, int(index), tag, suffix)
+
+
+def is_format_key(key: bytes) -> bool:
+    return key == _FORMAT_KEY
+
+
+def pool_name_of(key: bytes) -> str | None:
+    """The pool a pool record's key names; None if ``key`` is not a pool record's."""
+    if key[:1] != _POOL_PREFIX or len(key) == 1:
+        return None
+    try:
+        return key[1:].decode()
+    except UnicodeDecodeError:
+        return None
 
 
 class Namespace:

@@ -24,6 +24,7 @@ from typing import Any
 
 import lmdb
 
+from dopool._check import CheckReport, check_store
 from dopool._clock import RealClock, SimulatedClock
 from dopool._context import EventContext
 from dopool._errors import ConfigurationError, StorageError
@@ -80,6 +81,11 @@ class StoreView:
                 for index in range(concurrency)
                 for sequence, record in Namespace(name, index).iter_dead_letters(txn)
             ]
+
+    def check(self) -> CheckReport:
+        """Every record's checksum and layout, and every instance's counters (``dopool check``)."""
+        with self._read() as txn:
+            return check_store(txn)
 
 
 def _check_store_path(path: str | os.PathLike[str]) -> Path:

@@ -1,0 +1,206 @@
+"""Verifying a store offline: every record's checksum and layout, and every instance's counters.
+
+:func:`check_store` reads one snapshot and lists what is wrong; ``dopool
+check`` prints it. Every committed transaction leaves the counters balanced,
+so a snapshot taken beside a live runtime must balance too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dopool._errors import DamagedRecordError
+from dopool._records import (
+    FORMAT_VERSION,
+    Meta,
+    read_dead,
+    read_event,
+    read_format,
+    read_link,
+    read_meta,
+    read_outbox,
+    read_pool,
+    unpack,
+)
+from dopool._storage import (
+    Txn,
+    is_format_key,
+    parse_instance_key,
+    pool_name_of,
+    queue_key_priority,
+    queue_key_sequence,
+)
+from dopool._validation import check_pool_name
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong in a store: where (``instance`` ``"pool:index"``, or None) and what."""
+
+    instance: str | None
+    key: bytes | None
+    what: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReport:
+    """What :func:`check_store` found."""
+
+    format_version: int | None
+    records: int
+    pools: dict[str, int]
+    instances: int
+    problems: list[Problem]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass(slots=True)
+class _Instance:
+    """What the keys of one instance's namespace add up to."""
+
+    meta: Meta | None = None
+    meta_key: bytes | None = None
+    queue: set[bytes] = field(default_factory=set)
+    priorities: dict[int, int] = field(default_factory=dict)
+    last_sequence: int = -1
+    dead: int = 0
+    outbox: int = 0
+
+
+def check_store(txn: Txn) -> CheckReport:
+    """Read every record of the store in ``txn`` and check it; see the module docstring."""
+    problems: list[Problem] = []
+    instances: dict[tuple[str, int], _Instance] = {}
+    pools: dict[str, int] = {}
+    version: int | None = None
+    records = 0
+    for key, value in txn.cursor():
+        records += 1
+        parsed = parse_instance_key(key)
+        where = None if parsed is None else f"{parsed.pool}:{parsed.instance}"
+        try:
+            if parsed is not None:
+                instance = instances.setdefault((parsed.pool, parsed.instance), _Instance())
+                _check_instance_record(where or "", instance, parsed.tag, key, value, problems)
+            elif is_format_key(key):
+                version = read_format(key, value)
+                if version != FORMAT_VERSION:
+                    problems.append(Problem(None, key, f"format version {version} is not mine"))
+            elif (name := pool_name_of(key)) is not None:
+                _check_pool_name(name, key, problems)
+                pools[name] = read_pool(key, value)
+            else:
+                problems.append(Problem(None, key, "a key of no known kind"))
+        except DamagedRecordError as exc:
+            problems.append(Problem(where, key, f"damaged: {exc.reason}"))
+    if version is None and records:
+        problems.append(Problem(None, None, "no format record, though the store holds records"))
+    for (pool, index), instance in sorted(instances.items()):
+        problems.extend(_check_instance(pool, index, instance, pools.get(pool)))
+    return CheckReport(version, records, dict(sorted(pools.items())), len(instances), problems)
+
+
+def _check_instance_record(
+    where: str, instance: _Instance, tag: bytes, key: bytes, value: bytes, problems: list[Problem]
+) -> None:
+    """Count a record of an instance by its key, then read it (which may raise)."""
+    if tag == b"m":
+        instance.meta_key = key
+        instance.meta = read_meta(key, value)
+    elif tag == b"q":
+        instance.queue.add(key)
+        priority = queue_key_priority(key)
+        instance.priorities[priority] = instance.priorities.get(priority, 0) + 1
+        instance.last_sequence = max(instance.last_sequence, queue_key_sequence(key))
+        _payload(where, key, read_event(key, value).event, problems)
+    elif tag == b"d":
+        instance.dead += 1
+        instance.last_sequence = max(instance.last_sequence, queue_key_sequence(key))
+        read_dead(key, value)
+    elif tag == b"o":
+        instance.outbox += 1
+        _payload(where, key, read_outbox(key, value).event, problems)
+    else:
+        read_link(key, value)
+
+
+def _check_pool_name(name: str, key: bytes, problems: list[Problem]) -> None:
+    try:
+        check_pool_name(name)
+    except Exception:
+        problems.append(Problem(None, key, f"pool record of an invalid name {name!r}"))
+
+
+def _payload(where: str, key: bytes, event: bytes, problems: list[Problem]) -> None:
+    """An event's payload that does not decode would be dead-lettered when it runs."""
+    try:
+        unpack(event)
+    except Exception as exc:
+        problems.append(Problem(where, key, f"its event does not decode ({type(exc).__name__})"))
+
+
+def _check_instance(
+    pool: str, index: int, found: _Instance, concurrency: int | None
+) -> list[Problem]:
+    where = f"{pool}:{index}"
+    problems: list[Problem] = []
+
+    def problem(what: str, key: bytes | None = None) -> None:
+        problems.append(Problem(where, key, what))
+
+    if concurrency is None:
+        problem(f"pool {pool!r} has no pool record")
+    elif index >= concurrency:
+        problem(f"instance beyond the pool's stored concurrency {concurrency}")
+    meta = found.meta
+    if meta is None:
+        if found.meta_key is None and (found.queue or found.dead or found.outbox):
+            problem("keys of an instance without a meta record")
+        return problems  # or a damaged one, reported already
+    key = found.meta_key
+    counts: list[tuple[str, int, int]] = [
+        ("pending events", meta.pending, len(found.queue)),
+        ("dead letters", meta.dead_letters, found.dead),
+        ("outbox entries", meta.outbox, found.outbox),
+    ]
+    for what, recorded, keys in counts:
+        if recorded != keys:
+            problem(f"meta counts {recorded} {what}, the store holds {keys}", key)
+    total = meta.succeeded + meta.dead_lettered + meta.drained + meta.pending
+    if meta.enqueued != total:
+        problem(
+            f"enqueued {meta.enqueued} != succeeded + dead_lettered + drained + pending = {total}",
+            key,
+        )
+    if meta.priorities != found.priorities:
+        problem(f"meta counts {meta.priorities} per priority, the keys {found.priorities}", key)
+    if found.last_sequence >= meta.tail:
+        problem(f"sequence {found.last_sequence} at or past the tail {meta.tail}", key)
+    if meta.current is not None and meta.current not in found.queue:
+        problem(f"the started event {queue_key_sequence(meta.current)} has no record", key)
+    if meta.running and meta.current is None:
+        problem("an attempt is running, but no event is started", key)
+    return problems
+
+
+def report_json(report: CheckReport) -> dict[str, Any]:
+    """The report as plain JSON values (keys as their ``repr``)."""
+    return {
+        "ok": report.ok,
+        "format_version": report.format_version,
+        "records": report.records,
+        "pools": report.pools,
+        "instances": report.instances,
+        "problems": [
+            {
+                "instance": problem.instance,
+                "key": None if problem.key is None else repr(problem.key),
+                "what": problem.what,
+            }
+            for problem in report.problems
+        ],
+    }
