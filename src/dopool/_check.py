@@ -77,6 +77,7 @@ def check_store(txn: Txn) -> CheckReport:
     instances: dict[tuple[str, int], _Instance] = {}
     pools: dict[str, int] = {}
     version: int | None = None
+    has_format = False
     records = 0
     for key, value in txn.cursor():
         records += 1
@@ -87,21 +88,24 @@ def check_store(txn: Txn) -> CheckReport:
                 instance = instances.setdefault((parsed.pool, parsed.instance), _Instance())
                 _check_instance_record(where or "", instance, parsed.tag, key, value, problems)
             elif is_format_key(key):
+                has_format = True
                 version = read_format(key, value)
                 if version != FORMAT_VERSION:
                     problems.append(Problem(None, key, f"format version {version} is not mine"))
             elif (name := pool_name_of(key)) is not None:
                 _check_pool_name(name, key, problems)
+                pools[name] = 0  # until read: a damaged record is reported as that alone
                 pools[name] = read_pool(key, value)
             else:
                 problems.append(Problem(None, key, "a key of no known kind"))
         except DamagedRecordError as exc:
             problems.append(Problem(where, key, f"damaged: {exc.reason}"))
-    if version is None and records:
+    if not has_format and records:
         problems.append(Problem(None, None, "no format record, though the store holds records"))
     for (pool, index), instance in sorted(instances.items()):
         problems.extend(_check_instance(pool, index, instance, pools.get(pool)))
-    return CheckReport(version, records, dict(sorted(pools.items())), len(instances), problems)
+    known = {name: count for name, count in sorted(pools.items()) if count}
+    return CheckReport(version, records, known, len(instances), problems)
 
 
 def _check_instance_record(
@@ -154,7 +158,7 @@ def _check_instance(
 
     if concurrency is None:
         problem(f"pool {pool!r} has no pool record")
-    elif index >= concurrency:
+    elif concurrency and index >= concurrency:
         problem(f"instance beyond the pool's stored concurrency {concurrency}")
     meta = found.meta
     if meta is None:
