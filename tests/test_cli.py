@@ -6,18 +6,21 @@ table, or one ``Error: ...`` line that names what is wrong.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
 
-from dopool import Runtime
+from dopool import EventContext, Runtime
 from dopool._cli import cli
 from dopool._sim import scenario as sc
 
@@ -392,6 +395,48 @@ def test_acting_on_a_locked_store_names_the_holder(held: tuple[Path, int]) -> No
         assert_one_line_error(
             invoke("dead-letters", str(store), action), 1, "is locked by", f"pid {pid}"
         )
+
+
+# -- stores that cannot be written, or were crafted --------------------------------------------
+def failing_handler(ctx: EventContext) -> None:
+    raise ValueError(ctx.event["error"])
+
+
+def make_store(path: Path, error: str = "boom", partition_key: str | None = None) -> Path:
+    """A simulated store: pool ``jobs`` (2 instances) with one dead letter."""
+    with Runtime.simulated(path) as runtime:
+        pool = runtime.define("jobs", execute=failing_handler, concurrency=2)
+        pool.enqueue({"error": error}, partition_key=partition_key)
+        assert pool.join()
+    return path
+
+
+@pytest.mark.parametrize("action", ["--purge", "--redrive"])
+def test_acting_on_a_store_whose_lock_cannot_be_opened_is_one_line(
+    tmp_path: Path, action: str
+) -> None:
+    store = make_store(tmp_path / "store")
+    (store / "lock").unlink()
+    (store / "lock").mkdir()  # fails for root too, unlike permission bits
+    assert_one_line_error(invoke("dead-letters", str(store), action), 1, "lock")
+
+
+@pytest.mark.parametrize("action", ["--purge", "--redrive"])
+def test_acting_on_a_read_only_store_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, action: str
+) -> None:
+    store = make_store(tmp_path / "store")
+    real_open = os.open
+
+    def read_only(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & (os.O_WRONLY | os.O_RDWR):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    assert_one_line_error(
+        invoke("dead-letters", str(store), action), 1, "Read-only file system", "lock"
+    )
 
 
 # -- the command itself ----------------------------------------------------------------------------

@@ -29,7 +29,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar, cast
@@ -286,41 +286,62 @@ class _StoreLock:
     """An exclusive ``flock`` on ``<path>/lock``; the file names the holder.
 
     ``flock`` locks belong to an open file description, so a second runtime in
-    the same process conflicts exactly like one in another process.
+    the same process conflicts exactly like one in another process. Every
+    ``OSError`` becomes a :class:`StorageError`, except a held lock.
     """
 
     def __init__(self, directory: Path) -> None:
         self._file = directory / "lock"
-        fd = os.open(self._file, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = os.open(self._file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            os.close(fd)
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
-                raise StorageError(f"cannot lock store {str(directory)!r}: {exc}") from exc
-            raise StoreLockedError(path=str(directory), holder=self._holder()) from None
-        started = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-        text = f"pid {os.getpid()} on {socket.gethostname()} since {started}"
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, text.encode(), 0)
-        self._fd: int | None = fd
-
-    def _holder(self) -> str:
+            raise StorageError(
+                f"cannot open lock file {str(self._file)!r}: {_reason(exc)}"
+            ) from exc
         try:
-            text = self._file.read_text().strip()
-        except OSError:
-            text = ""
-        if not text:
-            return "another runtime"
-        if text.startswith(f"pid {os.getpid()} "):
-            return f"{text} (this process)"
-        return text
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                    raise StorageError(f"cannot lock store {str(directory)!r}: {exc}") from exc
+                raise StoreLockedError(path=str(directory), holder=_holder(fd)) from None
+            started = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+            text = f"pid {os.getpid()} on {socket.gethostname()} since {started}"
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, text.encode(), 0)
+            except OSError as exc:
+                raise StorageError(
+                    f"cannot write lock file {str(self._file)!r}: {_reason(exc)}"
+                ) from exc
+        except BaseException:
+            os.close(fd)  # releases the flock, if taken
+            raise
+        self._fd: int | None = fd
 
     def release(self) -> None:
         if self._fd is not None:
-            os.ftruncate(self._fd, 0)
+            with suppress(OSError):  # a stale holder text is harmless: the flock decides
+                os.ftruncate(self._fd, 0)
             os.close(self._fd)  # closing the descriptor releases the flock
             self._fd = None
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, as its holder wrote it in the file."""
+    try:
+        text = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+    except OSError:
+        text = ""
+    if not text:
+        return "another runtime"
+    if text.startswith(f"pid {os.getpid()} "):
+        return f"{text} (this process)"
+    return text
 
 
 # A leader waits for the writers it expects at most this fraction of a commit's
@@ -531,7 +552,7 @@ class Store:
                 max_readers=_MAX_READERS,
                 max_spare_txns=16,
             )
-        except lmdb.Error as exc:
+        except (lmdb.Error, OSError) as exc:
             self._lock.release()
             raise StorageError(f"cannot open store {str(self.path)!r}: {exc}") from exc
         self._closed = False
@@ -611,11 +632,11 @@ def open_readonly(path: Path) -> Any:
         return lmdb.open(
             str(path / "data"), map_size=_MAP_SIZE, max_readers=_MAX_READERS, **options
         )
-    except lmdb.Error:
+    except (lmdb.Error, OSError):
         pass
     try:
         # Without write access to LMDB's lock file, read without it: consistent for a
         # snapshot this short, though a live writer may then reuse pages sooner.
         return lmdb.open(str(path / "data"), map_size=_MAP_SIZE, lock=False, **options)
-    except lmdb.Error as exc:
+    except (lmdb.Error, OSError) as exc:
         raise StorageError(f"cannot open store {str(path)!r} read-only: {exc}") from exc
