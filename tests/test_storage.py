@@ -591,3 +591,36 @@ def test_close_releases_the_lock_even_if_the_lock_file_cannot_be_truncated(
         patched.setattr(os, "ftruncate", failing)
         store.close()
     Store(store_path).close()
+
+
+def test_a_symlinked_lock_file_is_refused_and_its_target_left_alone(tmp_path: Path) -> None:
+    store_path = tmp_path / "store"
+    store_path.mkdir()
+    target = tmp_path / "precious"
+    target.write_text("keep me")
+    (store_path / "lock").symlink_to(target)
+    with pytest.raises(StorageError) as info:
+        Store(store_path)
+    assert str(store_path / "lock") in str(info.value)
+    assert "symbolic link" in str(info.value)
+    assert target.read_text() == "keep me"
+    assert not (store_path / "data").exists()
+
+
+def test_a_dangling_lock_symlink_does_not_create_its_target(tmp_path: Path) -> None:
+    store_path = tmp_path / "store"
+    store_path.mkdir()
+    target = tmp_path / "created-through-the-link"
+    (store_path / "lock").symlink_to(target)
+    with pytest.raises(StorageError, match="symbolic link"):
+        Store(store_path)
+    assert not target.exists()
+
+
+def test_a_lock_file_that_is_not_a_regular_file_is_refused(store_path: Path) -> None:
+    store_path.mkdir()
+    os.mkfifo(store_path / "lock")
+    with pytest.raises(StorageError) as info:
+        Store(store_path)
+    assert str(store_path / "lock") in str(info.value)
+    assert "not a regular file" in str(info.value)

@@ -25,6 +25,7 @@ import fcntl
 import operator
 import os
 import socket
+import stat
 import struct
 import threading
 import time
@@ -292,13 +293,21 @@ class _StoreLock:
 
     def __init__(self, directory: Path) -> None:
         self._file = directory / "lock"
+        where = str(self._file)
+        # O_NOFOLLOW: a planted symlink must not get its target truncated (or created).
+        # O_NONBLOCK: a planted FIFO must not block the open; no effect on a regular file.
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
-            fd = os.open(self._file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(self._file, flags, 0o644)
         except OSError as exc:
-            raise StorageError(
-                f"cannot open lock file {str(self._file)!r}: {_reason(exc)}"
-            ) from exc
+            if exc.errno == errno.ELOOP and self._file.is_symlink():
+                raise StorageError(
+                    f"lock file {where!r} is a symbolic link; dopool does not follow it"
+                ) from exc
+            raise StorageError(f"cannot open lock file {where!r}: {_reason(exc)}") from exc
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise StorageError(f"lock file {where!r} is not a regular file")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
@@ -311,9 +320,7 @@ class _StoreLock:
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, text.encode(), 0)
             except OSError as exc:
-                raise StorageError(
-                    f"cannot write lock file {str(self._file)!r}: {_reason(exc)}"
-                ) from exc
+                raise StorageError(f"cannot write lock file {where!r}: {_reason(exc)}") from exc
         except BaseException:
             os.close(fd)  # releases the flock, if taken
             raise
