@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pykka
 import pytest
 
 from dopool import (
@@ -38,6 +39,8 @@ from dopool import (
     WorkerPool,
 )
 from dopool._router import stable_hash
+from dopool._runtime import MAX_CONCURRENCY
+from dopool._storage import pool_records
 
 MAX_EVENT_BYTES = 128 * 1024
 MAX_PARTITION_KEY_BYTES = 2 * 1024
@@ -1099,6 +1102,25 @@ def test_a_bad_concurrency_is_refused(sim: Runtime, concurrency: Any) -> None:
     with pytest.raises(ConfigurationError):
         sim.define("p", execute=noop, concurrency=concurrency)
     assert sim.define("p", execute=noop, concurrency=2).concurrency == 2  # the name is still free
+
+
+@pytest.mark.parametrize("concurrency", [MAX_CONCURRENCY + 1, 10**6, 10**18])
+def test_a_concurrency_over_the_maximum_is_refused_before_anything_starts(
+    sim: Runtime, concurrency: int
+) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        sim.define("p", execute=noop, concurrency=concurrency)
+    assert f"<= {MAX_CONCURRENCY}" in str(info.value)
+    assert pykka.ActorRegistry.get_all() == []
+    with sim._store.read() as txn:
+        assert pool_records(txn) == {}
+
+
+def test_the_maximum_concurrency_is_documented_and_fits_the_benchmarks() -> None:
+    assert MAX_CONCURRENCY >= 1024  # benchmarks/harness.py starts 1,024 instances
+    docs = Path(__file__).parent.parent / "docs"
+    for page in ("api.md", "guarantees.md"):
+        assert f"{MAX_CONCURRENCY:,}" in (docs / page).read_text(), page
 
 
 @pytest.mark.parametrize("execute", [None, "handler", 3])

@@ -33,6 +33,8 @@ from dopool.chaos import FaultInjector, FaultPlan
 logger = logging.getLogger("dopool")
 
 DURABILITY_MODES = ("sync", "async")
+# Instances per pool: each is a thread and a namespace, started and recovered one by one.
+MAX_CONCURRENCY = 4096
 
 
 class Runtime:
@@ -348,8 +350,14 @@ def _check_options(
 ) -> None:
     if not callable(execute):
         raise ConfigurationError(f"execute must be callable, got {execute!r}")
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ConfigurationError(f"concurrency must be an int >= 1, got {concurrency!r}")
+    if (
+        isinstance(concurrency, bool)
+        or not isinstance(concurrency, int)
+        or not 1 <= concurrency <= MAX_CONCURRENCY
+    ):
+        raise ConfigurationError(
+            f"concurrency must be an int >= 1 and <= {MAX_CONCURRENCY}, got {concurrency!r}"
+        )
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise ConfigurationError(f"retry must be a RetryPolicy or None, got {retry!r}")
     for label, hook in (
