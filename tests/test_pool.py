@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pykka
@@ -1160,6 +1161,49 @@ def test_enqueue_many_with_one_bad_event_stores_nothing(sim: Runtime) -> None:
     assert invalid.value.position == 2
     assert too_large.value.position == 1
     _assert_nothing_stored(pool, seen)
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        5,
+        None,
+        1.5,
+        object(),
+        "abc",
+        b"abc",
+        bytearray(b"abc"),
+        memoryview(b"abc"),
+        {"a": 1, "b": 2},
+        MappingProxyType({"a": 1}),
+    ],
+    ids=lambda events: type(events).__name__,
+)
+def test_enqueue_many_refuses_what_is_not_a_batch_of_events(sim: Runtime, events: Any) -> None:
+    pool = sim.define("p", execute=noop, concurrency=2)
+    seen: list[PoolEvent] = []
+    sim.subscribe(seen.append)
+
+    with pytest.raises(EventValidationError) as info:
+        pool.enqueue_many(events)
+
+    assert type(events).__name__ in str(info.value)
+    assert info.value.position is None
+    _assert_nothing_stored(pool, seen)
+
+
+def test_enqueue_many_takes_lists_tuples_generators_and_other_iterables(sim: Runtime) -> None:
+    pool = sim.define("p", execute=noop, concurrency=2)
+    stored = [
+        pool.enqueue_many(["a", "b"]),
+        pool.enqueue_many(("c",)),
+        pool.enqueue_many(f"g{n}" for n in range(3)),
+        pool.enqueue_many(range(2)),
+        pool.enqueue_many({"k": "v"}.values()),
+        pool.enqueue_many(iter([])),
+    ]
+    assert [len(results) for results in stored] == [2, 1, 3, 2, 1, 0]
+    assert pool.status().enqueued == 9
 
 
 def test_enqueue_many_reports_what_other_instances_stored(sim: Runtime) -> None:
