@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 import pykka
 import pytest
 
+import dopool._runtime
 from dopool import (
     ConfigurationError,
     DeadLetter,
@@ -1146,6 +1148,71 @@ def test_a_bad_retry_is_refused(sim: Runtime, retry: Any) -> None:
 def test_a_bad_durability_is_refused(tmp_path: Path, durability: Any) -> None:
     with pytest.raises(ConfigurationError):
         Runtime(tmp_path / "store", durability=durability)
+
+
+class _EmptyPath(os.PathLike[str]):
+    def __fspath__(self) -> str:
+        return ""
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["", _EmptyPath(), None, 5, b"store", "st\0re"],
+    ids=["empty", "empty-pathlike", "none", "int", "bytes", "nul"],
+)
+def test_a_bad_store_path_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: Any
+) -> None:
+    monkeypatch.chdir(tmp_path)  # "" used to mean the current directory
+    with pytest.raises(ConfigurationError, match="path"):
+        Runtime(path)
+    if path is not None:  # Runtime.simulated(None) uses a temporary directory
+        with pytest.raises(ConfigurationError, match="path"):
+            Runtime.simulated(path)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "seed", [object(), 1.5, True, b"seed", [1]], ids=["object", "float", "bool", "bytes", "list"]
+)
+def test_a_bad_seed_is_refused(tmp_path: Path, seed: Any) -> None:
+    store = tmp_path / "store"
+    with pytest.raises(ConfigurationError, match="seed"):
+        Runtime(store, seed=seed)
+    with pytest.raises(ConfigurationError, match="seed"):
+        Runtime.simulated(store, seed=seed)
+    assert not store.exists()
+
+
+def test_an_empty_dopool_path_means_the_default_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DOPOOL_PATH", "")
+    monkeypatch.setattr(dopool._runtime, "_default", None)
+    runtime = dopool._runtime.default_runtime()
+    try:
+        assert runtime.path == Path(".dopool")
+        assert (tmp_path / ".dopool" / "lock").is_file()
+        assert not (tmp_path / "lock").exists()
+    finally:
+        runtime.close()
+
+
+def test_a_refused_simulated_runtime_leaves_no_temporary_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for options in ({"seed": object()}, {"durability": "fast"}):
+        with pytest.raises(ConfigurationError):
+            Runtime.simulated(**options)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("seed", [0, -3, 2**80, "", "run-7", None])
+def test_int_str_and_none_seeds_are_taken(tmp_path: Path, seed: int | str | None) -> None:
+    with Runtime.simulated(tmp_path / "store", seed=seed) as runtime:
+        assert runtime.seed == seed if seed is not None else isinstance(runtime.seed, int)
 
 
 def test_enqueue_many_with_one_bad_event_stores_nothing(sim: Runtime) -> None:

@@ -63,6 +63,8 @@ class Runtime:
         faults: FaultPlan | None = None,
         trace: str | os.PathLike[str] | None = None,
     ) -> None:
+        _check_path(path)
+        _check_seed(seed)
         if durability not in DURABILITY_MODES:
             raise ConfigurationError(f"durability must be 'sync' or 'async', got {durability!r}")
         if clock is not None and not isinstance(clock, Clock):
@@ -98,7 +100,7 @@ class Runtime:
         cls,
         path: str | os.PathLike[str] | None = None,
         *,
-        seed: int | str = 0,
+        seed: int | str | None = 0,
         start: float = 0.0,
         **options: Any,
     ) -> Runtime:
@@ -107,11 +109,14 @@ class Runtime:
             raise ConfigurationError(
                 "Runtime.simulated makes its own SimulatedClock; pass no clock"
             )
-        temporary = None
-        if path is None:
-            temporary = Path(tempfile.mkdtemp(prefix="dopool-"))
-            path = temporary
-        runtime = cls(path, clock=SimulatedClock(start), seed=seed, **options)
+        if path is not None:
+            return cls(path, clock=SimulatedClock(start), seed=seed, **options)
+        temporary = Path(tempfile.mkdtemp(prefix="dopool-"))
+        try:
+            runtime = cls(temporary, clock=SimulatedClock(start), seed=seed, **options)
+        except BaseException:
+            shutil.rmtree(temporary, ignore_errors=True)
+            raise
         runtime._temporary = temporary
         return runtime
 
@@ -338,6 +343,22 @@ def _recover(mailbox: Mailbox) -> None:
         return
 
 
+def _check_path(path: object) -> None:
+    # Path("") is the current directory: an empty setting must not put a store there.
+    text = os.fspath(path) if isinstance(path, str | os.PathLike) else None
+    if not isinstance(text, str):
+        raise ConfigurationError(f"path must be a str or an os.PathLike of str, got {path!r}")
+    if not text:
+        raise ConfigurationError("path is empty; name the store directory ('.' for this one)")
+    if "\0" in text:
+        raise ConfigurationError(f"path contains a NUL character: {text!r}")
+
+
+def _check_seed(seed: object) -> None:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | str)):
+        raise ConfigurationError(f"seed must be an int, a str or None, got {seed!r}")
+
+
 def _check_options(
     *,
     execute: object,
@@ -382,10 +403,11 @@ _default_lock = threading.Lock()
 
 
 def default_runtime() -> Runtime:
-    """The process-wide runtime: real clock, directory ``$DOPOOL_PATH`` or ``./.dopool``."""
+    """The process-wide runtime: real clock, directory ``$DOPOOL_PATH`` (if set and not
+    empty) or ``./.dopool``."""
     global _default  # noqa: PLW0603 - one lazily created runtime per process
     with _default_lock:
         if _default is None or _default.closed:
-            _default = Runtime(os.environ.get("DOPOOL_PATH", ".dopool"))
+            _default = Runtime(os.environ.get("DOPOOL_PATH") or ".dopool")
             atexit.register(_default.close)
         return _default
