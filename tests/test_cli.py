@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import shutil
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,9 @@ from click.testing import CliRunner, Result
 
 from dopool import EventContext, Runtime
 from dopool._cli import cli
+from dopool._runtime import MAX_CONCURRENCY
 from dopool._sim import scenario as sc
+from dopool._storage import DeadRecord, Namespace, Store, Txn, pack
 
 SMALL = ("--events", "150")  # keeps each simulation to a fraction of a second
 
@@ -437,6 +440,165 @@ def test_acting_on_a_read_only_store_is_one_line(
     assert_one_line_error(
         invoke("dead-letters", str(store), action), 1, "Read-only file system", "lock"
     )
+
+
+def craft(store: Path, change: Callable[[Store, Txn], None]) -> Path:
+    """Write records the engine never would, through the storage layer."""
+    opened = Store(store)
+    try:
+        with opened.write() as txn:
+            change(opened, txn)
+    finally:
+        opened.close()
+    return store
+
+
+def put_pool(record: Any) -> Callable[[Store, Txn], None]:
+    return lambda store, txn: store.put_pool(txn, "jobs", record)
+
+
+def copy_pool_to(key: bytes) -> Callable[[Store, Txn], None]:
+    return lambda store, txn: txn.put(key, txn.get(b"Pjobs"))
+
+
+def meta_of(index: int) -> bytes:
+    return Namespace("jobs", index).prefix + b"m"
+
+
+def dead_key(index: int, sequence: int) -> bytes:
+    return Namespace("jobs", index).prefix + b"d" + sequence.to_bytes(8, "big")
+
+
+def first_dead_letter(store: Store, txn: Txn) -> tuple[int, int, DeadRecord]:
+    for index in range(2):
+        for sequence, record in Namespace("jobs", index).iter_dead_letters(txn):
+            return index, sequence, record
+    raise AssertionError("the store has no dead letter")
+
+
+def replace_dead_letter(**fields: Any) -> Callable[[Store, Txn], None]:
+    def change(store: Store, txn: Txn) -> None:
+        index, sequence, record = first_dead_letter(store, txn)
+        Namespace("jobs", index).put_dead_letter(txn, sequence, record._replace(**fields))
+
+    return change
+
+
+def set_meta(**fields: Any) -> Callable[[Store, Txn], None]:
+    def change(store: Store, txn: Txn) -> None:
+        namespace = Namespace("jobs", 0)
+        meta = namespace.load_meta(txn)
+        for name, value in fields.items():
+            setattr(meta, name, value)
+        namespace.save_meta(txn, meta)
+
+    return change
+
+
+BAD_POOL_RECORDS: list[tuple[str, Callable[[Store, Txn], None], tuple[str, ...]]] = [
+    ("not-a-map", put_pool([1, 2]), ("pool record", "jobs", "not a map")),
+    ("no-concurrency", put_pool({"instances": 2}), ("pool record", "jobs", "concurrency")),
+    ("str-concurrency", put_pool({"concurrency": "2"}), ("pool record", "jobs", "concurrency")),
+    ("float-concurrency", put_pool({"concurrency": 2.5}), ("jobs", "concurrency")),
+    ("zero-concurrency", put_pool({"concurrency": 0}), ("jobs", "concurrency")),
+    ("negative-concurrency", put_pool({"concurrency": -3}), ("jobs", "concurrency", "-3")),
+    ("over-the-maximum", put_pool({"concurrency": MAX_CONCURRENCY + 1}), ("jobs", "4097")),
+    ("a-billion", put_pool({"concurrency": 10**9}), ("jobs", "1000000000", "4096")),
+    ("undecodable", lambda store, txn: txn.put(b"Pjobs", b"\xc1"), ("pool record", "jobs")),
+    ("name-not-utf8", copy_pool_to(b"P\xff\xfejobs"), ("pool record", "UTF-8", "xff")),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [(change, words) for _, change, words in BAD_POOL_RECORDS],
+    ids=[name for name, _, _ in BAD_POOL_RECORDS],
+)
+@pytest.mark.parametrize("command", ["status", "dead-letters"])
+def test_a_crafted_pool_record_is_one_line_naming_it(
+    tmp_path: Path, command: str, change: Callable[[Store, Txn], None], words: tuple[str, ...]
+) -> None:
+    store = craft(make_store(tmp_path / "store"), change)
+    assert_one_line_error(invoke(command, str(store)), 1, *words)
+    assert_one_line_error(invoke(command, str(store), "--json"), 1, *words)
+
+
+BAD_INSTANCE_RECORDS: list[tuple[str, str, Callable[[Store, Txn], None], tuple[str, ...]]] = [
+    (
+        "meta-undecodable",
+        "status",
+        lambda store, txn: txn.put(meta_of(1), b"\xc1"),
+        ("meta record", "jobs:1"),
+    ),
+    (
+        "meta-too-long",
+        "status",
+        lambda store, txn: txn.put(meta_of(0), pack(list(range(99)))),
+        ("meta record", "jobs:0"),
+    ),
+    ("meta-str-counter", "status", set_meta(pending="many"), ("meta record", "jobs:0", "pending")),
+    ("meta-bad-current", "status", set_meta(current=b"x"), ("meta record", "jobs:0")),
+    ("meta-str-alarm", "status", set_meta(alarm="soon"), ("meta record", "jobs:0", "alarm")),
+    (
+        "dead-undecodable",
+        "dead-letters",
+        lambda store, txn: txn.put(dead_key(1, 7), b"\xc1"),
+        ("first dead letter", "jobs:1"),
+    ),
+    (
+        "dead-event-undecodable",
+        "dead-letters",
+        replace_dead_letter(event=b"\xc1"),
+        ("dead letter #", "jobs:"),
+    ),
+    (
+        "dead-str-time",
+        "dead-letters",
+        replace_dead_letter(failed_at="yesterday"),
+        ("dead letter #", "failed_at"),
+    ),
+    (
+        "dead-int-error",
+        "dead-letters",
+        replace_dead_letter(error=17),
+        ("dead letter #", "error"),
+    ),
+    (
+        "dead-short-key",
+        "dead-letters",
+        lambda store, txn: txn.put(Namespace("jobs", 0).prefix + b"d1", b"\xc0"),
+        ("dead letter", "jobs:0"),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "change", "words"),
+    [(command, change, words) for _, command, change, words in BAD_INSTANCE_RECORDS],
+    ids=[name for name, _, _, _ in BAD_INSTANCE_RECORDS],
+)
+def test_a_crafted_instance_record_is_one_line_naming_it(
+    tmp_path: Path, command: str, change: Callable[[Store, Txn], None], words: tuple[str, ...]
+) -> None:
+    store = craft(make_store(tmp_path / "store"), change)
+    assert_one_line_error(invoke(command, str(store)), 1, *words)
+    assert_one_line_error(invoke(command, str(store), "--json"), 1, *words)
+
+
+def test_acting_on_a_store_with_a_crafted_meta_record_is_one_line(tmp_path: Path) -> None:
+    store = craft(make_store(tmp_path / "store"), lambda s, txn: txn.put(meta_of(1), b"\xc1"))
+    for action in ("--purge", "--redrive"):
+        assert_one_line_error(
+            invoke("dead-letters", str(store), action), 1, "meta record", "jobs:1"
+        )
+
+
+@pytest.mark.parametrize("alarm", [1e300, -1e300, math.inf, -math.inf, math.nan, 2**63])
+def test_status_prints_an_alarm_time_out_of_the_calendar(tmp_path: Path, alarm: float) -> None:
+    store = craft(make_store(tmp_path / "store"), set_meta(alarm=alarm))
+    result = invoke("status", str(store))
+    assert result.exit_code == 0, result.output
+    assert "jobs:0" in result.stdout
 
 
 # -- the command itself ----------------------------------------------------------------------------

@@ -43,7 +43,6 @@ from dopool import (
 )
 from dopool._router import stable_hash
 from dopool._runtime import MAX_CONCURRENCY
-from dopool._storage import pool_records
 
 MAX_EVENT_BYTES = 128 * 1024
 MAX_PARTITION_KEY_BYTES = 2 * 1024
@@ -1116,7 +1115,7 @@ def test_a_concurrency_over_the_maximum_is_refused_before_anything_starts(
     assert f"<= {MAX_CONCURRENCY}" in str(info.value)
     assert pykka.ActorRegistry.get_all() == []
     with sim._store.read() as txn:
-        assert pool_records(txn) == {}
+        assert sim._store.get_pool(txn, "p") is None
 
 
 def test_the_maximum_concurrency_is_documented_and_fits_the_benchmarks() -> None:

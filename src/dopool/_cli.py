@@ -56,6 +56,7 @@ REPORT_WIDTH = 120  # when stdout is not a terminal (a file, a pipe, a test)
 MAX_INSTANCE_ROWS = 64
 MAX_DEAD_LETTER_ROWS = 10
 REAL_TIME_FROM = 1e9  # an alarm time above this is a real clock's epoch seconds
+MAX_PLAIN_TIME = 1e15  # a time this large or more prints in exponent form
 
 # Flags that set one scenario field each: (option name, dotted field, help).
 FIELD_FLAGS: tuple[tuple[str, str, str], ...] = (
@@ -614,9 +615,15 @@ def _when(value: float | None) -> str:
     if value is None:
         return "-"
     if value >= REAL_TIME_FROM:
-        moment = _dt.datetime.fromtimestamp(value, _dt.UTC)
-        return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
-    return f"t={value:,.3f}"
+        try:
+            moment = _dt.datetime.fromtimestamp(value, _dt.UTC)
+        except (OverflowError, OSError, ValueError):
+            pass  # past the calendar (a crafted store): print the number
+        else:
+            return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+    if abs(value) < MAX_PLAIN_TIME:
+        return f"t={value:,.3f}"
+    return f"t={value:.6g}"  # inf, nan, and numbers too long to print in full
 
 
 def _jsonable(value: Any) -> Any:

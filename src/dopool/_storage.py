@@ -621,12 +621,47 @@ class Store:
                 self._lock.release()
 
 
-def pool_records(txn: Txn) -> dict[str, int]:
-    """Every pool a store knows, by name, with its stored concurrency."""
-    return {
-        key[len(_POOL_PREFIX) :].decode(): int(unpack(raw)["concurrency"])
-        for key, raw in _iter_prefix(txn, _POOL_PREFIX)
-    }
+def pool_records(txn: Txn, *, max_concurrency: int) -> dict[str, int]:
+    """Every pool a store knows, by name, with its stored concurrency.
+
+    The records are checked, not trusted: a name that is not UTF-8, a value that
+    does not decode to a map, or a concurrency that is not an int from 1 to
+    ``max_concurrency`` raises :class:`StorageError` naming the record.
+    """
+    pools = {}
+    for key, raw in _iter_prefix(txn, _POOL_PREFIX):
+        where = f"pool record {key!r}"
+        try:
+            name = key[len(_POOL_PREFIX) :].decode()
+        except UnicodeDecodeError as exc:
+            raise StorageError(f"{where}: the pool name is not UTF-8") from exc
+        try:
+            record = unpack(raw)
+        except Exception as exc:  # whatever the bytes make msgpack raise
+            raise StorageError(f"{where}: cannot decode it ({describe(exc)})") from exc
+        if not isinstance(record, dict):
+            raise StorageError(f"{where}: not a map but {type(record).__name__}")
+        concurrency = record.get("concurrency")
+        if (
+            isinstance(concurrency, bool)
+            or not isinstance(concurrency, int)
+            or not 1 <= concurrency <= max_concurrency
+        ):
+            raise StorageError(
+                f"{where}: concurrency must be an int from 1 to {max_concurrency}, "
+                f"got {concurrency!r}"
+            )
+        pools[name] = concurrency
+    return pools
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as ``Type: message``, or just ``Type`` when it has no message."""
+    kind = type(exc).__name__
+    if kind.islower():  # e.g. struct.error: the bare name says nothing
+        kind = f"{type(exc).__module__}.{kind}"
+    text = str(exc)
+    return f"{kind}: {text}" if text else kind
 
 
 def open_readonly(path: Path) -> Any:

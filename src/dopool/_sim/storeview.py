@@ -28,9 +28,9 @@ from dopool._clock import RealClock, SimulatedClock
 from dopool._context import EventContext
 from dopool._errors import ConfigurationError, StorageError
 from dopool._instance import dead_letter_from_record
-from dopool._runtime import Runtime
+from dopool._runtime import MAX_CONCURRENCY, Runtime
 from dopool._status import instance_status, pool_status
-from dopool._storage import Namespace, open_readonly, pool_records
+from dopool._storage import Namespace, describe, open_readonly, pool_records
 from dopool._types import DeadLetter, PoolStatus
 
 
@@ -44,7 +44,11 @@ class StoreNotFoundError(ConfigurationError):
 
 
 class StoreView:
-    """A read-only window on a store; see the module docstring."""
+    """A read-only window on a store; see the module docstring.
+
+    What it returns is checked, not trusted: a record that does not decode, or
+    decodes to the wrong shape, raises :class:`StorageError` naming the record.
+    """
 
     def __init__(self, env: Any, path: Path) -> None:
         self._env = env
@@ -61,25 +65,89 @@ class StoreView:
     def pools(self) -> dict[str, int]:
         """Every pool the store knows, by name, with its stored concurrency."""
         with self._read() as txn:
-            return pool_records(txn)
+            try:
+                return pool_records(txn, max_concurrency=MAX_CONCURRENCY)
+            except StorageError as exc:
+                raise StorageError(f"store {str(self.path)!r}: {exc}") from exc
 
     def status(self, name: str, concurrency: int) -> PoolStatus:
         """The same figures as ``pool.status()``, read from committed state."""
+        instances = []
         with self._read() as txn:
-            instances = [
-                instance_status(name, index, Namespace(name, index).load_meta(txn))
-                for index in range(concurrency)
-            ]
+            for index in range(concurrency):
+                with decoding(self.path, f"the meta record of instance {name}:{index}"):
+                    status = instance_status(name, index, Namespace(name, index).load_meta(txn))
+                    _check_types(status, _STATUS_TYPES)
+                instances.append(status)
         return pool_status(name, instances)
 
     def dead_letters(self, name: str, concurrency: int) -> list[DeadLetter]:
         """The pool's dead letters, by instance then sequence."""
         with self._read() as txn:
             return [
-                dead_letter_from_record(index, sequence, record)
+                letter
                 for index in range(concurrency)
-                for sequence, record in Namespace(name, index).iter_dead_letters(txn)
+                for letter in self._dead_letters(txn, name, index)
             ]
+
+    def _dead_letters(self, txn: Any, name: str, index: int) -> list[DeadLetter]:
+        instance = f"instance {name}:{index}"
+        records = Namespace(name, index).iter_dead_letters(txn)
+        letters: list[DeadLetter] = []
+        while True:
+            which = f"dead letter after #{letters[-1].sequence}" if letters else "first dead letter"
+            with decoding(self.path, f"the {which} of {instance}"):
+                found = next(records, None)
+            if found is None:
+                return letters
+            sequence, record = found
+            with decoding(self.path, f"dead letter #{sequence} of {instance}"):
+                letter = dead_letter_from_record(index, sequence, record)
+                _check_types(letter, _DEAD_LETTER_TYPES)
+            letters.append(letter)
+
+
+class _WrongType(Exception):
+    """A decoded field of the wrong type (its message is the whole reason)."""
+
+
+_INT = (int,)
+_TIME = (int, float, type(None))
+_STATUS_TYPES = {
+    **dict.fromkeys(
+        ("enqueued", "pending", "processed", "succeeded", "dead_lettered", "drained"), _INT
+    ),
+    "attempt": _INT,
+    "restarts": _INT,
+    "current_sequence": (int, type(None)),
+    "next_alarm_at": _TIME,
+}
+_DEAD_LETTER_TYPES = {
+    "error": (str,),
+    "attempts": _INT,
+    "enqueued_at": (int, float),
+    "failed_at": (int, float),
+    "partition_key": (str, type(None)),
+    "priority": _INT,
+}
+
+
+def _check_types(record: object, expected: dict[str, tuple[type, ...]]) -> None:
+    for name, types in expected.items():
+        value = getattr(record, name)
+        if not isinstance(value, types):
+            wanted = " or ".join("None" if t is type(None) else t.__name__ for t in types)
+            raise _WrongType(f"{name} has type {type(value).__name__}, not {wanted}")
+
+
+@contextmanager
+def decoding(path: Path, what: str) -> Iterator[None]:
+    """Map any failure to decode or check one record to a :class:`StorageError` naming it."""
+    try:
+        yield
+    except Exception as exc:  # the record's bytes may make its decoder raise anything
+        reason = str(exc) if isinstance(exc, _WrongType) else describe(exc)
+        raise StorageError(f"store {str(path)!r}: cannot decode {what} ({reason})") from exc
 
 
 def _check_store_path(path: str | os.PathLike[str]) -> Path:
@@ -119,11 +187,11 @@ def _act(path: str | os.PathLike[str], pools: dict[str, int], action: str) -> di
     try:
         with runtime._store.read() as txn:
             for name, concurrency in pools.items():
-                interrupted = [
-                    index
-                    for index in range(concurrency)
-                    if Namespace(name, index).load_meta(txn).running
-                ]
+                interrupted = []
+                for index in range(concurrency):
+                    with decoding(where, f"the meta record of instance {name}:{index}"):
+                        if Namespace(name, index).load_meta(txn).running:
+                            interrupted.append(index)
                 if interrupted:
                     raise ConfigurationError(
                         f"pool {name!r} has an interrupted attempt on instance "
