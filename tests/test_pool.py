@@ -38,6 +38,7 @@ from dopool import (
     RetryPolicy,
     Runtime,
     SimulatedClock,
+    StorageError,
     StoreLockedError,
     WorkerPool,
 )
@@ -1116,6 +1117,30 @@ def test_a_concurrency_over_the_maximum_is_refused_before_anything_starts(
     assert pykka.ActorRegistry.get_all() == []
     with sim._store.read() as txn:
         assert sim._store.get_pool(txn, "p") is None
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"concurrency": MAX_CONCURRENCY + 1},
+        {"concurrency": 10**9},
+        {"concurrency": 0},
+        {"concurrency": -1},
+        {"concurrency": "2"},
+        {"concurrency": 2.0},
+        {"concurrency": None},
+        {},
+        [1, 2],
+    ],
+    ids=repr,
+)
+def test_a_corrupt_stored_concurrency_is_a_storage_error(sim: Runtime, record: Any) -> None:
+    with sim._store.write() as txn:
+        sim._store.put_pool(txn, "p", record)
+    with pytest.raises(StorageError, match="pool 'p'") as info:
+        sim.define("p", execute=noop, concurrency=2)
+    assert "pool record" in str(info.value)
+    assert pykka.ActorRegistry.get_all() == []
 
 
 def test_the_maximum_concurrency_is_documented_and_fits_the_benchmarks() -> None:

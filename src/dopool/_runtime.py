@@ -18,14 +18,19 @@ import pykka
 
 from dopool._clock import Clock, RealClock, SimulatedClock
 from dopool._context import EventContext
-from dopool._errors import ConfigurationError, InstanceCrashedError, PoolClosedError
+from dopool._errors import (
+    ConfigurationError,
+    InstanceCrashedError,
+    PoolClosedError,
+    StorageError,
+)
 from dopool._instance import DirectEnqueue, InstanceActor, InstanceEnv, PoolSpec
 from dopool._mailbox import Mailbox
 from dopool._messages import Item, Recover, Reply
 from dopool._pool import WorkerPool
 from dopool._retry import RetryPolicy
 from dopool._router import Router
-from dopool._storage import Namespace, Store
+from dopool._storage import Namespace, Store, Txn, describe
 from dopool._types import DeadLetter, EmptyInfo, PoolEvent
 from dopool._validation import Schema, check_pool_name, prepare
 from dopool.chaos import FaultInjector, FaultPlan
@@ -276,8 +281,7 @@ class Runtime:
         """Store the pool's concurrency, refusing a change while old instances hold work."""
         store = self._store
         with store.write() as txn:
-            record = store.get_pool(txn, name)
-            previous = None if record is None else int(record["concurrency"])
+            previous = _stored_concurrency(store, txn, name)
             if previous == concurrency:
                 return
             if previous is not None:
@@ -324,6 +328,27 @@ class Runtime:
             self.clock.close()
         if self._temporary is not None:
             shutil.rmtree(self._temporary, ignore_errors=True)
+
+
+def _stored_concurrency(store: Store, txn: Txn, name: str) -> int | None:
+    """The concurrency in the pool's record (None if it has none), checked, not trusted."""
+    where = f"pool {name!r}: its pool record"
+    try:
+        record = store.get_pool(txn, name)
+    except (TypeError, ValueError) as exc:
+        raise StorageError(f"{where} cannot be decoded ({describe(exc)})") from exc
+    if record is None:
+        return None
+    concurrency = record.get("concurrency")
+    if (
+        isinstance(concurrency, bool)
+        or not isinstance(concurrency, int)
+        or not 1 <= concurrency <= MAX_CONCURRENCY
+    ):
+        raise StorageError(
+            f"{where} holds concurrency {concurrency!r}, not an int from 1 to {MAX_CONCURRENCY}"
+        )
+    return concurrency
 
 
 def _recover(mailbox: Mailbox) -> None:
