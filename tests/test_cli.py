@@ -7,6 +7,7 @@ table, or one ``Error: ...`` line that names what is wrong.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import math
 import os
@@ -14,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import unicodedata
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -599,6 +601,56 @@ def test_status_prints_an_alarm_time_out_of_the_calendar(tmp_path: Path, alarm: 
     result = invoke("status", str(store))
     assert result.exit_code == 0, result.output
     assert "jobs:0" in result.stdout
+
+
+HOSTILE = "\x1b[2J\x1b]0;pwned\x07 [bold red]loud[/] \x9b31m \x7f\r\nnext line\x00"
+
+
+BIDI_CONTROLS = {"LRE", "RLE", "LRO", "RLO", "PDF", "LRI", "RLI", "FSI", "PDI"}
+
+
+def assert_inert(text: str) -> None:
+    """No control character but line ends reached the terminal, and no markup was applied."""
+    controls = {char for char in text if unicodedata.category(char) == "Cc"} - {"\n"}
+    controls |= {char for char in text if unicodedata.bidirectional(char) in BIDI_CONTROLS}
+    assert not controls, controls
+
+
+def test_dead_letters_escape_control_characters_and_markup(tmp_path: Path) -> None:
+    store = make_store(tmp_path / "store", error=HOSTILE, partition_key="key\x1b[1m\x85\u202e")
+    result = invoke("dead-letters", str(store))
+    assert result.exit_code == 0, result.output
+    assert_inert(result.stdout)
+    assert "\\x1b[2J\\x1b]0;pwned\\x07 [bold red]loud[/] \\x9b31m \\x7f" in result.stdout
+    assert "\\r\\nnext line\\x00" in result.stdout
+    assert "key key\\x1b[1m\\x85\\u202e" in result.stdout
+    assert json.loads(invoke("dead-letters", str(store), "--json").stdout)[0]["error"] == (
+        f"ValueError: {HOSTILE}"
+    )
+
+
+def test_status_escapes_a_crafted_pool_name(tmp_path: Path) -> None:
+    name = "jobs\x1b]0;t\x07[bold]x[/bold]\n"
+    store = craft(make_store(tmp_path / "store"), copy_pool_to(b"P" + name.encode()))
+    result = invoke("status", str(store))
+    assert result.exit_code == 0, result.output
+    assert_inert(result.stdout)
+    assert "pool jobs\\x1b]0;t\\x07[bold]x[/bold]\\n · 2 instances" in result.stdout
+    assert "jobs\\x1b]0;t\\x07[bold]x[/bold]\\n:1" in result.stdout
+    missing = invoke("status", str(store), "--pool", "nope")
+    assert_one_line_error(missing, 1, "no pool named 'nope'", "jobs\\x1b]0;t\\x07[bold]x")
+    assert_inert(missing.stderr)
+
+
+def test_a_crafted_lock_holder_is_one_inert_line(tmp_path: Path) -> None:
+    store = make_store(tmp_path / "store")
+    with (store / "lock").open("r+") as lock:  # a holder that names itself with escapes
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.write("pid 1\x1b]0;pwned\x07\nError: fake second line")
+        lock.flush()
+        result = invoke("dead-letters", str(store), "--purge")
+    assert_one_line_error(result, 1, "is locked by pid 1\\x1b]0;pwned\\x07\\nError: fake")
+    assert_inert(result.stderr)
 
 
 # -- the command itself ----------------------------------------------------------------------------

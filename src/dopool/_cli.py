@@ -89,6 +89,24 @@ _FIELD_OF = {flag: path for flag, path, _ in FIELD_FLAGS}
 _FLAG_OF = {path: flag for flag, path, _ in FIELD_FLAGS}
 
 
+# C0 controls, DEL and C1 controls: a terminal acts on them (ESC starts a sequence that can
+# clear the screen or retitle the window), so stored text prints them as escapes instead.
+# So do the bidirectional overrides and isolates, which reorder the text around them.
+_ESCAPES = {
+    code: {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}.get(code, f"\\x{code:02x}")
+    for code in (*range(0x20), *range(0x7F, 0xA0))
+} | {code: f"\\u{code:04x}" for code in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+
+
+def _clean(text: object) -> str:
+    """Text from a store (or any outside source) made safe for a terminal, on one line.
+
+    Control characters become escapes like ``\\x1b``. Rich markup is not touched here:
+    hand the result to rich inside a :class:`~rich.text.Text`, which is never parsed.
+    """
+    return str(text).translate(_ESCAPES)
+
+
 class CliError(click.ClickException):
     """Printed as one ``Error: ...`` line on stderr; exits 1."""
 
@@ -125,13 +143,13 @@ def _one_line() -> Iterator[None]:
             hint = f" (see '{exc.ctx.command_path} --help')"
         raise CliUsageError(exc.format_message() + hint) from None
     except ScenarioError as exc:
-        raise CliUsageError(str(exc)) from None
+        raise CliUsageError(_clean(exc)) from None
     except StoreLockedError as exc:
         raise CliError(
-            f"{exc}; stop that runtime first (--redrive and --purge need the store lock)"
+            f"{_clean(exc)}; stop that runtime first (--redrive and --purge need the store lock)"
         ) from None
     except DopoolError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(_clean(exc)) from None
 
 
 def _console(*, stderr: bool = False) -> Console:
@@ -538,7 +556,7 @@ def _dead_letter_sample(result: Result) -> Table:
             str(letter["event_id"]),
             str(letter["attempts"]),
             f"t={letter['failed_at']:.2f}",
-            letter["error"],
+            Text(_clean(letter["error"])),
         )
     more = result.dead_lettered - min(len(result.dead_letters), MAX_DEAD_LETTER_ROWS)
     if more > 0:
@@ -606,8 +624,11 @@ def _chosen_pools(view: StoreView, pool: str | None) -> dict[str, int]:
     if pool is None:
         return known
     if pool not in known:
-        listed = ", ".join(sorted(known)) or "none"
-        raise CliError(f"no pool named {pool!r} in store {str(view.path)!r} (pools: {listed})")
+        listed = ", ".join(_clean(name) for name in sorted(known)) or "none"
+        raise CliError(
+            f"no pool named {_clean(repr(pool))} in store {_clean(repr(str(view.path)))} "
+            f"(pools: {listed})"
+        )
     return {pool: known[pool]}
 
 
@@ -652,7 +673,7 @@ def status(path: Path, pool_name: str | None, as_json: bool) -> None:
         return
     out = _console()
     if not statuses:
-        out.print(f"store {path}: no pools")
+        out.print(Text(f"store {_clean(path)}: no pools"))
         return
     for item in statuses:
         out.print(_status_table(item))
@@ -660,10 +681,11 @@ def status(path: Path, pool_name: str | None, as_json: bool) -> None:
 
 def _status_table(item: PoolStatus) -> Table:
     table = Table(
-        title=(
-            f"pool {item.name} · {item.concurrency} instances · {item.enqueued:,} enqueued · "
-            f"{item.pending:,} pending · {item.succeeded:,} succeeded · "
-            f"{item.dead_lettered:,} dead-lettered · {item.drained:,} drained"
+        title=Text(
+            f"pool {_clean(item.name)} · {item.concurrency} instances · "
+            f"{item.enqueued:,} enqueued · {item.pending:,} pending · "
+            f"{item.succeeded:,} succeeded · {item.dead_lettered:,} dead-lettered · "
+            f"{item.drained:,} drained"
         ),
         title_justify="left",
         box=box.SIMPLE_HEAD,
@@ -678,7 +700,7 @@ def _status_table(item: PoolStatus) -> Table:
     for s in item.instances:
         current = "-" if s.current_sequence is None else f"#{s.current_sequence} (try {s.attempt})"
         table.add_row(
-            s.instance_id,
+            Text(_clean(s.instance_id)),
             Text(s.state, style=styles.get(s.state, "")),
             f"{s.pending:,}",
             f"{s.enqueued:,}",
@@ -738,9 +760,9 @@ def _print_dead_letters(
 ) -> None:
     total = sum(len(found) for found in letters.values())
     if total == 0:
-        out.print(f"store {path}: no dead letters")
+        out.print(Text(f"store {_clean(path)}: no dead letters"))
         return
-    out.print(Text(f"{total:,} dead letters in {path}", style="bold"))
+    out.print(Text(f"{total:,} dead letters in {_clean(path)}", style="bold"))
     shown = 0
     for name, found in letters.items():
         for letter in found:
@@ -748,14 +770,14 @@ def _print_dead_letters(
                 break
             shown += 1
             attempts = f"{letter.attempts} attempt" + ("" if letter.attempts == 1 else "s")
-            key = "" if letter.partition_key is None else f" · key {letter.partition_key}"
+            key = "" if letter.partition_key is None else f" · key {_clean(letter.partition_key)}"
             out.print()
             out.print(
-                Text(f"{name}:{letter.instance_index} #{letter.sequence}", style="bold"),
+                Text(f"{_clean(name)}:{letter.instance_index} #{letter.sequence}", style="bold"),
                 Text(f"· {attempts} · failed {_when(letter.failed_at)}{key}"),
             )
-            out.print(Text(f"  error: {letter.error}"), soft_wrap=True)
-            out.print(Text(f"  event: {_short(letter.event, 200)}"), soft_wrap=True)
+            out.print(Text(f"  error: {_clean(letter.error)}"), soft_wrap=True)
+            out.print(Text(f"  event: {_clean(_short(letter.event, 200))}"), soft_wrap=True)
     if total > shown:
         out.print()
         out.print(f"{total - shown:,} more: raise --limit")
@@ -768,12 +790,12 @@ def _short(event: Any, width: int = 60) -> str:
 
 def _act(path: Path, pools: dict[str, int], *, redrive_them: bool) -> None:
     if not pools:
-        click.echo(f"store {path}: no pools")
+        click.echo(f"store {_clean(path)}: no pools")
         return
     done = redrive(path, pools) if redrive_them else purge(path, pools)
     verb = "redrove" if redrive_them else "purged"
     for name, count in done.items():
-        line = f"{verb} {count:,} dead letters of pool {name!r}"
+        line = f"{verb} {count:,} dead letters of pool '{_clean(name)}'"
         if redrive_them and count:
             line += " (they run when the pool's runtime next opens the store)"
         click.echo(line)
