@@ -22,9 +22,11 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dopool import EventContext, Runtime
-from dopool._cli import cli
+from dopool._cli import _json_text, _short, cli
 from dopool._runtime import MAX_CONCURRENCY
 from dopool._sim import scenario as sc
 from dopool._storage import DeadRecord, Namespace, Store, Txn, pack
@@ -403,15 +405,17 @@ def test_acting_on_a_locked_store_names_the_holder(held: tuple[Path, int]) -> No
 
 
 # -- stores that cannot be written, or were crafted --------------------------------------------
-def failing_handler(ctx: EventContext) -> None:
-    raise ValueError(ctx.event["error"])
+def make_store(
+    path: Path, error: str = "boom", partition_key: str | None = None, event: Any = "e"
+) -> Path:
+    """A simulated store: pool ``jobs`` (2 instances) with one dead letter, ``event``."""
 
+    def execute(ctx: EventContext) -> None:
+        raise ValueError(error)
 
-def make_store(path: Path, error: str = "boom", partition_key: str | None = None) -> Path:
-    """A simulated store: pool ``jobs`` (2 instances) with one dead letter."""
     with Runtime.simulated(path) as runtime:
-        pool = runtime.define("jobs", execute=failing_handler, concurrency=2)
-        pool.enqueue({"error": error}, partition_key=partition_key)
+        pool = runtime.define("jobs", execute=execute, concurrency=2)
+        pool.enqueue(event, partition_key=partition_key)
         assert pool.join()
     return path
 
@@ -444,12 +448,13 @@ def test_acting_on_a_read_only_store_is_one_line(
     )
 
 
-def craft(store: Path, change: Callable[[Store, Txn], None]) -> Path:
+def craft(store: Path, *changes: Callable[[Store, Txn], None]) -> Path:
     """Write records the engine never would, through the storage layer."""
     opened = Store(store)
     try:
         with opened.write() as txn:
-            change(opened, txn)
+            for change in changes:
+                change(opened, txn)
     finally:
         opened.close()
     return store
@@ -651,6 +656,109 @@ def test_a_crafted_lock_holder_is_one_inert_line(tmp_path: Path) -> None:
         result = invoke("dead-letters", str(store), "--purge")
     assert_one_line_error(result, 1, "is locked by pid 1\\x1b]0;pwned\\x07\\nError: fake")
     assert_inert(result.stderr)
+
+
+def strict_json(text: str) -> Any:
+    """Parse JSON as a strict parser would: NaN and Infinity are not JSON."""
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} is not valid JSON")
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10_000))  # the deep-nesting test's 1,000 levels
+    try:
+        document = json.loads(text, parse_constant=refuse)
+        json.dumps(document, allow_nan=False)
+    finally:
+        sys.setrecursionlimit(limit)
+    return document
+
+
+def test_dead_letters_json_maps_what_json_cannot_hold(tmp_path: Path) -> None:
+    event = {
+        b"k": 1,
+        "bytes": b"\x00\xff",
+        "floats": [math.nan, math.inf, -math.inf, 1.5],
+        3: {"nested": {None: True, 2.5: [b""]}},
+    }
+    store = make_store(tmp_path / "store", event=event)
+    result = invoke("dead-letters", str(store), "--json")
+    assert result.exit_code == 0, result.output
+    (letter,) = strict_json(result.stdout)
+    assert letter["event"] == {
+        "$map": [
+            [{"$base64": "aw=="}, 1],
+            ["bytes", {"$base64": "AP8="}],
+            ["floats", [{"$float": "NaN"}, {"$float": "Infinity"}, {"$float": "-Infinity"}, 1.5]],
+            [3, {"nested": {"$map": [[None, True], [2.5, [{"$base64": ""}]]]}}],
+        ]
+    }
+    assert "dead letter" in invoke("dead-letters", str(store)).stdout
+
+
+def test_json_of_non_finite_times_is_valid(tmp_path: Path) -> None:
+    store = craft(
+        make_store(tmp_path / "store"),
+        set_meta(alarm=math.nan),
+        replace_dead_letter(failed_at=math.inf, enqueued_at=-math.inf),
+    )
+    status = strict_json(invoke("status", str(store), "--json").stdout)
+    assert status["pools"][0]["instances"][0]["next_alarm_at"] == {"$float": "NaN"}
+    (letter,) = strict_json(invoke("dead-letters", str(store), "--json").stdout)
+    assert (letter["failed_at"], letter["enqueued_at"]) == (
+        {"$float": "Infinity"},
+        {"$float": "-Infinity"},
+    )
+
+
+def test_a_deeply_nested_event_is_listed_and_written_as_json(tmp_path: Path) -> None:
+    event: Any = "bottom"
+    for _ in range(1_000):  # msgpack encodes about 1,000 levels, Python's repr fewer
+        event = [event]
+    store = make_store(tmp_path / "store", event=event)
+    listed = invoke("dead-letters", str(store))
+    assert listed.exit_code == 0, listed.output
+    assert "event: [[[[" in listed.stdout
+    as_json = invoke("dead-letters", str(store), "--json")
+    assert as_json.exit_code == 0, as_json.output
+    (letter,) = strict_json(as_json.stdout)
+    depth, inner = 0, letter["event"]
+    while isinstance(inner, list):
+        depth, inner = depth + 1, inner[0]
+    assert (depth, inner) == (1_000, "bottom")
+
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+EVENT_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.binary(),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.tuples(inner)
+        | st.dictionaries(st.text() | st.integers() | st.binary(), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@given(JSON_VALUES)
+def test_json_text_is_json_dumps_where_json_holds_the_value(value: Any) -> None:
+    assert _json_text(value) == json.dumps(value, indent=2)
+
+
+@given(EVENT_VALUES)
+def test_short_is_repr_cut_to_width(value: Any) -> None:
+    text = repr(value)
+    assert _short(value, 10**9) == text
+    width = max(1, len(text) // 2)
+    assert _short(value, width) == (text if len(text) <= width else text[: width - 1] + "…")
 
 
 # -- the command itself ----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ or scenario.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime as _dt
 import json
@@ -50,11 +51,17 @@ from dopool._sim.scenario import Scenario, ScenarioError
 from dopool._sim.storeview import StoreView, open_view, purge, redrive
 from dopool._types import DeadLetter, PoolStatus
 
+_LETTER_FIELDS = dataclasses.fields(DeadLetter)
+
 USAGE_EXIT = 2
 FAILURE_EXIT = 1
 REPORT_WIDTH = 120  # when stdout is not a terminal (a file, a pipe, a test)
 MAX_INSTANCE_ROWS = 64
 MAX_DEAD_LETTER_ROWS = 10
+JSON_TAGS = (
+    '(bytes as {"$base64": ...}, NaN and infinities as {"$float": "NaN"}, a map with '
+    'non-str keys as {"$map": [[key, value], ...]}: see docs/simulate.md)'
+)
 REAL_TIME_FROM = 1e9  # an alarm time above this is a real clock's epoch seconds
 MAX_PLAIN_TIME = 1e15  # a time this large or more prints in exponent form
 
@@ -382,7 +389,7 @@ def _check_output(flag: str, path: Path | None) -> None:
 
 def _write_json(path: Path, document: Any) -> None:
     try:
-        path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+        path.write_text(_json_text(document) + "\n", encoding="utf-8")
     except OSError as exc:
         raise CliError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
 
@@ -647,18 +654,71 @@ def _when(value: float | None) -> str:
     return f"t={value:.6g}"  # inf, nan, and numbers too long to print in full
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return {"bytes": len(value)}
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return repr(value)
+class _Raw(str):
+    """Text a walk below emits as it is, rather than a value to convert."""
+
+
+def _json_text(document: Any) -> str:
+    """``document`` as indented JSON that any strict parser accepts.
+
+    What JSON cannot hold is tagged (docs/simulate.md, "JSON output"): bytes as
+    ``{"$base64": ...}``, a non-finite float as ``{"$float": "NaN"}`` (or
+    ``"Infinity"``, ``"-Infinity"``), a map with any key that is not a str as
+    ``{"$map": [[key, value], ...]}``, anything else as ``{"$repr": repr(value)}``.
+    It walks without recursion: an event may nest a thousand levels deep.
+    """
+    out: list[str] = []
+    stack: list[Any] = [(document, 0)]
+    while stack:
+        top = stack.pop()
+        if isinstance(top, _Raw):
+            out.append(top)
+            continue
+        value, depth = top
+        value = _json_tagged(value)
+        pairs: list[tuple[str, Any]]
+        if isinstance(value, dict) and value:
+            opening, closing = "{", "}"
+            pairs = [(json.dumps(key) + ": ", item) for key, item in value.items()]
+        elif isinstance(value, list) and value:
+            opening, closing = "[", "]"
+            pairs = [("", item) for item in value]
+        else:
+            out.append(json.dumps(value, allow_nan=False))  # a scalar, [] or {}
+            continue
+        out.append(opening)
+        inner = "\n" + "  " * (depth + 1)
+        stack.append(_Raw("\n" + "  " * depth + closing))
+        for position in reversed(range(len(pairs))):
+            prefix, item = pairs[position]
+            stack.append((item, depth + 1))
+            stack.append(_Raw(("," if position else "") + inner + prefix))
+    return "".join(out)
+
+
+def _json_tagged(value: Any) -> Any:
+    """``value`` itself if JSON holds it, else its tagged stand-in (one level deep)."""
+    if value is None or isinstance(value, bool | int | str | list):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return {"$float": "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"}
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"$base64": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, dict):
+        if all(isinstance(key, str) for key in value):
+            return value
+        return {"$map": [[key, item] for key, item in value.items()]}
+    return {"$repr": repr(value)}
 
 
 @cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--pool", "pool_name", metavar="NAME", help="only this pool")
-@click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables")
+@click.option("--json", "as_json", is_flag=True, help=f"print JSON instead of tables {JSON_TAGS}")
 def status(path: Path, pool_name: str | None, as_json: bool) -> None:
     """Print every pool's status from the store at PATH (read-only).
 
@@ -669,7 +729,7 @@ def status(path: Path, pool_name: str | None, as_json: bool) -> None:
         statuses = [view.status(name, count) for name, count in sorted(pools.items())]
     if as_json:
         document = {"store": str(path), "pools": [dataclasses.asdict(s) for s in statuses]}
-        click.echo(json.dumps(document, indent=2, default=_jsonable))
+        click.echo(_json_text(document))
         return
     out = _console()
     if not statuses:
@@ -720,7 +780,7 @@ def _status_table(item: PoolStatus) -> Table:
 @click.option("--redrive", "do_redrive", is_flag=True, help="re-enqueue them (needs the lock)")
 @click.option("--purge", "do_purge", is_flag=True, help="delete them (needs the lock)")
 @click.option("--limit", default=100, show_default=True, help="list at most this many")
-@click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
+@click.option("--json", "as_json", is_flag=True, help=f"print JSON instead of a table {JSON_TAGS}")
 def dead_letters(
     path: Path,
     pool_name: str | None,
@@ -744,12 +804,13 @@ def dead_letters(
         _act(path, pools, redrive_them=do_redrive)
         return
     if as_json:
+        # Not dataclasses.asdict: it copies the event recursively, and events nest deep.
         document = [
-            {"pool": name, **dataclasses.asdict(letter)}
+            {"pool": name} | {field.name: getattr(letter, field.name) for field in _LETTER_FIELDS}
             for name, found in letters.items()
             for letter in found
         ][: max(limit, 0)]
-        click.echo(json.dumps(document, indent=2, default=_jsonable))
+        click.echo(_json_text(document))
         return
     out = _console()
     _print_dead_letters(out, path, letters, limit)
@@ -784,8 +845,39 @@ def _print_dead_letters(
 
 
 def _short(event: Any, width: int = 60) -> str:
-    text = repr(event)
-    return text if len(text) <= width else text[: width - 1] + "…"
+    """``repr(event)``, cut to ``width`` characters.
+
+    It writes lists and maps itself, without recursion (an event may nest deeper
+    than ``repr`` can go), and stops once it has enough.
+    """
+    parts: list[str] = []
+    size = 0
+    stack: list[Any] = [event]
+    while stack and size <= width:
+        value = stack.pop()
+        if isinstance(value, _Raw):
+            text: str = value
+        elif isinstance(value, list | tuple | dict) and value:
+            items = list(value.items()) if isinstance(value, dict) else list(value)
+            closing = "}" if isinstance(value, dict) else "]" if isinstance(value, list) else ")"
+            if isinstance(value, tuple) and len(value) == 1:
+                closing = ",)"
+            stack.append(_Raw(closing))
+            for position in reversed(range(len(items))):
+                if isinstance(value, dict):
+                    key, item = items[position]
+                    stack.extend((item, _Raw(": "), key))
+                else:
+                    stack.append(items[position])
+                if position:
+                    stack.append(_Raw(", "))
+            text = "{" if isinstance(value, dict) else "[" if isinstance(value, list) else "("
+        else:
+            text = repr(value)
+        parts.append(text)
+        size += len(text)
+    text = "".join(parts)
+    return text if len(text) <= width and not stack else text[: width - 1] + "…"
 
 
 def _act(path: Path, pools: dict[str, int], *, redrive_them: bool) -> None:
