@@ -647,6 +647,14 @@ def test_status_escapes_a_crafted_pool_name(tmp_path: Path) -> None:
     assert_inert(missing.stderr)
 
 
+@pytest.mark.parametrize(
+    "args", [("status",), ("dead-letters",), ("dead-letters", "--purge")], ids=" ".join
+)
+def test_a_path_the_system_refuses_is_one_line(tmp_path: Path, args: tuple[str, ...]) -> None:
+    too_long = str(tmp_path / ("x" * 5000))  # ENAMETOOLONG, for root too
+    assert_one_line_error(invoke(*args, too_long), 1, "File name too long")
+
+
 def test_a_crafted_lock_holder_is_one_inert_line(tmp_path: Path) -> None:
     store = make_store(tmp_path / "store")
     with (store / "lock").open("r+") as lock:  # a holder that names itself with escapes

@@ -152,12 +152,17 @@ def decoding(path: Path, what: str) -> Iterator[None]:
 
 def _check_store_path(path: str | os.PathLike[str]) -> Path:
     where = Path(path)
-    if not where.exists():
-        raise StoreNotFoundError(str(path), "no such directory")
-    if not where.is_dir():
-        raise StoreNotFoundError(str(path), "not a directory")
-    if not (where / "data" / "data.mdb").is_file():
-        raise StoreNotFoundError(str(path), "it has no data/data.mdb (is it a store directory?)")
+    try:
+        if not where.exists():
+            raise StoreNotFoundError(str(path), "no such directory")
+        if not where.is_dir():
+            raise StoreNotFoundError(str(path), "not a directory")
+        if not (where / "data" / "data.mdb").is_file():
+            raise StoreNotFoundError(
+                str(path), "it has no data/data.mdb (is it a store directory?)"
+            )
+    except OSError as exc:  # e.g. a name too long, or a directory we may not search
+        raise StorageError(f"cannot read store path {str(path)!r}: {exc.strerror or exc}") from exc
     return where
 
 
