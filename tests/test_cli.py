@@ -6,20 +6,30 @@ table, or one ``Error: ...`` line that names what is wrong.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import math
+import os
 import shutil
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterator
+import unicodedata
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from hypothesis import given
+from hypothesis import strategies as st
 
-from dopool import Runtime
-from dopool._cli import cli
+from dopool import EventContext, Runtime
+from dopool._cli import _json_text, _short, cli
+from dopool._records import MAX_CONCURRENCY, DeadRecord, pack, seal
 from dopool._sim import scenario as sc
+from dopool._storage import Namespace, Store, Txn
 
 SMALL = ("--events", "150")  # keeps each simulation to a fraction of a second
 
@@ -392,6 +402,387 @@ def test_acting_on_a_locked_store_names_the_holder(held: tuple[Path, int]) -> No
         assert_one_line_error(
             invoke("dead-letters", str(store), action), 1, "is locked by", f"pid {pid}"
         )
+
+
+# -- stores that cannot be written, or were crafted --------------------------------------------
+def make_store(
+    path: Path, error: str = "boom", partition_key: str | None = None, event: Any = "e"
+) -> Path:
+    """A simulated store: pool ``jobs`` (2 instances) with one dead letter, ``event``."""
+
+    def execute(ctx: EventContext) -> None:
+        raise ValueError(error)
+
+    with Runtime.simulated(path) as runtime:
+        pool = runtime.define("jobs", execute=execute, concurrency=2)
+        pool.enqueue(event, partition_key=partition_key)
+        assert pool.join()
+    return path
+
+
+@pytest.mark.parametrize("action", ["--purge", "--redrive"])
+def test_acting_on_a_store_whose_lock_cannot_be_opened_is_one_line(
+    tmp_path: Path, action: str
+) -> None:
+    store = make_store(tmp_path / "store")
+    (store / "lock").unlink()
+    (store / "lock").mkdir()  # fails for root too, unlike permission bits
+    assert_one_line_error(invoke("dead-letters", str(store), action), 1, "lock")
+
+
+@pytest.mark.parametrize("action", ["--purge", "--redrive"])
+def test_acting_on_a_read_only_store_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, action: str
+) -> None:
+    store = make_store(tmp_path / "store")
+    real_open = os.open
+
+    def read_only(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & (os.O_WRONLY | os.O_RDWR):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    assert_one_line_error(
+        invoke("dead-letters", str(store), action), 1, "Read-only file system", "lock"
+    )
+
+
+def craft(store: Path, *changes: Callable[[Store, Txn], None]) -> Path:
+    """Write records the engine never would, through the storage layer."""
+    opened = Store(store)
+    try:
+        with opened.write() as txn:
+            for change in changes:
+                change(opened, txn)
+    finally:
+        opened.close()
+    return store
+
+
+def put_pool(body: Any) -> Callable[[Store, Txn], None]:
+    """A pool record for ``jobs`` sealed as the engine would, around any body."""
+    return lambda store, txn: txn.put(b"Pjobs", seal(b"Pjobs", pack(body)))
+
+
+def copy_pool_to(key: bytes) -> Callable[[Store, Txn], None]:
+    """The pool record of ``jobs`` under another key, sealed for that key."""
+    return lambda store, txn: txn.put(key, seal(key, txn.get(b"Pjobs")[4:]))
+
+
+def meta_of(index: int) -> bytes:
+    return Namespace("jobs", index).prefix + b"m"
+
+
+def dead_key(index: int, sequence: int) -> bytes:
+    return Namespace("jobs", index).prefix + b"d" + sequence.to_bytes(8, "big")
+
+
+def first_dead_letter(store: Store, txn: Txn) -> tuple[int, int, DeadRecord]:
+    for index in range(2):
+        for sequence, record in Namespace("jobs", index).iter_dead_letters(txn):
+            return index, sequence, record
+    raise AssertionError("the store has no dead letter")
+
+
+def replace_dead_letter(**fields: Any) -> Callable[[Store, Txn], None]:
+    def change(store: Store, txn: Txn) -> None:
+        index, sequence, record = first_dead_letter(store, txn)
+        Namespace("jobs", index).put_dead_letter(txn, sequence, record._replace(**fields))
+
+    return change
+
+
+def set_meta(**fields: Any) -> Callable[[Store, Txn], None]:
+    def change(store: Store, txn: Txn) -> None:
+        namespace = Namespace("jobs", 0)
+        meta = namespace.load_meta(txn)
+        for name, value in fields.items():
+            setattr(meta, name, value)
+        namespace.save_meta(txn, meta)
+
+    return change
+
+
+BAD_POOL_RECORDS: list[tuple[str, Callable[[Store, Txn], None], tuple[str, ...]]] = [
+    ("a-map", put_pool({"concurrency": 2}), ("pool record 'jobs'", "not an array of 1")),
+    ("str-concurrency", put_pool(["2"]), ("pool record 'jobs'", "concurrency is '2'")),
+    ("float-concurrency", put_pool([2.5]), ("jobs", "concurrency is 2.5")),
+    ("zero-concurrency", put_pool([0]), ("jobs", "concurrency is 0")),
+    ("negative-concurrency", put_pool([-3]), ("jobs", "concurrency is -3")),
+    ("over-the-maximum", put_pool([MAX_CONCURRENCY + 1]), ("jobs", "4097")),
+    ("a-billion", put_pool([10**9]), ("jobs", "1000000000")),
+    (
+        "undecodable",
+        lambda store, txn: txn.put(b"Pjobs", seal(b"Pjobs", b"\xc1")),
+        ("pool record 'jobs'", "does not decode"),
+    ),
+    (
+        "unsealed",
+        lambda store, txn: txn.put(b"Pjobs", b"\xc1"),
+        ("pool record 'jobs'", "shorter than its checksum"),
+    ),
+    ("name-not-utf8", copy_pool_to(b"P\xff\xfejobs"), ("pool record", "UTF-8", "xff")),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [(change, words) for _, change, words in BAD_POOL_RECORDS],
+    ids=[name for name, _, _ in BAD_POOL_RECORDS],
+)
+@pytest.mark.parametrize("command", ["status", "dead-letters"])
+def test_a_crafted_pool_record_is_one_line_naming_it(
+    tmp_path: Path, command: str, change: Callable[[Store, Txn], None], words: tuple[str, ...]
+) -> None:
+    store = craft(make_store(tmp_path / "store"), change)
+    assert_one_line_error(invoke(command, str(store)), 1, *words)
+    assert_one_line_error(invoke(command, str(store), "--json"), 1, *words)
+
+
+BAD_INSTANCE_RECORDS: list[tuple[str, str, Callable[[Store, Txn], None], tuple[str, ...]]] = [
+    (
+        "meta-undecodable",
+        "status",
+        lambda store, txn: txn.put(meta_of(1), b"\xc1"),
+        ("meta record", "jobs:1"),
+    ),
+    (
+        "meta-too-long",
+        "status",
+        lambda store, txn: txn.put(meta_of(0), pack(list(range(99)))),
+        ("meta record", "jobs:0"),
+    ),
+    ("meta-str-counter", "status", set_meta(pending="many"), ("meta record", "jobs:0", "pending")),
+    ("meta-bad-current", "status", set_meta(current=b"x"), ("meta record", "jobs:0")),
+    ("meta-str-alarm", "status", set_meta(alarm="soon"), ("meta record", "jobs:0", "alarm")),
+]
+
+
+DAMAGED_DEAD_LETTERS: list[tuple[str, Callable[[Store, Txn], None], str]] = [
+    ("unsealed", lambda store, txn: txn.put(dead_key(1, 7), b"\xc1"), "shorter than its checksum"),
+    ("str-time", replace_dead_letter(failed_at="yesterday"), "field 'failed_at' is 'yesterday'"),
+    ("int-error", replace_dead_letter(error=17), "field 'error' is 17"),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [(change, reason) for _, change, reason in DAMAGED_DEAD_LETTERS],
+    ids=[name for name, _, _ in DAMAGED_DEAD_LETTERS],
+)
+def test_a_damaged_dead_letter_is_listed_as_damaged(
+    tmp_path: Path, change: Callable[[Store, Txn], None], reason: str
+) -> None:
+    store = craft(make_store(tmp_path / "store"), change)
+    result = invoke("dead-letters", str(store))
+    assert result.exit_code == 0, result.output
+    assert f"DamagedRecordError: {reason}" in result.stdout
+    assert "damaged record: never redriven" in result.stdout
+    letters = json.loads(invoke("dead-letters", str(store), "--json").stdout)
+    assert [letter["damaged"] for letter in letters].count(True) == 1
+
+
+def test_a_dead_letter_whose_event_does_not_decode_is_listed_with_its_bytes(
+    tmp_path: Path,
+) -> None:
+    store = craft(make_store(tmp_path / "store"), replace_dead_letter(event=b"\xc1"))
+    result = invoke("dead-letters", str(store))
+    assert result.exit_code == 0, result.output
+    assert "event: b'\\xc1'" in result.stdout
+
+
+def test_a_stray_key_among_dead_letters_is_left_to_dopool_check(tmp_path: Path) -> None:
+    stray = Namespace("jobs", 0).prefix + b"d1"
+    store = craft(make_store(tmp_path / "store"), lambda store, txn: txn.put(stray, b"\xc0"))
+    assert invoke("dead-letters", str(store)).exit_code == 0
+    checked = invoke("check", str(store))
+    assert checked.exit_code == 1
+    assert "a key of no known kind" in checked.stdout
+
+
+@pytest.mark.parametrize(
+    ("command", "change", "words"),
+    [(command, change, words) for _, command, change, words in BAD_INSTANCE_RECORDS],
+    ids=[name for name, _, _, _ in BAD_INSTANCE_RECORDS],
+)
+def test_a_crafted_instance_record_is_one_line_naming_it(
+    tmp_path: Path, command: str, change: Callable[[Store, Txn], None], words: tuple[str, ...]
+) -> None:
+    store = craft(make_store(tmp_path / "store"), change)
+    assert_one_line_error(invoke(command, str(store)), 1, *words)
+    assert_one_line_error(invoke(command, str(store), "--json"), 1, *words)
+
+
+def test_acting_on_a_store_with_a_crafted_meta_record_is_one_line(tmp_path: Path) -> None:
+    store = craft(make_store(tmp_path / "store"), lambda s, txn: txn.put(meta_of(1), b"\xc1"))
+    for action in ("--purge", "--redrive"):
+        assert_one_line_error(
+            invoke("dead-letters", str(store), action), 1, "meta record", "jobs:1"
+        )
+
+
+@pytest.mark.parametrize("alarm", [1e300, -1e300, 1e15, 2.0**63])
+def test_status_prints_an_alarm_time_out_of_the_calendar(tmp_path: Path, alarm: float) -> None:
+    store = craft(make_store(tmp_path / "store"), set_meta(alarm=alarm))
+    result = invoke("status", str(store))
+    assert result.exit_code == 0, result.output
+    assert "jobs:0" in result.stdout
+
+
+HOSTILE = "\x1b[2J\x1b]0;pwned\x07 [bold red]loud[/] \x9b31m \x7f\r\nnext line\x00"
+
+
+BIDI_CONTROLS = {"LRE", "RLE", "LRO", "RLO", "PDF", "LRI", "RLI", "FSI", "PDI"}
+
+
+def assert_inert(text: str) -> None:
+    """No control character but line ends reached the terminal, and no markup was applied."""
+    controls = {char for char in text if unicodedata.category(char) == "Cc"} - {"\n"}
+    controls |= {char for char in text if unicodedata.bidirectional(char) in BIDI_CONTROLS}
+    assert not controls, controls
+
+
+def test_dead_letters_escape_control_characters_and_markup(tmp_path: Path) -> None:
+    store = make_store(tmp_path / "store", error=HOSTILE, partition_key="key\x1b[1m\x85\u202e")
+    result = invoke("dead-letters", str(store))
+    assert result.exit_code == 0, result.output
+    assert_inert(result.stdout)
+    assert "\\x1b[2J\\x1b]0;pwned\\x07 [bold red]loud[/] \\x9b31m \\x7f" in result.stdout
+    assert "\\r\\nnext line\\x00" in result.stdout
+    assert "key key\\x1b[1m\\x85\\u202e" in result.stdout
+    assert json.loads(invoke("dead-letters", str(store), "--json").stdout)[0]["error"] == (
+        f"ValueError: {HOSTILE}"
+    )
+
+
+def test_status_escapes_a_crafted_pool_name(tmp_path: Path) -> None:
+    name = "jobs\x1b]0;t\x07[bold]x[/bold]\n"
+    store = craft(make_store(tmp_path / "store"), copy_pool_to(b"P" + name.encode()))
+    result = invoke("status", str(store))
+    assert result.exit_code == 0, result.output
+    assert_inert(result.stdout)
+    assert "pool jobs\\x1b]0;t\\x07[bold]x[/bold]\\n · 2 instances" in result.stdout
+    assert "jobs\\x1b]0;t\\x07[bold]x[/bold]\\n:1" in result.stdout
+    missing = invoke("status", str(store), "--pool", "nope")
+    assert_one_line_error(missing, 1, "no pool named 'nope'", "jobs\\x1b]0;t\\x07[bold]x")
+    assert_inert(missing.stderr)
+
+
+@pytest.mark.parametrize(
+    "args", [("status",), ("dead-letters",), ("dead-letters", "--purge")], ids=" ".join
+)
+def test_a_path_the_system_refuses_is_one_line(tmp_path: Path, args: tuple[str, ...]) -> None:
+    too_long = str(tmp_path / ("x" * 5000))  # ENAMETOOLONG, for root too
+    assert_one_line_error(invoke(*args, too_long), 1, "File name too long")
+
+
+def test_a_crafted_lock_holder_is_one_inert_line(tmp_path: Path) -> None:
+    store = make_store(tmp_path / "store")
+    with (store / "lock").open("r+") as lock:  # a holder that names itself with escapes
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.write("pid 1\x1b]0;pwned\x07\nError: fake second line")
+        lock.flush()
+        result = invoke("dead-letters", str(store), "--purge")
+    assert_one_line_error(result, 1, "is locked by pid 1\\x1b]0;pwned\\x07\\nError: fake")
+    assert_inert(result.stderr)
+
+
+def strict_json(text: str) -> Any:
+    """Parse JSON as a strict parser would: NaN and Infinity are not JSON."""
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} is not valid JSON")
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10_000))  # the deep-nesting test's 1,000 levels
+    try:
+        document = json.loads(text, parse_constant=refuse)
+        json.dumps(document, allow_nan=False)
+    finally:
+        sys.setrecursionlimit(limit)
+    return document
+
+
+def test_dead_letters_json_maps_what_json_cannot_hold(tmp_path: Path) -> None:
+    event = {
+        b"k": 1,
+        "bytes": b"\x00\xff",
+        "floats": [math.nan, math.inf, -math.inf, 1.5],
+        3: {"nested": {None: True, 2.5: [b""]}},
+    }
+    store = make_store(tmp_path / "store", event=event)
+    result = invoke("dead-letters", str(store), "--json")
+    assert result.exit_code == 0, result.output
+    (letter,) = strict_json(result.stdout)
+    assert letter["event"] == {
+        "$map": [
+            [{"$base64": "aw=="}, 1],
+            ["bytes", {"$base64": "AP8="}],
+            ["floats", [{"$float": "NaN"}, {"$float": "Infinity"}, {"$float": "-Infinity"}, 1.5]],
+            [3, {"nested": {"$map": [[None, True], [2.5, [{"$base64": ""}]]]}}],
+        ]
+    }
+    assert "dead letter" in invoke("dead-letters", str(store)).stdout
+
+
+def test_non_finite_stored_times_are_damage_not_output(tmp_path: Path) -> None:
+    store = craft(make_store(tmp_path / "store"), set_meta(alarm=math.nan))
+    assert_one_line_error(invoke("status", str(store), "--json"), 1, "field 'alarm' is nan")
+    store = craft(make_store(tmp_path / "other"), replace_dead_letter(failed_at=math.inf))
+    (letter,) = strict_json(invoke("dead-letters", str(store), "--json").stdout)
+    assert letter["damaged"]
+    assert letter["error"] == "DamagedRecordError: field 'failed_at' is inf"
+
+
+def test_a_deeply_nested_event_is_listed_and_written_as_json(tmp_path: Path) -> None:
+    event: Any = "bottom"
+    for _ in range(1_000):  # msgpack encodes about 1,000 levels, Python's repr fewer
+        event = [event]
+    store = make_store(tmp_path / "store", event=event)
+    listed = invoke("dead-letters", str(store))
+    assert listed.exit_code == 0, listed.output
+    assert "event: [[[[" in listed.stdout
+    as_json = invoke("dead-letters", str(store), "--json")
+    assert as_json.exit_code == 0, as_json.output
+    (letter,) = strict_json(as_json.stdout)
+    depth, inner = 0, letter["event"]
+    while isinstance(inner, list):
+        depth, inner = depth + 1, inner[0]
+    assert (depth, inner) == (1_000, "bottom")
+
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+EVENT_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.binary(),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.tuples(inner)
+        | st.dictionaries(st.text() | st.integers() | st.binary(), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@given(JSON_VALUES)
+def test_json_text_is_json_dumps_where_json_holds_the_value(value: Any) -> None:
+    assert _json_text(value) == json.dumps(value, indent=2)
+
+
+@given(EVENT_VALUES)
+def test_short_is_repr_cut_to_width(value: Any) -> None:
+    text = repr(value)
+    assert _short(value, 10**9) == text
+    width = max(1, len(text) // 2)
+    assert _short(value, width) == (text if len(text) <= width else text[: width - 1] + "…")
 
 
 # -- the command itself ----------------------------------------------------------------------------

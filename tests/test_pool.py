@@ -9,16 +9,21 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
+import pykka
 import pytest
 
+import dopool._runtime
 from dopool import (
     ConfigurationError,
+    DamagedRecordError,
     DeadLetter,
     EmptyInfo,
     EnqueueResult,
@@ -37,6 +42,7 @@ from dopool import (
     StoreLockedError,
     WorkerPool,
 )
+from dopool._records import MAX_CONCURRENCY, pack, seal
 from dopool._router import stable_hash
 
 MAX_EVENT_BYTES = 128 * 1024
@@ -1101,6 +1107,39 @@ def test_a_bad_concurrency_is_refused(sim: Runtime, concurrency: Any) -> None:
     assert sim.define("p", execute=noop, concurrency=2).concurrency == 2  # the name is still free
 
 
+@pytest.mark.parametrize("concurrency", [MAX_CONCURRENCY + 1, 10**6, 10**18])
+def test_a_concurrency_over_the_maximum_is_refused_before_anything_starts(
+    sim: Runtime, concurrency: int
+) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        sim.define("p", execute=noop, concurrency=concurrency)
+    assert f"<= {MAX_CONCURRENCY}" in str(info.value)
+    assert pykka.ActorRegistry.get_all() == []
+    with sim._store.read() as txn:
+        assert sim._store.get_pool(txn, "p") is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [[MAX_CONCURRENCY + 1], [10**9], [0], [-1], ["2"], [2.0], [None], {"concurrency": 2}, []],
+    ids=repr,
+)
+def test_a_corrupt_stored_concurrency_is_a_damaged_record(sim: Runtime, body: Any) -> None:
+    with sim._store.write() as txn:
+        txn.put(b"Pp", seal(b"Pp", pack(body)))
+    with pytest.raises(DamagedRecordError, match="pool record 'p'") as info:
+        sim.define("p", execute=noop, concurrency=2)
+    assert info.value.key == b"Pp"
+    assert pykka.ActorRegistry.get_all() == []
+
+
+def test_the_maximum_concurrency_is_documented_and_fits_the_benchmarks() -> None:
+    assert MAX_CONCURRENCY >= 1024  # benchmarks/harness.py starts 1,024 instances
+    docs = Path(__file__).parent.parent / "docs"
+    for page in ("api.md", "guarantees.md"):
+        assert f"{MAX_CONCURRENCY:,}" in (docs / page).read_text(), page
+
+
 @pytest.mark.parametrize("execute", [None, "handler", 3])
 def test_a_non_callable_execute_is_refused(sim: Runtime, execute: Any) -> None:
     with pytest.raises(ConfigurationError):
@@ -1125,6 +1164,71 @@ def test_a_bad_durability_is_refused(tmp_path: Path, durability: Any) -> None:
         Runtime(tmp_path / "store", durability=durability)
 
 
+class _EmptyPath(os.PathLike[str]):
+    def __fspath__(self) -> str:
+        return ""
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["", _EmptyPath(), None, 5, b"store", "st\0re"],
+    ids=["empty", "empty-pathlike", "none", "int", "bytes", "nul"],
+)
+def test_a_bad_store_path_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: Any
+) -> None:
+    monkeypatch.chdir(tmp_path)  # "" used to mean the current directory
+    with pytest.raises(ConfigurationError, match="path"):
+        Runtime(path)
+    if path is not None:  # Runtime.simulated(None) uses a temporary directory
+        with pytest.raises(ConfigurationError, match="path"):
+            Runtime.simulated(path)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "seed", [object(), 1.5, True, b"seed", [1]], ids=["object", "float", "bool", "bytes", "list"]
+)
+def test_a_bad_seed_is_refused(tmp_path: Path, seed: Any) -> None:
+    store = tmp_path / "store"
+    with pytest.raises(ConfigurationError, match="seed"):
+        Runtime(store, seed=seed)
+    with pytest.raises(ConfigurationError, match="seed"):
+        Runtime.simulated(store, seed=seed)
+    assert not store.exists()
+
+
+def test_an_empty_dopool_path_means_the_default_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DOPOOL_PATH", "")
+    monkeypatch.setattr(dopool._runtime, "_default", None)
+    runtime = dopool._runtime.default_runtime()
+    try:
+        assert runtime.path == Path(".dopool")
+        assert (tmp_path / ".dopool" / "lock").is_file()
+        assert not (tmp_path / "lock").exists()
+    finally:
+        runtime.close()
+
+
+def test_a_refused_simulated_runtime_leaves_no_temporary_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for options in ({"seed": object()}, {"durability": "fast"}):
+        with pytest.raises(ConfigurationError):
+            Runtime.simulated(**options)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("seed", [0, -3, 2**80, "", "run-7", None])
+def test_int_str_and_none_seeds_are_taken(tmp_path: Path, seed: int | str | None) -> None:
+    with Runtime.simulated(tmp_path / "store", seed=seed) as runtime:
+        assert runtime.seed == seed if seed is not None else isinstance(runtime.seed, int)
+
+
 def test_enqueue_many_with_one_bad_event_stores_nothing(sim: Runtime) -> None:
     pool = sim.define("p", execute=noop, concurrency=2)
     seen: list[PoolEvent] = []
@@ -1138,6 +1242,49 @@ def test_enqueue_many_with_one_bad_event_stores_nothing(sim: Runtime) -> None:
     assert invalid.value.position == 2
     assert too_large.value.position == 1
     _assert_nothing_stored(pool, seen)
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        5,
+        None,
+        1.5,
+        object(),
+        "abc",
+        b"abc",
+        bytearray(b"abc"),
+        memoryview(b"abc"),
+        {"a": 1, "b": 2},
+        MappingProxyType({"a": 1}),
+    ],
+    ids=lambda events: type(events).__name__,
+)
+def test_enqueue_many_refuses_what_is_not_a_batch_of_events(sim: Runtime, events: Any) -> None:
+    pool = sim.define("p", execute=noop, concurrency=2)
+    seen: list[PoolEvent] = []
+    sim.subscribe(seen.append)
+
+    with pytest.raises(EventValidationError) as info:
+        pool.enqueue_many(events)
+
+    assert type(events).__name__ in str(info.value)
+    assert info.value.position is None
+    _assert_nothing_stored(pool, seen)
+
+
+def test_enqueue_many_takes_lists_tuples_generators_and_other_iterables(sim: Runtime) -> None:
+    pool = sim.define("p", execute=noop, concurrency=2)
+    stored = [
+        pool.enqueue_many(["a", "b"]),
+        pool.enqueue_many(("c",)),
+        pool.enqueue_many(f"g{n}" for n in range(3)),
+        pool.enqueue_many(range(2)),
+        pool.enqueue_many({"k": "v"}.values()),
+        pool.enqueue_many(iter([])),
+    ]
+    assert [len(results) for results in stored] == [2, 1, 3, 2, 1, 0]
+    assert pool.status().enqueued == 9
 
 
 def test_enqueue_many_reports_what_other_instances_stored(sim: Runtime) -> None:

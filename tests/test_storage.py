@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
@@ -513,3 +514,108 @@ def test_after_close_the_store_can_be_opened_again(store_path: Path) -> None:
     assert open_in_child(store_path) == {"outcome": "opened"}
     reopened = Store(store_path)
     reopened.close()
+
+
+# -- stores that cannot be opened for writing ------------------------------------------------
+
+
+def refuse_opening_the_lock(monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    """Make opening ``<store>/lock`` fail as on a read-only mount or directory.
+
+    Tests run as root, which permission bits do not stop, so the refusal is injected.
+    """
+    real_open = os.open
+
+    def refusing(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if Path(path).name == "lock":
+            raise OSError(code, os.strerror(code), str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refusing)
+
+
+@pytest.mark.parametrize("code", [errno.EROFS, errno.EACCES, errno.ENOSPC])
+def test_a_lock_file_that_cannot_be_opened_is_a_storage_error(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    Store(store_path).close()
+    refuse_opening_the_lock(monkeypatch, code)
+    with pytest.raises(StorageError) as info:
+        Store(store_path)
+    assert not isinstance(info.value, StoreLockedError)
+    assert str(store_path / "lock") in str(info.value)
+    assert os.strerror(code) in str(info.value)
+    assert isinstance(info.value.__cause__, OSError)
+
+
+def test_a_directory_in_place_of_the_lock_file_is_a_storage_error(store_path: Path) -> None:
+    (store_path / "lock").mkdir(parents=True)
+    with pytest.raises(StorageError, match="lock"):
+        Store(store_path)
+
+
+def test_a_lock_file_that_cannot_be_written_is_a_storage_error_and_stays_unlocked(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(*_args: Any) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "pwrite", full)
+        with pytest.raises(StorageError, match="No space left"):
+            Store(store_path)
+    Store(store_path).close()  # the failed open released its lock
+
+
+def test_a_store_path_that_is_a_file_is_a_storage_error(tmp_path: Path) -> None:
+    path = tmp_path / "file"
+    path.write_text("")
+    with pytest.raises(StorageError, match="file"):
+        Store(path)
+
+
+def test_close_releases_the_lock_even_if_the_lock_file_cannot_be_truncated(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store(store_path)
+
+    def failing(*_args: Any) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "ftruncate", failing)
+        store.close()
+    Store(store_path).close()
+
+
+def test_a_symlinked_lock_file_is_refused_and_its_target_left_alone(tmp_path: Path) -> None:
+    store_path = tmp_path / "store"
+    store_path.mkdir()
+    target = tmp_path / "precious"
+    target.write_text("keep me")
+    (store_path / "lock").symlink_to(target)
+    with pytest.raises(StorageError) as info:
+        Store(store_path)
+    assert str(store_path / "lock") in str(info.value)
+    assert "symbolic link" in str(info.value)
+    assert target.read_text() == "keep me"
+    assert not (store_path / "data").exists()
+
+
+def test_a_dangling_lock_symlink_does_not_create_its_target(tmp_path: Path) -> None:
+    store_path = tmp_path / "store"
+    store_path.mkdir()
+    target = tmp_path / "created-through-the-link"
+    (store_path / "lock").symlink_to(target)
+    with pytest.raises(StorageError, match="symbolic link"):
+        Store(store_path)
+    assert not target.exists()
+
+
+def test_a_lock_file_that_is_not_a_regular_file_is_refused(store_path: Path) -> None:
+    store_path.mkdir()
+    os.mkfifo(store_path / "lock")
+    with pytest.raises(StorageError) as info:
+        Store(store_path)
+    assert str(store_path / "lock") in str(info.value)
+    assert "not a regular file" in str(info.value)

@@ -11,6 +11,7 @@ or scenario.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime as _dt
 import json
@@ -51,12 +52,19 @@ from dopool._sim.scenario import Scenario, ScenarioError
 from dopool._sim.storeview import StoreView, open_view, purge, redrive
 from dopool._types import DeadLetter, PoolStatus
 
+_LETTER_FIELDS = dataclasses.fields(DeadLetter)
+
 USAGE_EXIT = 2
 FAILURE_EXIT = 1
 REPORT_WIDTH = 120  # when stdout is not a terminal (a file, a pipe, a test)
 MAX_INSTANCE_ROWS = 64
 MAX_DEAD_LETTER_ROWS = 10
+JSON_TAGS = (
+    '(bytes as {"$base64": ...}, NaN and infinities as {"$float": "NaN"}, a map with '
+    'non-str keys as {"$map": [[key, value], ...]}: see docs/simulate.md)'
+)
 REAL_TIME_FROM = 1e9  # an alarm time above this is a real clock's epoch seconds
+MAX_PLAIN_TIME = 1e15  # a time this large or more prints in exponent form
 
 # Flags that set one scenario field each: (option name, dotted field, help).
 FIELD_FLAGS: tuple[tuple[str, str, str], ...] = (
@@ -87,6 +95,24 @@ FIELD_FLAGS: tuple[tuple[str, str, str], ...] = (
 )
 _FIELD_OF = {flag: path for flag, path, _ in FIELD_FLAGS}
 _FLAG_OF = {path: flag for flag, path, _ in FIELD_FLAGS}
+
+
+# C0 controls, DEL and C1 controls: a terminal acts on them (ESC starts a sequence that can
+# clear the screen or retitle the window), so stored text prints them as escapes instead.
+# So do the bidirectional overrides and isolates, which reorder the text around them.
+_ESCAPES = {
+    code: {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}.get(code, f"\\x{code:02x}")
+    for code in (*range(0x20), *range(0x7F, 0xA0))
+} | {code: f"\\u{code:04x}" for code in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+
+
+def _clean(text: object) -> str:
+    """Text from a store (or any outside source) made safe for a terminal, on one line.
+
+    Control characters become escapes like ``\\x1b``. Rich markup is not touched here:
+    hand the result to rich inside a :class:`~rich.text.Text`, which is never parsed.
+    """
+    return str(text).translate(_ESCAPES)
 
 
 class CliError(click.ClickException):
@@ -125,13 +151,13 @@ def _one_line() -> Iterator[None]:
             hint = f" (see '{exc.ctx.command_path} --help')"
         raise CliUsageError(exc.format_message() + hint) from None
     except ScenarioError as exc:
-        raise CliUsageError(str(exc)) from None
+        raise CliUsageError(_clean(exc)) from None
     except StoreLockedError as exc:
         raise CliError(
-            f"{exc}; stop that runtime first (--redrive and --purge need the store lock)"
+            f"{_clean(exc)}; stop that runtime first (--redrive and --purge need the store lock)"
         ) from None
     except DopoolError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(_clean(exc)) from None
 
 
 def _console(*, stderr: bool = False) -> Console:
@@ -364,7 +390,7 @@ def _check_output(flag: str, path: Path | None) -> None:
 
 def _write_json(path: Path, document: Any) -> None:
     try:
-        path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+        path.write_text(_json_text(document) + "\n", encoding="utf-8")
     except OSError as exc:
         raise CliError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
 
@@ -538,7 +564,7 @@ def _dead_letter_sample(result: Result) -> Table:
             str(letter["event_id"]),
             str(letter["attempts"]),
             f"t={letter['failed_at']:.2f}",
-            letter["error"],
+            Text(_clean(letter["error"])),
         )
     more = result.dead_lettered - min(len(result.dead_letters), MAX_DEAD_LETTER_ROWS)
     if more > 0:
@@ -606,8 +632,11 @@ def _chosen_pools(view: StoreView, pool: str | None) -> dict[str, int]:
     if pool is None:
         return known
     if pool not in known:
-        listed = ", ".join(sorted(known)) or "none"
-        raise CliError(f"no pool named {pool!r} in store {str(view.path)!r} (pools: {listed})")
+        listed = ", ".join(_clean(name) for name in sorted(known)) or "none"
+        raise CliError(
+            f"no pool named {_clean(repr(pool))} in store {_clean(repr(str(view.path)))} "
+            f"(pools: {listed})"
+        )
     return {pool: known[pool]}
 
 
@@ -615,23 +644,82 @@ def _when(value: float | None) -> str:
     if value is None:
         return "-"
     if value >= REAL_TIME_FROM:
-        moment = _dt.datetime.fromtimestamp(value, _dt.UTC)
-        return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
-    return f"t={value:,.3f}"
+        try:
+            moment = _dt.datetime.fromtimestamp(value, _dt.UTC)
+        except (OverflowError, OSError, ValueError):
+            pass  # past the calendar (a crafted store): print the number
+        else:
+            return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+    if abs(value) < MAX_PLAIN_TIME:
+        return f"t={value:,.3f}"
+    return f"t={value:.6g}"  # inf, nan, and numbers too long to print in full
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return {"bytes": len(value)}
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return repr(value)
+class _Raw(str):
+    """Text a walk below emits as it is, rather than a value to convert."""
+
+
+def _json_text(document: Any) -> str:
+    """``document`` as indented JSON that any strict parser accepts.
+
+    What JSON cannot hold is tagged (docs/simulate.md, "JSON output"): bytes as
+    ``{"$base64": ...}``, a non-finite float as ``{"$float": "NaN"}`` (or
+    ``"Infinity"``, ``"-Infinity"``), a map with any key that is not a str as
+    ``{"$map": [[key, value], ...]}``, anything else as ``{"$repr": repr(value)}``.
+    It walks without recursion: an event may nest a thousand levels deep.
+    """
+    out: list[str] = []
+    stack: list[Any] = [(document, 0)]
+    while stack:
+        top = stack.pop()
+        if isinstance(top, _Raw):
+            out.append(top)
+            continue
+        value, depth = top
+        value = _json_tagged(value)
+        pairs: list[tuple[str, Any]]
+        if isinstance(value, dict) and value:
+            opening, closing = "{", "}"
+            pairs = [(json.dumps(key) + ": ", item) for key, item in value.items()]
+        elif isinstance(value, list) and value:
+            opening, closing = "[", "]"
+            pairs = [("", item) for item in value]
+        else:
+            out.append(json.dumps(value, allow_nan=False))  # a scalar, [] or {}
+            continue
+        out.append(opening)
+        inner = "\n" + "  " * (depth + 1)
+        stack.append(_Raw("\n" + "  " * depth + closing))
+        for position in reversed(range(len(pairs))):
+            prefix, item = pairs[position]
+            stack.append((item, depth + 1))
+            stack.append(_Raw(("," if position else "") + inner + prefix))
+    return "".join(out)
+
+
+def _json_tagged(value: Any) -> Any:
+    """``value`` itself if JSON holds it, else its tagged stand-in (one level deep)."""
+    if value is None or isinstance(value, bool | int | str | list):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return {"$float": "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"}
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"$base64": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, dict):
+        if all(isinstance(key, str) for key in value):
+            return value
+        return {"$map": [[key, item] for key, item in value.items()]}
+    return {"$repr": repr(value)}
 
 
 @cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--pool", "pool_name", metavar="NAME", help="only this pool")
-@click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables")
+@click.option("--json", "as_json", is_flag=True, help=f"print JSON instead of tables {JSON_TAGS}")
 def status(path: Path, pool_name: str | None, as_json: bool) -> None:
     """Print every pool's status from the store at PATH (read-only).
 
@@ -642,11 +730,11 @@ def status(path: Path, pool_name: str | None, as_json: bool) -> None:
         statuses = [view.status(name, count) for name, count in sorted(pools.items())]
     if as_json:
         document = {"store": str(path), "pools": [dataclasses.asdict(s) for s in statuses]}
-        click.echo(json.dumps(document, indent=2, default=_jsonable))
+        click.echo(_json_text(document))
         return
     out = _console()
     if not statuses:
-        out.print(f"store {path}: no pools")
+        out.print(Text(f"store {_clean(path)}: no pools"))
         return
     for item in statuses:
         out.print(_status_table(item))
@@ -654,10 +742,11 @@ def status(path: Path, pool_name: str | None, as_json: bool) -> None:
 
 def _status_table(item: PoolStatus) -> Table:
     table = Table(
-        title=(
-            f"pool {item.name} · {item.concurrency} instances · {item.enqueued:,} enqueued · "
-            f"{item.pending:,} pending · {item.succeeded:,} succeeded · "
-            f"{item.dead_lettered:,} dead-lettered · {item.drained:,} drained"
+        title=Text(
+            f"pool {_clean(item.name)} · {item.concurrency} instances · "
+            f"{item.enqueued:,} enqueued · {item.pending:,} pending · "
+            f"{item.succeeded:,} succeeded · {item.dead_lettered:,} dead-lettered · "
+            f"{item.drained:,} drained"
         ),
         title_justify="left",
         box=box.SIMPLE_HEAD,
@@ -672,7 +761,7 @@ def _status_table(item: PoolStatus) -> Table:
     for s in item.instances:
         current = "-" if s.current_sequence is None else f"#{s.current_sequence} (try {s.attempt})"
         table.add_row(
-            s.instance_id,
+            Text(_clean(s.instance_id)),
             Text(s.state, style=styles.get(s.state, "")),
             f"{s.pending:,}",
             f"{s.enqueued:,}",
@@ -692,7 +781,7 @@ def _status_table(item: PoolStatus) -> Table:
 @click.option("--redrive", "do_redrive", is_flag=True, help="re-enqueue them (needs the lock)")
 @click.option("--purge", "do_purge", is_flag=True, help="delete them (needs the lock)")
 @click.option("--limit", default=100, show_default=True, help="list at most this many")
-@click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
+@click.option("--json", "as_json", is_flag=True, help=f"print JSON instead of a table {JSON_TAGS}")
 def dead_letters(
     path: Path,
     pool_name: str | None,
@@ -716,12 +805,13 @@ def dead_letters(
         _act(path, pools, redrive_them=do_redrive)
         return
     if as_json:
+        # Not dataclasses.asdict: it copies the event recursively, and events nest deep.
         document = [
-            {"pool": name, **dataclasses.asdict(letter)}
+            {"pool": name} | {field.name: getattr(letter, field.name) for field in _LETTER_FIELDS}
             for name, found in letters.items()
             for letter in found
         ][: max(limit, 0)]
-        click.echo(json.dumps(document, indent=2, default=_jsonable))
+        click.echo(_json_text(document))
         return
     out = _console()
     _print_dead_letters(out, path, letters, limit)
@@ -732,9 +822,9 @@ def _print_dead_letters(
 ) -> None:
     total = sum(len(found) for found in letters.values())
     if total == 0:
-        out.print(f"store {path}: no dead letters")
+        out.print(Text(f"store {_clean(path)}: no dead letters"))
         return
-    out.print(Text(f"{total:,} dead letters in {path}", style="bold"))
+    out.print(Text(f"{total:,} dead letters in {_clean(path)}", style="bold"))
     shown = 0
     for name, found in letters.items():
         for letter in found:
@@ -742,32 +832,65 @@ def _print_dead_letters(
                 break
             shown += 1
             attempts = f"{letter.attempts} attempt" + ("" if letter.attempts == 1 else "s")
-            key = "" if letter.partition_key is None else f" · key {letter.partition_key}"
+            key = "" if letter.partition_key is None else f" · key {_clean(letter.partition_key)}"
             out.print()
             out.print(
-                Text(f"{name}:{letter.instance_index} #{letter.sequence}", style="bold"),
+                Text(f"{_clean(name)}:{letter.instance_index} #{letter.sequence}", style="bold"),
                 Text(f"· {attempts} · failed {_when(letter.failed_at)}{key}"),
             )
-            out.print(Text(f"  error: {letter.error}"), soft_wrap=True)
-            out.print(Text(f"  event: {_short(letter.event, 200)}"), soft_wrap=True)
+            out.print(Text(f"  error: {_clean(letter.error)}"), soft_wrap=True)
+            if letter.damaged:
+                out.print(Text("  damaged record: never redriven", style="red"))
+            out.print(Text(f"  event: {_clean(_short(letter.event, 200))}"), soft_wrap=True)
     if total > shown:
         out.print()
         out.print(f"{total - shown:,} more: raise --limit")
 
 
 def _short(event: Any, width: int = 60) -> str:
-    text = repr(event)
-    return text if len(text) <= width else text[: width - 1] + "…"
+    """``repr(event)``, cut to ``width`` characters.
+
+    It writes lists and maps itself, without recursion (an event may nest deeper
+    than ``repr`` can go), and stops once it has enough.
+    """
+    parts: list[str] = []
+    size = 0
+    stack: list[Any] = [event]
+    while stack and size <= width:
+        value = stack.pop()
+        if isinstance(value, _Raw):
+            text: str = value
+        elif isinstance(value, list | tuple | dict) and value:
+            items = list(value.items()) if isinstance(value, dict) else list(value)
+            closing = "}" if isinstance(value, dict) else "]" if isinstance(value, list) else ")"
+            if isinstance(value, tuple) and len(value) == 1:
+                closing = ",)"
+            stack.append(_Raw(closing))
+            for position in reversed(range(len(items))):
+                if isinstance(value, dict):
+                    key, item = items[position]
+                    stack.extend((item, _Raw(": "), key))
+                else:
+                    stack.append(items[position])
+                if position:
+                    stack.append(_Raw(", "))
+            text = "{" if isinstance(value, dict) else "[" if isinstance(value, list) else "("
+        else:
+            text = repr(value)
+        parts.append(text)
+        size += len(text)
+    text = "".join(parts)
+    return text if len(text) <= width and not stack else text[: width - 1] + "…"
 
 
 def _act(path: Path, pools: dict[str, int], *, redrive_them: bool) -> None:
     if not pools:
-        click.echo(f"store {path}: no pools")
+        click.echo(f"store {_clean(path)}: no pools")
         return
     done = redrive(path, pools) if redrive_them else purge(path, pools)
     verb = "redrove" if redrive_them else "purged"
     for name, count in done.items():
-        line = f"{verb} {count:,} dead letters of pool {name!r}"
+        line = f"{verb} {count:,} dead letters of pool '{_clean(name)}'"
         if redrive_them and count:
             line += " (they run when the pool's runtime next opens the store)"
         click.echo(line)
@@ -793,11 +916,11 @@ def check(path: Path, as_json: bool) -> None:
 
 
 def _print_check(out: Console, path: Path, report: CheckReport) -> None:
-    pools = ", ".join(f"{name} ({count})" for name, count in report.pools.items()) or "none"
+    pools = ", ".join(f"{_clean(name)} ({count})" for name, count in report.pools.items())
     out.print(
         Text(
-            f"store {path}: format {report.format_version}, {report.records:,} records, "
-            f"{report.instances:,} instances; pools: {pools}"
+            f"store {_clean(path)}: format {report.format_version}, {report.records:,} records, "
+            f"{report.instances:,} instances; pools: {pools or 'none'}"
         ),
         soft_wrap=True,
     )
@@ -808,4 +931,4 @@ def _print_check(out: Console, path: Path, report: CheckReport) -> None:
     for problem in report.problems:
         where = problem.instance or "store"
         key = "" if problem.key is None else f" (key {problem.key!r})"
-        out.print(Text(f"  {where}: {problem.what}{key}"), soft_wrap=True)
+        out.print(Text(_clean(f"  {where}: {problem.what}{key}")), soft_wrap=True)

@@ -152,13 +152,15 @@ class DamagedRecordError(StorageError):
         key: the record's key.
         value: the stored bytes, as found.
         reason: what is wrong with them.
+        what: which record it is, in words (``"meta record of instance p:0"``).
     """
 
-    def __init__(self, *, key: bytes, value: bytes, reason: str) -> None:
+    def __init__(self, *, key: bytes, value: bytes, reason: str, what: str = "record") -> None:
         self.key = key
         self.value = value
         self.reason = reason
-        super().__init__(f"damaged record at key {key!r}: {reason}")
+        self.what = what
+        super().__init__(f"damaged {what}: {reason} (key {key!r})")
 
 
 class InstanceCrashedError(DopoolError):

@@ -29,6 +29,10 @@ from dopool._errors import DamagedRecordError, EventValidationError
 #: with; a runtime refuses to open a store of any other version.
 FORMAT_VERSION = 1
 
+#: The most instances a pool may have: each is a thread, started when the pool is
+#: defined. A stored pool record above it is damaged.
+MAX_CONCURRENCY = 4096
+
 _CRC = struct.Struct(">I")
 _packers = threading.local()
 
@@ -77,6 +81,32 @@ def encode_event(event: Any, *, position: int | None = None) -> bytes:
 
 # -- sealing -------------------------------------------------------------------
 
+_KINDS = {
+    b"m": "meta record",
+    b"q": "event record",
+    b"d": "dead letter",
+    b"o": "outbox entry",
+    b"s": "delivery mark",
+}
+
+
+def describe_key(key: bytes) -> str:
+    """Which record a key holds, in words, for errors."""
+    if key == b"F":
+        return "format record"
+    if key[:1] == b"P":
+        return f"pool record {key[1:].decode(errors='backslashreplace')!r}"
+    ident, nul, rest = key[1:].partition(b"\0")
+    if key[:1] == b"I" and nul:
+        kind = _KINDS.get(rest[:1], "record")
+        return f"{kind} of instance {ident.decode(errors='backslashreplace')}"
+    return "record"
+
+
+def damaged(key: bytes, value: bytes, reason: str) -> DamagedRecordError:
+    """The error for a record that fails its checks, naming it."""
+    return DamagedRecordError(key=key, value=value, reason=reason, what=describe_key(key))
+
 
 def seal(key: bytes, body: bytes) -> bytes:
     """The stored value of ``body`` under ``key``: its checksum, then the body."""
@@ -86,27 +116,23 @@ def seal(key: bytes, body: bytes) -> bytes:
 def open_sealed(key: bytes, value: bytes) -> bytes:
     """The body of a stored value, once its checksum matches its key and body."""
     if len(value) < _CRC.size:
-        raise DamagedRecordError(key=key, value=value, reason="shorter than its checksum")
+        raise damaged(key, value, "shorter than its checksum")
     body = value[_CRC.size :]
     (stored,) = _CRC.unpack_from(value)
     if stored != zlib.crc32(body, zlib.crc32(key)):
-        raise DamagedRecordError(key=key, value=value, reason="checksum mismatch")
+        raise damaged(key, value, "checksum mismatch")
     return body
 
 
-def _fields(key: bytes, value: bytes, count: int, what: str) -> list[Any]:
+def _fields(key: bytes, value: bytes, count: int) -> list[Any]:
     """A sealed record's fields: a msgpack array of exactly ``count`` items."""
     body = open_sealed(key, value)
     try:
         fields = unpack(body)
     except Exception as exc:
-        raise DamagedRecordError(
-            key=key, value=value, reason=f"{what} does not decode ({type(exc).__name__})"
-        ) from exc
+        raise damaged(key, value, f"does not decode ({type(exc).__name__})") from exc
     if type(fields) is not list or len(fields) != count:
-        raise DamagedRecordError(
-            key=key, value=value, reason=f"{what} is not an array of {count} fields"
-        )
+        raise damaged(key, value, f"not an array of {count} fields")
     return fields
 
 
@@ -162,7 +188,7 @@ Layout = tuple[tuple[str, Check], ...]
 def _check(key: bytes, value: bytes, fields: list[Any], layout: Layout) -> None:
     for (name, valid), item in zip(layout, fields, strict=True):
         if not valid(item):
-            raise DamagedRecordError(key=key, value=value, reason=f"field {name!r} is {item!r}")
+            raise damaged(key, value, f"field {name!r} is {item!r}")
 
 
 # -- records -----------------------------------------------------------------------
@@ -240,7 +266,7 @@ def seal_event(key: bytes, record: EventRecord | tuple[Any, ...]) -> bytes:
 
 
 def read_event(key: bytes, value: bytes) -> EventRecord:
-    fields = _fields(key, value, len(_EVENT_LAYOUT), "event record")
+    fields = _fields(key, value, len(_EVENT_LAYOUT))
     _check(key, value, fields, _EVENT_LAYOUT)
     return EventRecord(*fields)
 
@@ -250,7 +276,7 @@ def seal_dead(key: bytes, record: DeadRecord) -> bytes:
 
 
 def read_dead(key: bytes, value: bytes) -> DeadRecord:
-    fields = _fields(key, value, len(_DEAD_LAYOUT), "dead letter")
+    fields = _fields(key, value, len(_DEAD_LAYOUT))
     _check(key, value, fields, _DEAD_LAYOUT)
     return DeadRecord(*fields)
 
@@ -260,7 +286,7 @@ def seal_outbox(key: bytes, record: OutboxRecord) -> bytes:
 
 
 def read_outbox(key: bytes, value: bytes) -> OutboxRecord:
-    fields = _fields(key, value, len(_OUTBOX_LAYOUT), "outbox entry")
+    fields = _fields(key, value, len(_OUTBOX_LAYOUT))
     _check(key, value, fields, _OUTBOX_LAYOUT)
     return OutboxRecord(*fields)
 
@@ -270,9 +296,9 @@ def seal_link(key: bytes, link: int) -> bytes:
 
 
 def read_link(key: bytes, value: bytes) -> int:
-    (link,) = _fields(key, value, 1, "delivery mark")
+    (link,) = _fields(key, value, 1)
     if not _count(link) and not (type(link) is int and 0 <= link < 2**64):
-        raise DamagedRecordError(key=key, value=value, reason=f"link is {link!r}")
+        raise damaged(key, value, f"link is {link!r}")
     return int(link)
 
 
@@ -282,9 +308,9 @@ def seal_pool(key: bytes, concurrency: int) -> bytes:
 
 def read_pool(key: bytes, value: bytes) -> int:
     """A pool record's stored concurrency."""
-    (concurrency,) = _fields(key, value, 1, "pool record")
-    if not (_count(concurrency) and concurrency >= 1):
-        raise DamagedRecordError(key=key, value=value, reason=f"concurrency is {concurrency!r}")
+    (concurrency,) = _fields(key, value, 1)
+    if not (_count(concurrency) and 1 <= concurrency <= MAX_CONCURRENCY):
+        raise damaged(key, value, f"concurrency is {concurrency!r}")
     return int(concurrency)
 
 
@@ -294,9 +320,9 @@ def seal_format(key: bytes) -> bytes:
 
 def read_format(key: bytes, value: bytes) -> int:
     """The format version a store records (any int: the caller judges it)."""
-    (version,) = _fields(key, value, 1, "format record")
+    (version,) = _fields(key, value, 1)
     if not _count(version):
-        raise DamagedRecordError(key=key, value=value, reason=f"version is {version!r}")
+        raise damaged(key, value, f"version is {version!r}")
     return int(version)
 
 
@@ -362,11 +388,11 @@ def seal_meta(key: bytes, meta: Meta) -> bytes:
 
 
 def read_meta(key: bytes, value: bytes) -> Meta:
-    fields = _fields(key, value, len(_META_LAYOUT), "meta record")
+    fields = _fields(key, value, len(_META_LAYOUT))
     _check(key, value, fields, _META_LAYOUT)
     meta = Meta(**dict(zip(_META_NAMES, fields, strict=True)))
     current = meta.current
     # The started event's queue key: this namespace's queue tag, then rank and sequence.
     if current is not None and (len(current) != len(key) + 12 or current[:-12] != key[:-1] + b"q"):
-        raise DamagedRecordError(key=key, value=value, reason=f"current is {current!r}")
+        raise damaged(key, value, f"current is {current!r}")
     return meta

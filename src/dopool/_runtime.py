@@ -18,11 +18,16 @@ import pykka
 
 from dopool._clock import Clock, RealClock, SimulatedClock
 from dopool._context import EventContext
-from dopool._errors import ConfigurationError, InstanceCrashedError, PoolClosedError
+from dopool._errors import (
+    ConfigurationError,
+    InstanceCrashedError,
+    PoolClosedError,
+)
 from dopool._instance import DirectEnqueue, InstanceActor, InstanceEnv, PoolSpec
 from dopool._mailbox import Mailbox
 from dopool._messages import Item, Recover, Reply
 from dopool._pool import WorkerPool
+from dopool._records import MAX_CONCURRENCY
 from dopool._retry import RetryPolicy
 from dopool._router import Router
 from dopool._storage import Namespace, Store
@@ -33,6 +38,7 @@ from dopool.chaos import FaultInjector, FaultPlan
 logger = logging.getLogger("dopool")
 
 DURABILITY_MODES = ("sync", "async")
+# Instances per pool: each is a thread and a namespace, started and recovered one by one.
 
 
 class Runtime:
@@ -61,6 +67,8 @@ class Runtime:
         faults: FaultPlan | None = None,
         trace: str | os.PathLike[str] | None = None,
     ) -> None:
+        _check_path(path)
+        _check_seed(seed)
         if durability not in DURABILITY_MODES:
             raise ConfigurationError(f"durability must be 'sync' or 'async', got {durability!r}")
         if clock is not None and not isinstance(clock, Clock):
@@ -96,7 +104,7 @@ class Runtime:
         cls,
         path: str | os.PathLike[str] | None = None,
         *,
-        seed: int | str = 0,
+        seed: int | str | None = 0,
         start: float = 0.0,
         **options: Any,
     ) -> Runtime:
@@ -105,11 +113,14 @@ class Runtime:
             raise ConfigurationError(
                 "Runtime.simulated makes its own SimulatedClock; pass no clock"
             )
-        temporary = None
-        if path is None:
-            temporary = Path(tempfile.mkdtemp(prefix="dopool-"))
-            path = temporary
-        runtime = cls(path, clock=SimulatedClock(start), seed=seed, **options)
+        if path is not None:
+            return cls(path, clock=SimulatedClock(start), seed=seed, **options)
+        temporary = Path(tempfile.mkdtemp(prefix="dopool-"))
+        try:
+            runtime = cls(temporary, clock=SimulatedClock(start), seed=seed, **options)
+        except BaseException:
+            shutil.rmtree(temporary, ignore_errors=True)
+            raise
         runtime._temporary = temporary
         return runtime
 
@@ -344,6 +355,22 @@ def _recover(mailbox: Mailbox) -> None:
         return
 
 
+def _check_path(path: object) -> None:
+    # Path("") is the current directory: an empty setting must not put a store there.
+    text = os.fspath(path) if isinstance(path, str | os.PathLike) else None
+    if not isinstance(text, str):
+        raise ConfigurationError(f"path must be a str or an os.PathLike of str, got {path!r}")
+    if not text:
+        raise ConfigurationError("path is empty; name the store directory ('.' for this one)")
+    if "\0" in text:
+        raise ConfigurationError(f"path contains a NUL character: {text!r}")
+
+
+def _check_seed(seed: object) -> None:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | str)):
+        raise ConfigurationError(f"seed must be an int, a str or None, got {seed!r}")
+
+
 def _check_options(
     *,
     execute: object,
@@ -356,8 +383,14 @@ def _check_options(
 ) -> None:
     if not callable(execute):
         raise ConfigurationError(f"execute must be callable, got {execute!r}")
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ConfigurationError(f"concurrency must be an int >= 1, got {concurrency!r}")
+    if (
+        isinstance(concurrency, bool)
+        or not isinstance(concurrency, int)
+        or not 1 <= concurrency <= MAX_CONCURRENCY
+    ):
+        raise ConfigurationError(
+            f"concurrency must be an int >= 1 and <= {MAX_CONCURRENCY}, got {concurrency!r}"
+        )
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise ConfigurationError(f"retry must be a RetryPolicy or None, got {retry!r}")
     for label, hook in (
@@ -382,10 +415,11 @@ _default_lock = threading.Lock()
 
 
 def default_runtime() -> Runtime:
-    """The process-wide runtime: real clock, directory ``$DOPOOL_PATH`` or ``./.dopool``."""
+    """The process-wide runtime: real clock, directory ``$DOPOOL_PATH`` (if set and not
+    empty) or ``./.dopool``."""
     global _default  # noqa: PLW0603 - one lazily created runtime per process
     with _default_lock:
         if _default is None or _default.closed:
-            _default = Runtime(os.environ.get("DOPOOL_PATH", ".dopool"))
+            _default = Runtime(os.environ.get("DOPOOL_PATH") or ".dopool")
             atexit.register(_default.close)
         return _default

@@ -24,11 +24,12 @@ import errno
 import fcntl
 import os
 import socket
+import stat
 import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar, cast
 
@@ -47,6 +48,7 @@ from dopool._records import (
     EventRecord,
     Meta,
     OutboxRecord,
+    damaged,
     read_dead,
     read_event,
     read_format,
@@ -181,11 +183,8 @@ class Namespace:
         Raises:
             DamagedRecordError: the first record is damaged (its ``key`` says which).
         """
-        with txn.cursor() as cursor:
-            if cursor.set_range(self._queue):
-                key, raw = cursor.item()
-                if key.startswith(self._queue):
-                    return key, read_event(key, raw)
+        for key, raw in _iter_prefix(txn, self._queue, len(self._queue) + _RANK_SEQ.size):
+            return key, read_event(key, raw)
         return None
 
     def delete_event(self, txn: Txn, key: bytes) -> None:
@@ -205,7 +204,7 @@ class Namespace:
 
     def iter_dead_letters(self, txn: Txn) -> Iterator[tuple[int, DeadRecord]]:
         """Every dead letter by sequence; a damaged one is listed as such, not raised."""
-        for key, raw in _iter_prefix(txn, self._dead):
+        for key, raw in _iter_prefix(txn, self._dead, len(self._dead) + 8):
             yield queue_key_sequence(key), _dead_or_damaged(key, raw)
 
     def pop_dead_letter(self, txn: Txn, sequence: int) -> DeadRecord | None:
@@ -223,7 +222,7 @@ class Namespace:
 
     def iter_outbox(self, txn: Txn) -> Iterator[tuple[int, OutboxRecord | DamagedRecordError]]:
         """Every outbox entry by sequence; a damaged one comes as its error, not raised."""
-        for key, raw in _iter_prefix(txn, self._outbox):
+        for key, raw in _iter_prefix(txn, self._outbox, len(self._outbox) + 8):
             try:
                 record: OutboxRecord | DamagedRecordError = read_outbox(key, raw)
             except DamagedRecordError as exc:
@@ -256,14 +255,22 @@ def _dead_or_damaged(key: bytes, raw: bytes) -> DeadRecord:
         return DeadRecord(raw, f"DamagedRecordError: {exc.reason}", 0, 0.0, 0.0, None, 0, True)
 
 
-def _iter_prefix(txn: Txn, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+def _iter_prefix(
+    txn: Txn, prefix: bytes, length: int | None = None
+) -> Iterator[tuple[bytes, bytes]]:
+    """The records under ``prefix``; with ``length``, only keys of that length.
+
+    A key of the wrong length is no record of the layout (``dopool check``
+    reports it); skipping it keeps one stray key from stopping an instance.
+    """
     with txn.cursor() as cursor:
         if not cursor.set_range(prefix):
             return
         for key, value in cursor:
             if not key.startswith(prefix):
                 return
-            yield key, value
+            if length is None or len(key) == length:
+                yield key, value
 
 
 def _delete_prefix(txn: Txn, prefix: bytes) -> int:
@@ -283,41 +290,68 @@ class _StoreLock:
     """An exclusive ``flock`` on ``<path>/lock``; the file names the holder.
 
     ``flock`` locks belong to an open file description, so a second runtime in
-    the same process conflicts exactly like one in another process.
+    the same process conflicts exactly like one in another process. Every
+    ``OSError`` becomes a :class:`StorageError`, except a held lock.
     """
 
     def __init__(self, directory: Path) -> None:
         self._file = directory / "lock"
-        fd = os.open(self._file, os.O_RDWR | os.O_CREAT, 0o644)
+        where = str(self._file)
+        # O_NOFOLLOW: a planted symlink must not get its target truncated (or created).
+        # O_NONBLOCK: a planted FIFO must not block the open; no effect on a regular file.
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = os.open(self._file, flags, 0o644)
         except OSError as exc:
-            os.close(fd)
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
-                raise StorageError(f"cannot lock store {str(directory)!r}: {exc}") from exc
-            raise StoreLockedError(path=str(directory), holder=self._holder()) from None
-        started = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-        text = f"pid {os.getpid()} on {socket.gethostname()} since {started}"
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, text.encode(), 0)
-        self._fd: int | None = fd
-
-    def _holder(self) -> str:
+            if exc.errno == errno.ELOOP and self._file.is_symlink():
+                raise StorageError(
+                    f"lock file {where!r} is a symbolic link; dopool does not follow it"
+                ) from exc
+            raise StorageError(f"cannot open lock file {where!r}: {_reason(exc)}") from exc
         try:
-            text = self._file.read_text().strip()
-        except OSError:
-            text = ""
-        if not text:
-            return "another runtime"
-        if text.startswith(f"pid {os.getpid()} "):
-            return f"{text} (this process)"
-        return text
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise StorageError(f"lock file {where!r} is not a regular file")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                    raise StorageError(f"cannot lock store {str(directory)!r}: {exc}") from exc
+                raise StoreLockedError(path=str(directory), holder=_holder(fd)) from None
+            started = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+            text = f"pid {os.getpid()} on {socket.gethostname()} since {started}"
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, text.encode(), 0)
+            except OSError as exc:
+                raise StorageError(f"cannot write lock file {where!r}: {_reason(exc)}") from exc
+        except BaseException:
+            os.close(fd)  # releases the flock, if taken
+            raise
+        self._fd: int | None = fd
 
     def release(self) -> None:
         if self._fd is not None:
-            os.ftruncate(self._fd, 0)
+            with suppress(OSError):  # a stale holder text is harmless: the flock decides
+                os.ftruncate(self._fd, 0)
             os.close(self._fd)  # closing the descriptor releases the flock
             self._fd = None
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, as its holder wrote it in the file."""
+    try:
+        text = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+    except OSError:
+        text = ""
+    if not text:
+        return "another runtime"
+    if text.startswith(f"pid {os.getpid()} "):
+        return f"{text} (this process)"
+    return text
 
 
 # A leader waits for the writers it expects at most this fraction of a commit's
@@ -529,7 +563,7 @@ class Store:
                 max_readers=_MAX_READERS,
                 max_spare_txns=16,
             )
-        except lmdb.Error as exc:
+        except (lmdb.Error, OSError) as exc:
             self._lock.release()
             raise StorageError(f"cannot open store {str(self.path)!r}: {exc}") from exc
         except BaseException:
@@ -604,11 +638,14 @@ class Store:
 
 
 def pool_records(txn: Txn) -> dict[str, int]:
-    """Every pool a store knows, by name, with its stored concurrency."""
-    return {
-        key[len(_POOL_PREFIX) :].decode(): read_pool(key, raw)
-        for key, raw in _iter_prefix(txn, _POOL_PREFIX)
-    }
+    """Every pool a store knows, by name, with its stored concurrency (checked)."""
+    pools = {}
+    for key, raw in _iter_prefix(txn, _POOL_PREFIX):
+        name = pool_name_of(key)
+        if name is None:
+            raise damaged(key, raw, "the pool name is not UTF-8")
+        pools[name] = read_pool(key, raw)
+    return pools
 
 
 def _check_data_file(path: Path) -> None:
@@ -681,11 +718,11 @@ def _open_readonly(path: Path) -> Any:
         return lmdb.open(
             str(path / "data"), map_size=_MAP_SIZE, max_readers=_MAX_READERS, **options
         )
-    except lmdb.Error:
+    except (lmdb.Error, OSError):
         pass
     try:
         # Without write access to LMDB's lock file, read without it: consistent for a
         # snapshot this short, though a live writer may then reuse pages sooner.
         return lmdb.open(str(path / "data"), map_size=_MAP_SIZE, lock=False, **options)
-    except lmdb.Error as exc:
+    except (lmdb.Error, OSError) as exc:
         raise StorageError(f"cannot open store {str(path)!r} read-only: {exc}") from exc

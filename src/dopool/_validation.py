@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from dopool._errors import ConfigurationError, EventTooLargeError, EventValidationError
@@ -14,6 +14,8 @@ from dopool._storage import MAX_EVENT_BYTES, MAX_PARTITION_KEY_BYTES, PRIORITY_M
 Schema = Callable[[Any], Any]
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+# Iterable, but as a batch almost always a mistake: characters, ints, or a mapping's keys.
+_NOT_A_BATCH = (str, bytes, bytearray, memoryview, Mapping)
 
 
 def check_pool_name(name: object) -> str:
@@ -65,10 +67,26 @@ def prepare_many(
     """:func:`prepare` for a batch that shares one partition key and priority.
 
     The first event checks them (an error names position 0); the rest are only
-    transformed, encoded and size-checked.
+    transformed, encoded and size-checked. ``events`` must be an iterable other
+    than text, bytes or a mapping, which would iterate characters, ints or keys.
     """
+    name = type(events).__name__
+    if isinstance(events, _NOT_A_BATCH):
+        parts = "characters" if isinstance(events, str) else "bytes"
+        if isinstance(events, Mapping):
+            parts = "keys"
+        raise EventValidationError(
+            f"enqueue_many takes an iterable of events, got a {name}, whose items are its "
+            f"{parts}; for one event, pass [event]"
+        )
+    try:
+        iterator = iter(events)
+    except TypeError:
+        raise EventValidationError(
+            f"enqueue_many takes an iterable of events, got {name}"
+        ) from None
     items = []
-    for position, event in enumerate(events):
+    for position, event in enumerate(iterator):
         if position == 0:
             items.append(
                 prepare(

@@ -45,7 +45,12 @@ class StoreNotFoundError(ConfigurationError):
 
 
 class StoreView:
-    """A read-only window on a store; see the module docstring."""
+    """A read-only window on a store; see the module docstring.
+
+    What it returns is checked, not trusted: a record that fails its checksum or
+    layout raises :class:`~dopool.DamagedRecordError` naming its key (a damaged
+    dead letter is listed as such instead).
+    """
 
     def __init__(self, env: Any, path: Path) -> None:
         self._env = env
@@ -74,7 +79,7 @@ class StoreView:
         return pool_status(name, instances)
 
     def dead_letters(self, name: str, concurrency: int) -> list[DeadLetter]:
-        """The pool's dead letters, by instance then sequence."""
+        """The pool's dead letters, by instance then sequence (damaged ones marked so)."""
         with self._read() as txn:
             return [
                 dead_letter_from_record(index, sequence, record)
@@ -90,12 +95,17 @@ class StoreView:
 
 def _check_store_path(path: str | os.PathLike[str]) -> Path:
     where = Path(path)
-    if not where.exists():
-        raise StoreNotFoundError(str(path), "no such directory")
-    if not where.is_dir():
-        raise StoreNotFoundError(str(path), "not a directory")
-    if not (where / "data" / "data.mdb").is_file():
-        raise StoreNotFoundError(str(path), "it has no data/data.mdb (is it a store directory?)")
+    try:
+        if not where.exists():
+            raise StoreNotFoundError(str(path), "no such directory")
+        if not where.is_dir():
+            raise StoreNotFoundError(str(path), "not a directory")
+        if not (where / "data" / "data.mdb").is_file():
+            raise StoreNotFoundError(
+                str(path), "it has no data/data.mdb (is it a store directory?)"
+            )
+    except OSError as exc:  # e.g. a name too long, or a directory we may not search
+        raise StorageError(f"cannot read store path {str(path)!r}: {exc.strerror or exc}") from exc
     return where
 
 
