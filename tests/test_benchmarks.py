@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from benchmarks import ceiling
+from benchmarks import ceiling, records
 from benchmarks.__main__ import main
 from benchmarks.harness import Sizes
 
@@ -61,3 +61,12 @@ def test_the_python_ceiling_check_finds_an_event_left_in_a_queue(tmp_path: Path)
             queue.check(txn)
     finally:
         store.close()
+
+
+def test_the_record_benchmark_times_both_encodings(capsys: pytest.CaptureFixture[str]) -> None:
+    assert records.main(["--rounds", "1", "--number", "10", "--e2e-us", "50"]) == 0
+    out = capsys.readouterr().out
+    for case in ("event write", "event read", "meta write", "meta read"):
+        assert case in out
+    assert "per event end to end" in out
+    assert "of 50 µs per event" in out
