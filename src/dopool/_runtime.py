@@ -186,7 +186,7 @@ class Runtime:
         for callback in subscribers:
             try:
                 callback(event)
-            except Exception:
+            except BaseException:  # SystemExit too: pykka would stop every actor
                 logger.exception("subscriber %r raised; ignored", callback)
 
     def _define_pool(
