@@ -290,7 +290,18 @@ class Runtime:
         """Stop every actor gracefully (a running handler finishes), then close the store.
 
         Pending events stay durable and resume when the store is opened again.
+
+        Raises:
+            ConfigurationError: called from one of this runtime's instance threads
+                (a handler, hook or subscriber), which it would wait for forever.
         """
+        running = self.handler_running()
+        if running is not None and not self._closed:
+            raise ConfigurationError(
+                f"close() called from instance {running[0]}:{running[1]} of this runtime, "
+                "which it would wait for forever; close the runtime from outside its "
+                "handlers, hooks and subscribers"
+            )
         with self._lock:
             if self._closed:
                 return
