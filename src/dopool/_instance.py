@@ -404,6 +404,10 @@ class _Instance:
 class InstanceActor(_Instance, pykka.ThreadingActor):
     """One instance of a pool. Handles one message at a time, in its own thread."""
 
+    # The interpreter joins non-daemon threads before atexit runs, so an open
+    # runtime's actors would keep it alive forever; atexit closes the runtime instead.
+    use_daemon_thread = True
+
     def __init__(self, spec: PoolSpec, index: int, env: InstanceEnv, kill: threading.Event) -> None:
         pykka.ThreadingActor.__init__(self)
         _Instance.__init__(self, spec, index, env)
