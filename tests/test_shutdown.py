@@ -267,3 +267,30 @@ def test_an_abandoned_handler_returning_after_the_store_closed_commits_nothing(
         [letter] = pool.dead_letters()
     assert letter.event == "late"
     assert letter.error == "DopoolError: instance crashed during attempt 1"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_exiting_leaves_the_parents_runtime_alone(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    _run(
+        """
+        import os
+        import sys
+        from pathlib import Path
+
+        from dopool import Runtime
+
+        pool = Runtime(sys.argv[1]).define("p", execute=lambda ctx: None)
+        child = os.fork()
+        if child == 0:
+            sys.exit(0)  # runs the atexit hooks inherited from the parent
+        assert os.waitpid(child, 0)[1] == 0
+        assert Path(sys.argv[1], "lock").read_text().startswith(f"pid {os.getpid()} ")
+        pool.enqueue("after the fork")
+        assert pool.join(timeout=10)
+        """,
+        store,
+        cwd=tmp_path,
+    )
+    with Runtime(store) as runtime:
+        assert runtime.define("p", execute=lambda ctx: None).status().succeeded == 1

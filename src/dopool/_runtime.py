@@ -97,6 +97,7 @@ class Runtime:
             except OSError as exc:
                 self._store.close()
                 raise ConfigurationError(f"cannot open trace file {str(trace)!r}: {exc}") from exc
+        self._pid = os.getpid()
         with _open_lock:
             _open.add(self)  # closed at interpreter exit, if not before
 
@@ -444,7 +445,8 @@ def _close_at_exit() -> None:
     (atexit handlers run after it has joined the non-daemon threads).
     """
     with _open_lock:
-        runtimes = list(_open)
+        # A forked child has none of the parent's actors, and must not close its store.
+        runtimes = [runtime for runtime in _open if runtime._pid == os.getpid()]
     deadline = time.monotonic() + EXIT_GRACE
     # Every runtime stops taking work first, so none starts more while another closes.
     closing = [(runtime, runtime._stop_taking_work()) for runtime in runtimes]
