@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dopool import ConfigurationError, RetryPolicy
-from dopool._retry import uniform_draw
+from dopool._retry import MAX_DELAY, uniform_draw
 
 # -- construction ------------------------------------------------------------
 
@@ -174,7 +174,7 @@ def test_huge_multiplier_stays_capped() -> None:
 @st.composite
 def policies(draw: st.DrawFn) -> RetryPolicy:
     initial = draw(st.floats(0, 1e6))
-    maximum = draw(st.floats(initial, 1e9))
+    maximum = draw(st.floats(initial, MAX_DELAY))
     return RetryPolicy(
         max_attempts=draw(st.integers(1, 100)),
         initial_delay=initial,
@@ -199,9 +199,10 @@ def test_delay_is_within_the_jittered_bounds(
     delay = policy.delay(attempt, draw)
     assert math.isfinite(delay)
     assert delay >= 0.0
-    low, high = base * (1 - policy.jitter), base * (1 + policy.jitter)
+    low, high = base * (1 - policy.jitter), min(base * (1 + policy.jitter), MAX_DELAY)
     assert low * (1 - 1e-12) <= delay <= high * (1 + 1e-12)
     assert delay <= policy.max_seconds * (1 + policy.jitter) * (1 + 1e-12)
+    assert delay <= MAX_DELAY
 
 
 @given(policy=policies(), draw=st.floats(0, 1, exclude_max=True))

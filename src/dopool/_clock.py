@@ -138,6 +138,10 @@ class RealClock(Clock):
     """
 
     starts_due_work_at_once = True
+    #: The longest the scheduler thread waits at once, in seconds: any alarm time,
+    #: however far, is waited for in slices (``Condition.wait`` refuses a timeout
+    #: past ``threading.TIMEOUT_MAX``).
+    _WAIT_SLICE = 3600.0
 
     def __init__(self) -> None:
         super().__init__()
@@ -191,7 +195,7 @@ class RealClock(Clock):
                         delay = self._heap[0][0] - time.time()
                         if delay <= 0:
                             break
-                        self._cond.wait(delay)
+                        self._cond.wait(min(delay, self._WAIT_SLICE))
                     else:
                         self._cond.wait()
                 if self._stopped:

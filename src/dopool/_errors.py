@@ -179,15 +179,25 @@ class RetryAfter(DopoolError):
     """Raise from a handler to retry the current event after exactly ``seconds``.
 
     ``seconds`` may be a :class:`~datetime.timedelta`. The attempt still counts
-    against ``max_attempts``.
+    against ``max_attempts``. A delay over ``MAX_DELAY`` (365 days) is clamped to it.
+
+    Attributes:
+        seconds: the delay, in seconds, at most ``MAX_DELAY``.
+        requested: the delay asked for, in seconds.
     """
 
     def __init__(self, seconds: float | timedelta) -> None:
-        seconds = _seconds(seconds, "RetryAfter seconds")
-        if not math.isfinite(seconds) or seconds < 0:
-            raise ConfigurationError(f"RetryAfter needs a finite delay >= 0, got {seconds!r}")
-        self.seconds = seconds
-        super().__init__(f"retry after {seconds:g} s")
+        from dopool._retry import MAX_DELAY  # noqa: PLC0415 - _retry imports this module
+
+        requested = _seconds(seconds, "RetryAfter seconds")
+        if not math.isfinite(requested) or requested < 0:
+            raise ConfigurationError(f"RetryAfter needs a finite delay >= 0, got {requested!r}")
+        self.requested = requested
+        self.seconds = min(requested, MAX_DELAY)
+        message = f"retry after {self.seconds:g} s"
+        if requested > MAX_DELAY:
+            message += f" (the maximum; {requested:g} s asked)"
+        super().__init__(message)
 
 
 def _seconds(value: Any, name: str) -> float:
@@ -197,4 +207,7 @@ def _seconds(value: Any, name: str) -> float:
         return float(total())
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigurationError(f"{name} must be seconds or a timedelta, got {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int past a float's range
+        raise ConfigurationError(f"{name} is too large to be a number of seconds") from None

@@ -446,6 +446,10 @@ class _Instance:
 class InstanceActor(_Instance, pykka.ThreadingActor):
     """One instance of a pool. Handles one message at a time, in its own thread."""
 
+    # The interpreter joins non-daemon threads before atexit runs, so an open
+    # runtime's actors would keep it alive forever; atexit closes the runtime instead.
+    use_daemon_thread = True
+
     def __init__(self, spec: PoolSpec, index: int, env: InstanceEnv, kill: threading.Event) -> None:
         pykka.ThreadingActor.__init__(self)
         _Instance.__init__(self, spec, index, env)
@@ -486,6 +490,10 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
             self._fail_taken(exc if isinstance(exc, DopoolError) else None)
             if engine_failure:  # the in-memory state is suspect: restart from storage
                 self._crash(f"{type(exc).__name__}: {exc}", message)
+        except BaseException as exc:  # not to pykka, which would stop every actor
+            # SystemExit & co. from user code the engine calls: an engine failure too.
+            logger.exception("instance %s failed handling %r", self._id, message)
+            self._crash(f"{type(exc).__name__}: {exc}", message)
         finally:
             self._env.in_handler.instance = None
             turn.release()
@@ -1006,7 +1014,8 @@ def dead_letter_from_record(index: int, sequence: int, dead: DeadRecord) -> Dead
 
 
 def _call_hook(name: str, hook: Callable[[Any], Any], argument: Any) -> None:
+    """Call a user hook; whatever it raises, SystemExit included, is logged and ignored."""
     try:
         hook(argument)
-    except Exception:
+    except BaseException:  # from an actor, pykka would stop every actor
         logger.exception("%s hook raised; ignored", name)

@@ -15,6 +15,9 @@ DEFAULT_INITIAL_DELAY = 1.0
 DEFAULT_MULTIPLIER = 2.0
 DEFAULT_MAX_DELAY = 300.0
 DEFAULT_JITTER = 0.1
+#: The longest delay before a retry, in seconds (365 days): a policy may not ask
+#: for more, and ``RetryAfter`` is clamped to it.
+MAX_DELAY = 365 * 24 * 3600.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,8 +26,9 @@ class RetryPolicy:
 
     ``max_attempts`` counts executions, the first one included. The delay after
     failed attempt ``k`` is ``min(initial_delay * multiplier**(k-1), max_delay)``
-    scaled by a factor drawn uniformly from ``[1 - jitter, 1 + jitter]``.
-    Durations are seconds; a :class:`~datetime.timedelta` is accepted.
+    scaled by a factor drawn uniformly from ``[1 - jitter, 1 + jitter]``, and
+    never more than :data:`MAX_DELAY`. Durations are seconds, at most
+    :data:`MAX_DELAY`; a :class:`~datetime.timedelta` is accepted.
     """
 
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
@@ -44,11 +48,15 @@ class RetryPolicy:
         object.__setattr__(self, "multiplier", _number("multiplier", self.multiplier))
         object.__setattr__(self, "jitter", _number("jitter", self.jitter))
         initial, maximum = self.initial_seconds, self.max_seconds
-        if not math.isfinite(initial) or initial < 0:
-            raise ConfigurationError(f"initial_delay must be finite and >= 0, got {initial!r}")
-        if not math.isfinite(maximum) or maximum < initial:
+        if not 0 <= initial <= MAX_DELAY:  # NaN too
             raise ConfigurationError(
-                f"max_delay must be finite and >= initial_delay ({initial:g}), got {maximum!r}"
+                f"initial_delay must be within [0, {MAX_DELAY:g}] seconds (365 days), "
+                f"got {initial!r}"
+            )
+        if not initial <= maximum <= MAX_DELAY:
+            raise ConfigurationError(
+                f"max_delay must be within [initial_delay ({initial:g}), {MAX_DELAY:g}] "
+                f"seconds (365 days), got {maximum!r}"
             )
         if not math.isfinite(self.multiplier) or self.multiplier < 1:
             raise ConfigurationError(f"multiplier must be >= 1, got {self.multiplier!r}")
@@ -72,13 +80,16 @@ class RetryPolicy:
         except OverflowError:
             base = self.max_seconds
         factor = 1.0 - self.jitter + 2.0 * self.jitter * draw
-        return max(0.0, base * factor)
+        return min(max(0.0, base * factor), MAX_DELAY)
 
 
 def _number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigurationError(f"{name} must be a number, got {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int past a float's range
+        raise ConfigurationError(f"{name} is too large to be a float") from None
 
 
 def uniform_draw(seed: int | str | None, *parts: object) -> float:

@@ -10,6 +10,8 @@ import secrets
 import shutil
 import tempfile
 import threading
+import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -38,7 +40,11 @@ from dopool.chaos import FaultInjector, FaultPlan
 logger = logging.getLogger("dopool")
 
 DURABILITY_MODES = ("sync", "async")
-# Instances per pool: each is a thread and a namespace, started and recovered one by one.
+
+#: Wall-clock seconds that handlers still running when the interpreter exits get to
+#: finish. One still running then is abandoned: its attempt counts as interrupted, as
+#: after a crash, when the store is next opened.
+EXIT_GRACE = 5.0
 
 
 class Runtime:
@@ -98,6 +104,9 @@ class Runtime:
             except OSError as exc:
                 self._store.close()
                 raise ConfigurationError(f"cannot open trace file {str(trace)!r}: {exc}") from exc
+        self._pid = os.getpid()
+        with _open_lock:
+            _open.add(self)  # closed at interpreter exit, if not before
 
     @classmethod
     def simulated(
@@ -197,7 +206,7 @@ class Runtime:
         for callback in subscribers:
             try:
                 callback(event)
-            except Exception:
+            except BaseException:  # SystemExit too: pykka would stop every actor
                 logger.exception("subscriber %r raised; ignored", callback)
 
     def _define_pool(
@@ -308,25 +317,80 @@ class Runtime:
     def close(self) -> None:
         """Stop every actor gracefully (a running handler finishes), then close the store.
 
-        Pending events stay durable and resume when the store is opened again.
+        Pending events stay durable and resume when the store is opened again. A
+        runtime left open is closed at interpreter exit, its running handlers given
+        ``EXIT_GRACE`` seconds to finish.
+
+        Raises:
+            ConfigurationError: called from one of this runtime's instance threads
+                (a handler, hook or subscriber), which it would wait for forever.
+        """
+        running = self.handler_running()
+        if running is not None and not self._closed:
+            raise ConfigurationError(
+                f"close() called from instance {running[0]}:{running[1]} of this runtime, "
+                "which it would wait for forever; close the runtime from outside its "
+                "handlers, hooks and subscribers"
+            )
+        closing = self._stop_taking_work()
+        if closing is not None:
+            self._shut_down(closing, deadline=None)
+
+    def _stop_taking_work(self) -> list[tuple[Mailbox, pykka.ActorRef[Any] | None]] | None:
+        """Mark the runtime closed and its mailboxes too; None if it was closed already.
+
+        Returns each instance with the actor to stop.
         """
         with self._lock:
             if self._closed:
-                return
+                return None
             self._closed = True
             actors, self._actors = self._actors, []
+        with _open_lock:
+            _open.discard(self)
+        return [(mailbox, mailbox.close()) for mailboxes in actors for mailbox in mailboxes]
+
+    def _shut_down(
+        self, closing: list[tuple[Mailbox, pykka.ActorRef[Any] | None]], deadline: float | None
+    ) -> None:
+        """Stop the actors, then close the store, the trace and the clock.
+
+        Running handlers may finish until ``deadline`` (``time.monotonic()``; None
+        waits as long as they take). An actor still running then is abandoned on
+        its daemon thread: its attempt's start is committed, so the next open's
+        recovery settles it, and its outcome can no longer commit (the store
+        refuses transactions once closed).
+        """
         # Not under the lock: a handler still finishing may call into the runtime.
-        instances = [mailbox for mailboxes in actors for mailbox in mailboxes]
-        refs = [mailbox.close() for mailbox in instances]
         if isinstance(self.clock, SimulatedClock):
             # A handler asleep in virtual time finishes only if the clock moves.
-            keys = [mailbox.key for mailbox in instances]
-            while self.clock.activity.busy(keys) and self.clock.step():
-                pass
-        for mailbox, ref in zip(instances, refs, strict=True):
-            if ref is not None:
-                ref.stop(block=True)
+            keys = [mailbox.key for mailbox, _ in closing]
+            try:
+                while self.clock.activity.busy(keys) and self.clock.step(deadline=deadline):
+                    pass
+            except TimeoutError:
+                pass  # past the deadline: what still runs is abandoned below
+        stops = [
+            (mailbox, None if ref is None else ref.stop(block=False)) for mailbox, ref in closing
+        ]
+        abandoned = []
+        for mailbox, stop in stops:
+            if stop is not None:
+                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    stop.get(timeout=timeout)
+                except pykka.Timeout:
+                    abandoned.append(mailbox.key)
             self.clock.set_alarm(mailbox, None)
+        if abandoned:
+            logger.warning(
+                "closing the runtime of %r at exit: instance(s) %s still running after the "
+                "%g s grace period; abandoned, their attempts count as interrupted when the "
+                "store is next opened",
+                str(self.path),
+                ", ".join(abandoned),
+                EXIT_GRACE,
+            )
         with self._emit_lock:
             if self._trace is not None:
                 self._trace.close()
@@ -410,6 +474,33 @@ def _check_options(
         )
 
 
+_open: weakref.WeakSet[Runtime] = weakref.WeakSet()  # every runtime not closed yet
+_open_lock = threading.Lock()
+
+
+def _close_at_exit() -> None:
+    """Close every runtime still open; running handlers share ``EXIT_GRACE`` seconds.
+
+    The instances' threads are daemon threads, so the interpreter reaches this
+    (atexit handlers run after it has joined the non-daemon threads).
+    """
+    with _open_lock:
+        # A forked child has none of the parent's actors, and must not close its store.
+        runtimes = [runtime for runtime in _open if runtime._pid == os.getpid()]
+    deadline = time.monotonic() + EXIT_GRACE
+    # Every runtime stops taking work first, so none starts more while another closes.
+    closing = [(runtime, runtime._stop_taking_work()) for runtime in runtimes]
+    for runtime, instances in closing:
+        if instances is None:
+            continue
+        try:
+            runtime._shut_down(instances, deadline)
+        except Exception:
+            logger.exception("closing %r at exit failed", runtime)
+
+
+atexit.register(_close_at_exit)
+
 _default: Runtime | None = None
 _default_lock = threading.Lock()
 
@@ -421,5 +512,4 @@ def default_runtime() -> Runtime:
     with _default_lock:
         if _default is None or _default.closed:
             _default = Runtime(os.environ.get("DOPOOL_PATH") or ".dopool")
-            atexit.register(_default.close)
         return _default

@@ -1,0 +1,174 @@
+"""User code that raises a BaseException (SystemExit, KeyboardInterrupt...) stops nothing.
+
+pykka answers a non-``Exception`` escaping an actor by stopping every actor in the
+process. Hooks and subscribers are isolated from every ``BaseException`` (logged and
+ignored), and one that still reaches an instance crashes and restarts that instance
+only, as any engine failure does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from dopool import EventContext, PoolEvent, Runtime, WorkerPool
+
+WAIT = 10.0
+
+
+def _pools(
+    runtime: Runtime, **hooks: Callable[[Any], Any]
+) -> tuple[WorkerPool, WorkerPool, list[tuple[str, Any]]]:
+    """Pool ``a`` (with ``hooks``, failing the event ``"bad"``) and a plain pool ``b``."""
+    ran: list[tuple[str, Any]] = []
+
+    def handler(ctx: EventContext) -> None:
+        ran.append((ctx.pool_name, ctx.event))
+        if ctx.event == "bad":
+            raise ValueError("bad event")
+
+    a = runtime.define("a", execute=handler, **hooks)
+    b = runtime.define("b", execute=handler)
+    return a, b, ran
+
+
+def _both_keep_working(a: WorkerPool, b: WorkerPool, ran: list[tuple[str, Any]]) -> None:
+    """``b`` processes now, and ``a`` processes a later event."""
+    b.enqueue("b1")
+    assert b.join(timeout=WAIT)
+    a.enqueue("a2")
+    assert a.join(timeout=WAIT)
+    b.enqueue("b2")
+    assert b.join(timeout=WAIT)
+    assert ("b", "b1") in ran
+    assert ("a", "a2") in ran
+    assert ("b", "b2") in ran
+    assert b.status().succeeded == 2
+
+
+def test_a_subscriber_raising_system_exit_stops_nothing(
+    sim: Runtime, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[PoolEvent] = []
+
+    def leave(event: PoolEvent) -> None:
+        seen.append(event)
+        raise SystemExit(3)
+
+    sim.subscribe(leave)
+    a, b, ran = _pools(sim)
+    a.enqueue("a1")
+    assert a.join(timeout=WAIT)
+    _both_keep_working(a, b, ran)
+    assert a.status().succeeded == 2
+    # Raised on every event, from the caller's thread and from the instances' threads.
+    kinds = {event.kind for event in seen}
+    assert {"enqueued", "started", "succeeded", "empty"} <= kinds
+    assert "subscriber" in caplog.text
+    assert "SystemExit" in caplog.text
+
+
+def test_an_on_dead_letter_raising_keyboard_interrupt_stops_nothing(
+    sim: Runtime, caplog: pytest.LogCaptureFixture
+) -> None:
+    dead: list[Any] = []
+
+    def interrupt(letter: Any) -> None:
+        dead.append(letter.event)
+        raise KeyboardInterrupt
+
+    a, b, ran = _pools(sim, on_dead_letter=interrupt)
+    a.enqueue("bad")
+    assert a.join(timeout=WAIT)
+    assert dead == ["bad"]
+    _both_keep_working(a, b, ran)
+    status = a.status()
+    assert (status.dead_lettered, status.succeeded) == (1, 1)
+    assert status.instances[0].restarts == 0  # the hook's error is not the instance's
+    assert "on_dead_letter hook raised" in caplog.text
+
+
+def test_an_on_empty_raising_generator_exit_stops_nothing(
+    sim: Runtime, caplog: pytest.LogCaptureFixture
+) -> None:
+    emptied: list[int] = []
+
+    def close_generator(info: Any) -> None:
+        emptied.append(info.processed)
+        raise GeneratorExit
+
+    a, b, ran = _pools(sim, on_empty=close_generator)
+    a.enqueue("a1")
+    assert a.join(timeout=WAIT)
+    _both_keep_working(a, b, ran)
+    assert emptied == [1, 2]
+    assert a.status().succeeded == 2
+    assert "on_empty hook raised" in caplog.text
+
+
+class _Unprintable(Exception):
+    """A handler failure whose text cannot be built: ``str()`` raises SystemExit."""
+
+    def __str__(self) -> str:
+        raise SystemExit("from __str__")
+
+
+def test_a_base_exception_reaching_an_instance_crashes_only_that_instance(
+    sim: Runtime, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Recording the failure raises SystemExit inside the outcome's transaction.
+
+    It reaches the instance itself: an engine failure. The instance crashes and
+    restarts, and its recovery counts the attempt as interrupted, as after any crash.
+    """
+    events: list[PoolEvent] = []
+    sim.subscribe(events.append)
+
+    def handler(ctx: EventContext) -> None:
+        if ctx.event == "unprintable":
+            raise _Unprintable
+
+    a = sim.define("a", execute=handler)
+    b = sim.define("b", execute=handler)
+    a.enqueue("unprintable")
+    assert a.join(timeout=WAIT)
+    status = a.status()
+    assert (status.dead_lettered, status.instances[0].restarts) == (1, 1)
+    [letter] = a.dead_letters()
+    assert letter.error == "DopoolError: instance crashed during attempt 1"
+    crashed = [event for event in events if event.kind == "crashed"]
+    assert [event.error for event in crashed] == ["SystemExit: from __str__"]
+    b.enqueue("b1")
+    assert b.join(timeout=WAIT)
+    a.enqueue("a2")
+    assert a.join(timeout=WAIT)
+    assert (a.status().succeeded, b.status().succeeded) == (1, 1)
+    assert "instance a:0 failed handling" in caplog.text
+
+
+def test_a_schema_raising_system_exit_in_ctx_enqueue_fails_only_the_attempt(
+    sim: Runtime,
+) -> None:
+    def schema(event: Any) -> Any:
+        if event == "refused":
+            raise SystemExit("no")
+        return event
+
+    def handler(ctx: EventContext) -> None:
+        if ctx.event == "parent":
+            ctx.enqueue("refused")
+
+    a = sim.define("a", execute=handler, schema=schema)
+    b = sim.define("b", execute=handler)
+    a.enqueue("parent")
+    assert a.join(timeout=WAIT)
+    [letter] = a.dead_letters()
+    assert letter.error == "SystemExit: no"
+    b.enqueue("b1")
+    assert b.join(timeout=WAIT)
+    a.enqueue("a2")
+    assert a.join(timeout=WAIT)
+    assert (a.status().succeeded, b.status().succeeded) == (1, 1)
+    assert a.status().instances[0].restarts == 0

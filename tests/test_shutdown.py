@@ -1,0 +1,296 @@
+"""Closing a runtime: refused from its own instances, and done for it at interpreter exit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dopool import ConfigurationError, EventContext, PoolEvent, RetryPolicy, Runtime
+
+WAIT = 10.0
+
+
+# -- close() from an instance's own thread -----------------------------------------
+
+
+@pytest.mark.parametrize("caller", ["execute", "on_dead_letter", "on_empty", "subscriber"])
+def test_close_from_an_instance_thread_is_refused_naming_the_instance(
+    sim: Runtime, caller: str
+) -> None:
+    """It would wait for that instance to stop, and the instance for it: refused instead."""
+    refused: list[ConfigurationError] = []
+
+    def close(*_args: Any) -> None:
+        try:
+            sim.close()
+        except ConfigurationError as exc:
+            refused.append(exc)
+
+    def handler(ctx: EventContext) -> None:
+        if caller == "execute":
+            close()
+        raise ValueError("dead-letter it")
+
+    def on_started(event: PoolEvent) -> None:
+        if event.kind == "started":
+            close()
+
+    if caller == "subscriber":
+        sim.subscribe(on_started)
+    hooks: dict[str, Any] = {caller: close} if caller.startswith("on_") else {}
+    pool = sim.define("p", execute=handler, concurrency=2, **hooks)
+    pool.enqueue("x", partition_key="k")
+    assert pool.join(timeout=WAIT)
+    assert len(refused) == 1
+    index = pool.dead_letters()[0].instance_index
+    assert f"p:{index}" in str(refused[0])
+    assert "close()" in str(refused[0])
+    assert not sim.closed
+    pool.enqueue("y")  # the runtime still works
+    assert pool.join(timeout=WAIT)
+    assert pool.status().dead_lettered == 2
+
+
+# -- interpreter exit ------------------------------------------------------------------
+#
+# Each test runs a script in a child interpreter and waits for it to exit on its own.
+
+EXIT_TIMEOUT = 60.0  # wall seconds a child may take before the test fails
+
+
+def _run(script: str, *args: object, cwd: Path, env: dict[str, str] | None = None) -> str:
+    """Run ``script`` with ``args``; it must exit by itself, with status 0. Returns stderr."""
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *map(str, args)],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=EXIT_TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stderr
+
+
+def _released(store: Path) -> bool:
+    """Whether the runtime that held ``store`` was closed (closing empties the lock file)."""
+    return (store / "lock").read_text() == ""
+
+
+def test_the_default_runtime_does_not_keep_the_interpreter_alive(tmp_path: Path) -> None:
+    _run(
+        """
+        from dopool import WorkerPool
+
+        pool = WorkerPool.define("p", execute=lambda ctx: print("ran", ctx.event))
+        pool.enqueue("x")
+        assert pool.join(timeout=10)
+        """,
+        cwd=tmp_path,
+        env={"DOPOOL_PATH": "store"},
+    )
+    store = tmp_path / "store"
+    assert _released(store)
+    with Runtime(store) as runtime:
+        status = runtime.define("p", execute=lambda ctx: None).status()
+    assert (status.succeeded, status.pending) == (1, 0)
+
+
+def test_runtimes_left_open_are_closed_at_exit(tmp_path: Path) -> None:
+    store, temporary = tmp_path / "store", tmp_path / "temporary.txt"
+    _run(
+        """
+        import sys
+        from pathlib import Path
+
+        from dopool import Runtime
+
+        runtime = Runtime(sys.argv[1])
+        pool = runtime.define("p", execute=lambda ctx: None)
+        pool.pause()
+        pool.enqueue("kept")
+        simulated = Runtime.simulated()
+        simulated.define("q", execute=lambda ctx: None).enqueue("dropped with the directory")
+        Path(sys.argv[2]).write_text(str(simulated.path))
+        """,
+        store,
+        temporary,
+        cwd=tmp_path,
+    )
+    assert _released(store)
+    assert not Path(temporary.read_text()).exists()  # removed by the simulated one's close
+    with Runtime(store) as runtime:
+        pool = runtime.define("p", execute=lambda ctx: None)
+        assert pool.status().pending == 1
+        pool.resume()
+        assert pool.join(timeout=WAIT)
+        assert pool.status().succeeded == 1
+
+
+def test_a_running_handler_gets_the_grace_period_to_finish(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    _run(
+        """
+        import sys
+        import threading
+
+        from dopool import Runtime
+
+        started = threading.Event()
+
+        def handler(ctx):
+            started.set()
+            ctx.sleep(0.5)  # work that outlasts the script, well within the grace period
+
+        pool = Runtime(sys.argv[1]).define("p", execute=handler)
+        pool.enqueue("slow")
+        assert started.wait(10)
+        """,
+        store,
+        cwd=tmp_path,
+    )
+    assert _released(store)
+    with Runtime(store) as runtime:
+        instance = runtime.define("p", execute=lambda ctx: None).status().instances[0]
+    assert (instance.succeeded, instance.pending, instance.attempt) == (1, 0, 0)
+
+
+@pytest.mark.parametrize("max_attempts", [1, 3])
+def test_a_handler_that_never_returns_is_abandoned_at_exit(
+    tmp_path: Path, max_attempts: int
+) -> None:
+    """After the grace period the process exits; the attempt counts as interrupted."""
+    store = tmp_path / "store"
+    stderr = _run(
+        """
+        import sys
+        import threading
+
+        import dopool._runtime
+        from dopool import RetryPolicy, Runtime
+
+        dopool._runtime.EXIT_GRACE = 0.5  # the default is longer: this test need not wait
+        started = threading.Event()
+
+        def handler(ctx):
+            started.set()
+            threading.Event().wait()  # never set
+
+        retry = RetryPolicy(max_attempts=int(sys.argv[2]), initial_delay=0.01, jitter=0)
+        pool = Runtime(sys.argv[1]).define("p", execute=handler, retry=retry)
+        pool.enqueue("stuck")
+        assert started.wait(10)
+        """,
+        store,
+        max_attempts,
+        cwd=tmp_path,
+    )
+    assert "p:0" in stderr
+    assert "abandoned" in stderr
+    assert _released(store)
+
+    events: list[PoolEvent] = []
+    attempts: list[int] = []
+    interrupted = "DopoolError: instance crashed during attempt 1"
+    with Runtime(store) as runtime:
+        runtime.subscribe(events.append)
+        retry = RetryPolicy(max_attempts=max_attempts, initial_delay=0.01, jitter=0)
+        pool = runtime.define("p", execute=lambda ctx: attempts.append(ctx.attempt), retry=retry)
+        assert pool.join(timeout=WAIT)
+        status = pool.status()
+        dead = pool.dead_letters()
+    assert status.instances[0].restarts == 0  # reopening is not a restart
+    if max_attempts == 1:
+        assert [(d.event, d.attempts, d.error) for d in dead] == [("stuck", 1, interrupted)]
+        assert (status.dead_lettered, status.succeeded, attempts) == (1, 0, [])
+    else:
+        retried = [(e.kind, e.attempt, e.error) for e in events if e.kind == "retry_scheduled"]
+        assert retried == [("retry_scheduled", 1, interrupted)]
+        assert (status.dead_lettered, status.succeeded, attempts) == (0, 1, [2])
+
+
+def test_an_abandoned_handler_returning_after_the_store_closed_commits_nothing(
+    tmp_path: Path,
+) -> None:
+    """Its outcome is refused by the closed store: the instance crashes, the process exits."""
+    store = tmp_path / "store"
+    stderr = _run(
+        """
+        import atexit
+        import sys
+        import threading
+
+        release, crashed = threading.Event(), threading.Event()
+
+        def after_dopool_closed():  # registered first, so it runs after dopool's hook
+            release.set()
+            assert crashed.wait(10)
+            print("outcome refused", file=sys.stderr)
+
+        atexit.register(after_dopool_closed)
+
+        import dopool._runtime
+        from dopool import Runtime
+
+        dopool._runtime.EXIT_GRACE = 0.5
+        started = threading.Event()
+
+        def handler(ctx):
+            started.set()
+            release.wait()
+
+        def watch(event):
+            if event.kind == "crashed":
+                print("crashed:", event.error, file=sys.stderr)
+                crashed.set()
+
+        runtime = Runtime(sys.argv[1])
+        runtime.subscribe(watch)
+        pool = runtime.define("p", execute=handler)
+        pool.enqueue("late")
+        assert started.wait(10)
+        """,
+        store,
+        cwd=tmp_path,
+    )
+    assert "crashed: StorageError" in stderr
+    assert "outcome refused" in stderr
+    with Runtime(store) as runtime:
+        pool = runtime.define("p", execute=lambda ctx: None)
+        [letter] = pool.dead_letters()
+    assert letter.event == "late"
+    assert letter.error == "DopoolError: instance crashed during attempt 1"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_exiting_leaves_the_parents_runtime_alone(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    _run(
+        """
+        import os
+        import sys
+        from pathlib import Path
+
+        from dopool import Runtime
+
+        pool = Runtime(sys.argv[1]).define("p", execute=lambda ctx: None)
+        child = os.fork()
+        if child == 0:
+            sys.exit(0)  # runs the atexit hooks inherited from the parent
+        assert os.waitpid(child, 0)[1] == 0
+        assert Path(sys.argv[1], "lock").read_text().startswith(f"pid {os.getpid()} ")
+        pool.enqueue("after the fork")
+        assert pool.join(timeout=10)
+        """,
+        store,
+        cwd=tmp_path,
+    )
+    with Runtime(store) as runtime:
+        assert runtime.define("p", execute=lambda ctx: None).status().succeeded == 1
