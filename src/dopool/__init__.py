@@ -8,6 +8,7 @@ from dopool._clock import RealClock, SimulatedClock
 from dopool._context import EventContext
 from dopool._errors import (
     ConfigurationError,
+    DeadlockError,
     DopoolError,
     EventTooLargeError,
     EventValidationError,
@@ -34,6 +35,7 @@ from dopool._types import (
 __all__ = [
     "ConfigurationError",
     "DeadLetter",
+    "DeadlockError",
     "DopoolError",
     "EmptyInfo",
     "EnqueueResult",

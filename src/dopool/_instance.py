@@ -914,11 +914,15 @@ class DirectEnqueue(_Instance):
                 raise
             in_handler = self._env.in_handler
             caller = getattr(in_handler, "instance", None)
+            outer = getattr(in_handler, "outer", ())
+            if caller is not None:  # still blocked meanwhile: see ``_waits.acting``
+                in_handler.outer = (*outer, caller)
             in_handler.instance = (self._spec.name, self._index)  # hooks act as the instance
             try:
                 self._publish(meta, effects)
             finally:
                 in_handler.instance = caller
+                in_handler.outer = outer
             if started is not None:
                 mailbox.start_run(started)
         finally:

@@ -28,6 +28,7 @@ from dopool._router import Router
 from dopool._storage import Namespace, Store
 from dopool._types import DeadLetter, EmptyInfo, PoolEvent
 from dopool._validation import Schema, check_pool_name, prepare
+from dopool._waits import WaitGraph
 from dopool.chaos import FaultInjector, FaultPlan
 
 logger = logging.getLogger("dopool")
@@ -83,6 +84,7 @@ class Runtime:
         self._subscribers: list[Callable[[PoolEvent], Any]] = []
         self._temporary: Path | None = None
         self._in_handler = threading.local()
+        self._waits = WaitGraph()  # which instance waits for which, to refuse a deadlock
         self._trace: IO[str] | None = None
         if trace is not None:
             try:
