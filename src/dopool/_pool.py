@@ -276,9 +276,11 @@ class WorkerPool:
     def status(self) -> PoolStatus:
         """Counters and state from committed storage; never waits for an instance."""
         self._check_open()
+        # The restart state is in memory, read without waiting for anyone.
+        restarts = [(box.crash_streak, box.restart_at) for box in self._mailboxes]
         with self._runtime._store.read() as txn:
             instances = [
-                instance_status(self.name, i, ns.load_meta(txn))
+                instance_status(self.name, i, ns.load_meta(txn), *restarts[i])
                 for i, ns in enumerate(self._namespaces)
             ]
         return pool_status(self.name, instances)
