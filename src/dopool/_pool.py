@@ -154,7 +154,8 @@ class WorkerPool:
         groups = self._router.split(len(items), partition_key)
         parts = [(index, items[p.start : p.stop : p.step]) for index, p in groups.items()]
         # Parts sent at once would commit in thread order; under a simulated
-        # clock each part goes in turn instead, so the run is reproducible.
+        # clock each part goes in turn instead, so the run is reproducible, and
+        # so they do from an instance's thread (see ``_one_at_a_time``).
         futures = (
             [] if self._one_at_a_time() else [self._send(i, partial(Enqueue, p)) for i, p in parts]
         )
