@@ -13,6 +13,7 @@ SPEC_NAMES = {
     "RealClock",
     "DopoolError",
     "ConfigurationError",
+    "DeadlockError",
     "QueueFullError",
     "EventTooLargeError",
     "EventValidationError",

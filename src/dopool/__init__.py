@@ -9,6 +9,7 @@ from dopool._context import EventContext
 from dopool._errors import (
     ConfigurationError,
     DamagedRecordError,
+    DeadlockError,
     DopoolError,
     EventTooLargeError,
     EventValidationError,
@@ -38,6 +39,7 @@ __all__ = [
     "ConfigurationError",
     "DamagedRecordError",
     "DeadLetter",
+    "DeadlockError",
     "DopoolError",
     "EmptyInfo",
     "EnqueueResult",

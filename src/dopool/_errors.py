@@ -4,6 +4,7 @@ Every exception derives from :class:`DopoolError`::
 
     DopoolError
     ├── ConfigurationError     bad options, names, retry values, concurrency changes
+    │   └── DeadlockError      a call between instances that would wait in a cycle
     ├── EventValidationError   not msgpack-encodable, or rejected by the pool's schema
     ├── EventTooLargeError     encoded event over 128 KiB, partition key over 2 KiB
     ├── QueueFullError         an instance already holds ``max_queue_depth`` events
@@ -43,6 +44,22 @@ class DopoolError(Exception):
 
 class ConfigurationError(DopoolError):
     """An option, name or stored configuration is invalid."""
+
+
+class DeadlockError(ConfigurationError):
+    """A call from an instance's thread that would wait in a cycle of instances; not made.
+
+    Attributes:
+        cycle: instance ids (``"pool:index"``), the caller's first: each waits
+            for the next, and the last for the first.
+    """
+
+    def __init__(self, cycle: Sequence[str]) -> None:
+        self.cycle = tuple(cycle)
+        chain = ", which waits for ".join((*self.cycle[1:], self.cycle[0]))
+        super().__init__(
+            f"{self.cycle[0]} would wait for {chain}: a deadlock, so the call was not made"
+        )
 
 
 class EventValidationError(DopoolError):

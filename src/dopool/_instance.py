@@ -478,6 +478,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
             self._fault_point("receive")  # a kill lands before any later message
             self._run(self._mailbox.take_run())  # an attempt a caller started, first
             self._handlers[type(message)](message)
+            self._mailbox.handled(message)
         except _Crash as crash:
             self._crash(crash.point, message)
         except Exception as exc:
@@ -547,11 +548,18 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
 
         The successor is in place before the caller hears of the crash, so the
         caller's next call reaches it; ``crashed`` is emitted before the
-        successor can emit ``recovered``.
+        successor can emit ``recovered``. If the restart must wait out a backoff,
+        ``restart_delayed`` says so before its timer is set.
         """
+        mailbox = self._mailbox
         self._env.emit(self._event("crashed", self._clock.now(), error=reason))
         start = partial(self._env.restart, self._index)
-        self._mailbox.replace(start, self.actor_inbox, message)  # type: ignore[arg-type]
+        delay = mailbox.replace(start, self.actor_inbox, message, self._clock)  # type: ignore[arg-type]
+        if delay is not None:
+            streak = mailbox.crash_streak
+            why = f"{streak} crashes in a row, the last: {reason}; restart in {delay:g} s"
+            self._env.emit(self._event("restart_delayed", self._clock.now(), None, streak, why))
+            mailbox.arm_restart()
         fail_reply(message, InstanceCrashedError(self._id))
         self._fail_taken(None)
         self.stop()  # after the message in hand; the drained inbox holds nothing else
@@ -968,11 +976,15 @@ class DirectEnqueue(_Instance):
                 raise
             in_handler = self._env.in_handler
             caller = getattr(in_handler, "instance", None)
+            outer = getattr(in_handler, "outer", ())
+            if caller is not None:  # still blocked meanwhile: see ``_waits.acting``
+                in_handler.outer = (*outer, caller)
             in_handler.instance = (self._spec.name, self._index)  # hooks act as the instance
             try:
                 self._publish(meta, effects)
             finally:
                 in_handler.instance = caller
+                in_handler.outer = outer
             if started is not None:
                 mailbox.start_run(started)
         finally:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pykka
 
-from dopool._clock import Activity
-from dopool._errors import DopoolError, PoolClosedError
+from dopool._clock import Activity, Clock
+from dopool._errors import DopoolError, InstanceCrashedError, PoolClosedError
 from dopool._messages import Alarm, Deliver, Delivered, Kill, Recover, Run
 from dopool._records import Meta
 from dopool._turn import Turn
@@ -20,6 +20,55 @@ from dopool._turn import Turn
 _INTERNAL = (Alarm, Deliver, Delivered)
 
 UNKNOWN = float("nan")  # an alarm time equal to none: the clock must be told again
+
+# Restarts with backoff (docs/guarantees.md, "Crashes and recovery"): the first
+# RESTARTS_AT_ONCE crashes in a row restart at once; each further one waits
+# RESTART_DELAY_FIRST seconds of clock time, doubling, at most RESTART_DELAY_MAX.
+RESTARTS_AT_ONCE = 3
+RESTART_DELAY_FIRST = 1.0
+RESTART_DELAY_MAX = 60.0
+
+
+def restart_delay(streak: int) -> float:
+    """How long the restart after the ``streak``-th crash in a row waits (0: at once)."""
+    if streak <= RESTARTS_AT_ONCE:
+        return 0.0
+    # min() first: a long crash loop must not overflow the float.
+    doublings = min(streak - RESTARTS_AT_ONCE - 1, 64)
+    return min(RESTART_DELAY_FIRST * 2.0**doublings, RESTART_DELAY_MAX)
+
+
+class _DelayedRestart:
+    """A restart waiting out its backoff: the clock fires it like an alarm."""
+
+    __slots__ = ("at", "clock", "envelopes", "held", "mailbox", "retried", "start")
+
+    def __init__(
+        self,
+        mailbox: Mailbox,
+        start: Callable[[threading.Event], pykka.ActorRef[Any]],
+        clock: Clock,
+        at: float,
+    ) -> None:
+        self.mailbox = mailbox
+        self.start = start
+        self.clock = clock
+        self.at = at
+        # For the successor, after its recovery, in this order (each counted as sent):
+        self.retried: list[Any] = []  # the engine's message the crash interrupted
+        self.envelopes: list[Any] = []  # what waited in the dead actor's inbox
+        self.held: list[Any] = []  # the engine's messages sent since
+
+    def count(self) -> int:
+        """The messages counted for the successor, its recovery included."""
+        return 1 + len(self.retried) + len(self.envelopes) + len(self.held)
+
+    @property
+    def order(self) -> tuple[str, int]:
+        return self.mailbox.order
+
+    def fire_alarm(self) -> None:
+        self.mailbox._restart(self)
 
 
 class Mailbox:
@@ -33,6 +82,7 @@ class Mailbox:
     __slots__ = (
         "_activity",
         "_closed",
+        "_delayed",
         "_kill",
         "_lock",
         "_recovering",
@@ -40,6 +90,7 @@ class Mailbox:
         "_run",
         "_unrecorded_restarts",
         "armed",
+        "crash_streak",
         "key",
         "kill_reason",
         "meta",
@@ -66,6 +117,11 @@ class Mailbox:
         # The instance's meta as its last commit left it, if known (see
         # ``_Instance._load_meta``): only the holder of the turn touches it.
         self.meta: Meta | None = None
+        # Crashes (but those ``runtime.kill`` asked for) since the actor last handled
+        # a message other than a recovery or a kill without crashing (see
+        # ``handled``): it paces restarts.
+        self.crash_streak = 0
+        self._delayed: _DelayedRestart | None = None  # a restart waiting out its backoff
 
     @property
     def closed(self) -> bool:
@@ -93,8 +149,40 @@ class Mailbox:
                     self._activity.done(self.key)
                 else:
                     return True
+            elif not self._closed and self._delayed is not None:
+                return self._hold(self._delayed, message)
         fail_reply(message, PoolClosedError(self.pool))
         return False
+
+    def _hold(self, delayed: _DelayedRestart, message: Any) -> bool:
+        """While a restart waits: keep an engine message for the successor, fail a caller's.
+
+        A caller is not kept waiting for a backoff (up to a minute, or for ever
+        under a simulated clock nobody drives): it gets :class:`InstanceCrashedError`
+        at once, as if the instance had crashed under its call. Called with the lock.
+        """
+        if getattr(message, "reply", None) is not None:
+            fail_reply(message, InstanceCrashedError(self.key))
+            return False
+        self._activity.sent(self.key)
+        delayed.held.append(message)
+        return True
+
+    @property
+    def restart_at(self) -> float | None:
+        """When a restart waiting out its backoff is due (clock time); None if none waits."""
+        delayed = self._delayed
+        return None if delayed is None else delayed.at
+
+    def handled(self, message: Any) -> None:
+        """The actor handled ``message`` without crashing (called with the turn held).
+
+        That ends a crash streak, unless it was a recovery (a loop in which the
+        recovery commits and the next message crashes is still a loop) or a kill
+        that found nothing to do.
+        """
+        if self.crash_streak and type(message) not in (Recover, Kill):
+            self.crash_streak = 0
 
     def takes_direct_calls(self) -> bool:
         """Whether a caller holding the turn may act for the instance (see ``DirectEnqueue``).
@@ -131,10 +219,15 @@ class Mailbox:
         self.send(Alarm())
 
     def kill(self, reason: str | None = None) -> None:
-        """Make the current incarnation crash at its next fault point (at once if idle)."""
+        """Make the current incarnation crash at its next fault point (at once if idle).
+
+        While a restart waits out its backoff there is none: nothing to do.
+        """
         with self._lock:
             if self._closed:
                 raise PoolClosedError(self.pool)
+            if self._delayed is not None:
+                return
             if reason is not None and not self._kill.is_set():
                 self.kill_reason = reason
             self._kill.set()
@@ -145,7 +238,8 @@ class Mailbox:
         start: Callable[[threading.Event], pykka.ActorRef[Any]],
         inbox: queue.Queue[Any],
         in_hand: Any,
-    ) -> bool:
+        clock: Clock,
+    ) -> float | None:
         """Put a restarted actor behind this address; called by the dying actor.
 
         The successor's first message is its recovery. Then comes the message
@@ -153,7 +247,14 @@ class Mailbox:
         acknowledgement must not be lost with the actor; a caller's message is
         not retried: its caller gets :class:`InstanceCrashedError`), then every
         message still waiting in the dead actor's ``inbox``, in order.
-        Returns False (and restarts nothing) once the mailbox is closed.
+
+        After :data:`RESTARTS_AT_ONCE` crashes in a row (not counting those
+        ``runtime.kill`` asked for), the successor starts only
+        after a backoff (see :func:`restart_delay`): this returns its delay, and
+        the caller must :meth:`arm_restart`. Meanwhile the engine's messages are
+        held for the successor and callers' messages fail (see ``_hold``). Returns
+        None for a restart done at once, and once the mailbox is closed (then
+        nothing is restarted).
         """
         with self._lock:
             waiting = []  # envelopes: a pykka stop request carries its reply in one
@@ -169,21 +270,84 @@ class Mailbox:
                         continue
                     self._activity.done(self.key)
                     fail_reply(envelope.message, PoolClosedError(self.pool))
-                return False
+                return None
+            # A crash ``runtime.kill`` asked for (a kill without a reason) is an
+            # order carried out, not a sign of a sick instance: it is not counted.
+            ordered = self._kill.is_set() and self.kill_reason is None
             self._kill = threading.Event()
             self.kill_reason = None
             self._recovering = True
             self._run = None  # the recovery settles that attempt
             self.meta = None  # the successor starts from the store
-            ref = self._ref = start(self._kill)
             self._unrecorded_restarts += 1
+            if not ordered:
+                self.crash_streak += 1
             retried = [in_hand] if isinstance(in_hand, _INTERNAL) else []
+            delay = 0.0 if ordered else restart_delay(self.crash_streak)
+            if delay > 0:
+                self._delay_restart(start, clock, delay, retried, waiting)
+                return delay
+            ref = self._ref = start(self._kill)
             for message in (Recover(None, restarts=self._unrecorded_restarts), *retried):
                 self._activity.sent(self.key)
                 ref.tell(message)
             for envelope in waiting:
                 ref.actor_inbox.put(envelope)  # as sent (and already counted), reply and all
-            return True
+            return None
+
+    def _delay_restart(
+        self,
+        start: Callable[[threading.Event], pykka.ActorRef[Any]],
+        clock: Clock,
+        delay: float,
+        retried: list[Any],
+        waiting: list[Any],
+    ) -> None:
+        """Leave the address without an actor until ``delay`` passes (called with the lock).
+
+        The recovery to come is counted now: the instance stays busy for ``join``
+        but, like a handler in ``ctx.sleep``, not active, so a simulated clock can
+        be driven to the restart.
+        """
+        delayed = self._delayed = _DelayedRestart(self, start, clock, clock.now() + delay)
+        self._ref = None
+        self._activity.sent(self.key)  # the successor's Recover
+        for message in retried:
+            self._activity.sent(self.key)
+            delayed.retried.append(message)
+        for envelope in waiting:  # counted when they were sent
+            if getattr(envelope.message, "reply", None) is None:
+                delayed.envelopes.append(envelope)
+            else:  # a caller's: see ``_hold``
+                self._activity.done(self.key)
+                fail_reply(envelope.message, InstanceCrashedError(self.key))
+        self._activity.sleep_begin(self.key)
+
+    def arm_restart(self) -> None:
+        """Have the clock start the successor when the backoff :meth:`replace` chose ends."""
+        delayed = self._delayed
+        if delayed is None:
+            return  # closed meanwhile
+        delayed.clock.set_alarm(delayed, delayed.at)
+        with self._lock:
+            if self._delayed is not delayed:  # closed while it was being set
+                delayed.clock.set_alarm(delayed, None)
+
+    def _restart(self, delayed: _DelayedRestart) -> None:
+        """The backoff is over: start the successor, its recovery first, then what was held."""
+        with self._lock:
+            if self._delayed is not delayed:
+                return  # closed meanwhile
+            self._delayed = None
+            ref = self._ref = delayed.start(self._kill)
+            self._activity.sleep_end(self.key)
+            # Each was counted when it was sent, or held.
+            for message in (Recover(None, restarts=self._unrecorded_restarts), *delayed.retried):
+                ref.tell(message)
+            for envelope in delayed.envelopes:
+                ref.actor_inbox.put(envelope)
+            for message in delayed.held:
+                ref.tell(message)
 
     def restarts_recorded(self, count: int) -> None:
         """A recovery committed ``count`` restarts to the instance's counters."""
@@ -191,10 +355,21 @@ class Mailbox:
             self._unrecorded_restarts -= count
 
     def close(self) -> pykka.ActorRef[Any] | None:
-        """Refuse every later message; returns the actor to stop."""
+        """Refuse every later message; returns the actor to stop.
+
+        A restart waiting out its backoff never happens, and the engine's
+        messages held for it are dropped: storage holds what they stand for.
+        """
         with self._lock:
             self._closed = True
-            return self._ref
+            delayed, self._delayed = self._delayed, None
+            if delayed is not None:
+                self._activity.done(self.key, delayed.count())
+                self._activity.sleep_end(self.key)
+            ref = self._ref
+        if delayed is not None:
+            delayed.clock.set_alarm(delayed, None)
+        return ref
 
 
 def fail_reply(message: Any, error: DopoolError) -> None:

@@ -33,6 +33,11 @@ class Reply:
         if not self._answer(value, None):
             raise RuntimeError("this call was already answered")
 
+    @property
+    def answered(self) -> bool:
+        """Whether the call was answered (its waiter may not have woken yet)."""
+        return self._answered
+
     def fail(self, error: BaseException) -> bool:
         """Answer ``error`` unless the call was answered already; whether it was not."""
         return self._answer(None, error)

@@ -19,6 +19,7 @@ from dopool._status import instance_status, pool_status
 from dopool._storage import Namespace
 from dopool._types import DeadLetter, EmptyInfo, EnqueueResult, PoolStatus
 from dopool._validation import Schema, prepare, prepare_many
+from dopool._waits import acting
 
 if TYPE_CHECKING:
     from dopool._runtime import Runtime
@@ -148,19 +149,24 @@ class WorkerPool:
                 self._settle_crash()
                 raise
             if stored is None:  # busy, killed or recovering: a message waits its turn
-                stored = self._wait(self._send(index, partial(Enqueue, items)))
+                stored = self._call(index, partial(Enqueue, items))
             return stored
         groups = self._router.split(len(items), partition_key)
         parts = [(index, items[p.start : p.stop : p.step]) for index, p in groups.items()]
         # Parts sent at once would commit in thread order; under a simulated
-        # clock each part goes in turn instead, so the run is reproducible.
-        futures = [] if self._sequential else [self._send(i, partial(Enqueue, p)) for i, p in parts]
+        # clock each part goes in turn instead, so the run is reproducible, and
+        # so they do from an instance's thread (see ``_one_at_a_time``).
+        futures = (
+            [] if self._one_at_a_time() else [self._send(i, partial(Enqueue, p)) for i, p in parts]
+        )
         results: list[Any] = [None] * len(items)
         failure: DopoolError | None = None
         for number, (index, part) in enumerate(parts):
             try:
-                future = futures[number] if futures else self._send(index, partial(Enqueue, part))
-                stored = self._wait(future)
+                if futures:
+                    stored = self._wait(futures[number])
+                else:
+                    stored = self._call(index, partial(Enqueue, part))
             except DopoolError as exc:
                 failure = failure or exc
                 continue
@@ -215,10 +221,35 @@ class WorkerPool:
         self._check_open()
         indices = range(self.concurrency) if index is None else [self._check_index(index)]
         self._refuse_own_instance(index)
-        if self._sequential:  # one instance at a time, so a simulated run is reproducible
-            return [self._wait(self._send(i, message)) for i in indices]
+        if self._one_at_a_time():
+            return [self._call(i, message) for i in indices]
         futures = [self._send(i, message) for i in indices]
         return [future.get() for future in futures]
+
+    def _one_at_a_time(self) -> bool:
+        """Whether a call to several instances must message them one after another.
+
+        Under a simulated clock, so that the run is reproducible; and from an
+        instance's thread, which may wait for one instance at a time only (see
+        ``_call``).
+        """
+        return self._sequential or bool(acting(self._runtime._in_handler))
+
+    def _call(self, index: int, message: Callable[[Reply], Any]) -> Any:
+        """Send one instance a message and wait for its answer.
+
+        From an instance's thread, the wait is recorded in the runtime's
+        wait-for graph before the message is sent: if the instance addressed
+        already waits, through a chain of others, for the calling one, the wait
+        would never end, and :class:`DeadlockError` is raised with nothing sent.
+        """
+        waiters = acting(self._runtime._in_handler)
+        if not waiters:
+            return self._wait(self._send(index, message))
+        reply = Reply()
+        with self._runtime._waits.waiting(waiters, (self.name, index), reply):
+            self._mailboxes[index].send(message(reply))
+            return self._wait(reply)
 
     def _wait(self, future: Reply) -> Any:
         """The answer to a call; under a simulated clock, a crash settles before it is raised.
@@ -246,9 +277,11 @@ class WorkerPool:
     def status(self) -> PoolStatus:
         """Counters and state from committed storage; never waits for an instance."""
         self._check_open()
+        # The restart state is in memory, read without waiting for anyone.
+        restarts = [(box.crash_streak, box.restart_at) for box in self._mailboxes]
         with self._runtime._store.read() as txn:
             instances = [
-                instance_status(self.name, i, ns.load_meta(txn))
+                instance_status(self.name, i, ns.load_meta(txn), *restarts[i])
                 for i, ns in enumerate(self._namespaces)
             ]
         return pool_status(self.name, instances)

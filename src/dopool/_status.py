@@ -9,10 +9,17 @@ from dopool._storage import queue_key_sequence
 from dopool._types import InstanceState, InstanceStatus, PoolStatus
 
 
-def instance_status(pool: str, index: int, meta: Meta) -> InstanceStatus:
-    """An instance's status; ``state`` is the first of paused, processing, backoff, idle."""
+def instance_status(
+    pool: str, index: int, meta: Meta, crash_streak: int = 0, restart_at: float | None = None
+) -> InstanceStatus:
+    """An instance's status from its committed meta, and from its mailbox in memory.
+
+    ``state`` is the first of restarting, paused, processing, backoff, idle.
+    """
     state: InstanceState
-    if meta.paused:
+    if restart_at is not None:
+        state = "restarting"
+    elif meta.paused:
         state = "paused"
     elif meta.running:
         state = "processing"
@@ -34,6 +41,8 @@ def instance_status(pool: str, index: int, meta: Meta) -> InstanceStatus:
         attempt=meta.attempt,
         next_alarm_at=meta.alarm,
         restarts=meta.restarts,
+        crash_streak=crash_streak,
+        restart_at=restart_at,
     )
 
 

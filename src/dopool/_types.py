@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-InstanceState = Literal["paused", "processing", "backoff", "idle"]
+InstanceState = Literal["restarting", "paused", "processing", "backoff", "idle"]
 
 EventKind = Literal[
     "enqueued",
@@ -14,6 +14,7 @@ EventKind = Literal[
     "retry_scheduled",
     "dead_lettered",
     "crashed",
+    "restart_delayed",
     "recovered",
     "paused",
     "resumed",
@@ -49,6 +50,8 @@ class InstanceStatus:
     attempt: int
     next_alarm_at: float | None
     restarts: int
+    crash_streak: int = 0
+    restart_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,10 @@ storage after every step) and reports a violation of SPEC §4 wherever one shows
    sequence) is pending on that instance; sequences are consecutive from 0;
 4. counters — ``enqueued = succeeded + dead_lettered + drained + pending``, every
    counter equal to the replay's tally, ``tail`` equal to the sequences handed out,
-   and ``restarts`` equal to the crashes outside ``close()`` (:meth:`Model.compare`);
+   and ``restarts`` equal to the crashes outside ``close()`` whose restart a
+   recovery committed (:meth:`Model.compare`): every one, except while a restart
+   waits out its backoff, and those whose restart was still waiting at a close;
+   a delayed restart never comes before its backoff;
 5. storage structure — exactly the pending keys exist, all below ``tail``;
    dead-letter and outbox keys match their counts; nothing left over at the end;
 6. dead letters — an event is dead-lettered after ``max_attempts`` attempts
@@ -36,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from dopool import RetryPolicy
+from dopool._mailbox import RESTARTS_AT_ONCE, restart_delay
 from dopool._records import Meta, unpack
 from dopool._storage import Namespace, queue_key_priority, queue_key_sequence
 
@@ -168,8 +172,10 @@ class _Instance:
     dead_lettered: int = 0
     drained: int = 0
     crashed: int = 0
-    restarted: int = 0  # crashes the supervisor restarts (not those while closing)
+    restarted: int = 0  # crashes the supervisor restarted, as recoveries counted them
+    unrecorded: int = 0  # crashes outside close() that no recovery has counted yet
     recovered: int = 0
+    restart_due: float | None = None  # when a restart waiting out its backoff may come
 
 
 @dataclass
@@ -263,6 +269,12 @@ class Model:
                 self._ack(record)
             elif isinstance(record, Phase):
                 self._closing = record.name == "closing"
+                if record.name == "opening":
+                    # A restart still waiting when the runtime closed never happens, nor
+                    # counts; the new runtime's instances start with none.
+                    for inst in self.instances:
+                        inst.unrecorded = 0
+                        inst.restart_due = None
             elif isinstance(record, Redriven):
                 self._redriven(record)
             else:
@@ -277,6 +289,13 @@ class Model:
     def _event(self, ev: Ev) -> None:
         inst = self.instances[ev.inst]
         kind = ev.kind
+        if inst.restart_due is not None:  # the instance acts again: its restart came
+            if ev.time < inst.restart_due - EPSILON:
+                self._bad(
+                    f"instance {ev.inst} restarted at t={ev.time}, before its backoff ended "
+                    f"at t={inst.restart_due}"
+                )
+            inst.restart_due = None
         if kind == "enqueued":
             self._enqueued(ev, inst)
         elif kind == "started":
@@ -286,17 +305,30 @@ class Model:
         elif kind == "crashed":
             inst.crashed += 1
             if not self._closing:  # a closed mailbox starts no successor
-                inst.restarted += 1
+                inst.unrecorded += 1
             if inst.attempt is not None:
                 inst.attempt.crashed = True
+        elif kind == "restart_delayed":
+            self._restart_delayed(ev, inst)
         elif kind == "recovered":
             inst.recovered += 1
+            inst.restarted += inst.unrecorded
+            inst.unrecorded = 0
         elif kind == "drained":
             self._drained(ev, inst)
         elif kind in ("paused", "resumed"):
             inst.paused = kind == "paused"
         elif kind == "empty" and inst.pending:
             self._bad(f"instance {ev.inst} said 'empty' with {len(inst.pending)} pending")
+
+    def _restart_delayed(self, ev: Ev, inst: _Instance) -> None:
+        """The restart after the ``ev.attempt``-th crash in a row waits out a backoff."""
+        streak = ev.attempt or 0
+        if streak <= RESTARTS_AT_ONCE:
+            self._bad(f"instance {ev.inst} delayed its restart after {streak} crash(es) in a row")
+        if not inst.unrecorded:
+            self._bad(f"instance {ev.inst} delayed a restart with no crash to restart from")
+        inst.restart_due = ev.time + restart_delay(streak)
 
     def _enqueued(self, ev: Ev, inst: _Instance) -> None:
         assert ev.seq is not None
@@ -510,6 +542,8 @@ class Model:
             self._bad(f"{where}: current sequence {current} has no queue key")
         if meta.pending == 0 and meta.alarm is not None:
             self._bad(f"{where}: nothing pending but the alarm is set at {meta.alarm}")
+        if inst.unrecorded and inst.restart_due is None:
+            self._bad(f"{where}: {inst.unrecorded} crash(es) and no recovery after them")
         if final and (meta.pending or meta.outbox or meta.running or meta.alarm is not None):
             self._bad(
                 f"{where} at the end: pending={meta.pending} outbox={meta.outbox} "
