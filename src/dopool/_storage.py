@@ -183,8 +183,16 @@ class Namespace:
         Raises:
             DamagedRecordError: the first record is damaged (its ``key`` says which).
         """
-        for key, raw in _iter_prefix(txn, self._queue, len(self._queue) + _RANK_SEQ.size):
-            return key, read_event(key, raw)
+        queue, length = self._queue, len(self._queue) + _RANK_SEQ.size
+        with txn.cursor() as cursor:
+            found = cursor.set_range(queue)
+            while found:
+                key, raw = cursor.item()
+                if not key.startswith(queue):
+                    break
+                if len(key) == length:
+                    return key, read_event(key, raw)
+                found = cursor.next()  # a stray key of the wrong length: not an event
         return None
 
     def delete_event(self, txn: Txn, key: bytes) -> None:
