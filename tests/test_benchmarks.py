@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from benchmarks import ceiling, records
+from benchmarks import ceiling, e2e, records
 from benchmarks.__main__ import main
 from benchmarks.harness import Sizes
 
@@ -70,3 +70,8 @@ def test_the_record_benchmark_times_both_encodings(capsys: pytest.CaptureFixture
         assert case in out
     assert "per event end to end" in out
     assert "of 50 µs per event" in out
+
+
+def test_the_e2e_case_runs_alone(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert e2e.main(["async", "--events", "200", "--dir", str(tmp_path)]) == 0
+    assert "events/s" in capsys.readouterr().out
