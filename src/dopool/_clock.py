@@ -129,6 +129,39 @@ class Clock(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the clock's resources, if any."""
 
+    # What callers of the engine do differently under each clock: the pool and the
+    # runtime ask the clock, so neither needs to know which clock it has.
+
+    #: Whether callers must act in a reproducible order: message several instances
+    #: one after another, and wait for a crashed instance's recovery before going
+    #: on. A simulated run repeats exactly only if they do.
+    orders_calls = False
+
+    def settle(self) -> None:
+        """Wait for the system to be quiescent, where calls are ordered (see ``orders_calls``)."""
+        if self.orders_calls:
+            self.activity.wait_quiet()
+
+    def progress(self, generation: int, deadline: float | None) -> bool:
+        """Let the system move on, for a caller waiting for it (``join``).
+
+        Under the real clock, wait until an actor goes idle after ``generation``
+        was read, or until ``deadline`` (``time.monotonic()``). Returns False if
+        nothing scheduled can ever make progress.
+
+        Raises:
+            TimeoutError: ``deadline`` passed (a simulated clock's wait for quiescence).
+        """
+        remaining = None if deadline is None else deadline - time.monotonic()
+        self.activity.wait_change(generation, remaining)
+        return True
+
+    def drive_while(self, busy: Callable[[], bool], deadline: float | None) -> None:  # noqa: B027
+        """Drive the clock while ``busy()`` (a closing runtime's handlers asleep in it).
+
+        The real clock moves by itself: nothing to do.
+        """
+
 
 class RealClock(Clock):
     """Wall-clock time; future alarms fire from one scheduler thread.
@@ -220,6 +253,8 @@ class SimulatedClock(Clock):
     driving it.
     """
 
+    orders_calls = True
+
     def __init__(self, start: float = 0.0) -> None:
         super().__init__()
         if not math.isfinite(start):
@@ -308,6 +343,21 @@ class SimulatedClock(Clock):
         """
         with self._driver:
             return self._step(limit, deadline)
+
+    def progress(self, generation: int, deadline: float | None) -> bool:
+        """Fire the next scheduled item; False if nothing is scheduled (nothing can move)."""
+        return self.step(deadline=deadline)
+
+    def drive_while(self, busy: Callable[[], bool], deadline: float | None) -> None:
+        """Step while ``busy()``: a handler asleep in virtual time wakes only if time moves.
+
+        Stops quietly when nothing is scheduled or ``deadline`` passes.
+        """
+        try:
+            while busy() and self.step(deadline=deadline):
+                pass
+        except TimeoutError:
+            pass
 
     def _step(self, limit: float, deadline: float | None) -> bool:
         self._wait_quiet(deadline)

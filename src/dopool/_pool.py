@@ -7,7 +7,6 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from dopool._clock import SimulatedClock
 from dopool._context import EventContext
 from dopool._errors import ConfigurationError, DopoolError, InstanceCrashedError, PoolClosedError
 from dopool._instance import DirectEnqueue, PoolSpec, dead_letter_from_record
@@ -47,7 +46,6 @@ class WorkerPool:
         self._router = router
         self._direct = direct
         self._namespaces = [Namespace(spec.name, i) for i in range(spec.concurrency)]
-        self._sequential = isinstance(runtime.clock, SimulatedClock)
 
     @classmethod
     def define(
@@ -233,7 +231,7 @@ class WorkerPool:
         instance's thread, which may wait for one instance at a time only (see
         ``_call``).
         """
-        return self._sequential or bool(acting(self._runtime._in_handler))
+        return self._runtime.clock.orders_calls or bool(acting(self._runtime._in_handler))
 
     def _call(self, index: int, message: Callable[[Reply], Any]) -> Any:
         """Send one instance a message and wait for its answer.
@@ -264,9 +262,9 @@ class WorkerPool:
             raise
 
     def _settle_crash(self) -> None:
-        """Under a simulated clock, wait for a crashed instance's recovery (reproducibility)."""
-        if self._sequential and self._runtime.handler_running() is None:
-            self._runtime.clock.activity.wait_quiet()
+        """Where calls are ordered (a simulated clock), wait for a crashed instance's recovery."""
+        if self._runtime.handler_running() is None:
+            self._runtime.clock.settle()
 
     def _send(self, index: int, message: Callable[[Reply], Any]) -> Reply:
         reply = Reply()
@@ -321,14 +319,11 @@ class WorkerPool:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return False
-            if isinstance(clock, SimulatedClock):
-                try:
-                    if not clock.step(deadline=deadline):
-                        return self._finished()
-                except TimeoutError:
-                    return False
-            else:
-                activity.wait_change(generation, remaining)
+            try:
+                if not clock.progress(generation, deadline):
+                    return self._finished()
+            except TimeoutError:
+                return False
 
     def _finished(self) -> bool:
         with self._runtime._store.read() as txn:

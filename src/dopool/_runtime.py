@@ -170,9 +170,8 @@ class Runtime:
                 raise ConfigurationError(f"no pool named {pool_name!r} in this runtime")
             mailbox = pool._mailboxes[pool._check_index(index)]
         mailbox.kill()
-        inside_handler = self.handler_running() is not None
-        if isinstance(self.clock, SimulatedClock) and not inside_handler:
-            self.clock.activity.wait_quiet()
+        if self.handler_running() is None:
+            self.clock.settle()
 
     def handler_running(self) -> tuple[str, int] | None:
         """``(pool, index)`` if the calling thread is that instance's, inside a message.
@@ -364,14 +363,10 @@ class Runtime:
         refuses transactions once closed).
         """
         # Not under the lock: a handler still finishing may call into the runtime.
-        if isinstance(self.clock, SimulatedClock):
-            # A handler asleep in virtual time finishes only if the clock moves.
-            keys = [mailbox.key for mailbox, _ in closing]
-            try:
-                while self.clock.activity.busy(keys) and self.clock.step(deadline=deadline):
-                    pass
-            except TimeoutError:
-                pass  # past the deadline: what still runs is abandoned below
+        # A handler asleep in virtual time finishes only if the clock moves; one still
+        # running past the deadline is abandoned below.
+        keys = [mailbox.key for mailbox, _ in closing]
+        self.clock.drive_while(lambda: self.clock.activity.busy(keys), deadline)
         stops = [
             (mailbox, None if ref is None else ref.stop(block=False)) for mailbox, ref in closing
         ]
