@@ -8,7 +8,6 @@ only, as any engine failure does.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,9 +17,7 @@ from dopool import EventContext, PoolEvent, Runtime, WorkerPool
 WAIT = 10.0
 
 
-def _pools(
-    runtime: Runtime, **hooks: Callable[[Any], Any]
-) -> tuple[WorkerPool, WorkerPool, list[tuple[str, Any]]]:
+def _pools(runtime: Runtime, **hooks: Any) -> tuple[WorkerPool, WorkerPool, list[tuple[str, Any]]]:
     """Pool ``a`` (with ``hooks``, failing the event ``"bad"``) and a plain pool ``b``."""
     ran: list[tuple[str, Any]] = []
 

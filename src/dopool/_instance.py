@@ -48,8 +48,9 @@ from dopool._messages import (
     Resume,
     Run,
 )
+from dopool._options import PoolOptions
 from dopool._records import DeadRecord, EventRecord, Meta, OutboxRecord, unpack
-from dopool._retry import RetryPolicy, uniform_draw
+from dopool._retry import uniform_draw
 from dopool._router import Router
 from dopool._storage import Namespace, Store, Txn, queue_key_priority, queue_key_sequence
 from dopool._types import DeadLetter, EmptyInfo, EnqueueResult, EventKind, PoolEvent
@@ -67,20 +68,11 @@ Started = tuple[bytes, EventRecord, int, float]  # queue key, record, attempt, s
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PoolSpec:
-    """A pool's definition, as the instances need it."""
+    """A defined pool, as its instances need it: name, options, and the follow-up check."""
 
     name: str
-    concurrency: int
-    execute: Callable[[EventContext], Any]
-    retry: RetryPolicy | None
-    on_dead_letter: Callable[[DeadLetter], Any] | None
-    on_empty: Callable[[EmptyInfo], Any] | None
-    max_queue_depth: int | None
+    options: PoolOptions
     prepare: Callable[[Any, str | None, int], Item]
-
-    @property
-    def max_attempts(self) -> int:
-        return 1 if self.retry is None else self.retry.max_attempts
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -209,7 +201,7 @@ class _Instance:
         Each enqueue is all or nothing: one that would pass ``max_queue_depth``
         is refused alone.
         """
-        limit = self._spec.max_queue_depth
+        limit = self._spec.options.max_queue_depth
         for message in self._taken:
             incoming = len(message.items)
             if limit is not None and meta.pending + incoming > limit:
@@ -412,17 +404,17 @@ class _Instance:
             target = self._env.mailboxes[record.target]
             deliver = Deliver(self._index, oseq, record)
             self._clock.deliver(target.order, partial(target.send, deliver))
-        if self._spec.on_dead_letter is not None:
+        if self._spec.options.on_dead_letter is not None:
             for dead in effects.dead:
-                _call_hook("on_dead_letter", self._spec.on_dead_letter, dead)
+                _call_hook("on_dead_letter", self._spec.options.on_dead_letter, dead)
         if effects.empty:
             now = self._clock.now()
             emit(self._event("empty", now))
-            if self._spec.on_empty is not None:
+            if self._spec.options.on_empty is not None:
                 info = EmptyInfo(
                     self._spec.name, self._index, self._id, meta.succeeded + meta.dead_lettered
                 )
-                _call_hook("on_empty", self._spec.on_empty, info)
+                _call_hook("on_empty", self._spec.options.on_empty, info)
         for message, answer in effects.answers:  # last: a caller sees its events emitted
             if isinstance(answer, DopoolError):
                 fail_reply(message, answer)
@@ -660,7 +652,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         )
         if failure is None:
             try:
-                self._spec.execute(ctx)
+                self._spec.options.execute(ctx)
             except BaseException as exc:  # SystemExit too: a handler never takes the actor down
                 failure = exc
         self._fault_point("after_execute", "crash_after_execute")
@@ -729,13 +721,13 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         sequence = queue_key_sequence(key)
         error = f"{type(failure).__name__}: {failure}"
         attempt = meta.attempt
-        if not isinstance(failure, PermanentError) and attempt < self._spec.max_attempts:
+        if not isinstance(failure, PermanentError) and attempt < self._spec.options.max_attempts:
             if isinstance(failure, RetryAfter):
                 delay = failure.seconds
             else:
-                assert self._spec.retry is not None  # max_attempts > 1 implies a policy
+                assert self._spec.options.retry is not None  # max_attempts > 1 implies a policy
                 draw = uniform_draw(self._env.seed, self._spec.name, self._index, sequence, attempt)
-                delay = self._spec.retry.delay(attempt, draw)
+                delay = self._spec.options.retry.delay(attempt, draw)
             meta.retry_at = now + delay
             effects.events.append(self._event("retry_scheduled", now, sequence, attempt, error))
             return

@@ -5,19 +5,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
-from dopool._context import EventContext
 from dopool._errors import ConfigurationError, DopoolError, InstanceCrashedError, PoolClosedError
 from dopool._instance import DirectEnqueue, PoolSpec, dead_letter_from_record
 from dopool._mailbox import Mailbox
 from dopool._messages import Drain, Enqueue, Item, Pause, Purge, Redrive, Reply, Resume
-from dopool._retry import RetryPolicy
+from dopool._options import PoolOptionsDict
 from dopool._router import Router
 from dopool._status import instance_status, pool_status
 from dopool._storage import Namespace
-from dopool._types import DeadLetter, EmptyInfo, EnqueueResult, PoolStatus
-from dopool._validation import Schema, prepare, prepare_many
+from dopool._types import DeadLetter, EnqueueResult, PoolStatus
+from dopool._validation import prepare, prepare_many
 from dopool._waits import acting
 
 if TYPE_CHECKING:
@@ -34,63 +33,42 @@ class WorkerPool:
         self,
         runtime: Runtime,
         spec: PoolSpec,
-        schema: Schema | None,
         mailboxes: list[Mailbox],
         router: Router,
         direct: list[DirectEnqueue],
     ) -> None:
         self._runtime = runtime
         self._spec = spec
-        self._schema = schema
+        self._schema = spec.options.schema
         self._mailboxes = mailboxes
         self._router = router
         self._direct = direct
-        self._namespaces = [Namespace(spec.name, i) for i in range(spec.concurrency)]
+        self._namespaces = [Namespace(spec.name, i) for i in range(spec.options.concurrency)]
 
     @classmethod
     def define(
-        cls,
-        name: str,
-        *,
-        execute: Callable[[EventContext], Any],
-        concurrency: int = 1,
-        retry: RetryPolicy | None = None,
-        schema: Schema | None = None,
-        on_dead_letter: Callable[[DeadLetter], Any] | None = None,
-        on_empty: Callable[[EmptyInfo], Any] | None = None,
-        max_queue_depth: int | None = None,
-        runtime: Runtime | None = None,
+        cls, name: str, *, runtime: Runtime | None = None, **options: Unpack[PoolOptionsDict]
     ) -> WorkerPool:
         """Define a pool and start its instances, resuming whatever the store holds for it.
 
         Args:
             name: 1-64 characters of ``[A-Za-z0-9_.-]``, unique within the runtime.
-            execute: the handler, called with an :class:`EventContext` per attempt.
-            concurrency: the number of instances (single-threaded actors).
-            retry: the retry policy; None dead-letters an event at its first failure.
-            schema: ``event -> event``; raise to reject, return the value to store.
-            on_dead_letter: called with each :class:`DeadLetter` after it commits.
-            on_empty: called each time an instance's last pending event is processed.
-            max_queue_depth: the most pending events one instance accepts from enqueue.
             runtime: the runtime to use; None means the process default runtime.
+            **options: the pool's options (see :class:`PoolOptionsDict`):
+                ``execute`` (the handler, called with an :class:`EventContext` per
+                attempt; required), ``concurrency`` (the number of instances),
+                ``retry`` (a :class:`RetryPolicy`; None dead-letters an event at its
+                first failure), ``schema`` (``event -> event``; raise to reject),
+                ``on_dead_letter``, ``on_empty``, ``max_queue_depth``.
 
         Raises:
-            ConfigurationError: a bad option, a name defined twice, or a changed
-                concurrency while the store still holds work for this pool.
+            ConfigurationError: a bad or unknown option, a name defined twice, or a
+                changed concurrency while the store still holds work for this pool.
         """
         from dopool._runtime import default_runtime  # noqa: PLC0415 - runtime imports us
 
         runtime = default_runtime() if runtime is None else runtime
-        return runtime._define_pool(
-            name,
-            execute=execute,
-            concurrency=concurrency,
-            retry=retry,
-            schema=schema,
-            on_dead_letter=on_dead_letter,
-            on_empty=on_empty,
-            max_queue_depth=max_queue_depth,
-        )
+        return runtime.define(name, **options)
 
     @property
     def name(self) -> str:
@@ -98,7 +76,7 @@ class WorkerPool:
 
     @property
     def concurrency(self) -> int:
-        return self._spec.concurrency
+        return self._spec.options.concurrency
 
     def __repr__(self) -> str:
         return f"<WorkerPool {self.name!r} concurrency={self.concurrency}>"

@@ -14,12 +14,11 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Unpack
 
 import pykka
 
 from dopool._clock import Clock, RealClock, SimulatedClock
-from dopool._context import EventContext
 from dopool._errors import (
     ConfigurationError,
     InstanceCrashedError,
@@ -28,13 +27,12 @@ from dopool._errors import (
 from dopool._instance import DirectEnqueue, InstanceActor, InstanceEnv, PoolSpec
 from dopool._mailbox import Mailbox
 from dopool._messages import Item, Recover, Reply
+from dopool._options import PoolOptions, PoolOptionsDict
 from dopool._pool import WorkerPool
-from dopool._records import MAX_CONCURRENCY
-from dopool._retry import RetryPolicy
 from dopool._router import Router
 from dopool._storage import Namespace, Store
-from dopool._types import DeadLetter, EmptyInfo, PoolEvent
-from dopool._validation import Schema, check_pool_name, prepare
+from dopool._types import PoolEvent
+from dopool._validation import check_pool_name, prepare
 from dopool._waits import WaitGraph
 from dopool.chaos import FaultInjector, FaultPlan
 
@@ -149,9 +147,9 @@ class Runtime:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    def define(self, name: str, **options: Any) -> WorkerPool:
-        """Same as ``WorkerPool.define(name, runtime=self, **options)``."""
-        return WorkerPool.define(name, runtime=self, **options)
+    def define(self, name: str, **options: Unpack[PoolOptionsDict]) -> WorkerPool:
+        """Define a pool in this runtime; the options are ``WorkerPool.define``'s."""
+        return self._define_pool(check_pool_name(name), PoolOptions.of(options))
 
     def kill(self, pool_name: str, index: int) -> None:
         """Crash one instance as a fault would; it is restarted and recovers from storage.
@@ -210,48 +208,20 @@ class Runtime:
             except BaseException:  # SystemExit too: pykka would stop every actor
                 logger.exception("subscriber %r raised; ignored", callback)
 
-    def _define_pool(
-        self,
-        name: str,
-        *,
-        execute: Callable[[EventContext], Any],
-        concurrency: int,
-        retry: RetryPolicy | None,
-        schema: Schema | None,
-        on_dead_letter: Callable[[DeadLetter], Any] | None,
-        on_empty: Callable[[EmptyInfo], Any] | None,
-        max_queue_depth: int | None,
-    ) -> WorkerPool:
-        check_pool_name(name)
-        _check_options(
-            execute=execute,
-            concurrency=concurrency,
-            retry=retry,
-            schema=schema,
-            on_dead_letter=on_dead_letter,
-            on_empty=on_empty,
-            max_queue_depth=max_queue_depth,
-        )
+    def _define_pool(self, name: str, options: PoolOptions) -> WorkerPool:
+        concurrency = options.concurrency
         with self._lock:
             if self._closed:
                 raise PoolClosedError(name)
             if name in self._pools:
                 raise ConfigurationError(f"pool {name!r} is already defined in this runtime")
             self._record_concurrency(name, concurrency)
+            schema = options.schema
 
             def prepare_follow_up(event: Any, partition_key: str | None, priority: int) -> Item:
                 return prepare(event, partition_key=partition_key, priority=priority, schema=schema)
 
-            spec = PoolSpec(
-                name=name,
-                concurrency=concurrency,
-                execute=execute,
-                retry=retry,
-                on_dead_letter=on_dead_letter,
-                on_empty=on_empty,
-                max_queue_depth=max_queue_depth,
-                prepare=prepare_follow_up,
-            )
+            spec = PoolSpec(name=name, options=options, prepare=prepare_follow_up)
             activity = self.clock.activity
             mailboxes = [
                 Mailbox(name, index, f"{name}:{index}", activity) for index in range(concurrency)
@@ -291,7 +261,7 @@ class Runtime:
                     self.clock.set_alarm(mailbox, None)
                 raise
             direct = [DirectEnqueue(spec, index, env) for index in range(concurrency)]
-            pool = WorkerPool(self, spec, schema, mailboxes, router, direct)
+            pool = WorkerPool(self, spec, mailboxes, router, direct)
             self._pools[name] = pool
             return pool
 
@@ -434,45 +404,6 @@ def _check_path(path: object) -> None:
 def _check_seed(seed: object) -> None:
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | str)):
         raise ConfigurationError(f"seed must be an int, a str or None, got {seed!r}")
-
-
-def _check_options(
-    *,
-    execute: object,
-    concurrency: object,
-    retry: object,
-    schema: object,
-    on_dead_letter: object,
-    on_empty: object,
-    max_queue_depth: object,
-) -> None:
-    if not callable(execute):
-        raise ConfigurationError(f"execute must be callable, got {execute!r}")
-    if (
-        isinstance(concurrency, bool)
-        or not isinstance(concurrency, int)
-        or not 1 <= concurrency <= MAX_CONCURRENCY
-    ):
-        raise ConfigurationError(
-            f"concurrency must be an int >= 1 and <= {MAX_CONCURRENCY}, got {concurrency!r}"
-        )
-    if retry is not None and not isinstance(retry, RetryPolicy):
-        raise ConfigurationError(f"retry must be a RetryPolicy or None, got {retry!r}")
-    for label, hook in (
-        ("schema", schema),
-        ("on_dead_letter", on_dead_letter),
-        ("on_empty", on_empty),
-    ):
-        if hook is not None and not callable(hook):
-            raise ConfigurationError(f"{label} must be callable or None, got {hook!r}")
-    if max_queue_depth is not None and (
-        isinstance(max_queue_depth, bool)
-        or not isinstance(max_queue_depth, int)
-        or max_queue_depth < 1
-    ):
-        raise ConfigurationError(
-            f"max_queue_depth must be an int >= 1 or None, got {max_queue_depth!r}"
-        )
 
 
 _open: weakref.WeakSet[Runtime] = weakref.WeakSet()  # every runtime not closed yet
