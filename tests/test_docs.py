@@ -1,7 +1,7 @@
 """The documentation is the contract: no citation of an outside specification, no dead link.
 
 docs/guarantees.md and docs/api.md are what the code, the tests and the other pages cite,
-so a citation of anything else ("SPEC §4") points at text a reader of the repository
+so a citation of a specification outside the repository points at text its reader
 cannot see. And a cited section must exist: every relative link in docs/*.md and
 README.md must name an existing file and, after ``#``, an existing heading of it.
 """
