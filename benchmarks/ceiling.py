@@ -10,7 +10,7 @@ of the design itself, in CPython threads, on this disk. Two shapes:
 
 - **via worker**: a producer hands its event to the queue's thread, which writes
   it in its next transaction and answers after the commit. This is dopool's
-  shape: SPEC §3 has a call wait while the instance's handler runs.
+  shape: a call waits while the instance's handler runs (docs/api.md, "Methods").
 - **direct**: a producer commits its event itself, then wakes the queue's thread.
 
 Transactions go through ``Store.transact``, so they commit as dopool's do: group

@@ -5,9 +5,9 @@ violated invariants and prints ``dopool chaos --seed S``, which replays it exact
 
 Two engine bugs the harness found have regression tests here: under a
 SimulatedClock the part of an ``enqueue_many`` batch after a crashed one must wait
-for the crashed instance's recovery (else the trace varies, SPEC §4.5), and
-``Runtime.close()`` must not deadlock with a handler that calls ``runtime.kill``
-after a sleep.
+for the crashed instance's recovery (else the trace varies, against guarantee 5 in
+docs/guarantees.md), and ``Runtime.close()`` must not deadlock with a handler that
+calls ``runtime.kill`` after a sleep.
 """
 
 from __future__ import annotations

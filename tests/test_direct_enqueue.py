@@ -67,9 +67,9 @@ def enqueue_behind_first(
 ) -> EnqueueResult:
     """Enqueue ``"second"`` from another thread while the handler of ``"first"`` runs.
 
-    Checks that the call waits for the handler (SPEC §3) and stores nothing meanwhile,
-    then lets the handler finish; returns the call's result. ``meanwhile`` runs once
-    the handler has started, before the call is made.
+    Checks that the call waits for the handler (docs/api.md, "Methods") and stores
+    nothing meanwhile, then lets the handler finish; returns the call's result.
+    ``meanwhile`` runs once the handler has started, before the call is made.
     """
     pool.enqueue("first")
     assert first.running.wait(TIMEOUT)
@@ -78,7 +78,7 @@ def enqueue_behind_first(
         try:
             second = executor.submit(pool.enqueue, "second")
             done, _ = wait([second], timeout=0.05)
-            assert not done  # SPEC §3: calls to an instance wait while its handler runs
+            assert not done  # docs/api.md, "Methods": a call waits while the handler runs
             assert pool.status().enqueued == 1
         finally:
             first.release.set()

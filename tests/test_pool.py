@@ -125,7 +125,7 @@ def no_jitter(**options: Any) -> RetryPolicy:
 
 
 def key_for(index: int, concurrency: int, prefix: str = "key") -> str:
-    """A partition key that routes to ``index`` (SPEC: ``stable_hash(key) % N``)."""
+    """A partition key that routes to ``index`` (``stable_hash(key) % N``, docs/guarantees.md)."""
     n = 0
     while stable_hash(f"{prefix}-{n}") % concurrency != index:
         n += 1

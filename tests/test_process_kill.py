@@ -9,9 +9,10 @@ the same pool that waits for ``pool.join`` and reports the status.
 
 The child logs, in lines that survive SIGKILL, each id it is about to enqueue, each
 acknowledged enqueue and each successful execution. From those and the final status the
-test checks §4: every acknowledged enqueue (and every follow-up of a success) ran to
-success, nothing ran that was never enqueued, re-executions are bounded by the
-executions a kill could interrupt, per-instance order held, and the counters add up.
+test checks the guarantees of docs/guarantees.md: every acknowledged enqueue (and every
+follow-up of a success) ran to success, nothing ran that was never enqueued,
+re-executions are bounded by the executions a kill could interrupt, per-instance order
+held, and the counters add up.
 
 ``DOPOOL_KILL_RUNS`` (default 2) sets the runs per durability mode;
 ``DOPOOL_KILL_SEED`` (default 0) picks the seeds. A failure names its mode and seed; the

@@ -12,8 +12,8 @@ messages, and close and reopen the runtime on the same clock; invariants compare
 log with the model after every step.
 
 ``FaultyPoolMachine`` runs the same engine under a random ``FaultPlan``, where no exact
-prediction is possible, and checks SPEC section 4's guarantees instead. The tests at
-the end pin down crash-handling bugs it found.
+prediction is possible, and checks the guarantees of docs/guarantees.md instead. The
+tests at the end pin down crash-handling bugs it found.
 """
 
 from __future__ import annotations
@@ -627,7 +627,7 @@ def test_an_event_that_crashes_its_instance_every_time_is_dead_lettered() -> Non
         machine.teardown()
 
 
-# -- the same engine under a FaultPlan, against SPEC section 4's guarantees --------------
+# -- the same engine under a FaultPlan, against the guarantees of docs/guarantees.md ------
 
 FAULTY = "faulty"
 FAULTY_KEYS = [None, None, "alpha", "zeta", "gamma"]  # None, then instances 0, 1 and 2
@@ -664,7 +664,7 @@ def faulty_child(parent_id: int) -> dict[str, Any]:
 
 
 class FaultyPoolMachine(RuleBasedStateMachine):
-    """Drives a pool whose instances crash at random fault points, and checks SPEC section 4.
+    """Drives a pool whose instances crash at random fault points; checks docs/guarantees.md.
 
     Crashes make exact prediction impossible, so the model keeps only what the
     guarantees promise, learnt from the handler's calls, the event stream

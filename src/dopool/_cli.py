@@ -542,7 +542,9 @@ def _instances_table(result: Result) -> Table:
 
 def _invariants_table(result: Result) -> Table:
     table = Table(
-        title="invariants (SPEC §4), checked at the end", title_justify="left", box=box.SIMPLE_HEAD
+        title="invariants (docs/guarantees.md), checked at the end",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
     )
     table.add_column("check", no_wrap=True)
     table.add_column("result", no_wrap=True)

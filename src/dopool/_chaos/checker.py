@@ -9,7 +9,8 @@ Under a simulated clock only one actor works at a time, so this order is the
 order in which things were committed.
 
 :class:`Model` replays the history (incrementally, so it can be compared with
-storage after every step) and reports a violation of SPEC §4 wherever one shows:
+storage after every step) and reports a violation of the contract in
+docs/guarantees.md wherever one shows (items 1-4 are its guarantees 1-4):
 
 1. no loss — every acknowledged event, every follow-up of a succeeded attempt and
    every redriven dead letter ends succeeded, dead-lettered or drained, exactly once;

@@ -500,7 +500,7 @@ def _no_loss(
 
 
 def _counters(runtime: Runtime, pool: WorkerPool, collector: Collector) -> Invariant:
-    """SPEC §4.4 from the store itself, and the event stream's view agreeing with it."""
+    """Guarantee 4 (counters, docs/guarantees.md) from the store, and the event stream agreeing."""
     problems: list[str] = []
     with runtime._store.read() as txn:
         for index in range(pool.concurrency):

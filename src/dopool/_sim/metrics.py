@@ -3,9 +3,10 @@
 :class:`Collector` subscribes to a runtime and follows every
 :class:`~dopool.PoolEvent`: queue depth and busy time per instance, each
 event's enqueue and success times (latency), retries, crashes and restarts.
-Alongside, it checks the order and at-least-once guarantees (SPEC §4) event by
-event: an instance must start its events in sequence, one at a time, and never
-start or succeed an event again after its success.
+Alongside, it checks the at-least-once and order guarantees (2 and 3 in
+docs/guarantees.md) event by event: an instance must start its events in
+sequence, one at a time, and never start or succeed an event again after its
+success.
 
 Under a simulated clock the instances run one at a time, so the collector's
 callbacks never overlap and need no lock.
