@@ -1,9 +1,10 @@
-"""The instance actor: one Durable Object, its queue state machine and its alarm.
+"""The instance actor: the shell around one instance's queue machine.
 
-Every message is handled as: one write transaction, commit, then (and only
-then) the clock, subscribers, callbacks and the caller learn of it. Nothing in
-memory is needed for correctness; each message starts from the stored meta (or
-from the copy of it that the instance's last commit saved, which is the same).
+Every message is handled as: one write transaction in which the queue machine
+(:mod:`dopool._machine`) makes its transition, commit, then (and only then) the
+clock, subscribers, callbacks and the caller learn of it. Nothing in memory is
+needed for correctness; each message starts from the stored meta (or from the
+copy of it that the instance's last commit saved, which is the same).
 """
 
 from __future__ import annotations
@@ -27,10 +28,9 @@ from dopool._errors import (
     InstanceCrashedError,
     PermanentError,
     PoolClosedError,
-    QueueFullError,
-    RetryAfter,
     StorageError,
 )
+from dopool._machine import Effects, QueueMachine, Started
 from dopool._mailbox import UNKNOWN, Mailbox, fail_reply
 from dopool._messages import (
     Alarm,
@@ -49,21 +49,15 @@ from dopool._messages import (
     Run,
 )
 from dopool._options import PoolOptions
-from dopool._records import DeadRecord, EventRecord, Meta, OutboxRecord, unpack
-from dopool._retry import uniform_draw
+from dopool._records import DeadRecord, EventRecord, Meta, unpack
 from dopool._router import Router
-from dopool._storage import Namespace, Store, Txn, queue_key_priority, queue_key_sequence
-from dopool._types import DeadLetter, EmptyInfo, EnqueueResult, EventKind, PoolEvent
+from dopool._storage import Store, Txn, queue_key_sequence
+from dopool._types import DeadLetter, EmptyInfo, EnqueueResult, PoolEvent
 from dopool.chaos import FaultInjector
 
 logger = logging.getLogger("dopool")
 
-ALARM_RETRY_FIRST = 2.0  # seconds before a failed alarm delivery is retried; doubles
-ALARM_RETRY_MAX = 60.0
-
 T = TypeVar("T")
-# What a transaction that started an attempt hands to the code that executes it.
-Started = tuple[bytes, EventRecord, int, float]  # queue key, record, attempt, started_at
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,19 +97,6 @@ class _Crash(Exception):
         super().__init__(f"crashed at fault point {point!r}")
 
 
-class _Effects:
-    """What a committed transaction must tell the world, in order."""
-
-    __slots__ = ("answers", "dead", "deliveries", "empty", "events")
-
-    def __init__(self) -> None:
-        self.answers: list[tuple[Enqueue, list[EnqueueResult] | DopoolError]] = []
-        self.events: list[PoolEvent] = []
-        self.dead: list[DeadLetter] = []
-        self.deliveries: list[tuple[int, OutboxRecord]] = []
-        self.empty = False
-
-
 class _Instance:
     """The queue state machine of one instance, run by whichever thread holds its turn.
 
@@ -132,7 +113,18 @@ class _Instance:
         self._env = env
         self._store = env.store
         self._clock = env.clock
-        self._ns = Namespace(spec.name, index)
+        self._machine = QueueMachine(
+            pool=spec.name,
+            index=index,
+            options=spec.options,
+            seed=env.seed,
+            route=env.router.choose,
+            faults=self._faults,
+            fault_point=self._fault_point,
+            listening=env.listening,
+            dead_letter=dead_letter_from_record,
+        )
+        self._ns = self._machine.namespace
         self._mailbox = env.mailboxes[index]
         # Enqueues to commit in the next transaction; answered after it commits,
         # or failed if the instance dies first.
@@ -195,31 +187,13 @@ class _Instance:
         self._ns.save_meta(txn, meta)
         self._saved = meta
 
-    def _accept(self, txn: Txn, meta: Meta, now: float, effects: _Effects) -> None:
-        """Append every taken enqueue that fits; ``effects.answers`` gets one answer each.
-
-        Each enqueue is all or nothing: one that would pass ``max_queue_depth``
-        is refused alone.
-        """
-        limit = self._spec.options.max_queue_depth
-        for message in self._taken:
-            incoming = len(message.items)
-            if limit is not None and meta.pending + incoming > limit:
-                full = QueueFullError(
-                    pool=self._spec.name,
-                    instance_index=self._index,
-                    depth=meta.pending,
-                    max_depth=limit,
-                    incoming=incoming,
-                )
-                effects.answers.append((message, full))
-                continue
-            results = self._append(txn, meta, message.items, now, effects)
-            effects.answers.append((message, results))
-            self._fault_point("enqueue", "crash_during_enqueue")
+    def _accept(self, txn: Txn, meta: Meta, now: float, effects: Effects) -> None:
+        """Store the taken enqueues; each gets its answer in ``effects``."""
+        batches = [(message, message.items) for message in self._taken]
+        self._machine.accept(txn, meta, batches, now, effects)
 
     def _enqueue_body(
-        self, effects: _Effects, idle: Callable[[], bool]
+        self, effects: Effects, idle: Callable[[], bool]
     ) -> Callable[[Txn], tuple[Meta, Started | None]]:
         """The transaction of the taken enqueues.
 
@@ -234,8 +208,8 @@ class _Instance:
             start_now = idle() and starts
             meta = self._load_meta(txn)
             self._accept(txn, meta, now, effects)
-            self._rearm(meta, now)
-            started = self._take_alarm(txn, meta, now, effects) if start_now else None
+            self._machine.rearm(meta, now)
+            started = self._machine.take_alarm(txn, meta, now, effects) if start_now else None
             self._save_meta(txn, meta)
             return meta, started
 
@@ -247,153 +221,13 @@ class _Instance:
         for message in taken:
             fail_reply(message, error or InstanceCrashedError(self._id))
 
-    def _append(
-        self, txn: Txn, meta: Meta, items: tuple[Item, ...], now: float, effects: _Effects
-    ) -> list[EnqueueResult]:
-        results = []
-        listening = self._env.listening()
-        ns, index, ident, counts = self._ns, self._index, self._id, meta.priorities
-        previous: int | None = None
-        position = 0
-        for item in items:
-            priority = item.priority
-            if priority == previous:
-                position += 1  # right behind the one before, of the same priority
-            else:
-                position = self._position(meta, priority)
-                previous = priority
-            sequence = meta.tail
-            meta.tail = sequence + 1
-            record = (item.event, now, item.partition_key, priority)  # an EventRecord's fields
-            ns.put_event(txn, ns.queue_key(priority, sequence), record)
-            counts[priority] = counts.get(priority, 0) + 1
-            results.append(EnqueueResult(sequence, index, ident, position))
-            if listening:
-                effects.events.append(self._event("enqueued", now, sequence))
-        meta.pending += len(items)
-        meta.enqueued += len(items)
-        return results
-
-    @staticmethod
-    def _position(meta: Meta, priority: int) -> int:
-        """How many pending events will run before a new one of ``priority``."""
-        counts = meta.priorities
-        if len(counts) == 1 and priority in counts:
-            return counts[priority]  # all pending are of this level, the started one too
-        ahead = sum(count for level, count in counts.items() if level >= priority)
-        if meta.current is not None and queue_key_priority(meta.current) < priority:
-            ahead += 1  # the started event keeps its place whatever its priority
-        return ahead
-
-    def _take_alarm(self, txn: Txn, meta: Meta, now: float, effects: _Effects) -> Started | None:
-        """Act on the alarm slot if it is due: start the next attempt, if there is one.
-
-        A stale or early alarm is harmless. A delivery that fails (``alarm_error``)
-        does nothing but set a retry of the alarm after a backoff: never dropped.
-        """
-        if meta.alarm is None or meta.alarm > now or meta.running:
-            return None
-        if self._faults.armed and self._faults.fires("alarm_error"):
-            meta.alarm_failures += 1
-            backoff = min(ALARM_RETRY_FIRST * 2 ** (meta.alarm_failures - 1), ALARM_RETRY_MAX)
-            meta.alarm = now + backoff
-            return None
-        meta.alarm_failures = 0
-        return self._start_attempt(txn, meta, now, effects)
-
-    def _start_attempt(self, txn: Txn, meta: Meta, now: float, effects: _Effects) -> Started | None:
-        """Consume the alarm and, if there is work, record the next attempt's start.
-
-        A damaged event record met on the way is dead-lettered, never started.
-        """
-        meta.alarm = None
-        if meta.paused or meta.pending == 0:
-            return None
-        if meta.current is not None and meta.retry_at is not None and meta.retry_at > now:
-            meta.alarm = meta.retry_at  # never run a retry early
-            return None
-        while True:
-            try:
-                if meta.current is None:
-                    first = self._ns.first_event(txn)
-                    key, record = (None, None) if first is None else first
-                else:
-                    key = meta.current
-                    record = self._ns.get_event(txn, key)
-                break
-            except DamagedRecordError as damage:
-                self._set_aside(txn, meta, damage, now, effects)
-                if meta.pending == 0:
-                    return None
-        if key is None or record is None:
-            raise StorageError(f"instance {self._id}: {meta.pending} pending but no event key")
-        meta.current = key
-        meta.attempt += 1
-        meta.running = True
-        meta.retry_at = None
-        meta.started_at = now
-        return key, record, meta.attempt, now
-
-    def _set_aside(
-        self, txn: Txn, meta: Meta, damage: DamagedRecordError, now: float, effects: _Effects
-    ) -> None:
-        """Dead-letter a pending event whose record is damaged, without decoding it.
-
-        The dead letter keeps the record's bytes as found and is marked
-        ``damaged``, so it is reported and never redriven.
-        """
-        key = damage.key
-        sequence = queue_key_sequence(key)
-        attempts = meta.attempt if meta.current == key else 0
-        error = f"DamagedRecordError: {damage.reason}"
-        dead = DeadRecord(
-            damage.value, error, attempts, now, now, None, queue_key_priority(key), True
-        )
-        logger.error("instance %s: event %d dead-lettered: %s", self._id, sequence, error)
-        self._ns.put_dead_letter(txn, sequence, dead)
-        meta.dead_letters += 1
-        meta.dead_lettered += 1
-        self._remove_current(txn, meta, key)
-        effects.events.append(self._event("dead_lettered", now, sequence, attempts, error))
-        effects.dead.append(self._dead_letter(sequence, dead))
-        effects.empty = meta.pending == 0
-
-    def _remove_current(self, txn: Txn, meta: Meta, key: bytes) -> None:
-        self._ns.delete_event(txn, key)
-        priority = queue_key_priority(key)
-        remaining = meta.priorities[priority] - 1
-        if remaining:
-            meta.priorities[priority] = remaining
-        else:
-            del meta.priorities[priority]
-        meta.pending -= 1
-        meta.current = None
-        meta.attempt = 0
-        meta.retry_at = None
-
-    def _rearm(self, meta: Meta, now: float) -> None:
-        """Point the alarm slot where the committed state needs it."""
-        if meta.paused or meta.pending == 0:
-            meta.alarm = None
-            meta.alarm_failures = 0
-            return
-        if meta.current is not None and meta.retry_at is not None:
-            due = meta.retry_at  # a retry's backoff is never shortened
-        elif meta.alarm is not None and meta.alarm <= now:
-            due = meta.alarm  # already due: keep it
-        else:
-            due = now
-        if meta.alarm_failures and meta.alarm is not None:
-            due = max(due, meta.alarm)  # nor is a failing alarm's backoff
-        meta.alarm = due
-
     def _sync_alarm(self, meta: Meta) -> None:
         mailbox = self._mailbox
         if meta.alarm != mailbox.armed:
             mailbox.armed = meta.alarm
             self._clock.set_alarm(mailbox, meta.alarm)
 
-    def _publish(self, meta: Meta, effects: _Effects) -> None:
+    def _publish(self, meta: Meta, effects: Effects) -> None:
         """Tell the clock, callers, subscribers, callbacks and other instances what committed."""
         self._sync_alarm(meta)
         self._taken = []
@@ -409,7 +243,7 @@ class _Instance:
                 _call_hook("on_dead_letter", self._spec.options.on_dead_letter, dead)
         if effects.empty:
             now = self._clock.now()
-            emit(self._event("empty", now))
+            emit(self._machine.event("empty", now))
             if self._spec.options.on_empty is not None:
                 info = EmptyInfo(
                     self._spec.name, self._index, self._id, meta.succeeded + meta.dead_lettered
@@ -420,19 +254,6 @@ class _Instance:
                 fail_reply(message, answer)
             else:
                 message.reply.set(answer)
-
-    def _event(
-        self,
-        kind: EventKind,
-        time: float,
-        sequence: int | None = None,
-        attempt: int | None = None,
-        error: str | None = None,
-    ) -> PoolEvent:
-        return PoolEvent(kind, self._spec.name, self._index, sequence, attempt, time, error)
-
-    def _dead_letter(self, sequence: int, dead: DeadRecord) -> DeadLetter:
-        return dead_letter_from_record(self._index, sequence, dead)
 
 
 class InstanceActor(_Instance, pykka.ThreadingActor):
@@ -544,13 +365,15 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         ``restart_delayed`` says so before its timer is set.
         """
         mailbox = self._mailbox
-        self._env.emit(self._event("crashed", self._clock.now(), error=reason))
+        self._env.emit(self._machine.event("crashed", self._clock.now(), error=reason))
         start = partial(self._env.restart, self._index)
         delay = mailbox.replace(start, self.actor_inbox, message, self._clock)  # type: ignore[arg-type]
         if delay is not None:
             streak = mailbox.crash_streak
             why = f"{streak} crashes in a row, the last: {reason}; restart in {delay:g} s"
-            self._env.emit(self._event("restart_delayed", self._clock.now(), None, streak, why))
+            self._env.emit(
+                self._machine.event("restart_delayed", self._clock.now(), None, streak, why)
+            )
             mailbox.arm_restart()
         fail_reply(message, InstanceCrashedError(self._id))
         self._fail_taken(None)
@@ -559,7 +382,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
     # -- enqueue -----------------------------------------------------------
     def _on_enqueue(self, message: Enqueue) -> None:
         self._taken.append(message)
-        effects = _Effects()
+        effects = Effects()
         meta, started = self._transact(self._enqueue_body(effects, self._take_and_continue))
         self._publish(meta, effects)
         self._run(started)
@@ -599,11 +422,11 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
     def _on_alarm(self, _message: Alarm) -> None:
         now = self._clock.now()
         self._mailbox.armed = None  # the clock consumed it
-        effects = _Effects()
+        effects = Effects()
 
         def body(txn: Txn) -> tuple[Meta, Started | None]:
             meta = self._load_meta(txn)
-            started = self._take_alarm(txn, meta, now, effects)
+            started = self._machine.take_alarm(txn, meta, now, effects)
             self._save_meta(txn, meta)
             return meta, started
 
@@ -622,7 +445,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
             key, record, attempt, started_at = started
             sequence = queue_key_sequence(key)
             if self._env.listening():
-                self._env.emit(self._event("started", started_at, sequence, attempt))
+                self._env.emit(self._machine.event("started", started_at, sequence, attempt))
             self._fault_point("before_execute", "crash_before_execute")
             started = self._execute(key, sequence, record, attempt, started_at)
 
@@ -657,21 +480,21 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
                 failure = exc
         self._fault_point("after_execute", "crash_after_execute")
         now = self._clock.now()
-        effects = _Effects()
+        effects = Effects()
+        machine = self._machine
 
         def body(txn: Txn) -> tuple[Meta, Started | None]:
             # Callers that waited for the handler commit with its outcome.
             go_on = self._take_and_continue()
             meta = self._load_meta(txn)
-            meta.running = False
-            meta.started_at = None
+            machine.finish_attempt(meta)
             if failure is None:
-                self._succeed(txn, meta, key, now, ctx, effects)
+                machine.succeed(txn, meta, key, attempt, ctx._follow_ups, now, effects)
             else:
-                self._fail(txn, meta, key, record, failure, now, effects)
+                machine.fail(txn, meta, key, record, failure, now, effects)
             self._accept(txn, meta, now, effects)
-            self._rearm(meta, now)
-            started = self._take_alarm(txn, meta, now, effects) if go_on else None
+            machine.rearm(meta, now)
+            started = machine.take_alarm(txn, meta, now, effects) if go_on else None
             self._save_meta(txn, meta)
             return meta, started
 
@@ -682,101 +505,15 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
     def _sleep(self, seconds: float) -> None:
         self._clock.sleep(seconds, self._mailbox.key)
 
-    def _succeed(
-        self, txn: Txn, meta: Meta, key: bytes, now: float, ctx: EventContext, effects: _Effects
-    ) -> None:
-        sequence = ctx.sequence
-        self._remove_current(txn, meta, key)
-        meta.succeeded += 1
-        if self._env.listening():
-            effects.events.append(self._event("succeeded", now, sequence, ctx.attempt))
-        for item in ctx._follow_ups:
-            target = self._env.router.choose(item.partition_key)
-            if target == self._index:
-                self._append(txn, meta, (item,), now, effects)
-                continue
-            # Another instance's queue is its own: park the follow-up in our outbox,
-            # committed with this outcome, and deliver it after the commit.
-            oseq = meta.outbox_next
-            meta.outbox_next += 1
-            meta.outbox += 1
-            link = meta.links.get(target, 0)
-            meta.links[target] = link + 1
-            record = OutboxRecord(target, link, item.event, now, item.partition_key, item.priority)
-            self._ns.put_outbox(txn, oseq, record)
-            effects.deliveries.append((oseq, record))
-        effects.empty = meta.pending == 0
-
-    def _fail(
-        self,
-        txn: Txn,
-        meta: Meta,
-        key: bytes,
-        record: EventRecord,
-        failure: BaseException,
-        now: float,
-        effects: _Effects,
-    ) -> None:
-        """Settle a failed attempt of the current event: schedule a retry or dead-letter it."""
-        sequence = queue_key_sequence(key)
-        error = f"{type(failure).__name__}: {failure}"
-        attempt = meta.attempt
-        if not isinstance(failure, PermanentError) and attempt < self._spec.options.max_attempts:
-            if isinstance(failure, RetryAfter):
-                delay = failure.seconds
-            else:
-                assert self._spec.options.retry is not None  # max_attempts > 1 implies a policy
-                draw = uniform_draw(self._env.seed, self._spec.name, self._index, sequence, attempt)
-                delay = self._spec.options.retry.delay(attempt, draw)
-            meta.retry_at = now + delay
-            effects.events.append(self._event("retry_scheduled", now, sequence, attempt, error))
-            return
-        dead = DeadRecord(
-            record.event,
-            error,
-            attempt,
-            record.enqueued_at,
-            now,
-            record.partition_key,
-            record.priority,
-        )
-        self._ns.put_dead_letter(txn, sequence, dead)
-        meta.dead_letters += 1
-        meta.dead_lettered += 1
-        self._remove_current(txn, meta, key)
-        effects.events.append(self._event("dead_lettered", now, sequence, attempt, error))
-        effects.dead.append(self._dead_letter(sequence, dead))
-        effects.empty = meta.pending == 0
-
     # -- recovery ------------------------------------------------------------
     def _on_recover(self, message: Recover) -> None:
         """Settle an attempt a crash interrupted, re-arm the alarm, resend the outbox."""
         now = self._clock.now()
-        effects = _Effects()
+        effects = Effects()
 
         def body(txn: Txn) -> Meta:
             meta = self._load_meta(txn)
-            meta.restarts += message.restarts
-            if meta.running and meta.current is not None:
-                meta.running = False
-                meta.started_at = None
-                try:
-                    record = self._ns.get_event(txn, meta.current)
-                except DamagedRecordError as damage:
-                    self._set_aside(txn, meta, damage, now, effects)
-                    record = None
-                if record is not None:
-                    crash = DopoolError(f"instance crashed during attempt {meta.attempt}")
-                    self._fail(txn, meta, meta.current, record, crash, now, effects)
-            for oseq, entry in list(self._ns.iter_outbox(txn)):
-                if isinstance(entry, DamagedRecordError):
-                    # Its target is unknown: it cannot be delivered, only reported.
-                    logger.error("instance %s: follow-up %d dropped: %s", self._id, oseq, entry)
-                    self._ns.delete_outbox(txn, oseq)
-                    meta.outbox -= 1
-                else:
-                    effects.deliveries.append((oseq, entry))
-            self._rearm(meta, now)
+            self._machine.recover(txn, meta, message.restarts, now, effects)
             self._save_meta(txn, meta)
             return meta
 
@@ -785,7 +522,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         self._mailbox.recovered()
         if message.restarts:
             self._mailbox.restarts_recorded(message.restarts)
-            effects.events.insert(0, self._event("recovered", now))
+            effects.events.insert(0, self._machine.event("recovered", now))
         self._publish(meta, effects)
         if message.reply is not None:
             message.reply.set(None)
@@ -799,15 +536,12 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
 
     def _set_paused(self, paused: bool, message: Pause | Resume) -> None:
         now = self._clock.now()
-        effects = _Effects()
+        effects = Effects()
 
         def body(txn: Txn) -> Meta:
             meta = self._load_meta(txn)
-            if meta.paused != paused:
-                meta.paused = paused
-                self._rearm(meta, now)
+            if self._machine.set_paused(meta, paused, now, effects):
                 self._save_meta(txn, meta)
-                effects.events.append(self._event("paused" if paused else "resumed", now))
             return meta
 
         meta = self._transact(body)
@@ -816,23 +550,12 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
 
     def _on_drain(self, message: Drain) -> None:
         now = self._clock.now()
-        effects = _Effects()
+        effects = Effects()
 
         def body(txn: Txn) -> tuple[Meta, int]:
             meta = self._load_meta(txn)
-            removed = self._ns.delete_events(txn)
-            meta.drained += meta.pending
-            count = meta.pending
-            meta.pending = 0
-            meta.priorities = {}
-            meta.current = None
-            meta.attempt = 0
-            meta.retry_at = None
-            self._rearm(meta, now)
+            count = self._machine.drain(txn, meta, now, effects)
             self._save_meta(txn, meta)
-            if removed != count:
-                raise StorageError(f"instance {self._id}: {count} pending but {removed} keys")
-            effects.events.append(self._event("drained", now))
             return meta, count
 
         meta, count = self._transact(body)
@@ -841,26 +564,13 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
 
     def _on_redrive(self, message: Redrive) -> None:
         now = self._clock.now()
-        effects = _Effects()
+        effects = Effects()
 
         def body(txn: Txn) -> tuple[Meta, int]:
             meta = self._load_meta(txn)
-            wanted = message.sequences
-            chosen = [  # a damaged one stays where it is, to be inspected and purged
-                sequence
-                for sequence, dead in self._ns.iter_dead_letters(txn)
-                if (wanted is None or sequence in wanted) and not dead.damaged
-            ]
-            items = []
-            for sequence in chosen:
-                dead = self._ns.pop_dead_letter(txn, sequence)
-                assert dead is not None
-                items.append(Item(dead.event, dead.partition_key, dead.priority))
-            meta.dead_letters -= len(items)
-            self._append(txn, meta, tuple(items), now, effects)
-            self._rearm(meta, now)
+            count = self._machine.redrive(txn, meta, message.sequences, now, effects)
             self._save_meta(txn, meta)
-            return meta, len(items)
+            return meta, count
 
         meta, count = self._transact(body)
         self._publish(meta, effects)
@@ -869,8 +579,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
     def _on_purge(self, message: Purge) -> None:
         def body(txn: Txn) -> int:
             meta = self._load_meta(txn)
-            count = self._ns.delete_dead_letters(txn)
-            meta.dead_letters = 0
+            count = self._machine.purge(txn, meta)
             self._save_meta(txn, meta)
             return count
 
@@ -887,17 +596,13 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         source's outbox to be resent, rather than being taken for a duplicate.
         """
         now = self._clock.now()
-        effects = _Effects()
+        effects = Effects()
         record = message.record
 
         def body(txn: Txn) -> tuple[Meta, int]:
             meta = self._load_meta(txn)
-            expected = self._ns.last_delivered(txn, message.source) + 1
+            expected = self._machine.deliver(txn, meta, message.source, record, now, effects)
             if record.link == expected:
-                item = Item(record.event, record.partition_key, record.priority)
-                self._append(txn, meta, (item,), now, effects)
-                self._ns.set_delivered(txn, message.source, record.link)
-                self._rearm(meta, now)
                 self._save_meta(txn, meta)
             return meta, expected
 
@@ -918,7 +623,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
 
     def _on_delivered(self, message: Delivered) -> None:
         def body(txn: Txn) -> None:
-            if self._ns.delete_outbox(txn, message.oseq):
+            if self._machine.delivered(txn, message.oseq):
                 meta = self._load_meta(txn)
                 meta.outbox -= 1
                 self._save_meta(txn, meta)
@@ -952,7 +657,7 @@ class DirectEnqueue(_Instance):
                 return None
             reply = Reply()
             self._taken = [Enqueue(items, reply)]
-            effects = _Effects()
+            effects = Effects()
             try:
                 meta, started = self._transact(self._enqueue_body(effects, mailbox.idle))
             except _Crash as crash:

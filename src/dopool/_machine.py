@@ -1,0 +1,486 @@
+"""The queue machine of one instance: every transition of its stored state, and nothing else.
+
+A transition takes the instance's meta record, its namespace inside one open
+write transaction, and the time; it writes what changes and records in
+:class:`Effects` what must be published once the transaction has committed
+(events, dead letters, follow-ups to deliver, answers to enqueues). It never
+commits, publishes, sleeps or talks to another actor: the actor shell
+(:mod:`dopool._instance`) loads and saves the meta, commits, and publishes. So
+each transition can be driven directly by a test, on a store, in microseconds.
+
+The guarantees these transitions keep are in docs/guarantees.md: order and
+priority (guarantee 3), counters (guarantee 4), and what a crash counts as.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from dopool._errors import (
+    DamagedRecordError,
+    DopoolError,
+    PermanentError,
+    QueueFullError,
+    RetryAfter,
+    StorageError,
+)
+from dopool._messages import Item
+from dopool._options import PoolOptions
+from dopool._records import DeadRecord, EventRecord, Meta, OutboxRecord
+from dopool._retry import uniform_draw
+from dopool._storage import Namespace, Txn, queue_key_priority, queue_key_sequence
+from dopool._types import DeadLetter, EnqueueResult, EventKind, PoolEvent
+from dopool.chaos import FaultInjector
+
+logger = logging.getLogger("dopool")
+
+ALARM_RETRY_FIRST = 2.0  # seconds before a failed alarm delivery is retried; doubles
+ALARM_RETRY_MAX = 60.0
+
+# What a transition that started an attempt hands to the code that executes it.
+Started = tuple[bytes, EventRecord, int, float]  # queue key, record, attempt, started_at
+# Called at each fault point inside a transition: raises to crash the instance there.
+FaultPoint = Callable[[str, str], None]
+
+
+class Effects:
+    """What a committed transaction must tell the world, in order."""
+
+    __slots__ = ("answers", "dead", "deliveries", "empty", "events")
+
+    def __init__(self) -> None:
+        # (token, answer) per batch accept() took: its results, or why it was refused
+        self.answers: list[tuple[Any, list[EnqueueResult] | DopoolError]] = []
+        self.events: list[PoolEvent] = []
+        self.dead: list[DeadLetter] = []
+        self.deliveries: list[tuple[int, OutboxRecord]] = []
+        self.empty = False  # the last pending event was processed
+
+
+class QueueMachine:
+    """The transitions of one instance's queue (see the module docstring).
+
+    Args:
+        pool, index: whose queue.
+        options: the pool's options (retry policy, queue depth).
+        seed: the runtime's seed, for retry jitter.
+        route: the pool's router: the instance a follow-up's partition key picks.
+        faults: this instance's fault injector (alarm delivery failures).
+        fault_point: crashes the instance at a named point, if it must.
+        listening: whether anyone takes events (if not, the hot path makes none).
+        dead_letter: turns a dead letter as stored into the public record.
+    """
+
+    __slots__ = (
+        "_dead_letter",
+        "_fault_point",
+        "_faults",
+        "_id",
+        "_index",
+        "_listening",
+        "_ns",
+        "_options",
+        "_pool",
+        "_route",
+        "_seed",
+    )
+
+    def __init__(
+        self,
+        *,
+        pool: str,
+        index: int,
+        options: PoolOptions,
+        seed: int | str | None,
+        route: Callable[[str | None], int],
+        faults: FaultInjector,
+        fault_point: FaultPoint,
+        listening: Callable[[], bool],
+        dead_letter: Callable[[int, int, DeadRecord], DeadLetter],
+    ) -> None:
+        self._pool = pool
+        self._index = index
+        self._id = f"{pool}:{index}"
+        self._options = options
+        self._seed = seed
+        self._route = route
+        self._faults = faults
+        self._fault_point = fault_point
+        self._listening = listening
+        self._dead_letter = dead_letter
+        self._ns = Namespace(pool, index)
+
+    @property
+    def namespace(self) -> Namespace:
+        return self._ns
+
+    # -- enqueue -----------------------------------------------------------------
+    def accept(
+        self,
+        txn: Txn,
+        meta: Meta,
+        batches: Iterable[tuple[Any, tuple[Item, ...]]],
+        now: float,
+        fx: Effects,
+    ) -> None:
+        """Append each batch that fits; ``fx.answers`` gets ``(token, answer)`` for each.
+
+        ``token`` is the caller's (its message). A batch is all or nothing: one
+        that would pass ``max_queue_depth`` is refused alone (its answer is the
+        :class:`QueueFullError`).
+        """
+        limit = self._options.max_queue_depth
+        for token, items in batches:
+            incoming = len(items)
+            if limit is not None and meta.pending + incoming > limit:
+                full = QueueFullError(
+                    pool=self._pool,
+                    instance_index=self._index,
+                    depth=meta.pending,
+                    max_depth=limit,
+                    incoming=incoming,
+                )
+                fx.answers.append((token, full))
+                continue
+            fx.answers.append((token, self.append(txn, meta, items, now, fx)))
+            self._fault_point("enqueue", "crash_during_enqueue")
+
+    def append(
+        self, txn: Txn, meta: Meta, items: tuple[Item, ...], now: float, fx: Effects
+    ) -> list[EnqueueResult]:
+        """Store ``items`` as new pending events, in order; their results."""
+        results = []
+        listening = self._listening()
+        ns, index, ident, counts = self._ns, self._index, self._id, meta.priorities
+        previous: int | None = None
+        position = 0
+        for item in items:
+            priority = item.priority
+            if priority == previous:
+                position += 1  # right behind the one before, of the same priority
+            else:
+                position = _position(meta, priority)
+                previous = priority
+            sequence = meta.tail
+            meta.tail = sequence + 1
+            record = (item.event, now, item.partition_key, priority)  # an EventRecord's fields
+            ns.put_event(txn, ns.queue_key(priority, sequence), record)
+            counts[priority] = counts.get(priority, 0) + 1
+            results.append(EnqueueResult(sequence, index, ident, position))
+            if listening:
+                fx.events.append(self.event("enqueued", now, sequence))
+        meta.pending += len(items)
+        meta.enqueued += len(items)
+        return results
+
+    # -- the alarm and the start of an attempt --------------------------------------
+    def take_alarm(self, txn: Txn, meta: Meta, now: float, fx: Effects) -> Started | None:
+        """Act on the alarm slot if it is due: start the next attempt, if there is one.
+
+        A stale or early alarm is harmless. A delivery that fails (``alarm_error``)
+        does nothing but set a retry of the alarm after a backoff: never dropped.
+        """
+        if meta.alarm is None or meta.alarm > now or meta.running:
+            return None
+        if self._faults.armed and self._faults.fires("alarm_error"):
+            meta.alarm_failures += 1
+            backoff = min(ALARM_RETRY_FIRST * 2 ** (meta.alarm_failures - 1), ALARM_RETRY_MAX)
+            meta.alarm = now + backoff
+            return None
+        meta.alarm_failures = 0
+        return self._start_attempt(txn, meta, now, fx)
+
+    def _start_attempt(self, txn: Txn, meta: Meta, now: float, fx: Effects) -> Started | None:
+        """Consume the alarm and, if there is work, record the next attempt's start.
+
+        A damaged event record met on the way is dead-lettered, never started.
+        """
+        meta.alarm = None
+        if meta.paused or meta.pending == 0:
+            return None
+        if meta.current is not None and meta.retry_at is not None and meta.retry_at > now:
+            meta.alarm = meta.retry_at  # never run a retry early
+            return None
+        while True:
+            try:
+                if meta.current is None:
+                    first = self._ns.first_event(txn)
+                    key, record = (None, None) if first is None else first
+                else:
+                    key = meta.current
+                    record = self._ns.get_event(txn, key)
+                break
+            except DamagedRecordError as damage:
+                self._set_aside(txn, meta, damage, now, fx)
+                if meta.pending == 0:
+                    return None
+        if key is None or record is None:
+            raise StorageError(f"instance {self._id}: {meta.pending} pending but no event key")
+        meta.current = key
+        meta.attempt += 1
+        meta.running = True
+        meta.retry_at = None
+        meta.started_at = now
+        return key, record, meta.attempt, now
+
+    def rearm(self, meta: Meta, now: float) -> None:
+        """Point the alarm slot where the committed state needs it."""
+        if meta.paused or meta.pending == 0:
+            meta.alarm = None
+            meta.alarm_failures = 0
+            return
+        if meta.current is not None and meta.retry_at is not None:
+            due = meta.retry_at  # a retry's backoff is never shortened
+        elif meta.alarm is not None and meta.alarm <= now:
+            due = meta.alarm  # already due: keep it
+        else:
+            due = now
+        if meta.alarm_failures and meta.alarm is not None:
+            due = max(due, meta.alarm)  # nor is a failing alarm's backoff
+        meta.alarm = due
+
+    # -- outcomes ----------------------------------------------------------------------
+    def finish_attempt(self, meta: Meta) -> None:
+        """The started attempt has an outcome now: it is no longer running."""
+        meta.running = False
+        meta.started_at = None
+
+    def succeed(
+        self,
+        txn: Txn,
+        meta: Meta,
+        key: bytes,
+        attempt: int,
+        follow_ups: list[Item],
+        now: float,
+        fx: Effects,
+    ) -> None:
+        """The current event succeeded: remove it, and store its follow-ups."""
+        sequence = queue_key_sequence(key)
+        self._remove_current(txn, meta, key)
+        meta.succeeded += 1
+        if self._listening():
+            fx.events.append(self.event("succeeded", now, sequence, attempt))
+        for item in follow_ups:
+            target = self._route(item.partition_key)
+            if target == self._index:
+                self.append(txn, meta, (item,), now, fx)
+                continue
+            # Another instance's queue is its own: park the follow-up in our outbox,
+            # committed with this outcome, and deliver it after the commit.
+            oseq = meta.outbox_next
+            meta.outbox_next += 1
+            meta.outbox += 1
+            link = meta.links.get(target, 0)
+            meta.links[target] = link + 1
+            record = OutboxRecord(target, link, item.event, now, item.partition_key, item.priority)
+            self._ns.put_outbox(txn, oseq, record)
+            fx.deliveries.append((oseq, record))
+        fx.empty = meta.pending == 0
+
+    def fail(
+        self,
+        txn: Txn,
+        meta: Meta,
+        key: bytes,
+        record: EventRecord,
+        failure: BaseException,
+        now: float,
+        fx: Effects,
+    ) -> None:
+        """Settle a failed attempt of the current event: schedule a retry or dead-letter it."""
+        sequence = queue_key_sequence(key)
+        error = f"{type(failure).__name__}: {failure}"
+        attempt = meta.attempt
+        options = self._options
+        if not isinstance(failure, PermanentError) and attempt < options.max_attempts:
+            if isinstance(failure, RetryAfter):
+                delay = failure.seconds
+            else:
+                assert options.retry is not None  # max_attempts > 1 implies a policy
+                draw = uniform_draw(self._seed, self._pool, self._index, sequence, attempt)
+                delay = options.retry.delay(attempt, draw)
+            meta.retry_at = now + delay
+            fx.events.append(self.event("retry_scheduled", now, sequence, attempt, error))
+            return
+        dead = DeadRecord(
+            record.event,
+            error,
+            attempt,
+            record.enqueued_at,
+            now,
+            record.partition_key,
+            record.priority,
+        )
+        self._bury(txn, meta, key, sequence, dead, now, fx)
+
+    def _set_aside(
+        self, txn: Txn, meta: Meta, damage: DamagedRecordError, now: float, fx: Effects
+    ) -> None:
+        """Dead-letter a pending event whose record is damaged, without decoding it.
+
+        The dead letter keeps the record's bytes as found and is marked
+        ``damaged``, so it is reported and never redriven.
+        """
+        key = damage.key
+        sequence = queue_key_sequence(key)
+        attempts = meta.attempt if meta.current == key else 0
+        error = f"DamagedRecordError: {damage.reason}"
+        priority = queue_key_priority(key)
+        dead = DeadRecord(damage.value, error, attempts, now, now, None, priority, True)
+        logger.error("instance %s: event %d dead-lettered: %s", self._id, sequence, error)
+        self._bury(txn, meta, key, sequence, dead, now, fx)
+
+    def _bury(
+        self,
+        txn: Txn,
+        meta: Meta,
+        key: bytes,
+        sequence: int,
+        dead: DeadRecord,
+        now: float,
+        fx: Effects,
+    ) -> None:
+        """Move the event at ``key`` to the dead letters, in this transaction."""
+        self._ns.put_dead_letter(txn, sequence, dead)
+        meta.dead_letters += 1
+        meta.dead_lettered += 1
+        self._remove_current(txn, meta, key)
+        fx.events.append(self.event("dead_lettered", now, sequence, dead.attempts, dead.error))
+        fx.dead.append(self._dead_letter(self._index, sequence, dead))
+        fx.empty = meta.pending == 0
+
+    def _remove_current(self, txn: Txn, meta: Meta, key: bytes) -> None:
+        self._ns.delete_event(txn, key)
+        priority = queue_key_priority(key)
+        remaining = meta.priorities[priority] - 1
+        if remaining:
+            meta.priorities[priority] = remaining
+        else:
+            del meta.priorities[priority]
+        meta.pending -= 1
+        meta.current = None
+        meta.attempt = 0
+        meta.retry_at = None
+
+    # -- recovery ----------------------------------------------------------------------
+    def recover(self, txn: Txn, meta: Meta, restarts: int, now: float, fx: Effects) -> None:
+        """After a restart: count the interrupted attempt as failed, resend the outbox."""
+        meta.restarts += restarts
+        if meta.running and meta.current is not None:
+            self.finish_attempt(meta)
+            try:
+                record = self._ns.get_event(txn, meta.current)
+            except DamagedRecordError as damage:
+                self._set_aside(txn, meta, damage, now, fx)
+                record = None
+            if record is not None:
+                crash = DopoolError(f"instance crashed during attempt {meta.attempt}")
+                self.fail(txn, meta, meta.current, record, crash, now, fx)
+        for oseq, entry in list(self._ns.iter_outbox(txn)):
+            if isinstance(entry, DamagedRecordError):
+                # Its target is unknown: it cannot be delivered, only reported.
+                logger.error("instance %s: follow-up %d dropped: %s", self._id, oseq, entry)
+                self._ns.delete_outbox(txn, oseq)
+                meta.outbox -= 1
+            else:
+                fx.deliveries.append((oseq, entry))
+        self.rearm(meta, now)
+
+    # -- control ------------------------------------------------------------------------
+    def set_paused(self, meta: Meta, paused: bool, now: float, fx: Effects) -> bool:
+        """Pause or resume; whether that changed anything (and so must be saved)."""
+        if meta.paused == paused:
+            return False
+        meta.paused = paused
+        self.rearm(meta, now)
+        fx.events.append(self.event("paused" if paused else "resumed", now))
+        return True
+
+    def drain(self, txn: Txn, meta: Meta, now: float, fx: Effects) -> int:
+        """Remove every pending event; how many. Counters, paused and dead letters stay."""
+        removed = self._ns.delete_events(txn)
+        count = meta.pending
+        meta.drained += count
+        meta.pending = 0
+        meta.priorities = {}
+        meta.current = None
+        meta.attempt = 0
+        meta.retry_at = None
+        self.rearm(meta, now)
+        if removed != count:
+            raise StorageError(f"instance {self._id}: {count} pending but {removed} keys")
+        fx.events.append(self.event("drained", now))
+        return count
+
+    def redrive(
+        self, txn: Txn, meta: Meta, wanted: frozenset[int] | None, now: float, fx: Effects
+    ) -> int:
+        """Re-enqueue dead letters (those ``wanted``, or all) as new events; how many."""
+        chosen = [  # a damaged one stays where it is, to be inspected and purged
+            sequence
+            for sequence, dead in self._ns.iter_dead_letters(txn)
+            if (wanted is None or sequence in wanted) and not dead.damaged
+        ]
+        items = []
+        for sequence in chosen:
+            dead = self._ns.pop_dead_letter(txn, sequence)
+            assert dead is not None
+            items.append(Item(dead.event, dead.partition_key, dead.priority))
+        meta.dead_letters -= len(items)
+        self.append(txn, meta, tuple(items), now, fx)
+        self.rearm(meta, now)
+        return len(items)
+
+    def purge(self, txn: Txn, meta: Meta) -> int:
+        """Delete every dead letter; how many. No counter changes."""
+        count = self._ns.delete_dead_letters(txn)
+        meta.dead_letters = 0
+        return count
+
+    # -- follow-ups between instances ------------------------------------------------------
+    def deliver(
+        self, txn: Txn, meta: Meta, source: int, record: OutboxRecord, now: float, fx: Effects
+    ) -> int:
+        """Accept follow-up ``record.link`` from ``source`` if it is the next one.
+
+        Returns the link expected. Links from one source arrive in order, so an
+        older one is a resent duplicate (ignored) and a newer one means an
+        earlier one went missing (not stored: it stays in the source's outbox).
+        """
+        expected = self._ns.last_delivered(txn, source) + 1
+        if record.link == expected:
+            item = Item(record.event, record.partition_key, record.priority)
+            self.append(txn, meta, (item,), now, fx)
+            self._ns.set_delivered(txn, source, record.link)
+            self.rearm(meta, now)
+        return expected
+
+    def delivered(self, txn: Txn, oseq: int) -> bool:
+        """The target has follow-up ``oseq``: drop it from the outbox; whether it was there."""
+        return self._ns.delete_outbox(txn, oseq)
+
+    # -- records --------------------------------------------------------------------------
+    def event(
+        self,
+        kind: EventKind,
+        time: float,
+        sequence: int | None = None,
+        attempt: int | None = None,
+        error: str | None = None,
+    ) -> PoolEvent:
+        """A :class:`PoolEvent` of this instance."""
+        return PoolEvent(kind, self._pool, self._index, sequence, attempt, time, error)
+
+
+def _position(meta: Meta, priority: int) -> int:
+    """How many pending events will run before a new one of ``priority``."""
+    counts = meta.priorities
+    if len(counts) == 1 and priority in counts:
+        return counts[priority]  # all pending are of this level, the started one too
+    ahead = sum(count for level, count in counts.items() if level >= priority)
+    if meta.current is not None and queue_key_priority(meta.current) < priority:
+        ahead += 1  # the started event keeps its place whatever its priority
+    return ahead
