@@ -1,0 +1,293 @@
+"""The queue machine on its own: each transition driven directly, on a store, no actors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dopool import PermanentError, RetryAfter, RetryPolicy
+from dopool._errors import QueueFullError
+from dopool._instance import dead_letter_from_record
+from dopool._machine import ALARM_RETRY_MAX, Effects, QueueMachine
+from dopool._messages import Item
+from dopool._options import PoolOptions
+from dopool._records import Meta, OutboxRecord, pack, seal_event
+from dopool._storage import Store, Txn
+from dopool.chaos import FaultInjector, FaultPlan
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    store = Store(tmp_path / "store", durability="async")
+    yield store
+    store.close()
+
+
+class Rig:
+    """A machine for instance 0 of pool ``p``, its meta, and a transaction per step."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        route: Callable[[str | None], int] = lambda key: 0,
+        plan: FaultPlan | None = None,
+        **options: Any,
+    ) -> None:
+        self.store = store
+        self.points: list[str] = []
+        self.machine = QueueMachine(
+            pool="p",
+            index=0,
+            options=PoolOptions(execute=lambda ctx: None, **options),
+            seed=0,
+            route=route,
+            faults=FaultInjector(plan, "p", 0),
+            fault_point=lambda point, fault: self.points.append(point),
+            listening=lambda: True,
+            dead_letter=dead_letter_from_record,
+        )
+        self.meta = Meta()
+
+    def step(self, transition: Callable[[Txn, Meta, Effects], Any]) -> tuple[Any, Effects]:
+        """Run one transition in one committed transaction; (its result, its effects)."""
+        fx = Effects()
+        with self.store.write() as txn:
+            result = transition(txn, self.meta, fx)
+            self.machine.namespace.save_meta(txn, self.meta)
+        return result, fx
+
+    def enqueue(self, *events: Any, priority: int = 0, now: float = 0.0) -> Any:
+        items = tuple(Item(pack(event), None, priority) for event in events)
+        _, fx = self.step(
+            lambda txn, meta, fx: self.machine.accept(txn, meta, [("t", items)], now, fx)
+        )
+        [(token, answer)] = fx.answers
+        assert token == "t"
+        return answer
+
+    def start(self, now: float) -> Any:
+        started, _ = self.step(lambda txn, meta, fx: self.machine.take_alarm(txn, meta, now, fx))
+        return started
+
+    def fail(self, failure: BaseException, now: float) -> Effects:
+        key = self.meta.current
+        assert key is not None
+
+        def failed(txn: Txn, meta: Meta, fx: Effects) -> None:
+            record = self.machine.namespace.get_event(txn, key)
+            assert record is not None
+            self.machine.finish_attempt(meta)
+            self.machine.fail(txn, meta, key, record, failure, now, fx)
+            self.machine.rearm(meta, now)
+
+        return self.step(failed)[1]
+
+    def succeed(self, now: float, follow_ups: list[Item] | None = None) -> Effects:
+        key = self.meta.current
+        assert key is not None
+
+        def done(txn: Txn, meta: Meta, fx: Effects) -> None:
+            self.machine.finish_attempt(meta)
+            self.machine.succeed(txn, meta, key, meta.attempt, follow_ups or [], now, fx)
+            self.machine.rearm(meta, now)
+
+        return self.step(done)[1]
+
+    def balanced(self) -> bool:
+        """Guarantee 4 (docs/guarantees.md): the counters add up and match the keys."""
+        meta = self.meta
+        with self.store.read() as txn:
+            keys = self.machine.namespace.count_keys(txn, b"q")
+            letters = self.machine.namespace.count_keys(txn, b"d")
+        settled = meta.succeeded + meta.dead_lettered + meta.drained + meta.pending
+        return meta.enqueued == settled and keys == meta.pending and letters == meta.dead_letters
+
+
+def kinds(fx: Effects) -> list[str]:
+    return [event.kind for event in fx.events]
+
+
+def test_accept_numbers_events_and_counts_positions_by_priority(store: Store) -> None:
+    rig = Rig(store)
+    first = rig.enqueue("a", "b")
+    urgent = rig.enqueue("c", priority=5)
+    late = rig.enqueue("d", priority=-1)
+    assert [(r.sequence, r.position) for r in first] == [(0, 0), (1, 1)]
+    assert [(r.sequence, r.position) for r in urgent + late] == [(2, 0), (3, 3)]
+    assert rig.meta.priorities == {0: 2, 5: 1, -1: 1}
+    assert rig.points == ["enqueue"] * 3  # a fault point after each batch
+    assert rig.balanced()
+
+
+def test_a_batch_over_the_depth_limit_is_refused_whole(store: Store) -> None:
+    rig = Rig(store, max_queue_depth=2)
+    rig.enqueue("a")
+    refused = rig.enqueue("b", "c")
+    assert isinstance(refused, QueueFullError)
+    assert (refused.depth, refused.incoming) == (1, 2)
+    assert rig.meta.pending == 1
+    assert rig.balanced()
+
+
+def test_an_alarm_starts_the_highest_priority_event_and_a_second_is_stale(store: Store) -> None:
+    rig = Rig(store)
+    rig.enqueue("low")
+    rig.enqueue("high", priority=9)
+    meta = rig.meta
+    rig.machine.rearm(meta, 0.0)
+    due = meta.alarm
+    key, record, attempt, started_at = rig.start(now=1.0)
+    assert (due, record.event, attempt, started_at) == (0.0, pack("high"), 1, 1.0)
+    assert (meta.running, meta.current, meta.alarm) == (True, key, None)
+    assert rig.start(now=1.0) is None  # nothing is due while an attempt runs
+
+
+def test_a_paused_instance_starts_nothing_and_its_alarm_is_cleared(store: Store) -> None:
+    rig = Rig(store)
+    rig.enqueue("a")
+    fx = Effects()
+    assert rig.machine.set_paused(rig.meta, True, 0.0, fx)
+    assert not rig.machine.set_paused(rig.meta, True, 0.0, fx)
+    assert (kinds(fx), rig.meta.alarm) == (["paused"], None)
+    assert rig.start(now=0.0) is None
+
+
+def test_retries_follow_the_policy_then_the_event_is_dead_lettered(store: Store) -> None:
+    rig = Rig(store, retry=RetryPolicy(max_attempts=3, initial_delay=2, jitter=0))
+    rig.enqueue("flaky")
+    rig.machine.rearm(rig.meta, 0.0)
+    rig.start(now=0.0)
+    assert kinds(rig.fail(ValueError("boom"), now=1.0)) == ["retry_scheduled"]
+    assert (rig.meta.retry_at, rig.meta.alarm) == (3.0, 3.0)
+    assert rig.start(now=2.9) is None  # never early
+    rig.start(now=3.0)
+    rig.fail(ValueError("boom"), now=3.0)
+    assert rig.meta.retry_at == 7.0  # 2 * 2
+    rig.start(now=7.0)
+    fx = rig.fail(ValueError("boom"), now=7.0)
+    assert (kinds(fx), fx.empty) == (["dead_lettered"], True)
+    [dead] = fx.dead
+    assert (dead.event, dead.attempts, dead.error) == ("flaky", 3, "ValueError: boom")
+    assert (rig.meta.pending, rig.meta.dead_lettered, rig.meta.current) == (0, 1, None)
+    assert rig.balanced()
+
+
+def test_permanent_errors_and_retry_after(store: Store) -> None:
+    rig = Rig(store, retry=RetryPolicy(max_attempts=5))
+    rig.enqueue("a", "b")
+    rig.machine.rearm(rig.meta, 0.0)
+    rig.start(now=0.0)
+    rig.fail(RetryAfter(4.5), now=1.0)
+    assert rig.meta.retry_at == 5.5
+    rig.start(now=5.5)
+    fx = rig.fail(PermanentError("no"), now=6.0)
+    assert [dead.attempts for dead in fx.dead] == [2]
+    assert rig.balanced()
+
+
+def test_success_stores_follow_ups_here_or_in_the_outbox(store: Store) -> None:
+    rig = Rig(store, route=lambda key: 0 if key is None else 3)
+    rig.enqueue("parent")
+    rig.machine.rearm(rig.meta, 0.0)
+    rig.start(now=0.0)
+    here, there = Item(pack("here"), None, 0), Item(pack("there"), "k", 2)
+    fx = rig.succeed(now=1.0, follow_ups=[here, there])
+    assert kinds(fx) == ["succeeded", "enqueued"]
+    [(oseq, record)] = fx.deliveries
+    assert (oseq, record.target, record.link, record.event) == (0, 3, 0, pack("there"))
+    assert (rig.meta.pending, rig.meta.outbox, rig.meta.links) == (1, 1, {3: 1})
+    assert not fx.empty
+    assert rig.balanced()
+
+
+def test_recovery_counts_the_interrupted_attempt_and_resends_the_outbox(store: Store) -> None:
+    rig = Rig(store)  # no retry policy: the interrupted attempt dead-letters the event
+    rig.enqueue("a")
+    rig.machine.rearm(rig.meta, 0.0)
+    rig.start(now=0.0)
+    record = OutboxRecord(1, 0, pack("x"), 0.0, None, 0)
+    rig.step(lambda txn, meta, fx: rig.machine.namespace.put_outbox(txn, 4, record))
+    _, fx = rig.step(lambda txn, meta, fx: rig.machine.recover(txn, meta, 1, 2.0, fx))
+    assert kinds(fx) == ["dead_lettered"]
+    assert fx.dead[0].error == "DopoolError: instance crashed during attempt 1"
+    assert fx.deliveries == [(4, record)]
+    assert (rig.meta.restarts, rig.meta.running) == (1, False)
+
+
+def test_recovery_dead_letters_a_damaged_started_event_unread(store: Store) -> None:
+    rig = Rig(store, retry=RetryPolicy(max_attempts=3))
+    rig.enqueue("a")
+    rig.machine.rearm(rig.meta, 0.0)
+    key, *_ = rig.start(now=0.0)
+    rig.step(lambda txn, meta, fx: txn.put(key, b"damaged bytes"))
+    _, fx = rig.step(lambda txn, meta, fx: rig.machine.recover(txn, meta, 1, 2.0, fx))
+    [dead] = fx.dead
+    assert (dead.damaged, dead.event, dead.attempts) == (True, b"damaged bytes", 1)
+    assert rig.balanced()
+
+
+def test_a_failing_alarm_backs_off_doubling_and_capped_and_is_never_dropped(
+    store: Store,
+) -> None:
+    rig = Rig(store, plan=FaultPlan(alarm_error=1.0))
+    rig.enqueue("a")
+    rig.machine.rearm(rig.meta, 0.0)
+    now, gaps = 0.0, []
+    for _ in range(8):
+        assert rig.start(now=now) is None
+        assert rig.meta.alarm is not None
+        gaps.append(rig.meta.alarm - now)
+        now = rig.meta.alarm
+    assert gaps == [2.0, 4.0, 8.0, 16.0, 32.0, ALARM_RETRY_MAX, ALARM_RETRY_MAX, ALARM_RETRY_MAX]
+    rig.machine.rearm(rig.meta, now - 1)  # a rearm keeps the failing alarm's backoff
+    assert rig.meta.alarm == now
+
+
+def test_drain_redrive_and_purge(store: Store) -> None:
+    rig = Rig(store)
+    rig.enqueue("a", "b", "c")
+    rig.machine.rearm(rig.meta, 0.0)
+    rig.start(now=0.0)
+    rig.fail(ValueError("x"), now=0.0)  # "a" dead-lettered
+    count, fx = rig.step(lambda txn, meta, fx: rig.machine.drain(txn, meta, 1.0, fx))
+    assert (count, kinds(fx), rig.meta.drained, rig.meta.alarm) == (2, ["drained"], 2, None)
+    count, fx = rig.step(lambda txn, meta, fx: rig.machine.redrive(txn, meta, None, 2.0, fx))
+    assert (count, rig.meta.pending, rig.meta.dead_letters, rig.meta.tail) == (1, 1, 0, 4)
+    assert rig.balanced()
+    rig.start(now=2.0)
+    rig.fail(ValueError("x"), now=2.0)
+    purged, _ = rig.step(lambda txn, meta, fx: rig.machine.purge(txn, meta))
+    assert (purged, rig.meta.dead_letters, rig.meta.dead_lettered) == (1, 0, 2)
+
+
+def test_deliveries_are_taken_once_in_link_order(store: Store) -> None:
+    rig = Rig(store)
+
+    def deliver(link: int) -> int:
+        record = OutboxRecord(0, link, pack(link), 0.0, None, 0)
+        expected, _ = rig.step(
+            lambda txn, meta, fx: rig.machine.deliver(txn, meta, 7, record, 0.0, fx)
+        )
+        return int(expected)
+
+    assert [deliver(0), deliver(0), deliver(2), deliver(1)] == [0, 1, 1, 1]
+    assert rig.meta.pending == 2  # links 0 and 1; the duplicate and the early 2 are not stored
+    assert rig.balanced()
+
+
+def test_the_first_damaged_event_is_set_aside_and_the_next_one_starts(store: Store) -> None:
+    rig = Rig(store)
+    rig.enqueue("a", "b")
+    first = rig.machine.namespace.queue_key(0, 0)
+    rig.step(lambda txn, meta, fx: txn.put(first, seal_event(b"elsewhere", ("x", 0.0, None, 0))))
+    rig.machine.rearm(rig.meta, 0.0)
+    fx = Effects()
+    with store.write() as txn:
+        started = rig.machine.take_alarm(txn, rig.meta, 0.0, fx)
+    assert started is not None
+    assert started[1].event == pack("b")
+    assert [(dead.sequence, dead.damaged) for dead in fx.dead] == [(0, True)]
