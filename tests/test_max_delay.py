@@ -24,7 +24,7 @@ from dopool import (
     Runtime,
     SimulatedClock,
 )
-from dopool._retry import MAX_DELAY
+from dopool._errors import MAX_DELAY
 
 WAIT = 10.0  # wall seconds any single wait may take before the test fails
 

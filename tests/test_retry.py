@@ -13,7 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dopool import ConfigurationError, RetryPolicy
-from dopool._retry import MAX_DELAY, uniform_draw
+from dopool._errors import MAX_DELAY
+from dopool._retry import uniform_draw
 
 # -- construction ------------------------------------------------------------
 

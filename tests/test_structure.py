@@ -38,3 +38,53 @@ def test_only_the_real_clock_reads_or_waits_on_wall_time() -> None:
             if isinstance(node, ast.Attribute) and ast.unparse(node) in ("time.time", "time.sleep"):
                 offenders.append(f"{path.relative_to(SRC)}:{node.lineno}")
     assert offenders == []
+
+
+def _imports(path: Path) -> set[str]:
+    """The dopool modules ``path`` imports, at any depth, but not for type checking only."""
+    tree = ast.parse(path.read_text(), str(path))
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(child) for stmt in node.body for child in ast.walk(stmt))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dopool"):
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("dopool"))
+    return found
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_import_cycle_between_the_modules() -> None:
+    """Each module may import only what does not import it back, however indirectly."""
+    names = {_module_name(path): path for path in modules()}
+    graph = {
+        name: {target for target in _imports(path) if target in names and target != name}
+        for name, path in names.items()
+        if name != "dopool"  # the package re-exports everything: the root, not part of a cycle
+    }
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(graph.get(name, ())):
+            if state.get(target) == 1:
+                cycles.append(" -> ".join([*path[path.index(target) :], target]))
+            elif target not in state:
+                visit(target, [*path, target])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []

@@ -192,6 +192,11 @@ class PermanentError(DopoolError):
     """Raise from a handler to dead-letter the current event without retrying it."""
 
 
+#: The longest delay before a retry, in seconds (365 days): a ``RetryPolicy`` may
+#: not ask for more, and ``RetryAfter`` is clamped to it.
+MAX_DELAY = 365 * 24 * 3600.0
+
+
 class RetryAfter(DopoolError):
     """Raise from a handler to retry the current event after exactly ``seconds``.
 
@@ -204,8 +209,6 @@ class RetryAfter(DopoolError):
     """
 
     def __init__(self, seconds: float | timedelta) -> None:
-        from dopool._retry import MAX_DELAY  # noqa: PLC0415 - _retry imports this module
-
         requested = _seconds(seconds, "RetryAfter seconds")
         if not math.isfinite(requested) or requested < 0:
             raise ConfigurationError(f"RetryAfter needs a finite delay >= 0, got {requested!r}")

@@ -22,6 +22,15 @@ from dopool._waits import acting
 if TYPE_CHECKING:
     from dopool._runtime import Runtime
 
+# What makes the process default runtime, for ``define(runtime=None)``: registered
+# by dopool._runtime (see ``provide_default_runtime``), which imports this module.
+_default_runtime: list[Callable[[], Runtime]] = []
+
+
+def provide_default_runtime(factory: Callable[[], Runtime]) -> None:
+    """Register what makes the process default runtime (called once, by its module)."""
+    _default_runtime[:] = [factory]
+
 
 class WorkerPool:
     """A named pool of ``concurrency`` instances sharing one handler.
@@ -65,9 +74,8 @@ class WorkerPool:
             ConfigurationError: a bad or unknown option, a name defined twice, or a
                 changed concurrency while the store still holds work for this pool.
         """
-        from dopool._runtime import default_runtime  # noqa: PLC0415 - runtime imports us
-
-        runtime = default_runtime() if runtime is None else runtime
+        if runtime is None:
+            runtime = _default_runtime[0]()
         return runtime.define(name, **options)
 
     @property

@@ -8,16 +8,13 @@ import struct
 from dataclasses import dataclass
 from datetime import timedelta
 
-from dopool._errors import ConfigurationError, _seconds
+from dopool._errors import MAX_DELAY, ConfigurationError, _seconds
 
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_INITIAL_DELAY = 1.0
 DEFAULT_MULTIPLIER = 2.0
 DEFAULT_MAX_DELAY = 300.0
 DEFAULT_JITTER = 0.1
-#: The longest delay before a retry, in seconds (365 days): a policy may not ask
-#: for more, and ``RetryAfter`` is clamped to it.
-MAX_DELAY = 365 * 24 * 3600.0
 
 
 @dataclass(frozen=True, kw_only=True)

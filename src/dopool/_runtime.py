@@ -28,7 +28,7 @@ from dopool._instance import DirectEnqueue, InstanceActor, InstanceEnv, PoolSpec
 from dopool._mailbox import Mailbox
 from dopool._messages import Item, Recover, Reply
 from dopool._options import PoolOptions, PoolOptionsDict
-from dopool._pool import WorkerPool
+from dopool._pool import WorkerPool, provide_default_runtime
 from dopool._router import Router
 from dopool._storage import Namespace, Store
 from dopool._types import PoolEvent
@@ -445,3 +445,6 @@ def default_runtime() -> Runtime:
         if _default is None or _default.closed:
             _default = Runtime(os.environ.get("DOPOOL_PATH") or ".dopool")
         return _default
+
+
+provide_default_runtime(default_runtime)
