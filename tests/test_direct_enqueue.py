@@ -9,7 +9,6 @@ tests pin down what callers, subscribers and the store can observe of that.
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -32,6 +31,7 @@ from dopool import (
     SimulatedClock,
     WorkerPool,
 )
+from dopool._inbox import Inbox
 from dopool._instance import InstanceActor, _Instance
 from dopool._mailbox import Mailbox
 from dopool._messages import Pause, Recover, Resume, Run
@@ -399,15 +399,15 @@ def test_close_returns_when_a_killed_instance_crashes_while_it_waits(tmp_path: P
     runtime.kill("p", 0)  # crashes when the handler returns
     ref = pool._mailboxes[0]._ref
     assert ref is not None
-    inbox = cast("queue.Queue[Any]", ref.actor_inbox)  # a ThreadingActor's inbox
+    inbox = cast(Inbox, ref.actor_inbox)  # the instance's own (see InstanceActor)
     closer = threading.Thread(target=runtime.close, daemon=True)
     try:
         closer.start()
-        with inbox.not_empty:  # close's stop request queues behind the kill
-            asked_to_stop = inbox.not_empty.wait_for(
-                lambda: any(isinstance(e.message, _ActorStop) for e in inbox.queue), TIMEOUT
-            )
-        assert asked_to_stop
+        # close's stop request queues behind the kill
+        stopping = inbox.wait_for(
+            lambda waiting: any(isinstance(m, _ActorStop) for m in waiting), TIMEOUT
+        )
+        assert stopping
     finally:
         release.set()
     closer.join(1.0)  # a fixed engine closes in milliseconds once the handler returns
@@ -711,11 +711,10 @@ def test_the_enqueues_waiting_behind_a_handler_share_its_outcome_and_nothing_ove
         monkeypatch.setattr(_Instance, "_accept", counted)
         ref = pool._mailboxes[0]._ref
         assert ref is not None
-        inbox = cast("queue.Queue[Any]", ref.actor_inbox)  # a ThreadingActor's inbox
+        inbox = cast(Inbox, ref.actor_inbox)  # the instance's own (see InstanceActor)
 
         def waiting(count: int) -> None:
-            with inbox.not_empty:
-                assert inbox.not_empty.wait_for(lambda: len(inbox.queue) >= count, TIMEOUT)
+            assert inbox.wait_for(lambda messages: len(messages) >= count, TIMEOUT)
 
         with ThreadPoolExecutor(5) as executor:
             try:

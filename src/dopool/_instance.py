@@ -10,7 +10,6 @@ copy of it that the instance's last commit saved, which is the same).
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections.abc import Callable
 from contextlib import suppress
@@ -30,6 +29,7 @@ from dopool._errors import (
     PoolClosedError,
     StorageError,
 )
+from dopool._inbox import Inbox
 from dopool._machine import Effects, QueueMachine, Started
 from dopool._mailbox import UNKNOWN, Mailbox, fail_reply
 from dopool._messages import (
@@ -282,6 +282,10 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
             Run: self._on_run,
         }
 
+    @staticmethod
+    def _create_actor_inbox() -> Inbox:  # pykka's extension point for an actor's inbox
+        return Inbox()
+
     def on_receive(self, message: Any) -> None:
         turn = self._mailbox.turn
         turn.acquire()  # the instance acts on one thing at a time: a message or a caller
@@ -367,7 +371,8 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         mailbox = self._mailbox
         self._env.emit(self._machine.event("crashed", self._clock.now(), error=reason))
         start = partial(self._env.restart, self._index)
-        delay = mailbox.replace(start, self.actor_inbox, message, self._clock)  # type: ignore[arg-type]
+        inbox = cast(Inbox, self.actor_inbox)
+        delay = mailbox.replace(start, inbox, message, self._clock)
         if delay is not None:
             streak = mailbox.crash_streak
             why = f"{streak} crashes in a row, the last: {reason}; restart in {delay:g} s"
@@ -405,15 +410,10 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         another kind sent before it (a pause, say). The actor is the inbox's only
         reader, so what it sees at the head is still there to take.
         """
-        inbox = cast("queue.Queue[Any]", self.actor_inbox)  # a ThreadingActor's inbox
+        inbox = cast(Inbox, self.actor_inbox)  # see _create_actor_inbox
         taken = self._taken
         before = len(taken)
-        # What ``get_nowait`` does, for a whole run under one hold of the lock: the
-        # inbox is unbounded, so no putter waits for the room this makes.
-        with inbox.mutex:
-            waiting = inbox.queue
-            while waiting and type(waiting[0].message) is Enqueue:
-                taken.append(waiting.popleft().message)
+        taken.extend(inbox.take_leading(Enqueue))
         if len(taken) > before:
             # The message in hand keeps this actor counted busy.
             self._mailbox.finished(len(taken) - before)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -11,6 +10,7 @@ import pykka
 
 from dopool._clock import Activity, Clock
 from dopool._errors import DopoolError, InstanceCrashedError, PoolClosedError
+from dopool._inbox import Inbox
 from dopool._messages import Alarm, Deliver, Delivered, Kill, Recover, Run
 from dopool._records import Meta
 from dopool._turn import Turn
@@ -236,7 +236,7 @@ class Mailbox:
     def replace(
         self,
         start: Callable[[threading.Event], pykka.ActorRef[Any]],
-        inbox: queue.Queue[Any],
+        inbox: Inbox,
         in_hand: Any,
         clock: Clock,
     ) -> float | None:
@@ -256,13 +256,8 @@ class Mailbox:
         None for a restart done at once, and once the mailbox is closed (then
         nothing is restarted).
         """
-        with self._lock:
-            waiting = []  # envelopes: a pykka stop request carries its reply in one
-            while True:
-                try:
-                    waiting.append(inbox.get_nowait())
-                except queue.Empty:
-                    break
+        with self._lock:  # no sender can reach the dead actor's inbox once it is drained
+            waiting = inbox.drain()  # envelopes: a pykka stop request carries its reply in one
             if self._closed:
                 for envelope in waiting:
                     if envelope.reply_to is not None:  # close() asking the actor to stop
