@@ -26,9 +26,10 @@ from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import Any
 
-from dopool._records import (
+from dopool._layout import (
     EventRecord,
     Meta,
+    Namespace,
     pack,
     read_event,
     read_meta,
@@ -36,7 +37,6 @@ from dopool._records import (
     seal_meta,
     unpack,
 )
-from dopool._storage import Namespace
 
 _NS = Namespace("bench", 3)
 _EVENT_KEY = _NS.queue_key(0, 123_456)

@@ -20,8 +20,8 @@ from dopool import (
     Runtime,
     SimulatedClock,
 )
-from dopool._records import EventRecord, seal_event
-from dopool._storage import Namespace, Store, Txn
+from dopool._layout import EventRecord, Namespace, seal_event
+from dopool._storage import Store, Txn
 
 UNDECODABLE = msgpack.packb({(1, 2): "x"})  # a tuple map key: encodes, never decodes
 

@@ -52,16 +52,17 @@ from dopool import (
     SimulatedClock,
     WorkerPool,
 )
-from dopool._records import OutboxRecord, unpack
-from dopool._retry import uniform_draw
-from dopool._router import stable_hash
-from dopool._storage import (
+from dopool._layout import (
     PRIORITY_MAX,
     PRIORITY_MIN,
     Namespace,
+    OutboxRecord,
     queue_key_priority,
     queue_key_sequence,
+    unpack,
 )
+from dopool._retry import uniform_draw
+from dopool._router import stable_hash
 from dopool.chaos import FaultPlan
 
 POOL = "stateful"

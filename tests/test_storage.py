@@ -20,16 +20,20 @@ from hypothesis import strategies as st
 
 from dopool import EventValidationError, StoreLockedError
 from dopool._errors import StorageError
-from dopool._records import DeadRecord, EventRecord, Meta, OutboxRecord, encode_event, unpack
-from dopool._storage import (
+from dopool._layout import (
     PRIORITY_MAX,
     PRIORITY_MIN,
+    DeadRecord,
+    EventRecord,
+    Meta,
     Namespace,
-    Store,
-    Txn,
+    OutboxRecord,
+    encode_event,
     queue_key_priority,
     queue_key_sequence,
+    unpack,
 )
+from dopool._storage import Store, Txn
 
 
 @pytest.fixture

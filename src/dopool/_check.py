@@ -11,9 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dopool._errors import DamagedRecordError
-from dopool._records import (
+from dopool._layout import (
     FORMAT_VERSION,
     Meta,
+    is_format_key,
+    parse_instance_key,
+    pool_name_of,
+    queue_key_priority,
+    queue_key_sequence,
     read_dead,
     read_event,
     read_format,
@@ -23,14 +28,7 @@ from dopool._records import (
     read_pool,
     unpack,
 )
-from dopool._storage import (
-    Txn,
-    is_format_key,
-    parse_instance_key,
-    pool_name_of,
-    queue_key_priority,
-    queue_key_sequence,
-)
+from dopool._storage import Txn
 from dopool._validation import check_pool_name
 
 

@@ -31,6 +31,16 @@ from dopool._errors import (
     RetryAfter,
     StorageError,
 )
+from dopool._layout import (
+    DeadRecord,
+    EventRecord,
+    Meta,
+    Namespace,
+    OutboxRecord,
+    queue_key_priority,
+    queue_key_sequence,
+    unpack,
+)
 from dopool._mailbox import UNKNOWN, Mailbox, fail_reply
 from dopool._messages import (
     Alarm,
@@ -48,10 +58,9 @@ from dopool._messages import (
     Resume,
     Run,
 )
-from dopool._records import DeadRecord, EventRecord, Meta, OutboxRecord, unpack
 from dopool._retry import RetryPolicy, uniform_draw
 from dopool._router import Router
-from dopool._storage import Namespace, Store, Txn, queue_key_priority, queue_key_sequence
+from dopool._storage import Store, Txn
 from dopool._types import DeadLetter, EmptyInfo, EnqueueResult, EventKind, PoolEvent
 from dopool.chaos import FaultInjector
 

@@ -11,12 +11,12 @@ from dopool._clock import SimulatedClock
 from dopool._context import EventContext
 from dopool._errors import ConfigurationError, DopoolError, InstanceCrashedError, PoolClosedError
 from dopool._instance import DirectEnqueue, PoolSpec, dead_letter_from_record
+from dopool._layout import Namespace
 from dopool._mailbox import Mailbox
 from dopool._messages import Drain, Enqueue, Item, Pause, Purge, Redrive, Reply, Resume
 from dopool._retry import RetryPolicy
 from dopool._router import Router
 from dopool._status import instance_status, pool_status
-from dopool._storage import Namespace
 from dopool._types import DeadLetter, EmptyInfo, EnqueueResult, PoolStatus
 from dopool._validation import Schema, prepare, prepare_many
 from dopool._waits import acting

@@ -26,13 +26,13 @@ from dopool._errors import (
     PoolClosedError,
 )
 from dopool._instance import DirectEnqueue, InstanceActor, InstanceEnv, PoolSpec
+from dopool._layout import MAX_CONCURRENCY, Namespace
 from dopool._mailbox import Mailbox
 from dopool._messages import Item, Recover, Reply
 from dopool._pool import WorkerPool
-from dopool._records import MAX_CONCURRENCY
 from dopool._retry import RetryPolicy
 from dopool._router import Router
-from dopool._storage import Namespace, Store
+from dopool._storage import Store
 from dopool._types import DeadLetter, EmptyInfo, PoolEvent
 from dopool._validation import Schema, check_pool_name, prepare
 from dopool._waits import WaitGraph

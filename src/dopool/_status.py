@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dopool._records import Meta
-from dopool._storage import queue_key_sequence
+from dopool._layout import Meta, queue_key_sequence
 from dopool._types import InstanceState, InstanceStatus, PoolStatus
 
 

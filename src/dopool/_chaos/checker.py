@@ -39,9 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from dopool import RetryPolicy
+from dopool._layout import Meta, Namespace, queue_key_priority, queue_key_sequence, unpack
 from dopool._mailbox import RESTARTS_AT_ONCE, restart_delay
-from dopool._records import Meta, unpack
-from dopool._storage import Namespace, queue_key_priority, queue_key_sequence
 
 Entry = tuple[int, int]  # (instance index, sequence)
 

@@ -33,13 +33,13 @@ from typing import Any
 from dopool._clock import SimulatedClock
 from dopool._context import EventContext
 from dopool._errors import ConfigurationError, DopoolError, QueueFullError
+from dopool._layout import Namespace
 from dopool._messages import Pause, Reply, Resume
 from dopool._pool import WorkerPool
 from dopool._retry import RetryPolicy
 from dopool._runtime import Runtime
 from dopool._sim.metrics import Collector, InstanceResult, Invariant, Latency, Result
 from dopool._sim.scenario import Scenario, with_overrides
-from dopool._storage import Namespace
 from dopool._types import EnqueueResult
 from dopool._validation import prepare
 from dopool.chaos import FaultPlan
