@@ -39,6 +39,7 @@ from dopool._layout import (
     OutboxRecord,
     queue_key_priority,
     queue_key_sequence,
+    started_event,
     unpack,
 )
 from dopool._mailbox import UNKNOWN, Mailbox, fail_reply
@@ -298,7 +299,8 @@ class _Instance:
         if len(counts) == 1 and priority in counts:
             return counts[priority]  # all pending are of this level, the started one too
         ahead = sum(count for level, count in counts.items() if level >= priority)
-        if meta.current is not None and queue_key_priority(meta.current) < priority:
+        started = started_event(meta)
+        if started is not None and started.priority < priority:
             ahead += 1  # the started event keeps its place whatever its priority
         return ahead
 

@@ -30,6 +30,7 @@ never a key's layout or msgpack: msgpack's errors become
 
 from __future__ import annotations
 
+import enum
 import math
 import struct
 import threading
@@ -66,13 +67,16 @@ _unpackb = msgpack.unpackb
 
 FORMAT_KEY = b"F"  # the store's format version, written when it is created
 _POOL_PREFIX = b"P"
+_INSTANCE_PREFIX = b"I"
+# The tag after an instance's prefix: which kind of record the key holds.
+_META_TAG, _QUEUE_TAG, _DEAD_TAG, _OUTBOX_TAG, _MARK_TAG = b"m", b"q", b"d", b"o", b"s"
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _RANK_SEQ = struct.Struct(">IQ")
 
 
 def queue_key_priority(key: bytes) -> int:
-    """The priority encoded in a queue-key suffix (``rank:4 seq:8``)."""
+    """The priority encoded in a queue key (``rank:4 seq:8`` after its tag)."""
     rank: int = _U32.unpack_from(key, len(key) - 12)[0]
     return PRIORITY_MAX - rank
 
@@ -83,23 +87,57 @@ def queue_key_sequence(key: bytes) -> int:
     return sequence
 
 
+def dead_letter_sequence(key: bytes) -> int:
+    """The sequence encoded in a dead letter's key."""
+    sequence: int = _U64.unpack_from(key, len(key) - 8)[0]
+    return sequence
+
+
+def outbox_sequence(key: bytes) -> int:
+    """The outbox sequence encoded in an outbox entry's key."""
+    oseq: int = _U64.unpack_from(key, len(key) - 8)[0]
+    return oseq
+
+
+class RecordKind(enum.Enum):
+    """The kinds of record in an instance's namespace; each value names it in errors."""
+
+    META = "meta record"
+    EVENT = "event record"
+    DEAD_LETTER = "dead letter"
+    OUTBOX = "outbox entry"
+    DELIVERY_MARK = "delivery mark"
+
+
+_KIND_OF_TAG = {
+    _META_TAG: RecordKind.META,
+    _QUEUE_TAG: RecordKind.EVENT,
+    _DEAD_TAG: RecordKind.DEAD_LETTER,
+    _OUTBOX_TAG: RecordKind.OUTBOX,
+    _MARK_TAG: RecordKind.DELIVERY_MARK,
+}
+# The length of the suffix after each tag of an instance's namespace.
+_SUFFIX_LENGTHS = {
+    _META_TAG: 0,
+    _QUEUE_TAG: _RANK_SEQ.size,
+    _DEAD_TAG: 8,
+    _OUTBOX_TAG: 8,
+    _MARK_TAG: 4,
+}
+
+
 class InstanceKey(NamedTuple):
     """A key of some instance's namespace, taken apart (see :func:`parse_instance_key`)."""
 
     pool: str
     instance: int
-    tag: bytes  # b"m", b"q", b"d", b"o" or b"s"
-    suffix: bytes
-
-
-# The length of the suffix after each tag of an instance's namespace.
-_SUFFIX_LENGTHS = {b"m": 0, b"q": _RANK_SEQ.size, b"d": 8, b"o": 8, b"s": 4}
+    kind: RecordKind
 
 
 def parse_instance_key(key: bytes) -> InstanceKey | None:
     """Take an instance's key apart; None if it is not one of the layout above."""
     ident, nul, rest = key[1:].partition(b"\0")
-    if key[:1] != b"I" or not nul or not rest:
+    if key[:1] != _INSTANCE_PREFIX or not nul or not rest:
         return None
     try:
         pool, _, index = ident.decode().rpartition(":")
@@ -108,7 +146,7 @@ def parse_instance_key(key: bytes) -> InstanceKey | None:
     tag, suffix = rest[:1], rest[1:]
     if not pool or not index.isdigit() or _SUFFIX_LENGTHS.get(tag) != len(suffix):
         return None
-    return InstanceKey(pool, int(index), tag, suffix)
+    return InstanceKey(pool, int(index), _KIND_OF_TAG[tag])
 
 
 def is_format_key(key: bytes) -> bool:
@@ -172,14 +210,6 @@ def encode_event(event: Any, *, position: int | None = None) -> bytes:
 
 # -- sealing -------------------------------------------------------------------
 
-_KINDS = {
-    b"m": "meta record",
-    b"q": "event record",
-    b"d": "dead letter",
-    b"o": "outbox entry",
-    b"s": "delivery mark",
-}
-
 
 def describe_key(key: bytes) -> str:
     """Which record a key holds, in words, for errors."""
@@ -188,9 +218,10 @@ def describe_key(key: bytes) -> str:
     if key[:1] == _POOL_PREFIX:
         return f"pool record {key[1:].decode(errors='backslashreplace')!r}"
     ident, nul, rest = key[1:].partition(b"\0")
-    if key[:1] == b"I" and nul:
-        kind = _KINDS.get(rest[:1], "record")
-        return f"{kind} of instance {ident.decode(errors='backslashreplace')}"
+    if key[:1] == _INSTANCE_PREFIX and nul:
+        kind = _KIND_OF_TAG.get(rest[:1])
+        what = "record" if kind is None else kind.value
+        return f"{what} of instance {ident.decode(errors='backslashreplace')}"
     return "record"
 
 
@@ -502,9 +533,25 @@ def read_meta(key: bytes, value: bytes) -> Meta:
     meta = Meta(**dict(zip(_META_NAMES, fields, strict=True)))
     current = meta.current
     # The started event's queue key: this namespace's queue tag, then rank and sequence.
-    if current is not None and (len(current) != len(key) + 12 or current[:-12] != key[:-1] + b"q"):
+    queue = key[:-1] + _QUEUE_TAG
+    if current is not None and (len(current) != len(key) + 12 or current[:-12] != queue):
         raise damaged(key, value, f"current is {current!r}")
     return meta
+
+
+class QueuePlace(NamedTuple):
+    """Where a pending event stands in its instance's queue."""
+
+    priority: int
+    sequence: int
+
+
+def started_event(meta: Meta) -> QueuePlace | None:
+    """The priority and sequence of the event whose attempts have started, if any."""
+    current = meta.current
+    if current is None:
+        return None
+    return QueuePlace(queue_key_priority(current), queue_key_sequence(current))
 
 
 # -- an instance's keys ---------------------------------------------------------------
@@ -520,14 +567,18 @@ class Namespace:
     __slots__ = ("_dead", "_meta", "_outbox", "_queue", "_seen", "prefix")
 
     def __init__(self, pool: str, index: int) -> None:
-        self.prefix = b"I" + f"{pool}:{index}".encode() + b"\0"
-        self._meta = self.prefix + b"m"
-        self._queue = self.prefix + b"q"
-        self._dead = self.prefix + b"d"
-        self._outbox = self.prefix + b"o"
-        self._seen = self.prefix + b"s"
+        self.prefix = _INSTANCE_PREFIX + f"{pool}:{index}".encode() + b"\0"
+        self._meta = self.prefix + _META_TAG
+        self._queue = self.prefix + _QUEUE_TAG
+        self._dead = self.prefix + _DEAD_TAG
+        self._outbox = self.prefix + _OUTBOX_TAG
+        self._seen = self.prefix + _MARK_TAG
 
     # -- meta ---------------------------------------------------------------
+    @property
+    def meta_key(self) -> bytes:
+        return self._meta
+
     def load_meta(self, txn: Txn) -> Meta:
         raw = txn.get(self._meta)
         if raw is None:
@@ -578,17 +629,20 @@ class Namespace:
             yield key
 
     # -- dead letters -------------------------------------------------------
+    def dead_letter_key(self, sequence: int) -> bytes:
+        return self._dead + _U64.pack(sequence)
+
     def put_dead_letter(self, txn: Txn, sequence: int, record: DeadRecord) -> None:
-        key = self._dead + _U64.pack(sequence)
+        key = self.dead_letter_key(sequence)
         txn.put(key, seal_dead(key, record))
 
     def iter_dead_letters(self, txn: Txn) -> Iterator[tuple[int, DeadRecord]]:
         """Every dead letter by sequence; a damaged one is listed as such, not raised."""
         for key, raw in _iter_prefix(txn, self._dead, len(self._dead) + 8):
-            yield queue_key_sequence(key), _dead_or_damaged(key, raw)
+            yield dead_letter_sequence(key), _dead_or_damaged(key, raw)
 
     def pop_dead_letter(self, txn: Txn, sequence: int) -> DeadRecord | None:
-        key = self._dead + _U64.pack(sequence)
+        key = self.dead_letter_key(sequence)
         raw = txn.pop(key)
         return None if raw is None else _dead_or_damaged(key, raw)
 
@@ -596,8 +650,11 @@ class Namespace:
         return _delete_prefix(txn, self._dead)
 
     # -- outbox and delivery bookkeeping --------------------------------------
+    def outbox_key(self, oseq: int) -> bytes:
+        return self._outbox + _U64.pack(oseq)
+
     def put_outbox(self, txn: Txn, oseq: int, record: OutboxRecord) -> None:
-        key = self._outbox + _U64.pack(oseq)
+        key = self.outbox_key(oseq)
         txn.put(key, seal_outbox(key, record))
 
     def iter_outbox(self, txn: Txn) -> Iterator[tuple[int, OutboxRecord | DamagedRecordError]]:
@@ -607,10 +664,10 @@ class Namespace:
                 record: OutboxRecord | DamagedRecordError = read_outbox(key, raw)
             except DamagedRecordError as exc:
                 record = exc
-            yield queue_key_sequence(key), record
+            yield outbox_sequence(key), record
 
     def delete_outbox(self, txn: Txn, oseq: int) -> bool:
-        return bool(txn.delete(self._outbox + _U64.pack(oseq)))
+        return bool(txn.delete(self.outbox_key(oseq)))
 
     def last_delivered(self, txn: Txn, source: int) -> int:
         """The last link accepted from ``source`` (all below it were too), or -1."""
@@ -622,9 +679,18 @@ class Namespace:
         key = self._seen + _U32.pack(source)
         txn.put(key, seal_link(key, link))
 
-    def count_keys(self, txn: Txn, tag: bytes) -> int:
-        """How many keys of one kind (``b"q"``, ``b"d"``, ``b"o"``) exist: for checkers only."""
-        return sum(1 for _ in _iter_prefix(txn, self.prefix + tag))
+    # -- key counts, for checkers only ----------------------------------------
+    def count_pending(self, txn: Txn) -> int:
+        """How many queue keys exist (the meta's ``pending`` should say as many)."""
+        return _count_prefix(txn, self._queue)
+
+    def count_dead_letters(self, txn: Txn) -> int:
+        """How many dead-letter keys exist (the meta's ``dead_letters``)."""
+        return _count_prefix(txn, self._dead)
+
+    def count_outbox(self, txn: Txn) -> int:
+        """How many outbox keys exist (the meta's ``outbox``)."""
+        return _count_prefix(txn, self._outbox)
 
 
 def _dead_or_damaged(key: bytes, raw: bytes) -> DeadRecord:
@@ -651,6 +717,10 @@ def _iter_prefix(
                 return
             if length is None or len(key) == length:
                 yield key, value
+
+
+def _count_prefix(txn: Txn, prefix: bytes) -> int:
+    return sum(1 for _ in _iter_prefix(txn, prefix))
 
 
 def _delete_prefix(txn: Txn, prefix: bytes) -> int:

@@ -512,10 +512,10 @@ def _counters(runtime: Runtime, pool: WorkerPool, collector: Collector) -> Invar
                 problems.append(f"{where}: enqueued {meta.enqueued} != {settled}")
             if meta.pending > meta.tail:
                 problems.append(f"{where}: {meta.pending} pending beyond tail {meta.tail}")
-            keys = ns.count_keys(txn, b"q")
+            keys = ns.count_pending(txn)
             if keys != meta.pending:
                 problems.append(f"{where}: {keys} queue keys for {meta.pending} pending")
-            letters = ns.count_keys(txn, b"d")
+            letters = ns.count_dead_letters(txn)
             if letters != meta.dead_letters:
                 problems.append(
                     f"{where}: {letters} dead-letter keys, meta says {meta.dead_letters}"
