@@ -37,6 +37,7 @@ from dopool._layout import (
     parse_instance_key,
     queue_key_priority,
     queue_key_sequence,
+    seal_event,
     started_event,
     unpack,
 )
@@ -176,6 +177,19 @@ def test_events_round_trip(store: Store) -> None:
     assert got == stored
     assert got is not None
     assert unpack(got.event) == {"id": 1}
+
+
+def test_an_event_added_from_its_fields_is_stored_as_its_record_would_be(store: Store) -> None:
+    ns = Namespace("a", 0)
+    stored = EventRecord(encode_event({"id": 1}), 10.0, None, -3)
+    with store.write() as txn:
+        ns.add_event(txn, 4, stored.event, stored.enqueued_at, None, -3)
+        ns.put_event(txn, ns.queue_key(-3, 5), stored)
+    with store.read() as txn:
+        added, put = txn.get(ns.queue_key(-3, 4)), txn.get(ns.queue_key(-3, 5))
+        assert ns.get_event(txn, ns.queue_key(-3, 4)) == stored
+    assert added == seal_event(ns.queue_key(-3, 4), stored)
+    assert added[4:] == put[4:]
 
 
 @given(

@@ -282,8 +282,7 @@ class _Instance:
                 previous = priority
             sequence = meta.tail
             meta.tail = sequence + 1
-            record = (item.event, now, item.partition_key, priority)  # an EventRecord's fields
-            ns.put_event(txn, ns.queue_key(priority, sequence), record)
+            ns.add_event(txn, sequence, item.event, now, item.partition_key, priority)
             counts[priority] = counts.get(priority, 0) + 1
             results.append(EnqueueResult(sequence, index, ident, position))
             if listening:

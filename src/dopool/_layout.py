@@ -592,9 +592,27 @@ class Namespace:
     def queue_key(self, priority: int, sequence: int) -> bytes:
         return self._queue + _RANK_SEQ.pack(PRIORITY_MAX - priority, sequence)
 
-    def put_event(self, txn: Txn, key: bytes, record: EventRecord | tuple[Any, ...]) -> None:
-        """Store a pending event: an :class:`EventRecord`, or a plain tuple of its fields."""
+    def put_event(self, txn: Txn, key: bytes, record: EventRecord) -> None:
+        """Store a pending event under its queue key."""
         txn.put(key, seal_event(key, record), overwrite=False)
+
+    def add_event(
+        self,
+        txn: Txn,
+        sequence: int,
+        event: bytes,
+        enqueued_at: float,
+        partition_key: str | None,
+        priority: int,
+    ) -> None:
+        """Store a new pending event from its fields, under the queue key they make.
+
+        :meth:`put_event` and :meth:`queue_key` in one call, with no record built:
+        this runs for every event enqueued.
+        """
+        key = self._queue + _RANK_SEQ.pack(PRIORITY_MAX - priority, sequence)
+        body = pack((event, enqueued_at, partition_key, priority))  # _EVENT_LAYOUT's order
+        txn.put(key, seal(key, body), overwrite=False)
 
     def get_event(self, txn: Txn, key: bytes) -> EventRecord | None:
         raw = txn.get(key)
