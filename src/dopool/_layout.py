@@ -55,13 +55,11 @@ FORMAT_VERSION = 1
 #: defined. A stored pool record above it is damaged.
 MAX_CONCURRENCY = 4096
 
+# The largest event and partition key stored, encoded; the range of priorities.
 MAX_EVENT_BYTES = 128 * 1024
 MAX_PARTITION_KEY_BYTES = 2 * 1024
 PRIORITY_MIN = -(2**31)
 PRIORITY_MAX = 2**31 - 1
-
-_packers = threading.local()
-_unpackb = msgpack.unpackb
 
 # -- keys ------------------------------------------------------------------------
 
@@ -153,6 +151,10 @@ def is_format_key(key: bytes) -> bool:
     return key == FORMAT_KEY
 
 
+def pool_key(name: str) -> bytes:
+    return _POOL_PREFIX + name.encode()
+
+
 def pool_name_of(key: bytes) -> str | None:
     """The pool a pool record's key names; None if ``key`` is not a pool record's."""
     if key[:1] != _POOL_PREFIX or len(key) == 1:
@@ -164,6 +166,9 @@ def pool_name_of(key: bytes) -> str | None:
 
 
 # -- encoding ----------------------------------------------------------------------
+
+_packers = threading.local()
+_unpackb = msgpack.unpackb
 
 
 def pack(value: Any) -> bytes:
@@ -755,10 +760,6 @@ def _delete_prefix(txn: Txn, prefix: bytes) -> int:
 
 
 # -- pools -----------------------------------------------------------------------------
-
-
-def pool_key(name: str) -> bytes:
-    return _POOL_PREFIX + name.encode()
 
 
 def get_pool(txn: Txn, name: str) -> int | None:
