@@ -29,7 +29,6 @@ from dopool._layout import (
     Meta,
     Namespace,
     OutboxRecord,
-    QueuePlace,
     RecordKind,
     dead_letter_sequence,
     encode_event,
@@ -162,7 +161,7 @@ def test_each_kind_of_key_has_its_parser() -> None:
 def test_the_started_event_is_read_from_the_meta() -> None:
     ns = Namespace("a", 3)
     assert started_event(Meta()) is None
-    assert started_event(Meta(current=ns.queue_key(-7, 39))) == QueuePlace(-7, 39)
+    assert started_event(Meta(current=ns.queue_key(-7, 39))) == (-7, 39)
 
 
 def test_events_round_trip(store: Store) -> None:

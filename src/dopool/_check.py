@@ -190,9 +190,9 @@ def _check_instance(
         problem(f"meta counts {meta.priorities} per priority, the keys {found.priorities}", key)
     if found.last_sequence >= meta.tail:
         problem(f"sequence {found.last_sequence} at or past the tail {meta.tail}", key)
-    started = started_event(meta)
+    started = started_event(meta)  # (priority, sequence)
     if started is not None and meta.current not in found.queue:
-        problem(f"the started event {started.sequence} has no record", key)
+        problem(f"the started event {started[1]} has no record", key)
     if meta.running and meta.current is None:
         problem("an attempt is running, but no event is started", key)
     return problems

@@ -298,8 +298,8 @@ class _Instance:
         if len(counts) == 1 and priority in counts:
             return counts[priority]  # all pending are of this level, the started one too
         ahead = sum(count for level, count in counts.items() if level >= priority)
-        started = started_event(meta)
-        if started is not None and started.priority < priority:
+        started = started_event(meta)  # (priority, sequence)
+        if started is not None and started[0] < priority:
             ahead += 1  # the started event keeps its place whatever its priority
         return ahead
 

@@ -544,19 +544,16 @@ def read_meta(key: bytes, value: bytes) -> Meta:
     return meta
 
 
-class QueuePlace(NamedTuple):
-    """Where a pending event stands in its instance's queue."""
+def started_event(meta: Meta) -> tuple[int, int] | None:
+    """The priority and sequence of the event whose attempts have started, if any.
 
-    priority: int
-    sequence: int
-
-
-def started_event(meta: Meta) -> QueuePlace | None:
-    """The priority and sequence of the event whose attempts have started, if any."""
+    A plain tuple, not a named one: this runs as events are enqueued.
+    """
     current = meta.current
     if current is None:
         return None
-    return QueuePlace(queue_key_priority(current), queue_key_sequence(current))
+    rank, sequence = _RANK_SEQ.unpack_from(current, len(current) - _RANK_SEQ.size)
+    return PRIORITY_MAX - rank, sequence
 
 
 # -- an instance's keys ---------------------------------------------------------------

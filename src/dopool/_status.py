@@ -16,7 +16,7 @@ def instance_status(
     ``state`` is the first of restarting, paused, processing, backoff, idle.
     """
     state: InstanceState
-    started = started_event(meta)
+    started = started_event(meta)  # (priority, sequence)
     if restart_at is not None:
         state = "restarting"
     elif meta.paused:
@@ -37,7 +37,7 @@ def instance_status(
         succeeded=meta.succeeded,
         dead_lettered=meta.dead_lettered,
         drained=meta.drained,
-        current_sequence=None if started is None else started.sequence,
+        current_sequence=None if started is None else started[1],
         attempt=meta.attempt,
         next_alarm_at=meta.alarm,
         restarts=meta.restarts,

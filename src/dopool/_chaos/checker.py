@@ -543,8 +543,8 @@ class Model:
                 f"{where}: enqueued={meta.enqueued} != succeeded {meta.succeeded} + dead_lettered "
                 f"{meta.dead_lettered} + drained {meta.drained} + pending {meta.pending}"
             )
-        place = started_event(meta)
-        current = None if place is None else place.sequence
+        place = started_event(meta)  # (priority, sequence)
+        current = None if place is None else place[1]
         if current is not None and current not in snap.queue:
             self._bad(f"{where}: current sequence {current} has no queue key")
         if meta.pending == 0 and meta.alarm is not None:
