@@ -26,9 +26,10 @@ from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import Any
 
-from dopool._records import (
+from dopool._layout import (
     EventRecord,
     Meta,
+    Namespace,
     pack,
     read_event,
     read_meta,
@@ -36,11 +37,10 @@ from dopool._records import (
     seal_meta,
     unpack,
 )
-from dopool._storage import Namespace
 
 _NS = Namespace("bench", 3)
 _EVENT_KEY = _NS.queue_key(0, 123_456)
-_META_KEY = _NS.prefix + b"m"
+_META_KEY = _NS.meta_key
 _EVENT = EventRecord(pack({"id": 123_456, "payload": "x" * 100}), 1_700_000_000.5, "user-42", 0)
 _META = Meta(
     tail=123_457,

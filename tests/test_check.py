@@ -17,8 +17,8 @@ from click.testing import CliRunner, Result
 from dopool import Runtime
 from dopool._check import check_store
 from dopool._cli import cli
-from dopool._records import seal_pool
-from dopool._storage import Namespace, Txn
+from dopool._layout import Namespace, seal_pool
+from dopool._storage import Txn
 
 FIXTURE = Path(__file__).parent / "fixtures" / "store-v1"
 QUEUED = Namespace("orders", 1).queue_key(-2, 3)  # a pending event of the fixture

@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 
 from dopool import EventContext, Runtime
 from dopool._cli import _json_text, _short, cli
-from dopool._records import MAX_CONCURRENCY, DeadRecord, pack, seal
+from dopool._layout import MAX_CONCURRENCY, DeadRecord, Namespace, pack, pool_key, seal
 from dopool._sim import scenario as sc
-from dopool._storage import Namespace, Store, Txn
+from dopool._storage import Store, Txn
 
 SMALL = ("--events", "150")  # keeps each simulation to a fraction of a second
 
@@ -460,22 +460,25 @@ def craft(store: Path, *changes: Callable[[Store, Txn], None]) -> Path:
     return store
 
 
+JOBS = pool_key("jobs")  # the pool record of make_store's pool
+
+
 def put_pool(body: Any) -> Callable[[Store, Txn], None]:
     """A pool record for ``jobs`` sealed as the engine would, around any body."""
-    return lambda store, txn: txn.put(b"Pjobs", seal(b"Pjobs", pack(body)))
+    return lambda store, txn: txn.put(JOBS, seal(JOBS, pack(body)))
 
 
 def copy_pool_to(key: bytes) -> Callable[[Store, Txn], None]:
     """The pool record of ``jobs`` under another key, sealed for that key."""
-    return lambda store, txn: txn.put(key, seal(key, txn.get(b"Pjobs")[4:]))
+    return lambda store, txn: txn.put(key, seal(key, txn.get(JOBS)[4:]))
 
 
 def meta_of(index: int) -> bytes:
-    return Namespace("jobs", index).prefix + b"m"
+    return Namespace("jobs", index).meta_key
 
 
 def dead_key(index: int, sequence: int) -> bytes:
-    return Namespace("jobs", index).prefix + b"d" + sequence.to_bytes(8, "big")
+    return Namespace("jobs", index).dead_letter_key(sequence)
 
 
 def first_dead_letter(store: Store, txn: Txn) -> tuple[int, int, DeadRecord]:
@@ -514,12 +517,12 @@ BAD_POOL_RECORDS: list[tuple[str, Callable[[Store, Txn], None], tuple[str, ...]]
     ("a-billion", put_pool([10**9]), ("jobs", "1000000000")),
     (
         "undecodable",
-        lambda store, txn: txn.put(b"Pjobs", seal(b"Pjobs", b"\xc1")),
+        lambda store, txn: txn.put(JOBS, seal(JOBS, b"\xc1")),
         ("pool record 'jobs'", "does not decode"),
     ),
     (
         "unsealed",
-        lambda store, txn: txn.put(b"Pjobs", b"\xc1"),
+        lambda store, txn: txn.put(JOBS, b"\xc1"),
         ("pool record 'jobs'", "shorter than its checksum"),
     ),
     ("name-not-utf8", copy_pool_to(b"P\xff\xfejobs"), ("pool record", "UTF-8", "xff")),
@@ -593,7 +596,7 @@ def test_a_dead_letter_whose_event_does_not_decode_is_listed_with_its_bytes(
 
 
 def test_a_stray_key_among_dead_letters_is_left_to_dopool_check(tmp_path: Path) -> None:
-    stray = Namespace("jobs", 0).prefix + b"d1"
+    stray = Namespace("jobs", 0).dead_letter_key(0)[:-8] + b"1"  # too short for a sequence
     store = craft(make_store(tmp_path / "store"), lambda store, txn: txn.put(stray, b"\xc0"))
     assert invoke("dead-letters", str(store)).exit_code == 0
     checked = invoke("check", str(store))
@@ -658,7 +661,7 @@ def test_dead_letters_escape_control_characters_and_markup(tmp_path: Path) -> No
 
 def test_status_escapes_a_crafted_pool_name(tmp_path: Path) -> None:
     name = "jobs\x1b]0;t\x07[bold]x[/bold]\n"
-    store = craft(make_store(tmp_path / "store"), copy_pool_to(b"P" + name.encode()))
+    store = craft(make_store(tmp_path / "store"), copy_pool_to(pool_key(name)))
     result = invoke("status", str(store))
     assert result.exit_code == 0, result.output
     assert_inert(result.stdout)

@@ -33,11 +33,11 @@ from dopool import (
 )
 from dopool._inbox import Inbox
 from dopool._instance import InstanceActor, _Instance
+from dopool._layout import Meta, Namespace
 from dopool._mailbox import Mailbox
 from dopool._messages import Pause, Recover, Resume, Run
-from dopool._records import Meta
 from dopool._retry import uniform_draw
-from dopool._storage import Namespace, Txn
+from dopool._storage import Txn
 from dopool.chaos import FaultPlan
 
 TIMEOUT = 10.0

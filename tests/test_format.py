@@ -15,11 +15,12 @@ from dopool import (
     StoreDamagedError,
     StoreFormatError,
 )
-from dopool._records import (
+from dopool._layout import (
     FORMAT_VERSION,
     DeadRecord,
     EventRecord,
     Meta,
+    Namespace,
     OutboxRecord,
     read_outbox,
     seal,
@@ -27,7 +28,7 @@ from dopool._records import (
     seal_outbox,
 )
 from dopool._sim.storeview import open_view
-from dopool._storage import Namespace, Store
+from dopool._storage import Store
 
 FIXTURE = Path(__file__).parent / "fixtures" / "store-v1"
 

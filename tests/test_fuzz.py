@@ -30,8 +30,7 @@ from dopool import (
     SimulatedClock,
 )
 from dopool._check import check_store
-from dopool._records import read_dead, read_event, read_meta, read_outbox
-from dopool._storage import Namespace
+from dopool._layout import Namespace, read_dead, read_event, read_meta, read_outbox
 
 FIXTURE = Path(__file__).parent / "fixtures" / "store-v1"
 # The fixture's records, by what they are (see tests/fixtures/make_store.py).

@@ -11,10 +11,10 @@ import pytest
 from dopool import PermanentError, RetryAfter, RetryPolicy
 from dopool._errors import QueueFullError
 from dopool._instance import dead_letter_from_record
+from dopool._layout import Meta, OutboxRecord, pack, seal_event
 from dopool._machine import ALARM_RETRY_MAX, Effects, QueueMachine
 from dopool._messages import Item
 from dopool._options import PoolOptions
-from dopool._records import Meta, OutboxRecord, pack, seal_event
 from dopool._storage import Store, Txn
 from dopool.chaos import FaultInjector, FaultPlan
 
@@ -101,8 +101,8 @@ class Rig:
         """Guarantee 4 (docs/guarantees.md): the counters add up and match the keys."""
         meta = self.meta
         with self.store.read() as txn:
-            keys = self.machine.namespace.count_keys(txn, b"q")
-            letters = self.machine.namespace.count_keys(txn, b"d")
+            keys = self.machine.namespace.count_pending(txn)
+            letters = self.machine.namespace.count_dead_letters(txn)
         settled = meta.succeeded + meta.dead_lettered + meta.drained + meta.pending
         return meta.enqueued == settled and keys == meta.pending and letters == meta.dead_letters
 

@@ -42,7 +42,7 @@ from dopool import (
     StoreLockedError,
     WorkerPool,
 )
-from dopool._records import MAX_CONCURRENCY, pack, seal
+from dopool._layout import MAX_CONCURRENCY, pack, seal
 from dopool._router import stable_hash
 
 MAX_EVENT_BYTES = 128 * 1024

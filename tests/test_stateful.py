@@ -52,16 +52,17 @@ from dopool import (
     SimulatedClock,
     WorkerPool,
 )
-from dopool._records import OutboxRecord, unpack
-from dopool._retry import uniform_draw
-from dopool._router import stable_hash
-from dopool._storage import (
+from dopool._layout import (
     PRIORITY_MAX,
     PRIORITY_MIN,
     Namespace,
+    OutboxRecord,
     queue_key_priority,
     queue_key_sequence,
+    unpack,
 )
+from dopool._retry import uniform_draw
+from dopool._router import stable_hash
 from dopool.chaos import FaultPlan
 
 POOL = "stateful"
@@ -552,9 +553,9 @@ class PoolMachine(RuleBasedStateMachine):
         with self.runtime._store.read() as txn:
             for instance in self.model:
                 namespace = Namespace(POOL, instance.index)
-                assert namespace.count_keys(txn, b"q") == instance.pending
-                assert namespace.count_keys(txn, b"d") == len(instance.dead)
-                assert namespace.count_keys(txn, b"o") == 0
+                assert namespace.count_pending(txn) == instance.pending
+                assert namespace.count_dead_letters(txn) == len(instance.dead)
+                assert namespace.count_outbox(txn) == 0
 
     @invariant()
     def executions_match_model(self) -> None:
@@ -1040,9 +1041,9 @@ class FaultyPoolMachine(RuleBasedStateMachine):
                 meta = namespace.load_meta(txn)
                 keys = list(namespace.iter_event_keys(txn))
                 pending = {queue_key_sequence(key) for key in keys}
-                assert len(keys) == meta.pending == namespace.count_keys(txn, b"q")
-                assert namespace.count_keys(txn, b"d") == meta.dead_letters
-                assert namespace.count_keys(txn, b"o") == meta.outbox
+                assert len(keys) == meta.pending == namespace.count_pending(txn)
+                assert namespace.count_dead_letters(txn) == meta.dead_letters
+                assert namespace.count_outbox(txn) == meta.outbox
                 waits = self.restart_waits[index]
                 assert not meta.running or waits, "an attempt in flight at a quiescent point"
                 assert meta.tail == len(self.enqueued[index]), "a sequence without an event"

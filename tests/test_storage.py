@@ -20,16 +20,27 @@ from hypothesis import strategies as st
 
 from dopool import EventValidationError, StoreLockedError
 from dopool._errors import StorageError
-from dopool._records import DeadRecord, EventRecord, Meta, OutboxRecord, encode_event, unpack
-from dopool._storage import (
+from dopool._layout import (
     PRIORITY_MAX,
     PRIORITY_MIN,
+    DeadRecord,
+    EventRecord,
+    InstanceKey,
+    Meta,
     Namespace,
-    Store,
-    Txn,
+    OutboxRecord,
+    RecordKind,
+    dead_letter_sequence,
+    encode_event,
+    outbox_sequence,
+    parse_instance_key,
     queue_key_priority,
     queue_key_sequence,
+    seal_event,
+    started_event,
+    unpack,
 )
+from dopool._storage import Store, Txn
 
 
 @pytest.fixture
@@ -132,6 +143,27 @@ def test_queue_key_decodes_priority_and_sequence() -> None:
         assert queue_key_sequence(key) == sequence
 
 
+def test_each_kind_of_key_has_its_parser() -> None:
+    ns = Namespace("a", 3)
+    assert dead_letter_sequence(ns.dead_letter_key(2**64 - 1)) == 2**64 - 1
+    assert outbox_sequence(ns.outbox_key(7)) == 7
+    keys = {
+        ns.meta_key: RecordKind.META,
+        ns.queue_key(-1, 5): RecordKind.EVENT,
+        ns.dead_letter_key(5): RecordKind.DEAD_LETTER,
+        ns.outbox_key(5): RecordKind.OUTBOX,
+    }
+    for key, kind in keys.items():
+        assert parse_instance_key(key) == InstanceKey("a", 3, kind)
+    assert parse_instance_key(ns.dead_letter_key(5)[:-1]) is None  # too short: no key of ours
+
+
+def test_the_started_event_is_read_from_the_meta() -> None:
+    ns = Namespace("a", 3)
+    assert started_event(Meta()) is None
+    assert started_event(Meta(current=ns.queue_key(-7, 39))) == (-7, 39)
+
+
 def test_events_round_trip(store: Store) -> None:
     ns = Namespace("a", 0)
     key = ns.queue_key(5, 0)
@@ -144,6 +176,19 @@ def test_events_round_trip(store: Store) -> None:
     assert got == stored
     assert got is not None
     assert unpack(got.event) == {"id": 1}
+
+
+def test_an_event_added_from_its_fields_is_stored_as_its_record_would_be(store: Store) -> None:
+    ns = Namespace("a", 0)
+    stored = EventRecord(encode_event({"id": 1}), 10.0, None, -3)
+    with store.write() as txn:
+        ns.add_event(txn, 4, stored.event, stored.enqueued_at, None, -3)
+        ns.put_event(txn, ns.queue_key(-3, 5), stored)
+    with store.read() as txn:
+        added, put = txn.get(ns.queue_key(-3, 4)), txn.get(ns.queue_key(-3, 5))
+        assert ns.get_event(txn, ns.queue_key(-3, 4)) == stored
+    assert added == seal_event(ns.queue_key(-3, 4), stored)
+    assert added[4:] == put[4:]
 
 
 @given(
@@ -224,7 +269,7 @@ def fill(store: Store, ns: Namespace, events: int, dead: int) -> None:
 
 def counts(store: Store, ns: Namespace) -> tuple[int, int, int]:
     with store.read() as txn:
-        return ns.count_keys(txn, b"q"), ns.count_keys(txn, b"d"), ns.count_keys(txn, b"o")
+        return ns.count_pending(txn), ns.count_dead_letters(txn), ns.count_outbox(txn)
 
 
 @pytest.mark.parametrize(
@@ -301,7 +346,7 @@ def test_outbox_round_trips(store: Store) -> None:
         assert ns.delete_outbox(txn, 0) is False
     with store.read() as txn:
         assert list(ns.iter_outbox(txn)) == [(1, outbox_record(2))]
-        assert Namespace("a", 1).count_keys(txn, b"o") == 0
+        assert Namespace("a", 1).count_outbox(txn) == 0
 
 
 def test_last_delivered_per_source(store: Store) -> None:

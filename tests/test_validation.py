@@ -7,12 +7,13 @@ from typing import Any
 import pytest
 
 from dopool import ConfigurationError, EventTooLargeError, EventValidationError
-from dopool._records import encode_event, unpack
-from dopool._storage import (
+from dopool._layout import (
     MAX_EVENT_BYTES,
     MAX_PARTITION_KEY_BYTES,
     PRIORITY_MAX,
     PRIORITY_MIN,
+    encode_event,
+    unpack,
 )
 from dopool._validation import check_pool_name, prepare
 

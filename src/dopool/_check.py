@@ -11,9 +11,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dopool._errors import DamagedRecordError
-from dopool._records import (
+from dopool._layout import (
     FORMAT_VERSION,
     Meta,
+    RecordKind,
+    dead_letter_sequence,
+    is_format_key,
+    parse_instance_key,
+    pool_name_of,
+    queue_key_priority,
+    queue_key_sequence,
     read_dead,
     read_event,
     read_format,
@@ -21,16 +28,10 @@ from dopool._records import (
     read_meta,
     read_outbox,
     read_pool,
+    started_event,
     unpack,
 )
-from dopool._storage import (
-    Txn,
-    is_format_key,
-    parse_instance_key,
-    pool_name_of,
-    queue_key_priority,
-    queue_key_sequence,
-)
+from dopool._storage import Txn
 from dopool._validation import check_pool_name
 
 
@@ -86,7 +87,7 @@ def check_store(txn: Txn) -> CheckReport:
         try:
             if parsed is not None:
                 instance = instances.setdefault((parsed.pool, parsed.instance), _Instance())
-                _check_instance_record(where or "", instance, parsed.tag, key, value, problems)
+                _check_instance_record(where or "", instance, parsed.kind, key, value, problems)
             elif is_format_key(key):
                 has_format = True
                 version = read_format(key, value)
@@ -109,23 +110,28 @@ def check_store(txn: Txn) -> CheckReport:
 
 
 def _check_instance_record(
-    where: str, instance: _Instance, tag: bytes, key: bytes, value: bytes, problems: list[Problem]
+    where: str,
+    instance: _Instance,
+    kind: RecordKind,
+    key: bytes,
+    value: bytes,
+    problems: list[Problem],
 ) -> None:
     """Count a record of an instance by its key, then read it (which may raise)."""
-    if tag == b"m":
+    if kind is RecordKind.META:
         instance.meta_key = key
         instance.meta = read_meta(key, value)
-    elif tag == b"q":
+    elif kind is RecordKind.EVENT:
         instance.queue.add(key)
         priority = queue_key_priority(key)
         instance.priorities[priority] = instance.priorities.get(priority, 0) + 1
         instance.last_sequence = max(instance.last_sequence, queue_key_sequence(key))
         _payload(where, key, read_event(key, value).event, problems)
-    elif tag == b"d":
+    elif kind is RecordKind.DEAD_LETTER:
         instance.dead += 1
-        instance.last_sequence = max(instance.last_sequence, queue_key_sequence(key))
+        instance.last_sequence = max(instance.last_sequence, dead_letter_sequence(key))
         read_dead(key, value)
-    elif tag == b"o":
+    elif kind is RecordKind.OUTBOX:
         instance.outbox += 1
         _payload(where, key, read_outbox(key, value).event, problems)
     else:
@@ -184,8 +190,9 @@ def _check_instance(
         problem(f"meta counts {meta.priorities} per priority, the keys {found.priorities}", key)
     if found.last_sequence >= meta.tail:
         problem(f"sequence {found.last_sequence} at or past the tail {meta.tail}", key)
-    if meta.current is not None and meta.current not in found.queue:
-        problem(f"the started event {queue_key_sequence(meta.current)} has no record", key)
+    started = started_event(meta)  # (priority, sequence)
+    if started is not None and meta.current not in found.queue:
+        problem(f"the started event {started[1]} has no record", key)
     if meta.running and meta.current is None:
         problem("an attempt is running, but no event is started", key)
     return problems

@@ -30,6 +30,7 @@ from dopool._errors import (
     StorageError,
 )
 from dopool._inbox import Inbox
+from dopool._layout import DeadRecord, EventRecord, Meta, queue_key_sequence, unpack
 from dopool._machine import Effects, QueueMachine, Started
 from dopool._mailbox import UNKNOWN, Mailbox, fail_reply
 from dopool._messages import (
@@ -49,9 +50,8 @@ from dopool._messages import (
     Run,
 )
 from dopool._options import PoolOptions
-from dopool._records import DeadRecord, EventRecord, Meta, unpack
 from dopool._router import Router
-from dopool._storage import Store, Txn, queue_key_sequence
+from dopool._storage import Store, Txn
 from dopool._types import DeadLetter, EmptyInfo, EnqueueResult, PoolEvent
 from dopool.chaos import FaultInjector
 

@@ -26,11 +26,20 @@ from dopool._errors import (
     RetryAfter,
     StorageError,
 )
+from dopool._layout import (
+    DeadRecord,
+    EventRecord,
+    Meta,
+    Namespace,
+    OutboxRecord,
+    queue_key_priority,
+    queue_key_sequence,
+    started_event,
+)
 from dopool._messages import Item
 from dopool._options import PoolOptions
-from dopool._records import DeadRecord, EventRecord, Meta, OutboxRecord
 from dopool._retry import uniform_draw
-from dopool._storage import Namespace, Txn, queue_key_priority, queue_key_sequence
+from dopool._storage import Txn
 from dopool._types import DeadLetter, EnqueueResult, EventKind, PoolEvent
 from dopool.chaos import FaultInjector
 
@@ -165,8 +174,7 @@ class QueueMachine:
                 previous = priority
             sequence = meta.tail
             meta.tail = sequence + 1
-            record = (item.event, now, item.partition_key, priority)  # an EventRecord's fields
-            ns.put_event(txn, ns.queue_key(priority, sequence), record)
+            ns.add_event(txn, sequence, item.event, now, item.partition_key, priority)
             counts[priority] = counts.get(priority, 0) + 1
             results.append(EnqueueResult(sequence, index, ident, position))
             if listening:
@@ -481,6 +489,7 @@ def _position(meta: Meta, priority: int) -> int:
     if len(counts) == 1 and priority in counts:
         return counts[priority]  # all pending are of this level, the started one too
     ahead = sum(count for level, count in counts.items() if level >= priority)
-    if meta.current is not None and queue_key_priority(meta.current) < priority:
+    started = started_event(meta)  # (priority, sequence)
+    if started is not None and started[0] < priority:
         ahead += 1  # the started event keeps its place whatever its priority
     return ahead

@@ -11,8 +11,8 @@ import pykka
 from dopool._clock import Activity, Clock
 from dopool._errors import DopoolError, InstanceCrashedError, PoolClosedError
 from dopool._inbox import Inbox
+from dopool._layout import Meta
 from dopool._messages import Alarm, Deliver, Delivered, Kill, Recover, Run
-from dopool._records import Meta
 from dopool._turn import Turn
 
 # Messages the engine sends itself: one a crash interrupts goes to the restarted

@@ -6,7 +6,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from dopool._records import OutboxRecord
+from dopool._layout import OutboxRecord
 
 _ANSWERING = threading.Lock()  # makes "answered yet?" and "now it is" one step
 

@@ -15,7 +15,7 @@ from typing import Any, Required, TypedDict
 
 from dopool._context import EventContext
 from dopool._errors import ConfigurationError
-from dopool._records import MAX_CONCURRENCY
+from dopool._layout import MAX_CONCURRENCY
 from dopool._retry import RetryPolicy
 from dopool._types import DeadLetter, EmptyInfo
 

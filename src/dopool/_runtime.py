@@ -25,12 +25,13 @@ from dopool._errors import (
     PoolClosedError,
 )
 from dopool._instance import DirectEnqueue, InstanceActor, InstanceEnv, PoolSpec
+from dopool._layout import Namespace
 from dopool._mailbox import Mailbox
 from dopool._messages import Item, Recover, Reply
 from dopool._options import PoolOptions, PoolOptionsDict
 from dopool._pool import WorkerPool, provide_default_runtime
 from dopool._router import Router
-from dopool._storage import Namespace, Store
+from dopool._storage import Store
 from dopool._types import PoolEvent
 from dopool._validation import check_pool_name, prepare
 from dopool._waits import WaitGraph

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dopool._records import Meta
-from dopool._storage import queue_key_sequence
+from dopool._layout import Meta, started_event
 from dopool._types import InstanceState, InstanceStatus, PoolStatus
 
 
@@ -17,6 +16,7 @@ def instance_status(
     ``state`` is the first of restarting, paused, processing, backoff, idle.
     """
     state: InstanceState
+    started = started_event(meta)  # (priority, sequence)
     if restart_at is not None:
         state = "restarting"
     elif meta.paused:
@@ -37,7 +37,7 @@ def instance_status(
         succeeded=meta.succeeded,
         dead_lettered=meta.dead_lettered,
         drained=meta.drained,
-        current_sequence=None if meta.current is None else queue_key_sequence(meta.current),
+        current_sequence=None if started is None else started[1],
         attempt=meta.attempt,
         next_alarm_at=meta.alarm,
         restarts=meta.restarts,

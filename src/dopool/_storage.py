@@ -1,20 +1,9 @@
-"""The store: one LMDB environment per runtime, one key namespace per instance.
+"""The store: one LMDB environment per runtime, its transactions, group commit and lock.
 
-Key layout (all integers big-endian, so LMDB's byte order is numeric order)::
-
-    P <pool>                              pool record: {"concurrency": N}
-    I <pool>:<index> \\0 m                 instance meta (counters, flags, alarm slot)
-    I <pool>:<index> \\0 q <rank:4> <seq:8> one pending event
-    I <pool>:<index> \\0 d <seq:8>          one dead letter
-    I <pool>:<index> \\0 o <oseq:8>         one follow-up waiting in the outbox
-    I <pool>:<index> \\0 s <source:4>       last outbox sequence accepted from a source
-
-``rank`` is ``2**31 - 1 - priority``, so the first queue key under an instance's
-prefix is always the next event to run: higher priority first, then FIFO.
-Enqueue is one put and dequeue one ``set_range`` through the B-tree; nothing scans.
-
-Everything outside this module sees records and namespaces, never LMDB or msgpack:
-their errors are mapped to :class:`StorageError` / :class:`EventValidationError` here.
+What the keys and values hold is :mod:`dopool._layout`'s; this module opens the
+environment (refusing a damaged one or one of another format), runs write
+transactions, one commit for many writers, and holds the store lock. LMDB's
+errors are mapped to :class:`StorageError` here.
 """
 
 from __future__ import annotations
@@ -25,273 +14,37 @@ import fcntl
 import os
 import socket
 import stat
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import lmdb
 
 from dopool._errors import (
-    DamagedRecordError,
     StorageError,
     StoreDamagedError,
     StoreFormatError,
     StoreLockedError,
 )
-from dopool._records import (
+from dopool._layout import (
+    FORMAT_KEY,
     FORMAT_VERSION,
-    DeadRecord,
-    EventRecord,
-    Meta,
-    OutboxRecord,
-    damaged,
-    read_dead,
-    read_event,
+    get_pool,
+    put_pool,
     read_format,
-    read_link,
-    read_meta,
-    read_outbox,
-    read_pool,
-    seal_dead,
-    seal_event,
     seal_format,
-    seal_link,
-    seal_meta,
-    seal_outbox,
-    seal_pool,
 )
 from dopool._turn import Turn
-
-MAX_EVENT_BYTES = 128 * 1024
-MAX_PARTITION_KEY_BYTES = 2 * 1024
-PRIORITY_MIN = -(2**31)
-PRIORITY_MAX = 2**31 - 1
 
 # Virtual address space only: LMDB grows the file as pages are used.
 _MAP_SIZE = 1 << 36
 _MAX_READERS = 512
-_POOL_PREFIX = b"P"
-_FORMAT_KEY = b"F"  # the store's format version, written when it is created
-_U32 = struct.Struct(">I")
-_U64 = struct.Struct(">Q")
-_RANK_SEQ = struct.Struct(">IQ")
 
 Txn = Any  # an lmdb.Transaction; lmdb ships no type hints
 T = TypeVar("T")
-
-
-def queue_key_priority(key: bytes) -> int:
-    """The priority encoded in a queue-key suffix (``rank:4 seq:8``)."""
-    rank: int = _U32.unpack_from(key, len(key) - 12)[0]
-    return PRIORITY_MAX - rank
-
-
-def queue_key_sequence(key: bytes) -> int:
-    """The sequence encoded in a queue key."""
-    sequence: int = _U64.unpack_from(key, len(key) - 8)[0]
-    return sequence
-
-
-class InstanceKey(NamedTuple):
-    """A key of some instance's namespace, taken apart (see :func:`parse_instance_key`)."""
-
-    pool: str
-    instance: int
-    tag: bytes  # b"m", b"q", b"d", b"o" or b"s"
-    suffix: bytes
-
-
-# The length of the suffix after each tag of an instance's namespace.
-_SUFFIX_LENGTHS = {b"m": 0, b"q": _RANK_SEQ.size, b"d": 8, b"o": 8, b"s": 4}
-
-
-def parse_instance_key(key: bytes) -> InstanceKey | None:
-    """Take an instance's key apart; None if it is not one of the layout above."""
-    ident, nul, rest = key[1:].partition(b"\0")
-    if key[:1] != b"I" or not nul or not rest:
-        return None
-    try:
-        pool, _, index = ident.decode().rpartition(":")
-    except UnicodeDecodeError:
-        return None
-    tag, suffix = rest[:1], rest[1:]
-    if not pool or not index.isdigit() or _SUFFIX_LENGTHS.get(tag) != len(suffix):
-        return None
-    return InstanceKey(pool, int(index), tag, suffix)
-
-
-def is_format_key(key: bytes) -> bool:
-    return key == _FORMAT_KEY
-
-
-def pool_name_of(key: bytes) -> str | None:
-    """The pool a pool record's key names; None if ``key`` is not a pool record's."""
-    if key[:1] != _POOL_PREFIX or len(key) == 1:
-        return None
-    try:
-        return key[1:].decode()
-    except UnicodeDecodeError:
-        return None
-
-
-class Namespace:
-    """The keys of one instance. Methods take an open transaction from :class:`Store`.
-
-    Every value is sealed and checked by :mod:`dopool._records`: a read raises
-    :class:`DamagedRecordError` for a record that fails its checksum or layout.
-    """
-
-    __slots__ = ("_dead", "_meta", "_outbox", "_queue", "_seen", "prefix")
-
-    def __init__(self, pool: str, index: int) -> None:
-        self.prefix = b"I" + f"{pool}:{index}".encode() + b"\0"
-        self._meta = self.prefix + b"m"
-        self._queue = self.prefix + b"q"
-        self._dead = self.prefix + b"d"
-        self._outbox = self.prefix + b"o"
-        self._seen = self.prefix + b"s"
-
-    # -- meta ---------------------------------------------------------------
-    def load_meta(self, txn: Txn) -> Meta:
-        raw = txn.get(self._meta)
-        if raw is None:
-            return Meta()
-        return read_meta(self._meta, raw)
-
-    def save_meta(self, txn: Txn, meta: Meta) -> None:
-        txn.put(self._meta, seal_meta(self._meta, meta))
-
-    # -- queue --------------------------------------------------------------
-    def queue_key(self, priority: int, sequence: int) -> bytes:
-        return self._queue + _RANK_SEQ.pack(PRIORITY_MAX - priority, sequence)
-
-    def put_event(self, txn: Txn, key: bytes, record: EventRecord | tuple[Any, ...]) -> None:
-        """Store a pending event: an :class:`EventRecord`, or a plain tuple of its fields."""
-        txn.put(key, seal_event(key, record), overwrite=False)
-
-    def get_event(self, txn: Txn, key: bytes) -> EventRecord | None:
-        raw = txn.get(key)
-        return None if raw is None else read_event(key, raw)
-
-    def first_event(self, txn: Txn) -> tuple[bytes, EventRecord] | None:
-        """The queue's first key and its record: the next event to run, if any.
-
-        Raises:
-            DamagedRecordError: the first record is damaged (its ``key`` says which).
-        """
-        queue, length = self._queue, len(self._queue) + _RANK_SEQ.size
-        with txn.cursor() as cursor:
-            found = cursor.set_range(queue)
-            while found:
-                key, raw = cursor.item()
-                if not key.startswith(queue):
-                    break
-                if len(key) == length:
-                    return key, read_event(key, raw)
-                found = cursor.next()  # a stray key of the wrong length: not an event
-        return None
-
-    def delete_event(self, txn: Txn, key: bytes) -> None:
-        txn.delete(key)
-
-    def delete_events(self, txn: Txn) -> int:
-        return _delete_prefix(txn, self._queue)
-
-    def iter_event_keys(self, txn: Txn) -> Iterator[bytes]:
-        for key, _ in _iter_prefix(txn, self._queue):
-            yield key
-
-    # -- dead letters -------------------------------------------------------
-    def put_dead_letter(self, txn: Txn, sequence: int, record: DeadRecord) -> None:
-        key = self._dead + _U64.pack(sequence)
-        txn.put(key, seal_dead(key, record))
-
-    def iter_dead_letters(self, txn: Txn) -> Iterator[tuple[int, DeadRecord]]:
-        """Every dead letter by sequence; a damaged one is listed as such, not raised."""
-        for key, raw in _iter_prefix(txn, self._dead, len(self._dead) + 8):
-            yield queue_key_sequence(key), _dead_or_damaged(key, raw)
-
-    def pop_dead_letter(self, txn: Txn, sequence: int) -> DeadRecord | None:
-        key = self._dead + _U64.pack(sequence)
-        raw = txn.pop(key)
-        return None if raw is None else _dead_or_damaged(key, raw)
-
-    def delete_dead_letters(self, txn: Txn) -> int:
-        return _delete_prefix(txn, self._dead)
-
-    # -- outbox and delivery bookkeeping --------------------------------------
-    def put_outbox(self, txn: Txn, oseq: int, record: OutboxRecord) -> None:
-        key = self._outbox + _U64.pack(oseq)
-        txn.put(key, seal_outbox(key, record))
-
-    def iter_outbox(self, txn: Txn) -> Iterator[tuple[int, OutboxRecord | DamagedRecordError]]:
-        """Every outbox entry by sequence; a damaged one comes as its error, not raised."""
-        for key, raw in _iter_prefix(txn, self._outbox, len(self._outbox) + 8):
-            try:
-                record: OutboxRecord | DamagedRecordError = read_outbox(key, raw)
-            except DamagedRecordError as exc:
-                record = exc
-            yield queue_key_sequence(key), record
-
-    def delete_outbox(self, txn: Txn, oseq: int) -> bool:
-        return bool(txn.delete(self._outbox + _U64.pack(oseq)))
-
-    def last_delivered(self, txn: Txn, source: int) -> int:
-        """The last link accepted from ``source`` (all below it were too), or -1."""
-        key = self._seen + _U32.pack(source)
-        raw = txn.get(key)
-        return -1 if raw is None else read_link(key, raw)
-
-    def set_delivered(self, txn: Txn, source: int, link: int) -> None:
-        key = self._seen + _U32.pack(source)
-        txn.put(key, seal_link(key, link))
-
-    def count_keys(self, txn: Txn, tag: bytes) -> int:
-        """How many keys of one kind (``b"q"``, ``b"d"``, ``b"o"``) exist: for checkers only."""
-        return sum(1 for _ in _iter_prefix(txn, self.prefix + tag))
-
-
-def _dead_or_damaged(key: bytes, raw: bytes) -> DeadRecord:
-    """A dead letter as stored, or, if it is damaged, a record that says so."""
-    try:
-        return read_dead(key, raw)
-    except DamagedRecordError as exc:
-        return DeadRecord(raw, f"DamagedRecordError: {exc.reason}", 0, 0.0, 0.0, None, 0, True)
-
-
-def _iter_prefix(
-    txn: Txn, prefix: bytes, length: int | None = None
-) -> Iterator[tuple[bytes, bytes]]:
-    """The records under ``prefix``; with ``length``, only keys of that length.
-
-    A key of the wrong length is no record of the layout (``dopool check``
-    reports it); skipping it keeps one stray key from stopping an instance.
-    """
-    with txn.cursor() as cursor:
-        if not cursor.set_range(prefix):
-            return
-        for key, value in cursor:
-            if not key.startswith(prefix):
-                return
-            if length is None or len(key) == length:
-                yield key, value
-
-
-def _delete_prefix(txn: Txn, prefix: bytes) -> int:
-    count = 0
-    with txn.cursor() as cursor:
-        if not cursor.set_range(prefix):
-            return 0
-        while cursor.key().startswith(prefix):
-            cursor.delete()  # moves to the next key
-            count += 1
-            if not cursor.key():
-                break
-    return count
 
 
 class _StoreLock:
@@ -624,13 +377,10 @@ class Store:
 
     def get_pool(self, txn: Txn, name: str) -> int | None:
         """The concurrency a pool was stored with, or None for a pool never defined."""
-        key = _POOL_PREFIX + name.encode()
-        raw = txn.get(key)
-        return None if raw is None else read_pool(key, raw)
+        return get_pool(txn, name)
 
     def put_pool(self, txn: Txn, name: str, concurrency: int) -> None:
-        key = _POOL_PREFIX + name.encode()
-        txn.put(key, seal_pool(key, concurrency))
+        put_pool(txn, name, concurrency)
 
     def close(self) -> None:
         with self._close_lock:
@@ -643,17 +393,6 @@ class Store:
             finally:
                 self._env.close()
                 self._lock.release()
-
-
-def pool_records(txn: Txn) -> dict[str, int]:
-    """Every pool a store knows, by name, with its stored concurrency (checked)."""
-    pools = {}
-    for key, raw in _iter_prefix(txn, _POOL_PREFIX):
-        name = pool_name_of(key)
-        if name is None:
-            raise damaged(key, raw, "the pool name is not UTF-8")
-        pools[name] = read_pool(key, raw)
-    return pools
 
 
 def _check_data_file(path: Path) -> None:
@@ -689,10 +428,10 @@ def _check_opened(env: Any, path: Path, *, create: bool) -> None:
                 path=str(path), reason=f"data/data.mdb is {size} bytes, shorter than {used} in use"
             )
         with env.begin(write=False) as txn:
-            raw = txn.get(_FORMAT_KEY)
+            raw = txn.get(FORMAT_KEY)
             entries = env.stat()["entries"]
         if raw is not None:
-            found = read_format(_FORMAT_KEY, raw)
+            found = read_format(FORMAT_KEY, raw)
             if found != FORMAT_VERSION:
                 raise StoreFormatError(path=str(path), found=found, supported=FORMAT_VERSION)
             return
@@ -700,7 +439,7 @@ def _check_opened(env: Any, path: Path, *, create: bool) -> None:
             raise StoreFormatError(path=str(path), found=None, supported=FORMAT_VERSION)
         if create:
             with env.begin(write=True) as txn:
-                txn.put(_FORMAT_KEY, seal_format(_FORMAT_KEY))
+                txn.put(FORMAT_KEY, seal_format(FORMAT_KEY))
     except (lmdb.Error, OSError) as exc:
         raise StorageError(f"cannot open store {str(path)!r}: {exc}") from exc
 

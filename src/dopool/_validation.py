@@ -7,9 +7,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from dopool._errors import ConfigurationError, EventTooLargeError, EventValidationError
+from dopool._layout import (
+    MAX_EVENT_BYTES,
+    MAX_PARTITION_KEY_BYTES,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    encode_event,
+)
 from dopool._messages import Item
-from dopool._records import encode_event
-from dopool._storage import MAX_EVENT_BYTES, MAX_PARTITION_KEY_BYTES, PRIORITY_MAX, PRIORITY_MIN
 
 Schema = Callable[[Any], Any]
 

@@ -40,9 +40,15 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from dopool import RetryPolicy
+from dopool._layout import (
+    Meta,
+    Namespace,
+    queue_key_priority,
+    queue_key_sequence,
+    started_event,
+    unpack,
+)
 from dopool._mailbox import RESTARTS_AT_ONCE, restart_delay
-from dopool._records import Meta, unpack
-from dopool._storage import Namespace, queue_key_priority, queue_key_sequence
 
 Entry = tuple[int, int]  # (instance index, sequence)
 
@@ -225,9 +231,9 @@ def read_store(store: Any, pool: str, concurrency: int) -> list[InstanceSnapshot
                     meta=ns.load_meta(txn),
                     queue=queue,
                     dead=dead,
-                    queue_keys=ns.count_keys(txn, b"q"),
-                    dead_keys=ns.count_keys(txn, b"d"),
-                    outbox_keys=ns.count_keys(txn, b"o"),
+                    queue_keys=ns.count_pending(txn),
+                    dead_keys=ns.count_dead_letters(txn),
+                    outbox_keys=ns.count_outbox(txn),
                     bad_keys=bad,
                 )
             )
@@ -538,7 +544,8 @@ class Model:
                 f"{where}: enqueued={meta.enqueued} != succeeded {meta.succeeded} + dead_lettered "
                 f"{meta.dead_lettered} + drained {meta.drained} + pending {meta.pending}"
             )
-        current = None if meta.current is None else queue_key_sequence(meta.current)
+        place = started_event(meta)  # (priority, sequence)
+        current = None if place is None else place[1]
         if current is not None and current not in snap.queue:
             self._bad(f"{where}: current sequence {current} has no queue key")
         if meta.pending == 0 and meta.alarm is not None:

@@ -33,13 +33,13 @@ from typing import Any
 from dopool._clock import SimulatedClock
 from dopool._context import EventContext
 from dopool._errors import ConfigurationError, DopoolError, QueueFullError
+from dopool._layout import Namespace
 from dopool._messages import Pause, Reply, Resume
 from dopool._pool import WorkerPool
 from dopool._retry import RetryPolicy
 from dopool._runtime import Runtime
 from dopool._sim.metrics import Collector, InstanceResult, Invariant, Latency, Result
 from dopool._sim.scenario import Scenario, with_overrides
-from dopool._storage import Namespace
 from dopool._types import EnqueueResult
 from dopool._validation import prepare
 from dopool.chaos import FaultPlan
@@ -512,10 +512,10 @@ def _counters(runtime: Runtime, pool: WorkerPool, collector: Collector) -> Invar
                 problems.append(f"{where}: enqueued {meta.enqueued} != {settled}")
             if meta.pending > meta.tail:
                 problems.append(f"{where}: {meta.pending} pending beyond tail {meta.tail}")
-            keys = ns.count_keys(txn, b"q")
+            keys = ns.count_pending(txn)
             if keys != meta.pending:
                 problems.append(f"{where}: {keys} queue keys for {meta.pending} pending")
-            letters = ns.count_keys(txn, b"d")
+            letters = ns.count_dead_letters(txn)
             if letters != meta.dead_letters:
                 problems.append(
                     f"{where}: {letters} dead-letter keys, meta says {meta.dead_letters}"

@@ -4,7 +4,7 @@
 the store lock, so it works beside a live runtime (in this process or
 another): LMDB readers see the last committed state and never block the
 writer. It decodes the same records the engine writes (through
-:mod:`dopool._storage`), so ``dopool status`` shows what ``pool.status()``
+:mod:`dopool._layout`), so ``dopool status`` shows what ``pool.status()``
 would.
 
 Acting on dead letters (:func:`redrive` and :func:`purge`) needs the store
@@ -29,9 +29,10 @@ from dopool._clock import RealClock, SimulatedClock
 from dopool._context import EventContext
 from dopool._errors import ConfigurationError, StorageError
 from dopool._instance import dead_letter_from_record
+from dopool._layout import Namespace, pool_records
 from dopool._runtime import Runtime
 from dopool._status import instance_status, pool_status
-from dopool._storage import Namespace, open_readonly, pool_records
+from dopool._storage import open_readonly
 from dopool._types import DeadLetter, PoolStatus
 
 
