@@ -35,18 +35,14 @@ from dopool._machine import Effects, QueueMachine, Started
 from dopool._mailbox import UNKNOWN, Mailbox, fail_reply
 from dopool._messages import (
     Alarm,
+    Control,
     Deliver,
     Delivered,
-    Drain,
     Enqueue,
     Item,
     Kill,
-    Pause,
-    Purge,
     Recover,
-    Redrive,
     Reply,
-    Resume,
     Run,
 )
 from dopool._options import PoolOptions
@@ -271,11 +267,6 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
             Enqueue: self._on_enqueue,
             Alarm: self._on_alarm,
             Recover: self._on_recover,
-            Pause: self._on_pause,
-            Resume: self._on_resume,
-            Drain: self._on_drain,
-            Redrive: self._on_redrive,
-            Purge: self._on_purge,
             Deliver: self._on_deliver,
             Delivered: self._on_delivered,
             Kill: self._on_kill,
@@ -294,7 +285,13 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         try:
             self._fault_point("receive")  # a kill lands before any later message
             self._run(self._mailbox.take_run())  # an attempt a caller started, first
-            self._handlers[type(message)](message)
+            handle = self._handlers.get(type(message))
+            if handle is not None:
+                handle(message)
+            elif isinstance(message, Control):
+                self._on_control(message)
+            else:
+                raise TypeError(f"an instance takes no {type(message).__name__} message")
             self._mailbox.handled(message)
         except _Crash as crash:
             self._crash(crash.point, message)
@@ -527,63 +524,21 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         if message.reply is not None:
             message.reply.set(None)
 
-    # -- control ---------------------------------------------------------------
-    def _on_pause(self, message: Pause) -> None:
-        self._set_paused(True, message)
-
-    def _on_resume(self, message: Resume) -> None:
-        self._set_paused(False, message)
-
-    def _set_paused(self, paused: bool, message: Pause | Resume) -> None:
+    # -- control -----------------------------------------------------------------
+    def _on_control(self, message: Control) -> None:
+        """Any control message: its transition in one transaction, publish, answer."""
         now = self._clock.now()
         effects = Effects()
 
-        def body(txn: Txn) -> Meta:
+        def body(txn: Txn) -> tuple[Meta, Any]:
             meta = self._load_meta(txn)
-            if self._machine.set_paused(meta, paused, now, effects):
-                self._save_meta(txn, meta)
-            return meta
-
-        meta = self._transact(body)
-        self._publish(meta, effects)
-        message.reply.set(None)
-
-    def _on_drain(self, message: Drain) -> None:
-        now = self._clock.now()
-        effects = Effects()
-
-        def body(txn: Txn) -> tuple[Meta, int]:
-            meta = self._load_meta(txn)
-            count = self._machine.drain(txn, meta, now, effects)
+            result = message.apply(self._machine, txn, meta, now, effects)
             self._save_meta(txn, meta)
-            return meta, count
+            return meta, result
 
-        meta, count = self._transact(body)
+        meta, result = self._transact(body)
         self._publish(meta, effects)
-        message.reply.set(count)
-
-    def _on_redrive(self, message: Redrive) -> None:
-        now = self._clock.now()
-        effects = Effects()
-
-        def body(txn: Txn) -> tuple[Meta, int]:
-            meta = self._load_meta(txn)
-            count = self._machine.redrive(txn, meta, message.sequences, now, effects)
-            self._save_meta(txn, meta)
-            return meta, count
-
-        meta, count = self._transact(body)
-        self._publish(meta, effects)
-        message.reply.set(count)
-
-    def _on_purge(self, message: Purge) -> None:
-        def body(txn: Txn) -> int:
-            meta = self._load_meta(txn)
-            count = self._machine.purge(txn, meta)
-            self._save_meta(txn, meta)
-            return count
-
-        message.reply.set(self._transact(body))
+        message.reply.set(result)
 
     # -- follow-up delivery ------------------------------------------------------
     def _on_deliver(self, message: Deliver) -> None:

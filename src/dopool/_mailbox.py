@@ -12,12 +12,8 @@ from dopool._clock import Activity, Clock
 from dopool._errors import DopoolError, InstanceCrashedError, PoolClosedError
 from dopool._inbox import Inbox
 from dopool._layout import Meta
-from dopool._messages import Alarm, Deliver, Delivered, Kill, Recover, Run
+from dopool._messages import Alarm, Kill, Message, Recover, Run
 from dopool._turn import Turn
-
-# Messages the engine sends itself: one a crash interrupts goes to the restarted
-# instance again. A caller's message that a crash interrupts fails instead.
-_INTERNAL = (Alarm, Deliver, Delivered)
 
 UNKNOWN = float("nan")  # an alarm time equal to none: the clock must be told again
 
@@ -277,7 +273,9 @@ class Mailbox:
             self._unrecorded_restarts += 1
             if not ordered:
                 self.crash_streak += 1
-            retried = [in_hand] if isinstance(in_hand, _INTERNAL) else []
+            retried = (
+                [in_hand] if isinstance(in_hand, Message) and in_hand.retried_after_crash else []
+            )
             delay = 0.0 if ordered else restart_delay(self.crash_streak)
             if delay > 0:
                 self._delay_restart(start, clock, delay, retried, waiting)

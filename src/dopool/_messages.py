@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import threading
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
-from dopool._layout import OutboxRecord
+from dopool._layout import Meta, OutboxRecord
+
+if TYPE_CHECKING:
+    from dopool._machine import Effects, QueueMachine
+    from dopool._storage import Txn
 
 _ANSWERING = threading.Lock()  # makes "answered yet?" and "now it is" one step
 
@@ -73,8 +78,37 @@ class Item(NamedTuple):
     priority: int
 
 
+class Message:
+    """A message to an instance actor.
+
+    ``retried_after_crash``: whether a crash that interrupts it hands it to the
+    restarted instance again. The engine's own messages are (an alarm, a
+    delivery or its acknowledgement must not be lost with the actor); a
+    caller's is not: its caller gets ``InstanceCrashedError`` instead.
+    """
+
+    __slots__ = ()
+    retried_after_crash: ClassVar[bool] = False
+
+
+class Control(Message, ABC):
+    """A caller's request that is one transition of the queue machine, answered with its result.
+
+    Adding one is this declaration, its transition in :mod:`dopool._machine`,
+    and the pool method that sends it: the actor runs every control message
+    the same way (one transaction, publish, answer).
+    """
+
+    __slots__ = ()
+    reply: Reply
+
+    @abstractmethod
+    def apply(self, machine: QueueMachine, txn: Txn, meta: Meta, now: float, fx: Effects) -> Any:
+        """Make the transition; its result answers the caller."""
+
+
 @dataclass(frozen=True, slots=True)
-class Enqueue:
+class Enqueue(Message):
     """Append items atomically (all or none), answering a list of EnqueueResult."""
 
     items: tuple[Item, ...]
@@ -82,7 +116,7 @@ class Enqueue:
 
 
 @dataclass(frozen=True, slots=True)
-class Recover:
+class Recover(Message):
     """Sent first to a started instance: settle a crashed attempt, re-arm the alarm.
 
     ``restarts`` counts the supervisor restarts not yet recorded: more than one
@@ -94,59 +128,89 @@ class Recover:
 
 
 @dataclass(frozen=True, slots=True)
-class Kill:
+class Kill(Message):
     """Crash now (``runtime.kill`` on an instance that is not inside its handler)."""
 
 
 @dataclass(frozen=True, slots=True)
-class Run:
+class Run(Message):
     """A caller started an attempt on this idle instance: run it (see ``Mailbox.start_run``)."""
 
 
 @dataclass(frozen=True, slots=True)
-class Alarm:
+class Alarm(Message):
     """The clock says the alarm slot is due."""
 
-
-@dataclass(frozen=True, slots=True)
-class Pause:
-    reply: Reply
+    retried_after_crash: ClassVar[bool] = True
 
 
 @dataclass(frozen=True, slots=True)
-class Resume:
-    reply: Reply
-
-
-@dataclass(frozen=True, slots=True)
-class Drain:
-    reply: Reply
-
-
-@dataclass(frozen=True, slots=True)
-class Redrive:
-    """Re-enqueue the given dead letters (by sequence), or all when None."""
-
-    sequences: frozenset[int] | None
-    reply: Reply
-
-
-@dataclass(frozen=True, slots=True)
-class Purge:
-    reply: Reply
-
-
-@dataclass(frozen=True, slots=True)
-class Deliver:
+class Deliver(Message):
     """Source instance → target: a follow-up from the source's outbox."""
 
+    retried_after_crash: ClassVar[bool] = True
     source: int
     oseq: int
     record: OutboxRecord
 
 
 @dataclass(frozen=True, slots=True)
-class Delivered:
+class Delivered(Message):
     """Target → source: the follow-up ``oseq`` is durable in the target's queue."""
 
+    retried_after_crash: ClassVar[bool] = True
     oseq: int
+
+
+# -- control messages: each one transition of the queue machine --------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Pause(Control):
+    """Start nothing more; enqueues are still accepted."""
+
+    reply: Reply
+
+    def apply(self, machine: QueueMachine, txn: Txn, meta: Meta, now: float, fx: Effects) -> None:
+        machine.set_paused(meta, True, now, fx)
+
+
+@dataclass(frozen=True, slots=True)
+class Resume(Control):
+    """Undo a pause."""
+
+    reply: Reply
+
+    def apply(self, machine: QueueMachine, txn: Txn, meta: Meta, now: float, fx: Effects) -> None:
+        machine.set_paused(meta, False, now, fx)
+
+
+@dataclass(frozen=True, slots=True)
+class Drain(Control):
+    """Remove every pending event, answering how many."""
+
+    reply: Reply
+
+    def apply(self, machine: QueueMachine, txn: Txn, meta: Meta, now: float, fx: Effects) -> int:
+        return machine.drain(txn, meta, now, fx)
+
+
+@dataclass(frozen=True, slots=True)
+class Redrive(Control):
+    """Re-enqueue the given dead letters (by sequence), or all when None, answering how many."""
+
+    sequences: frozenset[int] | None
+    reply: Reply
+
+    def apply(self, machine: QueueMachine, txn: Txn, meta: Meta, now: float, fx: Effects) -> int:
+        return machine.redrive(txn, meta, self.sequences, now, fx)
+
+
+@dataclass(frozen=True, slots=True)
+class Purge(Control):
+    """Delete every dead letter, answering how many."""
+
+    reply: Reply
+
+    def apply(self, machine: QueueMachine, txn: Txn, meta: Meta, now: float, fx: Effects) -> int:
+        return machine.purge(txn, meta)
