@@ -31,8 +31,9 @@ from dopool import (
     SimulatedClock,
     WorkerPool,
 )
+from dopool._actor import InstanceActor
 from dopool._inbox import Inbox
-from dopool._instance import InstanceActor, _Instance
+from dopool._instance import _Instance
 from dopool._layout import Meta, Namespace
 from dopool._mailbox import Mailbox
 from dopool._messages import Pause, Recover, Resume, Run

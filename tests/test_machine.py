@@ -10,7 +10,6 @@ import pytest
 
 from dopool import PermanentError, RetryAfter, RetryPolicy
 from dopool._errors import QueueFullError
-from dopool._instance import dead_letter_from_record
 from dopool._layout import Meta, OutboxRecord, pack, seal_event
 from dopool._machine import ALARM_RETRY_MAX, Effects, QueueMachine
 from dopool._messages import Item
@@ -48,7 +47,6 @@ class Rig:
             faults=FaultInjector(plan, "p", 0),
             fault_point=lambda point, fault: self.points.append(point),
             listening=lambda: True,
-            dead_letter=dead_letter_from_record,
         )
         self.meta = Meta()
 

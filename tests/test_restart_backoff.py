@@ -71,7 +71,7 @@ def damaged(monkeypatch: pytest.MonkeyPatch) -> Iterator[Switch]:
             raise StorageError("damaged record")
         return context(**fields)
 
-    monkeypatch.setattr("dopool._instance.EventContext", failing_context)
+    monkeypatch.setattr("dopool._actor.EventContext", failing_context)
     switch.on = True
     yield switch
     switch.on = False

@@ -1,4 +1,4 @@
-"""The instance actor: the shell around one instance's queue machine.
+"""The shell around one instance's queue machine, shared by its actor and direct enqueues.
 
 Every message is handled as: one write transaction in which the queue machine
 (:mod:`dopool._machine`) makes its transition, commit, then (and only then) the
@@ -12,43 +12,30 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, NoReturn, TypeVar, cast
+from typing import Any, TypeVar
 
 import pykka
 
 from dopool._clock import Clock
-from dopool._context import EventContext
 from dopool._errors import (
-    DamagedRecordError,
     DopoolError,
     InstanceCrashedError,
     PermanentError,
-    PoolClosedError,
-    StorageError,
 )
-from dopool._inbox import Inbox
-from dopool._layout import DeadRecord, EventRecord, Meta, queue_key_sequence, unpack
+from dopool._layout import Meta
 from dopool._machine import Effects, QueueMachine, Started
-from dopool._mailbox import UNKNOWN, Mailbox, fail_reply
+from dopool._mailbox import Mailbox, fail_reply
 from dopool._messages import (
-    Alarm,
-    Control,
     Deliver,
-    Delivered,
     Enqueue,
     Item,
-    Kill,
-    Recover,
-    Reply,
-    Run,
 )
 from dopool._options import PoolOptions
 from dopool._router import Router
 from dopool._storage import Store, Txn
-from dopool._types import DeadLetter, EmptyInfo, EnqueueResult, PoolEvent
+from dopool._types import EmptyInfo, PoolEvent
 from dopool.chaos import FaultInjector
 
 logger = logging.getLogger("dopool")
@@ -118,7 +105,6 @@ class _Instance:
             faults=self._faults,
             fault_point=self._fault_point,
             listening=env.listening,
-            dead_letter=dead_letter_from_record,
         )
         self._ns = self._machine.namespace
         self._mailbox = env.mailboxes[index]
@@ -250,431 +236,6 @@ class _Instance:
                 fail_reply(message, answer)
             else:
                 message.reply.set(answer)
-
-
-class InstanceActor(_Instance, pykka.ThreadingActor):
-    """One instance of a pool. Handles one message at a time, in its own thread."""
-
-    # The interpreter joins non-daemon threads before atexit runs, so an open
-    # runtime's actors would keep it alive forever; atexit closes the runtime instead.
-    use_daemon_thread = True
-
-    def __init__(self, spec: PoolSpec, index: int, env: InstanceEnv, kill: threading.Event) -> None:
-        pykka.ThreadingActor.__init__(self)
-        _Instance.__init__(self, spec, index, env)
-        self._kill = kill  # this incarnation's: a successor gets a fresh one
-        self._handlers: dict[type, Callable[[Any], None]] = {
-            Enqueue: self._on_enqueue,
-            Alarm: self._on_alarm,
-            Recover: self._on_recover,
-            Deliver: self._on_deliver,
-            Delivered: self._on_delivered,
-            Kill: self._on_kill,
-            Run: self._on_run,
-        }
-
-    @staticmethod
-    def _create_actor_inbox() -> Inbox:  # pykka's extension point for an actor's inbox
-        return Inbox()
-
-    def on_receive(self, message: Any) -> None:
-        turn = self._mailbox.turn
-        turn.acquire()  # the instance acts on one thing at a time: a message or a caller
-        # Lets the pool refuse calls from handlers and hooks that would wait on this actor.
-        self._env.in_handler.instance = (self._spec.name, self._index)
-        try:
-            self._fault_point("receive")  # a kill lands before any later message
-            self._run(self._mailbox.take_run())  # an attempt a caller started, first
-            handle = self._handlers.get(type(message))
-            if handle is not None:
-                handle(message)
-            elif isinstance(message, Control):
-                self._on_control(message)
-            else:
-                raise TypeError(f"an instance takes no {type(message).__name__} message")
-            self._mailbox.handled(message)
-        except _Crash as crash:
-            self._crash(crash.point, message)
-        except Exception as exc:
-            engine_failure = isinstance(exc, StorageError) or not isinstance(exc, DopoolError)
-            if engine_failure:
-                logger.exception("instance %s failed handling %r", self._id, message)
-            reply = getattr(message, "reply", None)
-            if reply is not None:
-                reply.fail(exc)  # unless it was answered before the failure
-            self._fail_taken(exc if isinstance(exc, DopoolError) else None)
-            if engine_failure:  # the in-memory state is suspect: restart from storage
-                self._crash(f"{type(exc).__name__}: {exc}", message)
-        except BaseException as exc:  # not to pykka, which would stop every actor
-            # SystemExit & co. from user code the engine calls: an engine failure too.
-            logger.exception("instance %s failed handling %r", self._id, message)
-            self._crash(f"{type(exc).__name__}: {exc}", message)
-        finally:
-            self._env.in_handler.instance = None
-            turn.release()
-            self._mailbox.finished()
-
-    def on_stop(self) -> None:
-        """Run an attempt a caller started just before the runtime closed: it was committed."""
-        if self._kill.is_set():
-            return  # a crash: the successor's recovery settles it
-        with self._mailbox.turn:
-            started = self._mailbox.take_run()
-            if started is None:
-                return
-            self._env.in_handler.instance = (self._spec.name, self._index)
-            try:
-                self._run(started)
-            except _Crash:
-                pass  # the attempt stays started: the next open's recovery settles it
-            finally:
-                self._env.in_handler.instance = None
-
-    def _killed(self) -> bool:
-        return self._kill.is_set()
-
-    def _may_continue(self) -> bool:
-        """Whether due work may start in this message: nothing else is waiting for us.
-
-        A waiting message or caller (a stop, an enqueue) goes first; the alarm,
-        set due now, then queues behind it. A closing runtime starts nothing more.
-        """
-        mailbox = self._mailbox
-        return (
-            self._mailbox_empty()
-            and not mailbox.turn.contended()
-            and not self._killed()
-            and not mailbox.closed
-        )
-
-    def _mailbox_empty(self) -> bool:
-        return self.actor_inbox.empty()
-
-    # -- crashes -------------------------------------------------------------
-    def _on_kill(self, _message: Kill) -> None:
-        """Nothing to do: ``on_receive``'s fault point already crashed a killed instance."""
-
-    def _on_run(self, _message: Run) -> None:
-        """Nothing more to do: ``on_receive`` ran the attempt the caller started."""
-
-    def _crash(self, reason: str, message: Any) -> None:
-        """Die: hand the address to a fresh incarnation, fail the caller, stop quietly.
-
-        The successor is in place before the caller hears of the crash, so the
-        caller's next call reaches it; ``crashed`` is emitted before the
-        successor can emit ``recovered``. If the restart must wait out a backoff,
-        ``restart_delayed`` says so before its timer is set.
-        """
-        mailbox = self._mailbox
-        self._env.emit(self._machine.event("crashed", self._clock.now(), error=reason))
-        start = partial(self._env.restart, self._index)
-        inbox = cast(Inbox, self.actor_inbox)
-        delay = mailbox.replace(start, inbox, message, self._clock)
-        if delay is not None:
-            streak = mailbox.crash_streak
-            why = f"{streak} crashes in a row, the last: {reason}; restart in {delay:g} s"
-            self._env.emit(
-                self._machine.event("restart_delayed", self._clock.now(), None, streak, why)
-            )
-            mailbox.arm_restart()
-        fail_reply(message, InstanceCrashedError(self._id))
-        self._fail_taken(None)
-        self.stop()  # after the message in hand; the drained inbox holds nothing else
-
-    # -- enqueue -----------------------------------------------------------
-    def _on_enqueue(self, message: Enqueue) -> None:
-        self._taken.append(message)
-        effects = Effects()
-        meta, started = self._transact(self._enqueue_body(effects, self._take_and_continue))
-        self._publish(meta, effects)
-        self._run(started)
-
-    def _take_and_continue(self) -> bool:
-        """In a transaction body: take the enqueues waiting now, then ``_may_continue()``.
-
-        A body waits its turn in the group commit; taking at the last moment lets
-        callers that sent meanwhile share this commit instead of waiting for the
-        next. The actor is blocked in the commit meanwhile, so its inbox and
-        taken list are not touched by its own thread.
-        """
-        self._take_enqueues()
-        return self._may_continue()
-
-    def _take_enqueues(self) -> None:
-        """Take the enqueues waiting at the head of the inbox, to share one transaction.
-
-        Only a run of enqueues at the head is taken, so no message overtakes
-        another kind sent before it (a pause, say). The actor is the inbox's only
-        reader, so what it sees at the head is still there to take.
-        """
-        inbox = cast(Inbox, self.actor_inbox)  # see _create_actor_inbox
-        taken = self._taken
-        before = len(taken)
-        taken.extend(inbox.take_leading(Enqueue))
-        if len(taken) > before:
-            # The message in hand keeps this actor counted busy.
-            self._mailbox.finished(len(taken) - before)
-
-    # -- processing ----------------------------------------------------------
-    def _on_alarm(self, _message: Alarm) -> None:
-        now = self._clock.now()
-        self._mailbox.armed = None  # the clock consumed it
-        effects = Effects()
-
-        def body(txn: Txn) -> tuple[Meta, Started | None]:
-            meta = self._load_meta(txn)
-            started = self._machine.take_alarm(txn, meta, now, effects)
-            self._save_meta(txn, meta)
-            return meta, started
-
-        meta, started = self._transact(body)
-        self._publish(meta, effects)
-        self._run(started)
-
-    def _run(self, started: Started | None) -> None:
-        """Execute attempts whose start committed, one after another.
-
-        Each outcome's transaction also starts the next due event while nothing
-        else waits for this instance, so a busy queue costs one commit per event
-        and no trip through the clock.
-        """
-        while started is not None:
-            key, record, attempt, started_at = started
-            sequence = queue_key_sequence(key)
-            if self._env.listening():
-                self._env.emit(self._machine.event("started", started_at, sequence, attempt))
-            self._fault_point("before_execute", "crash_before_execute")
-            started = self._execute(key, sequence, record, attempt, started_at)
-
-    def _execute(
-        self, key: bytes, sequence: int, record: EventRecord, attempt: int, started_at: float
-    ) -> Started | None:
-        """Run the handler once and commit its outcome; returns the next attempt started."""
-        failure: BaseException | None = None
-        try:
-            event = unpack(record.event)
-        except Exception as exc:  # stored by another version, or crafted: never run
-            event = record.event
-            failure = UndecodableEventError(f"the stored event does not decode ({exc!r})")
-        ctx = EventContext(
-            event=event,
-            sequence=sequence,
-            attempt=attempt,
-            enqueued_at=record.enqueued_at,
-            started_at=started_at,
-            instance_index=self._index,
-            instance_id=self._id,
-            pool_name=self._spec.name,
-            partition_key=record.partition_key,
-            priority=record.priority,
-            _prepare=self._spec.prepare,
-            _sleep=self._sleep,
-        )
-        if failure is None:
-            try:
-                self._spec.options.execute(ctx)
-            except BaseException as exc:  # SystemExit too: a handler never takes the actor down
-                failure = exc
-        self._fault_point("after_execute", "crash_after_execute")
-        now = self._clock.now()
-        effects = Effects()
-        machine = self._machine
-
-        def body(txn: Txn) -> tuple[Meta, Started | None]:
-            # Callers that waited for the handler commit with its outcome.
-            go_on = self._take_and_continue()
-            meta = self._load_meta(txn)
-            machine.finish_attempt(meta)
-            if failure is None:
-                machine.succeed(txn, meta, key, attempt, ctx._follow_ups, now, effects)
-            else:
-                machine.fail(txn, meta, key, record, failure, now, effects)
-            self._accept(txn, meta, now, effects)
-            machine.rearm(meta, now)
-            started = machine.take_alarm(txn, meta, now, effects) if go_on else None
-            self._save_meta(txn, meta)
-            return meta, started
-
-        meta, started = self._transact(body)
-        self._publish(meta, effects)
-        return started
-
-    def _sleep(self, seconds: float) -> None:
-        self._clock.sleep(seconds, self._mailbox.key)
-
-    # -- recovery ------------------------------------------------------------
-    def _on_recover(self, message: Recover) -> None:
-        """Settle an attempt a crash interrupted, re-arm the alarm, resend the outbox."""
-        now = self._clock.now()
-        effects = Effects()
-
-        def body(txn: Txn) -> Meta:
-            meta = self._load_meta(txn)
-            self._machine.recover(txn, meta, message.restarts, now, effects)
-            self._save_meta(txn, meta)
-            return meta
-
-        meta = self._transact(body)
-        self._mailbox.armed = UNKNOWN  # force the clock to be told
-        self._mailbox.recovered()
-        if message.restarts:
-            self._mailbox.restarts_recorded(message.restarts)
-            effects.events.insert(0, self._machine.event("recovered", now))
-        self._publish(meta, effects)
-        if message.reply is not None:
-            message.reply.set(None)
-
-    # -- control -----------------------------------------------------------------
-    def _on_control(self, message: Control) -> None:
-        """Any control message: its transition in one transaction, publish, answer."""
-        now = self._clock.now()
-        effects = Effects()
-
-        def body(txn: Txn) -> tuple[Meta, Any]:
-            meta = self._load_meta(txn)
-            result = message.apply(self._machine, txn, meta, now, effects)
-            self._save_meta(txn, meta)
-            return meta, result
-
-        meta, result = self._transact(body)
-        self._publish(meta, effects)
-        message.reply.set(result)
-
-    # -- follow-up delivery ------------------------------------------------------
-    def _on_deliver(self, message: Deliver) -> None:
-        """Accept a follow-up from another instance's outbox, once, then acknowledge it.
-
-        Links from one source arrive in order (mailboxes are FIFO, and a message
-        a crash interrupts is retried first), so the next link is accepted, an
-        older one is a resent duplicate, and a newer one means an earlier one
-        went missing: it is neither stored nor acknowledged, and stays in the
-        source's outbox to be resent, rather than being taken for a duplicate.
-        """
-        now = self._clock.now()
-        effects = Effects()
-        record = message.record
-
-        def body(txn: Txn) -> tuple[Meta, int]:
-            meta = self._load_meta(txn)
-            expected = self._machine.deliver(txn, meta, message.source, record, now, effects)
-            if record.link == expected:
-                self._save_meta(txn, meta)
-            return meta, expected
-
-        meta, expected = self._transact(body)
-        if record.link > expected:
-            logger.error(
-                "instance %s: follow-up link %d from instance %d arrived before link %d",
-                self._id,
-                record.link,
-                message.source,
-                expected,
-            )
-            return
-        self._publish(meta, effects)
-        source = self._env.mailboxes[message.source]
-        ack = Delivered(message.oseq)
-        self._clock.deliver(source.order, partial(source.send, ack))
-
-    def _on_delivered(self, message: Delivered) -> None:
-        def body(txn: Txn) -> None:
-            if self._machine.delivered(txn, message.oseq):
-                meta = self._load_meta(txn)
-                meta.outbox -= 1
-                self._save_meta(txn, meta)
-
-        self._transact(body)
-
-
-class DirectEnqueue(_Instance):
-    """Enqueue from the caller's own thread while the instance is free: no thread hop.
-
-    If nobody holds the instance's turn, the caller takes it and runs the
-    instance's enqueue transaction itself, as the actor would; what it commits
-    it publishes at once, still holding the turn, so subscribers and hooks see
-    the same order. An attempt it starts on an idle instance is handed to the
-    actor, which runs it before its next message. A busy instance gets a
-    message instead: its actor takes it into the transaction of its current
-    event's outcome.
-    """
-
-    def enqueue(self, items: tuple[Item, ...]) -> list[EnqueueResult] | None:
-        """Store ``items`` atomically; None if the instance must be sent a message instead.
-
-        That is the case while the instance is busy, killed or recovering (the
-        message then queues behind the recovery), and once the runtime is closing.
-        """
-        mailbox = self._mailbox
-        if not mailbox.turn.try_acquire():
-            return None
-        try:
-            if not mailbox.takes_direct_calls():
-                return None
-            reply = Reply()
-            self._taken = [Enqueue(items, reply)]
-            effects = Effects()
-            try:
-                meta, started = self._transact(self._enqueue_body(effects, mailbox.idle))
-            except _Crash as crash:
-                self._crash(crash.point)
-            except Exception as exc:
-                if mailbox.closed:  # the runtime closed the store under this call
-                    self._taken = []
-                    raise PoolClosedError(self._spec.name) from exc
-                if isinstance(exc, StorageError) or not isinstance(exc, DopoolError):
-                    logger.exception("instance %s failed an enqueue", self._id)
-                    self._crash(f"{type(exc).__name__}: {exc}", exc)
-                self._taken = []
-                raise
-            in_handler = self._env.in_handler
-            caller = getattr(in_handler, "instance", None)
-            outer = getattr(in_handler, "outer", ())
-            if caller is not None:  # still blocked meanwhile: see ``_waits.acting``
-                in_handler.outer = (*outer, caller)
-            in_handler.instance = (self._spec.name, self._index)  # hooks act as the instance
-            try:
-                self._publish(meta, effects)
-            finally:
-                in_handler.instance = caller
-                in_handler.outer = outer
-            if started is not None:
-                mailbox.start_run(started)
-        finally:
-            mailbox.turn.release()
-        return reply.get(timeout=0)  # type: ignore[no-any-return]
-
-    def _crash(self, reason: str, cause: BaseException | None = None) -> NoReturn:
-        """Nothing was committed; the instance crashes as if it had failed this itself.
-
-        The caller gets :class:`InstanceCrashedError`, or the damaged record's
-        own error when that is the cause: it names what is wrong.
-        """
-        self._taken = []
-        with suppress(PoolClosedError):
-            self._mailbox.kill(reason)
-        if isinstance(cause, DamagedRecordError):
-            raise cause
-        raise InstanceCrashedError(self._id) from cause
-
-
-def dead_letter_from_record(index: int, sequence: int, dead: DeadRecord) -> DeadLetter:
-    """The public record of a dead letter; its event as stored bytes if it does not decode."""
-    event: Any = dead.event
-    if not dead.damaged:
-        with suppress(Exception):
-            event = unpack(dead.event)
-    return DeadLetter(
-        sequence=sequence,
-        instance_index=index,
-        event=event,
-        error=dead.error,
-        attempts=dead.attempts,
-        enqueued_at=dead.enqueued_at,
-        failed_at=dead.failed_at,
-        partition_key=dead.partition_key,
-        priority=dead.priority,
-        damaged=dead.damaged,
-    )
 
 
 def _call_hook(name: str, hook: Callable[[Any], Any], argument: Any) -> None:

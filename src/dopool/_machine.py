@@ -39,6 +39,7 @@ from dopool._layout import (
 from dopool._messages import Item
 from dopool._options import PoolOptions
 from dopool._retry import uniform_draw
+from dopool._status import dead_letter_from_record
 from dopool._storage import Txn
 from dopool._types import DeadLetter, EnqueueResult, EventKind, PoolEvent
 from dopool.chaos import FaultInjector
@@ -79,11 +80,9 @@ class QueueMachine:
         faults: this instance's fault injector (alarm delivery failures).
         fault_point: crashes the instance at a named point, if it must.
         listening: whether anyone takes events (if not, the hot path makes none).
-        dead_letter: turns a dead letter as stored into the public record.
     """
 
     __slots__ = (
-        "_dead_letter",
         "_fault_point",
         "_faults",
         "_id",
@@ -107,7 +106,6 @@ class QueueMachine:
         faults: FaultInjector,
         fault_point: FaultPoint,
         listening: Callable[[], bool],
-        dead_letter: Callable[[int, int, DeadRecord], DeadLetter],
     ) -> None:
         self._pool = pool
         self._index = index
@@ -118,7 +116,6 @@ class QueueMachine:
         self._faults = faults
         self._fault_point = fault_point
         self._listening = listening
-        self._dead_letter = dead_letter
         self._ns = Namespace(pool, index)
 
     @property
@@ -357,7 +354,7 @@ class QueueMachine:
         meta.dead_lettered += 1
         self._remove_current(txn, meta, key)
         fx.events.append(self.event("dead_lettered", now, sequence, dead.attempts, dead.error))
-        fx.dead.append(self._dead_letter(self._index, sequence, dead))
+        fx.dead.append(dead_letter_from_record(self._index, sequence, dead))
         fx.empty = meta.pending == 0
 
     def _remove_current(self, txn: Txn, meta: Meta, key: bytes) -> None:

@@ -7,14 +7,15 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Unpack
 
+from dopool._direct import DirectEnqueue
 from dopool._errors import ConfigurationError, DopoolError, InstanceCrashedError, PoolClosedError
-from dopool._instance import DirectEnqueue, PoolSpec, dead_letter_from_record
+from dopool._instance import PoolSpec
 from dopool._layout import Namespace
 from dopool._mailbox import Mailbox
 from dopool._messages import Drain, Enqueue, Item, Pause, Purge, Redrive, Reply, Resume
 from dopool._options import PoolOptionsDict
 from dopool._router import Router
-from dopool._status import instance_status, pool_status
+from dopool._status import dead_letter_from_record, instance_status, pool_status
 from dopool._types import DeadLetter, EnqueueResult, PoolStatus
 from dopool._validation import prepare, prepare_many
 from dopool._waits import acting

@@ -18,13 +18,15 @@ from typing import IO, Any, Unpack
 
 import pykka
 
+from dopool._actor import InstanceActor
 from dopool._clock import Clock, RealClock, SimulatedClock
+from dopool._direct import DirectEnqueue
 from dopool._errors import (
     ConfigurationError,
     InstanceCrashedError,
     PoolClosedError,
 )
-from dopool._instance import DirectEnqueue, InstanceActor, InstanceEnv, PoolSpec
+from dopool._instance import InstanceEnv, PoolSpec
 from dopool._layout import Namespace
 from dopool._mailbox import Mailbox
 from dopool._messages import Item, Recover, Reply

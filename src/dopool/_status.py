@@ -1,11 +1,13 @@
-"""Building status records from an instance's committed meta (one rule, one place)."""
+"""Public records built from stored ones: an instance's status, a dead letter (one rule each)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import suppress
+from typing import Any
 
-from dopool._layout import Meta, started_event
-from dopool._types import InstanceState, InstanceStatus, PoolStatus
+from dopool._layout import DeadRecord, Meta, started_event, unpack
+from dopool._types import DeadLetter, InstanceState, InstanceStatus, PoolStatus
 
 
 def instance_status(
@@ -58,4 +60,24 @@ def pool_status(name: str, instances: Sequence[InstanceStatus]) -> PoolStatus:
         dead_lettered=sum(s.dead_lettered for s in instances),
         drained=sum(s.drained for s in instances),
         instances=list(instances),
+    )
+
+
+def dead_letter_from_record(index: int, sequence: int, dead: DeadRecord) -> DeadLetter:
+    """The public record of a dead letter; its event as stored bytes if it does not decode."""
+    event: Any = dead.event
+    if not dead.damaged:
+        with suppress(Exception):
+            event = unpack(dead.event)
+    return DeadLetter(
+        sequence=sequence,
+        instance_index=index,
+        event=event,
+        error=dead.error,
+        attempts=dead.attempts,
+        enqueued_at=dead.enqueued_at,
+        failed_at=dead.failed_at,
+        partition_key=dead.partition_key,
+        priority=dead.priority,
+        damaged=dead.damaged,
     )

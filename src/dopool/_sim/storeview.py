@@ -28,10 +28,9 @@ from dopool._check import CheckReport, check_store
 from dopool._clock import RealClock, SimulatedClock
 from dopool._context import EventContext
 from dopool._errors import ConfigurationError, StorageError
-from dopool._instance import dead_letter_from_record
 from dopool._layout import Namespace, pool_records
 from dopool._runtime import Runtime
-from dopool._status import instance_status, pool_status
+from dopool._status import dead_letter_from_record, instance_status, pool_status
 from dopool._storage import open_readonly
 from dopool._types import DeadLetter, PoolStatus
 
