@@ -36,7 +36,7 @@ from dopool._inbox import Inbox
 from dopool._instance import _Instance
 from dopool._layout import Meta, Namespace
 from dopool._mailbox import Mailbox
-from dopool._messages import Pause, Recover, Resume, Run
+from dopool._messages import HandedOff, Pause, Recover, Resume
 from dopool._retry import uniform_draw
 from dopool._storage import Txn
 from dopool.chaos import FaultPlan
@@ -313,7 +313,7 @@ def test_an_attempt_started_while_the_runtime_closes_runs_before_the_actor_stops
     closer.join(TIMEOUT)
     assert not closer.is_alive()
     assert result.sequence == 0
-    assert refused == [Run]  # the premise: the actor was never told to run it
+    assert refused == [HandedOff]  # the premise: the actor was never told to run it
     assert executed == ["x"]
 
     monkeypatch.undo()

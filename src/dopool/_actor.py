@@ -32,16 +32,16 @@ from dopool._instance import (
 )
 from dopool._layout import EventRecord, Meta, queue_key_sequence, unpack
 from dopool._machine import Effects, Started
-from dopool._mailbox import UNKNOWN, fail_reply
+from dopool._mailbox import UNTOLD, fail_reply
 from dopool._messages import (
     Alarm,
     Control,
     Deliver,
     Delivered,
     Enqueue,
+    HandedOff,
     Kill,
     Recover,
-    Run,
 )
 from dopool._storage import Txn
 
@@ -66,7 +66,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
             Deliver: self._on_deliver,
             Delivered: self._on_delivered,
             Kill: self._on_kill,
-            Run: self._on_run,
+            HandedOff: self._on_handed_off,
         }
 
     @staticmethod
@@ -80,7 +80,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         self._env.in_handler.instance = (self._spec.name, self._index)
         try:
             self._fault_point("receive")  # a kill lands before any later message
-            self._run(self._mailbox.take_run())  # an attempt a caller started, first
+            self._execute_attempts(self._mailbox.take_handed_off())  # a caller started it: first
             handle = self._handlers.get(type(message))
             if handle is not None:
                 handle(message)
@@ -115,12 +115,12 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         if self._kill.is_set():
             return  # a crash: the successor's recovery settles it
         with self._mailbox.turn:
-            started = self._mailbox.take_run()
+            started = self._mailbox.take_handed_off()
             if started is None:
                 return
             self._env.in_handler.instance = (self._spec.name, self._index)
             try:
-                self._run(started)
+                self._execute_attempts(started)
             except _Crash:
                 pass  # the attempt stays started: the next open's recovery settles it
             finally:
@@ -150,7 +150,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
     def _on_kill(self, _message: Kill) -> None:
         """Nothing to do: ``on_receive``'s fault point already crashed a killed instance."""
 
-    def _on_run(self, _message: Run) -> None:
+    def _on_handed_off(self, _message: HandedOff) -> None:
         """Nothing more to do: ``on_receive`` ran the attempt the caller started."""
 
     def _crash(self, reason: str, message: Any) -> None:
@@ -183,7 +183,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
         effects = Effects()
         meta, started = self._transact(self._enqueue_body(effects, self._take_and_continue))
         self._publish(meta, effects)
-        self._run(started)
+        self._execute_attempts(started)
 
     def _take_and_continue(self) -> bool:
         """In a transaction body: take the enqueues waiting now, then ``_may_continue()``.
@@ -214,7 +214,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
     # -- processing ----------------------------------------------------------
     def _on_alarm(self, _message: Alarm) -> None:
         now = self._clock.now()
-        self._mailbox.armed = None  # the clock consumed it
+        self._mailbox.told_alarm = None  # the clock consumed it
         effects = Effects()
 
         def body(txn: Txn) -> tuple[Meta, Started | None]:
@@ -225,9 +225,9 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
 
         meta, started = self._transact(body)
         self._publish(meta, effects)
-        self._run(started)
+        self._execute_attempts(started)
 
-    def _run(self, started: Started | None) -> None:
+    def _execute_attempts(self, started: Started | None) -> None:
         """Execute attempts whose start committed, one after another.
 
         Each outcome's transaction also starts the next due event while nothing
@@ -311,7 +311,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
             return meta
 
         meta = self._transact(body)
-        self._mailbox.armed = UNKNOWN  # force the clock to be told
+        self._mailbox.told_alarm = UNTOLD  # the clock must be told again
         self._mailbox.recovered()
         if message.restarts:
             self._mailbox.restarts_recorded(message.restarts)

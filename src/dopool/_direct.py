@@ -77,7 +77,7 @@ class DirectEnqueue(_Instance):
                 in_handler.instance = caller
                 in_handler.outer = outer
             if started is not None:
-                mailbox.start_run(started)
+                mailbox.hand_off(started)
         finally:
             mailbox.turn.release()
         return reply.get(timeout=0)  # type: ignore[no-any-return]

@@ -124,7 +124,7 @@ class _Instance:
         """
         if self._killed():
             raise _Crash(self._mailbox.kill_reason or point)
-        if fault is not None and self._faults.armed and self._faults.fires(fault):
+        if fault is not None and self._faults.active and self._faults.fires(fault):
             raise _Crash(fault)
 
     def _transact(self, body: Callable[[Txn], T]) -> T:
@@ -205,8 +205,8 @@ class _Instance:
 
     def _sync_alarm(self, meta: Meta) -> None:
         mailbox = self._mailbox
-        if meta.alarm != mailbox.armed:
-            mailbox.armed = meta.alarm
+        if meta.alarm != mailbox.told_alarm:
+            mailbox.told_alarm = meta.alarm
             self._clock.set_alarm(mailbox, meta.alarm)
 
     def _publish(self, meta: Meta, effects: Effects) -> None:

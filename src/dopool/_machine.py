@@ -189,7 +189,7 @@ class QueueMachine:
         """
         if meta.alarm is None or meta.alarm > now or meta.running:
             return None
-        if self._faults.armed and self._faults.fires("alarm_error"):
+        if self._faults.active and self._faults.fires("alarm_error"):
             meta.alarm_failures += 1
             backoff = min(ALARM_RETRY_FIRST * 2 ** (meta.alarm_failures - 1), ALARM_RETRY_MAX)
             meta.alarm = now + backoff

@@ -12,10 +12,17 @@ from dopool._clock import Activity, Clock
 from dopool._errors import DopoolError, InstanceCrashedError, PoolClosedError
 from dopool._inbox import Inbox
 from dopool._layout import Meta
-from dopool._messages import Alarm, Kill, Message, Recover, Run
+from dopool._messages import Alarm, HandedOff, Kill, Message, Recover
 from dopool._turn import Turn
 
-UNKNOWN = float("nan")  # an alarm time equal to none: the clock must be told again
+
+class _Untold:
+    """The clock's view of an alarm slot is unknown (after a restart): tell it again."""
+
+    __slots__ = ()
+
+
+UNTOLD = _Untold()
 
 # Restarts with backoff (docs/guarantees.md, "Crashes and recovery"): the first
 # RESTARTS_AT_ONCE crashes in a row restart at once; each further one waits
@@ -79,19 +86,19 @@ class Mailbox:
         "_activity",
         "_closed",
         "_delayed",
+        "_handed_off",
         "_kill",
         "_lock",
         "_recovering",
         "_ref",
-        "_run",
         "_unrecorded_restarts",
-        "armed",
         "crash_streak",
         "key",
         "kill_reason",
         "meta",
         "order",
         "pool",
+        "told_alarm",
         "turn",
     )
 
@@ -106,10 +113,10 @@ class Mailbox:
         self._closed = False
         self._unrecorded_restarts = 0
         self.turn = Turn()
-        self.armed: float | None = None  # what the clock was last told, to skip repeats
+        self.told_alarm: float | _Untold | None = None  # what the clock was last told
         self.kill_reason: str | None = None  # why the current incarnation was killed
         self._recovering = False  # a successor's recovery has not committed yet
-        self._run: Any = None  # an attempt a caller started, for the actor to run
+        self._handed_off: Any = None  # an attempt a caller started, for the actor to run
         # The instance's meta as its last commit left it, if known (see
         # ``_Instance._load_meta``): only the holder of the turn touches it.
         self.meta: Meta | None = None
@@ -193,14 +200,14 @@ class Mailbox:
         ref = self._ref
         return ref is not None and ref.actor_inbox.empty()
 
-    def start_run(self, started: Any) -> None:
+    def hand_off(self, started: Any) -> None:
         """Hand the actor an attempt whose start a caller committed; it runs it next."""
-        self._run = started
-        self.send(Run())  # if refused (closing), the actor's on_stop runs it
+        self._handed_off = started
+        self.send(HandedOff())  # if refused (closing), the actor's on_stop runs it
 
-    def take_run(self) -> Any:
+    def take_handed_off(self) -> Any:
         """The attempt a caller started, if any (called with the turn held)."""
-        started, self._run = self._run, None
+        started, self._handed_off = self._handed_off, None
         return started
 
     def recovered(self) -> None:
@@ -268,7 +275,7 @@ class Mailbox:
             self._kill = threading.Event()
             self.kill_reason = None
             self._recovering = True
-            self._run = None  # the recovery settles that attempt
+            self._handed_off = None  # the recovery settles that attempt
             self.meta = None  # the successor starts from the store
             self._unrecorded_restarts += 1
             if not ordered:

@@ -133,8 +133,8 @@ class Kill(Message):
 
 
 @dataclass(frozen=True, slots=True)
-class Run(Message):
-    """A caller started an attempt on this idle instance: run it (see ``Mailbox.start_run``)."""
+class HandedOff(Message):
+    """A caller started an attempt on this idle instance: run it (see ``Mailbox.hand_off``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,7 +95,7 @@ class Runtime:
         self._emit_lock = threading.Lock()
         self._closed = False
         self._pools: dict[str, WorkerPool] = {}
-        self._actors: list[list[Mailbox]] = []  # each pool's instances
+        self._mailboxes: list[list[Mailbox]] = []  # each pool's instances, by index
         self._subscribers: list[Callable[[PoolEvent], Any]] = []
         self._temporary: Path | None = None
         self._in_handler = threading.local()
@@ -250,13 +250,13 @@ class Runtime:
             )
             for index, mailbox in enumerate(mailboxes):
                 mailbox.attach(start(index, mailbox.kill_flag))
-            self._actors.append(mailboxes)
+            self._mailboxes.append(mailboxes)
             try:
                 # One instance at a time, so a simulated run's trace is deterministic.
                 for mailbox in mailboxes:
                     _recover(mailbox)
             except BaseException:  # e.g. a damaged record: stop what was started, raise
-                self._actors.remove(mailboxes)
+                self._mailboxes.remove(mailboxes)
                 for mailbox in mailboxes:
                     ref = mailbox.close()
                     if ref is not None:
@@ -319,7 +319,7 @@ class Runtime:
             if self._closed:
                 return None
             self._closed = True
-            actors, self._actors = self._actors, []
+            actors, self._mailboxes = self._mailboxes, []
         with _open_lock:
             _open.discard(self)
         return [(mailbox, mailbox.close()) for mailboxes in actors for mailbox in mailboxes]

@@ -60,10 +60,10 @@ class FaultInjector:
     across restarts instead of repeating the draw that just crashed it.
     """
 
-    __slots__ = ("_index", "_plan", "_pool", "_visits", "armed")
+    __slots__ = ("_index", "_plan", "_pool", "_visits", "active")
 
     def __init__(self, plan: FaultPlan | None, pool: str, index: int) -> None:
-        self.armed = plan is not None  # False: nothing ever fires, so callers may skip asking
+        self.active = plan is not None  # False: nothing ever fires, so callers may skip asking
         self._plan = plan
         self._pool = pool
         self._index = index
