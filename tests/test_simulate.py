@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from dopool import ConfigurationError, Runtime, SimulatedClock
+from dopool._layout import Namespace
 from dopool._sim import scenario as sc
-from dopool._sim.driver import arrivals, make_handler, run, service_time, sweep
+from dopool._sim.driver import POOL, _counters, arrivals, make_handler, run, service_time, sweep
 from dopool._sim.metrics import Collector, Latency, percentile
 from dopool._sim.scenario import (
     Arrivals,
@@ -442,6 +443,25 @@ def test_the_collector_flags_out_of_order_and_repeated_starts() -> None:
     collector(PoolEvent("started", "other", 0, 5, 1, 0.0))  # other pools are ignored
     assert collector.order_violations[0] == "p:0 started #1 before #0"
     assert len(collector.repeat_violations) == 2
+
+
+def test_the_counters_invariant_reports_the_stores_broken_invariants() -> None:
+    """The report's "counters" check is dopool._invariants', plus the event stream's depth."""
+    with Runtime.simulated(seed=0) as runtime:
+        collector = Collector(POOL, 2)
+        runtime.subscribe(collector)
+        pool = runtime.define(POOL, execute=lambda ctx: None, concurrency=2)
+        pool.pause()
+        pool.enqueue_many(range(4))
+        assert _counters(runtime, pool, collector).passed
+        with runtime._store.write() as txn:
+            namespace = Namespace(POOL, 1)
+            meta = namespace.load_meta(txn)
+            meta.enqueued += 1
+            namespace.save_meta(txn, meta)
+        check = _counters(runtime, pool, collector)
+    assert not check.passed
+    assert check.detail == "sim:1: enqueued 3 != succeeded + dead_lettered + drained + pending = 2"
 
 
 # -- stores from outside --------------------------------------------------------------------

@@ -52,6 +52,7 @@ from dopool import (
     SimulatedClock,
     WorkerPool,
 )
+from dopool._invariants import read_instance, violations
 from dopool._layout import (
     PRIORITY_MAX,
     PRIORITY_MIN,
@@ -552,10 +553,11 @@ class PoolMachine(RuleBasedStateMachine):
     def storage_holds_exactly_the_pending_keys(self) -> None:
         with self.runtime._store.read() as txn:
             for instance in self.model:
-                namespace = Namespace(POOL, instance.index)
-                assert namespace.count_pending(txn) == instance.pending
-                assert namespace.count_dead_letters(txn) == len(instance.dead)
-                assert namespace.count_outbox(txn) == 0
+                state = read_instance(txn, POOL, instance.index)
+                assert violations(state) == []  # guarantee 4, docs/guarantees.md
+                assert state.pending_keys == instance.pending
+                assert state.dead_letter_keys == len(instance.dead)
+                assert state.outbox_keys == 0
 
     @invariant()
     def executions_match_model(self) -> None:
@@ -1037,20 +1039,14 @@ class FaultyPoolMachine(RuleBasedStateMachine):
     def storage_and_counters(self) -> None:
         with self.runtime._store.read() as txn:
             for index in range(CONCURRENCY):
-                namespace = Namespace(FAULTY, index)
-                meta = namespace.load_meta(txn)
-                keys = list(namespace.iter_event_keys(txn))
+                stored = read_instance(txn, FAULTY, index)
+                assert violations(stored) == []  # guarantee 4, docs/guarantees.md
+                meta = stored.meta
+                keys = list(Namespace(FAULTY, index).iter_event_keys(txn))
                 pending = {queue_key_sequence(key) for key in keys}
-                assert len(keys) == meta.pending == namespace.count_pending(txn)
-                assert namespace.count_dead_letters(txn) == meta.dead_letters
-                assert namespace.count_outbox(txn) == meta.outbox
                 waits = self.restart_waits[index]
                 assert not meta.running or waits, "an attempt in flight at a quiescent point"
                 assert meta.tail == len(self.enqueued[index]), "a sequence without an event"
-                assert all(sequence < meta.tail for sequence in pending)
-                assert meta.enqueued == (
-                    meta.succeeded + meta.dead_lettered + meta.drained + meta.pending
-                )
                 assert (meta.enqueued, meta.succeeded, meta.dead_lettered, meta.drained) == (
                     len(self.enqueued[index]),
                     len(self.succeeded[index]),

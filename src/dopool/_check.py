@@ -3,6 +3,10 @@
 :func:`check_store` reads one snapshot and lists what is wrong; ``dopool
 check`` prints it. Every committed transaction leaves the counters balanced,
 so a snapshot taken beside a live runtime must balance too.
+
+The walk over the records is this module's own (it reports damaged records and
+stray keys too); the counter checks are :mod:`dopool._invariants`', fed with the
+keys it counts on the way.
 """
 
 from __future__ import annotations
@@ -11,16 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dopool._errors import DamagedRecordError
+from dopool._invariants import KeyTally, broken_invariants
 from dopool._layout import (
     FORMAT_VERSION,
     Meta,
     RecordKind,
-    dead_letter_sequence,
     is_format_key,
     parse_instance_key,
     pool_name_of,
-    queue_key_priority,
-    queue_key_sequence,
     read_dead,
     read_event,
     read_format,
@@ -28,7 +30,6 @@ from dopool._layout import (
     read_meta,
     read_outbox,
     read_pool,
-    started_event,
     unpack,
 )
 from dopool._storage import Txn
@@ -61,15 +62,11 @@ class CheckReport:
 
 @dataclass(slots=True)
 class _Instance:
-    """What the keys of one instance's namespace add up to."""
+    """One instance's meta record, and what the keys of its namespace add up to."""
 
     meta: Meta | None = None
     meta_key: bytes | None = None
-    queue: set[bytes] = field(default_factory=set)
-    priorities: dict[int, int] = field(default_factory=dict)
-    last_sequence: int = -1
-    dead: int = 0
-    outbox: int = 0
+    keys: KeyTally = field(default_factory=KeyTally)
 
 
 def check_store(txn: Txn) -> CheckReport:
@@ -118,21 +115,15 @@ def _check_instance_record(
     problems: list[Problem],
 ) -> None:
     """Count a record of an instance by its key, then read it (which may raise)."""
+    instance.keys.add(kind, key)
     if kind is RecordKind.META:
         instance.meta_key = key
         instance.meta = read_meta(key, value)
     elif kind is RecordKind.EVENT:
-        instance.queue.add(key)
-        priority = queue_key_priority(key)
-        instance.priorities[priority] = instance.priorities.get(priority, 0) + 1
-        instance.last_sequence = max(instance.last_sequence, queue_key_sequence(key))
         _payload(where, key, read_event(key, value).event, problems)
     elif kind is RecordKind.DEAD_LETTER:
-        instance.dead += 1
-        instance.last_sequence = max(instance.last_sequence, dead_letter_sequence(key))
         read_dead(key, value)
     elif kind is RecordKind.OUTBOX:
-        instance.outbox += 1
         _payload(where, key, read_outbox(key, value).event, problems)
     else:
         read_link(key, value)
@@ -168,33 +159,11 @@ def _check_instance(
         problem(f"instance beyond the pool's stored concurrency {concurrency}")
     meta = found.meta
     if meta is None:
-        if found.meta_key is None and (found.queue or found.dead or found.outbox):
+        if found.meta_key is None and not found.keys.empty:
             problem("keys of an instance without a meta record")
         return problems  # or a damaged one, reported already
-    key = found.meta_key
-    counts: list[tuple[str, int, int]] = [
-        ("pending events", meta.pending, len(found.queue)),
-        ("dead letters", meta.dead_letters, found.dead),
-        ("outbox entries", meta.outbox, found.outbox),
-    ]
-    for what, recorded, keys in counts:
-        if recorded != keys:
-            problem(f"meta counts {recorded} {what}, the store holds {keys}", key)
-    total = meta.succeeded + meta.dead_lettered + meta.drained + meta.pending
-    if meta.enqueued != total:
-        problem(
-            f"enqueued {meta.enqueued} != succeeded + dead_lettered + drained + pending = {total}",
-            key,
-        )
-    if meta.priorities != found.priorities:
-        problem(f"meta counts {meta.priorities} per priority, the keys {found.priorities}", key)
-    if found.last_sequence >= meta.tail:
-        problem(f"sequence {found.last_sequence} at or past the tail {meta.tail}", key)
-    started = started_event(meta)  # (priority, sequence)
-    if started is not None and meta.current not in found.queue:
-        problem(f"the started event {started[1]} has no record", key)
-    if meta.running and meta.current is None:
-        problem("an attempt is running, but no event is started", key)
+    for what in broken_invariants(found.keys.state(pool, index, meta)):
+        problem(what, found.meta_key)
     return problems
 
 

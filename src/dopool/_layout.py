@@ -700,6 +700,18 @@ class Namespace:
         txn.put(key, seal_link(key, link))
 
     # -- key counts, for checkers only ----------------------------------------
+    def iter_keys(self, txn: Txn) -> Iterator[tuple[RecordKind, bytes]]:
+        """Every key of the namespace with its kind, in key order, without reading a value.
+
+        Only keys of the layout above: a stray key (an unknown tag, a suffix of the
+        wrong length) is skipped, as :func:`parse_instance_key` would refuse it.
+        """
+        start = len(self.prefix)
+        for key, _ in _iter_prefix(txn, self.prefix):
+            tag = key[start : start + 1]
+            if _SUFFIX_LENGTHS.get(tag) == len(key) - start - 1:
+                yield _KIND_OF_TAG[tag], key
+
     def count_pending(self, txn: Txn) -> int:
         """How many queue keys exist (the meta's ``pending`` should say as many)."""
         return _count_prefix(txn, self._queue)

@@ -21,14 +21,17 @@ docs/guarantees.md wherever one shows (items 1-4 are its guarantees 1-4):
 3. order — one unsettled event per instance, and an event's first attempt never
    starts while an event of higher priority (or of equal priority and lower
    sequence) is pending on that instance; sequences are consecutive from 0;
-4. counters — ``enqueued = succeeded + dead_lettered + drained + pending``, every
+4. counters — the storage invariants of :mod:`dopool._invariants` (``enqueued =
+   succeeded + dead_lettered + drained + pending``, the meta's counts equal to its
+   keys, every sequence below ``tail``, the started event stored), every
    counter equal to the replay's tally, ``tail`` equal to the sequences handed out,
    and ``restarts`` equal to the crashes outside ``close()`` whose restart a
    recovery committed (:meth:`Model.compare`): every one, except while a restart
    waits out its backoff, and those whose restart was still waiting at a close;
    a delayed restart never comes before its backoff;
-5. storage structure — exactly the pending keys exist, all below ``tail``;
-   dead-letter and outbox keys match their counts; nothing left over at the end;
+5. storage structure — exactly the pending keys of the replay exist, each holding
+   the event and priority its key says; no alarm without pending work; nothing
+   left over at the end;
 6. dead letters — an event is dead-lettered after ``max_attempts`` attempts
    (crashes included), or at once for a ``PermanentError``.
 """
@@ -40,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from dopool import RetryPolicy
+from dopool._invariants import InstanceState, read_instance, violations
 from dopool._layout import (
     Meta,
     Namespace,
@@ -194,19 +198,24 @@ class _EntryState:
 
 @dataclass
 class InstanceSnapshot:
-    """One instance's committed state, read in one transaction."""
+    """One instance's committed state, read in one transaction.
 
-    meta: Meta
+    ``state`` is what the storage invariants read (:mod:`dopool._invariants`); the
+    rest is the checker's own: which event each pending entry and dead letter holds.
+    """
+
+    state: InstanceState
     queue: dict[int, tuple[int, str | None]]  # sequence -> (priority, id)
     dead: dict[int, tuple[str | None, int]]  # sequence -> (id, attempts)
-    queue_keys: int
-    dead_keys: int
-    outbox_keys: int
     bad_keys: list[str]
+
+    @property
+    def meta(self) -> Meta:
+        return self.state.meta
 
 
 def read_store(store: Any, pool: str, concurrency: int) -> list[InstanceSnapshot]:
-    """Read every instance's meta, queue, dead letters and key counts in one snapshot."""
+    """Read every instance's state, and the events it holds, in one snapshot."""
     snapshots = []
     with store.read() as txn:
         for index in range(concurrency):
@@ -226,17 +235,8 @@ def read_store(store: Any, pool: str, concurrency: int) -> list[InstanceSnapshot
                 sequence: (_event_id(unpack(record.event)), record.attempts)
                 for sequence, record in ns.iter_dead_letters(txn)
             }
-            snapshots.append(
-                InstanceSnapshot(
-                    meta=ns.load_meta(txn),
-                    queue=queue,
-                    dead=dead,
-                    queue_keys=ns.count_pending(txn),
-                    dead_keys=ns.count_dead_letters(txn),
-                    outbox_keys=ns.count_outbox(txn),
-                    bad_keys=bad,
-                )
-            )
+            state = read_instance(txn, pool, index)
+            snapshots.append(InstanceSnapshot(state=state, queue=queue, dead=dead, bad_keys=bad))
     return snapshots
 
 
@@ -523,31 +523,13 @@ class Model:
         where = f"instance {index}"
         for text in snap.bad_keys:
             self._bad(f"{where}: {text}")
-        # Storage structure, from storage alone.
-        if not snap.queue_keys == len(snap.queue) == meta.pending:
-            self._bad(
-                f"{where}: {snap.queue_keys} queue keys, {len(snap.queue)} readable events, "
-                f"meta.pending={meta.pending}"
-            )
-        if any(seq >= meta.tail for seq in snap.queue) or meta.pending > meta.tail:
-            self._bad(f"{where}: a pending sequence is not below tail={meta.tail}")
-        by_priority = Counter(priority for priority, _ in snap.queue.values())
-        if dict(by_priority) != {p: n for p, n in meta.priorities.items() if n}:
-            self._bad(f"{where}: meta.priorities {meta.priorities} != queue {dict(by_priority)}")
-        if snap.dead_keys != meta.dead_letters:
-            self._bad(f"{where}: {snap.dead_keys} dead-letter keys, meta says {meta.dead_letters}")
-        if snap.outbox_keys != meta.outbox:
-            self._bad(f"{where}: {snap.outbox_keys} outbox keys, meta says {meta.outbox}")
-        total = meta.succeeded + meta.dead_lettered + meta.drained + meta.pending
-        if meta.enqueued != total:
-            self._bad(
-                f"{where}: enqueued={meta.enqueued} != succeeded {meta.succeeded} + dead_lettered "
-                f"{meta.dead_lettered} + drained {meta.drained} + pending {meta.pending}"
-            )
+        # Storage structure, from storage alone (docs/guarantees.md, "Counters").
+        for text in violations(snap.state):
+            self._bad(text)
+        if len(snap.queue) != snap.state.pending_keys:
+            self._bad(f"{where}: {snap.state.pending_keys} queue keys, {len(snap.queue)} events")
         place = started_event(meta)  # (priority, sequence)
         current = None if place is None else place[1]
-        if current is not None and current not in snap.queue:
-            self._bad(f"{where}: current sequence {current} has no queue key")
         if meta.pending == 0 and meta.alarm is not None:
             self._bad(f"{where}: nothing pending but the alarm is set at {meta.alarm}")
         if inst.unrecorded and inst.restart_due is None:

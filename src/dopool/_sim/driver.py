@@ -33,7 +33,7 @@ from typing import Any
 from dopool._clock import SimulatedClock
 from dopool._context import EventContext
 from dopool._errors import ConfigurationError, DopoolError, QueueFullError
-from dopool._layout import Namespace
+from dopool._invariants import read_instance, violations
 from dopool._messages import Pause, Reply, Resume
 from dopool._pool import WorkerPool
 from dopool._retry import RetryPolicy
@@ -504,25 +504,13 @@ def _counters(runtime: Runtime, pool: WorkerPool, collector: Collector) -> Invar
     problems: list[str] = []
     with runtime._store.read() as txn:
         for index in range(pool.concurrency):
-            ns = Namespace(POOL, index)
-            meta = ns.load_meta(txn)
-            where = f"{POOL}:{index}"
-            settled = meta.succeeded + meta.dead_lettered + meta.drained + meta.pending
-            if meta.enqueued != settled:
-                problems.append(f"{where}: enqueued {meta.enqueued} != {settled}")
-            if meta.pending > meta.tail:
-                problems.append(f"{where}: {meta.pending} pending beyond tail {meta.tail}")
-            keys = ns.count_pending(txn)
-            if keys != meta.pending:
-                problems.append(f"{where}: {keys} queue keys for {meta.pending} pending")
-            letters = ns.count_dead_letters(txn)
-            if letters != meta.dead_letters:
-                problems.append(
-                    f"{where}: {letters} dead-letter keys, meta says {meta.dead_letters}"
-                )
+            state = read_instance(txn, POOL, index)
+            problems.extend(violations(state))
             track = collector.tracks[index]
-            if track.depth != meta.pending:
-                problems.append(f"{where}: events say {track.depth} pending, store {meta.pending}")
+            if track.depth != state.meta.pending:
+                problems.append(
+                    f"{state.name}: events say {track.depth} pending, store {state.meta.pending}"
+                )
     detail = "; ".join(problems[:5]) or (
         "enqueued = succeeded + dead-lettered + drained + pending on every instance; "
         "queue keys match; the event stream agrees with the store"

@@ -1,0 +1,155 @@
+"""The storage side of guarantee 4 ("Counters", docs/guarantees.md), checked in one place.
+
+An instance's meta record keeps counters that its keys must bear out. Every
+committed transaction leaves them balanced, so any snapshot of the store must:
+
+- ``enqueued = succeeded + dead_lettered + drained + pending``;
+- the meta's ``pending``, ``dead_letters`` and ``outbox`` equal the number of
+  queue, dead-letter and outbox keys;
+- its per-priority counts equal those of the queue keys;
+- every sequence (of a queue or dead-letter key) is below the ``tail``;
+- the started event (``started_event(meta)``) has a record, and an attempt is
+  running only if an event is started.
+
+:func:`read_instance` reads one instance's state in a read transaction into an
+:class:`InstanceState`; :func:`violations` lists what it breaks. ``dopool check``
+(which walks every record itself and counts keys with :class:`KeyTally`), the
+simulate report's "counters" invariant, the chaos checker and the stateful
+tests all take these checks from here, and keep only what is theirs: damaged
+records and stray keys, the event stream, the replayed history, the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dopool._layout import (
+    Meta,
+    Namespace,
+    RecordKind,
+    dead_letter_sequence,
+    queue_key_priority,
+    queue_key_sequence,
+    started_event,
+)
+from dopool._storage import Txn
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceState:
+    """One instance's meta, and what its keys add up to, read in one transaction."""
+
+    pool: str
+    index: int
+    meta: Meta
+    pending_keys: int
+    dead_letter_keys: int
+    outbox_keys: int
+    priorities: dict[int, int]  # queue keys per priority, in key order
+    last_sequence: int  # the highest sequence of a queue or dead-letter key; -1 if none
+    started_has_record: bool  # the started event's queue key exists (True if none started)
+
+    @property
+    def name(self) -> str:
+        """The instance as reports name it: ``pool:index``."""
+        return f"{self.pool}:{self.index}"
+
+
+@dataclass(slots=True)
+class KeyTally:
+    """What the keys of one instance's namespace add up to, counted one key at a time."""
+
+    queue: set[bytes] = field(default_factory=set)
+    priorities: dict[int, int] = field(default_factory=dict)
+    dead_letters: int = 0
+    outbox: int = 0
+    last_sequence: int = -1
+
+    def add(self, kind: RecordKind, key: bytes) -> None:
+        """Count ``key``, a key of ``kind`` (the meta and delivery marks count for nothing)."""
+        if kind is RecordKind.EVENT:
+            self.queue.add(key)
+            priority = queue_key_priority(key)
+            self.priorities[priority] = self.priorities.get(priority, 0) + 1
+            self.last_sequence = max(self.last_sequence, queue_key_sequence(key))
+        elif kind is RecordKind.DEAD_LETTER:
+            self.dead_letters += 1
+            self.last_sequence = max(self.last_sequence, dead_letter_sequence(key))
+        elif kind is RecordKind.OUTBOX:
+            self.outbox += 1
+
+    @property
+    def empty(self) -> bool:
+        """No queue, dead-letter or outbox key was counted."""
+        return not (self.queue or self.dead_letters or self.outbox)
+
+    def state(self, pool: str, index: int, meta: Meta) -> InstanceState:
+        """The counted keys beside the instance's ``meta``."""
+        return InstanceState(
+            pool=pool,
+            index=index,
+            meta=meta,
+            pending_keys=len(self.queue),
+            dead_letter_keys=self.dead_letters,
+            outbox_keys=self.outbox,
+            priorities=dict(self.priorities),
+            last_sequence=self.last_sequence,
+            started_has_record=meta.current is None or meta.current in self.queue,
+        )
+
+
+def read_instance(txn: Txn, pool: str, index: int) -> InstanceState:
+    """Read instance ``pool:index``'s meta and count its keys, in ``txn``.
+
+    An instance with no meta record reads as a fresh one (every counter 0).
+
+    Raises:
+        DamagedRecordError: the meta record is damaged.
+    """
+    namespace = Namespace(pool, index)
+    tally = KeyTally()
+    for kind, key in namespace.iter_keys(txn):
+        tally.add(kind, key)
+    return tally.state(pool, index, namespace.load_meta(txn))
+
+
+def broken_invariants(state: InstanceState) -> list[str]:
+    """Every invariant ``state`` breaks, in words, without the instance's name.
+
+    For a report that names the instance apart (``dopool check``); :func:`violations`
+    names it in each line.
+    """
+    meta = state.meta
+    broken: list[str] = []
+    counts = (
+        ("pending events", meta.pending, state.pending_keys),
+        ("dead letters", meta.dead_letters, state.dead_letter_keys),
+        ("outbox entries", meta.outbox, state.outbox_keys),
+    )
+    for what, recorded, keys in counts:
+        if recorded != keys:
+            broken.append(f"meta counts {recorded} {what}, the store holds {keys}")
+    total = meta.succeeded + meta.dead_lettered + meta.drained + meta.pending
+    if meta.enqueued != total:
+        broken.append(
+            f"enqueued {meta.enqueued} != succeeded + dead_lettered + drained + pending = {total}"
+        )
+    if meta.priorities != state.priorities:
+        broken.append(f"meta counts {meta.priorities} per priority, the keys {state.priorities}")
+    if state.last_sequence >= meta.tail:
+        broken.append(f"sequence {state.last_sequence} at or past the tail {meta.tail}")
+    started = started_event(meta)  # (priority, sequence)
+    if started is not None and not state.started_has_record:
+        broken.append(f"the started event {started[1]} has no record")
+    if meta.running and started is None:
+        broken.append("an attempt is running, but no event is started")
+    return broken
+
+
+def violations(state: InstanceState) -> list[str]:
+    """Every invariant ``state`` breaks, each a line naming the instance.
+
+    For example ``"p:0: enqueued 5 != succeeded + dead_lettered + drained + pending = 4"``;
+    an empty list if the instance balances.
+    """
+    return [f"{state.name}: {what}" for what in broken_invariants(state)]
