@@ -33,7 +33,7 @@ from dopool import (
 )
 from dopool._actor import InstanceActor
 from dopool._inbox import Inbox
-from dopool._instance import _Instance
+from dopool._instance import InstanceShell
 from dopool._layout import Meta, Namespace
 from dopool._mailbox import Mailbox
 from dopool._messages import HandedOff, Pause, Recover, Resume
@@ -696,9 +696,9 @@ def test_the_enqueues_waiting_behind_a_handler_share_its_outcome_and_nothing_ove
 ) -> None:
     """The outcome's transaction takes the run of enqueues at the inbox head, up to a pause."""
     taken: list[int] = []  # how many enqueues each transaction stored
-    accept = _Instance._accept
+    accept = InstanceShell._accept
 
-    def counted(instance: _Instance, *args: Any) -> None:
+    def counted(instance: InstanceShell, *args: Any) -> None:
         taken.append(len(instance._taken))
         accept(instance, *args)
 
@@ -709,7 +709,7 @@ def test_the_enqueues_waiting_behind_a_handler_share_its_outcome_and_nothing_ove
         pool = runtime.define("p", execute=first)
         pool.enqueue("first")
         assert first.running.wait(TIMEOUT)
-        monkeypatch.setattr(_Instance, "_accept", counted)
+        monkeypatch.setattr(InstanceShell, "_accept", counted)
         ref = pool._mailboxes[0]._ref
         assert ref is not None
         inbox = cast(Inbox, ref.actor_inbox)  # the instance's own (see InstanceActor)

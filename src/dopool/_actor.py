@@ -3,7 +3,7 @@
 Every message is handled as: one write transaction in which the queue machine
 (:mod:`dopool._machine`) makes its transition, commit, then (and only then) the
 clock, subscribers, callbacks and the caller learn of it (see
-:class:`dopool._instance._Instance`).
+:class:`dopool._instance.InstanceShell`).
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from dopool._errors import (
 )
 from dopool._inbox import Inbox
 from dopool._instance import (
+    Crash,
     InstanceEnv,
+    InstanceShell,
     PoolSpec,
     UndecodableEventError,
-    _Crash,
-    _Instance,
 )
 from dopool._layout import EventRecord, Meta, queue_key_sequence, unpack
 from dopool._machine import Effects, Started
@@ -48,7 +48,7 @@ from dopool._storage import Txn
 logger = logging.getLogger("dopool")
 
 
-class InstanceActor(_Instance, pykka.ThreadingActor):
+class InstanceActor(InstanceShell, pykka.ThreadingActor):
     """One instance of a pool. Handles one message at a time, in its own thread."""
 
     # The interpreter joins non-daemon threads before atexit runs, so an open
@@ -57,7 +57,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
 
     def __init__(self, spec: PoolSpec, index: int, env: InstanceEnv, kill: threading.Event) -> None:
         pykka.ThreadingActor.__init__(self)
-        _Instance.__init__(self, spec, index, env)
+        InstanceShell.__init__(self, spec, index, env)
         self._kill = kill  # this incarnation's: a successor gets a fresh one
         self._handlers: dict[type, Callable[[Any], None]] = {
             Enqueue: self._on_enqueue,
@@ -89,7 +89,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
             else:
                 raise TypeError(f"an instance takes no {type(message).__name__} message")
             self._mailbox.handled(message)
-        except _Crash as crash:
+        except Crash as crash:
             self._crash(crash.point, message)
         except Exception as exc:
             engine_failure = isinstance(exc, StorageError) or not isinstance(exc, DopoolError)
@@ -121,7 +121,7 @@ class InstanceActor(_Instance, pykka.ThreadingActor):
             self._env.in_handler.instance = (self._spec.name, self._index)
             try:
                 self._execute_attempts(started)
-            except _Crash:
+            except Crash:
                 pass  # the attempt stays started: the next open's recovery settles it
             finally:
                 self._env.in_handler.instance = None

@@ -13,7 +13,7 @@ from dopool._errors import (
     PoolClosedError,
     StorageError,
 )
-from dopool._instance import _Crash, _Instance
+from dopool._instance import Crash, InstanceShell
 from dopool._machine import Effects
 from dopool._messages import (
     Enqueue,
@@ -25,7 +25,7 @@ from dopool._types import EnqueueResult
 logger = logging.getLogger("dopool")
 
 
-class DirectEnqueue(_Instance):
+class DirectEnqueue(InstanceShell):
     """Enqueue from the caller's own thread while the instance is free: no thread hop.
 
     If nobody holds the instance's turn, the caller takes it and runs the
@@ -54,7 +54,7 @@ class DirectEnqueue(_Instance):
             effects = Effects()
             try:
                 meta, started = self._transact(self._enqueue_body(effects, mailbox.idle))
-            except _Crash as crash:
+            except Crash as crash:
                 self._crash(crash.point)
             except Exception as exc:
                 if mailbox.closed:  # the runtime closed the store under this call

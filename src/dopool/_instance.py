@@ -72,7 +72,7 @@ class UndecodableEventError(PermanentError):
     """A stored event does not decode: it is dead-lettered without running the handler."""
 
 
-class _Crash(Exception):
+class Crash(Exception):
     """Unwinds an instance from a fault point; it never leaves the actor."""
 
     def __init__(self, point: str) -> None:
@@ -80,7 +80,7 @@ class _Crash(Exception):
         super().__init__(f"crashed at fault point {point!r}")
 
 
-class _Instance:
+class InstanceShell:
     """The queue state machine of one instance, run by whichever thread holds its turn.
 
     Its actor runs it for every message; a caller enqueuing from its own thread
@@ -123,9 +123,9 @@ class _Instance:
         Whatever was not committed yet is lost with the actor.
         """
         if self._killed():
-            raise _Crash(self._mailbox.kill_reason or point)
+            raise Crash(self._mailbox.kill_reason or point)
         if fault is not None and self._faults.active and self._faults.fires(fault):
-            raise _Crash(fault)
+            raise Crash(fault)
 
     def _transact(self, body: Callable[[Txn], T]) -> T:
         """Run ``body`` in a write transaction that may fail (``storage_error``) before commit.

@@ -118,7 +118,7 @@ class Mailbox:
         self._recovering = False  # a successor's recovery has not committed yet
         self._handed_off: Any = None  # an attempt a caller started, for the actor to run
         # The instance's meta as its last commit left it, if known (see
-        # ``_Instance._load_meta``): only the holder of the turn touches it.
+        # ``InstanceShell._load_meta``): only the holder of the turn touches it.
         self.meta: Meta | None = None
         # Crashes (but those ``runtime.kill`` asked for) since the actor last handled
         # a message other than a recovery or a kill without crashing (see
