@@ -63,7 +63,7 @@ def test_the_format_1_fixture_decodes_to_exactly_what_was_written(fixture_store:
                 dead_lettered=1,
                 paused=True,
                 outbox_next=1,
-                dead_letters=1,
+                held_dead_letters=1,
                 priorities={9: 1},
                 links={1: 1},
             )

@@ -38,7 +38,7 @@ def write_balanced(txn: Txn) -> Meta:
         pending=3,
         succeeded=1,
         dead_lettered=1,
-        dead_letters=1,
+        held_dead_letters=1,
         outbox=1,
         priorities={5: 1, 0: 2},
         current=NS.queue_key(5, 2),
@@ -86,7 +86,7 @@ def pending_not_the_keys(txn: Txn, meta: Meta) -> None:
 
 
 def dead_letters_not_the_keys(txn: Txn, meta: Meta) -> None:
-    meta.dead_letters = 2
+    meta.held_dead_letters = 2
 
 
 def outbox_not_the_keys(txn: Txn, meta: Meta) -> None:
@@ -146,7 +146,7 @@ def test_the_keys_of_a_neighbour_and_stray_keys_are_not_counted(store: Store) ->
 def test_the_lines_name_the_instance_and_the_bare_list_does_not(store: Store) -> None:
     with store.write() as txn:
         meta = write_balanced(txn)
-        meta.enqueued, meta.dead_letters = 9, 0
+        meta.enqueued, meta.held_dead_letters = 9, 0
         NS.save_meta(txn, meta)
     with store.read() as txn:
         state = read_instance(txn, "p", 0)

@@ -253,12 +253,12 @@ def test_drain_redrive_and_purge(store: Store) -> None:
     count, fx = rig.step(lambda txn, meta, fx: rig.machine.drain(txn, meta, 1.0, fx))
     assert (count, kinds(fx), rig.meta.drained, rig.meta.alarm) == (2, ["drained"], 2, None)
     count, fx = rig.step(lambda txn, meta, fx: rig.machine.redrive(txn, meta, None, 2.0, fx))
-    assert (count, rig.meta.pending, rig.meta.dead_letters, rig.meta.tail) == (1, 1, 0, 4)
+    assert (count, rig.meta.pending, rig.meta.held_dead_letters, rig.meta.tail) == (1, 1, 0, 4)
     assert rig.broken() == []
     rig.start(now=2.0)
     rig.fail(ValueError("x"), now=2.0)
     purged, _ = rig.step(lambda txn, meta, fx: rig.machine.purge(txn, meta))
-    assert (purged, rig.meta.dead_letters, rig.meta.dead_lettered) == (1, 0, 2)
+    assert (purged, rig.meta.held_dead_letters, rig.meta.dead_lettered) == (1, 0, 2)
 
 
 def test_deliveries_are_taken_once_in_link_order(store: Store) -> None:

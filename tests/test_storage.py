@@ -110,7 +110,7 @@ def test_meta_round_trips_every_field(store: Store) -> None:
         restarts=4,
         outbox_next=9,
         outbox=1,
-        dead_letters=8,
+        held_dead_letters=8,
         priorities={0: 2, -7: 1, PRIORITY_MAX: 0},
     )
     with store.write() as txn:

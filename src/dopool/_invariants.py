@@ -4,7 +4,7 @@ An instance's meta record keeps counters that its keys must bear out. Every
 committed transaction leaves them balanced, so any snapshot of the store must:
 
 - ``enqueued = succeeded + dead_lettered + drained + pending``;
-- the meta's ``pending``, ``dead_letters`` and ``outbox`` equal the number of
+- the meta's ``pending``, ``held_dead_letters`` and ``outbox`` equal the number of
   queue, dead-letter and outbox keys;
 - its per-priority counts equal those of the queue keys;
 - every sequence (of a queue or dead-letter key) is below the ``tail``;
@@ -123,7 +123,7 @@ def broken_invariants(state: InstanceState) -> list[str]:
     broken: list[str] = []
     counts = (
         ("pending events", meta.pending, state.pending_keys),
-        ("dead letters", meta.dead_letters, state.dead_letter_keys),
+        ("dead letters", meta.held_dead_letters, state.dead_letter_keys),
         ("outbox entries", meta.outbox, state.outbox_keys),
     )
     for what, recorded, keys in counts:

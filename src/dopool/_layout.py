@@ -494,7 +494,7 @@ class Meta:
     restarts: int = 0
     outbox_next: int = 0
     outbox: int = 0  # outbox entries not yet acknowledged by their target
-    dead_letters: int = 0  # dead-letter records held
+    held_dead_letters: int = 0  # dead-letter records held (dead_lettered counts them all)
     priorities: dict[int, int] = field(default_factory=dict)  # pending events per priority
     alarm_failures: int = 0  # consecutive failed alarm deliveries (fault injection)
     links: dict[int, int] = field(default_factory=dict)  # next outbox link per target
@@ -519,7 +519,7 @@ _META_LAYOUT: Layout = (
     ("restarts", _count),
     ("outbox_next", _count),
     ("outbox", _count),
-    ("dead_letters", _count),
+    ("held_dead_letters", _count),
     ("priorities", _tally),
     ("alarm_failures", _count),
     ("links", _tally),
@@ -717,7 +717,7 @@ class Namespace:
         return _count_prefix(txn, self._queue)
 
     def count_dead_letters(self, txn: Txn) -> int:
-        """How many dead-letter keys exist (the meta's ``dead_letters``)."""
+        """How many dead-letter keys exist (the meta's ``held_dead_letters``)."""
         return _count_prefix(txn, self._dead)
 
     def count_outbox(self, txn: Txn) -> int:

@@ -350,7 +350,7 @@ class QueueMachine:
     ) -> None:
         """Move the event at ``key`` to the dead letters, in this transaction."""
         self._ns.put_dead_letter(txn, sequence, dead)
-        meta.dead_letters += 1
+        meta.held_dead_letters += 1
         meta.dead_lettered += 1
         self._remove_current(txn, meta, key)
         fx.events.append(self.event("dead_lettered", now, sequence, dead.attempts, dead.error))
@@ -434,7 +434,7 @@ class QueueMachine:
             dead = self._ns.pop_dead_letter(txn, sequence)
             assert dead is not None
             items.append(Item(dead.event, dead.partition_key, dead.priority))
-        meta.dead_letters -= len(items)
+        meta.held_dead_letters -= len(items)
         self.append(txn, meta, tuple(items), now, fx)
         self.rearm(meta, now)
         return len(items)
@@ -442,7 +442,7 @@ class QueueMachine:
     def purge(self, txn: Txn, meta: Meta) -> int:
         """Delete every dead letter; how many. No counter changes."""
         count = self._ns.delete_dead_letters(txn)
-        meta.dead_letters = 0
+        meta.held_dead_letters = 0
         return count
 
     # -- follow-ups between instances ------------------------------------------------------
