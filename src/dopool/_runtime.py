@@ -278,11 +278,12 @@ class Runtime:
             if previous is not None:
                 for index in range(previous):
                     meta = Namespace(name, index).load_meta(txn)
-                    if meta.pending or meta.outbox or meta.held_dead_letters:
+                    held = meta.held_dead_letters
+                    if meta.pending or meta.outbox or held:
                         raise ConfigurationError(
                             f"pool {name!r} was stored with concurrency {previous}; changing it "
                             f"to {concurrency} would move instance {index}'s {meta.pending} "
-                            f"pending events, {meta.outbox} follow-ups and {meta.held_dead_letters} "
+                            f"pending events, {meta.outbox} follow-ups and {held} "
                             "dead letters to other partitions. Drain and purge it first, or "
                             f"keep concurrency={previous}"
                         )
