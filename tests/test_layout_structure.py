@@ -6,17 +6,34 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).parent.parent / "src" / "dopool"
+LAYOUT = SRC / "_layout"
 
 # The format key, the pool and instance prefixes, and the tags of an instance's keys.
 KEY_BYTES = {b"F", b"P", b"I", b"m", b"q", b"d", b"o", b"s"}
 
 
-def test_only_the_layout_module_spells_a_key() -> None:
+def test_only_the_keys_module_of_the_layout_spells_a_key() -> None:
     offenders = []
     for path in sorted(SRC.rglob("*.py")):
-        if path.name == "_layout.py":
+        if path == LAYOUT / "keys.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Constant) and node.value in KEY_BYTES:
                 offenders.append(f"{path.relative_to(SRC)}:{node.lineno}: {node.value!r}")
+    assert offenders == []
+
+
+def test_the_layouts_own_names_stay_inside_it() -> None:
+    """A name with a leading underscore in ``_layout/`` is shared by its modules only."""
+    offenders = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path.is_relative_to(LAYOUT):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and (node.module or "").startswith("dopool._layout")
+                and any(alias.name.startswith("_") for alias in node.names)
+            ):
+                offenders.append(f"{path.relative_to(SRC)}:{node.lineno}")
     assert offenders == []

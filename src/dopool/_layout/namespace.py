@@ -1,0 +1,293 @@
+"""An instance's namespace and the pool records: records read and written under their keys.
+
+Every function here takes an open transaction from :class:`~dopool._storage.Store`;
+the keys come from :mod:`.keys`, the values are sealed and checked by :mod:`.records`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from dopool._errors import DamagedRecordError
+from dopool._layout.keys import (
+    _DEAD_TAG,
+    _INSTANCE_PREFIX,
+    _KIND_OF_TAG,
+    _MARK_TAG,
+    _META_TAG,
+    _OUTBOX_TAG,
+    _POOL_PREFIX,
+    _QUEUE_TAG,
+    _RANK_SEQ,
+    _SUFFIX_LENGTHS,
+    _U32,
+    _U64,
+    RecordKind,
+    dead_letter_sequence,
+    outbox_sequence,
+    pool_key,
+    pool_name_of,
+)
+from dopool._layout.limits import PRIORITY_MAX
+from dopool._layout.records import (
+    DeadRecord,
+    EventRecord,
+    Meta,
+    OutboxRecord,
+    damaged,
+    pack,
+    read_dead,
+    read_event,
+    read_link,
+    read_meta,
+    read_outbox,
+    read_pool,
+    seal,
+    seal_dead,
+    seal_event,
+    seal_link,
+    seal_meta,
+    seal_outbox,
+    seal_pool,
+)
+
+if TYPE_CHECKING:
+    from dopool._storage import Txn
+
+# -- an instance's keys ---------------------------------------------------------------
+
+
+class Namespace:
+    """The keys of one instance. Methods take an open transaction from :class:`Store`.
+
+    Every value is sealed and checked by :mod:`.records`: a read raises
+    :class:`DamagedRecordError` for a record that fails its checksum or layout.
+    """
+
+    __slots__ = ("_dead", "_meta", "_outbox", "_queue", "_seen", "prefix")
+
+    def __init__(self, pool: str, index: int) -> None:
+        self.prefix = _INSTANCE_PREFIX + f"{pool}:{index}".encode() + b"\0"
+        self._meta = self.prefix + _META_TAG
+        self._queue = self.prefix + _QUEUE_TAG
+        self._dead = self.prefix + _DEAD_TAG
+        self._outbox = self.prefix + _OUTBOX_TAG
+        self._seen = self.prefix + _MARK_TAG
+
+    # -- meta ---------------------------------------------------------------
+    @property
+    def meta_key(self) -> bytes:
+        return self._meta
+
+    def load_meta(self, txn: Txn) -> Meta:
+        raw = txn.get(self._meta)
+        if raw is None:
+            return Meta()
+        return read_meta(self._meta, raw)
+
+    def save_meta(self, txn: Txn, meta: Meta) -> None:
+        txn.put(self._meta, seal_meta(self._meta, meta))
+
+    # -- queue --------------------------------------------------------------
+    def queue_key(self, priority: int, sequence: int) -> bytes:
+        return self._queue + _RANK_SEQ.pack(PRIORITY_MAX - priority, sequence)
+
+    def put_event(self, txn: Txn, key: bytes, record: EventRecord) -> None:
+        """Store a pending event under its queue key."""
+        txn.put(key, seal_event(key, record), overwrite=False)
+
+    def add_event(
+        self,
+        txn: Txn,
+        sequence: int,
+        event: bytes,
+        enqueued_at: float,
+        partition_key: str | None,
+        priority: int,
+    ) -> None:
+        """Store a new pending event from its fields, under the queue key they make.
+
+        :meth:`put_event` and :meth:`queue_key` in one call, with no record built:
+        this runs for every event enqueued.
+        """
+        key = self._queue + _RANK_SEQ.pack(PRIORITY_MAX - priority, sequence)
+        body = pack((event, enqueued_at, partition_key, priority))  # records._EVENT_LAYOUT's order
+        txn.put(key, seal(key, body), overwrite=False)
+
+    def get_event(self, txn: Txn, key: bytes) -> EventRecord | None:
+        raw = txn.get(key)
+        return None if raw is None else read_event(key, raw)
+
+    def first_event(self, txn: Txn) -> tuple[bytes, EventRecord] | None:
+        """The queue's first key and its record: the next event to run, if any.
+
+        Raises:
+            DamagedRecordError: the first record is damaged (its ``key`` says which).
+        """
+        queue, length = self._queue, len(self._queue) + _RANK_SEQ.size
+        with txn.cursor() as cursor:
+            found = cursor.set_range(queue)
+            while found:
+                key, raw = cursor.item()
+                if not key.startswith(queue):
+                    break
+                if len(key) == length:
+                    return key, read_event(key, raw)
+                found = cursor.next()  # a stray key of the wrong length: not an event
+        return None
+
+    def delete_event(self, txn: Txn, key: bytes) -> None:
+        txn.delete(key)
+
+    def delete_events(self, txn: Txn) -> int:
+        return _delete_prefix(txn, self._queue)
+
+    def iter_event_keys(self, txn: Txn) -> Iterator[bytes]:
+        for key, _ in _iter_prefix(txn, self._queue):
+            yield key
+
+    # -- dead letters -------------------------------------------------------
+    def dead_letter_key(self, sequence: int) -> bytes:
+        return self._dead + _U64.pack(sequence)
+
+    def put_dead_letter(self, txn: Txn, sequence: int, record: DeadRecord) -> None:
+        key = self.dead_letter_key(sequence)
+        txn.put(key, seal_dead(key, record))
+
+    def iter_dead_letters(self, txn: Txn) -> Iterator[tuple[int, DeadRecord]]:
+        """Every dead letter by sequence; a damaged one is listed as such, not raised."""
+        for key, raw in _iter_prefix(txn, self._dead, len(self._dead) + 8):
+            yield dead_letter_sequence(key), _dead_or_damaged(key, raw)
+
+    def pop_dead_letter(self, txn: Txn, sequence: int) -> DeadRecord | None:
+        key = self.dead_letter_key(sequence)
+        raw = txn.pop(key)
+        return None if raw is None else _dead_or_damaged(key, raw)
+
+    def delete_dead_letters(self, txn: Txn) -> int:
+        return _delete_prefix(txn, self._dead)
+
+    # -- outbox and delivery bookkeeping --------------------------------------
+    def outbox_key(self, oseq: int) -> bytes:
+        return self._outbox + _U64.pack(oseq)
+
+    def put_outbox(self, txn: Txn, oseq: int, record: OutboxRecord) -> None:
+        key = self.outbox_key(oseq)
+        txn.put(key, seal_outbox(key, record))
+
+    def iter_outbox(self, txn: Txn) -> Iterator[tuple[int, OutboxRecord | DamagedRecordError]]:
+        """Every outbox entry by sequence; a damaged one comes as its error, not raised."""
+        for key, raw in _iter_prefix(txn, self._outbox, len(self._outbox) + 8):
+            try:
+                record: OutboxRecord | DamagedRecordError = read_outbox(key, raw)
+            except DamagedRecordError as exc:
+                record = exc
+            yield outbox_sequence(key), record
+
+    def delete_outbox(self, txn: Txn, oseq: int) -> bool:
+        return bool(txn.delete(self.outbox_key(oseq)))
+
+    def last_delivered(self, txn: Txn, source: int) -> int:
+        """The last link accepted from ``source`` (all below it were too), or -1."""
+        key = self._seen + _U32.pack(source)
+        raw = txn.get(key)
+        return -1 if raw is None else read_link(key, raw)
+
+    def set_delivered(self, txn: Txn, source: int, link: int) -> None:
+        key = self._seen + _U32.pack(source)
+        txn.put(key, seal_link(key, link))
+
+    # -- key counts, for checkers only ----------------------------------------
+    def iter_keys(self, txn: Txn) -> Iterator[tuple[RecordKind, bytes]]:
+        """Every key of the namespace with its kind, in key order, without reading a value.
+
+        Only keys of the layout (:mod:`.keys`): a stray key (an unknown tag, a suffix of the
+        wrong length) is skipped, as :func:`parse_instance_key` would refuse it.
+        """
+        start = len(self.prefix)
+        for key, _ in _iter_prefix(txn, self.prefix):
+            tag = key[start : start + 1]
+            if _SUFFIX_LENGTHS.get(tag) == len(key) - start - 1:
+                yield _KIND_OF_TAG[tag], key
+
+    def count_pending(self, txn: Txn) -> int:
+        """How many queue keys exist (the meta's ``pending`` should say as many)."""
+        return _count_prefix(txn, self._queue)
+
+    def count_dead_letters(self, txn: Txn) -> int:
+        """How many dead-letter keys exist (the meta's ``held_dead_letters``)."""
+        return _count_prefix(txn, self._dead)
+
+    def count_outbox(self, txn: Txn) -> int:
+        """How many outbox keys exist (the meta's ``outbox``)."""
+        return _count_prefix(txn, self._outbox)
+
+
+def _dead_or_damaged(key: bytes, raw: bytes) -> DeadRecord:
+    """A dead letter as stored, or, if it is damaged, a record that says so."""
+    try:
+        return read_dead(key, raw)
+    except DamagedRecordError as exc:
+        return DeadRecord(raw, f"DamagedRecordError: {exc.reason}", 0, 0.0, 0.0, None, 0, True)
+
+
+def _iter_prefix(
+    txn: Txn, prefix: bytes, length: int | None = None
+) -> Iterator[tuple[bytes, bytes]]:
+    """The records under ``prefix``; with ``length``, only keys of that length.
+
+    A key of the wrong length is no record of the layout (``dopool check``
+    reports it); skipping it keeps one stray key from stopping an instance.
+    """
+    with txn.cursor() as cursor:
+        if not cursor.set_range(prefix):
+            return
+        for key, value in cursor:
+            if not key.startswith(prefix):
+                return
+            if length is None or len(key) == length:
+                yield key, value
+
+
+def _count_prefix(txn: Txn, prefix: bytes) -> int:
+    return sum(1 for _ in _iter_prefix(txn, prefix))
+
+
+def _delete_prefix(txn: Txn, prefix: bytes) -> int:
+    count = 0
+    with txn.cursor() as cursor:
+        if not cursor.set_range(prefix):
+            return 0
+        while cursor.key().startswith(prefix):
+            cursor.delete()  # moves to the next key
+            count += 1
+            if not cursor.key():
+                break
+    return count
+
+
+# -- pools -----------------------------------------------------------------------------
+
+
+def get_pool(txn: Txn, name: str) -> int | None:
+    """The concurrency a pool was stored with, or None for a pool never defined."""
+    key = pool_key(name)
+    raw = txn.get(key)
+    return None if raw is None else read_pool(key, raw)
+
+
+def put_pool(txn: Txn, name: str, concurrency: int) -> None:
+    key = pool_key(name)
+    txn.put(key, seal_pool(key, concurrency))
+
+
+def pool_records(txn: Txn) -> dict[str, int]:
+    """Every pool a store knows, by name, with its stored concurrency (checked)."""
+    pools = {}
+    for key, raw in _iter_prefix(txn, _POOL_PREFIX):
+        name = pool_name_of(key)
+        if name is None:
+            raise damaged(key, raw, "the pool name is not UTF-8")
+        pools[name] = read_pool(key, raw)
+    return pools

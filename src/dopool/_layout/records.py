@@ -1,0 +1,394 @@
+"""The store's records: their encoding, their seal, their fields and their checks.
+
+Every value the engine writes is sealed: a CRC-32 of the record's key and
+body (4 bytes, big-endian), then the body, a msgpack array whose fields are
+listed here in order (``docs/store-format.md`` documents them). Reading a
+record checks the checksum, the array's length and every field's type, and
+raises :class:`DamagedRecordError` if any of that is wrong, so damage is
+reported instead of acted on. The field order is declared by the layouts
+below, not by the order of a dataclass's fields: adding a field means a new
+format version.
+
+No other module touches msgpack: its errors become :class:`DamagedRecordError` /
+:class:`EventValidationError` here.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import Any, NamedTuple
+
+import msgpack
+
+from dopool._errors import DamagedRecordError, EventValidationError
+from dopool._layout.keys import _QUEUE_TAG, describe_key
+from dopool._layout.limits import FORMAT_VERSION, MAX_CONCURRENCY
+
+# -- encoding ----------------------------------------------------------------------
+
+_packers = threading.local()
+_unpackb = msgpack.unpackb
+
+
+def pack(value: Any) -> bytes:
+    """Encode a value with msgpack (bytes stay bytes, str stays str).
+
+    Each thread reuses one packer: half the cost of ``msgpack.packb`` per call.
+    A packer resets itself when a value fails to encode.
+    """
+    try:
+        packer = _packers.packer
+    except AttributeError:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
+    return packer.pack(value)  # type: ignore[no-any-return]
+
+
+def unpack(data: bytes) -> Any:
+    """Decode a msgpack value; maps may have non-str keys."""
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+def encode_event(event: Any, *, position: int | None = None) -> bytes:
+    """Encode a user event, refusing one that would not decode to what a handler sees.
+
+    msgpack encodes some values it cannot decode (a tuple as a map key comes
+    back as a list, which cannot be a key): such an event would be stored and
+    then fail at every attempt, so it is refused here.
+    """
+    try:
+        data = pack(event)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise EventValidationError(
+            f"not msgpack-encodable ({type(exc).__name__}: {exc})", position=position
+        ) from exc
+    try:
+        unpack(data)
+    except Exception as exc:
+        raise EventValidationError(
+            f"encodes but does not decode ({type(exc).__name__}: {exc}); "
+            "a tuple used as a map key is the usual cause",
+            position=position,
+        ) from exc
+    return data
+
+
+# -- sealing -------------------------------------------------------------------
+
+
+def damaged(key: bytes, value: bytes, reason: str) -> DamagedRecordError:
+    """The error for a record that fails its checks, naming it."""
+    return DamagedRecordError(key=key, value=value, reason=reason, what=describe_key(key))
+
+
+def seal(key: bytes, body: bytes) -> bytes:
+    """The stored value of ``body`` under ``key``: its checksum, then the body."""
+    return zlib.crc32(body, zlib.crc32(key)).to_bytes(4, "big") + body
+
+
+def open_sealed(key: bytes, value: bytes) -> bytes:
+    """The body of a stored value, once its checksum matches its key and body."""
+    if len(value) < 4:
+        raise damaged(key, value, "shorter than its checksum")
+    body = value[4:]
+    if int.from_bytes(value[:4], "big") != zlib.crc32(body, zlib.crc32(key)):
+        raise damaged(key, value, "checksum mismatch")
+    return body
+
+
+def _fields(key: bytes, value: bytes, count: int) -> list[Any]:
+    """A sealed record's fields: a msgpack array of exactly ``count`` items."""
+    body = open_sealed(key, value)
+    try:
+        fields = unpack(body)
+    except Exception as exc:
+        raise damaged(key, value, f"does not decode ({type(exc).__name__})") from exc
+    if type(fields) is not list or len(fields) != count:
+        raise damaged(key, value, f"not an array of {count} fields")
+    return fields
+
+
+# -- field checks ----------------------------------------------------------------
+
+Check = Callable[[Any], bool]
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and 0 <= value < 2**63
+
+
+def _integer(value: Any) -> bool:
+    return type(value) is int and -(2**63) <= value < 2**63
+
+
+def _time(value: Any) -> bool:
+    return type(value) is float and math.isfinite(value)
+
+
+def _time_or_none(value: Any) -> bool:
+    return value is None or _time(value)
+
+
+def _flag(value: Any) -> bool:
+    return type(value) is bool
+
+
+def _blob(value: Any) -> bool:
+    return type(value) is bytes
+
+
+def _blob_or_none(value: Any) -> bool:
+    return value is None or type(value) is bytes
+
+
+def _text(value: Any) -> bool:
+    return type(value) is str
+
+
+def _text_or_none(value: Any) -> bool:
+    return value is None or type(value) is str
+
+
+def _tally(value: Any) -> bool:
+    """A map of int to count (events per priority, next link per target)."""
+    return type(value) is dict and all(_integer(k) and _count(v) for k, v in value.items())
+
+
+Layout = tuple[tuple[str, Check], ...]
+
+
+def _check(key: bytes, value: bytes, fields: list[Any], layout: Layout) -> None:
+    for (name, valid), item in zip(layout, fields, strict=True):
+        if not valid(item):
+            raise damaged(key, value, f"field {name!r} is {item!r}")
+
+
+# -- records -----------------------------------------------------------------------
+
+
+class EventRecord(NamedTuple):
+    """A pending event as stored: the encoded event plus what routing needs."""
+
+    event: bytes
+    enqueued_at: float
+    partition_key: str | None
+    priority: int
+
+
+class DeadRecord(NamedTuple):
+    """A dead letter as stored.
+
+    ``damaged`` marks one made from a record that failed its checks: its
+    ``event`` is the damaged record's raw bytes, and it is never redriven.
+    """
+
+    event: bytes
+    error: str
+    attempts: int
+    enqueued_at: float
+    failed_at: float
+    partition_key: str | None
+    priority: int
+    damaged: bool = False
+
+
+class OutboxRecord(NamedTuple):
+    """A follow-up committed with its parent's outcome, waiting to reach its instance.
+
+    ``link`` numbers the follow-ups from this source to ``target`` consecutively
+    from 0, which is how the target tells a duplicate from a gap.
+    """
+
+    target: int
+    link: int
+    event: bytes
+    enqueued_at: float
+    partition_key: str | None
+    priority: int
+
+
+_EVENT_LAYOUT: Layout = (
+    ("event", _blob),
+    ("enqueued_at", _time),
+    ("partition_key", _text_or_none),
+    ("priority", _integer),
+)
+_DEAD_LAYOUT: Layout = (
+    ("event", _blob),
+    ("error", _text),
+    ("attempts", _count),
+    ("enqueued_at", _time),
+    ("failed_at", _time),
+    ("partition_key", _text_or_none),
+    ("priority", _integer),
+    ("damaged", _flag),
+)
+_OUTBOX_LAYOUT: Layout = (
+    ("target", _count),
+    ("link", _count),
+    ("event", _blob),
+    ("enqueued_at", _time),
+    ("partition_key", _text_or_none),
+    ("priority", _integer),
+)
+
+
+def seal_event(key: bytes, record: EventRecord | tuple[Any, ...]) -> bytes:
+    return seal(key, pack(record))
+
+
+def read_event(key: bytes, value: bytes) -> EventRecord:
+    # The checks of _fields and _EVENT_LAYOUT written out: this runs for every
+    # event started. Anything they refuse goes the general way, which names why.
+    body = value[4:]
+    if int.from_bytes(value[:4], "big") == zlib.crc32(body, zlib.crc32(key)):
+        try:
+            fields = _unpackb(body, raw=False, strict_map_key=False)
+        except Exception:
+            fields = None
+        if type(fields) is list and len(fields) == 4:
+            event, enqueued_at, partition_key, priority = fields
+            if (
+                type(event) is bytes
+                and type(enqueued_at) is float
+                and math.isfinite(enqueued_at)
+                and (partition_key is None or type(partition_key) is str)
+                and type(priority) is int
+                and -(2**63) <= priority < 2**63
+            ):
+                return EventRecord(event, enqueued_at, partition_key, priority)
+    fields = _fields(key, value, len(_EVENT_LAYOUT))
+    _check(key, value, fields, _EVENT_LAYOUT)
+    raise damaged(key, value, "fields of the wrong types")  # pragma: no cover
+
+
+def seal_dead(key: bytes, record: DeadRecord) -> bytes:
+    return seal(key, pack(record))
+
+
+def read_dead(key: bytes, value: bytes) -> DeadRecord:
+    fields = _fields(key, value, len(_DEAD_LAYOUT))
+    _check(key, value, fields, _DEAD_LAYOUT)
+    return DeadRecord(*fields)
+
+
+def seal_outbox(key: bytes, record: OutboxRecord) -> bytes:
+    return seal(key, pack(record))
+
+
+def read_outbox(key: bytes, value: bytes) -> OutboxRecord:
+    fields = _fields(key, value, len(_OUTBOX_LAYOUT))
+    _check(key, value, fields, _OUTBOX_LAYOUT)
+    return OutboxRecord(*fields)
+
+
+def seal_link(key: bytes, link: int) -> bytes:
+    return seal(key, pack([link]))
+
+
+def read_link(key: bytes, value: bytes) -> int:
+    (link,) = _fields(key, value, 1)
+    if not _count(link) and not (type(link) is int and 0 <= link < 2**64):
+        raise damaged(key, value, f"link is {link!r}")
+    return int(link)
+
+
+def seal_pool(key: bytes, concurrency: int) -> bytes:
+    return seal(key, pack([concurrency]))
+
+
+def read_pool(key: bytes, value: bytes) -> int:
+    """A pool record's stored concurrency."""
+    (concurrency,) = _fields(key, value, 1)
+    if not (_count(concurrency) and 1 <= concurrency <= MAX_CONCURRENCY):
+        raise damaged(key, value, f"concurrency is {concurrency!r}")
+    return int(concurrency)
+
+
+def seal_format(key: bytes) -> bytes:
+    return seal(key, pack([FORMAT_VERSION]))
+
+
+def read_format(key: bytes, value: bytes) -> int:
+    """The format version a store records (any int: the caller judges it)."""
+    (version,) = _fields(key, value, 1)
+    if not _count(version):
+        raise damaged(key, value, f"version is {version!r}")
+    return int(version)
+
+
+# -- the instance's meta -------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Meta:
+    """An instance's durable state, apart from the event, dead-letter and outbox keys."""
+
+    tail: int = 0  # the next sequence to assign; every pending sequence is below it
+    pending: int = 0
+    enqueued: int = 0
+    succeeded: int = 0
+    dead_lettered: int = 0
+    drained: int = 0
+    paused: bool = False
+    alarm: float | None = None  # the alarm slot (absolute clock time)
+    current: bytes | None = None  # queue key of the event whose attempts have started
+    attempt: int = 0  # attempts started for ``current``
+    running: bool = False  # an attempt started and its outcome is not committed yet
+    started_at: float | None = None
+    retry_at: float | None = None
+    restarts: int = 0
+    outbox_next: int = 0
+    outbox: int = 0  # outbox entries not yet acknowledged by their target
+    held_dead_letters: int = 0  # dead-letter records held (dead_lettered counts them all)
+    priorities: dict[int, int] = field(default_factory=dict)  # pending events per priority
+    alarm_failures: int = 0  # consecutive failed alarm deliveries (fault injection)
+    links: dict[int, int] = field(default_factory=dict)  # next outbox link per target
+
+
+# The meta record's fields, in stored order (format 1). Independent of the
+# dataclass's field order; a change here is a change of format.
+_META_LAYOUT: Layout = (
+    ("tail", _count),
+    ("pending", _count),
+    ("enqueued", _count),
+    ("succeeded", _count),
+    ("dead_lettered", _count),
+    ("drained", _count),
+    ("paused", _flag),
+    ("alarm", _time_or_none),
+    ("current", _blob_or_none),
+    ("attempt", _count),
+    ("running", _flag),
+    ("started_at", _time_or_none),
+    ("retry_at", _time_or_none),
+    ("restarts", _count),
+    ("outbox_next", _count),
+    ("outbox", _count),
+    ("held_dead_letters", _count),
+    ("priorities", _tally),
+    ("alarm_failures", _count),
+    ("links", _tally),
+)
+_META_NAMES = tuple(name for name, _ in _META_LAYOUT)
+_meta_values = attrgetter(*_META_NAMES)  # every field in stored order, in one C call
+
+
+def seal_meta(key: bytes, meta: Meta) -> bytes:
+    return seal(key, pack(_meta_values(meta)))
+
+
+def read_meta(key: bytes, value: bytes) -> Meta:
+    fields = _fields(key, value, len(_META_LAYOUT))
+    _check(key, value, fields, _META_LAYOUT)
+    meta = Meta(**dict(zip(_META_NAMES, fields, strict=True)))
+    current = meta.current
+    # The started event's queue key: this namespace's queue tag, then rank and sequence.
+    queue = key[:-1] + _QUEUE_TAG
+    if current is not None and (len(current) != len(key) + 12 or current[:-12] != queue):
+        raise damaged(key, value, f"current is {current!r}")
+    return meta
