@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-import dopool._mailbox
+import dopool._supervisor
 from dopool import (
     EventContext,
     InstanceCrashedError,
@@ -218,7 +218,7 @@ def test_close_does_not_wait_out_a_restart_backoff_under_the_real_clock(
     tmp_path: Path, damaged: Switch, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # raising=False: without restart backoff, the test fails below, not here.
-    monkeypatch.setattr(dopool._mailbox, "RESTART_DELAY_FIRST", 30.0, raising=False)
+    monkeypatch.setattr(dopool._supervisor, "RESTART_DELAY_FIRST", 30.0, raising=False)
     waiting = threading.Event()
 
     def on_event(event: PoolEvent) -> None:

@@ -13,6 +13,7 @@ from dopool._errors import DopoolError, InstanceCrashedError, PoolClosedError
 from dopool._inbox import Inbox
 from dopool._layout import Meta
 from dopool._messages import Alarm, HandedOff, Kill, Message, Recover
+from dopool._supervisor import DelayedRestart, ends_crash_streak, restart_delay
 from dopool._turn import Turn
 
 
@@ -23,55 +24,6 @@ class _Untold:
 
 
 UNTOLD = _Untold()
-
-# Restarts with backoff (docs/guarantees.md, "Crashes and recovery"): the first
-# RESTARTS_AT_ONCE crashes in a row restart at once; each further one waits
-# RESTART_DELAY_FIRST seconds of clock time, doubling, at most RESTART_DELAY_MAX.
-RESTARTS_AT_ONCE = 3
-RESTART_DELAY_FIRST = 1.0
-RESTART_DELAY_MAX = 60.0
-
-
-def restart_delay(streak: int) -> float:
-    """How long the restart after the ``streak``-th crash in a row waits (0: at once)."""
-    if streak <= RESTARTS_AT_ONCE:
-        return 0.0
-    # min() first: a long crash loop must not overflow the float.
-    doublings = min(streak - RESTARTS_AT_ONCE - 1, 64)
-    return min(RESTART_DELAY_FIRST * 2.0**doublings, RESTART_DELAY_MAX)
-
-
-class _DelayedRestart:
-    """A restart waiting out its backoff: the clock fires it like an alarm."""
-
-    __slots__ = ("at", "clock", "envelopes", "held", "mailbox", "retried", "start")
-
-    def __init__(
-        self,
-        mailbox: Mailbox,
-        start: Callable[[threading.Event], pykka.ActorRef[Any]],
-        clock: Clock,
-        at: float,
-    ) -> None:
-        self.mailbox = mailbox
-        self.start = start
-        self.clock = clock
-        self.at = at
-        # For the successor, after its recovery, in this order (each counted as sent):
-        self.retried: list[Any] = []  # the engine's message the crash interrupted
-        self.envelopes: list[Any] = []  # what waited in the dead actor's inbox
-        self.held: list[Any] = []  # the engine's messages sent since
-
-    def count(self) -> int:
-        """The messages counted for the successor, its recovery included."""
-        return 1 + len(self.retried) + len(self.envelopes) + len(self.held)
-
-    @property
-    def order(self) -> tuple[str, int]:
-        return self.mailbox.order
-
-    def fire_alarm(self) -> None:
-        self.mailbox._restart(self)
 
 
 class Mailbox:
@@ -124,7 +76,7 @@ class Mailbox:
         # a message other than a recovery or a kill without crashing (see
         # ``handled``): it paces restarts.
         self.crash_streak = 0
-        self._delayed: _DelayedRestart | None = None  # a restart waiting out its backoff
+        self._delayed: DelayedRestart | None = None  # a restart waiting out its backoff
 
     @property
     def closed(self) -> bool:
@@ -157,7 +109,7 @@ class Mailbox:
         fail_reply(message, PoolClosedError(self.pool))
         return False
 
-    def _hold(self, delayed: _DelayedRestart, message: Any) -> bool:
+    def _hold(self, delayed: DelayedRestart, message: Any) -> bool:
         """While a restart waits: keep an engine message for the successor, fail a caller's.
 
         A caller is not kept waiting for a backoff (up to a minute, or for ever
@@ -184,7 +136,7 @@ class Mailbox:
         recovery commits and the next message crashes is still a loop) or a kill
         that found nothing to do.
         """
-        if self.crash_streak and type(message) not in (Recover, Kill):
+        if self.crash_streak and ends_crash_streak(message):
             self.crash_streak = 0
 
     def takes_direct_calls(self) -> bool:
@@ -309,7 +261,7 @@ class Mailbox:
         but, like a handler in ``ctx.sleep``, not active, so a simulated clock can
         be driven to the restart.
         """
-        delayed = self._delayed = _DelayedRestart(self, start, clock, clock.now() + delay)
+        delayed = self._delayed = DelayedRestart(self, start, clock, clock.now() + delay)
         self._ref = None
         self._activity.sent(self.key)  # the successor's Recover
         for message in retried:
@@ -333,7 +285,7 @@ class Mailbox:
             if self._delayed is not delayed:  # closed while it was being set
                 delayed.clock.set_alarm(delayed, None)
 
-    def _restart(self, delayed: _DelayedRestart) -> None:
+    def start_successor(self, delayed: DelayedRestart) -> None:
         """The backoff is over: start the successor, its recovery first, then what was held."""
         with self._lock:
             if self._delayed is not delayed:

@@ -52,7 +52,7 @@ from dopool._layout import (
     started_event,
     unpack,
 )
-from dopool._mailbox import RESTARTS_AT_ONCE, restart_delay
+from dopool._supervisor import RESTARTS_AT_ONCE, restart_delay
 
 Entry = tuple[int, int]  # (instance index, sequence)
 
