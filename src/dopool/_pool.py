@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Unpack
 
@@ -21,7 +24,10 @@ from dopool._validation import prepare, prepare_many
 from dopool._waits import acting
 
 if TYPE_CHECKING:
+    from dopool._clock import Clock
     from dopool._runtime import Runtime
+    from dopool._storage import Txn
+    from dopool._waits import WaitGraph
 
 # What makes the process default runtime, for ``define(runtime=None)``: registered
 # by dopool._runtime (see ``provide_default_runtime``), which imports this module.
@@ -33,6 +39,31 @@ def provide_default_runtime(factory: Callable[[], Runtime]) -> None:
     _default_runtime[:] = [factory]
 
 
+@dataclass(frozen=True, slots=True)
+class PoolContext:
+    """What a pool uses of the runtime that defines it; one per runtime, shared by its pools.
+
+    Attributes:
+        read: a read-only snapshot of committed state (a context manager yielding the
+            read transaction); never waits for writers.
+        clock: the runtime's clock.
+        in_handler: the thread-local naming the instance a thread acts for (see
+            :func:`dopool._waits.acting`).
+        waits: the runtime's wait-for graph, where a call from an instance's thread
+            records its wait.
+        closed: whether the runtime is closed.
+        handler_running: ``(pool, index)`` if the calling thread is that instance's,
+            inside a message (``Runtime.handler_running``).
+    """
+
+    read: Callable[[], AbstractContextManager[Txn]]
+    clock: Clock
+    in_handler: threading.local
+    waits: WaitGraph
+    closed: Callable[[], bool]
+    handler_running: Callable[[], tuple[str, int] | None]
+
+
 class WorkerPool:
     """A named pool of ``concurrency`` instances sharing one handler.
 
@@ -41,13 +72,13 @@ class WorkerPool:
 
     def __init__(
         self,
-        runtime: Runtime,
+        context: PoolContext,
         spec: PoolSpec,
         mailboxes: list[Mailbox],
         router: Router,
         direct: list[DirectEnqueue],
     ) -> None:
-        self._runtime = runtime
+        self._context = context
         self._spec = spec
         self._schema = spec.options.schema
         self._mailboxes = mailboxes
@@ -218,7 +249,7 @@ class WorkerPool:
         instance's thread, which may wait for one instance at a time only (see
         ``_call``).
         """
-        return self._runtime.clock.orders_calls or bool(acting(self._runtime._in_handler))
+        return self._context.clock.orders_calls or bool(acting(self._context.in_handler))
 
     def _call(self, index: int, message: Callable[[Reply], Any]) -> Any:
         """Send one instance a message and wait for its answer.
@@ -228,11 +259,11 @@ class WorkerPool:
         already waits, through a chain of others, for the calling one, the wait
         would never end, and :class:`DeadlockError` is raised with nothing sent.
         """
-        waiters = acting(self._runtime._in_handler)
+        waiters = acting(self._context.in_handler)
         if not waiters:
             return self._wait(self._send(index, message))
         reply = Reply()
-        with self._runtime._waits.waiting(waiters, (self.name, index), reply):
+        with self._context.waits.waiting(waiters, (self.name, index), reply):
             self._mailboxes[index].send(message(reply))
             return self._wait(reply)
 
@@ -250,8 +281,8 @@ class WorkerPool:
 
     def _settle_crash(self) -> None:
         """Where calls are ordered (a simulated clock), wait for a crashed instance's recovery."""
-        if self._runtime.handler_running() is None:
-            self._runtime.clock.settle()
+        if self._context.handler_running() is None:
+            self._context.clock.settle()
 
     def _send(self, index: int, message: Callable[[Reply], Any]) -> Reply:
         reply = Reply()
@@ -264,7 +295,7 @@ class WorkerPool:
         self._check_open()
         # The restart state is in memory, read without waiting for anyone.
         restarts = [(box.crash_streak, box.restart_at) for box in self._mailboxes]
-        with self._runtime._store.read() as txn:
+        with self._context.read() as txn:
             instances = [
                 instance_status(self.name, i, ns.load_meta(txn), *restarts[i])
                 for i, ns in enumerate(self._namespaces)
@@ -275,7 +306,7 @@ class WorkerPool:
         """The dead letters of the pool or of one instance, by instance then sequence."""
         self._check_open()
         indices = range(self.concurrency) if index is None else [self._check_index(index)]
-        with self._runtime._store.read() as txn:
+        with self._context.read() as txn:
             return [
                 dead_letter_from_record(i, sequence, record)
                 for i in indices
@@ -290,14 +321,14 @@ class WorkerPool:
         pool is paused). ``timeout`` is in wall-clock seconds; False on timeout.
         """
         self._check_open()
-        running = self._runtime.handler_running()
+        running = self._context.handler_running()
         if running is not None:
             raise ConfigurationError(
                 f"join() called from the handler of {running[0]}:{running[1]}, which it would "
                 "wait for forever"
             )
         deadline = None if timeout is None else time.monotonic() + timeout
-        clock = self._runtime.clock
+        clock = self._context.clock
         activity = clock.activity
         while True:
             generation = activity.generation
@@ -313,20 +344,20 @@ class WorkerPool:
                 return False
 
     def _finished(self) -> bool:
-        with self._runtime._store.read() as txn:
+        with self._context.read() as txn:
             for ns in self._namespaces:
                 meta = ns.load_meta(txn)
                 if meta.pending or meta.outbox:
                     return False
         keys = [mailbox.key for mailbox in self._mailboxes]
-        return not self._runtime.clock.activity.busy(keys)
+        return not self._context.clock.activity.busy(keys)
 
     def _refuse_own_instance(self, index: int | None) -> None:
         """Refuse a call from a handler that would wait on that handler's own instance.
 
         ``index=None`` means any instance of this pool may be involved.
         """
-        running = self._runtime.handler_running()
+        running = self._context.handler_running()
         if running is None or running[0] != self.name:
             return
         if index is None or index == running[1]:
@@ -336,7 +367,7 @@ class WorkerPool:
             )
 
     def _check_open(self) -> None:
-        if self._runtime.closed:
+        if self._context.closed():
             raise PoolClosedError(self.name)
 
     def _check_index(self, index: int) -> int:

@@ -31,7 +31,7 @@ from dopool._layout import Namespace
 from dopool._mailbox import Mailbox
 from dopool._messages import Item, Recover, Reply
 from dopool._options import PoolOptions, PoolOptionsDict
-from dopool._pool import WorkerPool, provide_default_runtime
+from dopool._pool import PoolContext, WorkerPool, provide_default_runtime
 from dopool._router import Router
 from dopool._storage import Store
 from dopool._types import PoolEvent
@@ -100,6 +100,15 @@ class Runtime:
         self._temporary: Path | None = None
         self._in_handler = threading.local()
         self._waits = WaitGraph()  # which instance waits for which, to refuse a deadlock
+        # What each pool uses of this runtime, handed to it by _define_pool.
+        self._pool_context = PoolContext(
+            read=self._store.read,
+            clock=self.clock,
+            in_handler=self._in_handler,
+            waits=self._waits,
+            closed=lambda: self._closed,
+            handler_running=self.handler_running,
+        )
         self._trace: IO[str] | None = None
         if trace is not None:
             try:
@@ -264,7 +273,7 @@ class Runtime:
                     self.clock.set_alarm(mailbox, None)
                 raise
             direct = [DirectEnqueue(spec, index, env) for index in range(concurrency)]
-            pool = WorkerPool(self, spec, mailboxes, router, direct)
+            pool = WorkerPool(self._pool_context, spec, mailboxes, router, direct)
             self._pools[name] = pool
             return pool
 
