@@ -64,6 +64,50 @@ class PoolContext:
     handler_running: Callable[[], tuple[str, int] | None]
 
 
+class Instances:
+    """A pool's instances by index, and how an event is routed to one: where messages go.
+
+    Its runtime keeps it (``Runtime.kill`` finds an instance through it), its pool
+    sends through it, and so do the tools (:mod:`dopool._ports`). Nothing here waits.
+    """
+
+    __slots__ = ("mailboxes", "name", "router")
+
+    def __init__(self, name: str, mailboxes: list[Mailbox], router: Router) -> None:
+        self.name = name
+        self.mailboxes = mailboxes
+        self.router = router
+
+    def check(self, index: int) -> int:
+        """``index``, if the pool has such an instance.
+
+        Raises:
+            ConfigurationError: not an int, or out of range.
+        """
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise ConfigurationError(f"instance index must be an int, got {index!r}")
+        concurrency = len(self.mailboxes)
+        if not 0 <= index < concurrency:
+            raise ConfigurationError(
+                f"pool {self.name!r} has no instance {index} (concurrency {concurrency})"
+            )
+        return index
+
+    def mailbox(self, index: int) -> Mailbox:
+        """Instance ``index``'s mailbox (checked as :meth:`check` does)."""
+        return self.mailboxes[self.check(index)]
+
+    def send(self, index: int, message: Callable[[Reply], Any]) -> Reply:
+        """Send instance ``index`` ``message(reply)``; returns the reply, not awaited."""
+        reply = Reply()
+        self.mailboxes[index].send(message(reply))
+        return reply
+
+    def submit(self, item: Item, partition_key: str | None) -> Reply:
+        """Send one event to the instance it routes to; the reply answers a result list."""
+        return self.send(self.router.choose(partition_key), partial(Enqueue, (item,)))
+
+
 class WorkerPool:
     """A named pool of ``concurrency`` instances sharing one handler.
 
@@ -74,15 +118,15 @@ class WorkerPool:
         self,
         context: PoolContext,
         spec: PoolSpec,
-        mailboxes: list[Mailbox],
-        router: Router,
+        instances: Instances,
         direct: list[DirectEnqueue],
     ) -> None:
         self._context = context
         self._spec = spec
         self._schema = spec.options.schema
-        self._mailboxes = mailboxes
-        self._router = router
+        self._instances = instances
+        self._mailboxes = instances.mailboxes
+        self._router = instances.router
         self._direct = direct
         self._namespaces = [Namespace(spec.name, i) for i in range(spec.options.concurrency)]
 
@@ -172,9 +216,8 @@ class WorkerPool:
         # Parts sent at once would commit in thread order; under a simulated
         # clock each part goes in turn instead, so the run is reproducible, and
         # so they do from an instance's thread (see ``_one_at_a_time``).
-        futures = (
-            [] if self._one_at_a_time() else [self._send(i, partial(Enqueue, p)) for i, p in parts]
-        )
+        send = self._instances.send
+        futures = [] if self._one_at_a_time() else [send(i, partial(Enqueue, p)) for i, p in parts]
         results: list[Any] = [None] * len(items)
         failure: DopoolError | None = None
         for number, (index, part) in enumerate(parts):
@@ -192,10 +235,6 @@ class WorkerPool:
             failure.stored = [result for result in results if result is not None]
             raise failure
         return results
-
-    def _submit(self, item: Item, partition_key: str | None) -> Reply:
-        """Send one event to its instance without waiting; the future answers a result list."""
-        return self._send(self._router.choose(partition_key), partial(Enqueue, (item,)))
 
     # -- control -----------------------------------------------------------------
     def pause(self, index: int | None = None) -> None:
@@ -223,7 +262,7 @@ class WorkerPool:
         for dead in dead_letters:
             if not isinstance(dead, DeadLetter):
                 raise ConfigurationError(f"redrive takes DeadLetter records, got {dead!r}")
-            self._check_index(dead.instance_index)
+            self._instances.check(dead.instance_index)
             chosen.setdefault(dead.instance_index, set()).add(dead.sequence)
         for index in chosen:
             self._refuse_own_instance(index)
@@ -235,11 +274,11 @@ class WorkerPool:
     def _each(self, index: int | None, message: Callable[[Reply], Any]) -> list[Any]:
         """Send a message to one instance or to all at once, then gather the answers."""
         self._check_open()
-        indices = range(self.concurrency) if index is None else [self._check_index(index)]
+        indices = range(self.concurrency) if index is None else [self._instances.check(index)]
         self._refuse_own_instance(index)
         if self._one_at_a_time():
             return [self._call(i, message) for i in indices]
-        futures = [self._send(i, message) for i in indices]
+        futures = [self._instances.send(i, message) for i in indices]
         return [future.get() for future in futures]
 
     def _one_at_a_time(self) -> bool:
@@ -261,7 +300,7 @@ class WorkerPool:
         """
         waiters = acting(self._context.in_handler)
         if not waiters:
-            return self._wait(self._send(index, message))
+            return self._wait(self._instances.send(index, message))
         reply = Reply()
         with self._context.waits.waiting(waiters, (self.name, index), reply):
             self._mailboxes[index].send(message(reply))
@@ -284,11 +323,6 @@ class WorkerPool:
         if self._context.handler_running() is None:
             self._context.clock.settle()
 
-    def _send(self, index: int, message: Callable[[Reply], Any]) -> Reply:
-        reply = Reply()
-        self._mailboxes[index].send(message(reply))
-        return reply
-
     # -- reading committed state -------------------------------------------------
     def status(self) -> PoolStatus:
         """Counters and state from committed storage; never waits for an instance."""
@@ -305,7 +339,7 @@ class WorkerPool:
     def dead_letters(self, index: int | None = None) -> list[DeadLetter]:
         """The dead letters of the pool or of one instance, by instance then sequence."""
         self._check_open()
-        indices = range(self.concurrency) if index is None else [self._check_index(index)]
+        indices = range(self.concurrency) if index is None else [self._instances.check(index)]
         with self._context.read() as txn:
             return [
                 dead_letter_from_record(i, sequence, record)
@@ -369,12 +403,3 @@ class WorkerPool:
     def _check_open(self) -> None:
         if self._context.closed():
             raise PoolClosedError(self.name)
-
-    def _check_index(self, index: int) -> int:
-        if isinstance(index, bool) or not isinstance(index, int):
-            raise ConfigurationError(f"instance index must be an int, got {index!r}")
-        if not 0 <= index < self.concurrency:
-            raise ConfigurationError(
-                f"pool {self.name!r} has no instance {index} (concurrency {self.concurrency})"
-            )
-        return index
