@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 from pathlib import Path
+from types import ModuleType
 
 SRC = Path(__file__).parent.parent / "src" / "dopool"
 
@@ -88,3 +91,78 @@ def test_no_import_cycle_between_the_modules() -> None:
         if name not in state:
             visit(name, [name])
     assert cycles == []
+
+
+# The tools, the pool handle and the tools' port reach the engine through named
+# operations (dopool._ports, the PoolContext a runtime hands its pools), never through
+# another object's private attributes (docs/design.md, "Module map").
+NO_PRIVATE_READS = ["_sim", "_chaos", "_pool.py", "_ports.py"]
+
+
+def _module_names(tree: ast.Module) -> set[str]:
+    """The names (dotted ones too) by which the file reaches the modules it imports."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                # ``import a.b.c`` binds ``a`` and reaches ``a.b`` and ``a.b.c`` through it.
+                names.update(
+                    [alias.asname]
+                    if alias.asname
+                    else [".".join(parts[: n + 1]) for n in range(len(parts))]
+                )
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                value = getattr(importlib.import_module(node.module), alias.name, None)
+                if isinstance(value, ModuleType):
+                    names.add(alias.asname or alias.name)
+    return names
+
+
+def private_reads(source: str, filename: str = "<source>") -> list[str]:
+    """Each ``x._name`` in ``source`` whose ``x`` is not ``self``, ``cls`` or a module."""
+    tree = ast.parse(source, filename)
+    own = {"self", "cls"} | _module_names(tree)
+    found: list[tuple[int, int, str]] = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and re.match(r"_[a-z]", node.attr)):
+            continue
+        left = ast.unparse(node.value)
+        if left in own or left == "super()":
+            continue
+        found.append((node.lineno, node.col_offset, ast.unparse(node)))
+    return [f"{line}: {text}" for line, _, text in sorted(found)]
+
+
+def test_the_private_reads_detector() -> None:
+    source = (
+        "import dopool._layout\n"
+        "from dopool import _ports\n"
+        "from dopool._layout import Namespace\n"
+        "self._pool._send(0)\n"
+        "runtime._store.read()\n"
+        "Namespace('p', 0)._meta\n"
+        "self._store.read(); cls._x; super()._y; _ports.submit; dopool._layout._z\n"
+        "pool.__class__\n"
+    )
+    assert private_reads(source) == [
+        "4: self._pool._send",
+        "5: runtime._store",
+        "6: Namespace('p', 0)._meta",
+    ]
+
+
+def test_no_tool_reads_another_objects_private_attributes() -> None:
+    paths = sorted(
+        path
+        for name in NO_PRIVATE_READS
+        for path in ([SRC / name] if name.endswith(".py") else (SRC / name).rglob("*.py"))
+    )
+    assert len(paths) > len(NO_PRIVATE_READS)
+    offenders = [
+        f"{path.relative_to(SRC)}:{read}"
+        for path in paths
+        for read in private_reads(path.read_text(), str(path))
+    ]
+    assert offenders == []

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Unpack
 
@@ -21,7 +24,10 @@ from dopool._validation import prepare, prepare_many
 from dopool._waits import acting
 
 if TYPE_CHECKING:
+    from dopool._clock import Clock
     from dopool._runtime import Runtime
+    from dopool._storage import Txn
+    from dopool._waits import WaitGraph
 
 # What makes the process default runtime, for ``define(runtime=None)``: registered
 # by dopool._runtime (see ``provide_default_runtime``), which imports this module.
@@ -33,6 +39,75 @@ def provide_default_runtime(factory: Callable[[], Runtime]) -> None:
     _default_runtime[:] = [factory]
 
 
+@dataclass(frozen=True, slots=True)
+class PoolContext:
+    """What a pool uses of the runtime that defines it; one per runtime, shared by its pools.
+
+    Attributes:
+        read: a read-only snapshot of committed state (a context manager yielding the
+            read transaction); never waits for writers.
+        clock: the runtime's clock.
+        in_handler: the thread-local naming the instance a thread acts for (see
+            :func:`dopool._waits.acting`).
+        waits: the runtime's wait-for graph, where a call from an instance's thread
+            records its wait.
+        closed: whether the runtime is closed.
+        handler_running: ``(pool, index)`` if the calling thread is that instance's,
+            inside a message (``Runtime.handler_running``).
+    """
+
+    read: Callable[[], AbstractContextManager[Txn]]
+    clock: Clock
+    in_handler: threading.local
+    waits: WaitGraph
+    closed: Callable[[], bool]
+    handler_running: Callable[[], tuple[str, int] | None]
+
+
+class Instances:
+    """A pool's instances by index, and how an event is routed to one: where messages go.
+
+    Its runtime keeps it (``Runtime.kill`` finds an instance through it), its pool
+    sends through it, and so do the tools (:mod:`dopool._ports`). Nothing here waits.
+    """
+
+    __slots__ = ("mailboxes", "name", "router")
+
+    def __init__(self, name: str, mailboxes: list[Mailbox], router: Router) -> None:
+        self.name = name
+        self.mailboxes = mailboxes
+        self.router = router
+
+    def check(self, index: int) -> int:
+        """``index``, if the pool has such an instance.
+
+        Raises:
+            ConfigurationError: not an int, or out of range.
+        """
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise ConfigurationError(f"instance index must be an int, got {index!r}")
+        concurrency = len(self.mailboxes)
+        if not 0 <= index < concurrency:
+            raise ConfigurationError(
+                f"pool {self.name!r} has no instance {index} (concurrency {concurrency})"
+            )
+        return index
+
+    def mailbox(self, index: int) -> Mailbox:
+        """Instance ``index``'s mailbox (checked as :meth:`check` does)."""
+        return self.mailboxes[self.check(index)]
+
+    def send(self, index: int, message: Callable[[Reply], Any]) -> Reply:
+        """Send instance ``index`` ``message(reply)``; returns the reply, not awaited."""
+        reply = Reply()
+        self.mailboxes[index].send(message(reply))
+        return reply
+
+    def submit(self, item: Item, partition_key: str | None) -> Reply:
+        """Send one event to the instance it routes to; the reply answers a result list."""
+        return self.send(self.router.choose(partition_key), partial(Enqueue, (item,)))
+
+
 class WorkerPool:
     """A named pool of ``concurrency`` instances sharing one handler.
 
@@ -41,17 +116,17 @@ class WorkerPool:
 
     def __init__(
         self,
-        runtime: Runtime,
+        context: PoolContext,
         spec: PoolSpec,
-        mailboxes: list[Mailbox],
-        router: Router,
+        instances: Instances,
         direct: list[DirectEnqueue],
     ) -> None:
-        self._runtime = runtime
+        self._context = context
         self._spec = spec
         self._schema = spec.options.schema
-        self._mailboxes = mailboxes
-        self._router = router
+        self._instances = instances
+        self._mailboxes = instances.mailboxes
+        self._router = instances.router
         self._direct = direct
         self._namespaces = [Namespace(spec.name, i) for i in range(spec.options.concurrency)]
 
@@ -141,9 +216,8 @@ class WorkerPool:
         # Parts sent at once would commit in thread order; under a simulated
         # clock each part goes in turn instead, so the run is reproducible, and
         # so they do from an instance's thread (see ``_one_at_a_time``).
-        futures = (
-            [] if self._one_at_a_time() else [self._send(i, partial(Enqueue, p)) for i, p in parts]
-        )
+        send = self._instances.send
+        futures = [] if self._one_at_a_time() else [send(i, partial(Enqueue, p)) for i, p in parts]
         results: list[Any] = [None] * len(items)
         failure: DopoolError | None = None
         for number, (index, part) in enumerate(parts):
@@ -161,10 +235,6 @@ class WorkerPool:
             failure.stored = [result for result in results if result is not None]
             raise failure
         return results
-
-    def _submit(self, item: Item, partition_key: str | None) -> Reply:
-        """Send one event to its instance without waiting; the future answers a result list."""
-        return self._send(self._router.choose(partition_key), partial(Enqueue, (item,)))
 
     # -- control -----------------------------------------------------------------
     def pause(self, index: int | None = None) -> None:
@@ -192,7 +262,7 @@ class WorkerPool:
         for dead in dead_letters:
             if not isinstance(dead, DeadLetter):
                 raise ConfigurationError(f"redrive takes DeadLetter records, got {dead!r}")
-            self._check_index(dead.instance_index)
+            self._instances.check(dead.instance_index)
             chosen.setdefault(dead.instance_index, set()).add(dead.sequence)
         for index in chosen:
             self._refuse_own_instance(index)
@@ -204,11 +274,11 @@ class WorkerPool:
     def _each(self, index: int | None, message: Callable[[Reply], Any]) -> list[Any]:
         """Send a message to one instance or to all at once, then gather the answers."""
         self._check_open()
-        indices = range(self.concurrency) if index is None else [self._check_index(index)]
+        indices = range(self.concurrency) if index is None else [self._instances.check(index)]
         self._refuse_own_instance(index)
         if self._one_at_a_time():
             return [self._call(i, message) for i in indices]
-        futures = [self._send(i, message) for i in indices]
+        futures = [self._instances.send(i, message) for i in indices]
         return [future.get() for future in futures]
 
     def _one_at_a_time(self) -> bool:
@@ -218,7 +288,7 @@ class WorkerPool:
         instance's thread, which may wait for one instance at a time only (see
         ``_call``).
         """
-        return self._runtime.clock.orders_calls or bool(acting(self._runtime._in_handler))
+        return self._context.clock.orders_calls or bool(acting(self._context.in_handler))
 
     def _call(self, index: int, message: Callable[[Reply], Any]) -> Any:
         """Send one instance a message and wait for its answer.
@@ -228,11 +298,11 @@ class WorkerPool:
         already waits, through a chain of others, for the calling one, the wait
         would never end, and :class:`DeadlockError` is raised with nothing sent.
         """
-        waiters = acting(self._runtime._in_handler)
+        waiters = acting(self._context.in_handler)
         if not waiters:
-            return self._wait(self._send(index, message))
+            return self._wait(self._instances.send(index, message))
         reply = Reply()
-        with self._runtime._waits.waiting(waiters, (self.name, index), reply):
+        with self._context.waits.waiting(waiters, (self.name, index), reply):
             self._mailboxes[index].send(message(reply))
             return self._wait(reply)
 
@@ -250,13 +320,8 @@ class WorkerPool:
 
     def _settle_crash(self) -> None:
         """Where calls are ordered (a simulated clock), wait for a crashed instance's recovery."""
-        if self._runtime.handler_running() is None:
-            self._runtime.clock.settle()
-
-    def _send(self, index: int, message: Callable[[Reply], Any]) -> Reply:
-        reply = Reply()
-        self._mailboxes[index].send(message(reply))
-        return reply
+        if self._context.handler_running() is None:
+            self._context.clock.settle()
 
     # -- reading committed state -------------------------------------------------
     def status(self) -> PoolStatus:
@@ -264,7 +329,7 @@ class WorkerPool:
         self._check_open()
         # The restart state is in memory, read without waiting for anyone.
         restarts = [(box.crash_streak, box.restart_at) for box in self._mailboxes]
-        with self._runtime._store.read() as txn:
+        with self._context.read() as txn:
             instances = [
                 instance_status(self.name, i, ns.load_meta(txn), *restarts[i])
                 for i, ns in enumerate(self._namespaces)
@@ -274,8 +339,8 @@ class WorkerPool:
     def dead_letters(self, index: int | None = None) -> list[DeadLetter]:
         """The dead letters of the pool or of one instance, by instance then sequence."""
         self._check_open()
-        indices = range(self.concurrency) if index is None else [self._check_index(index)]
-        with self._runtime._store.read() as txn:
+        indices = range(self.concurrency) if index is None else [self._instances.check(index)]
+        with self._context.read() as txn:
             return [
                 dead_letter_from_record(i, sequence, record)
                 for i in indices
@@ -290,14 +355,14 @@ class WorkerPool:
         pool is paused). ``timeout`` is in wall-clock seconds; False on timeout.
         """
         self._check_open()
-        running = self._runtime.handler_running()
+        running = self._context.handler_running()
         if running is not None:
             raise ConfigurationError(
                 f"join() called from the handler of {running[0]}:{running[1]}, which it would "
                 "wait for forever"
             )
         deadline = None if timeout is None else time.monotonic() + timeout
-        clock = self._runtime.clock
+        clock = self._context.clock
         activity = clock.activity
         while True:
             generation = activity.generation
@@ -313,20 +378,20 @@ class WorkerPool:
                 return False
 
     def _finished(self) -> bool:
-        with self._runtime._store.read() as txn:
+        with self._context.read() as txn:
             for ns in self._namespaces:
                 meta = ns.load_meta(txn)
                 if meta.pending or meta.outbox:
                     return False
         keys = [mailbox.key for mailbox in self._mailboxes]
-        return not self._runtime.clock.activity.busy(keys)
+        return not self._context.clock.activity.busy(keys)
 
     def _refuse_own_instance(self, index: int | None) -> None:
         """Refuse a call from a handler that would wait on that handler's own instance.
 
         ``index=None`` means any instance of this pool may be involved.
         """
-        running = self._runtime.handler_running()
+        running = self._context.handler_running()
         if running is None or running[0] != self.name:
             return
         if index is None or index == running[1]:
@@ -336,14 +401,5 @@ class WorkerPool:
             )
 
     def _check_open(self) -> None:
-        if self._runtime.closed:
+        if self._context.closed():
             raise PoolClosedError(self.name)
-
-    def _check_index(self, index: int) -> int:
-        if isinstance(index, bool) or not isinstance(index, int):
-            raise ConfigurationError(f"instance index must be an int, got {index!r}")
-        if not 0 <= index < self.concurrency:
-            raise ConfigurationError(
-                f"pool {self.name!r} has no instance {index} (concurrency {self.concurrency})"
-            )
-        return index

@@ -18,6 +18,7 @@ from typing import IO, Any, Unpack
 
 import pykka
 
+from dopool import _ports
 from dopool._actor import InstanceActor
 from dopool._clock import Clock, RealClock, SimulatedClock
 from dopool._direct import DirectEnqueue
@@ -31,7 +32,7 @@ from dopool._layout import Namespace
 from dopool._mailbox import Mailbox
 from dopool._messages import Item, Recover, Reply
 from dopool._options import PoolOptions, PoolOptionsDict
-from dopool._pool import WorkerPool, provide_default_runtime
+from dopool._pool import Instances, PoolContext, WorkerPool, provide_default_runtime
 from dopool._router import Router
 from dopool._storage import Store
 from dopool._types import PoolEvent
@@ -94,12 +95,22 @@ class Runtime:
         self._lock = threading.RLock()
         self._emit_lock = threading.Lock()
         self._closed = False
-        self._pools: dict[str, WorkerPool] = {}
+        self._pools: dict[str, Instances] = {}  # by pool name; kill() finds one there
         self._mailboxes: list[list[Mailbox]] = []  # each pool's instances, by index
         self._subscribers: list[Callable[[PoolEvent], Any]] = []
         self._temporary: Path | None = None
         self._in_handler = threading.local()
         self._waits = WaitGraph()  # which instance waits for which, to refuse a deadlock
+        # What each pool uses of this runtime, handed to it by _define_pool.
+        self._pool_context = PoolContext(
+            read=self._store.read,
+            clock=self.clock,
+            in_handler=self._in_handler,
+            waits=self._waits,
+            closed=lambda: self._closed,
+            handler_running=self.handler_running,
+        )
+        _ports.expose_runtime(self, self._store.read)
         self._trace: IO[str] | None = None
         if trace is not None:
             try:
@@ -166,10 +177,10 @@ class Runtime:
         with self._lock:
             if self._closed:
                 raise PoolClosedError(pool_name)
-            pool = self._pools.get(pool_name)
-            if pool is None:
+            instances = self._pools.get(pool_name)
+            if instances is None:
                 raise ConfigurationError(f"no pool named {pool_name!r} in this runtime")
-            mailbox = pool._mailboxes[pool._check_index(index)]
+            mailbox = instances.mailbox(index)
         mailbox.kill()
         if self.handler_running() is None:
             self.clock.settle()
@@ -230,6 +241,7 @@ class Runtime:
                 Mailbox(name, index, f"{name}:{index}", activity) for index in range(concurrency)
             ]
             router = Router(concurrency)
+            instances = Instances(name, mailboxes, router)
             env: InstanceEnv
 
             def start(index: int, kill: threading.Event) -> pykka.ActorRef[Any]:
@@ -264,8 +276,9 @@ class Runtime:
                     self.clock.set_alarm(mailbox, None)
                 raise
             direct = [DirectEnqueue(spec, index, env) for index in range(concurrency)]
-            pool = WorkerPool(self, spec, mailboxes, router, direct)
-            self._pools[name] = pool
+            pool = WorkerPool(self._pool_context, spec, instances, direct)
+            _ports.expose_pool(pool, instances)
+            self._pools[name] = instances
             return pool
 
     def _record_concurrency(self, name: str, concurrency: int) -> None:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dopool import RetryPolicy
 from dopool._invariants import InstanceState, read_instance, violations
@@ -53,6 +53,9 @@ from dopool._layout import (
     unpack,
 )
 from dopool._supervisor import RESTARTS_AT_ONCE, restart_delay
+
+if TYPE_CHECKING:
+    from dopool._storage import Txn
 
 Entry = tuple[int, int]  # (instance index, sequence)
 
@@ -214,29 +217,28 @@ class InstanceSnapshot:
         return self.state.meta
 
 
-def read_store(store: Any, pool: str, concurrency: int) -> list[InstanceSnapshot]:
-    """Read every instance's state, and the events it holds, in one snapshot."""
+def read_store(txn: Txn, pool: str, concurrency: int) -> list[InstanceSnapshot]:
+    """Read every instance's state, and the events it holds, in one read transaction."""
     snapshots = []
-    with store.read() as txn:
-        for index in range(concurrency):
-            ns = Namespace(pool, index)
-            queue: dict[int, tuple[int, str | None]] = {}
-            bad: list[str] = []
-            for key in ns.iter_event_keys(txn):
-                record = ns.get_event(txn, key)
-                sequence = queue_key_sequence(key)
-                if record is None:
-                    bad.append(f"queue key for sequence {sequence} has no record")
-                    continue
-                if queue_key_priority(key) != record.priority:
-                    bad.append(f"queue key for sequence {sequence} has the wrong priority")
-                queue[sequence] = (record.priority, _event_id(unpack(record.event)))
-            dead = {
-                sequence: (_event_id(unpack(record.event)), record.attempts)
-                for sequence, record in ns.iter_dead_letters(txn)
-            }
-            state = read_instance(txn, pool, index)
-            snapshots.append(InstanceSnapshot(state=state, queue=queue, dead=dead, bad_keys=bad))
+    for index in range(concurrency):
+        ns = Namespace(pool, index)
+        queue: dict[int, tuple[int, str | None]] = {}
+        bad: list[str] = []
+        for key in ns.iter_event_keys(txn):
+            record = ns.get_event(txn, key)
+            sequence = queue_key_sequence(key)
+            if record is None:
+                bad.append(f"queue key for sequence {sequence} has no record")
+                continue
+            if queue_key_priority(key) != record.priority:
+                bad.append(f"queue key for sequence {sequence} has the wrong priority")
+            queue[sequence] = (record.priority, _event_id(unpack(record.event)))
+        dead = {
+            sequence: (_event_id(unpack(record.event)), record.attempts)
+            for sequence, record in ns.iter_dead_letters(txn)
+        }
+        state = read_instance(txn, pool, index)
+        snapshots.append(InstanceSnapshot(state=state, queue=queue, dead=dead, bad_keys=bad))
     return snapshots
 
 

@@ -47,6 +47,7 @@ from dopool import (
     Runtime,
     SimulatedClock,
     WorkerPool,
+    _ports,
 )
 from dopool._chaos.checker import (
     Ack,
@@ -54,6 +55,7 @@ from dopool._chaos.checker import (
     Ev,
     Exec,
     History,
+    InstanceSnapshot,
     Model,
     Phase,
     Purged,
@@ -388,7 +390,7 @@ class Runner:
         """A batch failed part-way: acknowledge the parts its error says were stored."""
         if not stored:
             return
-        snapshots = read_store(self._store(), POOL, self.scenario.concurrency)
+        snapshots = self._read_store()
         for result in stored:
             queued = snapshots[result.instance_index].queue.get(result.sequence)
             if queued is None or queued[1] is None:
@@ -463,7 +465,7 @@ class Runner:
                 break
         pool = self.pool
         assert pool is not None
-        snapshots = read_store(self._store(), POOL, self.scenario.concurrency)
+        snapshots = self._read_store()
         states = [
             f"{i.index}:{i.state} pending={i.pending} outbox={snap.meta.outbox} "
             f"alarm={i.next_alarm_at}"
@@ -487,13 +489,15 @@ class Runner:
                     self._after_crash()
 
     # -- checking -------------------------------------------------------------------------
-    def _store(self) -> Any:
+    def _read_store(self) -> list[InstanceSnapshot]:
+        """Every instance's committed state, and the events it holds, in one snapshot."""
         assert self.runtime is not None
-        return self.runtime._store
+        with _ports.committed(self.runtime) as txn:
+            return read_store(txn, POOL, self.scenario.concurrency)
 
     def _snapshot(self) -> list[Any]:
         """Read storage, learning which event every queued and dead entry holds."""
-        snapshots = read_store(self._store(), POOL, self.scenario.concurrency)
+        snapshots = self._read_store()
         for index, snap in enumerate(snapshots):
             for seq, (_, ident) in snap.queue.items():
                 if ident is not None:

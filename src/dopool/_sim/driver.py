@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from dopool import _ports
 from dopool._clock import SimulatedClock
 from dopool._context import EventContext
 from dopool._errors import ConfigurationError, DopoolError, QueueFullError
@@ -304,7 +305,7 @@ def _submit(pool: WorkerPool, event: Any, partition_key: str | None) -> Reply:
     reply lets :func:`_answer` look without waiting.
     """
     item = prepare(event, partition_key=partition_key, priority=0, schema=None)
-    return pool._submit(item, partition_key)
+    return _ports.submit(pool, item, partition_key)
 
 
 def _answer(reply: Reply) -> EnqueueResult | DopoolError | None:
@@ -338,7 +339,7 @@ def _schedule_controls(
 
     def send(message: type[Pause] | type[Resume], index: int) -> None:
         if not stopped():
-            pool._send(index, message)  # the answer is not awaited
+            _ports.send(pool, index, message)  # the answer is not awaited
 
     def kill(index: int) -> None:
         if not stopped():
@@ -502,7 +503,7 @@ def _no_loss(
 def _counters(runtime: Runtime, pool: WorkerPool, collector: Collector) -> Invariant:
     """Guarantee 4 (counters, docs/guarantees.md) from the store, and the event stream agreeing."""
     problems: list[str] = []
-    with runtime._store.read() as txn:
+    with _ports.committed(runtime) as txn:
         for index in range(pool.concurrency):
             state = read_instance(txn, POOL, index)
             problems.extend(violations(state))

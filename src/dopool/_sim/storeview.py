@@ -24,6 +24,7 @@ from typing import Any
 
 import lmdb
 
+from dopool import _ports
 from dopool._check import CheckReport, check_store
 from dopool._clock import RealClock, SimulatedClock
 from dopool._context import EventContext
@@ -133,7 +134,7 @@ def _act(path: str | os.PathLike[str], pools: dict[str, int], action: str) -> di
     # the runtime's own environment: LMDB must not be opened twice in one process.)
     runtime = Runtime(where, clock=SimulatedClock(RealClock().now()), durability="sync")
     try:
-        with runtime._store.read() as txn:
+        with _ports.committed(runtime) as txn:
             for name, concurrency in pools.items():
                 interrupted = [
                     index

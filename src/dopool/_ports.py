@@ -1,0 +1,76 @@
+"""What the tools may do to a runtime and its pools beyond the public API.
+
+``dopool simulate`` (:mod:`dopool._sim`), ``dopool chaos`` (:mod:`dopool._chaos`)
+and the CLI's dead-letter actions need three things docs/api.md does not offer:
+
+- :func:`committed`: a read-only snapshot of a runtime's committed state, to read
+  with :class:`dopool._layout.Namespace` and :func:`dopool._invariants.read_instance`;
+- :func:`submit`: send one event to the instance it routes to, and get the reply
+  without waiting for it (a simulator's arrival happens while the clock is being
+  driven, when an instance may be asleep in its handler);
+- :func:`send`: send a control message to one instance without waiting, likewise.
+
+A runtime registers what serves them when it opens, and for each pool when it
+defines it (:func:`expose_runtime`, :func:`expose_pool`); a tool passes the public
+objects. So no tool reads the engine's attributes, nor holds its store or
+mailboxes (tests/test_structure.py checks the first). A registration is weakly
+keyed, and what it holds does not lead back to its key: it ends with its runtime
+or pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
+
+if TYPE_CHECKING:
+    from dopool._messages import Control, Item, Reply
+    from dopool._pool import Instances, WorkerPool
+    from dopool._runtime import Runtime
+    from dopool._storage import Txn
+
+Read = Callable[[], AbstractContextManager["Txn"]]
+
+_readers: WeakKeyDictionary[Runtime, Read] = WeakKeyDictionary()
+_instances: WeakKeyDictionary[WorkerPool, Instances] = WeakKeyDictionary()
+
+
+def expose_runtime(runtime: Runtime, read: Read) -> None:
+    """Called by the runtime as it opens: ``read`` gives a snapshot of its store."""
+    _readers[runtime] = read
+
+
+def expose_pool(pool: WorkerPool, instances: Instances) -> None:
+    """Called by the runtime as it defines ``pool``, whose instances are ``instances``."""
+    _instances[pool] = instances
+
+
+def committed(runtime: Runtime) -> AbstractContextManager[Txn]:
+    """A read-only snapshot of ``runtime``'s committed state: a context manager
+    yielding the read transaction. It never waits for writers.
+
+    Raises:
+        StorageError: the read failed (e.g. the runtime is closed).
+    """
+    return _readers[runtime]()
+
+
+def submit(pool: WorkerPool, item: Item, partition_key: str | None) -> Reply:
+    """Send one prepared event to the instance ``partition_key`` routes it to.
+
+    Returns at once. The reply answers what ``enqueue_many`` would for this one
+    event (a list of one :class:`~dopool.EnqueueResult`), or raises its error.
+    """
+    return _instances[pool].submit(item, partition_key)
+
+
+def send(pool: WorkerPool, index: int, message: Callable[[Reply], Control]) -> Reply:
+    """Send instance ``index`` of ``pool`` ``message(reply)`` (e.g. ``Pause``); returns at once.
+
+    Raises:
+        ConfigurationError: the pool has no such instance.
+    """
+    instances = _instances[pool]
+    return instances.send(instances.check(index), message)
