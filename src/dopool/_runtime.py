@@ -24,17 +24,17 @@ from dopool._clock import Clock, RealClock, SimulatedClock
 from dopool._direct import DirectEnqueue
 from dopool._errors import (
     ConfigurationError,
-    InstanceCrashedError,
     PoolClosedError,
 )
 from dopool._instance import InstanceEnv, PoolSpec
 from dopool._layout import Namespace
 from dopool._mailbox import Mailbox
-from dopool._messages import Item, Recover, Reply
+from dopool._messages import Item
 from dopool._options import PoolOptions, PoolOptionsDict
 from dopool._pool import Instances, PoolContext, WorkerPool, provide_default_runtime
 from dopool._router import Router
 from dopool._storage import Store
+from dopool._supervisor import recover_first
 from dopool._types import PoolEvent
 from dopool._validation import check_pool_name, prepare
 from dopool._waits import WaitGraph
@@ -266,7 +266,7 @@ class Runtime:
             try:
                 # One instance at a time, so a simulated run's trace is deterministic.
                 for mailbox in mailboxes:
-                    _recover(mailbox)
+                    recover_first(mailbox)
             except BaseException:  # e.g. a damaged record: stop what was started, raise
                 self._mailboxes.remove(mailboxes)
                 for mailbox in mailboxes:
@@ -384,27 +384,6 @@ class Runtime:
             self.clock.close()
         if self._temporary is not None:
             shutil.rmtree(self._temporary, ignore_errors=True)
-
-
-def _recover(mailbox: Mailbox) -> None:
-    """Run an instance's first recovery and wait for it.
-
-    If that recovery crashes, the supervisor restarts the instance and its
-    successor recovers first thing; asking again waits for that (a recovery
-    that finds nothing to settle changes nothing). Once the restarts wait out
-    a backoff, the instance is left to its supervisor: under a simulated clock
-    nobody would drive the clock to the restart.
-    """
-    while True:
-        reply = Reply()
-        mailbox.send(Recover(reply))
-        try:
-            reply.get()
-        except InstanceCrashedError:
-            if mailbox.restart_at is not None:
-                return
-            continue
-        return
 
 
 def _check_path(path: object) -> None:

@@ -3,8 +3,9 @@
 An instance that crashes is restarted behind the same address (its
 ``Mailbox``), and its successor recovers from storage before anything else
 (docs/guarantees.md, "Crashes and recovery"). This module holds the policy:
-which crashes count as "in a row", how long each restart waits, and the timer
-a waiting restart is.
+which crashes count as "in a row", how long each restart waits, the timer a
+waiting restart is, and an instance's first recovery when its pool is defined.
+The mechanics of putting a successor behind the address are the mailbox's.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import pykka
 
 from dopool._clock import Clock
-from dopool._messages import Kill, Recover
+from dopool._errors import InstanceCrashedError
+from dopool._messages import Kill, Recover, Reply
 
 if TYPE_CHECKING:
     from dopool._mailbox import Mailbox
@@ -78,3 +80,24 @@ def ends_crash_streak(message: Any) -> bool:
     message crashes is still a loop), nor a kill that found nothing to do.
     """
     return type(message) not in (Recover, Kill)
+
+
+def recover_first(mailbox: Mailbox) -> None:
+    """Run an instance's first recovery and wait for it.
+
+    If that recovery crashes, the supervisor restarts the instance and its
+    successor recovers first thing; asking again waits for that (a recovery
+    that finds nothing to settle changes nothing). Once the restarts wait out
+    a backoff, the instance is left to its supervisor: under a simulated clock
+    nobody would drive the clock to the restart.
+    """
+    while True:
+        reply = Reply()
+        mailbox.send(Recover(reply))
+        try:
+            reply.get()
+        except InstanceCrashedError:
+            if mailbox.restart_at is not None:
+                return
+            continue
+        return
