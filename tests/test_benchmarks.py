@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from benchmarks import ceiling, e2e, records
+from benchmarks import ceiling, e2e, phases, records
 from benchmarks.__main__ import main
 from benchmarks.harness import Sizes
 
@@ -75,3 +75,10 @@ def test_the_record_benchmark_times_both_encodings(capsys: pytest.CaptureFixture
 def test_the_e2e_case_runs_alone(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert e2e.main(["async", "--events", "200", "--dir", str(tmp_path)]) == 0
     assert "events/s" in capsys.readouterr().out
+
+
+def test_the_phases_benchmark_runs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert phases.main(["--events", "100", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "enqueue" in out
+    assert "process" in out
