@@ -161,10 +161,13 @@ def _tally(value: Any) -> bool:
 Layout = tuple[tuple[str, Check], ...]
 
 
-def _check(key: bytes, value: bytes, fields: list[Any], layout: Layout) -> None:
+def _laid_out(key: bytes, value: bytes, layout: Layout) -> list[Any]:
+    """A sealed record's fields, each checked against ``layout``."""
+    fields = _fields(key, value, len(layout))
     for (name, valid), item in zip(layout, fields, strict=True):
         if not valid(item):
             raise damaged(key, value, f"field {name!r} is {item!r}")
+    return fields
 
 
 # -- records -----------------------------------------------------------------------
@@ -261,8 +264,7 @@ def read_event(key: bytes, value: bytes) -> EventRecord:
                 and -(2**63) <= priority < 2**63
             ):
                 return EventRecord(event, enqueued_at, partition_key, priority)
-    fields = _fields(key, value, len(_EVENT_LAYOUT))
-    _check(key, value, fields, _EVENT_LAYOUT)
+    _laid_out(key, value, _EVENT_LAYOUT)  # raises, naming what is wrong
     raise damaged(key, value, "fields of the wrong types")  # pragma: no cover
 
 
@@ -271,9 +273,7 @@ def seal_dead(key: bytes, record: DeadRecord) -> bytes:
 
 
 def read_dead(key: bytes, value: bytes) -> DeadRecord:
-    fields = _fields(key, value, len(_DEAD_LAYOUT))
-    _check(key, value, fields, _DEAD_LAYOUT)
-    return DeadRecord(*fields)
+    return DeadRecord(*_laid_out(key, value, _DEAD_LAYOUT))
 
 
 def seal_outbox(key: bytes, record: OutboxRecord) -> bytes:
@@ -281,9 +281,7 @@ def seal_outbox(key: bytes, record: OutboxRecord) -> bytes:
 
 
 def read_outbox(key: bytes, value: bytes) -> OutboxRecord:
-    fields = _fields(key, value, len(_OUTBOX_LAYOUT))
-    _check(key, value, fields, _OUTBOX_LAYOUT)
-    return OutboxRecord(*fields)
+    return OutboxRecord(*_laid_out(key, value, _OUTBOX_LAYOUT))
 
 
 def seal_link(key: bytes, link: int) -> bytes:
@@ -292,7 +290,7 @@ def seal_link(key: bytes, link: int) -> bytes:
 
 def read_link(key: bytes, value: bytes) -> int:
     (link,) = _fields(key, value, 1)
-    if not _count(link) and not (type(link) is int and 0 <= link < 2**64):
+    if not (type(link) is int and 0 <= link < 2**64):
         raise damaged(key, value, f"link is {link!r}")
     return int(link)
 
@@ -383,8 +381,7 @@ def seal_meta(key: bytes, meta: Meta) -> bytes:
 
 
 def read_meta(key: bytes, value: bytes) -> Meta:
-    fields = _fields(key, value, len(_META_LAYOUT))
-    _check(key, value, fields, _META_LAYOUT)
+    fields = _laid_out(key, value, _META_LAYOUT)
     meta = Meta(**dict(zip(_META_NAMES, fields, strict=True)))
     current = meta.current
     # The started event's queue key: this namespace's queue tag, then rank and sequence.
