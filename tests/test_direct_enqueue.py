@@ -438,7 +438,7 @@ def test_an_enqueue_before_the_restarted_instance_recovered_waits_for_the_recove
         with ThreadPoolExecutor(1) as executor:
             try:
                 assert recovering.wait(TIMEOUT)  # the successor is in place, not recovered
-                turn = pool._mailboxes[0].turn
+                turn = pool._direct[0]._memory.turn
                 turn.acquire()  # once the dead incarnation has let go of it,
                 turn.release()  # the turn is free, and the kill flag is the successor's
                 enqueue = executor.submit(pool.enqueue, "x")
@@ -625,7 +625,7 @@ def test_a_subscriber_enqueuing_to_the_publishing_instance_is_refused_not_deadlo
     try:
         result = call_with_timeout(lambda: pool.enqueue("x"))
     except TimeoutError:
-        pool._mailboxes[0].turn.release()  # unblock the actor, so the runtime can close
+        pool._direct[0]._memory.turn.release()  # unblock the actor, so the runtime can close
         pytest.fail("a subscriber's enqueue to the publishing instance deadlocked")
 
     assert result.sequence == 0
@@ -662,14 +662,15 @@ def test_a_rolled_back_transaction_leaves_the_stored_meta_to_the_next_one(sim: R
     pool = sim.define("p", execute=noop)
     pool.pause()
     pool.enqueue("first")
-    mailbox, instance = pool._mailboxes[0], pool._direct[0]
+    instance = pool._direct[0]
+    memory = instance._memory
 
     def stored() -> Meta:
         with sim._store.read() as txn:
             return Namespace("p", 0).load_meta(txn)
 
     def known() -> Meta | None:
-        return mailbox.meta
+        return memory.meta
 
     assert known() == stored()  # what the enqueue's commit saved
 
@@ -680,7 +681,7 @@ def test_a_rolled_back_transaction_leaves_the_stored_meta_to_the_next_one(sim: R
         instance._save_meta(txn, meta)
         raise DopoolError("rolled back")
 
-    with mailbox.turn, pytest.raises(DopoolError, match="rolled back"):
+    with memory.turn, pytest.raises(DopoolError, match="rolled back"):
         instance._transact(body)
     assert known() is None  # nothing known: the next transaction reads the store
 

@@ -24,6 +24,7 @@ from dopool._errors import (
 )
 from dopool._inbox import Inbox
 from dopool._instance import (
+    UNTOLD,
     Crash,
     InstanceEnv,
     InstanceShell,
@@ -32,7 +33,7 @@ from dopool._instance import (
 )
 from dopool._layout import EventRecord, Meta, queue_key_sequence, unpack
 from dopool._machine import Effects, Started
-from dopool._mailbox import UNTOLD, fail_reply
+from dopool._mailbox import fail_reply
 from dopool._messages import (
     Alarm,
     Control,
@@ -74,13 +75,13 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         return Inbox()
 
     def on_receive(self, message: Any) -> None:
-        turn = self._mailbox.turn
+        turn = self._memory.turn
         turn.acquire()  # the instance acts on one thing at a time: a message or a caller
         # Lets the pool refuse calls from handlers and hooks that would wait on this actor.
         self._env.in_handler.instance = (self._spec.name, self._index)
         try:
             self._fault_point("receive")  # a kill lands before any later message
-            self._execute_attempts(self._mailbox.take_handed_off())  # a caller started it: first
+            self._execute_attempts(self._memory.take_handed_off())  # a caller started it: first
             handle = self._handlers.get(type(message))
             if handle is not None:
                 handle(message)
@@ -88,7 +89,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
                 self._on_control(message)
             else:
                 raise TypeError(f"an instance takes no {type(message).__name__} message")
-            self._mailbox.handled(message)
+            self._supervisor.handled(message)
         except Crash as crash:
             self._crash(crash.point, message)
         except Exception as exc:
@@ -114,8 +115,8 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         """Run an attempt a caller started just before the runtime closed: it was committed."""
         if self._kill.is_set():
             return  # a crash: the successor's recovery settles it
-        with self._mailbox.turn:
-            started = self._mailbox.take_handed_off()
+        with self._memory.turn:
+            started = self._memory.take_handed_off()
             if started is None:
                 return
             self._env.in_handler.instance = (self._spec.name, self._index)
@@ -135,12 +136,11 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         A waiting message or caller (a stop, an enqueue) goes first; the alarm,
         set due now, then queues behind it. A closing runtime starts nothing more.
         """
-        mailbox = self._mailbox
         return (
             self._mailbox_empty()
-            and not mailbox.turn.contended()
+            and not self._memory.turn.contended()
             and not self._killed()
-            and not mailbox.closed
+            and not self._mailbox.closed
         )
 
     def _mailbox_empty(self) -> bool:
@@ -161,18 +161,17 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         successor can emit ``recovered``. If the restart must wait out a backoff,
         ``restart_delayed`` says so before its timer is set.
         """
-        mailbox = self._mailbox
+        supervisor = self._supervisor
         self._env.emit(self._machine.event("crashed", self._clock.now(), error=reason))
-        start = partial(self._env.restart, self._index)
-        inbox = cast(Inbox, self.actor_inbox)
-        delay = mailbox.replace(start, inbox, message, self._clock)
+        self._memory.forget()
+        delay = supervisor.crashed(cast(Inbox, self.actor_inbox), message)
         if delay is not None:
-            streak = mailbox.crash_streak
+            streak = supervisor.crash_streak
             why = f"{streak} crashes in a row, the last: {reason}; restart in {delay:g} s"
             self._env.emit(
                 self._machine.event("restart_delayed", self._clock.now(), None, streak, why)
             )
-            mailbox.arm_restart()
+            supervisor.arm_restart()
         fail_reply(message, InstanceCrashedError(self._id))
         self._fail_taken(None)
         self.stop()  # after the message in hand; the drained inbox holds nothing else
@@ -214,7 +213,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
     # -- processing ----------------------------------------------------------
     def _on_alarm(self, _message: Alarm) -> None:
         now = self._clock.now()
-        self._mailbox.told_alarm = None  # the clock consumed it
+        self._memory.told_alarm = None  # the clock consumed it
         effects = Effects()
 
         def body(txn: Txn) -> tuple[Meta, Started | None]:
@@ -311,10 +310,9 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             return meta
 
         meta = self._transact(body)
-        self._mailbox.told_alarm = UNTOLD  # the clock must be told again
-        self._mailbox.recovered()
+        self._memory.told_alarm = UNTOLD  # the clock must be told again
+        self._supervisor.recovered(message.restarts)
         if message.restarts:
-            self._mailbox.restarts_recorded(message.restarts)
             effects.events.insert(0, self._machine.event("recovered", now))
         self._publish(meta, effects)
         if message.reply is not None:

@@ -17,6 +17,7 @@ from dopool._instance import Crash, InstanceShell
 from dopool._machine import Effects
 from dopool._messages import (
     Enqueue,
+    HandedOff,
     Item,
     Reply,
 )
@@ -43,11 +44,11 @@ class DirectEnqueue(InstanceShell):
         That is the case while the instance is busy, killed or recovering (the
         message then queues behind the recovery), and once the runtime is closing.
         """
-        mailbox = self._mailbox
-        if not mailbox.turn.try_acquire():
+        mailbox, memory = self._mailbox, self._memory
+        if not memory.turn.try_acquire():
             return None
         try:
-            if not mailbox.takes_direct_calls():
+            if not self._supervisor.takes_direct_calls():
                 return None
             reply = Reply()
             self._taken = [Enqueue(items, reply)]
@@ -76,10 +77,11 @@ class DirectEnqueue(InstanceShell):
             finally:
                 in_handler.instance = caller
                 in_handler.outer = outer
-            if started is not None:
-                mailbox.hand_off(started)
+            if started is not None:  # the actor runs it next
+                memory.handed_off = started
+                mailbox.send(HandedOff())  # if refused (closing), the actor's on_stop runs it
         finally:
-            mailbox.turn.release()
+            memory.turn.release()
         return reply.get(timeout=0)  # type: ignore[no-any-return]
 
     def _crash(self, reason: str, cause: BaseException | None = None) -> NoReturn:
@@ -90,7 +92,7 @@ class DirectEnqueue(InstanceShell):
         """
         self._taken = []
         with suppress(PoolClosedError):
-            self._mailbox.kill(reason)
+            self._supervisor.kill(reason)
         if isinstance(cause, DamagedRecordError):
             raise cause
         raise InstanceCrashedError(self._id) from cause

@@ -3,7 +3,8 @@
 Plugged into pykka through its extension point for an actor's inbox
 (``_create_actor_inbox``). Besides ``put``, ``get`` and ``empty``, it can take
 the enqueues waiting at its head in one step (so that they share one
-transaction) and hand everything still waiting to a restarted actor.
+transaction) and hand everything still waiting to a restarted actor. It is the
+only module that reads pykka's envelopes.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+import pykka
 
 
 class Inbox:
@@ -51,12 +54,15 @@ class Inbox:
                 taken.append(items.popleft().message)
         return taken
 
-    def drain(self) -> list[Any]:
-        """Remove and return every envelope still waiting, in order."""
+    def drain(self) -> tuple[list[Any], list[pykka.Future[Any]]]:
+        """Remove everything still waiting: the messages told, in order, and the futures
+        of the requests asked (only ``close()`` asks: pykka's stop request)."""
         with self._ready:
-            waiting = list(self._items)
+            envelopes = list(self._items)
             self._items.clear()
-        return waiting
+        told = [envelope.message for envelope in envelopes if envelope.reply_to is None]
+        asked = [envelope.reply_to for envelope in envelopes if envelope.reply_to is not None]
+        return told, asked
 
     def wait_for(self, holds: Callable[[list[Any]], bool], timeout: float | None) -> bool:
         """Wait until ``holds(messages waiting)``; False on timeout (tests use it)."""

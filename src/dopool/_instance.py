@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
-import pykka
-
 from dopool._clock import Clock
 from dopool._errors import (
     DopoolError,
@@ -35,6 +33,8 @@ from dopool._messages import (
 from dopool._options import PoolOptions
 from dopool._router import Router
 from dopool._storage import Store, Txn
+from dopool._supervisor import Supervisor
+from dopool._turn import Turn
 from dopool._types import EmptyInfo, PoolEvent
 from dopool.chaos import FaultInjector
 
@@ -52,6 +52,44 @@ class PoolSpec:
     prepare: Callable[[Any, str | None, int], Item]
 
 
+class _Untold:
+    """The clock's view of an alarm slot is unknown (after a restart): tell it again."""
+
+    __slots__ = ()
+
+
+UNTOLD = _Untold()
+
+
+class InstanceMemory:
+    """What one instance keeps in memory for whichever thread acts for it next.
+
+    Its actor and the callers that enqueue directly (``DirectEnqueue``) share it.
+    Only the holder of the :attr:`turn` touches the rest; none of it is needed
+    for correctness, and a crash forgets it (:meth:`forget`).
+    """
+
+    __slots__ = ("handed_off", "meta", "told_alarm", "turn")
+
+    def __init__(self) -> None:
+        self.turn = Turn()  # the right to act on the namespace: one thing at a time
+        # The meta as the instance's last commit left it, if known (see
+        # ``InstanceShell._load_meta``).
+        self.meta: Meta | None = None
+        self.told_alarm: float | _Untold | None = None  # what the clock was last told
+        self.handed_off: Started | None = None  # an attempt a caller started, for the actor
+
+    def forget(self) -> None:
+        """The instance crashed: its successor starts from the store and settles the attempt."""
+        self.meta = None
+        self.handed_off = None
+
+    def take_handed_off(self) -> Started | None:
+        """The attempt a caller started, if any."""
+        started, self.handed_off = self.handed_off, None
+        return started
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InstanceEnv:
     """What an instance shares with the rest of its runtime."""
@@ -62,10 +100,12 @@ class InstanceEnv:
     emit: Callable[[PoolEvent], None]
     listening: Callable[[], bool]  # whether anyone takes events: if not, none are made
     router: Router
-    mailboxes: list[Mailbox]
     in_handler: threading.local  # .instance: (pool, index) whose thread this is, mid-message
-    restart: Callable[[int, threading.Event], pykka.ActorRef[Any]]  # the supervisor
-    faults: list[FaultInjector]  # one per instance, outliving its incarnations
+    # One per instance, by index, each outliving the instance's incarnations:
+    mailboxes: list[Mailbox]
+    supervisors: list[Supervisor]
+    memories: list[InstanceMemory]
+    faults: list[FaultInjector]
 
 
 class UndecodableEventError(PermanentError):
@@ -108,6 +148,8 @@ class InstanceShell:
         )
         self._ns = self._machine.namespace
         self._mailbox = env.mailboxes[index]
+        self._supervisor = env.supervisors[index]
+        self._memory = env.memories[index]
         # Enqueues to commit in the next transaction; answered after it commits,
         # or failed if the instance dies first.
         self._taken: list[Enqueue] = []
@@ -115,7 +157,7 @@ class InstanceShell:
 
     def _killed(self) -> bool:
         """Whether this incarnation must crash at its next fault point."""
-        return self._mailbox.kill_flag.is_set()
+        return self._supervisor.kill_flag.is_set()
 
     def _fault_point(self, point: str, fault: str | None = None) -> None:
         """Crash here if this incarnation was killed, or if the fault plan says so.
@@ -123,7 +165,7 @@ class InstanceShell:
         Whatever was not committed yet is lost with the actor.
         """
         if self._killed():
-            raise Crash(self._mailbox.kill_reason or point)
+            raise Crash(self._supervisor.kill_reason or point)
         if fault is not None and self._faults.active and self._faults.fires(fault):
             raise Crash(fault)
 
@@ -148,7 +190,7 @@ class InstanceShell:
             raise
         saved, self._saved = self._saved, None
         if saved is not None:
-            self._mailbox.meta = saved
+            self._memory.meta = saved
         return result
 
     def _load_meta(self, txn: Txn) -> Meta:
@@ -158,11 +200,11 @@ class InstanceShell:
         read from the store. Taking it leaves none known: if this transaction
         fails, the next one reads the store, where its changes never landed.
         """
-        mailbox = self._mailbox
-        meta = mailbox.meta
+        memory = self._memory
+        meta = memory.meta
         if meta is None:
             return self._ns.load_meta(txn)
-        mailbox.meta = None
+        memory.meta = None
         return meta
 
     def _save_meta(self, txn: Txn, meta: Meta) -> None:
@@ -204,10 +246,10 @@ class InstanceShell:
             fail_reply(message, error or InstanceCrashedError(self._id))
 
     def _sync_alarm(self, meta: Meta) -> None:
-        mailbox = self._mailbox
-        if meta.alarm != mailbox.told_alarm:
-            mailbox.told_alarm = meta.alarm
-            self._clock.set_alarm(mailbox, meta.alarm)
+        memory = self._memory
+        if meta.alarm != memory.told_alarm:
+            memory.told_alarm = meta.alarm
+            self._clock.set_alarm(self._mailbox, meta.alarm)
 
     def _publish(self, meta: Meta, effects: Effects) -> None:
         """Tell the clock, callers, subscribers, callbacks and other instances what committed."""

@@ -134,7 +134,7 @@ class Kill(Message):
 
 @dataclass(frozen=True, slots=True)
 class HandedOff(Message):
-    """A caller started an attempt on this idle instance: run it (see ``Mailbox.hand_off``)."""
+    """A caller started an attempt on this idle instance: run it (see ``DirectEnqueue.enqueue``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from dopool._messages import Drain, Enqueue, Item, Pause, Purge, Redrive, Reply,
 from dopool._options import PoolOptionsDict
 from dopool._router import Router
 from dopool._status import dead_letter_from_record, instance_status, pool_status
+from dopool._supervisor import Supervisor
 from dopool._types import DeadLetter, EnqueueResult, PoolStatus
 from dopool._validation import prepare, prepare_many
 from dopool._waits import acting
@@ -71,11 +72,12 @@ class Instances:
     sends through it, and so do the tools (:mod:`dopool._ports`). Nothing here waits.
     """
 
-    __slots__ = ("mailboxes", "name", "router")
+    __slots__ = ("mailboxes", "name", "router", "supervisors")
 
-    def __init__(self, name: str, mailboxes: list[Mailbox], router: Router) -> None:
+    def __init__(self, name: str, supervisors: list[Supervisor], router: Router) -> None:
         self.name = name
-        self.mailboxes = mailboxes
+        self.supervisors = supervisors
+        self.mailboxes: list[Mailbox] = [supervisor.mailbox for supervisor in supervisors]
         self.router = router
 
     def check(self, index: int) -> int:
@@ -93,9 +95,9 @@ class Instances:
             )
         return index
 
-    def mailbox(self, index: int) -> Mailbox:
-        """Instance ``index``'s mailbox (checked as :meth:`check` does)."""
-        return self.mailboxes[self.check(index)]
+    def supervisor(self, index: int) -> Supervisor:
+        """Instance ``index``'s supervisor (checked as :meth:`check` does)."""
+        return self.supervisors[self.check(index)]
 
     def send(self, index: int, message: Callable[[Reply], Any]) -> Reply:
         """Send instance ``index`` ``message(reply)``; returns the reply, not awaited."""
@@ -328,7 +330,7 @@ class WorkerPool:
         """Counters and state from committed storage; never waits for an instance."""
         self._check_open()
         # The restart state is in memory, read without waiting for anyone.
-        restarts = [(box.crash_streak, box.restart_at) for box in self._mailboxes]
+        restarts = [(sup.crash_streak, sup.restart_at) for sup in self._instances.supervisors]
         with self._context.read() as txn:
             instances = [
                 instance_status(self.name, i, ns.load_meta(txn), *restarts[i])

@@ -13,6 +13,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import IO, Any, Unpack
 
@@ -26,7 +27,7 @@ from dopool._errors import (
     ConfigurationError,
     PoolClosedError,
 )
-from dopool._instance import InstanceEnv, PoolSpec
+from dopool._instance import InstanceEnv, InstanceMemory, PoolSpec
 from dopool._layout import Namespace
 from dopool._mailbox import Mailbox
 from dopool._messages import Item
@@ -34,7 +35,7 @@ from dopool._options import PoolOptions, PoolOptionsDict
 from dopool._pool import Instances, PoolContext, WorkerPool, provide_default_runtime
 from dopool._router import Router
 from dopool._storage import Store
-from dopool._supervisor import recover_first
+from dopool._supervisor import Supervisor, recover_first
 from dopool._types import PoolEvent
 from dopool._validation import check_pool_name, prepare
 from dopool._waits import WaitGraph
@@ -96,7 +97,7 @@ class Runtime:
         self._emit_lock = threading.Lock()
         self._closed = False
         self._pools: dict[str, Instances] = {}  # by pool name; kill() finds one there
-        self._mailboxes: list[list[Mailbox]] = []  # each pool's instances, by index
+        self._supervisors: list[list[Supervisor]] = []  # each pool's instances, by index
         self._subscribers: list[Callable[[PoolEvent], Any]] = []
         self._temporary: Path | None = None
         self._in_handler = threading.local()
@@ -180,8 +181,8 @@ class Runtime:
             instances = self._pools.get(pool_name)
             if instances is None:
                 raise ConfigurationError(f"no pool named {pool_name!r} in this runtime")
-            mailbox = instances.mailbox(index)
-        mailbox.kill()
+            supervisor = instances.supervisor(index)
+        supervisor.kill()
         if self.handler_running() is None:
             self.clock.settle()
 
@@ -240,14 +241,18 @@ class Runtime:
             mailboxes = [
                 Mailbox(name, index, f"{name}:{index}", activity) for index in range(concurrency)
             ]
-            router = Router(concurrency)
-            instances = Instances(name, mailboxes, router)
             env: InstanceEnv
 
             def start(index: int, kill: threading.Event) -> pykka.ActorRef[Any]:
-                # The supervisor: a crashed instance is restarted from its namespace.
+                # An incarnation of instance ``index``, which recovers from its namespace.
                 return InstanceActor.start(spec, index, env, kill)
 
+            supervisors = [
+                Supervisor(mailbox, self.clock, partial(start, index))
+                for index, mailbox in enumerate(mailboxes)
+            ]
+            router = Router(concurrency)
+            instances = Instances(name, supervisors, router)
             env = InstanceEnv(
                 store=self._store,
                 clock=self.clock,
@@ -255,25 +260,26 @@ class Runtime:
                 emit=self._emit,
                 listening=self._listening,
                 router=router,
-                mailboxes=mailboxes,
                 in_handler=self._in_handler,
-                restart=start,
+                mailboxes=mailboxes,
+                supervisors=supervisors,
+                memories=[InstanceMemory() for _ in range(concurrency)],
                 faults=[FaultInjector(self.faults, name, index) for index in range(concurrency)],
             )
-            for index, mailbox in enumerate(mailboxes):
-                mailbox.attach(start(index, mailbox.kill_flag))
-            self._mailboxes.append(mailboxes)
+            for supervisor in supervisors:
+                supervisor.start()
+            self._supervisors.append(supervisors)
             try:
                 # One instance at a time, so a simulated run's trace is deterministic.
-                for mailbox in mailboxes:
-                    recover_first(mailbox)
+                for supervisor in supervisors:
+                    recover_first(supervisor)
             except BaseException:  # e.g. a damaged record: stop what was started, raise
-                self._mailboxes.remove(mailboxes)
-                for mailbox in mailboxes:
-                    ref = mailbox.close()
+                self._supervisors.remove(supervisors)
+                for supervisor in supervisors:
+                    ref = supervisor.close()
                     if ref is not None:
                         ref.stop(block=True)
-                    self.clock.set_alarm(mailbox, None)
+                    self.clock.set_alarm(supervisor.mailbox, None)
                 raise
             direct = [DirectEnqueue(spec, index, env) for index in range(concurrency)]
             pool = WorkerPool(self._pool_context, spec, instances, direct)
@@ -325,7 +331,8 @@ class Runtime:
             self._shut_down(closing, deadline=None)
 
     def _stop_taking_work(self) -> list[tuple[Mailbox, pykka.ActorRef[Any] | None]] | None:
-        """Mark the runtime closed and its mailboxes too; None if it was closed already.
+        """Mark the runtime closed and its instances' mailboxes too; None if it was closed
+        already.
 
         Returns each instance with the actor to stop.
         """
@@ -333,10 +340,14 @@ class Runtime:
             if self._closed:
                 return None
             self._closed = True
-            actors, self._mailboxes = self._mailboxes, []
+            pools, self._supervisors = self._supervisors, []
         with _open_lock:
             _open.discard(self)
-        return [(mailbox, mailbox.close()) for mailboxes in actors for mailbox in mailboxes]
+        return [
+            (supervisor.mailbox, supervisor.close())
+            for supervisors in pools
+            for supervisor in supervisors
+        ]
 
     def _shut_down(
         self, closing: list[tuple[Mailbox, pykka.ActorRef[Any] | None]], deadline: float | None

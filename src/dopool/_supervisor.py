@@ -1,27 +1,29 @@
-"""Supervision: how a crashed instance is restarted, and when its restarts back off.
+"""Supervision: one instance's incarnations, how a crashed one is restarted, and when
+restarts back off.
 
 An instance that crashes is restarted behind the same address (its
-``Mailbox``), and its successor recovers from storage before anything else
-(docs/guarantees.md, "Crashes and recovery"). This module holds the policy:
-which crashes count as "in a row", how long each restart waits, the timer a
-waiting restart is, and an instance's first recovery when its pool is defined.
-The mechanics of putting a successor behind the address are the mailbox's.
+:class:`~dopool._mailbox.Mailbox`), and its successor recovers from storage
+before anything else (docs/guarantees.md, "Crashes and recovery"). Each
+instance has a :class:`Supervisor`: it starts the actor, kills it on request,
+restarts it when it dies (at once, or after a backoff once crashes come in a
+row), and knows whether the current incarnation may be acted for by a caller.
+The mailbox only addresses, sends and counts.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import Any
 
 import pykka
 
 from dopool._clock import Clock
-from dopool._errors import InstanceCrashedError
-from dopool._messages import Kill, Recover, Reply
-
-if TYPE_CHECKING:
-    from dopool._mailbox import Mailbox
+from dopool._errors import InstanceCrashedError, PoolClosedError
+from dopool._inbox import Inbox
+from dopool._mailbox import Mailbox
+from dopool._messages import Kill, Message, Recover, Reply
 
 # Restarts with backoff (docs/guarantees.md, "Crashes and recovery"): the first
 # RESTARTS_AT_ONCE crashes in a row restart at once; each further one waits
@@ -40,37 +42,185 @@ def restart_delay(streak: int) -> float:
     return min(RESTART_DELAY_FIRST * 2.0**doublings, RESTART_DELAY_MAX)
 
 
-class DelayedRestart:
+class _WaitingRestart:
     """A restart waiting out its backoff: the clock fires it like an alarm."""
 
-    __slots__ = ("at", "clock", "envelopes", "held", "mailbox", "retried", "start")
+    __slots__ = ("at", "order", "supervisor")
+
+    def __init__(self, supervisor: Supervisor, at: float) -> None:
+        self.supervisor = supervisor
+        self.order = supervisor.mailbox.order
+        self.at = at
+
+    def fire_alarm(self) -> None:
+        self.supervisor._restart_now(self)
+
+
+class Supervisor:
+    """Starts, kills and restarts one instance's actor behind its mailbox.
+
+    Each incarnation has a kill flag of its own: :meth:`kill` sets the current
+    one's, and the actor crashes at its next fault point. When the actor dies it
+    calls :meth:`crashed`, which puts a successor behind the mailbox with a
+    fresh flag (or, after :data:`RESTARTS_AT_ONCE` crashes in a row, leaves the
+    address without an actor until a backoff ends).
+
+    Lock order: the supervisor's lock, then the mailbox's; the mailbox never
+    calls back.
+    """
+
+    __slots__ = (
+        "_clock",
+        "_kill",
+        "_lock",
+        "_recovering",
+        "_start",
+        "_unrecorded",
+        "_waiting",
+        "crash_streak",
+        "kill_reason",
+        "mailbox",
+    )
 
     def __init__(
         self,
         mailbox: Mailbox,
-        start: Callable[[threading.Event], pykka.ActorRef[Any]],
         clock: Clock,
-        at: float,
+        start: Callable[[threading.Event], pykka.ActorRef[Any]],
     ) -> None:
+        """``start(kill_flag)`` starts an incarnation of the actor (not yet behind the mailbox)."""
         self.mailbox = mailbox
-        self.start = start
-        self.clock = clock
-        self.at = at
-        # For the successor, after its recovery, in this order (each counted as sent):
-        self.retried: list[Any] = []  # the engine's message the crash interrupted
-        self.envelopes: list[Any] = []  # what waited in the dead actor's inbox
-        self.held: list[Any] = []  # the engine's messages sent since
+        self._clock = clock
+        self._start = start
+        self._lock = threading.Lock()
+        self._kill = threading.Event()
+        self.kill_reason: str | None = None  # why the current incarnation was killed
+        self._recovering = False  # a successor's recovery has not committed yet
+        self._unrecorded = 0  # restarts not yet committed to the instance's counters
+        # Crashes (but those ``runtime.kill`` asked for) since the actor last handled
+        # a message other than a recovery or a kill without crashing (see
+        # ``handled``): it paces restarts.
+        self.crash_streak = 0
+        self._waiting: _WaitingRestart | None = None
 
-    def count(self) -> int:
-        """The messages counted for the successor, its recovery included."""
-        return 1 + len(self.retried) + len(self.envelopes) + len(self.held)
+    def start(self) -> None:
+        """Start the first incarnation."""
+        self.mailbox.attach(self._start(self._kill))
 
     @property
-    def order(self) -> tuple[str, int]:
-        return self.mailbox.order
+    def kill_flag(self) -> threading.Event:
+        """Set when the current incarnation must crash at its next fault point."""
+        return self._kill
 
-    def fire_alarm(self) -> None:
-        self.mailbox.start_successor(self)
+    @property
+    def restart_at(self) -> float | None:
+        """When a restart waiting out its backoff is due (clock time); None if none waits."""
+        waiting = self._waiting
+        return None if waiting is None else waiting.at
+
+    def kill(self, reason: str | None = None) -> None:
+        """Make the current incarnation crash at its next fault point (at once if idle).
+
+        ``reason=None`` is ``runtime.kill``'s order; an engine failure gives its
+        reason. While a restart waits out its backoff there is no incarnation:
+        nothing to do.
+
+        Raises:
+            PoolClosedError: the runtime is closing.
+        """
+        with self._lock:
+            if self.mailbox.closed:
+                raise PoolClosedError(self.mailbox.pool)
+            if self._waiting is not None:
+                return
+            if reason is not None and not self._kill.is_set():
+                self.kill_reason = reason
+            self._kill.set()
+        self.mailbox.send(Kill())
+
+    def takes_direct_calls(self) -> bool:
+        """Whether a caller holding the turn may act for the instance (see ``DirectEnqueue``).
+
+        Not while it is killed or recovering, so that a call made after ``kill``
+        returned still comes after the crash and the recovery; nor once closed.
+        """
+        return not (self.mailbox.closed or self._recovering or self._kill.is_set())
+
+    def handled(self, message: Any) -> None:
+        """The actor handled ``message`` without crashing (called with the turn held)."""
+        if self.crash_streak and ends_crash_streak(message):
+            self.crash_streak = 0
+
+    def recovered(self, restarts: int) -> None:
+        """The current incarnation's recovery committed, ``restarts`` restarts with it."""
+        with self._lock:
+            self._recovering = False
+            self._unrecorded -= restarts
+
+    def crashed(self, dead: Inbox, in_hand: Any) -> float | None:
+        """The actor died handling ``in_hand``; called by it, with the turn held.
+
+        The successor's first message is its recovery. Then comes the message
+        the crash interrupted, if the engine sent it and it is retried after a
+        crash (an alarm, a delivery or its acknowledgement must not be lost with
+        the actor; a caller's message is not retried: its caller gets
+        :class:`InstanceCrashedError`), then every message still waiting in the
+        ``dead`` inbox, in order.
+
+        After :data:`RESTARTS_AT_ONCE` crashes in a row (not counting those
+        ``runtime.kill`` asked for), the successor starts only after a backoff
+        (see :func:`restart_delay`): this returns its delay, and the caller must
+        :meth:`arm_restart` once it has said so. Returns None for a restart done
+        at once, and once the runtime is closing (then nothing is restarted).
+        """
+        with self._lock:
+            # A crash ``runtime.kill`` asked for (a kill without a reason) is an
+            # order carried out, not a sign of a sick instance: it is not counted.
+            ordered = self._kill.is_set() and self.kill_reason is None
+            streak = self.crash_streak if ordered else self.crash_streak + 1
+            delay = 0.0 if ordered else restart_delay(streak)
+            kill = threading.Event()  # the successor's
+            retried = isinstance(in_hand, Message) and in_hand.retried_after_crash
+            first = [Recover(None, restarts=self._unrecorded + 1), *([in_hand] if retried else [])]
+            successor = None if delay > 0 else partial(self._start, kill)
+            if not self.mailbox.replace(dead, successor, first):
+                return None
+            self._kill = kill
+            self.kill_reason = None
+            self._recovering = True
+            self._unrecorded += 1
+            self.crash_streak = streak
+            if successor is not None:
+                return None
+            self._waiting = _WaitingRestart(self, self._clock.now() + delay)
+            return delay
+
+    def arm_restart(self) -> None:
+        """Have the clock start the successor when the backoff :meth:`crashed` chose ends."""
+        waiting = self._waiting
+        if waiting is None:
+            return  # closed meanwhile
+        self._clock.set_alarm(waiting, waiting.at)
+        with self._lock:
+            if self._waiting is not waiting:  # closed while it was being set
+                self._clock.set_alarm(waiting, None)
+
+    def _restart_now(self, waiting: _WaitingRestart) -> None:
+        """The backoff is over: start the successor, its recovery first, then what was kept."""
+        with self._lock:
+            if self._waiting is not waiting:
+                return  # closed meanwhile
+            self._waiting = None
+            self.mailbox.reattach(partial(self._start, self._kill))
+
+    def close(self) -> pykka.ActorRef[Any] | None:
+        """Close the mailbox; returns the actor to stop. A waiting restart never happens."""
+        with self._lock:
+            ref = self.mailbox.close()
+            waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            self._clock.set_alarm(waiting, None)
+        return ref
 
 
 def ends_crash_streak(message: Any) -> bool:
@@ -82,7 +232,7 @@ def ends_crash_streak(message: Any) -> bool:
     return type(message) not in (Recover, Kill)
 
 
-def recover_first(mailbox: Mailbox) -> None:
+def recover_first(supervisor: Supervisor) -> None:
     """Run an instance's first recovery and wait for it.
 
     If that recovery crashes, the supervisor restarts the instance and its
@@ -93,11 +243,11 @@ def recover_first(mailbox: Mailbox) -> None:
     """
     while True:
         reply = Reply()
-        mailbox.send(Recover(reply))
+        supervisor.mailbox.send(Recover(reply))
         try:
             reply.get()
         except InstanceCrashedError:
-            if mailbox.restart_at is not None:
+            if supervisor.restart_at is not None:
                 return
             continue
         return
