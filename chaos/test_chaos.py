@@ -27,8 +27,10 @@ from dopool import (
     Runtime,
 )
 from dopool._chaos import harness as cli
-from dopool._chaos.checker import Ack, Call, Ev, Exec, History, check_history
-from dopool._chaos.runner import Result, Runner, replay_command, run_seed
+from dopool._chaos.checker import check_history
+from dopool._chaos.history import Ack, Call, Ev, Exec, History
+from dopool._chaos.result import Result, replay_command
+from dopool._chaos.runner import Runner, run_seed
 from dopool._chaos.scenario import Scenario, Step, generate, make_event
 from dopool.chaos import FaultPlan
 

@@ -19,7 +19,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from dopool._chaos.runner import Result, replay_command, run_seed, run_seed_quietly
+from dopool._chaos.result import Result, replay_command
+from dopool._chaos.runner import run_seed, run_seed_quietly
 from dopool._chaos.scenario import generate
 
 PROGRESS_EVERY = 5.0  # wall seconds between progress lines

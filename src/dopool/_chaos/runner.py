@@ -3,35 +3,23 @@
 The runner owns a temporary store and one :class:`SimulatedClock` that lives
 across close-and-reopen, so virtual time goes on. It subscribes to every pool
 event, records each handler call, each acknowledged enqueue and each of its own
-calls into one :class:`~dopool._chaos.checker.History`, and after every step compares
+calls into one :class:`~dopool._chaos.history.History`, and after every step compares
 committed storage with a replay of that history (:class:`~dopool._chaos.checker.Model`).
 
-Driving the clock without deadlock. Under a SimulatedClock a call such as
-``enqueue`` or ``pause`` completes at once, except when its instance is inside
-a handler: a handler asleep in ``ctx.sleep`` wakes only when the clock is
-driven, and the runner is the only thread that drives it. So after an
-``advance`` (which may leave handlers asleep, their wake-up beyond the advance)
-the runner *settles* before any call that talks to an instance: it steps the
-clock, one scheduled item at a time, until no handler is asleep (the handler
-counts itself in and out of ``ctx.sleep``). Sleeps are finite, so this ends.
+Before any call that talks to an instance it settles the clock, so that no call
+waits on a sleeping handler (:class:`~dopool._chaos.clockdriver.ClockDriver`).
 Three calls are made without settling, on purpose, because the engine must
 cope with a sleeping handler there: ``runtime.kill`` (returns at once; the
 attempt is interrupted when the handler returns), ``runtime.close`` (steps the
 clock itself until running handlers finish) and ``pool.join`` (drives the clock).
-
-A livelock (an engine that keeps firing alarms without virtual time moving on)
-must not hang the run: ``advance`` and settling step the clock themselves and
-give up after :data:`STEP_BUDGET` steps; ``join`` has a wall-clock timeout.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
-import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,70 +37,16 @@ from dopool import (
     WorkerPool,
     _ports,
 )
-from dopool._chaos.checker import (
-    Ack,
-    Call,
-    Ev,
-    Exec,
-    History,
-    InstanceSnapshot,
-    Model,
-    Phase,
-    Purged,
-    Redriven,
-    read_store,
-)
+from dopool._chaos.checker import Model
+from dopool._chaos.clockdriver import ClockDriver, _Stop
+from dopool._chaos.history import Ack, Call, Ev, Exec, History, Phase, Purged, Redriven
+from dopool._chaos.result import Result
 from dopool._chaos.scenario import POOL, Scenario, Step, generate
+from dopool._chaos.snapshot import InstanceSnapshot, read_store
 
 JOIN_TIMEOUT = 60.0  # wall seconds; virtual time is free
-# Clock steps (alarms, wake-ups, deliveries) one advance or settle may take before the
-# run is declared a livelock: a healthy scenario needs a few hundred at most.
-STEP_BUDGET = 50_000
 FINAL_ROUNDS = 5  # resume-and-join rounds at the end
 RESUME_TRIES = 50  # a fault may crash a resume; each try draws again
-
-
-def replay_command(seed: int) -> str:
-    """The one-line command that runs ``seed`` again, exactly."""
-    return f"dopool chaos --seed {seed}"
-
-
-@dataclass
-class Result:
-    """What one scenario did and which invariants it broke."""
-
-    seed: int
-    violations: list[str]
-    steps: int = 0
-    enqueued: int = 0  # entries the engine stored: acknowledged, follow-ups, redriven
-    acknowledged: int = 0
-    executions: int = 0
-    crashes: int = 0
-    restarts: int = 0
-    succeeded: int = 0
-    dead_lettered: int = 0
-    drained: int = 0
-    reopens: int = 0
-    virtual_time: float = 0.0
-    wall_time: float = 0.0
-    idle: bool = False
-    trace: bytes = b""  # the runtimes' JSON-lines traces, one incarnation after another
-    log: list[str] = field(default_factory=list)  # the history, one record per line
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    def report(self) -> str:
-        """A failure report: the seed, the replay command, then each violation."""
-        lines = [
-            f"chaos seed {self.seed}: {len(self.violations)} invariant violation(s)",
-            f"replay: {replay_command(self.seed)}",
-        ]
-        lines += [f"  - {violation}" for violation in self.violations[:30]]
-        if len(self.violations) > 30:
-            lines.append(f"  ... and {len(self.violations) - 30} more")
-        return "\n".join(lines)
 
 
 def run_seed(seed: int, *, keep_log: bool = False) -> Result:
@@ -136,12 +70,11 @@ class Runner:
         self.history = History(scenario.concurrency, scenario.retry)
         self.model = Model(self.history)
         self.clock = SimulatedClock()
+        self.driver = ClockDriver(self.clock)
         self.runtime: Runtime | None = None
         self.pool: WorkerPool | None = None
         self._directory = Path(tempfile.mkdtemp(prefix="dopool-chaos-"))
         self._traces: list[Path] = []
-        self._asleep = 0
-        self._asleep_lock = threading.Lock()
         self._unsubscribe: Any = None
 
     # -- the run ---------------------------------------------------------------------
@@ -276,13 +209,8 @@ class Runner:
             assert runtime is not None
             runtime.kill(ctx.pool_name, ctx.instance_index)
         if event["sleep"]:
-            with self._asleep_lock:
-                self._asleep += 1
-            try:
+            with self.driver.asleep():
                 ctx.sleep(event["sleep"])
-            finally:
-                with self._asleep_lock:
-                    self._asleep -= 1
         if outcome == "error":
             raise RuntimeError(f"planned failure of {ident} attempt {attempt}")
         if outcome == "retry":
@@ -291,46 +219,12 @@ class Runner:
             raise PermanentError(f"planned permanent failure of {ident}")
 
     # -- steps ------------------------------------------------------------------------------
-    def _settle(self) -> None:
-        """Step the clock until no handler is asleep, so calls cannot wait on one."""
-        steps = 0
-        while self._asleep:
-            if not self.clock.step():
-                raise _Stop(f"{self._asleep} handler(s) asleep, but nothing is scheduled")
-            steps += 1
-            if steps > STEP_BUDGET:
-                raise _Stop(f"livelock: {steps} clock steps and a handler still asleep")
-
-    def _advance(self, seconds: float) -> None:
-        """``clock.advance(seconds)``, one bounded step at a time, so a livelock is reported."""
-        until = self.clock.now() + seconds
-        steps = 0
-        while self.clock.step(until):
-            steps += 1
-            if steps > STEP_BUDGET:
-                raise _Stop(
-                    f"livelock: {steps} clock steps without reaching t={until} "
-                    f"(stuck at t={self.clock.now()})"
-                )
-        self.clock.run_until(until)  # nothing left to fire: this only moves the time
-
-    def _after_crash(self) -> None:
-        """Wait for the recovery a crashed call caused, before the next call.
-
-        The successor is in place when the caller hears of the crash, but its
-        recovery may still be running: a call to another instance would race with
-        it, and the trace would depend on thread timing. ``runtime.kill`` waits
-        the same way. (``enqueue_many`` itself does not, between the parts of one
-        batch: see the module docstring of ``chaos.test_chaos`` (in the repository).)
-        """
-        self.clock.activity.wait_quiet()
-
     def _do(self, step: Step) -> None:
         pool = self.pool
         assert pool is not None
         kind, args = step.kind, step.args
         if kind == "advance":
-            self._advance(args["seconds"])
+            self.driver.advance(args["seconds"])
             return
         if kind == "kill":
             assert self.runtime is not None
@@ -342,7 +236,7 @@ class Runner:
         if kind == "reopen":
             self._reopen()
             return
-        self._settle()
+        self.driver.settle()
         try:
             if kind == "enqueue":
                 for event in args["events"]:
@@ -363,7 +257,7 @@ class Runner:
                 raise ValueError(f"unknown step kind {kind!r}")
         except InstanceCrashedError:
             # A fault crashed an instance during the call; its part was rolled back.
-            self._after_crash()
+            self.driver.after_crash()
 
     def _enqueue(self, events: list[dict[str, Any]], pk: str | None, prio: int, many: bool) -> None:
         pool = self.pool
@@ -378,7 +272,7 @@ class Runner:
                 results = [pool.enqueue(events[0], partition_key=pk, priority=prio)]
         except (InstanceCrashedError, QueueFullError) as exc:
             if isinstance(exc, InstanceCrashedError):
-                self._after_crash()
+                self.driver.after_crash()
             self._acknowledge_stored(list(exc.stored))
             return
         for event, result in zip(events, results, strict=True):
@@ -421,7 +315,7 @@ class Runner:
         try:
             count = pool.redrive(None if which == "all" else chosen)
         except InstanceCrashedError:
-            self._after_crash()
+            self.driver.after_crash()
             count = None
         finally:
             after = {(d.instance_index, d.sequence) for d in pool.dead_letters()}
@@ -441,7 +335,7 @@ class Runner:
         try:
             pool.purge_dead_letters()
         except InstanceCrashedError:
-            self._after_crash()
+            self.driver.after_crash()
             raise
         finally:
             after = {(d.instance_index, d.sequence) for d in pool.dead_letters()}
@@ -457,7 +351,7 @@ class Runner:
         for _ in range(FINAL_ROUNDS):
             pool = self.pool
             assert pool is not None
-            self._settle()
+            self.driver.settle()
             self._resume_paused()
             if pool.join(timeout=JOIN_TIMEOUT):
                 return True
@@ -486,7 +380,7 @@ class Runner:
                 try:
                     pool.resume(index)
                 except InstanceCrashedError:
-                    self._after_crash()
+                    self.driver.after_crash()
 
     # -- checking -------------------------------------------------------------------------
     def _read_store(self) -> list[InstanceSnapshot]:
@@ -523,10 +417,6 @@ class Runner:
                 self.history.problem(
                     f"status() of instance {inst.index} {seen} != storage {stored}"
                 )
-
-
-class _Stop(Exception):
-    """The run cannot go on (the reason is a violation)."""
 
 
 def _id(dead: DeadLetter) -> str:

@@ -1,0 +1,120 @@
+"""What one chaos run observed: its records in commit order, and the events they name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from dopool import RetryPolicy
+
+Entry = tuple[int, int]  # (instance index, sequence)
+
+
+class Ev(NamedTuple):
+    """A :class:`dopool.PoolEvent`, as the subscriber saw it."""
+
+    kind: str
+    inst: int
+    seq: int | None
+    attempt: int | None
+    time: float
+    error: str | None
+
+
+class Exec(NamedTuple):
+    """One handler call and what the handler will make of it.
+
+    ``outcome`` is ``"ok"`` (returns), ``"error"``, ``"retry"``, ``"perm"`` (raises
+    RuntimeError, RetryAfter, PermanentError) or ``"kill"`` (kills its instance).
+    ``kids`` are the ids of the follow-ups it enqueues.
+    """
+
+    id: str
+    inst: int
+    seq: int
+    attempt: int
+    time: float
+    outcome: str
+    kids: tuple[str, ...]
+
+
+class Ack(NamedTuple):
+    """An enqueue that returned: event ``id`` is stored as ``(inst, seq)``."""
+
+    id: str
+    inst: int
+    seq: int
+
+
+class Call(NamedTuple):
+    """The runner starts step ``step`` (``-1``: opening; the last: the final join)."""
+
+    step: int
+    text: str
+
+
+class Phase(NamedTuple):
+    """The runner is ``"closing"`` the runtime, or ``"opening"`` one."""
+
+    name: str
+
+
+class Redriven(NamedTuple):
+    """Dead letters that left the dead-letter store to be enqueued again."""
+
+    entries: tuple[tuple[int, int, str], ...]  # (instance, old sequence, id)
+
+
+class Purged(NamedTuple):
+    """Dead letters deleted by ``purge_dead_letters``."""
+
+    entries: tuple[tuple[int, int], ...]
+
+
+Record = Ev | Exec | Ack | Call | Phase | Redriven | Purged
+
+
+@dataclass
+class History:
+    """What one run observed, for :class:`~dopool._chaos.checker.Model` to replay.
+
+    One time-ordered list of records — the pool events the runtime emitted
+    (:class:`Ev`), each handler call (:class:`Exec`), each acknowledged enqueue
+    (:class:`Ack`), the runner's calls (:class:`Call`), runtime opens and closes
+    (:class:`Phase`), redrives and purges — plus a map from stored entries
+    ``(instance, sequence)`` to the event ids they carry. Under a simulated clock
+    only one actor works at a time, so this order is the order in which things
+    were committed.
+    """
+
+    concurrency: int
+    retry: RetryPolicy | None
+    records: list[Record] = field(default_factory=list)
+    names: dict[Entry, str] = field(default_factory=dict)  # entry -> event id
+    contents: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> event
+    problems: list[str] = field(default_factory=list)  # found by the runner itself
+    step: int = -1
+
+    @property
+    def max_attempts(self) -> int:
+        return 1 if self.retry is None else self.retry.max_attempts
+
+    def add(self, record: Record) -> None:
+        if isinstance(record, Call):
+            self.step = record.step
+        self.records.append(record)
+
+    def name(self, entry: Entry, ident: str, source: str) -> None:
+        """Learn that ``entry`` holds event ``ident`` (from an ack, a call or storage)."""
+        known = self.names.setdefault(entry, ident)
+        if known != ident:
+            self.problem(
+                f"entry {entry} held event {known!r}, but {source} says it holds {ident!r}"
+            )
+
+    def problem(self, text: str) -> None:
+        self.problems.append(f"step {self.step}: {text}")
+
+    def min_backoff(self, attempt: int) -> float:
+        """The shortest delay the policy can draw after failed attempt ``attempt``."""
+        return 0.0 if self.retry is None else self.retry.delay(attempt, 0.0)

@@ -1,0 +1,323 @@
+"""The replay of a history: each instance's and entry's state, and what the event stream breaks."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from dopool._chaos.history import (
+    Ack,
+    Call,
+    Entry,
+    Ev,
+    Exec,
+    History,
+    Phase,
+    Purged,
+    Redriven,
+)
+from dopool._supervisor import RESTARTS_AT_ONCE, restart_delay
+
+EPSILON = 1e-9
+
+
+@dataclass
+class _Attempt:
+    seq: int
+    attempt: int
+    time: float
+    outcome: str | None = None  # set when the handler runs
+    kids: tuple[str, ...] = ()
+    crashed: bool = False
+
+
+@dataclass
+class _Instance:
+    next_seq: int = 0
+    pending: dict[int, None] = field(default_factory=dict)  # insertion-ordered set
+    current: int | None = None
+    attempt: _Attempt | None = None
+    dead: dict[int, int] = field(default_factory=dict)  # sequence -> attempts
+    paused: bool = False
+    enqueued: int = 0
+    succeeded: int = 0
+    dead_lettered: int = 0
+    drained: int = 0
+    crashed: int = 0
+    restarted: int = 0  # crashes the supervisor restarted, as recoveries counted them
+    unrecorded: int = 0  # crashes outside close() that no recovery has counted yet
+    recovered: int = 0
+    restart_due: float | None = None  # when a restart waiting out its backoff may come
+
+
+@dataclass
+class _EntryState:
+    started: list[int] = field(default_factory=list)
+    terminal: str | None = None
+    retry_due: float | None = None
+
+
+class Replay:
+    """Replays a :class:`History` record by record and collects violations."""
+
+    def __init__(self, history: History) -> None:
+        self.history = history
+        self.instances = [_Instance() for _ in range(history.concurrency)]
+        self.entries: dict[Entry, _EntryState] = {}
+        self.expected: Counter[str] = Counter()  # id -> times it must end
+        self.violations: list[str] = []
+        self.executions = 0
+        self._position = 0
+        self._step = -1
+        self._closing = False
+        self._seen: set[str] = set()
+
+    def catch_up(self) -> None:
+        """Replay the records added since the last call."""
+        records = self.history.records
+        while self._position < len(records):
+            record = records[self._position]
+            self._position += 1
+            if isinstance(record, Call):
+                self._step = record.step
+            elif isinstance(record, Ev):
+                self._event(record)
+            elif isinstance(record, Exec):
+                self._exec(record)
+            elif isinstance(record, Ack):
+                self._ack(record)
+            elif isinstance(record, Phase):
+                self._closing = record.name == "closing"
+                if record.name == "opening":
+                    # A restart still waiting when the runtime closed never happens, nor
+                    # counts; the new runtime's instances start with none.
+                    for inst in self.instances:
+                        inst.unrecorded = 0
+                        inst.restart_due = None
+            elif isinstance(record, Redriven):
+                self._redriven(record)
+            else:
+                self._purged(record)
+
+    def _bad(self, text: str) -> None:
+        message = f"step {self._step}: {text}"
+        if message not in self._seen:
+            self._seen.add(message)
+            self.violations.append(message)
+
+    def _event(self, ev: Ev) -> None:
+        inst = self.instances[ev.inst]
+        kind = ev.kind
+        if inst.restart_due is not None:  # the instance acts again: its restart came
+            if ev.time < inst.restart_due - EPSILON:
+                self._bad(
+                    f"instance {ev.inst} restarted at t={ev.time}, before its backoff ended "
+                    f"at t={inst.restart_due}"
+                )
+            inst.restart_due = None
+        if kind == "enqueued":
+            self._enqueued(ev, inst)
+        elif kind == "started":
+            self._started(ev, inst)
+        elif kind in ("succeeded", "retry_scheduled", "dead_lettered"):
+            self._settled(ev, inst)
+        elif kind == "crashed":
+            inst.crashed += 1
+            if not self._closing:  # a closed mailbox starts no successor
+                inst.unrecorded += 1
+            if inst.attempt is not None:
+                inst.attempt.crashed = True
+        elif kind == "restart_delayed":
+            self._restart_delayed(ev, inst)
+        elif kind == "recovered":
+            inst.recovered += 1
+            inst.restarted += inst.unrecorded
+            inst.unrecorded = 0
+        elif kind == "drained":
+            self._drained(ev, inst)
+        elif kind in ("paused", "resumed"):
+            inst.paused = kind == "paused"
+        elif kind == "empty" and inst.pending:
+            self._bad(f"instance {ev.inst} said 'empty' with {len(inst.pending)} pending")
+
+    def _restart_delayed(self, ev: Ev, inst: _Instance) -> None:
+        """The restart after the ``ev.attempt``-th crash in a row waits out a backoff."""
+        streak = ev.attempt or 0
+        if streak <= RESTARTS_AT_ONCE:
+            self._bad(f"instance {ev.inst} delayed its restart after {streak} crash(es) in a row")
+        if not inst.unrecorded:
+            self._bad(f"instance {ev.inst} delayed a restart with no crash to restart from")
+        inst.restart_due = ev.time + restart_delay(streak)
+
+    def _enqueued(self, ev: Ev, inst: _Instance) -> None:
+        assert ev.seq is not None
+        if ev.seq != inst.next_seq:
+            self._bad(
+                f"instance {ev.inst} enqueued sequence {ev.seq}, expected {inst.next_seq} "
+                "(sequences are consecutive from 0)"
+            )
+        inst.next_seq = max(inst.next_seq, ev.seq + 1)
+        entry = (ev.inst, ev.seq)
+        if entry in self.entries:
+            self._bad(f"entry {entry} enqueued twice")
+            return
+        self.entries[entry] = _EntryState()
+        inst.pending[ev.seq] = None
+        inst.enqueued += 1
+
+    def _rank(self, entry: Entry) -> tuple[int, int] | None:
+        ident = self.history.names.get(entry)
+        content = self.history.contents.get(ident) if ident is not None else None
+        if content is None:
+            return None
+        return (-int(content["prio"]), entry[1])
+
+    def _started(self, ev: Ev, inst: _Instance) -> None:
+        assert ev.seq is not None
+        assert ev.attempt is not None
+        entry = (ev.inst, ev.seq)
+        state = self.entries.get(entry)
+        if state is None:
+            self._bad(f"started entry {entry}, which was never enqueued")
+            return
+        if state.terminal is not None:
+            self._bad(f"started entry {entry} (attempt {ev.attempt}) after it was {state.terminal}")
+        if inst.attempt is not None:
+            self._bad(
+                f"instance {ev.inst} started {entry} while attempt {inst.attempt.attempt} of "
+                f"sequence {inst.attempt.seq} was unsettled"
+            )
+        if inst.current is not None and inst.current != ev.seq:
+            self._bad(
+                f"instance {ev.inst} started sequence {ev.seq} while sequence {inst.current} "
+                "was neither succeeded nor dead-lettered (order)"
+            )
+        if ev.attempt != len(state.started) + 1:
+            self._bad(f"entry {entry} started attempt {ev.attempt} after {state.started}")
+        if ev.attempt == 1 and inst.current is None:
+            self._check_first_in_line(entry, inst)
+        if state.retry_due is not None and ev.time < state.retry_due - EPSILON:
+            self._bad(
+                f"entry {entry} attempt {ev.attempt} started at {ev.time:.6f}, before its "
+                f"backoff ended at {state.retry_due:.6f}"
+            )
+        state.started.append(ev.attempt)
+        state.retry_due = None
+        inst.current = ev.seq
+        inst.attempt = _Attempt(ev.seq, ev.attempt, ev.time)
+
+    def _check_first_in_line(self, entry: Entry, inst: _Instance) -> None:
+        rank = self._rank(entry)
+        if rank is None:
+            self._bad(f"entry {entry} started, but the harness never learnt its event")
+            return
+        for seq in inst.pending:
+            other = (entry[0], seq)
+            other_rank = self._rank(other)
+            if seq != entry[1] and other_rank is not None and other_rank < rank:
+                self._bad(
+                    f"instance {entry[0]} started sequence {entry[1]} (priority {-rank[0]}) "
+                    f"while sequence {seq} (priority {-other_rank[0]}) was pending ahead of it"
+                )
+                return
+
+    def _exec(self, ex: Exec) -> None:
+        self.executions += 1
+        attempt = self.instances[ex.inst].attempt
+        if attempt is None or (attempt.seq, attempt.attempt) != (ex.seq, ex.attempt):
+            self._bad(
+                f"handler ran {ex.id} as ({ex.inst}, {ex.seq}) attempt {ex.attempt}, "
+                "which is not the started attempt"
+            )
+            return
+        if attempt.outcome is not None:
+            self._bad(f"handler ran ({ex.inst}, {ex.seq}) attempt {ex.attempt} twice")
+        if attempt.crashed:
+            self._bad(f"handler ran ({ex.inst}, {ex.seq}) attempt {ex.attempt} after a crash")
+        attempt.outcome = ex.outcome
+        attempt.kids = ex.kids
+
+    def _settled(self, ev: Ev, inst: _Instance) -> None:
+        assert ev.seq is not None
+        assert ev.attempt is not None
+        entry = (ev.inst, ev.seq)
+        attempt = inst.attempt
+        if attempt is None or (attempt.seq, attempt.attempt) != (ev.seq, ev.attempt):
+            self._bad(f"{ev.kind} for {entry} attempt {ev.attempt}, which was not running")
+            if ev.kind == "retry_scheduled":
+                return
+            attempt = _Attempt(ev.seq, ev.attempt, ev.time)
+        inst.attempt = None
+        outcome, crashed = attempt.outcome, attempt.crashed
+        what = f"{entry} attempt {ev.attempt} ({'crashed' if crashed else outcome})"
+        max_attempts = self.history.max_attempts
+        if ev.kind == "succeeded":
+            if crashed or outcome != "ok":
+                self._bad(f"succeeded {what}: only a handler that returned may succeed")
+        elif not crashed and outcome in (None, "ok", "kill"):
+            self._bad(f"{ev.kind} {what}: nothing failed (spurious retry)")
+        if ev.kind == "retry_scheduled":
+            if ev.attempt >= max_attempts:
+                self._bad(f"retry scheduled after {what}, the last of {max_attempts}")
+            if not crashed and outcome == "perm":
+                self._bad(f"retry scheduled after a PermanentError: {what}")
+            state = self.entries.get(entry)
+            if state is not None:
+                delay = self.history.min_backoff(ev.attempt)
+                if not crashed and outcome == "retry":
+                    delay = self._retry_after(entry)
+                state.retry_due = ev.time + delay
+            return
+        permanent = not crashed and outcome == "perm"
+        if ev.kind == "dead_lettered" and ev.attempt != max_attempts and not permanent:
+            self._bad(f"dead-lettered {what} with {ev.attempt} of {max_attempts} attempts")
+        self._terminal(entry, inst, ev.kind)
+        if ev.kind == "dead_lettered":
+            inst.dead_lettered += 1
+            inst.dead[ev.seq] = ev.attempt
+        else:
+            inst.succeeded += 1
+            self.expected.update(attempt.kids)
+
+    def _retry_after(self, entry: Entry) -> float:
+        ident = self.history.names.get(entry)
+        content = self.history.contents.get(ident, {}) if ident is not None else {}
+        return float(content.get("after", 0.0))
+
+    def _terminal(self, entry: Entry, inst: _Instance, kind: str) -> None:
+        state = self.entries.get(entry)
+        if state is None:
+            self._bad(f"{kind} entry {entry}, which was never enqueued")
+            return
+        if state.terminal is not None:
+            self._bad(f"entry {entry} {kind} after it was already {state.terminal}")
+        state.terminal = kind
+        inst.pending.pop(entry[1], None)
+        if inst.current == entry[1]:
+            inst.current = None
+
+    def _drained(self, ev: Ev, inst: _Instance) -> None:
+        if inst.attempt is not None:
+            self._bad(f"instance {ev.inst} drained while an attempt was running")
+            inst.attempt = None
+        for seq in list(inst.pending):
+            self._terminal((ev.inst, seq), inst, "drained")
+            inst.drained += 1
+        inst.current = None
+
+    def _ack(self, ack: Ack) -> None:
+        entry = (ack.inst, ack.seq)
+        self.expected[ack.id] += 1
+        if entry not in self.entries:
+            self._bad(f"enqueue of {ack.id} returned {entry}, which was never enqueued")
+
+    def _redriven(self, record: Redriven) -> None:
+        for index, seq, ident in record.entries:
+            if self.instances[index].dead.pop(seq, None) is None:
+                self._bad(f"redrove ({index}, {seq}), which was not a dead letter")
+            self.expected[ident] += 1
+
+    def _purged(self, record: Purged) -> None:
+        for index, seq in record.entries:
+            if self.instances[index].dead.pop(seq, None) is None:
+                self._bad(f"purged ({index}, {seq}), which was not a dead letter")

@@ -1,0 +1,48 @@
+"""What one chaos scenario did: its :class:`Result`, failure report and replay command."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def replay_command(seed: int) -> str:
+    """The one-line command that runs ``seed`` again, exactly."""
+    return f"dopool chaos --seed {seed}"
+
+
+@dataclass
+class Result:
+    """What one scenario did and which invariants it broke."""
+
+    seed: int
+    violations: list[str]
+    steps: int = 0
+    enqueued: int = 0  # entries the engine stored: acknowledged, follow-ups, redriven
+    acknowledged: int = 0
+    executions: int = 0
+    crashes: int = 0
+    restarts: int = 0
+    succeeded: int = 0
+    dead_lettered: int = 0
+    drained: int = 0
+    reopens: int = 0
+    virtual_time: float = 0.0
+    wall_time: float = 0.0
+    idle: bool = False
+    trace: bytes = b""  # the runtimes' JSON-lines traces, one incarnation after another
+    log: list[str] = field(default_factory=list)  # the history, one record per line
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def report(self) -> str:
+        """A failure report: the seed, the replay command, then each violation."""
+        lines = [
+            f"chaos seed {self.seed}: {len(self.violations)} invariant violation(s)",
+            f"replay: {replay_command(self.seed)}",
+        ]
+        lines += [f"  - {violation}" for violation in self.violations[:30]]
+        if len(self.violations) > 30:
+            lines.append(f"  ... and {len(self.violations) - 30} more")
+        return "\n".join(lines)

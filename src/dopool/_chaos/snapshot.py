@@ -1,0 +1,59 @@
+"""Committed storage as the checker reads it: each instance's state and the events it holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dopool._invariants import InstanceState, read_instance
+from dopool._layout import Meta, Namespace, queue_key_priority, queue_key_sequence, unpack
+
+if TYPE_CHECKING:
+    from dopool._storage import Txn
+
+
+@dataclass
+class InstanceSnapshot:
+    """One instance's committed state, read in one transaction.
+
+    ``state`` is what the storage invariants read (:mod:`dopool._invariants`); the
+    rest is the checker's own: which event each pending entry and dead letter holds.
+    """
+
+    state: InstanceState
+    queue: dict[int, tuple[int, str | None]]  # sequence -> (priority, id)
+    dead: dict[int, tuple[str | None, int]]  # sequence -> (id, attempts)
+    bad_keys: list[str]
+
+    @property
+    def meta(self) -> Meta:
+        return self.state.meta
+
+
+def read_store(txn: Txn, pool: str, concurrency: int) -> list[InstanceSnapshot]:
+    """Read every instance's state, and the events it holds, in one read transaction."""
+    snapshots = []
+    for index in range(concurrency):
+        ns = Namespace(pool, index)
+        queue: dict[int, tuple[int, str | None]] = {}
+        bad: list[str] = []
+        for key in ns.iter_event_keys(txn):
+            record = ns.get_event(txn, key)
+            sequence = queue_key_sequence(key)
+            if record is None:
+                bad.append(f"queue key for sequence {sequence} has no record")
+                continue
+            if queue_key_priority(key) != record.priority:
+                bad.append(f"queue key for sequence {sequence} has the wrong priority")
+            queue[sequence] = (record.priority, _event_id(unpack(record.event)))
+        dead = {
+            sequence: (_event_id(unpack(record.event)), record.attempts)
+            for sequence, record in ns.iter_dead_letters(txn)
+        }
+        state = read_instance(txn, pool, index)
+        snapshots.append(InstanceSnapshot(state=state, queue=queue, dead=dead, bad_keys=bad))
+    return snapshots
+
+
+def _event_id(event: Any) -> str | None:
+    return event.get("id") if isinstance(event, dict) else None
