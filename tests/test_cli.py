@@ -26,7 +26,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dopool import EventContext, Runtime
-from dopool._cli import _json_text, _short, cli
+from dopool._cli import cli
+from dopool._cli._values import _json_text, _short
 from dopool._layout import MAX_CONCURRENCY, DeadRecord, Namespace, pack, pool_key, seal
 from dopool._sim import scenario as sc
 from dopool._storage import Store, Txn

@@ -1,0 +1,61 @@
+"""The one-line errors: ``CliError``, ``CliUsageError``, exit codes, the group raising them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from dopool._cli._terminal import _clean
+from dopool._errors import DopoolError, StoreLockedError
+from dopool._sim.scenario import ScenarioError
+
+USAGE_EXIT = 2
+FAILURE_EXIT = 1
+
+
+class CliError(click.ClickException):
+    """Printed as one ``Error: ...`` line on stderr; exits 1."""
+
+    exit_code = FAILURE_EXIT
+
+
+class CliUsageError(CliError):
+    """A bad flag or scenario: one ``Error: ...`` line, exit 2."""
+
+    exit_code = USAGE_EXIT
+
+
+class _OneLineErrors(click.Group):
+    """A group whose usage errors are one line too (click prints usage and a hint)."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _one_line():
+            return super().invoke(ctx)
+
+
+@contextmanager
+def _one_line() -> Iterator[None]:
+    try:
+        yield
+    except click.exceptions.NoArgsIsHelpError:
+        raise
+    except click.UsageError as exc:
+        hint = ""
+        if exc.ctx is not None:
+            hint = f" (see '{exc.ctx.command_path} --help')"
+        raise CliUsageError(exc.format_message() + hint) from None
+    except ScenarioError as exc:
+        raise CliUsageError(_clean(exc)) from None
+    except StoreLockedError as exc:
+        raise CliError(
+            f"{_clean(exc)}; stop that runtime first (--redrive and --purge need the store lock)"
+        ) from None
+    except DopoolError as exc:
+        raise CliError(_clean(exc)) from None

@@ -1,0 +1,152 @@
+"""The report of one ``dopool simulate`` run: the summary and its tables."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from dopool._cli._terminal import _clean
+from dopool._sim.driver import Run
+from dopool._sim.metrics import Result
+from dopool._sim.scenario import Scenario
+
+MAX_INSTANCE_ROWS = 64
+MAX_DEAD_LETTER_ROWS = 10
+
+
+def _secs(value: float) -> str:
+    if value == 0:
+        return "0 s"
+    if value < 10:
+        return f"{value:.3f} s"
+    return f"{value:,.1f} s"
+
+
+def _bar(fraction: float, width: int = 10) -> str:
+    filled = max(0, min(width, round(fraction * width)))
+    return "█" * filled + "·" * (width - filled)
+
+
+def _render_report(out: Console, chosen: Scenario, finished: Run) -> None:
+    result = finished.result
+    out.print(Text(f"dopool simulate · {chosen.name} · seed {chosen.seed}", style="bold"))
+    if chosen.description:
+        out.print(Text(chosen.description, style="dim"))
+    out.print()
+    summary = Table.grid(padding=(0, 2))
+    summary.add_column(style="bold", no_wrap=True)
+    summary.add_column()
+    summary.add_row(
+        "events",
+        f"{result.offered:,} offered · {result.acknowledged:,} enqueued · "
+        f"{result.succeeded:,} succeeded · {result.dead_lettered:,} dead-lettered · "
+        f"{result.pending:,} pending · {result.lost:,} lost",
+    )
+    summary.add_row(
+        "refused",
+        f"{result.rejected:,} rejected (queue full) · "
+        f"{result.failed:,} failed enqueues (instance crashed, nothing stored)"
+        + (f" · {result.waiting:,} enqueues still waiting" if result.waiting else ""),
+    )
+    routing = chosen.routing
+    summary.add_row(
+        "throughput",
+        f"{result.throughput:,.1f} events/s over {result.virtual_time:,.1f} virtual s "
+        f"({chosen.instances} instances, {routing} routing"
+        + ("" if result.finished else ", stopped before every event was processed")
+        + ")",
+    )
+    latency = result.latency
+    summary.add_row(
+        "latency",
+        f"p50 {_secs(latency.p50)} · p95 {_secs(latency.p95)} · p99 {_secs(latency.p99)} · "
+        f"max {_secs(latency.max)}  (arrival to success, virtual, {latency.count:,} events)",
+    )
+    wait = result.enqueue_wait
+    summary.add_row(
+        "enqueue wait",
+        f"p50 {_secs(wait.p50)} · p99 {_secs(wait.p99)} · max {_secs(wait.max)}  "
+        "(arrival to stored)",
+    )
+    summary.add_row(
+        "faults",
+        f"{result.retries:,} retries · {result.crashes:,} crashes · "
+        f"{result.restarts:,} restarts · {result.pauses:,} pauses",
+    )
+    out.print(summary)
+    out.print()
+    out.print(_instances_table(result))
+    out.print(_invariants_table(result))
+    if result.dead_letters:
+        out.print(_dead_letter_sample(result))
+    out.print(
+        Text(
+            f"wall time {finished.wall_seconds:.2f} s · "
+            f"{finished.events_per_wall_second:,.0f} events per wall second · "
+            f"{result.pool_events:,} pool events",
+            style="dim",
+        )
+    )
+
+
+def _instances_table(result: Result) -> Table:
+    table = Table(title="instances", title_justify="left", box=box.SIMPLE_HEAD)
+    for name in ("instance", "enqueued", "succeeded", "dead", "pending", "attempts"):
+        table.add_column(name, justify="right")
+    table.add_column("crashes", justify="right")
+    table.add_column("max depth", justify="right")
+    table.add_column("utilisation", no_wrap=True)
+    peak = result.max_depth
+    for item in result.instances[:MAX_INSTANCE_ROWS]:
+        style = "bold red" if peak > 1 and item.max_depth == peak else ""
+        table.add_row(
+            str(item.index),
+            f"{item.enqueued:,}",
+            f"{item.succeeded:,}",
+            f"{item.dead_lettered:,}",
+            f"{item.pending:,}",
+            f"{item.started:,}",
+            f"{item.crashes:,}",
+            Text(f"{item.max_depth:,}", style=style),
+            f"{_bar(item.utilisation)} {item.utilisation:4.0%}",
+        )
+    hidden = len(result.instances) - MAX_INSTANCE_ROWS
+    if hidden > 0:
+        table.caption = f"{hidden} more instances: see --json"
+    return table
+
+
+def _invariants_table(result: Result) -> Table:
+    table = Table(
+        title="invariants (docs/guarantees.md), checked at the end",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
+    table.add_column("check", no_wrap=True)
+    table.add_column("result", no_wrap=True)
+    table.add_column("detail")
+    for check in result.invariants:
+        verdict = Text("pass", style="green") if check.passed else Text("FAIL", style="bold red")
+        table.add_row(check.name, verdict, check.detail)
+    return table
+
+
+def _dead_letter_sample(result: Result) -> Table:
+    table = Table(title="dead letters", title_justify="left", box=box.SIMPLE_HEAD)
+    for name in ("instance", "sequence", "event", "attempts", "failed at", "error"):
+        table.add_column(name, justify="right" if name != "error" else "left")
+    for letter in result.dead_letters[:MAX_DEAD_LETTER_ROWS]:
+        table.add_row(
+            str(letter["instance"]),
+            str(letter["sequence"]),
+            str(letter["event_id"]),
+            str(letter["attempts"]),
+            f"t={letter['failed_at']:.2f}",
+            Text(_clean(letter["error"])),
+        )
+    more = result.dead_lettered - min(len(result.dead_letters), MAX_DEAD_LETTER_ROWS)
+    if more > 0:
+        table.caption = f"and {more:,} more"
+    return table

@@ -1,0 +1,76 @@
+"""``dopool status``: every pool's status in a store, as tables or JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import click
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from dopool._cli._store import _chosen_pools, _when
+from dopool._cli._terminal import _clean, _console
+from dopool._cli._values import JSON_TAGS, _json_text
+from dopool._sim.storeview import open_view
+from dopool._types import PoolStatus
+
+
+@click.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--pool", "pool_name", metavar="NAME", help="only this pool")
+@click.option("--json", "as_json", is_flag=True, help=f"print JSON instead of tables {JSON_TAGS}")
+def status(path: Path, pool_name: str | None, as_json: bool) -> None:
+    """Print every pool's status from the store at PATH (read-only).
+
+    It takes no lock, so it works while a runtime holds the store.
+    """
+    with open_view(path) as view:
+        pools = _chosen_pools(view, pool_name)
+        statuses = [view.status(name, count) for name, count in sorted(pools.items())]
+    if as_json:
+        document = {"store": str(path), "pools": [dataclasses.asdict(s) for s in statuses]}
+        click.echo(_json_text(document))
+        return
+    out = _console()
+    if not statuses:
+        out.print(Text(f"store {_clean(path)}: no pools"))
+        return
+    for item in statuses:
+        out.print(_status_table(item))
+
+
+def _status_table(item: PoolStatus) -> Table:
+    table = Table(
+        title=Text(
+            f"pool {_clean(item.name)} · {item.concurrency} instances · "
+            f"{item.enqueued:,} enqueued · {item.pending:,} pending · "
+            f"{item.succeeded:,} succeeded · {item.dead_lettered:,} dead-lettered · "
+            f"{item.drained:,} drained"
+        ),
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
+    table.add_column("instance", no_wrap=True)
+    table.add_column("state")
+    for name in ("pending", "enqueued", "succeeded", "dead", "drained", "restarts"):
+        table.add_column(name, justify="right")
+    table.add_column("current", justify="right")
+    table.add_column("next alarm", no_wrap=True)
+    styles = {"paused": "yellow", "processing": "green", "backoff": "magenta", "idle": "dim"}
+    for s in item.instances:
+        current = "-" if s.current_sequence is None else f"#{s.current_sequence} (try {s.attempt})"
+        table.add_row(
+            Text(_clean(s.instance_id)),
+            Text(s.state, style=styles.get(s.state, "")),
+            f"{s.pending:,}",
+            f"{s.enqueued:,}",
+            f"{s.succeeded:,}",
+            f"{s.dead_lettered:,}",
+            f"{s.drained:,}",
+            f"{s.restarts:,}",
+            current,
+            _when(s.next_alarm_at),
+        )
+    return table
