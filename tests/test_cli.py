@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from dopool import EventContext, Runtime
 from dopool._cli import _json_text, _short, cli
 from dopool._layout import MAX_CONCURRENCY, DeadRecord, Namespace, pack, pool_key, seal
-from dopool._sim import scenario as sc
+from dopool._sim import loading as sc
 from dopool._storage import Store, Txn
 
 SMALL = ("--events", "150")  # keeps each simulation to a fraction of a second

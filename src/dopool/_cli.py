@@ -44,7 +44,7 @@ except ImportError as exc:  # the console script, installed without the ``cli`` 
 
 from dopool._check import CheckReport, report_json
 from dopool._errors import DopoolError, StoreLockedError
-from dopool._sim import scenario as scenarios
+from dopool._sim import loading as scenarios
 from dopool._sim.driver import Run, run, sweep
 from dopool._sim.metrics import Result
 from dopool._sim.plot import check_available, plot
