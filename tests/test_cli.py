@@ -29,7 +29,7 @@ from dopool import EventContext, Runtime
 from dopool._cli import cli
 from dopool._cli._values import _json_text, _short
 from dopool._layout import MAX_CONCURRENCY, DeadRecord, Namespace, pack, pool_key, seal
-from dopool._sim import scenario as sc
+from dopool._sim import loading as sc
 from dopool._storage import Store, Txn
 
 SMALL = ("--events", "150")  # keeps each simulation to a fraction of a second

@@ -19,10 +19,12 @@ import pytest
 
 from dopool import ConfigurationError, Runtime, SimulatedClock
 from dopool._layout import Namespace
-from dopool._sim import scenario as sc
-from dopool._sim.driver import POOL, _counters, arrivals, make_handler, run, service_time, sweep
+from dopool._sim import loading as sc
+from dopool._sim.driver import run, sweep
+from dopool._sim.measure import _counters
 from dopool._sim.metrics import Collector, Latency, percentile
 from dopool._sim.scenario import (
+    DEFAULT_TOTAL,
     Arrivals,
     Faults,
     Kill,
@@ -32,6 +34,7 @@ from dopool._sim.scenario import (
     Service,
 )
 from dopool._sim.storeview import StoreNotFoundError, open_view, purge, redrive
+from dopool._sim.workload import POOL, arrivals, make_handler, service_time
 from dopool._types import PoolEvent
 
 
@@ -61,7 +64,7 @@ def test_to_toml_round_trips(name: str) -> None:
 
 def test_defaults_make_a_valid_scenario() -> None:
     scenario = Scenario()
-    assert scenario.arrivals.total == sc.DEFAULT_TOTAL
+    assert scenario.arrivals.total == DEFAULT_TOTAL
     assert scenario.arrivals.duration is None
 
 

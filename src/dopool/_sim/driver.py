@@ -6,7 +6,9 @@ given), defines a pool whose handler sleeps for its service time with
 ``ctx.sleep`` and fails as the scenario says, injects the scenario's
 :class:`~dopool.chaos.FaultPlan`, and schedules every arrival, pause and kill on
 the same clock with ``SimulatedClock.call_at``. Then it drives the clock and
-reads the outcome from the pool's events and its store.
+reads the outcome from the pool's events and its store. The arrivals and the
+handler come from :mod:`dopool._sim.workload`, the reading of the outcome from
+:mod:`dopool._sim.measure`.
 
 Clock callbacks never wait on an instance (one may be asleep in its handler
 until the clock moves): arrivals are sent to their instance without waiting
@@ -17,58 +19,35 @@ the same scenario and seed give the same run, event for event.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import math
 import os
-import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from dopool import _ports
 from dopool._clock import SimulatedClock
-from dopool._context import EventContext
-from dopool._errors import ConfigurationError, DopoolError, QueueFullError
-from dopool._invariants import read_instance, violations
+from dopool._errors import ConfigurationError
 from dopool._messages import Pause, Reply, Resume
 from dopool._pool import WorkerPool
 from dopool._retry import RetryPolicy
 from dopool._runtime import Runtime
-from dopool._sim.metrics import Collector, InstanceResult, Invariant, Latency, Result
-from dopool._sim.scenario import Scenario, with_overrides
-from dopool._types import EnqueueResult
+from dopool._sim.loading import with_overrides
+from dopool._sim.measure import measure
+from dopool._sim.metrics import Collector, Result
+from dopool._sim.scenario import Scenario
+from dopool._sim.workload import POOL, Arrival, arrivals, make_event, make_handler
 from dopool._validation import prepare
 from dopool.chaos import FaultPlan
 
-POOL = "sim"
 PROGRESS_EVERY = 500  # clock steps between progress reports
-MAX_DEAD_LETTERS_LISTED = 20
 
 #: ``progress(virtual_now, events_processed, events_expected)``
 Progress = Callable[[float, int, int], None]
-
-
-class SimulatedFailure(Exception):
-    """A transient failure the scenario injects (``failure_probability``)."""
-
-
-class PoisonEventError(Exception):
-    """A poison event fails on every attempt."""
-
-
-@dataclass(frozen=True, slots=True)
-class Arrival:
-    """One event to enqueue at virtual time ``time``."""
-
-    time: float
-    event_id: int
-    partition_key: str | None
-    poison: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,113 +61,6 @@ class Run:
     def events_per_wall_second(self) -> float:
         """Arrivals simulated per second of wall time."""
         return self.result.offered / self.wall_seconds if self.wall_seconds > 0 else 0.0
-
-
-# -- the workload ---------------------------------------------------------------------
-def arrivals(scenario: Scenario) -> list[Arrival]:
-    """Every arrival of the scenario, in time order, from its seed alone.
-
-    Times, keys and poison draws come from separate seeded streams, so changing
-    one knob (say the key skew) does not reshuffle the others.
-    """
-    seed = scenario.seed
-    keys = _key_picker(scenario, random.Random(f"{seed}/keys"))
-    poison = random.Random(f"{seed}/poison")
-    share = scenario.poison_share
-    return [
-        Arrival(at, number, keys(), share > 0 and poison.random() < share)
-        for number, at in enumerate(_times(scenario, random.Random(f"{seed}/times")))
-    ]
-
-
-def _times(scenario: Scenario, rng: random.Random) -> Iterator[float]:
-    spec = scenario.arrivals
-    limit = math.inf if spec.duration is None else spec.duration
-    count = itertools.count() if spec.total is None else iter(range(spec.total))
-    if spec.process == "bursts":
-        for number in count:
-            at = (number // spec.burst_size) * spec.burst_interval
-            if at >= limit:
-                return
-            yield at
-    elif spec.process == "steady":
-        for number in count:
-            at = number / spec.rate
-            if at >= limit:
-                return
-            yield at
-    else:
-        at = 0.0
-        for _ in count:
-            at += rng.expovariate(spec.rate)
-            if at >= limit:
-                return
-            yield at
-
-
-def _key_picker(scenario: Scenario, rng: random.Random) -> Callable[[], str | None]:
-    if scenario.routing != "partition":
-        return lambda: None
-    spec = scenario.partitions
-    names = [f"k{n}" for n in range(spec.keys)]
-    cumulative = list(
-        itertools.accumulate(1.0 / (rank + 1) ** spec.zipf for rank in range(spec.keys))
-    )
-    total = cumulative[-1]
-    hot = spec.hot_key_share
-
-    def pick() -> str:
-        if hot > 0 and rng.random() < hot:
-            return names[0]
-        return names[min(bisect.bisect_right(cumulative, rng.random() * total), spec.keys - 1)]
-
-    return pick
-
-
-def service_time(scenario: Scenario, rng: random.Random) -> float:
-    """One attempt's virtual service time, drawn from the scenario's distribution."""
-    spec = scenario.service
-    if spec.mean <= 0:
-        return 0.0
-    if spec.distribution == "fixed":
-        return spec.mean
-    if spec.distribution == "exponential":
-        return rng.expovariate(1.0 / spec.mean)
-    mu = math.log(spec.mean) - spec.sigma**2 / 2.0  # so that the mean is ``spec.mean``
-    return rng.lognormvariate(mu, spec.sigma)
-
-
-def make_handler(scenario: Scenario) -> Callable[[EventContext], None]:
-    """The pool's handler: sleep for the service time, then fail as the scenario says.
-
-    Each attempt draws from its own ``random.Random`` seeded by (scenario seed,
-    event id, attempt), so an attempt behaves the same whatever ran before it.
-    """
-    seed = scenario.seed
-    failure = scenario.failure_probability
-
-    def handle(ctx: EventContext) -> None:
-        event = ctx.event
-        number = event["id"]
-        rng = random.Random(f"{seed}/{number}/{ctx.attempt}")
-        seconds = service_time(scenario, rng)
-        if seconds > 0:
-            ctx.sleep(seconds)
-        if event.get("poison"):
-            raise PoisonEventError(f"poison event {number} can never succeed")
-        if failure > 0 and rng.random() < failure:
-            raise SimulatedFailure(f"event {number} failed on attempt {ctx.attempt}")
-
-    return handle
-
-
-def _event(arrival: Arrival, padding: bytes) -> dict[str, Any]:
-    event: dict[str, Any] = {"id": arrival.event_id}
-    if arrival.poison:
-        event["poison"] = True
-    if padding:
-        event["pad"] = padding
-    return event
 
 
 # -- running --------------------------------------------------------------------------
@@ -269,7 +141,7 @@ def _run(
             # One arrival per callback, and it schedules the next: the heap stays small.
             if stopped:
                 return
-            event = _event(arrival, padding)
+            event = make_event(arrival, padding)
             futures.append((arrival, _submit(pool, event, arrival.partition_key)))
             following = next(upcoming, None)
             if following is not None:
@@ -291,7 +163,7 @@ def _run(
             clock.run_until(scenario.duration)
         if progress is not None:
             progress(clock.now(), _processed(collector), expected)
-        return _measure(scenario, runtime, pool, collector, futures, expected, clock.now())
+        return measure(scenario, runtime, pool, collector, futures, expected, clock.now())
     finally:
         stopped = True  # callbacks still scheduled must do nothing while close() drives the clock
         runtime.close()
@@ -302,26 +174,10 @@ def _submit(pool: WorkerPool, event: Any, partition_key: str | None) -> Reply:
 
     At the end of a run cut short by ``duration`` an instance may still be inside
     a handler with the enqueue queued behind it, so nothing here waits: the
-    reply lets :func:`_answer` look without waiting.
+    reply lets :mod:`dopool._sim.measure` look without waiting.
     """
     item = prepare(event, partition_key=partition_key, priority=0, schema=None)
     return _ports.submit(pool, item, partition_key)
-
-
-def _answer(reply: Reply) -> EnqueueResult | DopoolError | None:
-    """What the pool answered an arrival, or None if it has not answered yet.
-
-    The clock has stopped at a quiescent point, so every answer that will come
-    before the clock moves again is already there: nothing here waits.
-    """
-    try:
-        stored = reply.get(timeout=0)
-    except TimeoutError:
-        return None
-    except DopoolError as exc:
-        return exc
-    result: EnqueueResult = stored[0]
-    return result
 
 
 def _processed(collector: Collector) -> int:
@@ -353,170 +209,6 @@ def _schedule_controls(
             clock.call_at(pause.at + pause.duration, lambda i=index: send(Resume, i))  # type: ignore[misc]
     for planned in scenario.kills:
         clock.call_at(planned.at, lambda i=planned.instance: kill(i))  # type: ignore[misc]
-
-
-def _measure(
-    scenario: Scenario,
-    runtime: Runtime,
-    pool: WorkerPool,
-    collector: Collector,
-    futures: list[tuple[Arrival, Reply]],
-    expected: int,
-    now: float,
-) -> Result:
-    arrived_at: dict[tuple[int, int], float] = {}
-    rejected = failed = waiting = 0
-    for arrival, reply in futures:
-        answer = _answer(reply)
-        if answer is None:
-            waiting += 1
-        elif isinstance(answer, QueueFullError):
-            rejected += 1
-        elif isinstance(answer, DopoolError):
-            failed += 1  # the instance crashed during the enqueue: nothing was stored
-        else:
-            arrived_at[(answer.instance_index, answer.sequence)] = arrival.time
-    acknowledged = set(arrived_at)
-    latencies = [
-        collector.succeeded_at[key] - at
-        for key, at in arrived_at.items()
-        if key in collector.succeeded_at
-    ]
-    waits = [
-        collector.enqueued_at[key] - at
-        for key, at in arrived_at.items()
-        if key in collector.enqueued_at
-    ]
-    status = pool.status()
-    accounted = collector.succeeded | collector.dead | collector.pending_keys()
-    missing = acknowledged - accounted
-    lost = len(acknowledged) - (
-        status.succeeded + status.dead_lettered + status.pending + status.drained
-    )
-    invariants = [
-        _no_loss(
-            len(acknowledged),
-            status.succeeded,
-            status.dead_lettered,
-            status.pending,
-            status.drained,
-            lost,
-            missing,
-        ),
-        Invariant(
-            "at-least-once",
-            not collector.repeat_violations,
-            "; ".join(collector.repeat_violations)
-            or "no event started or succeeded again after its success",
-        ),
-        Invariant(
-            "order",
-            not collector.order_violations,
-            "; ".join(collector.order_violations)
-            or "every instance started its events in sequence, one at a time",
-        ),
-        _counters(runtime, pool, collector),
-    ]
-    elapsed = max(now, 0.0)
-    instances = [
-        InstanceResult(
-            index=s.index,
-            enqueued=s.enqueued,
-            succeeded=s.succeeded,
-            dead_lettered=s.dead_lettered,
-            pending=s.pending,
-            started=track.started,
-            crashes=track.crashes,
-            restarts=s.restarts,
-            max_depth=track.max_depth,
-            utilisation=_busy(track.busy, track.busy_since, now) / elapsed if elapsed else 0.0,
-        )
-        for s, track in zip(status.instances, collector.tracks, strict=True)
-    ]
-    dead_letters = [
-        {
-            "instance": letter.instance_index,
-            "sequence": letter.sequence,
-            "event_id": letter.event.get("id") if isinstance(letter.event, dict) else None,
-            "attempts": letter.attempts,
-            "enqueued_at": round(letter.enqueued_at, 6),
-            "failed_at": round(letter.failed_at, 6),
-            "error": letter.error,
-        }
-        for letter in pool.dead_letters()[:MAX_DEAD_LETTERS_LISTED]
-    ]
-    counts = collector.counts
-    return Result(
-        scenario=scenario.to_dict(),
-        finished=status.pending == 0 and len(futures) == expected,
-        virtual_time=now,
-        offered=len(futures),
-        acknowledged=len(acknowledged),
-        rejected=rejected,
-        failed=failed,
-        waiting=waiting,
-        succeeded=status.succeeded,
-        dead_lettered=status.dead_lettered,
-        pending=status.pending,
-        drained=status.drained,
-        lost=lost,
-        retries=counts.get("retry_scheduled", 0),
-        crashes=counts.get("crashed", 0),
-        restarts=sum(s.restarts for s in status.instances),
-        pauses=counts.get("paused", 0),
-        latency=Latency.of(latencies),
-        enqueue_wait=Latency.of(waits),
-        instances=instances,
-        invariants=invariants,
-        dead_letters=dead_letters,
-        pool_events=sum(counts.values()),
-        depth_series=[track.series for track in collector.tracks],
-        latencies=latencies,
-    )
-
-
-def _busy(busy: float, since: float | None, now: float) -> float:
-    return busy + (now - since if since is not None else 0.0)
-
-
-def _no_loss(
-    acknowledged: int,
-    succeeded: int,
-    dead: int,
-    pending: int,
-    drained: int,
-    lost: int,
-    missing: set[tuple[int, int]],
-) -> Invariant:
-    detail = (
-        f"{acknowledged} enqueued = {succeeded} succeeded + {dead} dead-lettered + "
-        f"{pending} pending + {drained} drained"
-    )
-    if lost:
-        detail = f"{lost} lost: " + detail.replace(" = ", " != ", 1)
-    if missing:
-        sample = ", ".join(f"{POOL}:{i}#{s}" for i, s in sorted(missing)[:5])
-        detail += f"; {len(missing)} acknowledged events never settled ({sample})"
-    return Invariant("no loss", lost == 0 and not missing, detail)
-
-
-def _counters(runtime: Runtime, pool: WorkerPool, collector: Collector) -> Invariant:
-    """Guarantee 4 (counters, docs/guarantees.md) from the store, and the event stream agreeing."""
-    problems: list[str] = []
-    with _ports.committed(runtime) as txn:
-        for index in range(pool.concurrency):
-            state = read_instance(txn, POOL, index)
-            problems.extend(violations(state))
-            track = collector.tracks[index]
-            if track.depth != state.meta.pending:
-                problems.append(
-                    f"{state.name}: events say {track.depth} pending, store {state.meta.pending}"
-                )
-    detail = "; ".join(problems[:5]) or (
-        "enqueued = succeeded + dead-lettered + drained + pending on every instance; "
-        "queue keys match; the event stream agrees with the store"
-    )
-    return Invariant("counters", not problems, detail)
 
 
 # -- sweeps -----------------------------------------------------------------------------

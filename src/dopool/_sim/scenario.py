@@ -1,10 +1,9 @@
 """Scenarios: what a simulation runs, as frozen dataclasses validated field by field.
 
-A scenario comes from a TOML file (:func:`load_file`), a built-in name
-(:func:`builtin`), or either of those changed by flags (:func:`with_overrides`,
-``"arrivals.rate" -> "80"``). Every error is a :class:`ScenarioError` that names
-the bad field by its dotted path (``arrivals.rate``, ``pauses[1].at``), so a
-user can find it in the file or the flag that set it.
+Every error is a :class:`ScenarioError` that names the bad field by its dotted
+path (``arrivals.rate``, ``pauses[1].at``), so a user can find it in the file or
+the flag that set it. :mod:`dopool._sim.loading` makes a scenario from a TOML
+file, a built-in name or flags.
 
 The TOML layout mirrors the dataclasses: top-level fields, then one table per
 section (``[arrivals]``, ``[partitions]``, ``[service]``, ``[retry]``,
@@ -13,13 +12,8 @@ section (``[arrivals]``, ``[partitions]``, ``[service]``, ``[retry]``,
 
 from __future__ import annotations
 
-import difflib
 import math
-import tomllib
-from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields, replace
-from importlib import resources
-from pathlib import Path
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from dopool._errors import ConfigurationError
@@ -27,7 +21,6 @@ from dopool._errors import ConfigurationError
 ROUTINGS = ("round-robin", "partition")
 PROCESSES = ("steady", "poisson", "bursts")
 DISTRIBUTIONS = ("fixed", "exponential", "lognormal")
-BUILTINS = ("steady", "burst", "hot-partition", "poison", "crash-storm", "maintenance")
 
 DEFAULT_TOTAL = 1000
 MAX_INSTANCES = 1024
@@ -114,7 +107,7 @@ def _set(obj: object, name: str, value: object) -> None:
 
 
 # -- the sections -----------------------------------------------------------------
-class _Section:
+class Section:
     """A table of the scenario: its checks name fields as ``<section>.<field>``."""
 
     section: ClassVar[str]
@@ -130,7 +123,7 @@ class _Section:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Arrivals(_Section):
+class Arrivals(Section):
     """When events arrive: ``steady`` (evenly spaced at ``rate``), ``poisson``
     (exponential gaps, mean rate ``rate``) or ``bursts`` (``burst_size`` events
     at once every ``burst_interval`` seconds). Give ``total`` events or a
@@ -177,7 +170,7 @@ class Arrivals(_Section):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Partitions(_Section):
+class Partitions(Section):
     """Partition keys ``k0 .. k{keys-1}``: key ``k`` is drawn with weight
     ``1 / (k + 1) ** zipf`` (0 = uniform); ``hot_key_share`` sends that share
     of all events to ``k0`` on top. Used only with ``routing = "partition"``.
@@ -196,7 +189,7 @@ class Partitions(_Section):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Service(_Section):
+class Service(Section):
     """Virtual seconds one attempt takes (``ctx.sleep``): ``fixed`` at ``mean``,
     ``exponential`` with that mean, or ``lognormal`` with that mean and shape
     ``sigma`` (the standard deviation of its logarithm).
@@ -215,7 +208,7 @@ class Service(_Section):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Retry(_Section):
+class Retry(Section):
     """The pool's :class:`~dopool.RetryPolicy`; ``max_attempts = 1`` means no retries."""
 
     section: ClassVar[str] = "retry"
@@ -235,7 +228,7 @@ class Retry(_Section):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Faults(_Section):
+class Faults(Section):
     """Probabilities of the engine's fault points (:class:`dopool.chaos.FaultPlan`)."""
 
     section: ClassVar[str] = "faults"
@@ -284,14 +277,15 @@ class Kill:
         _number("instance", self.instance, integer=True, minimum=0)
 
 
-_SECTIONS: dict[str, type[Any]] = {
+# The tables of a scenario by name, and its arrays of tables.
+SECTIONS: dict[str, type[Any]] = {
     "arrivals": Arrivals,
     "partitions": Partitions,
     "service": Service,
     "retry": Retry,
     "faults": Faults,
 }
-_LISTS: dict[str, type[Any]] = {"pauses": Pause, "kills": Kill}
+LISTS: dict[str, type[Any]] = {"pauses": Pause, "kills": Kill}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -351,10 +345,10 @@ class Scenario:
             _probability("failure_probability", self.failure_probability),
         )
         _set(self, "poison_share", _probability("poison_share", self.poison_share))
-        for name, kind in _SECTIONS.items():
+        for name, kind in SECTIONS.items():
             if not isinstance(getattr(self, name), kind):
                 raise ScenarioError(name, f"must be a {kind.__name__}, got {getattr(self, name)!r}")
-        for name, kind in _LISTS.items():
+        for name, kind in LISTS.items():
             items = tuple(getattr(self, name))
             _set(self, name, items)
             for position, item in enumerate(items):
@@ -373,28 +367,28 @@ class Scenario:
         result: dict[str, Any] = {}
         for spec in fields(self):
             value = getattr(self, spec.name)
-            if spec.name in _SECTIONS:
+            if spec.name in SECTIONS:
                 value = {f.name: getattr(value, f.name) for f in fields(value)}
-            elif spec.name in _LISTS:
+            elif spec.name in LISTS:
                 value = [{f.name: getattr(item, f.name) for f in fields(item)} for item in value]
             result[spec.name] = value
         return result
 
     def to_toml(self) -> str:
-        """The scenario as a TOML document that :func:`load_file` reads back."""
+        """The scenario as a TOML document that :mod:`dopool._sim.loading` reads back."""
         data = self.to_dict()
         lines: list[str] = []
         for key, value in data.items():
-            if key not in _SECTIONS and key not in _LISTS and value is not None:
+            if key not in SECTIONS and key not in LISTS and value is not None:
                 lines.append(f"{key} = {_toml_value(value)}")
-        for key in _SECTIONS:
+        for key in SECTIONS:
             lines.extend(("", f"[{key}]"))
             lines.extend(
                 f"{name} = {_toml_value(value)}"
                 for name, value in data[key].items()
                 if value is not None
             )
-        for key in _LISTS:
+        for key in LISTS:
             for item in data[key]:
                 lines.extend(("", f"[[{key}]]"))
                 lines.extend(
@@ -412,210 +406,3 @@ def _toml_value(value: Any) -> str:
         return repr(value)
     text = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     return f'"{text}"'
-
-
-# -- building from plain data -------------------------------------------------------
-def from_mapping(data: Mapping[str, Any]) -> Scenario:
-    """Build a scenario from TOML-like data, refusing unknown keys by their path."""
-    if not isinstance(data, Mapping):
-        raise ScenarioError("", f"must be a table, got {data!r}")
-    top = {f.name for f in fields(Scenario)}
-    _refuse_unknown("", data, top)
-    arguments: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in _SECTIONS:
-            arguments[key] = _build(key, _SECTIONS[key], value)
-        elif key in _LISTS:
-            if not isinstance(value, list):
-                raise ScenarioError(key, f"must be an array of tables ([[{key}]]), got {value!r}")
-            arguments[key] = tuple(
-                _build(f"{key}[{position}]", _LISTS[key], item)
-                for position, item in enumerate(value)
-            )
-        else:
-            arguments[key] = value
-    scenario: Scenario = _construct("", Scenario, arguments)
-    return scenario
-
-
-def _build(path: str, kind: type[Any], value: object) -> Any:
-    if not isinstance(value, Mapping):
-        raise ScenarioError(path, f"must be a table, got {value!r}")
-    _refuse_unknown(path, value, {f.name for f in fields(kind)})
-    return _construct(path, kind, dict(value))
-
-
-def _construct(path: str, kind: type[Any], arguments: dict[str, Any]) -> Any:
-    required = [
-        f.name
-        for f in fields(kind)
-        if f.default is MISSING and f.default_factory is MISSING and f.name not in arguments
-    ]
-    if required:
-        name = f"{path}.{required[0]}" if path else required[0]
-        raise ScenarioError(name, "is required")
-    try:
-        return kind(**arguments)
-    except ScenarioError as exc:
-        # Sections name their own fields; list items only know their own names.
-        nested = path and not issubclass(kind, _Section) and kind is not Scenario
-        raise (exc.within(path) if nested else exc) from None
-
-
-def _refuse_unknown(path: str, data: Mapping[str, Any], known: set[str]) -> None:
-    for key in data:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), sorted(known), n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            name = f"{path}.{key}" if path else str(key)
-            raise ScenarioError(name, f"is not a scenario field{hint}")
-
-
-def load_file(path: str | Path) -> Scenario:
-    """Read a scenario from a TOML file; errors name the file and the field."""
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioError("", f"cannot be read: {exc.strerror or exc}", source=source) from None
-    return loads(text, source=source)
-
-
-def loads(text: str, *, source: str = "<scenario>") -> Scenario:
-    """Parse a scenario from TOML text."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError("", f"is not valid TOML: {exc}", source=source) from None
-    try:
-        return from_mapping(data)
-    except ScenarioError as exc:
-        raise exc.from_source(source) from None
-
-
-def builtin(name: str) -> Scenario:
-    """One of the built-in scenarios (:data:`BUILTINS`), shipped as TOML files."""
-    if name not in BUILTINS:
-        raise ScenarioError("", f"'{name}' is not a built-in scenario ({', '.join(BUILTINS)})")
-    text = resources.files("dopool._sim").joinpath("scenarios", f"{name}.toml").read_text("utf-8")
-    return loads(text, source=f"built-in scenario '{name}'")
-
-
-def resolve(name_or_path: str) -> Scenario:
-    """A built-in scenario by name, or a scenario file by path."""
-    if name_or_path in BUILTINS:
-        return builtin(name_or_path)
-    path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists() or "/" in name_or_path:
-        return load_file(path)
-    raise ScenarioError(
-        "",
-        f"'{name_or_path}' is neither a built-in scenario ({', '.join(BUILTINS)}) nor a file",
-    )
-
-
-# -- overrides (flags) --------------------------------------------------------------
-def _field_kind(path: str) -> tuple[type[Any], str, str]:
-    """``(dataclass, field name, annotation)`` of a dotted path, or a ScenarioError."""
-    parts = path.split(".")
-    if len(parts) == 1:
-        kind: type[Any] = Scenario
-        name = parts[0]
-    elif len(parts) == 2 and parts[0] in _SECTIONS:
-        kind, name = _SECTIONS[parts[0]], parts[1]
-    elif parts[0] in _LISTS:
-        raise ScenarioError(parts[0], "can only be set in a scenario file")
-    else:
-        raise ScenarioError(path, "is not a scenario field")
-    specs = {f.name: f for f in fields(kind)}
-    if name in _SECTIONS or name in _LISTS:
-        if name in _LISTS:
-            raise ScenarioError(name, "can only be set in a scenario file")
-        raise ScenarioError(
-            name, f"is a table; set one of its fields, e.g. '{name}.{_first(name)}'"
-        )
-    if name not in specs:
-        close = difflib.get_close_matches(path, settable_fields(), n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ScenarioError(path, f"is not a scenario field{hint}")
-    return kind, name, str(specs[name].type)
-
-
-def _first(section: str) -> str:
-    return fields(_SECTIONS[section])[0].name
-
-
-def settable_fields() -> list[str]:
-    """Every dotted path a flag can set."""
-    paths = [f.name for f in fields(Scenario) if f.name not in _SECTIONS and f.name not in _LISTS]
-    for section, kind in _SECTIONS.items():
-        paths.extend(f"{section}.{f.name}" for f in fields(kind))
-    return paths
-
-
-def numeric_fields() -> list[str]:
-    """Every dotted path that holds a number (what ``--sweep`` accepts)."""
-    result = []
-    for path in settable_fields():
-        annotation = _field_kind(path)[2]
-        if annotation.startswith(("int", "float")):
-            result.append(path)
-    return result
-
-
-def parse_value(path: str, text: str) -> Any:
-    """Turn a flag's text into the field's type; ``none`` clears an optional field."""
-    _, _, annotation = _field_kind(path)
-    optional = "None" in annotation
-    if optional and text.strip().lower() in ("none", ""):
-        return None
-    base = annotation.split("|")[0].strip()
-    if base == "int":
-        try:
-            return int(text.replace("_", ""))
-        except ValueError:
-            raise ScenarioError(path, f"must be an integer, got {text!r}") from None
-    if base == "float":
-        try:
-            return float(text.replace("_", ""))
-        except ValueError:
-            raise ScenarioError(path, f"must be a number, got {text!r}") from None
-    return text
-
-
-def with_overrides(scenario: Scenario, overrides: Mapping[str, Any]) -> Scenario:
-    """A copy with dotted-path fields replaced (values already typed, or flag text).
-
-    Setting one of ``arrivals.total`` / ``arrivals.duration`` clears the other
-    unless both are given.
-    """
-    data = scenario.to_dict()
-    for path, raw in overrides.items():
-        _field_kind(path)
-        value = parse_value(path, raw) if isinstance(raw, str) else raw
-        parts = path.split(".")
-        target = data if len(parts) == 1 else data[parts[0]]
-        target[parts[-1]] = value
-    arrivals = data["arrivals"]
-    if "arrivals.total" in overrides and "arrivals.duration" not in overrides:
-        arrivals["duration"] = None
-    if "arrivals.duration" in overrides and "arrivals.total" not in overrides:
-        arrivals["total"] = None
-    return from_mapping(_without_none(data))
-
-
-def _without_none(data: dict[str, Any]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            result[key] = _without_none(value)
-        elif isinstance(value, list):
-            result[key] = [_without_none(item) for item in value]
-        elif value is not None:
-            result[key] = value
-    return result
-
-
-def with_seed(scenario: Scenario, seed: int) -> Scenario:
-    """A copy with another seed."""
-    return replace(scenario, seed=seed)
