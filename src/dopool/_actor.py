@@ -203,12 +203,11 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         reader, so what it sees at the head is still there to take.
         """
         inbox = cast(Inbox, self.actor_inbox)  # see _create_actor_inbox
-        taken = self._taken
-        before = len(taken)
-        taken.extend(inbox.take_leading(Enqueue))
-        if len(taken) > before:
+        more = inbox.take_leading(Enqueue)
+        if more:
+            self._taken.extend(more)
             # The message in hand keeps this actor counted busy.
-            self._mailbox.finished(len(taken) - before)
+            self._mailbox.finished(len(more))
 
     # -- processing ----------------------------------------------------------
     def _on_alarm(self, _message: Alarm) -> None:

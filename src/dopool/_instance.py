@@ -213,6 +213,8 @@ class InstanceShell:
 
     def _accept(self, txn: Txn, meta: Meta, now: float, effects: Effects) -> None:
         """Store the taken enqueues; each gets its answer in ``effects``."""
+        if not self._taken:
+            return  # most outcomes take none: the hot path skips the call
         batches = [(message, message.items) for message in self._taken]
         self._machine.accept(txn, meta, batches, now, effects)
 

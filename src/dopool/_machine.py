@@ -263,11 +263,10 @@ class QueueMachine:
         fx: Effects,
     ) -> None:
         """The current event succeeded: remove it, and store its follow-ups."""
-        sequence = queue_key_sequence(key)
         self._remove_current(txn, meta, key)
         meta.succeeded += 1
         if self._listening():
-            fx.events.append(self.event("succeeded", now, sequence, attempt))
+            fx.events.append(self.event("succeeded", now, queue_key_sequence(key), attempt))
         for item in follow_ups:
             target = self._route(item.partition_key)
             if target == self._index:
