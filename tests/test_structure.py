@@ -166,3 +166,30 @@ def test_no_tool_reads_another_objects_private_attributes() -> None:
         for read in private_reads(path.read_text(), str(path))
     ]
     assert offenders == []
+
+
+def _mapped_modules() -> set[str]:
+    """The modules docs/design.md's module map names (a row may name several)."""
+    text = (SRC.parent.parent / "docs" / "design.md").read_text(encoding="utf-8")
+    section = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
+    names: set[str] = set()
+    for row in re.findall(r"^\| (`[^|]+`) \|", section, re.MULTILINE):
+        names.update(re.findall(r"`([^`]+\.py)`", row))
+    return names
+
+
+def test_the_module_map_names_every_module_and_only_those() -> None:
+    actual = {str(path.relative_to(SRC)) for path in modules()}
+    mapped = _mapped_modules()
+    assert sorted(actual - mapped) == [], "modules missing from docs/design.md's module map"
+    assert sorted(mapped - actual) == [], "the module map names modules that do not exist"
+
+
+def test_no_module_is_over_500_lines() -> None:
+    """Small modules: a concept per file (docs/design.md, "Module map")."""
+    long = {
+        str(path.relative_to(SRC)): lines
+        for path in modules()
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > 500
+    }
+    assert long == {}
