@@ -20,6 +20,7 @@ import pytest
 from dopool import ConfigurationError, Runtime, SimulatedClock
 from dopool._layout import Namespace
 from dopool._sim import loading as sc
+from dopool._sim.checks import ScenarioError
 from dopool._sim.driver import run, sweep
 from dopool._sim.measure import _counters
 from dopool._sim.metrics import Collector, Latency, percentile
@@ -30,7 +31,6 @@ from dopool._sim.scenario import (
     Kill,
     Pause,
     Scenario,
-    ScenarioError,
     Service,
 )
 from dopool._sim.storeview import StoreNotFoundError, open_view, purge, redrive

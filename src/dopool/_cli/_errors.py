@@ -10,7 +10,7 @@ import click
 
 from dopool._cli._terminal import _clean
 from dopool._errors import DopoolError, StoreLockedError
-from dopool._sim.scenario import ScenarioError
+from dopool._sim.checks import ScenarioError
 
 USAGE_EXIT = 2
 FAILURE_EXIT = 1

@@ -26,9 +26,10 @@ from dopool._cli._terminal import _console
 from dopool._cli._values import _json_text
 from dopool._cli.report import _render_report, _secs
 from dopool._sim import loading as scenarios
+from dopool._sim.checks import ScenarioError
 from dopool._sim.driver import run, sweep
 from dopool._sim.plot import check_available, plot
-from dopool._sim.scenario import Scenario, ScenarioError
+from dopool._sim.scenario import Scenario
 
 # Flags that set one scenario field each: (option name, dotted field, help).
 FIELD_FLAGS: tuple[tuple[str, str, str], ...] = (

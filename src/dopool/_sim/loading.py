@@ -10,7 +10,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from dopool._sim.scenario import LISTS, SECTIONS, Scenario, ScenarioError, Section
+from dopool._sim.checks import ScenarioError
+from dopool._sim.scenario import LISTS, SECTIONS, Scenario, Section
 
 BUILTINS = ("steady", "burst", "hot-partition", "poison", "crash-storm", "maintenance")
 

@@ -16,7 +16,14 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from dopool._errors import ConfigurationError
+from dopool._sim.checks import (
+    ScenarioError,
+    assign,
+    choice,
+    number,
+    probability,
+    text,
+)
 
 ROUTINGS = ("round-robin", "partition")
 PROCESSES = ("steady", "poisson", "bursts")
@@ -30,80 +37,6 @@ MAX_KEYS = 1_000_000
 # A storage or alarm fault that always fires would never let an instance recover or an
 # alarm land, so a run could never end: keep them below certainty.
 MAX_LIVELOCK_PROBABILITY = 0.5
-
-
-class ScenarioError(ConfigurationError):
-    """A scenario field is missing, unknown, of the wrong type or out of range.
-
-    Attributes:
-        field: the dotted path of the field (``"arrivals.rate"``), or ``""`` for the whole.
-        problem: what is wrong with it.
-        source: where the scenario came from (a file path, a flag), if known.
-    """
-
-    def __init__(self, field: str, problem: str, *, source: str | None = None) -> None:
-        self.field = field
-        self.problem = problem
-        self.source = source
-        where = f"{source}: " if source else ""
-        name = f"field '{field}'" if field else "scenario"
-        super().__init__(f"{where}{name} {problem}")
-
-    def within(self, prefix: str) -> ScenarioError:
-        """The same error for a field nested under ``prefix`` (``pauses[0]``)."""
-        path = f"{prefix}.{self.field}" if self.field else prefix
-        return ScenarioError(path, self.problem, source=self.source)
-
-    def from_source(self, source: str) -> ScenarioError:
-        return ScenarioError(self.field, self.problem, source=source)
-
-
-# -- field checks ---------------------------------------------------------------
-def _number(
-    path: str,
-    value: object,
-    *,
-    integer: bool = False,
-    minimum: float | None = None,
-    above: float | None = None,
-    maximum: float | None = None,
-) -> Any:
-    kind = "an integer" if integer else "a number"
-    if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
-        raise ScenarioError(path, f"must be {kind}, got {value!r}")
-    if not integer:
-        value = float(value)
-        if not math.isfinite(value):
-            raise ScenarioError(path, f"must be finite, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ScenarioError(path, f"must be >= {minimum:g}, got {value!r}")
-    if above is not None and value <= above:
-        raise ScenarioError(path, f"must be > {above:g}, got {value!r}")
-    if maximum is not None and value > maximum:
-        raise ScenarioError(path, f"must be <= {maximum:g}, got {value!r}")
-    return value
-
-
-def _probability(path: str, value: object, maximum: float = 1.0) -> float:
-    result: float = _number(path, value, minimum=0.0, maximum=maximum)
-    return result
-
-
-def _choice(path: str, value: object, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in choices:
-        allowed = ", ".join(repr(c) for c in choices)
-        raise ScenarioError(path, f"must be one of {allowed}, got {value!r}")
-    return value
-
-
-def _text(path: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise ScenarioError(path, f"must be a string, got {value!r}")
-    return value
-
-
-def _set(obj: object, name: str, value: object) -> None:
-    object.__setattr__(obj, name, value)
 
 
 # -- the sections -----------------------------------------------------------------
@@ -140,18 +73,18 @@ class Arrivals(Section):
     burst_interval: float = 10.0
 
     def _check(self) -> None:
-        _set(self, "process", _choice("process", self.process, PROCESSES))
-        _set(self, "rate", _number("rate", self.rate, above=0.0))
+        assign(self, "process", choice("process", self.process, PROCESSES))
+        assign(self, "rate", number("rate", self.rate, above=0.0))
         if self.total is not None:
-            _number("total", self.total, integer=True, minimum=1, maximum=MAX_EVENTS)
+            number("total", self.total, integer=True, minimum=1, maximum=MAX_EVENTS)
         if self.duration is not None:
-            _set(self, "duration", _number("duration", self.duration, above=0.0))
+            assign(self, "duration", number("duration", self.duration, above=0.0))
         if self.total is not None and self.duration is not None:
             raise ScenarioError("duration", "cannot be given together with arrivals.total")
         if self.total is None and self.duration is None:
-            _set(self, "total", DEFAULT_TOTAL)
-        _number("burst_size", self.burst_size, integer=True, minimum=1, maximum=MAX_EVENTS)
-        _set(self, "burst_interval", _number("burst_interval", self.burst_interval, above=0.0))
+            assign(self, "total", DEFAULT_TOTAL)
+        number("burst_size", self.burst_size, integer=True, minimum=1, maximum=MAX_EVENTS)
+        assign(self, "burst_interval", number("burst_interval", self.burst_interval, above=0.0))
         if self.duration is not None and self.expected_events() > MAX_EVENTS:
             raise ScenarioError(
                 "duration",
@@ -183,9 +116,9 @@ class Partitions(Section):
     hot_key_share: float = 0.0
 
     def _check(self) -> None:
-        _number("keys", self.keys, integer=True, minimum=1, maximum=MAX_KEYS)
-        _set(self, "zipf", _number("zipf", self.zipf, minimum=0.0, maximum=10.0))
-        _set(self, "hot_key_share", _probability("hot_key_share", self.hot_key_share))
+        number("keys", self.keys, integer=True, minimum=1, maximum=MAX_KEYS)
+        assign(self, "zipf", number("zipf", self.zipf, minimum=0.0, maximum=10.0))
+        assign(self, "hot_key_share", probability("hot_key_share", self.hot_key_share))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,9 +135,9 @@ class Service(Section):
     sigma: float = 0.5
 
     def _check(self) -> None:
-        _set(self, "distribution", _choice("distribution", self.distribution, DISTRIBUTIONS))
-        _set(self, "mean", _number("mean", self.mean, minimum=0.0, maximum=86_400.0))
-        _set(self, "sigma", _number("sigma", self.sigma, minimum=0.0, maximum=5.0))
+        assign(self, "distribution", choice("distribution", self.distribution, DISTRIBUTIONS))
+        assign(self, "mean", number("mean", self.mean, minimum=0.0, maximum=86_400.0))
+        assign(self, "sigma", number("sigma", self.sigma, minimum=0.0, maximum=5.0))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -220,11 +153,11 @@ class Retry(Section):
     jitter: float = 0.1
 
     def _check(self) -> None:
-        _number("max_attempts", self.max_attempts, integer=True, minimum=1, maximum=1000)
-        _set(self, "initial_delay", _number("initial_delay", self.initial_delay, minimum=0.0))
-        _set(self, "multiplier", _number("multiplier", self.multiplier, minimum=1.0))
-        _set(self, "max_delay", _number("max_delay", self.max_delay, minimum=self.initial_delay))
-        _set(self, "jitter", _probability("jitter", self.jitter))
+        number("max_attempts", self.max_attempts, integer=True, minimum=1, maximum=1000)
+        assign(self, "initial_delay", number("initial_delay", self.initial_delay, minimum=0.0))
+        assign(self, "multiplier", number("multiplier", self.multiplier, minimum=1.0))
+        assign(self, "max_delay", number("max_delay", self.max_delay, minimum=self.initial_delay))
+        assign(self, "jitter", probability("jitter", self.jitter))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,9 +174,9 @@ class Faults(Section):
 
     def _check(self) -> None:
         for name in ("crash_before_execute", "crash_after_execute", "crash_during_enqueue"):
-            _set(self, name, _probability(name, getattr(self, name)))
+            assign(self, name, probability(name, getattr(self, name)))
         for name in ("alarm_error", "storage_error"):
-            _set(self, name, _probability(name, getattr(self, name), MAX_LIVELOCK_PROBABILITY))
+            assign(self, name, probability(name, getattr(self, name), MAX_LIVELOCK_PROBABILITY))
 
     @property
     def any(self) -> bool:
@@ -259,10 +192,10 @@ class Pause:
     instance: int | None = None
 
     def __post_init__(self) -> None:
-        _set(self, "at", _number("at", self.at, minimum=0.0))
-        _set(self, "duration", _number("duration", self.duration, above=0.0))
+        assign(self, "at", number("at", self.at, minimum=0.0))
+        assign(self, "duration", number("duration", self.duration, above=0.0))
         if self.instance is not None:
-            _number("instance", self.instance, integer=True, minimum=0)
+            number("instance", self.instance, integer=True, minimum=0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -273,8 +206,8 @@ class Kill:
     instance: int = 0
 
     def __post_init__(self) -> None:
-        _set(self, "at", _number("at", self.at, minimum=0.0))
-        _number("instance", self.instance, integer=True, minimum=0)
+        assign(self, "at", number("at", self.at, minimum=0.0))
+        number("instance", self.instance, integer=True, minimum=0)
 
 
 # The tables of a scenario by name, and its arrays of tables.
@@ -325,32 +258,32 @@ class Scenario:
     kills: tuple[Kill, ...] = ()
 
     def __post_init__(self) -> None:
-        _text("name", self.name)
-        _text("description", self.description)
-        _number("seed", self.seed, integer=True, minimum=0, maximum=2**63 - 1)
-        _number("instances", self.instances, integer=True, minimum=1, maximum=MAX_INSTANCES)
-        _set(self, "routing", _choice("routing", self.routing, ROUTINGS))
+        text("name", self.name)
+        text("description", self.description)
+        number("seed", self.seed, integer=True, minimum=0, maximum=2**63 - 1)
+        number("instances", self.instances, integer=True, minimum=1, maximum=MAX_INSTANCES)
+        assign(self, "routing", choice("routing", self.routing, ROUTINGS))
         if self.duration is not None:
-            _set(self, "duration", _number("duration", self.duration, above=0.0))
+            assign(self, "duration", number("duration", self.duration, above=0.0))
         if self.max_queue_depth is not None:
-            _number("max_queue_depth", self.max_queue_depth, integer=True, minimum=1)
-        _number("payload_bytes", self.payload_bytes, integer=True, minimum=0)
+            number("max_queue_depth", self.max_queue_depth, integer=True, minimum=1)
+        number("payload_bytes", self.payload_bytes, integer=True, minimum=0)
         if self.payload_bytes > MAX_PAYLOAD_BYTES:
             raise ScenarioError(
                 "payload_bytes", f"must be <= {MAX_PAYLOAD_BYTES:,}, got {self.payload_bytes:,}"
             )
-        _set(
+        assign(
             self,
             "failure_probability",
-            _probability("failure_probability", self.failure_probability),
+            probability("failure_probability", self.failure_probability),
         )
-        _set(self, "poison_share", _probability("poison_share", self.poison_share))
+        assign(self, "poison_share", probability("poison_share", self.poison_share))
         for name, kind in SECTIONS.items():
             if not isinstance(getattr(self, name), kind):
                 raise ScenarioError(name, f"must be a {kind.__name__}, got {getattr(self, name)!r}")
         for name, kind in LISTS.items():
             items = tuple(getattr(self, name))
-            _set(self, name, items)
+            assign(self, name, items)
             for position, item in enumerate(items):
                 if not isinstance(item, kind):
                     raise ScenarioError(f"{name}[{position}]", f"must be a {kind.__name__}")
