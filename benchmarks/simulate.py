@@ -36,7 +36,7 @@ def scenario(events: int, instances: int, rate: float, seed: int) -> Scenario:
         description=f"{events:,} events on {instances} instances",
         seed=seed,
         instances=instances,
-        arrivals=Arrivals(process="poisson", rate=rate, total=events),
+        arrivals=(Arrivals(process="poisson", rate=rate, total=events),),
         service=Service(distribution="exponential", mean=0.05),
     )
 

@@ -11,7 +11,7 @@ from dopool._sim.scenario import Arrivals, Scenario
 
 @pytest.fixture(scope="module")
 def named() -> dict[str, float]:
-    scenario = Scenario(instances=2, arrivals=Arrivals(process="steady", rate=10.0, total=40))
+    scenario = Scenario(instances=2, arrivals=(Arrivals(process="steady", rate=10.0, total=40),))
     return figures(run(scenario).result)
 
 

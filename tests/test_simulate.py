@@ -22,7 +22,7 @@ from dopool._layout import Namespace
 from dopool._sim import loading as sc
 from dopool._sim.checks import ScenarioError
 from dopool._sim.driver import run, sweep
-from dopool._sim.measure import _counters
+from dopool._sim.measure import _store_checks
 from dopool._sim.metrics import Collector, Latency, percentile
 from dopool._sim.scenario import (
     DEFAULT_TOTAL,
@@ -34,7 +34,7 @@ from dopool._sim.scenario import (
     Service,
 )
 from dopool._sim.storeview import StoreNotFoundError, open_view, purge, redrive
-from dopool._sim.workload import POOL, arrivals, make_handler, service_time
+from dopool._sim.workload import POOL, Lineage, arrivals, make_handler, service_time
 from dopool._types import PoolEvent
 
 
@@ -64,8 +64,8 @@ def test_to_toml_round_trips(name: str) -> None:
 
 def test_defaults_make_a_valid_scenario() -> None:
     scenario = Scenario()
-    assert scenario.arrivals.total == DEFAULT_TOTAL
-    assert scenario.arrivals.duration is None
+    assert scenario.arrivals[0].total == DEFAULT_TOTAL
+    assert scenario.arrivals[0].duration is None
 
 
 @pytest.mark.parametrize(
@@ -150,7 +150,7 @@ def test_overrides_parse_flag_text_and_name_the_field() -> None:
         },
     )
     assert changed.instances == 16
-    assert changed.arrivals.rate == 80.5
+    assert changed.arrivals[0].rate == 80.5
     assert changed.max_queue_depth == 100
     assert changed.faults.crash_before_execute == 0.01
     assert sc.with_overrides(changed, {"max_queue_depth": "none"}).max_queue_depth is None
@@ -169,9 +169,9 @@ def test_overrides_parse_flag_text_and_name_the_field() -> None:
 def test_total_and_duration_replace_each_other() -> None:
     base = sc.builtin("steady")
     by_time = sc.with_overrides(base, {"arrivals.duration": "30"})
-    assert (by_time.arrivals.total, by_time.arrivals.duration) == (None, 30.0)
+    assert (by_time.arrivals[0].total, by_time.arrivals[0].duration) == (None, 30.0)
     by_count = sc.with_overrides(by_time, {"arrivals.total": "40"})
-    assert (by_count.arrivals.total, by_count.arrivals.duration) == (40, None)
+    assert (by_count.arrivals[0].total, by_count.arrivals[0].duration) == (40, None)
 
 
 def test_numeric_fields_are_what_a_sweep_may_vary() -> None:
@@ -183,19 +183,19 @@ def test_numeric_fields_are_what_a_sweep_may_vary() -> None:
 
 # -- the workload ---------------------------------------------------------------------
 def test_steady_arrivals_are_evenly_spaced() -> None:
-    scenario = Scenario(arrivals=Arrivals(process="steady", rate=4.0, total=8))
+    scenario = Scenario(arrivals=(Arrivals(process="steady", rate=4.0, total=8),))
     assert [a.time for a in arrivals(scenario)] == [n / 4 for n in range(8)]
     assert [a.event_id for a in arrivals(scenario)] == list(range(8))
 
 
 def test_bursts_arrive_together_until_the_duration() -> None:
     spec = Arrivals(process="bursts", burst_size=3, burst_interval=5.0, duration=12.0)
-    times = [a.time for a in arrivals(Scenario(arrivals=spec))]
+    times = [a.time for a in arrivals(Scenario(arrivals=(spec,)))]
     assert times == [0.0] * 3 + [5.0] * 3 + [10.0] * 3
 
 
 def test_poisson_arrivals_have_the_mean_rate_and_repeat_with_the_seed() -> None:
-    scenario = Scenario(seed=3, arrivals=Arrivals(rate=10.0, duration=200.0))
+    scenario = Scenario(seed=3, arrivals=(Arrivals(rate=10.0, duration=200.0),))
     first = arrivals(scenario)
     assert 1800 < len(first) < 2200
     assert all(a.time < 200.0 for a in first)
@@ -218,7 +218,7 @@ def test_partition_keys_follow_the_hot_share_and_the_skew() -> None:
 
 
 def test_poison_share_marks_events() -> None:
-    scenario = Scenario(poison_share=0.1, arrivals=Arrivals(total=2000))
+    scenario = Scenario(poison_share=0.1, arrivals=(Arrivals(total=2000),))
     share = sum(a.poison for a in arrivals(scenario)) / 2000
     assert 0.08 < share < 0.12
 
@@ -227,7 +227,7 @@ def test_poison_share_marks_events() -> None:
 def test_service_time_distributions_have_the_mean(distribution: str) -> None:
     scenario = Scenario(service=Service(distribution=distribution, mean=0.2, sigma=0.5))
     rng = random.Random(1)
-    draws = [service_time(scenario, rng) for _ in range(20_000)]
+    draws = [service_time(scenario.service, rng) for _ in range(20_000)]
     assert math.isclose(sum(draws) / len(draws), 0.2, rel_tol=0.03)
     assert all(d >= 0 for d in draws)
     if distribution == "fixed":
@@ -236,7 +236,8 @@ def test_service_time_distributions_have_the_mean(distribution: str) -> None:
 
 def test_the_handler_is_a_pure_function_of_seed_event_and_attempt(tmp_path: Path) -> None:
     scenario = Scenario(failure_probability=0.5, service=Service(distribution="fixed", mean=1.0))
-    handle = make_handler(scenario)
+    design = scenario.pool(None)
+    handle = make_handler(scenario.seed, design, {design.name: design}, Lineage())
     outcomes: list[tuple[int, int, float, str | None]] = []
     with Runtime.simulated(tmp_path / "s") as runtime:
         clock = runtime.clock
@@ -456,15 +457,14 @@ def test_the_counters_invariant_reports_the_stores_broken_invariants() -> None:
         pool = runtime.define(POOL, execute=lambda ctx: None, concurrency=2)
         pool.pause()
         pool.enqueue_many(range(4))
-        assert _counters(runtime, pool, collector).passed
+        assert _store_checks(runtime, pool, collector) == (0, [])
         with runtime._store.write() as txn:
             namespace = Namespace(POOL, 1)
             meta = namespace.load_meta(txn)
             meta.enqueued += 1
             namespace.save_meta(txn, meta)
-        check = _counters(runtime, pool, collector)
-    assert not check.passed
-    assert check.detail == "sim:1: enqueued 3 != succeeded + dead_lettered + drained + pending = 2"
+        _, problems = _store_checks(runtime, pool, collector)
+    assert problems == ["sim:1: enqueued 3 != succeeded + dead_lettered + drained + pending = 2"]
 
 
 # -- stores from outside --------------------------------------------------------------------

@@ -9,7 +9,7 @@ from rich.text import Text
 
 from dopool._cli._terminal import _clean
 from dopool._sim.driver import Run
-from dopool._sim.metrics import Result
+from dopool._sim.metrics import Latency, Result
 from dopool._sim.scenario import Scenario
 
 MAX_INSTANCE_ROWS = 64
@@ -41,7 +41,8 @@ def _render_report(out: Console, chosen: Scenario, finished: Run) -> None:
     summary.add_row(
         "events",
         f"{result.offered:,} offered · {result.acknowledged:,} enqueued · "
-        f"{result.succeeded:,} succeeded · {result.dead_lettered:,} dead-lettered · "
+        + (f"{result.follow_ups:,} follow-ups · " if result.requests else "")
+        + f"{result.succeeded:,} succeeded · {result.dead_lettered:,} dead-lettered · "
         f"{result.pending:,} pending · {result.lost:,} lost",
     )
     summary.add_row(
@@ -50,20 +51,32 @@ def _render_report(out: Console, chosen: Scenario, finished: Run) -> None:
         f"{result.failed:,} failed enqueues (instance crashed, nothing stored)"
         + (f" · {result.waiting:,} enqueues still waiting" if result.waiting else ""),
     )
-    routing = chosen.routing
+    pools = chosen.resolved_pools
+    shape = (
+        f"{pools[0].instances} instances, {pools[0].routing} routing"
+        if len(pools) == 1
+        else f"{len(pools)} pools, {sum(p.instances for p in pools)} instances"
+    )
     summary.add_row(
         "throughput",
         f"{result.throughput:,.1f} events/s over {result.virtual_time:,.1f} virtual s "
-        f"({chosen.instances} instances, {routing} routing"
+        f"({shape}"
         + ("" if result.finished else ", stopped before every event was processed")
         + ")",
     )
     latency = result.latency
     summary.add_row(
         "latency",
-        f"p50 {_secs(latency.p50)} · p95 {_secs(latency.p95)} · p99 {_secs(latency.p99)} · "
-        f"max {_secs(latency.max)}  (arrival to success, virtual, {latency.count:,} events)",
+        f"{_percentiles(latency)}  (arrival to success, virtual, {latency.count:,} events)",
     )
+    requests = result.requests
+    if requests is not None:
+        summary.add_row(
+            "end to end",
+            f"{_percentiles(requests.latency)}  (arrival to the success of the last event it "
+            f"caused; {requests.completed:,} requests completed, {requests.failed:,} failed, "
+            f"{requests.unfinished:,} unfinished)",
+        )
     wait = result.enqueue_wait
     summary.add_row(
         "enqueue wait",
@@ -77,6 +90,8 @@ def _render_report(out: Console, chosen: Scenario, finished: Run) -> None:
     )
     out.print(summary)
     out.print()
+    if len(result.pools) > 1:
+        out.print(_pools_table(result))
     out.print(_instances_table(result))
     out.print(_invariants_table(result))
     if result.dead_letters:
@@ -91,8 +106,40 @@ def _render_report(out: Console, chosen: Scenario, finished: Run) -> None:
     )
 
 
+def _percentiles(latency: Latency) -> str:
+    return (
+        f"p50 {_secs(latency.p50)} · p95 {_secs(latency.p95)} · p99 {_secs(latency.p99)} · "
+        f"max {_secs(latency.max)}"
+    )
+
+
+def _pools_table(result: Result) -> Table:
+    table = Table(title="pools", title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("pool")
+    for name in ("offered", "enqueued", "succeeded", "dead", "pending", "retries"):
+        table.add_column(name, justify="right")
+    for name in ("p50", "p99"):
+        table.add_column(name, justify="right")
+    table.add_column("utilisation", no_wrap=True)
+    for pool in result.pools:
+        table.add_row(
+            _clean(pool.name),
+            f"{pool.offered:,}",
+            f"{pool.enqueued:,}",
+            f"{pool.succeeded:,}",
+            f"{pool.dead_lettered:,}",
+            f"{pool.pending:,}",
+            f"{pool.retries:,}",
+            _secs(pool.latency.p50),
+            _secs(pool.latency.p99),
+            f"{_bar(pool.utilisation)} {pool.utilisation:4.0%}",
+        )
+    return table
+
+
 def _instances_table(result: Result) -> Table:
     table = Table(title="instances", title_justify="left", box=box.SIMPLE_HEAD)
+    several = len(result.pools) > 1
     for name in ("instance", "enqueued", "succeeded", "dead", "pending", "attempts"):
         table.add_column(name, justify="right")
     table.add_column("crashes", justify="right")
@@ -102,7 +149,7 @@ def _instances_table(result: Result) -> Table:
     for item in result.instances[:MAX_INSTANCE_ROWS]:
         style = "bold red" if peak > 1 and item.max_depth == peak else ""
         table.add_row(
-            str(item.index),
+            _clean(f"{item.pool}:{item.index}") if several else str(item.index),
             f"{item.enqueued:,}",
             f"{item.succeeded:,}",
             f"{item.dead_lettered:,}",

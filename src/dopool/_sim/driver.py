@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from dopool._sim.loading import with_overrides
 from dopool._sim.measure import measure
 from dopool._sim.metrics import Collector, Result
 from dopool._sim.scenario import Scenario
-from dopool._sim.workload import POOL, Arrival, arrivals, make_event, make_handler
+from dopool._sim.workload import Arrival, Lineage, arrivals, make_event, make_handler
 from dopool._validation import prepare
 from dopool.chaos import FaultPlan
 
@@ -116,33 +117,38 @@ def _run(
     )
     stopped = False
     try:
-        collector = Collector(POOL, scenario.instances)
-        runtime.subscribe(collector)
-        spec = scenario.retry
-        pool = runtime.define(
-            POOL,
-            execute=make_handler(scenario),
-            concurrency=scenario.instances,
-            retry=RetryPolicy(
-                max_attempts=spec.max_attempts,
-                initial_delay=spec.initial_delay,
-                multiplier=spec.multiplier,
-                max_delay=spec.max_delay,
-                jitter=spec.jitter,
-            ),
-            max_queue_depth=scenario.max_queue_depth,
-        )
+        designs = {pool.name: pool for pool in scenario.resolved_pools}
+        collectors = {name: Collector(name, pool.instances) for name, pool in designs.items()}
+        lineage = Lineage()
+        pools: dict[str, WorkerPool] = {}
+        for name, design in designs.items():
+            runtime.subscribe(collectors[name])
+            spec = design.retry
+            pools[name] = runtime.define(
+                name,
+                execute=make_handler(scenario.seed, design, designs, lineage),
+                concurrency=design.instances,
+                retry=RetryPolicy(
+                    max_attempts=spec.max_attempts,
+                    initial_delay=spec.initial_delay,
+                    multiplier=spec.multiplier,
+                    max_delay=spec.max_delay,
+                    jitter=spec.jitter,
+                ),
+                max_queue_depth=design.max_queue_depth,
+            )
         schedule = arrivals(scenario)
         futures: list[tuple[Arrival, Reply]] = []
-        padding = b"\0" * scenario.payload_bytes
+        padding = {name: b"\0" * design.payload_bytes for name, design in designs.items()}
         upcoming = iter(schedule)
 
         def arrive(arrival: Arrival) -> None:
             # One arrival per callback, and it schedules the next: the heap stays small.
             if stopped:
                 return
-            event = make_event(arrival, padding)
-            futures.append((arrival, _submit(pool, event, arrival.partition_key)))
+            event = make_event(arrival, padding[arrival.pool])
+            reply = _submit(pools[arrival.pool], event, arrival.partition_key)
+            futures.append((arrival, reply))
             following = next(upcoming, None)
             if following is not None:
                 clock.call_at(following.time, lambda: arrive(following))
@@ -150,7 +156,7 @@ def _run(
         first = next(upcoming, None)
         if first is not None:
             clock.call_at(first.time, lambda: arrive(first))
-        _schedule_controls(scenario, runtime, pool, clock, lambda: stopped)
+        _schedule_controls(scenario, runtime, pools, clock, lambda: stopped)
 
         limit = math.inf if scenario.duration is None else scenario.duration
         expected = len(schedule)
@@ -158,12 +164,14 @@ def _run(
         while clock.step(limit):
             steps += 1
             if progress is not None and steps % PROGRESS_EVERY == 0:
-                progress(clock.now(), _processed(collector), expected)
+                progress(clock.now(), _processed(collectors), expected)
         if scenario.duration is not None:
             clock.run_until(scenario.duration)
         if progress is not None:
-            progress(clock.now(), _processed(collector), expected)
-        return measure(scenario, runtime, pool, collector, futures, expected, clock.now())
+            progress(clock.now(), _processed(collectors), expected)
+        return measure(
+            scenario, runtime, pools, collectors, lineage, futures, expected, clock.now()
+        )
     finally:
         stopped = True  # callbacks still scheduled must do nothing while close() drives the clock
         runtime.close()
@@ -180,35 +188,39 @@ def _submit(pool: WorkerPool, event: Any, partition_key: str | None) -> Reply:
     return _ports.submit(pool, item, partition_key)
 
 
-def _processed(collector: Collector) -> int:
-    return collector.counts.get("succeeded", 0) + collector.counts.get("dead_lettered", 0)
+def _processed(collectors: dict[str, Collector]) -> int:
+    return sum(
+        c.counts.get("succeeded", 0) + c.counts.get("dead_lettered", 0) for c in collectors.values()
+    )
 
 
 def _schedule_controls(
     scenario: Scenario,
     runtime: Runtime,
-    pool: WorkerPool,
+    pools: dict[str, WorkerPool],
     clock: SimulatedClock,
     stopped: Callable[[], bool],
 ) -> None:
     """Pauses, resumes and kills, one instance per callback, none of them waiting."""
 
-    def send(message: type[Pause] | type[Resume], index: int) -> None:
+    def send(pool: WorkerPool, message: type[Pause] | type[Resume], index: int) -> None:
         if not stopped():
             _ports.send(pool, index, message)  # the answer is not awaited
 
-    def kill(index: int) -> None:
+    def kill(name: str, index: int) -> None:
         if not stopped():
-            runtime.kill(POOL, index)
+            runtime.kill(name, index)
 
-    everyone = range(scenario.instances)
     for pause in scenario.pauses:
-        targets = everyone if pause.instance is None else [pause.instance]
+        design = scenario.pool(pause.pool)
+        pool = pools[design.name]
+        targets = range(design.instances) if pause.instance is None else [pause.instance]
         for index in targets:
-            clock.call_at(pause.at, lambda i=index: send(Pause, i))  # type: ignore[misc]
-            clock.call_at(pause.at + pause.duration, lambda i=index: send(Resume, i))  # type: ignore[misc]
+            clock.call_at(pause.at, partial(send, pool, Pause, index))
+            clock.call_at(pause.at + pause.duration, partial(send, pool, Resume, index))
     for planned in scenario.kills:
-        clock.call_at(planned.at, lambda i=planned.instance: kill(i))  # type: ignore[misc]
+        name = scenario.pool(planned.pool).name
+        clock.call_at(planned.at, partial(kill, name, planned.instance))
 
 
 # -- sweeps -----------------------------------------------------------------------------

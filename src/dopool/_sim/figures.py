@@ -41,6 +41,50 @@ DESCRIPTIONS: dict[str, str] = {
 }
 
 
+#: Each pool's figures, named ``<pool>.<figure>`` in a scenario with several pools.
+POOL_DESCRIPTIONS: dict[str, str] = {
+    "offered": "arrivals into the pool",
+    "enqueued": "events stored into the pool, follow-ups included",
+    "succeeded": "the pool's events that succeeded",
+    "dead_lettered": "the pool's events dead-lettered",
+    "pending": "the pool's events still pending at the end",
+    "retries": "the pool's retries",
+    "crashes": "the pool's instance crashes",
+    "utilisation": "the pool's instances' mean busy share",
+    "max_queue_depth": "the deepest any of its instances' queues got",
+    "mean": "mean latency in the pool, arrival (or a follow-up's being stored) to success",
+    "p50": "median latency in the pool",
+    "p95": "95th percentile latency in the pool",
+    "p99": "99th percentile latency in the pool",
+    "max": "largest latency in the pool",
+}
+
+#: End to end, named ``e2e.<figure>``, in a scenario with follow-ups.
+E2E_DESCRIPTIONS: dict[str, str] = {
+    "completed": "requests (an arrival and every event it caused) that all succeeded",
+    "failed": "requests with an event dead-lettered",
+    "unfinished": "requests with events still pending or in flight at the end",
+    "mean": "mean end-to-end latency: arrival to the success of the last event it caused",
+    "p50": "median end-to-end latency",
+    "p95": "95th percentile end-to-end latency",
+    "p99": "99th percentile end-to-end latency",
+    "max": "largest end-to-end latency",
+}
+
+
+def describe(result: Result) -> dict[str, str]:
+    """What each of ``result``'s figures means, by name, in the order :func:`figures` gives."""
+    described = dict(DESCRIPTIONS)
+    if len(result.pools) > 1:
+        for pool in result.pools:
+            described.update(
+                {f"{pool.name}.{name}": text for name, text in POOL_DESCRIPTIONS.items()}
+            )
+    if result.requests is not None:
+        described.update({f"e2e.{name}": text for name, text in E2E_DESCRIPTIONS.items()})
+    return described
+
+
 def _latency(prefix: str, latency: Latency) -> dict[str, float]:
     return {
         f"{prefix}mean": latency.mean,
@@ -52,7 +96,7 @@ def _latency(prefix: str, latency: Latency) -> dict[str, float]:
 
 
 def figures(result: Result) -> dict[str, float]:
-    """Every figure of ``result`` by name (see :data:`DESCRIPTIONS`)."""
+    """Every figure of ``result`` by name (see :func:`describe`)."""
     shares = [instance.utilisation for instance in result.instances]
     named: dict[str, float] = {
         "offered": result.offered,
@@ -76,4 +120,31 @@ def figures(result: Result) -> dict[str, float]:
     wait = result.enqueue_wait
     named.update({"wait.mean": wait.mean, "wait.p99": wait.p99, "wait.max": wait.max})
     named["invariants_passed"] = 1.0 if result.passed else 0.0
+    if len(result.pools) > 1:
+        for pool in result.pools:
+            prefix = f"{pool.name}."
+            named.update(
+                {
+                    f"{prefix}offered": pool.offered,
+                    f"{prefix}enqueued": pool.enqueued,
+                    f"{prefix}succeeded": pool.succeeded,
+                    f"{prefix}dead_lettered": pool.dead_lettered,
+                    f"{prefix}pending": pool.pending,
+                    f"{prefix}retries": pool.retries,
+                    f"{prefix}crashes": pool.crashes,
+                    f"{prefix}utilisation": pool.utilisation,
+                    f"{prefix}max_queue_depth": pool.max_depth,
+                    **_latency(prefix, pool.latency),
+                }
+            )
+    requests = result.requests
+    if requests is not None:
+        named.update(
+            {
+                "e2e.completed": requests.completed,
+                "e2e.failed": requests.failed,
+                "e2e.unfinished": requests.unfinished,
+                **_latency("e2e.", requests.latency),
+            }
+        )
     return {name: float(value) for name, value in named.items()}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import MISSING, fields, replace
@@ -11,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from dopool._sim.checks import ScenarioError
-from dopool._sim.scenario import LISTS, SECTIONS, Scenario, Section
+from dopool._sim.pools import POOL_FIELDS, POOL_SECTIONS, Pool, PoolTable
+from dopool._sim.scenario import LISTS, SECTIONS, Arrivals, Scenario
+from dopool._sim.sections import Section
 
 BUILTINS = ("steady", "burst", "hot-partition", "poison", "crash-storm", "maintenance")
 
@@ -25,8 +28,12 @@ def from_mapping(data: Mapping[str, Any]) -> Scenario:
     _refuse_unknown("", data, top)
     arguments: dict[str, Any] = {}
     for key, value in data.items():
-        if key in SECTIONS:
+        if key == "arrivals":
+            arguments[key] = _streams(value)
+        elif key in SECTIONS:
             arguments[key] = _build(key, SECTIONS[key], value)
+        elif key == "pools":
+            arguments[key] = _pool_tables(value)
         elif key in LISTS:
             if not isinstance(value, list):
                 raise ScenarioError(key, f"must be an array of tables ([[{key}]]), got {value!r}")
@@ -40,11 +47,46 @@ def from_mapping(data: Mapping[str, Any]) -> Scenario:
     return scenario
 
 
-def _build(path: str, kind: type[Any], value: object) -> Any:
+def _streams(value: object) -> tuple[Arrivals, ...]:
+    """``[arrivals]`` (one stream) or ``[[arrivals]]`` (several)."""
+    if isinstance(value, list):
+        if not value:
+            raise ScenarioError("arrivals", "must list at least one arrival stream")
+        if len(value) == 1:  # named as one stream is: ``arrivals.rate``
+            return (_build("arrivals", Arrivals, value[0]),)
+        return tuple(
+            _build(f"arrivals[{position}]", Arrivals, item, nested=True)
+            for position, item in enumerate(value)
+        )
+    return (_build("arrivals", Arrivals, value),)
+
+
+def _pool_tables(value: object) -> tuple[PoolTable, ...]:
+    if not isinstance(value, list):
+        raise ScenarioError("pools", f"must be an array of tables ([[pools]]), got {value!r}")
+    tables = []
+    for position, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            raise ScenarioError(f"pools[{position}]", f"must be a table, got {item!r}")
+        if "name" not in item:
+            raise ScenarioError(f"pools[{position}].name", "is required")
+        settings = {key: item[key] for key in item if key != "name"}
+        tables.append(PoolTable(item["name"], settings))
+    return tuple(tables)
+
+
+def _build(path: str, kind: type[Any], value: object, *, nested: bool = False) -> Any:
     if not isinstance(value, Mapping):
         raise ScenarioError(path, f"must be a table, got {value!r}")
     _refuse_unknown(path, value, {f.name for f in fields(kind)})
-    return _construct(path, kind, dict(value))
+    try:
+        return _construct(path, kind, dict(value))
+    except ScenarioError as exc:
+        if not nested:
+            raise
+        # A section names its fields ``arrivals.x``; in an array they are ``arrivals[k].x``.
+        inner = exc.field.split(".", 1)[1] if "." in exc.field else ""
+        raise ScenarioError(f"{path}.{inner}" if inner else path, exc.problem) from None
 
 
 def _construct(path: str, kind: type[Any], arguments: dict[str, Any]) -> Any:
@@ -117,48 +159,91 @@ def resolve(name_or_path: str) -> Scenario:
 
 
 # -- overrides (flags) --------------------------------------------------------------
+_STREAM = re.compile(r"arrivals\[(\d+)\]")
+
+
+def _split(path: str) -> tuple[str, list[str]]:
+    """``(where, rest)``: where a dotted path points (``""`` the top, ``arrivals``,
+    ``arrivals[k]``, a section, or ``pools.NAME``) and the names after it.
+
+    A pool's path is read from the right (``pools.NAME.field`` or
+    ``pools.NAME.section.field``), so a pool name may hold dots.
+    """
+    parts = path.split(".")
+    if parts[0] == "pools":
+        if len(parts) >= 4 and parts[-2] in POOL_SECTIONS:
+            return "pools." + ".".join(parts[1:-2]), parts[-2:]
+        if len(parts) >= 3:
+            return "pools." + ".".join(parts[1:-1]), parts[-1:]
+        raise ScenarioError(path, "names a pool's setting as 'pools.NAME.field'")
+    if len(parts) == 2 and (parts[0] in SECTIONS or _STREAM.fullmatch(parts[0])):
+        return parts[0], parts[1:]
+    return "", parts
+
+
 def _field_kind(path: str) -> tuple[type[Any], str, str]:
     """``(dataclass, field name, annotation)`` of a dotted path, or a ScenarioError."""
-    parts = path.split(".")
-    if len(parts) == 1:
-        kind: type[Any] = Scenario
-        name = parts[0]
-    elif len(parts) == 2 and parts[0] in SECTIONS:
-        kind, name = SECTIONS[parts[0]], parts[1]
-    elif parts[0] in LISTS:
-        raise ScenarioError(parts[0], "can only be set in a scenario file")
+    where, rest = _split(path)
+    if where.startswith("pools."):
+        if len(rest) == 2:
+            kind: type[Any] = POOL_SECTIONS[rest[0]]
+        elif rest[0] in POOL_FIELDS:
+            kind = Pool
+        else:
+            raise ScenarioError(
+                path, _not_a_field(path, f"is not a pool setting ({', '.join(POOL_FIELDS)})")
+            )
+        name = rest[-1]
+    elif where:
+        kind = Arrivals if where.startswith("arrivals") else SECTIONS[where]
+        name = rest[0]
+    elif len(rest) == 1:
+        kind, name = Scenario, rest[0]
+    elif rest[0] in LISTS:
+        raise ScenarioError(rest[0], "can only be set in a scenario file")
     else:
-        raise ScenarioError(path, "is not a scenario field")
+        raise ScenarioError(path, _not_a_field(path))
     specs = {f.name: f for f in fields(kind)}
-    if name in SECTIONS or name in LISTS:
-        if name in LISTS:
-            raise ScenarioError(name, "can only be set in a scenario file")
+    if kind is Scenario and name in ("pools", *LISTS):
+        raise ScenarioError(name, "can only be set in a scenario file")
+    if kind is Scenario and name in SECTIONS:
         raise ScenarioError(
             name, f"is a table; set one of its fields, e.g. '{name}.{_first(name)}'"
         )
-    if name not in specs:
-        close = difflib.get_close_matches(path, settable_fields(), n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ScenarioError(path, f"is not a scenario field{hint}")
+    if name not in specs or (kind is Pool and name == "name"):
+        raise ScenarioError(path, _not_a_field(path))
     return kind, name, str(specs[name].type)
+
+
+def _not_a_field(path: str, problem: str = "is not a scenario field") -> str:
+    close = difflib.get_close_matches(path, settable_fields(), n=1)
+    return problem + (f" (did you mean '{close[0]}'?)" if close else "")
 
 
 def _first(section: str) -> str:
     return fields(SECTIONS[section])[0].name
 
 
-def settable_fields() -> list[str]:
-    """Every dotted path a flag can set."""
-    paths = [f.name for f in fields(Scenario) if f.name not in SECTIONS and f.name not in LISTS]
+def settable_fields(scenario: Scenario | None = None) -> list[str]:
+    """Every dotted path a flag can set (a pool's too, given the scenario)."""
+    paths = [
+        f.name
+        for f in fields(Scenario)
+        if f.name not in SECTIONS and f.name not in LISTS and f.name != "pools"
+    ]
     for section, kind in SECTIONS.items():
         paths.extend(f"{section}.{f.name}" for f in fields(kind))
+    for table in () if scenario is None else scenario.pools:
+        paths.extend(f"pools.{table.name}.{name}" for name in POOL_FIELDS)
+        for section, kind in POOL_SECTIONS.items():
+            paths.extend(f"pools.{table.name}.{section}.{f.name}" for f in fields(kind))
     return paths
 
 
-def numeric_fields() -> list[str]:
+def numeric_fields(scenario: Scenario | None = None) -> list[str]:
     """Every dotted path that holds a number (what ``--sweep`` accepts)."""
     result = []
-    for path in settable_fields():
+    for path in settable_fields(scenario):
         annotation = _field_kind(path)[2]
         if annotation.startswith(("int", "float")):
             result.append(path)
@@ -188,22 +273,60 @@ def parse_value(path: str, text: str) -> Any:
 def with_overrides(scenario: Scenario, overrides: Mapping[str, Any]) -> Scenario:
     """A copy with dotted-path fields replaced (values already typed, or flag text).
 
-    Setting one of ``arrivals.total`` / ``arrivals.duration`` clears the other
-    unless both are given.
+    ``arrivals.x`` sets the only arrival stream's field (``arrivals[k].x`` one of
+    several); ``pools.NAME.x`` a pool's. Setting one of a stream's ``total`` /
+    ``duration`` clears the other unless both are given.
     """
     data = scenario.to_dict()
     for path, raw in overrides.items():
         _field_kind(path)
         value = parse_value(path, raw) if isinstance(raw, str) else raw
-        parts = path.split(".")
-        target = data if len(parts) == 1 else data[parts[0]]
-        target[parts[-1]] = value
-    arrivals = data["arrivals"]
-    if "arrivals.total" in overrides and "arrivals.duration" not in overrides:
-        arrivals["duration"] = None
-    if "arrivals.duration" in overrides and "arrivals.total" not in overrides:
-        arrivals["total"] = None
+        where, rest = _split(path)
+        target = _table(data, where, path)
+        for name in rest[:-1]:
+            target = target.setdefault(name, {})
+        target[rest[-1]] = value
+    for position, stream in enumerate(data["arrivals"]):
+        prefixes = ("arrivals", f"arrivals[{position}]")
+        given = {path.rsplit(".", 1)[1] for path in overrides if path.rsplit(".", 1)[0] in prefixes}
+        if "total" in given and "duration" not in given:
+            stream["duration"] = None
+        if "duration" in given and "total" not in given:
+            stream["total"] = None
     return from_mapping(_without_none(data))
+
+
+def _table(data: dict[str, Any], where: str, path: str) -> dict[str, Any]:
+    """The part of ``data`` (a scenario's ``to_dict``) that ``where`` names."""
+    if not where:
+        return data
+    if where.startswith("pools."):
+        name = where.removeprefix("pools.")
+        for table in data["pools"]:
+            if table["name"] == name:
+                found: dict[str, Any] = table
+                return found
+        names = ", ".join(repr(t["name"]) for t in data["pools"]) or "none: it has no [[pools]]"
+        raise ScenarioError(path, f"names no pool of the scenario (its pools: {names})")
+    streams = data["arrivals"]
+    match = _STREAM.fullmatch(where)
+    if match is None and where == "arrivals":
+        if len(streams) != 1:
+            raise ScenarioError(
+                path,
+                f"is ambiguous: the scenario has {len(streams)} arrival streams; "
+                "name one as 'arrivals[k].field'",
+            )
+        first: dict[str, Any] = streams[0]
+        return first
+    if match is not None:
+        position = int(match.group(1))
+        if position >= len(streams):
+            raise ScenarioError(path, f"names no arrival stream (the scenario has {len(streams)})")
+        chosen: dict[str, Any] = streams[position]
+        return chosen
+    section: dict[str, Any] = data[where]
+    return section
 
 
 def _without_none(data: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,9 @@
-"""The end of a run: what the pool answered each arrival, the figures and the invariants."""
+"""The end of a run: what the pools answered each arrival, the figures and the invariants."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from dopool import _ports
 from dopool._errors import DopoolError, QueueFullError
@@ -8,12 +11,22 @@ from dopool._invariants import read_instance, violations
 from dopool._messages import Reply
 from dopool._pool import WorkerPool
 from dopool._runtime import Runtime
-from dopool._sim.metrics import Collector, InstanceResult, Invariant, Latency, Result
+from dopool._sim.metrics import (
+    Collector,
+    InstanceResult,
+    Invariant,
+    Latency,
+    PoolResult,
+    Requests,
+    Result,
+)
 from dopool._sim.scenario import Scenario
-from dopool._sim.workload import POOL, Arrival
-from dopool._types import EnqueueResult
+from dopool._sim.workload import Arrival, Lineage
+from dopool._types import EnqueueResult, PoolStatus
 
 MAX_DEAD_LETTERS_LISTED = 20
+
+Key = tuple[int, int]  # (instance index, sequence) within one pool
 
 
 def _answer(reply: Reply) -> EnqueueResult | DopoolError | None:
@@ -32,87 +45,145 @@ def _answer(reply: Reply) -> EnqueueResult | DopoolError | None:
     return result
 
 
+@dataclass(slots=True)
+class _Answers:
+    """What the pools answered the arrivals: the stored ones by pool, and the others."""
+
+    arrived_at: dict[str, dict[Key, float]] = field(default_factory=dict)
+    request_of: dict[tuple[str, Key], int] = field(default_factory=dict)
+    offered: dict[str, int] = field(default_factory=dict)
+    rejected: dict[str, int] = field(default_factory=dict)
+    failed: int = 0
+    waiting: int = 0
+
+    def add(self, arrival: Arrival, reply: Reply) -> None:
+        pool = arrival.pool
+        self.offered[pool] = self.offered.get(pool, 0) + 1
+        answer = _answer(reply)
+        if answer is None:
+            self.waiting += 1
+        elif isinstance(answer, QueueFullError):
+            self.rejected[pool] = self.rejected.get(pool, 0) + 1
+        elif isinstance(answer, DopoolError):
+            self.failed += 1  # the instance crashed during the enqueue: nothing was stored
+        else:
+            key = (answer.instance_index, answer.sequence)
+            self.arrived_at.setdefault(pool, {})[key] = arrival.time
+            self.request_of[(pool, key)] = arrival.event_id
+
+
 def measure(
     scenario: Scenario,
     runtime: Runtime,
-    pool: WorkerPool,
-    collector: Collector,
+    pools: Mapping[str, WorkerPool],
+    collectors: Mapping[str, Collector],
+    lineage: Lineage,
     futures: list[tuple[Arrival, Reply]],
     expected: int,
     now: float,
 ) -> Result:
     """The run's :class:`Result`, read at virtual time ``now`` once the clock has stopped."""
-    arrived_at: dict[tuple[int, int], float] = {}
-    rejected = failed = waiting = 0
+    answers = _Answers()
     for arrival, reply in futures:
-        answer = _answer(reply)
-        if answer is None:
-            waiting += 1
-        elif isinstance(answer, QueueFullError):
-            rejected += 1
-        elif isinstance(answer, DopoolError):
-            failed += 1  # the instance crashed during the enqueue: nothing was stored
-        else:
-            arrived_at[(answer.instance_index, answer.sequence)] = arrival.time
-    acknowledged = set(arrived_at)
-    latencies = [
-        collector.succeeded_at[key] - at
-        for key, at in arrived_at.items()
-        if key in collector.succeeded_at
-    ]
-    waits = [
-        collector.enqueued_at[key] - at
-        for key, at in arrived_at.items()
-        if key in collector.enqueued_at
-    ]
-    status = pool.status()
-    accounted = collector.succeeded | collector.dead | collector.pending_keys()
-    missing = acknowledged - accounted
-    lost = len(acknowledged) - (
-        status.succeeded + status.dead_lettered + status.pending + status.drained
-    )
+        answers.add(arrival, reply)
+    elapsed = max(now, 0.0)
+    results: list[PoolResult] = []
+    latencies: list[float] = []
+    waits: list[float] = []
+    missing: list[str] = []
+    outbox = 0
+    problems: list[str] = []
+    statuses = {name: pool.status() for name, pool in pools.items()}
+    for name, pool in pools.items():
+        collector, status = collectors[name], statuses[name]
+        arrived = answers.arrived_at.get(name, {})
+        mine = [
+            collector.succeeded_at[key] - arrived.get(key, collector.enqueued_at.get(key, 0.0))
+            for key in collector.succeeded_at
+        ]
+        latencies.extend(mine)
+        waits.extend(
+            collector.enqueued_at[key] - at
+            for key, at in arrived.items()
+            if key in collector.enqueued_at
+        )
+        accounted = collector.succeeded | collector.dead | collector.pending_keys()
+        missing.extend(f"{name}:{i}#{s}" for i, s in sorted(set(arrived) - accounted))
+        held, found = _store_checks(runtime, pool, collector)
+        outbox += held
+        problems.extend(found)
+        instances = [
+            InstanceResult(
+                pool=name,
+                index=s.index,
+                enqueued=s.enqueued,
+                succeeded=s.succeeded,
+                dead_lettered=s.dead_lettered,
+                pending=s.pending,
+                started=track.started,
+                crashes=track.crashes,
+                restarts=s.restarts,
+                max_depth=track.max_depth,
+                utilisation=_busy(track.busy, track.busy_since, now) / elapsed if elapsed else 0.0,
+            )
+            for s, track in zip(status.instances, collector.tracks, strict=True)
+        ]
+        results.append(
+            PoolResult(
+                name=name,
+                offered=answers.offered.get(name, 0),
+                acknowledged=len(arrived),
+                rejected=answers.rejected.get(name, 0),
+                enqueued=status.enqueued,
+                succeeded=status.succeeded,
+                dead_lettered=status.dead_lettered,
+                pending=status.pending,
+                retries=collector.counts.get("retry_scheduled", 0),
+                crashes=collector.counts.get("crashed", 0),
+                latency=Latency.of(mine),
+                instances=instances,
+            )
+        )
+    acknowledged = sum(len(keys) for keys in answers.arrived_at.values())
+    spawned = _spawned(collectors, lineage)
+    settled = sum(s.succeeded + s.dead_lettered + s.pending + s.drained for s in statuses.values())
+    lost = acknowledged + spawned - settled - outbox
+    follow_ups = any(pool.follow_ups for pool in scenario.resolved_pools)
     invariants = [
-        _no_loss(
-            len(acknowledged),
-            status.succeeded,
-            status.dead_lettered,
-            status.pending,
-            status.drained,
-            lost,
-            missing,
-        ),
+        _no_loss(acknowledged, spawned, statuses.values(), outbox, lost, missing),
         Invariant(
             "at-least-once",
-            not collector.repeat_violations,
-            "; ".join(collector.repeat_violations)
+            not any(c.repeat_violations for c in collectors.values()),
+            "; ".join(v for c in collectors.values() for v in c.repeat_violations)
             or "no event started or succeeded again after its success",
         ),
         Invariant(
             "order",
-            not collector.order_violations,
-            "; ".join(collector.order_violations)
+            not any(c.order_violations for c in collectors.values()),
+            "; ".join(v for c in collectors.values() for v in c.order_violations)
             or "every instance started its events in sequence, one at a time",
         ),
-        _counters(runtime, pool, collector),
+        Invariant(
+            "counters",
+            not problems,
+            "; ".join(problems[:5])
+            or (
+                "enqueued = succeeded + dead-lettered + drained + pending on every instance; "
+                "queue keys match; the event stream agrees with the store"
+            ),
+        ),
     ]
-    elapsed = max(now, 0.0)
-    instances = [
-        InstanceResult(
-            index=s.index,
-            enqueued=s.enqueued,
-            succeeded=s.succeeded,
-            dead_lettered=s.dead_lettered,
-            pending=s.pending,
-            started=track.started,
-            crashes=track.crashes,
-            restarts=s.restarts,
-            max_depth=track.max_depth,
-            utilisation=_busy(track.busy, track.busy_since, now) / elapsed if elapsed else 0.0,
-        )
-        for s, track in zip(status.instances, collector.tracks, strict=True)
-    ]
+    letters = {name: pool.dead_letters() for name, pool in pools.items()}
+    for name, listed in letters.items():  # an event may die before its handler ever ran
+        for letter in listed:
+            if isinstance(letter.event, dict):
+                request = letter.event.get("req", letter.event.get("id"))
+                if isinstance(request, int):
+                    key = (name, letter.instance_index, letter.sequence)
+                    lineage.requests.setdefault(key, request)
     dead_letters = [
         {
+            "pool": name,
             "instance": letter.instance_index,
             "sequence": letter.sequence,
             "event_id": letter.event.get("id") if isinstance(letter.event, dict) else None,
@@ -121,34 +192,43 @@ def measure(
             "failed_at": round(letter.failed_at, 6),
             "error": letter.error,
         }
-        for letter in pool.dead_letters()[:MAX_DEAD_LETTERS_LISTED]
-    ]
-    counts = collector.counts
+        for name, listed in letters.items()
+        for letter in listed
+    ][:MAX_DEAD_LETTERS_LISTED]
+    counts = {
+        kind: sum(c.counts.get(kind, 0) for c in collectors.values())
+        for kind in ("retry_scheduled", "crashed", "paused")
+    }
+    every = list(statuses.values())
+    pending = sum(s.pending for s in every)
     return Result(
         scenario=scenario.to_dict(),
-        finished=status.pending == 0 and len(futures) == expected,
+        finished=pending == 0 and outbox == 0 and len(futures) == expected,
         virtual_time=now,
         offered=len(futures),
-        acknowledged=len(acknowledged),
-        rejected=rejected,
-        failed=failed,
-        waiting=waiting,
-        succeeded=status.succeeded,
-        dead_lettered=status.dead_lettered,
-        pending=status.pending,
-        drained=status.drained,
+        acknowledged=acknowledged,
+        rejected=sum(answers.rejected.values()),
+        failed=answers.failed,
+        waiting=answers.waiting,
+        succeeded=sum(s.succeeded for s in every),
+        dead_lettered=sum(s.dead_lettered for s in every),
+        pending=pending,
+        drained=sum(s.drained for s in every),
         lost=lost,
-        retries=counts.get("retry_scheduled", 0),
-        crashes=counts.get("crashed", 0),
-        restarts=sum(s.restarts for s in status.instances),
-        pauses=counts.get("paused", 0),
+        retries=counts["retry_scheduled"],
+        crashes=counts["crashed"],
+        restarts=sum(i.restarts for s in every for i in s.instances),
+        pauses=counts["paused"],
         latency=Latency.of(latencies),
         enqueue_wait=Latency.of(waits),
-        instances=instances,
+        instances=[instance for result in results for instance in result.instances],
         invariants=invariants,
         dead_letters=dead_letters,
-        pool_events=sum(counts.values()),
-        depth_series=[track.series for track in collector.tracks],
+        pool_events=sum(sum(c.counts.values()) for c in collectors.values()),
+        follow_ups=spawned,
+        pools=results,
+        requests=_requests(answers, futures, collectors, lineage) if follow_ups else None,
+        depth_series=[track.series for c in collectors.values() for track in c.tracks],
         latencies=latencies,
     )
 
@@ -157,41 +237,101 @@ def _busy(busy: float, since: float | None, now: float) -> float:
     return busy + (now - since if since is not None else 0.0)
 
 
+def _spawned(collectors: Mapping[str, Collector], lineage: Lineage) -> int:
+    """Follow-ups committed: those of every attempt that succeeded."""
+    spawned = lineage.spawned
+    return sum(
+        spawned.get((name, index, sequence, attempt), 0)
+        for name, collector in collectors.items()
+        for (index, sequence), attempt in collector.succeeded_attempt.items()
+    )
+
+
+def _requests(
+    answers: _Answers,
+    futures: list[tuple[Arrival, Reply]],
+    collectors: Mapping[str, Collector],
+    lineage: Lineage,
+) -> Requests:
+    """Each stored arrival's request: done when every event it caused has succeeded."""
+    arrived = {arrival.event_id: arrival.time for arrival, _ in futures}
+    created = dict.fromkeys(answers.request_of.values(), 1)
+    finished = dict.fromkeys(created, 0)
+    last = dict.fromkeys(created, 0.0)
+    failed: set[int] = set()
+    for name, collector in collectors.items():
+        for key, attempt in collector.succeeded_attempt.items():
+            request = _request(name, key, answers, lineage)
+            if request is None or request not in created:
+                continue
+            created[request] += lineage.spawned.get((name, *key, attempt), 0)
+            finished[request] += 1
+            last[request] = max(last[request], collector.succeeded_at[key])
+        for key in collector.dead:
+            request = _request(name, key, answers, lineage)
+            if request is not None and request in created:
+                finished[request] += 1
+                failed.add(request)
+    done = [r for r in created if r not in failed and finished[r] == created[r]]
+    return Requests(
+        completed=len(done),
+        failed=len(failed),
+        unfinished=len(created) - len(done) - len(failed),
+        latency=Latency.of([last[r] - arrived[r] for r in done]),
+    )
+
+
+def _request(name: str, key: Key, answers: _Answers, lineage: Lineage) -> int | None:
+    request = answers.request_of.get((name, key))
+    if request is None:
+        request = lineage.requests.get((name, *key))
+    return request
+
+
 def _no_loss(
     acknowledged: int,
-    succeeded: int,
-    dead: int,
-    pending: int,
-    drained: int,
+    spawned: int,
+    statuses: Iterable[PoolStatus],
+    outbox: int,
     lost: int,
-    missing: set[tuple[int, int]],
+    missing: list[str],
 ) -> Invariant:
+    every = list(statuses)
+    succeeded = sum(s.succeeded for s in every)
+    dead = sum(s.dead_lettered for s in every)
+    pending = sum(s.pending for s in every)
+    drained = sum(s.drained for s in every)
+    stored = f"{acknowledged} enqueued"
+    if spawned:
+        stored = f"{acknowledged} arrivals + {spawned} follow-ups enqueued"
     detail = (
-        f"{acknowledged} enqueued = {succeeded} succeeded + {dead} dead-lettered + "
+        f"{stored} = {succeeded} succeeded + {dead} dead-lettered + "
         f"{pending} pending + {drained} drained"
     )
+    if outbox:
+        detail += f" + {outbox} follow-ups in flight"
     if lost:
         detail = f"{lost} lost: " + detail.replace(" = ", " != ", 1)
     if missing:
-        sample = ", ".join(f"{POOL}:{i}#{s}" for i, s in sorted(missing)[:5])
-        detail += f"; {len(missing)} acknowledged events never settled ({sample})"
+        detail += f"; {len(missing)} acknowledged events never settled ({', '.join(missing[:5])})"
     return Invariant("no loss", lost == 0 and not missing, detail)
 
 
-def _counters(runtime: Runtime, pool: WorkerPool, collector: Collector) -> Invariant:
-    """Guarantee 4 (counters, docs/guarantees.md) from the store, and the event stream agreeing."""
+def _store_checks(
+    runtime: Runtime, pool: WorkerPool, collector: Collector
+) -> tuple[int, list[str]]:
+    """Guarantee 4 (counters, docs/guarantees.md) from the store, and the event stream
+    agreeing; returns the follow-ups still in the pool's outboxes, and the problems."""
     problems: list[str] = []
+    outbox = 0
     with _ports.committed(runtime) as txn:
         for index in range(pool.concurrency):
-            state = read_instance(txn, POOL, index)
+            state = read_instance(txn, pool.name, index)
+            outbox += state.meta.outbox
             problems.extend(violations(state))
             track = collector.tracks[index]
             if track.depth != state.meta.pending:
                 problems.append(
                     f"{state.name}: events say {track.depth} pending, store {state.meta.pending}"
                 )
-    detail = "; ".join(problems[:5]) or (
-        "enqueued = succeeded + dead-lettered + drained + pending on every instance; "
-        "queue keys match; the event stream agrees with the store"
-    )
-    return Invariant("counters", not problems, detail)
+    return outbox, problems

@@ -58,6 +58,7 @@ class Collector:
         self.tracks = [InstanceTrack() for _ in range(instances)]
         self.enqueued_at: dict[Key, float] = {}
         self.succeeded_at: dict[Key, float] = {}
+        self.succeeded_attempt: dict[Key, int] = {}  # the attempt whose success committed
         self.succeeded: set[Key] = set()
         self.dead: set[Key] = set()
         self.counts: dict[str, int] = {}
@@ -87,6 +88,8 @@ class Collector:
             assert sequence is not None
             self._idle(track, time)
             self._finished(index, track, sequence, time, kind == "succeeded")
+            if kind == "succeeded" and event.attempt is not None:
+                self.succeeded_attempt.setdefault((index, sequence), event.attempt)
         elif kind in ("retry_scheduled", "crashed"):
             self._idle(track, time)
             if kind == "crashed":
@@ -159,6 +162,7 @@ def _note(violations: list[str], text: str) -> None:
 # -- the result of a run ------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class InstanceResult:
+    pool: str
     index: int
     enqueued: int
     succeeded: int
@@ -172,6 +176,7 @@ class InstanceResult:
 
     def to_json_dict(self) -> dict[str, Any]:
         return {
+            "pool": self.pool,
             "index": self.index,
             "enqueued": self.enqueued,
             "succeeded": self.succeeded,
@@ -234,6 +239,74 @@ class Latency:
 
 
 @dataclass(frozen=True, slots=True)
+class PoolResult:
+    """One pool's figures. ``offered`` counts the arrivals into it (follow-ups are
+    not offered: they are stored with their parent's outcome); ``enqueued`` every
+    event stored into it, follow-ups included. ``latency`` runs from an arrival, or
+    a follow-up's being stored, to its success."""
+
+    name: str
+    offered: int
+    acknowledged: int
+    rejected: int
+    enqueued: int
+    succeeded: int
+    dead_lettered: int
+    pending: int
+    retries: int
+    crashes: int
+    latency: Latency
+    instances: list[InstanceResult]
+
+    @property
+    def utilisation(self) -> float:
+        shares = [instance.utilisation for instance in self.instances]
+        return math.fsum(shares) / len(shares) if shares else 0.0
+
+    @property
+    def max_depth(self) -> int:
+        return max((i.max_depth for i in self.instances), default=0)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "offered": self.offered,
+            "arrivals_enqueued": self.acknowledged,
+            "rejected_queue_full": self.rejected,
+            "enqueued": self.enqueued,
+            "succeeded": self.succeeded,
+            "dead_lettered": self.dead_lettered,
+            "pending": self.pending,
+            "retries": self.retries,
+            "crashes": self.crashes,
+            "utilisation": round(self.utilisation, 6),
+            "max_queue_depth": self.max_depth,
+            "latency": self.latency.to_json_dict(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Requests:
+    """End to end: each arrival and every event it caused, follow-ups of follow-ups
+    included. ``latency`` runs from the arrival to the success of the last of them,
+    over the ``completed`` requests (every event succeeded); ``failed`` ones had an
+    event dead-lettered; ``unfinished`` ones still had events pending or in flight."""
+
+    completed: int
+    failed: int
+    unfinished: int
+    latency: Latency
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "completed": self.completed,
+            "failed": self.failed,
+            "unfinished": self.unfinished,
+            "latency": self.latency.to_json_dict(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Result:
     """Everything a run measured. Only virtual-time figures: two runs of the same
     scenario and seed give equal results (and byte-identical JSON).
@@ -243,8 +316,11 @@ class Result:
     or is still ``waiting`` when a ``duration`` ends the run (its instance is inside a
     handler, and an instance takes no enqueue while its handler runs).
 
-    ``latency`` runs from an event's arrival (the caller's ``enqueue``) to its
-    success; ``enqueue_wait`` from its arrival to its being stored.
+    ``latency`` runs from an event's arrival (the caller's ``enqueue``), or a
+    follow-up's being stored, to its success; ``enqueue_wait`` from an arrival to its
+    being stored. ``follow_ups`` counts the follow-ups committed (``acknowledged``
+    counts arrivals only). ``pools`` has each pool's figures, ``requests`` the end-to-end
+    figures of a design with follow-ups (None without).
     """
 
     scenario: dict[str, Any]
@@ -270,6 +346,9 @@ class Result:
     invariants: list[Invariant]
     dead_letters: list[dict[str, Any]]
     pool_events: int
+    follow_ups: int
+    pools: list[PoolResult]
+    requests: Requests | None
     # For plots only; not part of the JSON document.
     depth_series: list[list[tuple[float, int]]] = field(repr=False, compare=False)
     latencies: list[float] = field(repr=False, compare=False)
@@ -295,6 +374,7 @@ class Result:
             "events": {
                 "offered": self.offered,
                 "enqueued": self.acknowledged,
+                **({"follow_ups": self.follow_ups} if self.requests else {}),
                 "rejected_queue_full": self.rejected,
                 "failed_enqueue": self.failed,
                 "waiting_enqueue": self.waiting,
@@ -312,6 +392,8 @@ class Result:
             "restarts": self.restarts,
             "pauses": self.pauses,
             "max_queue_depth": self.max_depth,
+            **({"pools": [p.to_json_dict() for p in self.pools]} if len(self.pools) > 1 else {}),
+            **({"end_to_end": self.requests.to_json_dict()} if self.requests else {}),
             "instances": [i.to_json_dict() for i in self.instances],
             "invariants": [check.to_json_dict() for check in self.invariants],
             "invariants_passed": self.passed,

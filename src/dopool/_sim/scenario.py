@@ -1,216 +1,59 @@
 """Scenarios: what a simulation runs, as frozen dataclasses validated field by field.
 
 Every error is a :class:`ScenarioError` that names the bad field by its dotted
-path (``arrivals.rate``, ``pauses[1].at``), so a user can find it in the file or
-the flag that set it. :mod:`dopool._sim.loading` makes a scenario from a TOML
-file, a built-in name or flags.
+path (``arrivals.rate``, ``pools[1].service.mean``, ``pauses[1].at``), so a user
+can find it in the file or the flag that set it. :mod:`dopool._sim.loading`
+makes a scenario from a TOML file, a built-in name or flags.
 
-The TOML layout mirrors the dataclasses: top-level fields, then one table per
-section (``[arrivals]``, ``[partitions]``, ``[service]``, ``[retry]``,
-``[faults]``) and arrays of tables for ``[[pauses]]`` and ``[[kills]]``.
+The TOML layout mirrors the dataclasses: top-level fields, one table per
+section (``[partitions]``, ``[service]``, ``[retry]``, ``[faults]``), the
+arrivals as one ``[arrivals]`` table or several ``[[arrivals]]``, the pools as
+``[[pools]]`` (see :mod:`dopool._sim.pools`), and arrays of tables for
+``[[pauses]]`` and ``[[kills]]``.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any
 
-from dopool._sim.checks import (
-    ScenarioError,
-    assign,
-    choice,
-    number,
-    probability,
-    text,
+from dopool._sim.checks import ScenarioError, number, text
+from dopool._sim.pools import (
+    POOL_FIELDS,
+    Pool,
+    PoolTable,
+    amplification,
+    pool_of,
+    resolve,
+)
+from dopool._sim.sections import (
+    DEFAULT_TOTAL,
+    MAX_EVENTS,
+    Arrivals,
+    Faults,
+    Kill,
+    Partitions,
+    Pause,
+    Retry,
+    Service,
 )
 
-ROUTINGS = ("round-robin", "partition")
-PROCESSES = ("steady", "poisson", "bursts")
-DISTRIBUTIONS = ("fixed", "exponential", "lognormal")
+__all__ = [
+    "DEFAULT_TOTAL",
+    "LISTS",
+    "SECTIONS",
+    "Arrivals",
+    "Faults",
+    "Kill",
+    "Partitions",
+    "Pause",
+    "Retry",
+    "Scenario",
+    "Service",
+]
 
-DEFAULT_TOTAL = 1000
-MAX_INSTANCES = 1024
-MAX_EVENTS = 10_000_000
-MAX_PAYLOAD_BYTES = 100_000  # below the engine's 128 KiB event limit, with room for the rest
-MAX_KEYS = 1_000_000
-# A storage or alarm fault that always fires would never let an instance recover or an
-# alarm land, so a run could never end: keep them below certainty.
-MAX_LIVELOCK_PROBABILITY = 0.5
-
-
-# -- the sections -----------------------------------------------------------------
-class Section:
-    """A table of the scenario: its checks name fields as ``<section>.<field>``."""
-
-    section: ClassVar[str]
-
-    def __post_init__(self) -> None:
-        try:
-            self._check()
-        except ScenarioError as exc:
-            raise exc.within(self.section) from None
-
-    def _check(self) -> None:
-        """Validate the section's fields; each section overrides this."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Arrivals(Section):
-    """When events arrive: ``steady`` (evenly spaced at ``rate``), ``poisson``
-    (exponential gaps, mean rate ``rate``) or ``bursts`` (``burst_size`` events
-    at once every ``burst_interval`` seconds). Give ``total`` events or a
-    ``duration`` of arrivals in virtual seconds, not both (neither: 1000 events).
-    """
-
-    section: ClassVar[str] = "arrivals"
-
-    process: str = "poisson"
-    rate: float = 50.0
-    total: int | None = None
-    duration: float | None = None
-    burst_size: int = 100
-    burst_interval: float = 10.0
-
-    def _check(self) -> None:
-        assign(self, "process", choice("process", self.process, PROCESSES))
-        assign(self, "rate", number("rate", self.rate, above=0.0))
-        if self.total is not None:
-            number("total", self.total, integer=True, minimum=1, maximum=MAX_EVENTS)
-        if self.duration is not None:
-            assign(self, "duration", number("duration", self.duration, above=0.0))
-        if self.total is not None and self.duration is not None:
-            raise ScenarioError("duration", "cannot be given together with arrivals.total")
-        if self.total is None and self.duration is None:
-            assign(self, "total", DEFAULT_TOTAL)
-        number("burst_size", self.burst_size, integer=True, minimum=1, maximum=MAX_EVENTS)
-        assign(self, "burst_interval", number("burst_interval", self.burst_interval, above=0.0))
-        if self.duration is not None and self.expected_events() > MAX_EVENTS:
-            raise ScenarioError(
-                "duration",
-                f"gives about {self.expected_events():,.0f} events, over the limit of "
-                f"{MAX_EVENTS:,}",
-            )
-
-    def expected_events(self) -> float:
-        """How many events arrive (the mean, for a Poisson process of given duration)."""
-        if self.total is not None:
-            return float(self.total)
-        assert self.duration is not None
-        if self.process == "bursts":
-            return math.ceil(self.duration / self.burst_interval) * self.burst_size
-        return self.duration * self.rate
-
-
-@dataclass(frozen=True, kw_only=True)
-class Partitions(Section):
-    """Partition keys ``k0 .. k{keys-1}``: key ``k`` is drawn with weight
-    ``1 / (k + 1) ** zipf`` (0 = uniform); ``hot_key_share`` sends that share
-    of all events to ``k0`` on top. Used only with ``routing = "partition"``.
-    """
-
-    section: ClassVar[str] = "partitions"
-
-    keys: int = 64
-    zipf: float = 0.0
-    hot_key_share: float = 0.0
-
-    def _check(self) -> None:
-        number("keys", self.keys, integer=True, minimum=1, maximum=MAX_KEYS)
-        assign(self, "zipf", number("zipf", self.zipf, minimum=0.0, maximum=10.0))
-        assign(self, "hot_key_share", probability("hot_key_share", self.hot_key_share))
-
-
-@dataclass(frozen=True, kw_only=True)
-class Service(Section):
-    """Virtual seconds one attempt takes (``ctx.sleep``): ``fixed`` at ``mean``,
-    ``exponential`` with that mean, or ``lognormal`` with that mean and shape
-    ``sigma`` (the standard deviation of its logarithm).
-    """
-
-    section: ClassVar[str] = "service"
-
-    distribution: str = "exponential"
-    mean: float = 0.05
-    sigma: float = 0.5
-
-    def _check(self) -> None:
-        assign(self, "distribution", choice("distribution", self.distribution, DISTRIBUTIONS))
-        assign(self, "mean", number("mean", self.mean, minimum=0.0, maximum=86_400.0))
-        assign(self, "sigma", number("sigma", self.sigma, minimum=0.0, maximum=5.0))
-
-
-@dataclass(frozen=True, kw_only=True)
-class Retry(Section):
-    """The pool's :class:`~dopool.RetryPolicy`; ``max_attempts = 1`` means no retries."""
-
-    section: ClassVar[str] = "retry"
-
-    max_attempts: int = 3
-    initial_delay: float = 1.0
-    multiplier: float = 2.0
-    max_delay: float = 60.0
-    jitter: float = 0.1
-
-    def _check(self) -> None:
-        number("max_attempts", self.max_attempts, integer=True, minimum=1, maximum=1000)
-        assign(self, "initial_delay", number("initial_delay", self.initial_delay, minimum=0.0))
-        assign(self, "multiplier", number("multiplier", self.multiplier, minimum=1.0))
-        assign(self, "max_delay", number("max_delay", self.max_delay, minimum=self.initial_delay))
-        assign(self, "jitter", probability("jitter", self.jitter))
-
-
-@dataclass(frozen=True, kw_only=True)
-class Faults(Section):
-    """Probabilities of the engine's fault points (:class:`dopool.chaos.FaultPlan`)."""
-
-    section: ClassVar[str] = "faults"
-
-    crash_before_execute: float = 0.0
-    crash_after_execute: float = 0.0
-    crash_during_enqueue: float = 0.0
-    alarm_error: float = 0.0
-    storage_error: float = 0.0
-
-    def _check(self) -> None:
-        for name in ("crash_before_execute", "crash_after_execute", "crash_during_enqueue"):
-            assign(self, name, probability(name, getattr(self, name)))
-        for name in ("alarm_error", "storage_error"):
-            assign(self, name, probability(name, getattr(self, name), MAX_LIVELOCK_PROBABILITY))
-
-    @property
-    def any(self) -> bool:
-        return any(getattr(self, f.name) > 0 for f in fields(self))
-
-
-@dataclass(frozen=True, kw_only=True)
-class Pause:
-    """Pause one instance (or all, ``instance`` absent) at ``at`` for ``duration`` seconds."""
-
-    at: float
-    duration: float
-    instance: int | None = None
-
-    def __post_init__(self) -> None:
-        assign(self, "at", number("at", self.at, minimum=0.0))
-        assign(self, "duration", number("duration", self.duration, above=0.0))
-        if self.instance is not None:
-            number("instance", self.instance, integer=True, minimum=0)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Kill:
-    """Crash one instance at virtual time ``at`` (as ``runtime.kill`` does)."""
-
-    at: float
-    instance: int = 0
-
-    def __post_init__(self) -> None:
-        assign(self, "at", number("at", self.at, minimum=0.0))
-        number("instance", self.instance, integer=True, minimum=0)
-
-
-# The tables of a scenario by name, and its arrays of tables.
+# The tables of a scenario by name (``arrivals`` may also be an array), and its
+# arrays of tables.
 SECTIONS: dict[str, type[Any]] = {
     "arrivals": Arrivals,
     "partitions": Partitions,
@@ -223,12 +66,12 @@ LISTS: dict[str, type[Any]] = {"pauses": Pause, "kills": Kill}
 
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
-    """A whole simulation: the pool, its load, its handler's behaviour and its faults.
+    """A whole simulation: the pools, their load, their handlers' behaviour, the faults.
 
     Attributes:
         name, description: shown in the report; the description says what it teaches.
         seed: every random draw of the run (arrivals, service times, failures,
-            retry jitter, faults) derives from it.
+            follow-ups, retry jitter, faults) derives from it.
         instances: the pool's concurrency.
         routing: ``"round-robin"``, or ``"partition"`` (by the events' partition keys).
         duration: stop at this virtual time (events still pending are reported as
@@ -237,6 +80,9 @@ class Scenario:
         payload_bytes: padding bytes added to each event.
         failure_probability: each attempt fails (and is retried) with this probability.
         poison_share: this share of events fail on every attempt (and are dead-lettered).
+        arrivals: the arrival streams, each into one pool.
+        pools: ``[[pools]]`` tables; without any, the pool fields above describe one
+            pool named ``sim``; with some, they are every pool's defaults.
     """
 
     name: str = "custom"
@@ -249,11 +95,12 @@ class Scenario:
     payload_bytes: int = 0
     failure_probability: float = 0.0
     poison_share: float = 0.0
-    arrivals: Arrivals = field(default_factory=Arrivals)
+    arrivals: tuple[Arrivals, ...] = (Arrivals(),)
     partitions: Partitions = field(default_factory=Partitions)
     service: Service = field(default_factory=Service)
     retry: Retry = field(default_factory=Retry)
     faults: Faults = field(default_factory=Faults)
+    pools: tuple[PoolTable, ...] = ()
     pauses: tuple[Pause, ...] = ()
     kills: tuple[Kill, ...] = ()
 
@@ -261,38 +108,79 @@ class Scenario:
         text("name", self.name)
         text("description", self.description)
         number("seed", self.seed, integer=True, minimum=0, maximum=2**63 - 1)
-        number("instances", self.instances, integer=True, minimum=1, maximum=MAX_INSTANCES)
-        assign(self, "routing", choice("routing", self.routing, ROUTINGS))
         if self.duration is not None:
-            assign(self, "duration", number("duration", self.duration, above=0.0))
-        if self.max_queue_depth is not None:
-            number("max_queue_depth", self.max_queue_depth, integer=True, minimum=1)
-        number("payload_bytes", self.payload_bytes, integer=True, minimum=0)
-        if self.payload_bytes > MAX_PAYLOAD_BYTES:
-            raise ScenarioError(
-                "payload_bytes", f"must be <= {MAX_PAYLOAD_BYTES:,}, got {self.payload_bytes:,}"
-            )
-        assign(
-            self,
-            "failure_probability",
-            probability("failure_probability", self.failure_probability),
-        )
-        assign(self, "poison_share", probability("poison_share", self.poison_share))
+            object.__setattr__(self, "duration", number("duration", self.duration, above=0.0))
         for name, kind in SECTIONS.items():
-            if not isinstance(getattr(self, name), kind):
+            if name != "arrivals" and not isinstance(getattr(self, name), kind):
                 raise ScenarioError(name, f"must be a {kind.__name__}, got {getattr(self, name)!r}")
+        defaults = Pool(
+            name="sim",
+            **{name: getattr(self, name) for name in POOL_FIELDS},
+            partitions=self.partitions,
+            service=self.service,
+            retry=self.retry,
+        )
+        tables = tuple(self.pools)
+        for position, table in enumerate(tables):
+            if not isinstance(table, PoolTable):
+                raise ScenarioError(f"pools[{position}]", "must be a PoolTable")
+        object.__setattr__(self, "pools", tables)
+        resolved = resolve(defaults, tables)
+        object.__setattr__(self, "_resolved", resolved)
+        self._check_arrivals(resolved)
         for name, kind in LISTS.items():
             items = tuple(getattr(self, name))
-            assign(self, name, items)
+            object.__setattr__(self, name, items)
             for position, item in enumerate(items):
+                path = f"{name}[{position}]"
                 if not isinstance(item, kind):
-                    raise ScenarioError(f"{name}[{position}]", f"must be a {kind.__name__}")
-                index = item.instance
-                if index is not None and index >= self.instances:
+                    raise ScenarioError(path, f"must be a {kind.__name__}")
+                pool = pool_of(item.pool, resolved, f"{path}.pool")
+                if item.instance is not None and item.instance >= pool.instances:
                     raise ScenarioError(
-                        f"{name}[{position}].instance",
-                        f"must be < instances ({self.instances}), got {index}",
+                        f"{path}.instance",
+                        f"must be < instances ({pool.instances}) of pool {pool.name!r}, "
+                        f"got {item.instance}",
                     )
+
+    def _check_arrivals(self, pools: tuple[Pool, ...]) -> None:
+        streams = self.arrivals
+        if isinstance(streams, Arrivals):  # one stream, as a plain table
+            streams = (streams,)
+        streams = tuple(streams)
+        if not streams:
+            raise ScenarioError("arrivals", "must list at least one arrival stream")
+        object.__setattr__(self, "arrivals", streams)
+        growth = amplification(pools)
+        expected = 0.0
+        for position, stream in enumerate(streams):
+            path = "arrivals" if len(streams) == 1 else f"arrivals[{position}]"
+            if not isinstance(stream, Arrivals):
+                raise ScenarioError(path, f"must be an Arrivals, got {stream!r}")
+            entry = pool_of(stream.pool, pools, f"{path}.pool")
+            expected += stream.expected_events() * growth[entry.name]
+        if expected > MAX_EVENTS:
+            raise ScenarioError(
+                "arrivals",
+                f"give about {expected:,.0f} events, follow-ups included, over the limit "
+                f"of {MAX_EVENTS:,}",
+            )
+
+    # -- what the run uses ------------------------------------------------------
+    @property
+    def resolved_pools(self) -> tuple[Pool, ...]:
+        """Every pool, its settings resolved: the one named ``sim``, or the [[pools]]."""
+        pools: tuple[Pool, ...] = getattr(self, "_resolved")  # noqa: B009 - set in __post_init__
+        return pools
+
+    def pool(self, name: str | None) -> Pool:
+        """The pool named ``name`` (None: the first)."""
+        return pool_of(name, self.resolved_pools, "pool")
+
+    @property
+    def expected_arrivals(self) -> float:
+        """How many arrivals the streams give (the mean, for Poisson streams)."""
+        return sum(stream.expected_events() for stream in self.arrivals)
 
     # -- conversions ----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -300,10 +188,14 @@ class Scenario:
         result: dict[str, Any] = {}
         for spec in fields(self):
             value = getattr(self, spec.name)
-            if spec.name in SECTIONS:
-                value = {f.name: getattr(value, f.name) for f in fields(value)}
+            if spec.name == "arrivals":
+                value = [_fields(stream) for stream in value]
+            elif spec.name in SECTIONS:
+                value = _fields(value)
+            elif spec.name == "pools":
+                value = [table.to_dict() for table in value]
             elif spec.name in LISTS:
-                value = [{f.name: getattr(item, f.name) for f in fields(item)} for item in value]
+                value = [_fields(item) for item in value]
             result[spec.name] = value
         return result
 
@@ -312,24 +204,40 @@ class Scenario:
         data = self.to_dict()
         lines: list[str] = []
         for key, value in data.items():
-            if key not in SECTIONS and key not in LISTS and value is not None:
+            if key not in SECTIONS and key not in LISTS and key != "pools" and value is not None:
                 lines.append(f"{key} = {_toml_value(value)}")
+        streams = data["arrivals"]
+        single = len(streams) == 1
+        for stream in streams:
+            lines.extend(("", "[arrivals]" if single else "[[arrivals]]"))
+            lines.extend(_assignments(stream))
         for key in SECTIONS:
-            lines.extend(("", f"[{key}]"))
-            lines.extend(
-                f"{name} = {_toml_value(value)}"
-                for name, value in data[key].items()
-                if value is not None
-            )
+            if key != "arrivals":
+                lines.extend(("", f"[{key}]", *_assignments(data[key])))
+        for table in data["pools"]:
+            lines.extend(("", "[[pools]]", *_assignments(table)))
+            for key, value in table.items():
+                if isinstance(value, dict):
+                    lines.extend(("", f"[pools.{key}]", *_assignments(value)))
+            for rule in table.get("follow_ups", []):
+                lines.extend(("", "[[pools.follow_ups]]", *_assignments(rule)))
         for key in LISTS:
             for item in data[key]:
-                lines.extend(("", f"[[{key}]]"))
-                lines.extend(
-                    f"{name} = {_toml_value(value)}"
-                    for name, value in item.items()
-                    if value is not None
-                )
+                lines.extend(("", f"[[{key}]]", *_assignments(item)))
         return "\n".join(lines) + "\n"
+
+
+def _fields(item: Any) -> dict[str, Any]:
+    return {f.name: getattr(item, f.name) for f in fields(item)}
+
+
+def _assignments(table: dict[str, Any]) -> list[str]:
+    """``name = value`` for a table's plain values (absent options and sub-tables left out)."""
+    return [
+        f"{name} = {_toml_value(value)}"
+        for name, value in table.items()
+        if value is not None and not isinstance(value, dict | list)
+    ]
 
 
 def _toml_value(value: Any) -> str:

@@ -1,19 +1,25 @@
-"""The workload a scenario gives the pool: its arrivals and its handler, from the seed alone."""
+"""The workload a scenario gives its pools: arrivals and handlers, from the seed alone."""
 
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 import math
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dopool._context import EventContext
-from dopool._sim.scenario import Scenario
+from dopool._sim.pools import DEFAULT_POOL, FollowUp, Pool
+from dopool._sim.scenario import Arrivals, Scenario
+from dopool._sim.sections import Service
 
-POOL = "sim"  # the simulated pool's name
+POOL = DEFAULT_POOL  # the pool of a scenario without [[pools]]
+
+#: ``pick(rng)``: a partition key for one event, or None.
+KeyPicker = Callable[[random.Random], str | None]
 
 
 class SimulatedFailure(Exception):
@@ -26,32 +32,59 @@ class PoisonEventError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Arrival:
-    """One event to enqueue at virtual time ``time``."""
+    """One event to enqueue into ``pool`` at virtual time ``time``."""
 
     time: float
     event_id: int
     partition_key: str | None
     poison: bool
+    pool: str = POOL
 
 
 def arrivals(scenario: Scenario) -> list[Arrival]:
     """Every arrival of the scenario, in time order, from its seed alone.
 
     Times, keys and poison draws come from separate seeded streams, so changing
-    one knob (say the key skew) does not reshuffle the others.
+    one knob (say the key skew) does not reshuffle the others; each arrival
+    stream has its own (the first one's are those of a one-stream scenario).
+    Arrivals are numbered in time order across the streams (ties: stream order).
     """
     seed = scenario.seed
-    keys = _key_picker(scenario, random.Random(f"{seed}/keys"))
-    poison = random.Random(f"{seed}/poison")
-    share = scenario.poison_share
+    drafts: list[Iterator[tuple[float, int, str | None, bool, str]]] = []
+    for position, stream in enumerate(scenario.arrivals):
+        suffix = "" if position == 0 else f"/{position}"
+        pool = scenario.pool(stream.pool)
+        drafts.append(
+            _stream(
+                stream,
+                position,
+                pool,
+                random.Random(f"{seed}/times{suffix}"),
+                random.Random(f"{seed}/keys{suffix}"),
+                random.Random(f"{seed}/poison{suffix}"),
+            )
+        )
     return [
-        Arrival(at, number, keys(), share > 0 and poison.random() < share)
-        for number, at in enumerate(_times(scenario, random.Random(f"{seed}/times")))
+        Arrival(at, number, key, poison, pool)
+        for number, (at, _, key, poison, pool) in enumerate(heapq.merge(*drafts))
     ]
 
 
-def _times(scenario: Scenario, rng: random.Random) -> Iterator[float]:
-    spec = scenario.arrivals
+def _stream(
+    spec: Arrivals,
+    position: int,
+    pool: Pool,
+    times: random.Random,
+    keys: random.Random,
+    poison: random.Random,
+) -> Iterator[tuple[float, int, str | None, bool, str]]:
+    pick = key_picker(pool)
+    share = pool.poison_share
+    for at in _times(spec, times):
+        yield at, position, pick(keys), share > 0 and poison.random() < share, pool.name
+
+
+def _times(spec: Arrivals, rng: random.Random) -> Iterator[float]:
     limit = math.inf if spec.duration is None else spec.duration
     count = itertools.count() if spec.total is None else iter(range(spec.total))
     if spec.process == "bursts":
@@ -75,10 +108,11 @@ def _times(scenario: Scenario, rng: random.Random) -> Iterator[float]:
             yield at
 
 
-def _key_picker(scenario: Scenario, rng: random.Random) -> Callable[[], str | None]:
-    if scenario.routing != "partition":
-        return lambda: None
-    spec = scenario.partitions
+def key_picker(pool: Pool) -> KeyPicker:
+    """How a pool's events get partition keys: none under round-robin routing."""
+    if pool.routing != "partition":
+        return lambda _rng: None
+    spec = pool.partitions
     names = [f"k{n}" for n in range(spec.keys)]
     cumulative = list(
         itertools.accumulate(1.0 / (rank + 1) ** spec.zipf for rank in range(spec.keys))
@@ -86,7 +120,7 @@ def _key_picker(scenario: Scenario, rng: random.Random) -> Callable[[], str | No
     total = cumulative[-1]
     hot = spec.hot_key_share
 
-    def pick() -> str:
+    def pick(rng: random.Random) -> str:
         if hot > 0 and rng.random() < hot:
             return names[0]
         return names[min(bisect.bisect_right(cumulative, rng.random() * total), spec.keys - 1)]
@@ -94,9 +128,8 @@ def _key_picker(scenario: Scenario, rng: random.Random) -> Callable[[], str | No
     return pick
 
 
-def service_time(scenario: Scenario, rng: random.Random) -> float:
-    """One attempt's virtual service time, drawn from the scenario's distribution."""
-    spec = scenario.service
+def service_time(spec: Service, rng: random.Random) -> float:
+    """One attempt's virtual service time, drawn from the pool's distribution."""
     if spec.mean <= 0:
         return 0.0
     if spec.distribution == "fixed":
@@ -107,34 +140,96 @@ def service_time(scenario: Scenario, rng: random.Random) -> float:
     return rng.lognormvariate(mu, spec.sigma)
 
 
-def make_handler(scenario: Scenario) -> Callable[[EventContext], None]:
-    """The pool's handler: sleep for the service time, then fail as the scenario says.
+@dataclass(slots=True)
+class Lineage:
+    """Which request each executed event belongs to, and how many follow-ups each
+    attempt enqueued: what end-to-end latency is measured with.
 
-    Each attempt draws from its own ``random.Random`` seeded by (scenario seed,
+    ``requests[(pool, index, sequence)]`` is the arrival number whose request the
+    event is part of; ``spawned[(pool, index, sequence, attempt)]`` the follow-ups
+    that attempt enqueued (they commit only if it succeeds).
+    """
+
+    requests: dict[tuple[str, int, int], int] = field(default_factory=dict)
+    spawned: dict[tuple[str, int, int, int], int] = field(default_factory=dict)
+
+
+def make_handler(
+    seed: int, pool: Pool, pools: dict[str, Pool], lineage: Lineage
+) -> Callable[[EventContext], None]:
+    """A pool's handler: sleep for the service time, fail as the pool says, else enqueue
+    its follow-ups.
+
+    Each attempt draws from ``random.Random`` streams seeded by (scenario seed,
     event id, attempt), so an attempt behaves the same whatever ran before it.
     """
-    seed = scenario.seed
-    failure = scenario.failure_probability
+    failure = pool.failure_probability
+    pickers = {name: key_picker(target) for name, target in pools.items()}
+    padding = {name: b"\0" * target.payload_bytes for name, target in pools.items()}
 
     def handle(ctx: EventContext) -> None:
         event = ctx.event
         number = event["id"]
+        request = event.get("req", number)
+        lineage.requests[(pool.name, ctx.instance_index, ctx.sequence)] = request
         rng = random.Random(f"{seed}/{number}/{ctx.attempt}")
-        seconds = service_time(scenario, rng)
+        seconds = service_time(pool.service, rng)
         if seconds > 0:
             ctx.sleep(seconds)
         if event.get("poison"):
             raise PoisonEventError(f"poison event {number} can never succeed")
         if failure > 0 and rng.random() < failure:
             raise SimulatedFailure(f"event {number} failed on attempt {ctx.attempt}")
+        spawned = 0
+        if pool.follow_ups:
+            draws = random.Random(f"{seed}/{number}/{ctx.attempt}/follow")
+            for rule, follow in enumerate(pool.follow_ups):
+                for copy in range(_fanout(follow, draws)):
+                    child = f"{number}/{rule}.{copy}"
+                    target = pools[follow.to]
+                    local = random.Random(f"{seed}/{child}")
+                    key = pickers[follow.to](local)
+                    share = target.poison_share
+                    poison = share > 0 and local.random() < share
+                    payload = _payload(child, request, poison, padding[follow.to])
+                    if follow.to != pool.name:  # pools in a chain: the engine's next step
+                        raise NotImplementedError("follow-ups into another pool")
+                    ctx.enqueue(payload, partition_key=key)
+                    spawned += 1
+        lineage.spawned[(pool.name, ctx.instance_index, ctx.sequence, ctx.attempt)] = spawned
 
     return handle
 
 
-def make_event(arrival: Arrival, padding: bytes) -> dict[str, Any]:
-    event: dict[str, Any] = {"id": arrival.event_id}
-    if arrival.poison:
+def _fanout(follow: FollowUp, rng: random.Random) -> int:
+    """How many follow-ups one success enqueues under ``follow``."""
+    if rng.random() >= follow.probability:
+        return 0
+    if follow.fanout == "fixed":
+        return int(follow.count)
+    if follow.fanout == "poisson":
+        # Knuth's method: fine for the small means a fan-out has.
+        limit, count, product = math.exp(-follow.count), 0, rng.random()
+        while product > limit:
+            count += 1
+            product *= rng.random()
+        return count
+    # Geometric on 0, 1, 2, ... with mean ``count``: failures before the first success.
+    success = 1.0 / (1.0 + follow.count)
+    return int(math.log(1.0 - rng.random()) / math.log(1.0 - success)) if success < 1 else 0
+
+
+def _payload(identity: Any, request: int, poison: bool, padding: bytes) -> dict[str, Any]:
+    event: dict[str, Any] = {"id": identity}
+    if identity != request:
+        event["req"] = request
+    if poison:
         event["poison"] = True
     if padding:
         event["pad"] = padding
     return event
+
+
+def make_event(arrival: Arrival, padding: bytes) -> dict[str, Any]:
+    """An arriving event: its number (its request's too), and what the scenario adds."""
+    return _payload(arrival.event_id, arrival.event_id, arrival.poison, padding)

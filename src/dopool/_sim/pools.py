@@ -1,0 +1,256 @@
+"""The pools of a scenario: each one's settings, and the follow-ups that chain them.
+
+A scenario's top-level pool fields (``instances``, ``[service]``, ...) describe
+one pool named ``sim``. With ``[[pools]]`` tables it has several: each table
+names a pool and overrides what it changes of those top-level settings (a
+section merges field by field), and may list ``[[pools.follow_ups]]``, the
+events its handler enqueues (``ctx.enqueue``) when an event succeeds.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from dopool._errors import ConfigurationError
+from dopool._sim.checks import ScenarioError, assign, choice, number, probability
+from dopool._sim.sections import (
+    MAX_INSTANCES,
+    MAX_PAYLOAD_BYTES,
+    ROUTINGS,
+    Partitions,
+    Retry,
+    Service,
+)
+from dopool._validation import check_pool_name
+
+DEFAULT_POOL = "sim"  # the pool of a scenario without [[pools]]
+FANOUTS = ("fixed", "poisson", "geometric")
+MAX_FANOUT = 1000.0
+MAX_POOLS = 64
+# The expected events per arrival, follow-ups included, over which a design is refused:
+# follow-ups that (on average) cause as many again grow without end.
+MAX_AMPLIFICATION = 10_000.0
+
+#: A pool's settings that a [[pools]] table may override, and its sections.
+POOL_FIELDS = (
+    "instances",
+    "routing",
+    "max_queue_depth",
+    "payload_bytes",
+    "failure_probability",
+    "poison_share",
+)
+POOL_SECTIONS: dict[str, type[Any]] = {
+    "partitions": Partitions,
+    "service": Service,
+    "retry": Retry,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class FollowUp:
+    """When an event of the pool succeeds: with ``probability``, ``count`` follow-ups
+    into pool ``to`` (``fanout = "fixed"``), or a count drawn with mean ``count``
+    (``"poisson"``, or ``"geometric"``: 0, 1, 2, ... with a long tail).
+    """
+
+    to: str
+    probability: float = 1.0
+    count: float = 1.0
+    fanout: str = "fixed"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.to, str):
+            raise ScenarioError("to", f"must be a pool's name, got {self.to!r}")
+        assign(self, "probability", probability("probability", self.probability))
+        assign(self, "fanout", choice("fanout", self.fanout, FANOUTS))
+        assign(self, "count", number("count", self.count, minimum=0.0, maximum=MAX_FANOUT))
+        if self.fanout == "fixed" and not float(self.count).is_integer():
+            raise ScenarioError(
+                "count", f"must be a whole number with fanout 'fixed', got {self.count!r}"
+            )
+
+    @property
+    def mean(self) -> float:
+        """Follow-ups per success, on average."""
+        return self.probability * self.count
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pool:
+    """One pool of a scenario, every setting resolved."""
+
+    name: str
+    instances: int = 4
+    routing: str = "round-robin"
+    max_queue_depth: int | None = None
+    payload_bytes: int = 0
+    failure_probability: float = 0.0
+    poison_share: float = 0.0
+    partitions: Partitions = field(default_factory=Partitions)
+    service: Service = field(default_factory=Service)
+    retry: Retry = field(default_factory=Retry)
+    follow_ups: tuple[FollowUp, ...] = ()
+
+    def __post_init__(self) -> None:
+        number("instances", self.instances, integer=True, minimum=1, maximum=MAX_INSTANCES)
+        assign(self, "routing", choice("routing", self.routing, ROUTINGS))
+        if self.max_queue_depth is not None:
+            number("max_queue_depth", self.max_queue_depth, integer=True, minimum=1)
+        number("payload_bytes", self.payload_bytes, integer=True, minimum=0)
+        if self.payload_bytes > MAX_PAYLOAD_BYTES:
+            raise ScenarioError(
+                "payload_bytes", f"must be <= {MAX_PAYLOAD_BYTES:,}, got {self.payload_bytes:,}"
+            )
+        failure = probability("failure_probability", self.failure_probability)
+        assign(self, "failure_probability", failure)
+        assign(self, "poison_share", probability("poison_share", self.poison_share))
+
+
+@dataclass(frozen=True)
+class PoolTable:
+    """One ``[[pools]]`` table as written: the pool's name and what it overrides."""
+
+    name: str
+    settings: Mapping[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **_plain(self.settings)}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    return value
+
+
+def resolve(defaults: Pool, tables: Sequence[PoolTable]) -> tuple[Pool, ...]:
+    """The scenario's pools: ``defaults`` alone (named ``sim``), or one per table.
+
+    Raises:
+        ScenarioError: naming the table's field (``pools[1].service.mean``).
+    """
+    if not tables:
+        return (defaults,)
+    if len(tables) > MAX_POOLS:
+        raise ScenarioError("pools", f"must list at most {MAX_POOLS} pools, got {len(tables)}")
+    pools: list[Pool] = []
+    for position, table in enumerate(tables):
+        try:
+            pools.append(_resolve_one(defaults, table))
+        except ScenarioError as exc:
+            raise exc.within(f"pools[{position}]") from None
+    names = [pool.name for pool in pools]
+    for position, name in enumerate(names):
+        if name in names[:position]:
+            raise ScenarioError(f"pools[{position}].name", f"repeats the pool name {name!r}")
+    for position, pool in enumerate(pools):
+        for rule, follow in enumerate(pool.follow_ups):
+            if follow.to not in names:
+                raise ScenarioError(
+                    f"pools[{position}].follow_ups[{rule}].to", _unknown_pool(follow.to, names)
+                )
+    return tuple(pools)
+
+
+def _resolve_one(defaults: Pool, table: PoolTable) -> Pool:
+    try:
+        name = check_pool_name(table.name)
+    except ConfigurationError as exc:
+        raise ScenarioError("name", str(exc)) from None
+    settings = dict(table.settings)
+    known = {*POOL_FIELDS, *POOL_SECTIONS, "follow_ups"}
+    for key in settings:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), sorted(known), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ScenarioError(str(key), f"is not a pool setting{hint}")
+    arguments: dict[str, Any] = {f: getattr(defaults, f) for f in POOL_FIELDS}
+    arguments.update({f: settings[f] for f in POOL_FIELDS if f in settings})
+    for section, kind in POOL_SECTIONS.items():
+        base = {f.name: getattr(getattr(defaults, section), f.name) for f in fields(kind)}
+        override = settings.get(section, {})
+        if not isinstance(override, Mapping):
+            raise ScenarioError(section, f"must be a table, got {override!r}")
+        for key in override:
+            if key not in base:
+                raise ScenarioError(f"{section}.{key}", "is not a scenario field")
+        arguments[section] = kind(**{**base, **override})
+    follow_ups = settings.get("follow_ups", [])
+    if not isinstance(follow_ups, list | tuple):
+        raise ScenarioError("follow_ups", "must be an array of tables ([[pools.follow_ups]])")
+    arguments["follow_ups"] = tuple(_follow_up(rule, item) for rule, item in enumerate(follow_ups))
+    return Pool(name=name, **arguments)
+
+
+def _follow_up(rule: int, item: object) -> FollowUp:
+    path = f"follow_ups[{rule}]"
+    if not isinstance(item, Mapping):
+        raise ScenarioError(path, f"must be a table, got {item!r}")
+    known = {f.name for f in fields(FollowUp)}
+    for key in item:
+        if key not in known:
+            raise ScenarioError(f"{path}.{key}", "is not a follow-up field")
+    if "to" not in item:
+        raise ScenarioError(f"{path}.to", "is required")
+    try:
+        return FollowUp(**item)
+    except ScenarioError as exc:
+        raise exc.within(path) from None
+
+
+def _unknown_pool(name: str, names: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"names no pool of the scenario: {name!r}{hint}"
+
+
+def pool_of(name: str | None, pools: Sequence[Pool], path: str) -> Pool:
+    """The pool ``name`` names (None: the first), or a ScenarioError at ``path``."""
+    if name is None:
+        return pools[0]
+    for pool in pools:
+        if pool.name == name:
+            return pool
+    raise ScenarioError(path, _unknown_pool(name, [pool.name for pool in pools]))
+
+
+def amplification(pools: Sequence[Pool]) -> dict[str, float]:
+    """Events expected in each pool per event entering it, its follow-ups' included.
+
+    Raises:
+        ScenarioError: follow-ups that cause, on average, too many events (a cycle
+            whose mean fan-out is 1 or more never ends).
+    """
+    index = {pool.name: position for position, pool in enumerate(pools)}
+    result: dict[str, float] = {}
+    for start in pools:
+        level = [0.0] * len(pools)
+        level[index[start.name]] = 1.0
+        total = 0.0
+        for _ in range(10_000):
+            size = math.fsum(level)
+            total += size
+            if size < 1e-12 or total > MAX_AMPLIFICATION:
+                break
+            following = [0.0] * len(pools)
+            for position, share in enumerate(level):
+                if share:
+                    for rule in pools[position].follow_ups:
+                        following[index[rule.to]] += share * rule.mean
+            level = following
+        if total > MAX_AMPLIFICATION or math.fsum(level) >= 1e-12:
+            raise ScenarioError(
+                "pools",
+                f"follow-ups from pool {start.name!r} cause more than "
+                f"{MAX_AMPLIFICATION:,.0f} events per event on average (a cycle of "
+                "follow-ups whose mean fan-out is 1 or more never ends)",
+            )
+        result[start.name] = total
+    return result
