@@ -12,9 +12,10 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
+from types import MappingProxyType
 from typing import IO, Any, Unpack
 
 import pykka
@@ -97,6 +98,7 @@ class Runtime:
         self._emit_lock = threading.Lock()
         self._closed = False
         self._pools: dict[str, Instances] = {}  # by pool name; kill() finds one there
+        self._defined: dict[str, WorkerPool] = {}  # the same pools' handles, for ``pools``
         self._supervisors: list[list[Supervisor]] = []  # each pool's instances, by index
         self._subscribers: list[Callable[[PoolEvent], Any]] = []
         self._temporary: Path | None = None
@@ -165,6 +167,13 @@ class Runtime:
     def define(self, name: str, **options: Unpack[PoolOptionsDict]) -> WorkerPool:
         """Define a pool in this runtime; the options are ``WorkerPool.define``'s."""
         return self._define_pool(check_pool_name(name), PoolOptions.of(options))
+
+    @property
+    def pools(self) -> Mapping[str, WorkerPool]:
+        """The pools defined in this runtime, by name, in the order they were defined
+        (none once it is closed)."""
+        with self._lock:
+            return MappingProxyType(dict(self._defined))
 
     def kill(self, pool_name: str, index: int) -> None:
         """Crash one instance as a fault would; it is restarted and recovers from storage.
@@ -285,6 +294,7 @@ class Runtime:
             pool = WorkerPool(self._pool_context, spec, instances, direct)
             _ports.expose_pool(pool, instances)
             self._pools[name] = instances
+            self._defined[name] = pool
             return pool
 
     def _record_concurrency(self, name: str, concurrency: int) -> None:
@@ -341,6 +351,7 @@ class Runtime:
                 return None
             self._closed = True
             pools, self._supervisors = self._supervisors, []
+            self._defined.clear()  # the tools' registrations (_ports) end with the pools
         with _open_lock:
             _open.discard(self)
         return [

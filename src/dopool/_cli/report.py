@@ -41,7 +41,7 @@ def _render_report(out: Console, chosen: Scenario, finished: Run) -> None:
     summary.add_row(
         "events",
         f"{result.offered:,} offered · {result.acknowledged:,} enqueued · "
-        + (f"{result.follow_ups:,} follow-ups · " if result.requests else "")
+        + (f"{result.follow_ups:,} follow-ups · " if result.follow_ups else "")
         + f"{result.succeeded:,} succeeded · {result.dead_lettered:,} dead-lettered · "
         f"{result.pending:,} pending · {result.lost:,} lost",
     )
@@ -51,12 +51,13 @@ def _render_report(out: Console, chosen: Scenario, finished: Run) -> None:
         f"{result.failed:,} failed enqueues (instance crashed, nothing stored)"
         + (f" · {result.waiting:,} enqueues still waiting" if result.waiting else ""),
     )
-    pools = chosen.resolved_pools
-    shape = (
-        f"{pools[0].instances} instances, {pools[0].routing} routing"
-        if len(pools) == 1
-        else f"{len(pools)} pools, {sum(p.instances for p in pools)} instances"
-    )
+    instances = len(result.instances)
+    if len(result.pools) > 1:
+        shape = f"{len(result.pools)} pools, {instances} instances"
+    elif chosen.app is not None:
+        shape = f"{instances} instances"
+    else:
+        shape = f"{instances} instances, {chosen.routing} routing"
     summary.add_row(
         "throughput",
         f"{result.throughput:,.1f} events/s over {result.virtual_time:,.1f} virtual s "
@@ -184,11 +185,14 @@ def _dead_letter_sample(result: Result) -> Table:
     table = Table(title="dead letters", title_justify="left", box=box.SIMPLE_HEAD)
     for name in ("instance", "sequence", "event", "attempts", "failed at", "error"):
         table.add_column(name, justify="right" if name != "error" else "left")
+    several = len(result.pools) > 1
     for letter in result.dead_letters[:MAX_DEAD_LETTER_ROWS]:
+        instance = f"{letter['pool']}:{letter['instance']}" if several else str(letter["instance"])
+        event = letter["event_id"]
         table.add_row(
-            str(letter["instance"]),
+            _clean(instance),
             str(letter["sequence"]),
-            str(letter["event_id"]),
+            "-" if event is None else _clean(event),
             str(letter["attempts"]),
             f"t={letter['failed_at']:.2f}",
             Text(_clean(letter["error"])),

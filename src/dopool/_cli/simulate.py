@@ -57,6 +57,7 @@ FIELD_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("--max-attempts", "retry.max_attempts", "attempts per event, the first included"),
     ("--max-queue-depth", "max_queue_depth", "pending events one instance accepts ('none')"),
     ("--duration", "duration", "stop at this virtual time ('none' = run until done)"),
+    ("--app", "app", "your code: module:function (or file.py:function) defining the pools"),
 )
 _FIELD_OF = {flag: path for flag, path, _ in FIELD_FLAGS}
 _FLAG_OF = {path: flag for flag, path, _ in FIELD_FLAGS}
@@ -202,7 +203,6 @@ def simulate(
 def _build_scenario(
     name: str, seed: int | None, fields: dict[str, str | None], settings: tuple[str, ...]
 ) -> Scenario:
-    base = scenarios.resolve(name)
     overrides: dict[str, str] = {}
     sources: dict[str, str] = {}
     for param, value in fields.items():
@@ -221,13 +221,12 @@ def _build_scenario(
     if seed is not None:
         overrides["seed"] = str(seed)
         sources["seed"] = "--seed"
-    if not overrides:
-        return base
     try:
-        return scenarios.with_overrides(base, overrides)
+        return scenarios.resolve(name, overrides)
     except ScenarioError as exc:
-        source = sources.get(exc.field, "flags")
-        raise exc.from_source(source) from None
+        if exc.field in sources:
+            raise exc.from_source(sources[exc.field]) from None
+        raise
 
 
 def _parse_sweep(spec: str) -> tuple[str, list[Any]]:

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -37,11 +38,17 @@ from dopool._messages import Pause, Reply, Resume
 from dopool._pool import WorkerPool
 from dopool._retry import RetryPolicy
 from dopool._runtime import Runtime
+from dopool._sim.app import App, AppError, load_app
+from dopool._sim.checks import ScenarioError
 from dopool._sim.loading import with_overrides
 from dopool._sim.measure import measure
 from dopool._sim.metrics import Collector, Result
+from dopool._sim.pools import pool_named
 from dopool._sim.scenario import Scenario
+from dopool._sim.sections import Kill as PlannedKill
+from dopool._sim.sections import Pause as PlannedPause
 from dopool._sim.workload import Arrival, Lineage, arrivals, make_event, make_handler
+from dopool._types import PoolEvent
 from dopool._validation import prepare
 from dopool.chaos import FaultPlan
 
@@ -117,36 +124,28 @@ def _run(
     )
     stopped = False
     try:
-        designs = {pool.name: pool for pool in scenario.resolved_pools}
-        collectors = {name: Collector(name, pool.instances) for name, pool in designs.items()}
         lineage = Lineage()
-        pools: dict[str, WorkerPool] = {}
-        for name, design in designs.items():
-            runtime.subscribe(collectors[name])
-            spec = design.retry
-            pools[name] = runtime.define(
-                name,
-                execute=make_handler(scenario.seed, design, designs, lineage),
-                concurrency=design.instances,
-                retry=RetryPolicy(
-                    max_attempts=spec.max_attempts,
-                    initial_delay=spec.initial_delay,
-                    multiplier=spec.multiplier,
-                    max_delay=spec.max_delay,
-                    jitter=spec.jitter,
-                ),
-                max_queue_depth=design.max_queue_depth,
-            )
-        schedule = arrivals(scenario)
+        if scenario.app is None:
+            collectors = _define_pools(scenario, runtime, lineage)
+            app = None
+        else:
+            app = load_app(scenario.app)
+            collectors = _define_app_pools(scenario, runtime, app)
+        pools = dict(runtime.pools)
+        schedule = arrivals(scenario, list(pools))
         futures: list[tuple[Arrival, Reply]] = []
-        padding = {name: b"\0" * design.payload_bytes for name, design in designs.items()}
+        padding = b"\0" * scenario.payload_bytes if app else b""
+        paddings = {design.name: b"\0" * design.payload_bytes for design in scenario.resolved_pools}
         upcoming = iter(schedule)
 
         def arrive(arrival: Arrival) -> None:
             # One arrival per callback, and it schedules the next: the heap stays small.
             if stopped:
                 return
-            event = make_event(arrival, padding[arrival.pool])
+            if app is not None and arrival.payload is not None:
+                event = _app_event(app, scenario.seed, arrival)
+            else:
+                event = make_event(arrival, paddings.get(arrival.pool, padding))
             reply = _submit(pools[arrival.pool], event, arrival.partition_key)
             futures.append((arrival, reply))
             following = next(upcoming, None)
@@ -175,6 +174,80 @@ def _run(
     finally:
         stopped = True  # callbacks still scheduled must do nothing while close() drives the clock
         runtime.close()
+
+
+def _define_pools(scenario: Scenario, runtime: Runtime, lineage: Lineage) -> dict[str, Collector]:
+    """Define the scenario's pools, each with the simulated handler; their collectors."""
+    designs = {pool.name: pool for pool in scenario.resolved_pools}
+    collectors: dict[str, Collector] = {}
+    for name, design in designs.items():
+        collectors[name] = Collector(name, design.instances)
+        runtime.subscribe(collectors[name])
+        spec = design.retry
+        runtime.define(
+            name,
+            execute=make_handler(scenario.seed, design, designs, lineage),
+            concurrency=design.instances,
+            retry=RetryPolicy(
+                max_attempts=spec.max_attempts,
+                initial_delay=spec.initial_delay,
+                multiplier=spec.multiplier,
+                max_delay=spec.max_delay,
+                jitter=spec.jitter,
+            ),
+            max_queue_depth=design.max_queue_depth,
+        )
+    return collectors
+
+
+def _define_app_pools(scenario: Scenario, runtime: Runtime, app: App) -> dict[str, Collector]:
+    """Have the app define its pools; their collectors see every event from the start."""
+    early: list[PoolEvent] = []
+    unsubscribe = runtime.subscribe(early.append)
+    try:
+        app.define_pools(runtime)
+    finally:
+        unsubscribe()
+    pools = runtime.pools
+    if not pools:
+        raise AppError(app.spec, "defined no pool on the runtime it was given")
+    names = list(pools)
+    for position, stream in enumerate(scenario.arrivals):
+        where = "arrivals" if len(scenario.arrivals) == 1 else f"arrivals[{position}]"
+        pool_named(stream.pool, names, f"{where}.pool")
+        if stream.payload is not None:
+            app.payload(stream.payload)
+    placed: list[tuple[str, Sequence[PlannedPause | PlannedKill]]] = [
+        ("pauses", scenario.pauses),
+        ("kills", scenario.kills),
+    ]
+    for kind, items in placed:
+        for position, item in enumerate(items):
+            name = pool_named(item.pool, names, f"{kind}[{position}].pool")
+            concurrency = pools[name].concurrency
+            if item.instance is not None and item.instance >= concurrency:
+                raise ScenarioError(
+                    f"{kind}[{position}].instance",
+                    f"must be < instances ({concurrency}) of pool {name!r}, got {item.instance}",
+                )
+    collectors = {name: Collector(name, pool.concurrency) for name, pool in pools.items()}
+    for collector in collectors.values():
+        for event in early:
+            collector(event)
+        runtime.subscribe(collector)
+    return collectors
+
+
+def _app_event(app: App, seed: int, arrival: Arrival) -> Any:
+    """An arriving event made by the app's payload function, from a seeded generator."""
+    assert arrival.payload is not None
+    make = app.payload(arrival.payload)
+    try:
+        return make(arrival.event_id, random.Random(f"{seed}/payload/{arrival.event_id}"))
+    except Exception as exc:
+        raise AppError(
+            app.spec, f"payload {arrival.payload!r} raised {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def _submit(pool: WorkerPool, event: Any, partition_key: str | None) -> Reply:
@@ -211,16 +284,15 @@ def _schedule_controls(
         if not stopped():
             runtime.kill(name, index)
 
+    first = next(iter(pools))
     for pause in scenario.pauses:
-        design = scenario.pool(pause.pool)
-        pool = pools[design.name]
-        targets = range(design.instances) if pause.instance is None else [pause.instance]
+        pool = pools[pause.pool or first]
+        targets = range(pool.concurrency) if pause.instance is None else [pause.instance]
         for index in targets:
             clock.call_at(pause.at, partial(send, pool, Pause, index))
             clock.call_at(pause.at + pause.duration, partial(send, pool, Resume, index))
     for planned in scenario.kills:
-        name = scenario.pool(planned.pool).name
-        clock.call_at(planned.at, partial(kill, name, planned.instance))
+        clock.call_at(planned.at, partial(kill, planned.pool or first, planned.instance))
 
 
 # -- sweeps -----------------------------------------------------------------------------

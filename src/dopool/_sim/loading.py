@@ -115,22 +115,48 @@ def _refuse_unknown(path: str, data: Mapping[str, Any], known: set[str]) -> None
             raise ScenarioError(name, f"is not a scenario field{hint}")
 
 
-def load_file(path: str | Path) -> Scenario:
-    """Read a scenario from a TOML file; errors name the file and the field."""
+def _read(name_or_path: str) -> tuple[dict[str, Any], str]:
+    """The TOML data of a built-in scenario or a scenario file, and where it came from."""
+    if name_or_path in BUILTINS:
+        source = f"built-in scenario '{name_or_path}'"
+        path = resources.files("dopool._sim").joinpath("scenarios", f"{name_or_path}.toml")
+        return _parse(path.read_text("utf-8"), source), source
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists() or "/" in name_or_path:
+        return _read_file(path)
+    raise ScenarioError(
+        "",
+        f"'{name_or_path}' is neither a built-in scenario ({', '.join(BUILTINS)}) nor a file",
+    )
+
+
+def _read_file(path: Path) -> tuple[dict[str, Any], str]:
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ScenarioError("", f"cannot be read: {exc.strerror or exc}", source=source) from None
-    return loads(text, source=source)
+    return _parse(text, source), source
+
+
+def _parse(text: str, source: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError("", f"is not valid TOML: {exc}", source=source) from None
+
+
+def load_file(path: str | Path) -> Scenario:
+    """Read a scenario from a TOML file; errors name the file and the field."""
+    return _built(*_read_file(Path(path)))
 
 
 def loads(text: str, *, source: str = "<scenario>") -> Scenario:
     """Parse a scenario from TOML text."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError("", f"is not valid TOML: {exc}", source=source) from None
+    return _built(_parse(text, source), source)
+
+
+def _built(data: Mapping[str, Any], source: str) -> Scenario:
     try:
         return from_mapping(data)
     except ScenarioError as exc:
@@ -141,21 +167,27 @@ def builtin(name: str) -> Scenario:
     """One of the built-in scenarios (:data:`BUILTINS`), shipped as TOML files."""
     if name not in BUILTINS:
         raise ScenarioError("", f"'{name}' is not a built-in scenario ({', '.join(BUILTINS)})")
-    text = resources.files("dopool._sim").joinpath("scenarios", f"{name}.toml").read_text("utf-8")
-    return loads(text, source=f"built-in scenario '{name}'")
+    return resolve(name)
 
 
-def resolve(name_or_path: str) -> Scenario:
-    """A built-in scenario by name, or a scenario file by path."""
-    if name_or_path in BUILTINS:
-        return builtin(name_or_path)
-    path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists() or "/" in name_or_path:
-        return load_file(path)
-    raise ScenarioError(
-        "",
-        f"'{name_or_path}' is neither a built-in scenario ({', '.join(BUILTINS)}) nor a file",
-    )
+def resolve(name_or_path: str, overrides: Mapping[str, Any] | None = None) -> Scenario:
+    """A built-in scenario by name, or a scenario file by path, with ``overrides``
+    (dotted paths, as :func:`with_overrides` takes) applied before it is checked:
+    a flag may give what the file leaves to it (``--app`` for a scenario naming an
+    app's pools)."""
+    data, source = _read(name_or_path)
+    if overrides:
+        data = _without_none(_applied(_normalized(data), overrides))
+    return _built(data, source)
+
+
+def _normalized(data: Mapping[str, Any]) -> dict[str, Any]:
+    """TOML data in the shape of a scenario's ``to_dict``: arrivals as a list of tables."""
+    result = dict(data)
+    streams = result.get("arrivals", {})
+    result["arrivals"] = [dict(streams)] if isinstance(streams, Mapping) else list(streams)
+    result.setdefault("pools", [])
+    return result
 
 
 # -- overrides (flags) --------------------------------------------------------------
@@ -277,7 +309,11 @@ def with_overrides(scenario: Scenario, overrides: Mapping[str, Any]) -> Scenario
     several); ``pools.NAME.x`` a pool's. Setting one of a stream's ``total`` /
     ``duration`` clears the other unless both are given.
     """
-    data = scenario.to_dict()
+    return from_mapping(_without_none(_applied(scenario.to_dict(), overrides)))
+
+
+def _applied(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` (in ``to_dict``'s shape) with the dotted-path ``overrides`` set."""
     for path, raw in overrides.items():
         _field_kind(path)
         value = parse_value(path, raw) if isinstance(raw, str) else raw
@@ -293,7 +329,7 @@ def with_overrides(scenario: Scenario, overrides: Mapping[str, Any]) -> Scenario
             stream["duration"] = None
         if "duration" in given and "total" not in given:
             stream["total"] = None
-    return from_mapping(_without_none(data))
+    return data
 
 
 def _table(data: dict[str, Any], where: str, path: str) -> dict[str, Any]:
@@ -325,7 +361,7 @@ def _table(data: dict[str, Any], where: str, path: str) -> dict[str, Any]:
             raise ScenarioError(path, f"names no arrival stream (the scenario has {len(streams)})")
         chosen: dict[str, Any] = streams[position]
         return chosen
-    section: dict[str, Any] = data[where]
+    section: dict[str, Any] = data.setdefault(where, {})
     return section
 
 

@@ -145,10 +145,13 @@ def measure(
             )
         )
     acknowledged = sum(len(keys) for keys in answers.arrived_at.values())
-    spawned = _spawned(collectors, lineage)
     settled = sum(s.succeeded + s.dead_lettered + s.pending + s.drained for s in statuses.values())
+    if scenario.app is None:  # the simulated handlers say what they enqueued
+        spawned = _spawned(collectors, lineage)
+    else:  # an app's handlers do not: take the store's word
+        spawned = sum(s.enqueued for s in statuses.values()) + outbox - acknowledged
     lost = acknowledged + spawned - settled - outbox
-    follow_ups = any(pool.follow_ups for pool in scenario.resolved_pools)
+    follow_ups = scenario.app is None and any(p.follow_ups for p in scenario.resolved_pools)
     invariants = [
         _no_loss(acknowledged, spawned, statuses.values(), outbox, lost, missing),
         Invariant(

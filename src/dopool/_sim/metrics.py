@@ -374,7 +374,7 @@ class Result:
             "events": {
                 "offered": self.offered,
                 "enqueued": self.acknowledged,
-                **({"follow_ups": self.follow_ups} if self.requests else {}),
+                **({"follow_ups": self.follow_ups} if self.follow_ups else {}),
                 "rejected_queue_full": self.rejected,
                 "failed_enqueue": self.failed,
                 "waiting_enqueue": self.waiting,

@@ -213,12 +213,17 @@ def _unknown_pool(name: str, names: Sequence[str]) -> str:
 
 def pool_of(name: str | None, pools: Sequence[Pool], path: str) -> Pool:
     """The pool ``name`` names (None: the first), or a ScenarioError at ``path``."""
+    chosen = pool_named(name, [pool.name for pool in pools], path)
+    return next(pool for pool in pools if pool.name == chosen)
+
+
+def pool_named(name: str | None, names: Sequence[str], path: str) -> str:
+    """``name`` if it is one of ``names`` (None: the first), or a ScenarioError at ``path``."""
     if name is None:
-        return pools[0]
-    for pool in pools:
-        if pool.name == name:
-            return pool
-    raise ScenarioError(path, _unknown_pool(name, [pool.name for pool in pools]))
+        return names[0]
+    if name not in names:
+        raise ScenarioError(path, _unknown_pool(name, names))
+    return name
 
 
 def amplification(pools: Sequence[Pool]) -> dict[str, float]:

@@ -83,6 +83,9 @@ class Scenario:
         arrivals: the arrival streams, each into one pool.
         pools: ``[[pools]]`` tables; without any, the pool fields above describe one
             pool named ``sim``; with some, they are every pool's defaults.
+        app: ``"module:function"`` that defines the pools with real handlers instead
+            (:mod:`dopool._sim.app`); the pool fields then only shape the arrivals'
+            partition keys.
     """
 
     name: str = "custom"
@@ -101,6 +104,7 @@ class Scenario:
     retry: Retry = field(default_factory=Retry)
     faults: Faults = field(default_factory=Faults)
     pools: tuple[PoolTable, ...] = ()
+    app: str | None = None
     pauses: tuple[Pause, ...] = ()
     kills: tuple[Kill, ...] = ()
 
@@ -125,6 +129,11 @@ class Scenario:
             if not isinstance(table, PoolTable):
                 raise ScenarioError(f"pools[{position}]", "must be a PoolTable")
         object.__setattr__(self, "pools", tables)
+        if self.app is not None:
+            if not isinstance(self.app, str) or ":" not in self.app:
+                raise ScenarioError("app", f"must be 'module:function', got {self.app!r}")
+            if tables:
+                raise ScenarioError("pools", "cannot be given with an app: it defines the pools")
         resolved = resolve(defaults, tables)
         object.__setattr__(self, "_resolved", resolved)
         self._check_arrivals(resolved)
@@ -135,6 +144,8 @@ class Scenario:
                 path = f"{name}[{position}]"
                 if not isinstance(item, kind):
                     raise ScenarioError(path, f"must be a {kind.__name__}")
+                if self.app is not None:
+                    continue  # the app's pools are known when it runs
                 pool = pool_of(item.pool, resolved, f"{path}.pool")
                 if item.instance is not None and item.instance >= pool.instances:
                     raise ScenarioError(
@@ -157,6 +168,9 @@ class Scenario:
             path = "arrivals" if len(streams) == 1 else f"arrivals[{position}]"
             if not isinstance(stream, Arrivals):
                 raise ScenarioError(path, f"must be an Arrivals, got {stream!r}")
+            if self.app is not None:
+                expected += stream.expected_events()
+                continue
             entry = pool_of(stream.pool, pools, f"{path}.pool")
             expected += stream.expected_events() * growth[entry.name]
         if expected > MAX_EVENTS:

@@ -54,12 +54,14 @@ class Arrivals(Section):
     (exponential gaps, mean rate ``rate``) or ``bursts`` (``burst_size`` events
     at once every ``burst_interval`` seconds). Give ``total`` events or a
     ``duration`` of arrivals in virtual seconds, not both (neither: 1000 events).
-    ``pool`` names the pool they enter (absent: the first pool).
+    ``pool`` names the pool they enter (absent: the first pool); with an app,
+    ``payload`` names the function of its module that makes each event.
     """
 
     section: ClassVar[str] = "arrivals"
 
     pool: str | None = None
+    payload: str | None = None
     process: str = "poisson"
     rate: float = 50.0
     total: int | None = None
@@ -68,8 +70,11 @@ class Arrivals(Section):
     burst_interval: float = 10.0
 
     def _check(self) -> None:
-        if self.pool is not None and not isinstance(self.pool, str):
-            raise ScenarioError("pool", f"must be a pool's name, got {self.pool!r}")
+        _check_pool(self.pool)
+        if self.payload is not None and not (
+            isinstance(self.payload, str) and self.payload.isidentifier()
+        ):
+            raise ScenarioError("payload", f"must name a function, got {self.payload!r}")
         assign(self, "process", choice("process", self.process, PROCESSES))
         assign(self, "rate", number("rate", self.rate, above=0.0))
         if self.total is not None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 import itertools
 import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,21 +40,30 @@ class Arrival:
     partition_key: str | None
     poison: bool
     pool: str = POOL
+    payload: str | None = None  # the app's function that makes the event
 
 
-def arrivals(scenario: Scenario) -> list[Arrival]:
+def arrivals(scenario: Scenario, app_pools: Sequence[str] = ()) -> list[Arrival]:
     """Every arrival of the scenario, in time order, from its seed alone.
 
     Times, keys and poison draws come from separate seeded streams, so changing
     one knob (say the key skew) does not reshuffle the others; each arrival
     stream has its own (the first one's are those of a one-stream scenario).
     Arrivals are numbered in time order across the streams (ties: stream order).
+    With an app, ``app_pools`` are the pools it defined: a stream without a pool
+    enters the first, and keys follow the scenario's top-level routing.
     """
     seed = scenario.seed
     drafts: list[Iterator[tuple[float, int, str | None, bool, str]]] = []
+    payloads: dict[int, str | None] = {}
     for position, stream in enumerate(scenario.arrivals):
         suffix = "" if position == 0 else f"/{position}"
-        pool = scenario.pool(stream.pool)
+        payloads[position] = stream.payload
+        if scenario.app is None:
+            pool = scenario.pool(stream.pool)
+        else:
+            name = stream.pool or app_pools[0]
+            pool = dataclasses.replace(scenario.resolved_pools[0], name=name)
         drafts.append(
             _stream(
                 stream,
@@ -65,8 +75,8 @@ def arrivals(scenario: Scenario) -> list[Arrival]:
             )
         )
     return [
-        Arrival(at, number, key, poison, pool)
-        for number, (at, _, key, poison, pool) in enumerate(heapq.merge(*drafts))
+        Arrival(at, number, key, poison, pool, payloads[stream])
+        for number, (at, stream, key, poison, pool) in enumerate(heapq.merge(*drafts))
     ]
 
 

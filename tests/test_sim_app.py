@@ -1,0 +1,159 @@
+"""``dopool simulate --app``: your own handlers on the simulated runtime (docs/simulate.md)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dopool._cli import cli
+from dopool._sim import loading
+from dopool._sim.app import AppError, load_app
+from dopool._sim.checks import ScenarioError
+from dopool._sim.driver import run
+
+APP = """
+import random
+
+from dopool import EventContext, RetryPolicy, Runtime
+
+
+def resize(ctx: EventContext) -> None:
+    rng = random.Random(f"{ctx.event['image']}/{ctx.attempt}")
+    ctx.sleep(0.05 + ctx.event["megapixels"] * 0.02)
+    if ctx.event["megapixels"] > 20 and ctx.attempt == 1:
+        ctx.enqueue({"image": ctx.event["image"] + "-tile", "megapixels": 1})
+    if rng.random() < 0.1:
+        raise TimeoutError("storage timed out")
+
+
+def build(runtime: Runtime) -> None:
+    runtime.define(
+        "thumbnails", execute=resize, concurrency=3, retry=RetryPolicy(initial_delay=0.5)
+    )
+
+
+def nothing(runtime: Runtime) -> None:
+    pass
+
+
+def broken(runtime: Runtime) -> None:
+    raise RuntimeError("no database")
+
+
+def upload(number: int, rng: random.Random) -> dict:
+    return {"image": f"img-{number}", "megapixels": rng.choice([1, 4, 12, 24])}
+
+
+def bad_upload(number: int, rng: random.Random) -> dict:
+    raise ValueError("no image")
+"""
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> str:
+    path = tmp_path / "thumbs.py"
+    path.write_text(APP, encoding="utf-8")
+    return str(path)
+
+
+def scenario_text(app: str, function: str = "build", payload: str = "upload") -> str:
+    return textwrap.dedent(
+        f"""
+        name = "thumbnails"
+        app = "{app}:{function}"
+        seed = 2
+
+        [arrivals]
+        pool = "thumbnails"
+        payload = "{payload}"
+        rate = 8.0
+        total = 200
+
+        [[kills]]
+        at = 3.0
+        pool = "thumbnails"
+        instance = 2
+        """
+    )
+
+
+def test_an_app_runs_its_own_handlers_on_the_simulated_runtime(app: str) -> None:
+    result = run(loading.loads(scenario_text(app))).result
+    assert result.passed, [check.detail for check in result.invariants]
+    (pool,) = result.pools
+    assert (pool.name, len(pool.instances)) == ("thumbnails", 3)
+    assert result.offered == 200
+    assert result.follow_ups > 0  # the tiles its handler enqueued, counted from the store
+    assert result.succeeded == 200 + result.follow_ups
+    assert result.retries > 0
+    assert result.restarts == 1
+    assert result.requests is None  # an app's events carry no request lineage
+
+
+def test_an_app_run_is_byte_identical_for_the_same_seed(app: str) -> None:
+    scenario = loading.loads(scenario_text(app))
+    first = json.dumps(run(scenario).result.to_json_dict())
+    assert json.dumps(run(scenario).result.to_json_dict()) == first
+
+
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        ("nocolon", "must be 'module:function'"),
+        ("no_such_module_here:build", "names no importable module"),
+        ("missing/file.py:build", "names no file"),
+        ("json:no_such_function", "has no function"),
+    ],
+)
+def test_a_bad_app_is_a_usage_error_naming_it(spec: str, words: str) -> None:
+    with pytest.raises(ScenarioError, match=words) as caught:
+        load_app(spec)
+    assert caught.value.field == "app"
+
+
+def test_an_app_that_fails_is_named_with_what_it_raised(app: str, tmp_path: Path) -> None:
+    with pytest.raises(AppError, match="raised RuntimeError: no database"):
+        run(loading.loads(scenario_text(app, function="broken")))
+    with pytest.raises(AppError, match="defined no pool"):
+        run(loading.loads(scenario_text(app, function="nothing")))
+    with pytest.raises(AppError, match="payload 'bad_upload' raised ValueError: no image"):
+        run(loading.loads(scenario_text(app, payload="bad_upload")))
+    with pytest.raises(ScenarioError, match="names no function of the app's module"):
+        run(loading.loads(scenario_text(app, payload="nope")))
+    crashing = tmp_path / "crashing.py"
+    crashing.write_text("raise ImportError('half installed')\n", encoding="utf-8")
+    with pytest.raises(AppError, match="importing it raised ImportError"):
+        load_app(f"{crashing}:build")
+
+
+def test_arrivals_and_kills_must_name_the_apps_pools(app: str) -> None:
+    text = scenario_text(app).replace('pool = "thumbnails"\npayload', 'pool = "thumbs"\npayload')
+    with pytest.raises(ScenarioError, match="did you mean 'thumbnails'") as caught:
+        run(loading.loads(text))
+    assert caught.value.field == "arrivals.pool"
+    text = scenario_text(app).replace("instance = 2", "instance = 3")
+    with pytest.raises(ScenarioError, match="must be < instances") as caught:
+        run(loading.loads(text))
+    assert caught.value.field == "kills[0].instance"
+
+
+def test_an_app_defines_the_pools_so_pool_tables_are_refused(app: str) -> None:
+    with pytest.raises(ScenarioError, match="it defines the pools"):
+        loading.loads(scenario_text(app) + '\n[[pools]]\nname = "x"\n')
+
+
+def test_the_app_flag_and_its_errors(app: str, tmp_path: Path) -> None:
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(scenario_text(app).replace(f'app = "{app}:build"\n', ""), "utf-8")
+    runner = CliRunner()
+    done = runner.invoke(cli, ["simulate", "--scenario", str(scenario), "--app", f"{app}:build"])
+    assert done.exit_code == 0, done.output
+    assert "(3 instances)" in done.output
+    bad = runner.invoke(cli, ["simulate", "--scenario", str(scenario), "--app", "nope:build"])
+    assert bad.exit_code == 2
+    assert bad.output.strip().splitlines()[-1].startswith("Error: ")
+    assert "names no importable module" in bad.output
