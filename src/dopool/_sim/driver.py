@@ -107,6 +107,7 @@ def _run(
     trace: str | os.PathLike[str] | None,
     progress: Progress | None,
 ) -> Result:
+    schedule = arrivals(scenario)  # first: a bad replay file fails before a store is made
     clock = SimulatedClock()
     faults = None
     if scenario.faults.any:
@@ -132,7 +133,6 @@ def _run(
             ),
             max_queue_depth=scenario.max_queue_depth,
         )
-        schedule = arrivals(scenario)
         futures: list[tuple[Arrival, Reply]] = []
         padding = b"\0" * scenario.payload_bytes
         upcoming = iter(schedule)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import MISSING, fields, replace
@@ -12,7 +13,15 @@ from typing import Any
 
 from dopool._sim.scenario import LISTS, SECTIONS, Scenario, ScenarioError, Section
 
-BUILTINS = ("steady", "burst", "hot-partition", "poison", "crash-storm", "maintenance")
+BUILTINS = (
+    "steady",
+    "burst",
+    "hot-partition",
+    "poison",
+    "crash-storm",
+    "maintenance",
+    "daily-cycle",
+)
 
 
 # -- building from plain data -------------------------------------------------------
@@ -27,12 +36,7 @@ def from_mapping(data: Mapping[str, Any]) -> Scenario:
         if key in SECTIONS:
             arguments[key] = _build(key, SECTIONS[key], value)
         elif key in LISTS:
-            if not isinstance(value, list):
-                raise ScenarioError(key, f"must be an array of tables ([[{key}]]), got {value!r}")
-            arguments[key] = tuple(
-                _build(f"{key}[{position}]", LISTS[key], item)
-                for position, item in enumerate(value)
-            )
+            arguments[key] = _build_array(key, LISTS[key], value)
         else:
             arguments[key] = value
     scenario: Scenario = _construct("", Scenario, arguments)
@@ -43,7 +47,17 @@ def _build(path: str, kind: type[Any], value: object) -> Any:
     if not isinstance(value, Mapping):
         raise ScenarioError(path, f"must be a table, got {value!r}")
     _refuse_unknown(path, value, {f.name for f in fields(kind)})
-    return _construct(path, kind, dict(value))
+    arguments = dict(value)
+    for name, item in getattr(kind, "arrays", {}).items():  # [[arrivals.phases]]
+        if name in arguments:
+            arguments[name] = _build_array(f"{path}.{name}", item, arguments[name])
+    return _construct(path, kind, arguments)
+
+
+def _build_array(path: str, kind: type[Any], value: object) -> tuple[Any, ...]:
+    if not isinstance(value, list):
+        raise ScenarioError(path, f"must be an array of tables ([[{path}]]), got {value!r}")
+    return tuple(_build(f"{path}[{position}]", kind, item) for position, item in enumerate(value))
 
 
 def _construct(path: str, kind: type[Any], arguments: dict[str, Any]) -> Any:
@@ -73,13 +87,22 @@ def _refuse_unknown(path: str, data: Mapping[str, Any], known: set[str]) -> None
 
 
 def load_file(path: str | Path) -> Scenario:
-    """Read a scenario from a TOML file; errors name the file and the field."""
+    """Read a scenario from a TOML file; errors name the file and the field.
+
+    A relative ``arrivals.file`` (a replay) is relative to the scenario file: it
+    is joined to the file's folder, so the scenario then reads it from anywhere.
+    """
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ScenarioError("", f"cannot be read: {exc.strerror or exc}", source=source) from None
-    return loads(text, source=source)
+    scenario = loads(text, source=source)
+    replayed = scenario.arrivals.file
+    if replayed is None or os.path.isabs(replayed):
+        return scenario
+    joined = os.path.normpath(os.path.join(os.path.dirname(source), replayed))
+    return replace(scenario, arrivals=replace(scenario.arrivals, file=joined))
 
 
 def loads(text: str, *, source: str = "<scenario>") -> Scenario:
@@ -128,6 +151,8 @@ def _field_kind(path: str) -> tuple[type[Any], str, str]:
         raise ScenarioError(parts[0], "can only be set in a scenario file")
     else:
         raise ScenarioError(path, "is not a scenario field")
+    if name in getattr(kind, "arrays", {}):
+        raise ScenarioError(path, "can only be set in a scenario file")
     specs = {f.name: f for f in fields(kind)}
     if name in SECTIONS or name in LISTS:
         if name in LISTS:
@@ -150,7 +175,7 @@ def settable_fields() -> list[str]:
     """Every dotted path a flag can set."""
     paths = [f.name for f in fields(Scenario) if f.name not in SECTIONS and f.name not in LISTS]
     for section, kind in SECTIONS.items():
-        paths.extend(f"{section}.{f.name}" for f in fields(kind))
+        paths.extend(f"{section}.{f.name}" for f in fields(kind) if f.name not in kind.arrays)
     return paths
 
 

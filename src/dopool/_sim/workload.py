@@ -6,11 +6,12 @@ import bisect
 import itertools
 import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from dopool._context import EventContext
+from dopool._sim.arrivals import records
 from dopool._sim.scenario import Scenario
 
 POOL = "sim"  # the simulated pool's name
@@ -26,53 +27,37 @@ class PoisonEventError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Arrival:
-    """One event to enqueue at virtual time ``time``."""
+    """One event to enqueue at virtual time ``time`` (``pool``: a replayed record's, unused)."""
 
     time: float
     event_id: int
     partition_key: str | None
     poison: bool
+    pool: str | None = None
 
 
 def arrivals(scenario: Scenario) -> list[Arrival]:
     """Every arrival of the scenario, in time order, from its seed alone.
 
-    Times, keys and poison draws come from separate seeded streams, so changing
-    one knob (say the key skew) does not reshuffle the others.
+    Times (:mod:`dopool._sim.arrivals`), keys and poison draws come from separate
+    seeded streams, so changing one knob (say the key skew) does not reshuffle
+    the others. A replayed record's partition key replaces the picked one (the
+    pick is drawn all the same, so the other events keep theirs).
     """
     seed = scenario.seed
     keys = _key_picker(scenario, random.Random(f"{seed}/keys"))
     poison = random.Random(f"{seed}/poison")
     share = scenario.poison_share
-    return [
-        Arrival(at, number, keys(), share > 0 and poison.random() < share)
-        for number, at in enumerate(_times(scenario, random.Random(f"{seed}/times")))
-    ]
-
-
-def _times(scenario: Scenario, rng: random.Random) -> Iterator[float]:
-    spec = scenario.arrivals
-    limit = math.inf if spec.duration is None else spec.duration
-    count = itertools.count() if spec.total is None else iter(range(spec.total))
-    if spec.process == "bursts":
-        for number in count:
-            at = (number // spec.burst_size) * spec.burst_interval
-            if at >= limit:
-                return
-            yield at
-    elif spec.process == "steady":
-        for number in count:
-            at = number / spec.rate
-            if at >= limit:
-                return
-            yield at
-    else:
-        at = 0.0
-        for _ in count:
-            at += rng.expovariate(spec.rate)
-            if at >= limit:
-                return
-            yield at
+    keyed = scenario.routing == "partition"
+    result = []
+    times = random.Random(f"{seed}/times")
+    for number, record in enumerate(records(scenario.arrivals, times)):
+        key = keys()
+        if keyed and record.partition_key is not None:
+            key = record.partition_key
+        bad = share > 0 and poison.random() < share
+        result.append(Arrival(record.time, number, key, bad, record.pool))
+    return result
 
 
 def _key_picker(scenario: Scenario, rng: random.Random) -> Callable[[], str | None]:
