@@ -35,7 +35,11 @@ from dopool._sim.scenario import Scenario
 FIELD_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("--instances", "instances", "number of instances (pool concurrency)"),
     ("--routing", "routing", "round-robin, or partition (by partition key)"),
-    ("--arrival", "arrivals.process", "arrival process: steady, poisson or bursts"),
+    (
+        "--arrival",
+        "arrivals.process",
+        "arrival process: steady, poisson, bursts, phases, daily or replay",
+    ),
     ("--rate", "arrivals.rate", "arrivals per virtual second (steady, poisson)"),
     ("--events", "arrivals.total", "total events to arrive"),
     (

@@ -2,6 +2,7 @@
 
 Private: ``scenario`` (what to run), ``loading`` (a scenario from a file, a
 built-in name or flags), ``workload`` (its arrivals and its handler),
+``arrivals`` (the arrival processes' times, and the replay reader),
 ``driver`` (running it on the real engine in virtual time), ``metrics`` (the
 collector that follows a run's events, and the records of its result),
 ``measure`` (the result read at the end of a run), ``plot`` (optional

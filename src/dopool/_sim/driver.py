@@ -115,6 +115,8 @@ def _run(
     trace: str | os.PathLike[str] | None,
     progress: Progress | None,
 ) -> Result:
+    # First: a bad replay file fails before a store is made (an app's pools come later).
+    schedule = arrivals(scenario) if scenario.app is None else None
     clock = SimulatedClock()
     faults = None
     if scenario.faults.any:
@@ -132,7 +134,8 @@ def _run(
             app = load_app(scenario.app)
             collectors = _define_app_pools(scenario, runtime, app)
         pools = dict(runtime.pools)
-        schedule = arrivals(scenario, list(pools))
+        if schedule is None:
+            schedule = arrivals(scenario, list(pools))
         futures: list[tuple[Arrival, Reply]] = []
         padding = b"\0" * scenario.payload_bytes if app else b""
         paddings = {design.name: b"\0" * design.payload_bytes for design in scenario.resolved_pools}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -16,7 +17,15 @@ from dopool._sim.pools import POOL_FIELDS, POOL_SECTIONS, Pool, PoolTable
 from dopool._sim.scenario import LISTS, SECTIONS, Arrivals, Scenario
 from dopool._sim.sections import Section
 
-BUILTINS = ("steady", "burst", "hot-partition", "poison", "crash-storm", "maintenance")
+BUILTINS = (
+    "steady",
+    "burst",
+    "hot-partition",
+    "poison",
+    "crash-storm",
+    "maintenance",
+    "daily-cycle",
+)
 
 
 # -- building from plain data -------------------------------------------------------
@@ -35,12 +44,7 @@ def from_mapping(data: Mapping[str, Any]) -> Scenario:
         elif key == "pools":
             arguments[key] = _pool_tables(value)
         elif key in LISTS:
-            if not isinstance(value, list):
-                raise ScenarioError(key, f"must be an array of tables ([[{key}]]), got {value!r}")
-            arguments[key] = tuple(
-                _build(f"{key}[{position}]", LISTS[key], item)
-                for position, item in enumerate(value)
-            )
+            arguments[key] = _build_array(key, LISTS[key], value)
         else:
             arguments[key] = value
     scenario: Scenario = _construct("", Scenario, arguments)
@@ -79,14 +83,24 @@ def _build(path: str, kind: type[Any], value: object, *, nested: bool = False) -
     if not isinstance(value, Mapping):
         raise ScenarioError(path, f"must be a table, got {value!r}")
     _refuse_unknown(path, value, {f.name for f in fields(kind)})
+    arguments = dict(value)
+    for name, item in getattr(kind, "arrays", {}).items():  # [[arrivals.phases]]
+        if name in arguments:
+            arguments[name] = _build_array(f"{path}.{name}", item, arguments[name])
     try:
-        return _construct(path, kind, dict(value))
+        return _construct(path, kind, arguments)
     except ScenarioError as exc:
         if not nested:
             raise
         # A section names its fields ``arrivals.x``; in an array they are ``arrivals[k].x``.
         inner = exc.field.split(".", 1)[1] if "." in exc.field else ""
         raise ScenarioError(f"{path}.{inner}" if inner else path, exc.problem) from None
+
+
+def _build_array(path: str, kind: type[Any], value: object) -> tuple[Any, ...]:
+    if not isinstance(value, list):
+        raise ScenarioError(path, f"must be an array of tables ([[{path}]]), got {value!r}")
+    return tuple(_build(f"{path}[{position}]", kind, item) for position, item in enumerate(value))
 
 
 def _construct(path: str, kind: type[Any], arguments: dict[str, Any]) -> Any:
@@ -115,12 +129,13 @@ def _refuse_unknown(path: str, data: Mapping[str, Any], known: set[str]) -> None
             raise ScenarioError(name, f"is not a scenario field{hint}")
 
 
-def _read(name_or_path: str) -> tuple[dict[str, Any], str]:
-    """The TOML data of a built-in scenario or a scenario file, and where it came from."""
+def _read(name_or_path: str) -> tuple[dict[str, Any], str, str | None]:
+    """The TOML data of a built-in scenario or a scenario file, where it came from, and
+    the folder its relative paths are relative to (a file's)."""
     if name_or_path in BUILTINS:
         source = f"built-in scenario '{name_or_path}'"
         path = resources.files("dopool._sim").joinpath("scenarios", f"{name_or_path}.toml")
-        return _parse(path.read_text("utf-8"), source), source
+        return _parse(path.read_text("utf-8"), source), source, None
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.exists() or "/" in name_or_path:
         return _read_file(path)
@@ -130,13 +145,13 @@ def _read(name_or_path: str) -> tuple[dict[str, Any], str]:
     )
 
 
-def _read_file(path: Path) -> tuple[dict[str, Any], str]:
+def _read_file(path: Path) -> tuple[dict[str, Any], str, str | None]:
     source = str(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ScenarioError("", f"cannot be read: {exc.strerror or exc}", source=source) from None
-    return _parse(text, source), source
+    return _parse(text, source), source, os.path.dirname(source)
 
 
 def _parse(text: str, source: str) -> dict[str, Any]:
@@ -156,11 +171,21 @@ def loads(text: str, *, source: str = "<scenario>") -> Scenario:
     return _built(_parse(text, source), source)
 
 
-def _built(data: Mapping[str, Any], source: str) -> Scenario:
+def _built(data: Mapping[str, Any], source: str, folder: str | None = None) -> Scenario:
+    """The scenario ``data`` gives; a relative replay file is joined to ``folder``."""
     try:
-        return from_mapping(data)
+        scenario = from_mapping(data)
     except ScenarioError as exc:
         raise exc.from_source(source) from None
+    if folder is None:
+        return scenario
+    streams = tuple(
+        stream
+        if stream.file is None or os.path.isabs(stream.file)
+        else replace(stream, file=os.path.normpath(os.path.join(folder, stream.file)))
+        for stream in scenario.arrivals
+    )
+    return scenario if streams == scenario.arrivals else replace(scenario, arrivals=streams)
 
 
 def builtin(name: str) -> Scenario:
@@ -175,10 +200,10 @@ def resolve(name_or_path: str, overrides: Mapping[str, Any] | None = None) -> Sc
     (dotted paths, as :func:`with_overrides` takes) applied before it is checked:
     a flag may give what the file leaves to it (``--app`` for a scenario naming an
     app's pools)."""
-    data, source = _read(name_or_path)
+    data, source, folder = _read(name_or_path)
     if overrides:
         data = _without_none(_applied(_normalized(data), overrides))
-    return _built(data, source)
+    return _built(data, source, folder)
 
 
 def _normalized(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -235,6 +260,8 @@ def _field_kind(path: str) -> tuple[type[Any], str, str]:
         raise ScenarioError(rest[0], "can only be set in a scenario file")
     else:
         raise ScenarioError(path, _not_a_field(path))
+    if name in getattr(kind, "arrays", {}):
+        raise ScenarioError(path, "can only be set in a scenario file")
     specs = {f.name: f for f in fields(kind)}
     if kind is Scenario and name in ("pools", *LISTS):
         raise ScenarioError(name, "can only be set in a scenario file")
@@ -264,7 +291,7 @@ def settable_fields(scenario: Scenario | None = None) -> list[str]:
         if f.name not in SECTIONS and f.name not in LISTS and f.name != "pools"
     ]
     for section, kind in SECTIONS.items():
-        paths.extend(f"{section}.{f.name}" for f in fields(kind))
+        paths.extend(f"{section}.{f.name}" for f in fields(kind) if f.name not in kind.arrays)
     for table in () if scenario is None else scenario.pools:
         paths.extend(f"pools.{table.name}.{name}" for name in POOL_FIELDS)
         for section, kind in POOL_SECTIONS.items():

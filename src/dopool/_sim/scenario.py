@@ -203,9 +203,9 @@ class Scenario:
         for spec in fields(self):
             value = getattr(self, spec.name)
             if spec.name == "arrivals":
-                value = [_fields(stream) for stream in value]
+                value = [stream.to_dict() for stream in value]
             elif spec.name in SECTIONS:
-                value = _fields(value)
+                value = value.to_dict()
             elif spec.name == "pools":
                 value = [table.to_dict() for table in value]
             elif spec.name in LISTS:
@@ -225,6 +225,8 @@ class Scenario:
         for stream in streams:
             lines.extend(("", "[arrivals]" if single else "[[arrivals]]"))
             lines.extend(_assignments(stream))
+            for phase in stream.get("phases", []):
+                lines.extend(("", "[[arrivals.phases]]", *_assignments(phase)))
         for key in SECTIONS:
             if key != "arrivals":
                 lines.extend(("", f"[{key}]", *_assignments(data[key])))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from dopool._sim.checks import (
     ScenarioError,
@@ -16,10 +16,19 @@ from dopool._sim.checks import (
     choice,
     number,
     probability,
+    text,
 )
 
 ROUTINGS = ("round-robin", "partition")
-PROCESSES = ("steady", "poisson", "bursts")
+PROCESSES = ("steady", "poisson", "bursts", "phases", "daily", "replay")
+PHASE_PROCESSES = ("poisson", "steady")
+REPLAY_SUFFIXES = (".csv", ".jsonl", ".ndjson")
+ENDED = ("phases", "replay")  # processes that end by themselves: total and duration only cap them
+REQUIRED = {"phases": ("phases",), "daily": ("peak", "trough"), "replay": ("file",)}
+BOUNDS: dict[str, dict[str, Any]] = {  # the optional numbers of daily and replay
+    **{"peak": {"above": 0.0}, "trough": {"minimum": 0.0}, "period": {"above": 0.0}},
+    **{"peak_at": {}, "time_scale": {"above": 0.0}},
+}
 DISTRIBUTIONS = ("fixed", "exponential", "lognormal")
 
 DEFAULT_TOTAL = 1000
@@ -47,18 +56,58 @@ class Section:
     def _check(self) -> None:
         """Validate the section's fields; each section overrides this."""
 
+    #: Fields that are arrays of tables (``[[arrivals.phases]]``), and the class of an item.
+    arrays: ClassVar[dict[str, type[Any]]] = {}
+    #: Fields :meth:`to_dict` leaves out while unset (None or empty): the scenarios
+    #: that do not use them read, as TOML and as JSON, as they did before them.
+    sparse: ClassVar[tuple[str, ...]] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field but the unset sparse ones; arrays of tables as lists of dicts."""
+        result = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+        for name in self.arrays:
+            result[name] = [{f.name: getattr(i, f.name) for f in fields(i)} for i in result[name]]
+        return {k: v for k, v in result.items() if k not in self.sparse or v not in (None, [])}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Phase:
+    """A phase of ``process = "phases"``: ``duration`` seconds at ``rate``, or ramping
+    linearly from ``rate`` to ``ramp_to``; Poisson arrivals, or ``process = "steady"``.
+    """
+
+    rate: float
+    ramp_to: float | None = None
+    duration: float
+    process: str = "poisson"
+
+    def __post_init__(self) -> None:
+        assign(self, "rate", number("rate", self.rate, minimum=0.0))
+        if self.ramp_to is not None:
+            assign(self, "ramp_to", number("ramp_to", self.ramp_to, minimum=0.0))
+        assign(self, "duration", number("duration", self.duration, above=0.0))
+        assign(self, "process", choice("process", self.process, PHASE_PROCESSES))
+
+    def expected_events(self, within: float) -> float:
+        """The expected count of the phase's first ``within`` seconds (the trapezoid)."""
+        span, end = min(within, self.duration), self.rate if self.ramp_to is None else self.ramp_to
+        return (self.rate + (end - self.rate) * span / self.duration / 2.0) * span
+
 
 @dataclass(frozen=True, kw_only=True)
 class Arrivals(Section):
-    """When events arrive: ``steady`` (evenly spaced at ``rate``), ``poisson``
-    (exponential gaps, mean rate ``rate``) or ``bursts`` (``burst_size`` events
-    at once every ``burst_interval`` seconds). Give ``total`` events or a
-    ``duration`` of arrivals in virtual seconds, not both (neither: 1000 events).
-    ``pool`` names the pool they enter (absent: the first pool); with an app,
-    ``payload`` names the function of its module that makes each event.
+    """When events arrive (:mod:`dopool._sim.arrivals` has each ``process``, its
+    fields and how its times are made; fields of the other processes are ignored).
+    Give ``total`` events or a ``duration`` of arrivals in virtual seconds, not
+    both: steady, poisson, bursts and daily need one (neither: 1000 events), phases
+    and replay end by themselves and take either as a cap. ``pool`` names the pool
+    they enter (absent: the first pool); with an app, ``payload`` names the function
+    of its module that makes each event.
     """
 
     section: ClassVar[str] = "arrivals"
+    arrays: ClassVar[dict[str, type[Any]]] = {"phases": Phase}
+    sparse: ClassVar[tuple[str, ...]] = ("pool", "payload", "phases", *BOUNDS, "file")
 
     pool: str | None = None
     payload: str | None = None
@@ -68,6 +117,13 @@ class Arrivals(Section):
     duration: float | None = None
     burst_size: int = 100
     burst_interval: float = 10.0
+    phases: tuple[Phase, ...] = ()
+    peak: float | None = None
+    trough: float | None = None
+    period: float | None = None  # absent: a day, 86400 s
+    peak_at: float | None = None  # absent: half a period (the run starts at the trough)
+    file: str | None = None
+    time_scale: float | None = None  # absent: 1.0
 
     def _check(self) -> None:
         _check_pool(self.pool)
@@ -83,24 +139,54 @@ class Arrivals(Section):
             assign(self, "duration", number("duration", self.duration, above=0.0))
         if self.total is not None and self.duration is not None:
             raise ScenarioError("duration", "cannot be given together with arrivals.total")
-        if self.total is None and self.duration is None:
+        if self.total is None and self.duration is None and self.process not in ENDED:
             assign(self, "total", DEFAULT_TOTAL)
         number("burst_size", self.burst_size, integer=True, minimum=1, maximum=MAX_EVENTS)
         assign(self, "burst_interval", number("burst_interval", self.burst_interval, above=0.0))
-        if self.duration is not None and self.expected_events() > MAX_EVENTS:
+        self._check_varying()
+        bounded = self.duration is not None or self.process == "phases"
+        if bounded and self.expected_events() > MAX_EVENTS:
             raise ScenarioError(
-                "duration",
+                "duration" if self.duration is not None else "phases",
                 f"gives about {self.expected_events():,.0f} events, over the limit of "
                 f"{MAX_EVENTS:,}",
             )
 
+    def _check_varying(self) -> None:
+        """The fields of phases, daily and replay."""
+        phases = self.phases
+        if not isinstance(phases, list | tuple) or not all(isinstance(p, Phase) for p in phases):
+            raise ScenarioError("phases", f"must be an array of phases, got {phases!r}")
+        assign(self, "phases", tuple(phases))
+        for name, bounds in BOUNDS.items():
+            if getattr(self, name) is not None:
+                assign(self, name, number(name, getattr(self, name), **bounds))
+        if self.file is not None and not text("file", self.file).lower().endswith(REPLAY_SUFFIXES):
+            raise ScenarioError("file", f"must end in .csv, .jsonl or .ndjson, got {self.file!r}")
+        for name in REQUIRED.get(self.process, ()):
+            if getattr(self, name) in (None, ()):
+                raise ScenarioError(name, f"is required with process = '{self.process}'")
+        if self.process == "daily" and self.trough > self.peak:  # type: ignore[operator]
+            raise ScenarioError("trough", f"must be <= peak ({self.peak!r}), got {self.trough!r}")
+
     def expected_events(self) -> float:
-        """How many events arrive (the mean, for a Poisson process of given duration)."""
+        """How many events arrive: the mean for a random process; for ``replay``
+        the ``total`` cap, or NaN (unknown until the file is read)."""
+        if self.process == "replay":
+            return math.nan if self.total is None else float(self.total)
+        if self.process == "phases":
+            left, expected = (math.inf if self.duration is None else self.duration), 0.0
+            for phase in self.phases:
+                expected += phase.expected_events(max(left, 0.0))
+                left -= phase.duration
+            return expected if self.total is None else min(expected, float(self.total))
         if self.total is not None:
             return float(self.total)
         assert self.duration is not None
         if self.process == "bursts":
             return math.ceil(self.duration / self.burst_interval) * self.burst_size
+        if self.process == "daily":  # the mean rate: exact over whole periods
+            return self.duration * (self.peak + self.trough) / 2.0  # type: ignore[operator]
         return self.duration * self.rate
 
 

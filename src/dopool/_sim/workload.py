@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dopool._context import EventContext
+from dopool._sim.arrivals import records
+from dopool._sim.checks import ScenarioError
 from dopool._sim.pools import DEFAULT_POOL, FollowUp, Pool
 from dopool._sim.scenario import Arrivals, Scenario
 from dopool._sim.sections import Service
@@ -46,32 +48,36 @@ class Arrival:
 def arrivals(scenario: Scenario, app_pools: Sequence[str] = ()) -> list[Arrival]:
     """Every arrival of the scenario, in time order, from its seed alone.
 
-    Times, keys and poison draws come from separate seeded streams, so changing
-    one knob (say the key skew) does not reshuffle the others; each arrival
-    stream has its own (the first one's are those of a one-stream scenario).
-    Arrivals are numbered in time order across the streams (ties: stream order).
-    With an app, ``app_pools`` are the pools it defined: a stream without a pool
-    enters the first, and keys follow the scenario's top-level routing.
+    Times (:mod:`dopool._sim.arrivals`), keys and poison draws come from separate
+    seeded streams, so changing one knob (say the key skew) does not reshuffle
+    the others; each arrival stream has its own (the first one's are those of a
+    one-stream scenario). Arrivals are numbered in time order across the streams
+    (ties: stream order). A replayed record's pool replaces the stream's, and its
+    partition key the picked one (the pick is drawn all the same, so the other
+    events keep theirs). With an app, ``app_pools`` are the pools it defined: a
+    stream without a pool enters the first, and keys follow the scenario's
+    top-level routing.
     """
     seed = scenario.seed
+    if scenario.app is None:
+        designs = {pool.name: pool for pool in scenario.resolved_pools}
+    else:
+        defaults = scenario.resolved_pools[0]
+        designs = {name: dataclasses.replace(defaults, name=name) for name in app_pools}
     drafts: list[Iterator[tuple[float, int, str | None, bool, str]]] = []
     payloads: dict[int, str | None] = {}
     for position, stream in enumerate(scenario.arrivals):
         suffix = "" if position == 0 else f"/{position}"
         payloads[position] = stream.payload
-        if scenario.app is None:
-            pool = scenario.pool(stream.pool)
-        else:
-            name = stream.pool or app_pools[0]
-            pool = dataclasses.replace(scenario.resolved_pools[0], name=name)
         drafts.append(
             _stream(
                 stream,
                 position,
-                pool,
+                designs,
                 random.Random(f"{seed}/times{suffix}"),
                 random.Random(f"{seed}/keys{suffix}"),
                 random.Random(f"{seed}/poison{suffix}"),
+                random.Random(f"{seed}/keys{suffix}/moved"),
             )
         )
     return [
@@ -83,39 +89,31 @@ def arrivals(scenario: Scenario, app_pools: Sequence[str] = ()) -> list[Arrival]
 def _stream(
     spec: Arrivals,
     position: int,
-    pool: Pool,
+    designs: dict[str, Pool],
     times: random.Random,
     keys: random.Random,
     poison: random.Random,
+    moved: random.Random,  # keys of records replayed into another pool
 ) -> Iterator[tuple[float, int, str | None, bool, str]]:
-    pick = key_picker(pool)
-    share = pool.poison_share
-    for at in _times(spec, times):
-        yield at, position, pick(keys), share > 0 and poison.random() < share, pool.name
-
-
-def _times(spec: Arrivals, rng: random.Random) -> Iterator[float]:
-    limit = math.inf if spec.duration is None else spec.duration
-    count = itertools.count() if spec.total is None else iter(range(spec.total))
-    if spec.process == "bursts":
-        for number in count:
-            at = (number // spec.burst_size) * spec.burst_interval
-            if at >= limit:
-                return
-            yield at
-    elif spec.process == "steady":
-        for number in count:
-            at = number / spec.rate
-            if at >= limit:
-                return
-            yield at
-    else:
-        at = 0.0
-        for _ in count:
-            at += rng.expovariate(spec.rate)
-            if at >= limit:
-                return
-            yield at
+    entry = designs[spec.pool] if spec.pool is not None else next(iter(designs.values()))
+    pickers = {name: key_picker(design) for name, design in designs.items()}
+    for record in records(spec, times):
+        pool = entry
+        if record.pool is not None and record.pool != entry.name:
+            if record.pool not in designs:
+                raise ScenarioError(
+                    "arrivals.file",
+                    f"{spec.file}: a record names pool {record.pool!r}, which the scenario "
+                    f"does not have ({', '.join(designs)})",
+                )
+            pool = designs[record.pool]
+        key = pickers[entry.name](keys)  # drawn all the same: the others keep theirs
+        if pool is not entry:
+            key = pickers[pool.name](moved)
+        if record.partition_key is not None and pool.routing == "partition":
+            key = record.partition_key
+        share = pool.poison_share
+        yield record.time, position, key, share > 0 and poison.random() < share, pool.name
 
 
 def key_picker(pool: Pool) -> KeyPicker:
