@@ -23,6 +23,8 @@ from dopool import (
     EventContext,
     PermanentError,
     PoolEvent,
+    RetryAfter,
+    RetryPolicy,
     Runtime,
     SimulatedClock,
 )
@@ -202,6 +204,31 @@ def test_resume_wakes_a_stalled_instance_and_pause_keeps_the_stall(
     assert len(rig.kinds("resumed")) == resumed
     assert rig.pool.join(timeout=5)
     assert rig.ran == ["a", "b"]
+
+
+def test_a_retry_whose_alarm_is_given_up_shows_stalled_not_backoff(
+    outage: Outage, rigs: list[Rig], store_path: Path
+) -> None:
+    outage.on = False
+    rig = open_rig(rigs, store_path, 1)
+
+    def execute(ctx: EventContext) -> None:
+        rig.ran.append((ctx.event, ctx.attempt))
+        if ctx.attempt == 1:
+            outage.on = True  # the retry's alarm will fail
+            raise RetryAfter(10)
+
+    rig.pool = rig.runtime.define("q", execute=execute, alarm_retries=1, retry=RetryPolicy())
+    rig.pool.enqueue("a")
+    assert rig.steps() == [0.0, 10.0, 12.0]  # the attempt; the retry's alarm, and one retry
+    instance = rig.instance
+    assert (instance.state, instance.current_sequence, instance.attempt) == ("stalled", 0, 1)
+    assert instance.next_alarm_at is None  # "backoff" would promise a retry that never comes
+    outage.on = False
+    rig.pool.resume(0)
+    assert rig.instance.next_alarm_at == 10.0  # the retry's time, already due
+    assert rig.pool.join(timeout=5)
+    assert rig.ran == [("a", 1), ("a", 2)]
 
 
 def test_drain_ends_a_stall(outage: Outage, rigs: list[Rig], store_path: Path) -> None:

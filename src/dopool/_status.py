@@ -16,7 +16,7 @@ def instance_status(
 ) -> InstanceStatus:
     """An instance's status from its committed meta, and from its mailbox in memory.
 
-    ``state`` is the first of restarting, paused, processing, backoff, stalled, idle.
+    ``state`` is the first of restarting, paused, processing, stalled, backoff, idle.
     """
     state: InstanceState
     started = started_event(meta)  # (priority, sequence)
@@ -26,10 +26,10 @@ def instance_status(
         state = "paused"
     elif meta.running:
         state = "processing"
+    elif stalled(meta):
+        state = "stalled"  # its alarm was given up: nothing starts, not even a retry
     elif meta.current is not None and meta.retry_at is not None:
         state = "backoff"
-    elif stalled(meta):
-        state = "stalled"  # its alarm was given up: nothing starts until a write
     else:
         state = "idle"
     return InstanceStatus(

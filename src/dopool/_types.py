@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-InstanceState = Literal["restarting", "paused", "processing", "backoff", "stalled", "idle"]
+InstanceState = Literal["restarting", "paused", "processing", "stalled", "backoff", "idle"]
 
 EventKind = Literal[
     "enqueued",
