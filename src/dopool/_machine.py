@@ -176,8 +176,8 @@ class QueueMachine:
                 fx.events.append(self.event("enqueued", now, sequence))
         meta.pending += len(items)
         meta.enqueued += len(items)
-        if items:
-            wake(meta)  # a write: the caller's rearm sets the alarm
+        if items and meta.alarm_failures:  # (the hot path skips the call)
+            wake(meta)  # a write ends a stall: the caller's rearm sets the alarm
         return results
 
     # -- the alarm and the start of an attempt --------------------------------------
