@@ -28,7 +28,7 @@ from dopool import (
 )
 from dopool._chaos import harness as cli
 from dopool._chaos.checker import check_history
-from dopool._chaos.history import Ack, Call, Ev, Exec, History
+from dopool._chaos.history import Ack, Call, Ev, Exec, History, Resumed
 from dopool._chaos.result import Result, replay_command
 from dopool._chaos.runner import Runner, run_seed
 from dopool._chaos.scenario import Scenario, Step, generate, make_event
@@ -194,6 +194,27 @@ def test_poison_event_in_a_checked_scenario() -> None:
     assert {kind for _, kind, _ in settled[1:]} == {"succeeded"}
 
 
+def test_a_stalled_instance_is_woken_in_a_checked_scenario() -> None:
+    """``alarm_retries=0``: every failed alarm stalls the instance until a write or a resume."""
+    events = [make_event(f"e{n}", pk="p") for n in range(12)]
+    steps = (
+        Step("enqueue", {"events": events[:6]}),
+        Step("advance", {"seconds": 5.0}),
+        Step("resume", {"index": None}),
+        Step("advance", {"seconds": 5.0}),
+        Step("enqueue", {"events": events[6:]}),
+        Step("join", {}),
+    )
+    faults = FaultPlan(seed=5, alarm_error=0.5)
+    scenario = Scenario(12, 1, RetryPolicy(), faults, None, steps, alarm_retries=0)
+    runner = Runner(scenario)
+    result = runner.run()
+    assert result.ok, result.report()
+    kinds = [r.kind for r in runner.history.records if isinstance(r, Ev)]
+    assert kinds.count("alarm_given_up") >= 2
+    assert result.succeeded == len(events)
+
+
 # -- the checker can fail -------------------------------------------------------------------
 
 
@@ -238,8 +259,18 @@ CLEAN = (
 )
 
 
+GIVEN_UP = Ev("alarm_given_up", 0, None, None, 0.0, "alarm delivery failed ...")
+
+
 def test_checker_accepts_a_clean_fabricated_history() -> None:
     assert check_history(_history(*CLEAN)) == []
+
+
+@pytest.mark.parametrize(
+    "wake", [Resumed(0), Resumed(None), Ev("resumed", 0, None, None, 0.0, None)]
+)
+def test_checker_accepts_a_stall_that_a_resume_ended(wake: Ev | Resumed) -> None:
+    assert check_history(_history(*CLEAN[:5], GIVEN_UP, wake, *CLEAN[5:])) == []
 
 
 @pytest.mark.parametrize(
@@ -279,6 +310,16 @@ def test_checker_accepts_a_clean_fabricated_history() -> None:
             (*CLEAN, Ev("enqueued", 0, 5, None, 2.0, None)),
             "enqueued sequence 5, expected 2",
             id="sequence-gap",
+        ),
+        pytest.param(
+            (*CLEAN[:5], GIVEN_UP, *CLEAN[5:]),
+            "instance 0 started (0, 0) while stalled (no write woke it)",
+            id="start-while-stalled",
+        ),
+        pytest.param(
+            (GIVEN_UP, *CLEAN),
+            "gave its alarm up with 0 pending",
+            id="stalled-with-nothing-pending",
         ),
     ],
 )

@@ -89,6 +89,21 @@ def test_counters_that_do_not_add_up_are_reported(store: Path) -> None:
     ]
 
 
+def test_pending_work_with_no_alarm_is_reported_unless_the_instance_is_stalled(
+    store: Path,
+) -> None:
+    ns = Namespace("orders", 1)  # paused, with 2 events pending and no alarm
+    with edit(store) as txn:
+        meta = ns.load_meta(txn)
+        meta.paused = False  # nothing would ever start them
+        ns.save_meta(txn, meta)
+    assert problems(store) == ["orders:1: 2 pending events, no alarm set, and not stalled"]
+    with edit(store) as txn:
+        meta.alarm_failures = 7  # the alarm was given up (alarm_retries=6): stalled
+        ns.save_meta(txn, meta)
+    assert problems(store) == []
+
+
 def test_keys_of_no_known_kind_and_misplaced_instances_are_reported(store: Path) -> None:
     with edit(store) as txn:
         txn.put(b"Zstray", b"1")

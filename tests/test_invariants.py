@@ -109,6 +109,14 @@ def running_without_a_start(txn: Txn, meta: Meta) -> None:
     meta.current = None
 
 
+def waiting_without_an_alarm(txn: Txn, meta: Meta) -> None:
+    meta.running = False  # the started event waits for its next attempt, and no alarm
+
+
+def stalled_while_running(txn: Txn, meta: Meta) -> None:
+    meta.alarm_failures = 7  # no alarm, failures counted: given up, but an attempt runs
+
+
 @pytest.mark.parametrize(
     ("damage", "expected"),
     [
@@ -123,12 +131,36 @@ def running_without_a_start(txn: Txn, meta: Meta) -> None:
         (a_sequence_past_the_tail, "sequence 3 at or past the tail 3"),
         (started_without_a_record, "the started event 4 has no record"),
         (running_without_a_start, "an attempt is running, but no event is started"),
+        (waiting_without_an_alarm, "3 pending events, no alarm set, and not stalled"),
+        (
+            stalled_while_running,
+            "stalled (7 alarm failures, no alarm) with 3 pending and running=True",
+        ),
     ],
 )
 def test_each_broken_invariant_is_named(
     store: Store, damage: Callable[[Txn, Meta], None], expected: str
 ) -> None:
     assert found(store, damage) == [f"p:0: {expected}"]
+
+
+def stalled(txn: Txn, meta: Meta) -> None:
+    meta.running, meta.alarm_failures = False, 7  # the alarm was given up
+
+
+def paused_without_an_alarm(txn: Txn, meta: Meta) -> None:
+    meta.running, meta.paused = False, True
+
+
+def waiting_for_an_alarm(txn: Txn, meta: Meta) -> None:
+    meta.running, meta.alarm = False, 12.5
+
+
+@pytest.mark.parametrize("state", [stalled, paused_without_an_alarm, waiting_for_an_alarm])
+def test_pending_events_need_an_alarm_unless_paused_running_or_stalled(
+    store: Store, state: Callable[[Txn, Meta], None]
+) -> None:
+    assert found(store, state) == []
 
 
 def test_the_keys_of_a_neighbour_and_stray_keys_are_not_counted(store: Store) -> None:

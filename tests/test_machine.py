@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from dopool import PermanentError, RetryAfter, RetryPolicy
+from dopool._alarm import ALARM_RETRY_MAX
 from dopool._errors import QueueFullError
 from dopool._invariants import read_instance, violations
 from dopool._layout import Meta, OutboxRecord, pack, seal_event
-from dopool._machine import ALARM_RETRY_MAX, Effects, QueueMachine
+from dopool._machine import Effects, QueueMachine
 from dopool._messages import Item
 from dopool._options import PoolOptions
 from dopool._storage import Store, Txn
@@ -60,10 +61,14 @@ class Rig:
         return result, fx
 
     def enqueue(self, *events: Any, priority: int = 0, now: float = 0.0) -> Any:
+        """Accept one batch and re-arm, as the shell's enqueue transaction does."""
         items = tuple(Item(pack(event), None, priority) for event in events)
-        _, fx = self.step(
-            lambda txn, meta, fx: self.machine.accept(txn, meta, [("t", items)], now, fx)
-        )
+
+        def accept(txn: Txn, meta: Meta, fx: Effects) -> None:
+            self.machine.accept(txn, meta, [("t", items)], now, fx)
+            self.machine.rearm(meta, now)
+
+        _, fx = self.step(accept)
         [(token, answer)] = fx.answers
         assert token == "t"
         return answer
@@ -242,6 +247,89 @@ def test_a_failing_alarm_backs_off_doubling_and_capped_and_is_never_dropped(
     assert gaps == [2.0, 4.0, 8.0, 16.0, 32.0, ALARM_RETRY_MAX, ALARM_RETRY_MAX, ALARM_RETRY_MAX]
     rig.machine.rearm(rig.meta, now - 1)  # a rearm keeps the failing alarm's backoff
     assert rig.meta.alarm == now
+
+
+def stalled_rig(store: Store, retries: int = 6, **options: Any) -> tuple[Rig, float]:
+    """A rig whose one pending event's alarm failed ``retries + 1`` times: given up."""
+    rig = Rig(store, plan=FaultPlan(alarm_error=1.0), alarm_retries=retries, **options)
+    rig.enqueue("a")
+    now, gaps = 0.0, []
+    for _ in range(retries):
+        assert rig.start(now=now) is None
+        assert rig.meta.alarm is not None
+        gaps.append(rig.meta.alarm - now)
+        now = rig.meta.alarm
+    assert gaps == [2.0 * 2**k for k in range(retries)]  # doubling, no 60 s cap
+    started, fx = rig.step(lambda txn, meta, fx: rig.machine.take_alarm(txn, meta, now, fx))
+    assert started is None
+    assert (kinds(fx), rig.meta.alarm, rig.meta.alarm_failures) == (
+        ["alarm_given_up"],
+        None,
+        retries + 1,
+    )
+    assert rig.broken() == []  # stalled: pending with no alarm is allowed, and only so
+    return rig, now
+
+
+def test_a_limited_alarm_doubles_uncapped_then_is_given_up(store: Store) -> None:
+    rig, now = stalled_rig(store, 6)
+    assert now == 126.0  # 2 + 4 + 8 + 16 + 32 + 64
+    assert rig.start(now=now + 1000) is None  # no alarm: nothing is delivered
+    rig.machine.rearm(rig.meta, now + 1000)  # a rearm is no write: still given up
+    assert (rig.meta.alarm, rig.meta.alarm_failures) == (None, 7)
+    rig.step(lambda txn, meta, fx: setattr(meta, "alarm_failures", 0))  # not marked given up
+    assert rig.broken() == ["p:0: 1 pending events, no alarm set, and not stalled"]
+
+
+def test_a_stall_survives_recovery_a_pause_and_a_refused_enqueue(store: Store) -> None:
+    rig, now = stalled_rig(store, 2, max_queue_depth=1)
+    rig.step(lambda txn, meta, fx: rig.machine.recover(txn, meta, 1, now, fx))
+    assert (rig.meta.alarm, rig.meta.alarm_failures, rig.meta.restarts) == (None, 3, 1)
+    assert isinstance(rig.enqueue("b", now=now), QueueFullError)  # nothing written
+    assert (rig.meta.alarm, rig.meta.alarm_failures) == (None, 3)
+    fx = Effects()
+    assert rig.machine.set_paused(rig.meta, True, now, fx)
+    assert (rig.meta.alarm, rig.meta.alarm_failures) == (None, 3)  # paused, and still stalled
+    rig.step(lambda txn, meta, fx: rig.machine.redrive(txn, meta, None, now, fx))  # none
+    assert rig.meta.alarm_failures == 3
+    assert rig.broken() == []
+    assert rig.machine.set_paused(rig.meta, False, now + 5, fx)  # the resume wakes it
+    assert (kinds(fx), rig.meta.alarm, rig.meta.alarm_failures) == (
+        ["paused", "resumed"],
+        now + 5,
+        0,
+    )
+
+
+@pytest.mark.parametrize("write", ["enqueue", "deliver", "resume"])
+def test_a_write_wakes_a_stalled_instance_with_a_fresh_budget(store: Store, write: str) -> None:
+    rig, now = stalled_rig(store, 1)
+    later = now + 10
+    if write == "enqueue":
+        rig.enqueue("b", now=later)
+    elif write == "deliver":
+        record = OutboxRecord(0, 0, pack("b"), later, None, 0)
+
+        def deliver(txn: Txn, meta: Meta, fx: Effects) -> None:
+            rig.machine.deliver(txn, meta, 1, record, later, fx)
+
+        rig.step(deliver)
+    else:
+        fx = Effects()
+        assert rig.machine.set_paused(rig.meta, False, later, fx)  # not paused: no event
+        assert kinds(fx) == []
+        rig.step(lambda txn, meta, fx: None)
+    assert (rig.meta.alarm, rig.meta.alarm_failures) == (later, 0)
+    assert rig.broken() == []
+    assert rig.start(now=later) is None  # still failing: retried after 2 s again
+    assert rig.meta.alarm == later + 2.0
+
+
+def test_drain_ends_a_stall(store: Store) -> None:
+    rig, now = stalled_rig(store, 0)
+    count, _ = rig.step(lambda txn, meta, fx: rig.machine.drain(txn, meta, now, fx))
+    assert (count, rig.meta.alarm, rig.meta.alarm_failures) == (1, None, 0)
+    assert rig.broken() == []
 
 
 def test_drain_redrive_and_purge(store: Store) -> None:

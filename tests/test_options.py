@@ -53,3 +53,14 @@ def test_each_option_is_checked(option: str, value: object, words: str) -> None:
     fields: dict[str, Any] = {"execute": noop, option: value}
     with pytest.raises(ConfigurationError, match=words):
         PoolOptions.of(fields)
+
+
+@pytest.mark.parametrize("value", [True, False, -1, 1001, 1.0, "6"])
+def test_alarm_retries_is_checked(value: object) -> None:
+    with pytest.raises(ConfigurationError, match=r"alarm_retries must be an int from 0 to 1000"):
+        PoolOptions.of({"execute": noop, "alarm_retries": value})
+
+
+@pytest.mark.parametrize("value", [None, 0, 6, 1000])
+def test_alarm_retries_takes_none_or_0_to_1000(value: int | None) -> None:
+    assert PoolOptions.of({"execute": noop, "alarm_retries": value}).alarm_retries == value

@@ -9,7 +9,11 @@ committed transaction leaves them balanced, so any snapshot of the store must:
 - its per-priority counts equal those of the queue keys;
 - every sequence (of a queue or dead-letter key) is below the ``tail``;
 - the started event (``started_event(meta)``) has a record, and an attempt is
-  running only if an event is started.
+  running only if an event is started;
+- pending events that may start (not paused, no attempt running) have an alarm
+  set, unless the instance gave its alarm up and is marked stalled
+  (``dopool._alarm.stalled``); a stalled instance has events pending and no
+  attempt running.
 
 :func:`read_instance` reads one instance's state in a read transaction into an
 :class:`InstanceState`; :func:`violations` lists what it breaks. ``dopool check``
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dopool._alarm import stalled
 from dopool._layout import (
     Meta,
     Namespace,
@@ -143,6 +148,14 @@ def broken_invariants(state: InstanceState) -> list[str]:
         broken.append(f"the started event {started[1]} has no record")
     if meta.running and started is None:
         broken.append("an attempt is running, but no event is started")
+    if stalled(meta):
+        if meta.pending == 0 or meta.running:
+            broken.append(
+                f"stalled ({meta.alarm_failures} alarm failures, no alarm) with "
+                f"{meta.pending} pending and running={meta.running}"
+            )
+    elif meta.pending and meta.alarm is None and not (meta.paused or meta.running):
+        broken.append(f"{meta.pending} pending events, no alarm set, and not stalled")
     return broken
 
 

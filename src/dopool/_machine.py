@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from dopool._alarm import delivery_failed, rearm, wake
 from dopool._errors import (
     DamagedRecordError,
     DopoolError,
@@ -45,9 +46,6 @@ from dopool._types import DeadLetter, EnqueueResult, EventKind, PoolEvent
 from dopool.chaos import FaultInjector
 
 logger = logging.getLogger("dopool")
-
-ALARM_RETRY_FIRST = 2.0  # seconds before a failed alarm delivery is retried; doubles
-ALARM_RETRY_MAX = 60.0
 
 # What a transition that started an attempt hands to the code that executes it.
 Started = tuple[bytes, EventRecord, int, float]  # queue key, record, attempt, started_at
@@ -178,6 +176,8 @@ class QueueMachine:
                 fx.events.append(self.event("enqueued", now, sequence))
         meta.pending += len(items)
         meta.enqueued += len(items)
+        if items and meta.alarm_failures:  # (the hot path skips the call)
+            wake(meta)  # a write ends a stall: the caller's rearm sets the alarm
         return results
 
     # -- the alarm and the start of an attempt --------------------------------------
@@ -185,14 +185,16 @@ class QueueMachine:
         """Act on the alarm slot if it is due: start the next attempt, if there is one.
 
         A stale or early alarm is harmless. A delivery that fails (``alarm_error``)
-        does nothing but set a retry of the alarm after a backoff: never dropped.
+        does nothing but set a retry of the alarm after a backoff, or, past the
+        pool's ``alarm_retries``, give the alarm up: the instance stalls
+        (:mod:`dopool._alarm`).
         """
         if meta.alarm is None or meta.alarm > now or meta.running:
             return None
         if self._faults.active and self._faults.fires("alarm_error"):
-            meta.alarm_failures += 1
-            backoff = min(ALARM_RETRY_FIRST * 2 ** (meta.alarm_failures - 1), ALARM_RETRY_MAX)
-            meta.alarm = now + backoff
+            gave_up = delivery_failed(meta, now, self._options.alarm_retries)
+            if gave_up is not None:
+                fx.events.append(self.event("alarm_given_up", now, error=gave_up))
             return None
         meta.alarm_failures = 0
         return self._start_attempt(txn, meta, now, fx)
@@ -231,20 +233,8 @@ class QueueMachine:
         return key, record, meta.attempt, now
 
     def rearm(self, meta: Meta, now: float) -> None:
-        """Point the alarm slot where the committed state needs it."""
-        if meta.paused or meta.pending == 0:
-            meta.alarm = None
-            meta.alarm_failures = 0
-            return
-        if meta.current is not None and meta.retry_at is not None:
-            due = meta.retry_at  # a retry's backoff is never shortened
-        elif meta.alarm is not None and meta.alarm <= now:
-            due = meta.alarm  # already due: keep it
-        else:
-            due = now
-        if meta.alarm_failures and meta.alarm is not None:
-            due = max(due, meta.alarm)  # nor is a failing alarm's backoff
-        meta.alarm = due
+        """Point the alarm slot where the committed state needs it (see ``_alarm.rearm``)."""
+        rearm(meta, now)
 
     # -- outcomes ----------------------------------------------------------------------
     def finish_attempt(self, meta: Meta) -> None:
@@ -371,7 +361,10 @@ class QueueMachine:
 
     # -- recovery ----------------------------------------------------------------------
     def recover(self, txn: Txn, meta: Meta, restarts: int, now: float, fx: Effects) -> None:
-        """After a restart: count the interrupted attempt as failed, resend the outbox."""
+        """After a restart: count the interrupted attempt as failed, resend the outbox.
+
+        A stalled instance stays stalled: a restart sets no alarm.
+        """
         meta.restarts += restarts
         if meta.running and meta.current is not None:
             self.finish_attempt(meta)
@@ -391,15 +384,22 @@ class QueueMachine:
                 meta.outbox -= 1
             else:
                 fx.deliveries.append((oseq, entry))
-        self.rearm(meta, now)
+        rearm(meta, now)
 
     # -- control ------------------------------------------------------------------------
     def set_paused(self, meta: Meta, paused: bool, now: float, fx: Effects) -> bool:
-        """Pause or resume; whether that changed anything (and so must be saved)."""
+        """Pause or resume; whether that changed anything (and so must be saved).
+
+        Resuming also wakes a stalled instance, paused or not (no event says
+        so when the flag does not change).
+        """
+        woken = not paused and wake(meta)
         if meta.paused == paused:
-            return False
+            if woken:
+                rearm(meta, now)
+            return woken
         meta.paused = paused
-        self.rearm(meta, now)
+        rearm(meta, now)
         fx.events.append(self.event("paused" if paused else "resumed", now))
         return True
 
@@ -413,7 +413,7 @@ class QueueMachine:
         meta.current = None
         meta.attempt = 0
         meta.retry_at = None
-        self.rearm(meta, now)
+        rearm(meta, now)
         if removed != count:
             raise StorageError(f"instance {self._id}: {count} pending but {removed} keys")
         fx.events.append(self.event("drained", now))
@@ -435,7 +435,7 @@ class QueueMachine:
             items.append(Item(dead.event, dead.partition_key, dead.priority))
         meta.held_dead_letters -= len(items)
         self.append(txn, meta, tuple(items), now, fx)
-        self.rearm(meta, now)
+        rearm(meta, now)
         return len(items)
 
     def purge(self, txn: Txn, meta: Meta) -> int:
@@ -459,7 +459,7 @@ class QueueMachine:
             item = Item(record.event, record.partition_key, record.priority)
             self.append(txn, meta, (item,), now, fx)
             self._ns.set_delivered(txn, source, record.link)
-            self.rearm(meta, now)
+            rearm(meta, now)
         return expected
 
     def delivered(self, txn: Txn, oseq: int) -> bool:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Required, TypedDict
 
+from dopool._alarm import MAX_ALARM_RETRIES
 from dopool._context import EventContext
 from dopool._errors import ConfigurationError
 from dopool._layout import MAX_CONCURRENCY
@@ -32,6 +33,7 @@ class PoolOptionsDict(TypedDict, total=False):
     on_dead_letter: Callable[[DeadLetter], Any] | None
     on_empty: Callable[[EmptyInfo], Any] | None
     max_queue_depth: int | None
+    alarm_retries: int | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,6 +51,7 @@ class PoolOptions:
     on_dead_letter: Callable[[DeadLetter], Any] | None = None
     on_empty: Callable[[EmptyInfo], Any] | None = None
     max_queue_depth: int | None = None
+    alarm_retries: int | None = None
 
     def __post_init__(self) -> None:
         if not callable(self.execute):
@@ -67,6 +70,12 @@ class PoolOptions:
         depth = self.max_queue_depth
         if depth is not None and (not _is_int(depth) or depth < 1):
             raise ConfigurationError(f"max_queue_depth must be an int >= 1 or None, got {depth!r}")
+        retries = self.alarm_retries
+        if retries is not None and (not _is_int(retries) or not 0 <= retries <= MAX_ALARM_RETRIES):
+            raise ConfigurationError(
+                f"alarm_retries must be an int from 0 to {MAX_ALARM_RETRIES} or None, "
+                f"got {retries!r}"
+            )
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> PoolOptions:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from contextlib import suppress
 from typing import Any
 
+from dopool._alarm import stalled
 from dopool._layout import DeadRecord, Meta, started_event, unpack
 from dopool._types import DeadLetter, InstanceState, InstanceStatus, PoolStatus
 
@@ -15,7 +16,7 @@ def instance_status(
 ) -> InstanceStatus:
     """An instance's status from its committed meta, and from its mailbox in memory.
 
-    ``state`` is the first of restarting, paused, processing, backoff, idle.
+    ``state`` is the first of restarting, paused, processing, stalled, backoff, idle.
     """
     state: InstanceState
     started = started_event(meta)  # (priority, sequence)
@@ -25,6 +26,8 @@ def instance_status(
         state = "paused"
     elif meta.running:
         state = "processing"
+    elif stalled(meta):
+        state = "stalled"  # its alarm was given up: nothing starts, not even a retry
     elif meta.current is not None and meta.retry_at is not None:
         state = "backoff"
     else:

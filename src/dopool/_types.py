@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-InstanceState = Literal["restarting", "paused", "processing", "backoff", "idle"]
+InstanceState = Literal["restarting", "paused", "processing", "stalled", "backoff", "idle"]
 
 EventKind = Literal[
     "enqueued",
@@ -13,6 +13,7 @@ EventKind = Literal[
     "succeeded",
     "retry_scheduled",
     "dead_lettered",
+    "alarm_given_up",
     "crashed",
     "restart_delayed",
     "recovered",

@@ -27,7 +27,8 @@ class FaultPlan:
         crash_during_enqueue: crash while an enqueue is written, before it commits
             (the caller gets ``InstanceCrashedError``; nothing is stored).
         alarm_error: an alarm delivery fails before doing anything; it is retried
-            after a backoff (2 s, doubling, capped at 60 s) and never dropped.
+            after a backoff (2 s, doubling, capped at 60 s) and never dropped, unless
+            the pool sets ``alarm_retries`` (then it is given up after that many).
         storage_error: a write transaction fails and is rolled back; the instance crashes.
     """
 

@@ -71,7 +71,18 @@ class Purged(NamedTuple):
     entries: tuple[tuple[int, int], ...]
 
 
-Record = Ev | Exec | Ack | Call | Phase | Redriven | Purged
+class Resumed(NamedTuple):
+    """The runner called ``resume(inst)`` (``None``: every instance), which wakes a stall.
+
+    Added once the call is over, whether or not a crash interrupted it: a resume
+    of an instance that is not paused emits no event, and this is how the replay
+    learns that the instance may start attempts again.
+    """
+
+    inst: int | None
+
+
+Record = Ev | Exec | Ack | Call | Phase | Redriven | Purged | Resumed
 
 
 @dataclass
@@ -81,7 +92,7 @@ class History:
     One time-ordered list of records — the pool events the runtime emitted
     (:class:`Ev`), each handler call (:class:`Exec`), each acknowledged enqueue
     (:class:`Ack`), the runner's calls (:class:`Call`), runtime opens and closes
-    (:class:`Phase`), redrives and purges — plus a map from stored entries
+    (:class:`Phase`), redrives, purges and resumes — plus a map from stored entries
     ``(instance, sequence)`` to the event ids they carry. Under a simulated clock
     only one actor works at a time, so this order is the order in which things
     were committed.

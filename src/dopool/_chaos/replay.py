@@ -15,6 +15,7 @@ from dopool._chaos.history import (
     Phase,
     Purged,
     Redriven,
+    Resumed,
 )
 from dopool._supervisor import RESTARTS_AT_ONCE, restart_delay
 
@@ -48,6 +49,7 @@ class _Instance:
     unrecorded: int = 0  # crashes outside close() that no recovery has counted yet
     recovered: int = 0
     restart_due: float | None = None  # when a restart waiting out its backoff may come
+    stalled: bool = False  # its alarm was given up, and no write has set one since
 
 
 @dataclass
@@ -96,6 +98,10 @@ class Replay:
                         inst.restart_due = None
             elif isinstance(record, Redriven):
                 self._redriven(record)
+            elif isinstance(record, Resumed):
+                chosen = self.instances if record.inst is None else [self.instances[record.inst]]
+                for inst in chosen:
+                    inst.stalled = False
             else:
                 self._purged(record)
 
@@ -115,8 +121,12 @@ class Replay:
                     f"at t={inst.restart_due}"
                 )
             inst.restart_due = None
+        if kind in ("enqueued", "resumed", "drained"):
+            inst.stalled = False  # a write that sets an alarm, or nothing left to stall
         if kind == "enqueued":
             self._enqueued(ev, inst)
+        elif kind == "alarm_given_up":
+            self._given_up(ev, inst)
         elif kind == "started":
             self._started(ev, inst)
         elif kind in ("succeeded", "retry_scheduled", "dead_lettered"):
@@ -148,6 +158,15 @@ class Replay:
         if not inst.unrecorded:
             self._bad(f"instance {ev.inst} delayed a restart with no crash to restart from")
         inst.restart_due = ev.time + restart_delay(streak)
+
+    def _given_up(self, ev: Ev, inst: _Instance) -> None:
+        """The instance's alarm failed once more than ``alarm_retries`` allows: it stalls."""
+        if not inst.pending or inst.attempt is not None:
+            self._bad(
+                f"instance {ev.inst} gave its alarm up with {len(inst.pending)} pending and "
+                f"an attempt {'running' if inst.attempt is not None else 'not running'}"
+            )
+        inst.stalled = True
 
     def _enqueued(self, ev: Ev, inst: _Instance) -> None:
         assert ev.seq is not None
@@ -182,6 +201,8 @@ class Replay:
             return
         if state.terminal is not None:
             self._bad(f"started entry {entry} (attempt {ev.attempt}) after it was {state.terminal}")
+        if inst.stalled:
+            self._bad(f"instance {ev.inst} started {entry} while stalled (no write woke it)")
         if inst.attempt is not None:
             self._bad(
                 f"instance {ev.inst} started {entry} while attempt {inst.attempt.attempt} of "

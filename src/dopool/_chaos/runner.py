@@ -39,13 +39,26 @@ from dopool import (
 )
 from dopool._chaos.checker import Model
 from dopool._chaos.clockdriver import ClockDriver, _Stop
-from dopool._chaos.history import Ack, Call, Ev, Exec, History, Phase, Purged, Redriven
+from dopool._chaos.history import (
+    Ack,
+    Call,
+    Ev,
+    Exec,
+    History,
+    Phase,
+    Purged,
+    Redriven,
+    Resumed,
+)
 from dopool._chaos.result import Result
 from dopool._chaos.scenario import POOL, Scenario, Step, generate
 from dopool._chaos.snapshot import InstanceSnapshot, read_store
 
 JOIN_TIMEOUT = 60.0  # wall seconds; virtual time is free
 FINAL_ROUNDS = 5  # resume-and-join rounds at the end
+# Under alarm_retries each round's alarm faults may give an instance's alarm up again:
+# rounds go on while they make progress, and stop after this many in a row that make none.
+STALL_ROUNDS = 50
 RESUME_TRIES = 50  # a fault may crash a resume; each try draws again
 
 
@@ -151,6 +164,7 @@ class Runner:
                 concurrency=scenario.concurrency,
                 retry=scenario.retry,
                 max_queue_depth=scenario.max_queue_depth,
+                alarm_retries=scenario.alarm_retries,
             )
         except InstanceCrashedError as exc:
             raise _Stop(
@@ -246,7 +260,7 @@ class Runner:
             elif kind == "pause":
                 pool.pause(args["index"])
             elif kind == "resume":
-                pool.resume(args["index"])
+                self._resume(args["index"])
             elif kind == "drain":
                 self._drain(args["index"])
             elif kind == "redrive":
@@ -346,17 +360,39 @@ class Runner:
             )
             self.history.add(Purged(gone))
 
+    def _resume(self, index: int | None) -> None:
+        """``pool.resume(index)``, which also wakes a stalled instance; the history says so."""
+        pool = self.pool
+        assert pool is not None
+        try:
+            pool.resume(index)
+        finally:
+            self.history.add(Resumed(index))
+
     def _finish(self) -> bool:
-        """Resume everything and run until idle; True if the pool ended with nothing to do."""
-        for _ in range(FINAL_ROUNDS):
+        """Resume everything and run until idle; True if the pool ended with nothing to do.
+
+        A resume also wakes an instance whose alarm was given up (``alarm_retries``):
+        the write that a stalled instance waits for.
+        """
+        rounds = still = processed = 0
+        while rounds < FINAL_ROUNDS:
             pool = self.pool
             assert pool is not None
             self.driver.settle()
-            self._resume_paused()
+            self._resume_stopped()
             if pool.join(timeout=JOIN_TIMEOUT):
                 return True
-            if not any(i.state == "paused" for i in pool.status().instances):
+            status = pool.status()
+            seen = {i.state for i in status.instances}
+            if "stalled" in seen:
+                still = 0 if status.processed > processed else still + 1
+                processed = status.processed
+                if still < STALL_ROUNDS:
+                    continue
+            if "paused" not in seen:
                 break
+            rounds += 1
         pool = self.pool
         assert pool is not None
         snapshots = self._read_store()
@@ -368,17 +404,18 @@ class Runner:
         self.history.problem(f"the pool never became idle ({'; '.join(states)})")
         return False
 
-    def _resume_paused(self) -> None:
-        """Resume each paused instance, trying again while faults crash the resume."""
+    def _resume_stopped(self) -> None:
+        """Resume each paused or stalled instance, trying again while faults crash the resume."""
         pool = self.pool
         assert pool is not None
         for _ in range(RESUME_TRIES):
-            paused = [i.index for i in pool.status().instances if i.state == "paused"]
-            if not paused:
+            states = pool.status().instances
+            stopped = [i.index for i in states if i.state in ("paused", "stalled")]
+            if not stopped:
                 return
-            for index in paused:
+            for index in stopped:
                 try:
-                    pool.resume(index)
+                    self._resume(index)
                 except InstanceCrashedError:
                     self.driver.after_crash()
 

@@ -2,7 +2,12 @@
 
 ``generate(seed)`` draws everything from ``random.Random(seed)``: the pool's
 concurrency (1-4), its retry policy, a queue depth limit, a fault plan with
-small probabilities (seeded from the scenario seed), and a list of steps.
+small probabilities (seeded from the scenario seed), and a list of steps. The
+pool's ``alarm_retries`` (mostly None; else a limit, after which a failing alarm
+is given up and its instance stalls until a write) comes from a generator of its
+own, so that every other draw is what it was before the option existed. That
+generator also raises ``alarm_error`` in half of the scenarios with a limit, since
+at the usual probabilities ``n + 1`` failures in a row would hardly ever happen.
 Each event says how its handler behaves (see :data:`EVENT_FIELDS`), so the
 checker can tell a legitimate retry from a spurious re-execution.
 """
@@ -10,7 +15,7 @@ checker can tell a legitimate retry from a spurious re-execution.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from dopool import RetryPolicy
@@ -29,6 +34,9 @@ FAULT_POINTS = (
     "storage_error",
 )
 MAX_FAULT_PROBABILITY = 0.05
+ALARM_RETRIES = (0, 1, 2, 6)  # the limits a scenario may set (6: Cloudflare's)
+LIMITED_ALARM_SHARE = 0.3  # the share of scenarios that set one
+FAILING_ALARMS = (0.1, 0.5)  # the range of a raised alarm_error, with a limit
 
 #: What an event's fields tell its handler to do, attempt by attempt.
 EVENT_FIELDS = {
@@ -93,6 +101,7 @@ class Scenario:
     faults: FaultPlan | None
     max_queue_depth: int | None
     steps: tuple[Step, ...] = field(default=())
+    alarm_retries: int | None = None
 
     @property
     def max_attempts(self) -> int:
@@ -109,7 +118,7 @@ class Scenario:
             )
         lines = [
             f"seed {self.seed}: concurrency={self.concurrency} retry={self.retry!r} "
-            f"max_queue_depth={self.max_queue_depth}",
+            f"max_queue_depth={self.max_queue_depth} alarm_retries={self.alarm_retries}",
             f"  faults: {faults or 'none'}",
         ]
         lines += [f"  step {n}: {step.describe()}" for n, step in enumerate(self.steps)]
@@ -126,7 +135,19 @@ def generate(seed: int, *, steps: int | None = None) -> Scenario:
     count = rng.randint(8, 30) if steps is None else steps
     events = _EventSource(rng)
     plan = tuple(_step(rng, events, concurrency) for _ in range(count))
-    return Scenario(seed, concurrency, retry, faults, max_queue_depth, plan)
+    alarm_retries, faults = _alarm_limit(seed, faults)
+    return Scenario(seed, concurrency, retry, faults, max_queue_depth, plan, alarm_retries)
+
+
+def _alarm_limit(seed: int, faults: FaultPlan | None) -> tuple[int | None, FaultPlan | None]:
+    """The pool's ``alarm_retries``, and the fault plan, failing alarms more often with one."""
+    rng = random.Random(f"alarm_retries {seed}")
+    if rng.random() >= LIMITED_ALARM_SHARE:
+        return None, faults
+    limit = rng.choice(ALARM_RETRIES)
+    if faults is not None and rng.random() < 0.5:
+        faults = replace(faults, alarm_error=round(rng.uniform(*FAILING_ALARMS), 4))
+    return limit, faults
 
 
 def _retry_policy(rng: random.Random) -> RetryPolicy | None:

@@ -58,7 +58,13 @@ def _status_table(item: PoolStatus) -> Table:
         table.add_column(name, justify="right")
     table.add_column("current", justify="right")
     table.add_column("next alarm", no_wrap=True)
-    styles = {"paused": "yellow", "processing": "green", "backoff": "magenta", "idle": "dim"}
+    styles = {
+        "paused": "yellow",
+        "processing": "green",
+        "backoff": "magenta",
+        "stalled": "red",
+        "idle": "dim",
+    }
     for s in item.instances:
         current = "-" if s.current_sequence is None else f"#{s.current_sequence} (try {s.attempt})"
         table.add_row(
