@@ -10,7 +10,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from dopool._sim.scenario import LISTS, SECTIONS, Scenario, ScenarioError, Section
+from dopool._sim.scenario import (
+    GATES,
+    LISTS,
+    SECTIONS,
+    Gate,
+    Scenario,
+    ScenarioError,
+    Section,
+)
 
 BUILTINS = ("steady", "burst", "hot-partition", "poison", "crash-storm", "maintenance")
 
@@ -20,18 +28,18 @@ def from_mapping(data: Mapping[str, Any]) -> Scenario:
     """Build a scenario from TOML-like data, refusing unknown keys by their path."""
     if not isinstance(data, Mapping):
         raise ScenarioError("", f"must be a table, got {data!r}")
-    top = {f.name for f in fields(Scenario)}
+    top = {GATES if f.name == "asserts" else f.name for f in fields(Scenario)}
     _refuse_unknown("", data, top)
     arguments: dict[str, Any] = {}
     for key, value in data.items():
         if key in SECTIONS:
             arguments[key] = _build(key, SECTIONS[key], value)
-        elif key in LISTS:
+        elif key in LISTS or key == GATES:
             if not isinstance(value, list):
                 raise ScenarioError(key, f"must be an array of tables ([[{key}]]), got {value!r}")
-            arguments[key] = tuple(
-                _build(f"{key}[{position}]", LISTS[key], item)
-                for position, item in enumerate(value)
+            kind = Gate if key == GATES else LISTS[key]
+            arguments["asserts" if key == GATES else key] = tuple(
+                _build(f"{key}[{position}]", kind, item) for position, item in enumerate(value)
             )
         else:
             arguments[key] = value
@@ -119,6 +127,10 @@ def resolve(name_or_path: str) -> Scenario:
 def _field_kind(path: str) -> tuple[type[Any], str, str]:
     """``(dataclass, field name, annotation)`` of a dotted path, or a ScenarioError."""
     parts = path.split(".")
+    if parts[0] in (GATES, "asserts"):
+        raise ScenarioError(
+            parts[0], "can only be set in a scenario file ([[assert]]) or by --assert"
+        )
     if len(parts) == 1:
         kind: type[Any] = Scenario
         name = parts[0]
@@ -148,7 +160,8 @@ def _first(section: str) -> str:
 
 def settable_fields() -> list[str]:
     """Every dotted path a flag can set."""
-    paths = [f.name for f in fields(Scenario) if f.name not in SECTIONS and f.name not in LISTS]
+    arrays = {*LISTS, "asserts"}
+    paths = [f.name for f in fields(Scenario) if f.name not in SECTIONS and f.name not in arrays]
     for section, kind in SECTIONS.items():
         paths.extend(f"{section}.{f.name}" for f in fields(kind))
     return paths

@@ -7,7 +7,8 @@ file, a built-in name or flags.
 
 The TOML layout mirrors the dataclasses: top-level fields, then one table per
 section (``[arrivals]``, ``[partitions]``, ``[service]``, ``[retry]``,
-``[faults]``) and arrays of tables for ``[[pauses]]`` and ``[[kills]]``.
+``[faults]``) and arrays of tables for ``[[pauses]]``, ``[[kills]]`` and ``[[assert]]``
+(the gates: ``assert`` is a Python keyword, so their field is ``Scenario.asserts``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from dopool._errors import ConfigurationError
+from dopool._sim import gates
 
 ROUTINGS = ("round-robin", "partition")
 PROCESSES = ("steady", "poisson", "bursts")
@@ -277,6 +279,27 @@ class Kill:
         _number("instance", self.instance, integer=True, minimum=0)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Gate:
+    """A gate on the run's figures, ``[[assert]]``: ``check = "p99 <= 0.5"``
+    (:mod:`dopool._sim.gates`), and ``why`` it matters, shown if it fails."""
+
+    check: str
+    why: str | None = None
+
+    def __post_init__(self) -> None:
+        _text("check", self.check)
+        if self.why is not None:
+            _text("why", self.why)
+        try:
+            gates.parse(self.check)
+        except gates.GateError as exc:
+            raise ScenarioError("check", str(exc)) from None
+
+
+GATES = "assert"  # the gates' array of tables in a file; the field is ``asserts``
+
+
 # The tables of a scenario by name, and its arrays of tables.
 SECTIONS: dict[str, type[Any]] = {
     "arrivals": Arrivals,
@@ -304,6 +327,7 @@ class Scenario:
         payload_bytes: padding bytes added to each event.
         failure_probability: each attempt fails (and is retried) with this probability.
         poison_share: this share of events fail on every attempt (and are dead-lettered).
+        asserts: the gates checked on the run's figures (``[[assert]]`` in a file).
     """
 
     name: str = "custom"
@@ -323,6 +347,7 @@ class Scenario:
     faults: Faults = field(default_factory=Faults)
     pauses: tuple[Pause, ...] = ()
     kills: tuple[Kill, ...] = ()
+    asserts: tuple[Gate, ...] = ()
 
     def __post_init__(self) -> None:
         _text("name", self.name)
@@ -360,26 +385,32 @@ class Scenario:
                         f"{name}[{position}].instance",
                         f"must be < instances ({self.instances}), got {index}",
                     )
+        _set(self, "asserts", tuple(self.asserts))
+        for position, gate in enumerate(self.asserts):
+            if not isinstance(gate, Gate):
+                raise ScenarioError(f"{GATES}[{position}]", "must be a Gate")
 
     # -- conversions ----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Every field, nested sections as dicts, ``None`` for absent options."""
+        """Every field, nested sections as dicts, ``None`` for absent options; the gates
+        under ``assert``, as in a file."""
         result: dict[str, Any] = {}
         for spec in fields(self):
             value = getattr(self, spec.name)
             if spec.name in SECTIONS:
                 value = {f.name: getattr(value, f.name) for f in fields(value)}
-            elif spec.name in LISTS:
+            elif spec.name in LISTS or spec.name == "asserts":
                 value = [{f.name: getattr(item, f.name) for f in fields(item)} for item in value]
-            result[spec.name] = value
+            result[GATES if spec.name == "asserts" else spec.name] = value
         return result
 
     def to_toml(self) -> str:
         """The scenario as a TOML document that :mod:`dopool._sim.loading` reads back."""
         data = self.to_dict()
+        arrays = [*LISTS, GATES]
         lines: list[str] = []
         for key, value in data.items():
-            if key not in SECTIONS and key not in LISTS and value is not None:
+            if key not in SECTIONS and key not in arrays and value is not None:
                 lines.append(f"{key} = {_toml_value(value)}")
         for key in SECTIONS:
             lines.extend(("", f"[{key}]"))
@@ -388,7 +419,7 @@ class Scenario:
                 for name, value in data[key].items()
                 if value is not None
             )
-        for key in LISTS:
+        for key in arrays:
             for item in data[key]:
                 lines.extend(("", f"[[{key}]]"))
                 lines.extend(
@@ -405,4 +436,9 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, int | float):
         return repr(value)
     text = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    # Any other control character (a tab aside) is escaped too: TOML refuses it raw.
+    text = "".join(
+        f"\\u{ord(char):04x}" if (char < " " and char != "\t") or char == "\x7f" else char
+        for char in text
+    )
     return f'"{text}"'
