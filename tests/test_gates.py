@@ -1,19 +1,48 @@
 """Gates: ``--assert 'p99 <= 0.5'`` and ``[[assert]]`` (docs/simulate.md, "Gates").
 
-The checks are parsed and compared on their own first, then in scenarios.
+The checks are parsed and compared on their own first, then in scenarios, then through
+``dopool simulate``. Each simulation is small (150 events).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import pytest
+from click.testing import CliRunner, Result
 
+from dopool._cli import _gates as cli_gates
+from dopool._cli import cli
+from dopool._cli import simulate as simulate_cli
 from dopool._sim import gates
 from dopool._sim import loading as sc
+from dopool._sim.driver import Run, run
 from dopool._sim.figures import DESCRIPTIONS
 from dopool._sim.gates import Check, GateError, Outcome, evaluate, parse
+from dopool._sim.metrics import Invariant
 from dopool._sim.scenario import Gate, Scenario, ScenarioError
+
+SMALL = ("--events", "150", "-q")
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def assert_one_line_error(result: Result, code: int, *words: str) -> None:
+    assert result.exit_code == code, result.output
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error: ")
+    for word in words:
+        assert word in lines[0], lines[0]
 
 
 # -- parsing -----------------------------------------------------------------------------
@@ -212,3 +241,207 @@ def test_a_scenario_holds_only_gates() -> None:
     assert Scenario(asserts=[Gate(check="p99 < 1")]).asserts == (Gate(check="p99 < 1"),)  # type: ignore[arg-type]
     with pytest.raises(ScenarioError, match=r"field 'assert\[0\]' must be a Gate"):
         Scenario(asserts=("p99 < 1",))  # type: ignore[arg-type]
+
+
+# -- dopool simulate --assert --------------------------------------------------------------
+def test_gates_that_pass_exit_0_and_are_shown() -> None:
+    result = invoke("simulate", *SMALL, "--assert", "p99 <= 60", "--assert", "lost==0")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    lines = result.stdout.splitlines()
+    gates_at = next(i for i, line in enumerate(lines) if line.startswith("gates (--assert"))
+    assert gates_at > next(i for i, line in enumerate(lines) if line.startswith("invariants"))
+    shown = [line.split() for line in lines[gates_at:]]
+    assert shown[4][:3] == ["p99", "<=", "60"]
+    assert shown[4][-1] == "PASS"
+    assert shown[5] == ["lost", "==", "0", "0", "PASS"]
+
+
+def test_a_failing_gate_exits_1_with_one_line_each() -> None:
+    result = invoke(
+        "simulate",
+        *SMALL,
+        "--assert",
+        "p99 <= 0.001",
+        "--assert",
+        "lost == 0",
+        "--assert",
+        "succeeded != 150",
+    )
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2, result.stderr
+    assert re.fullmatch(r"assertion failed: p99 <= 0\.001 \(p99 = 0\.\d+\)", lines[0])
+    assert lines[1] == "assertion failed: succeeded != 150 (succeeded = 150)"
+    assert result.stdout.count("FAIL") == 2
+    assert result.stdout.count("PASS") == 1
+
+
+def test_gates_without_a_gate_change_nothing() -> None:
+    result = invoke("simulate", *SMALL)
+    assert result.exit_code == 0
+    assert "gates" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("check", "words"),
+    [
+        ("p999 <= 0.5", ("--assert 'p999 <= 0.5'", "names no figure 'p999'", "closest: 'p99'",
+                         "--list-figures")),
+        ("p99 = 0.5", ("--assert 'p99 = 0.5'", "did you mean '=='?")),
+        ("p99 <= fast", ("'fast', which is not a number",)),
+        ("p99", ("has no comparison",)),
+        ("p99\x1b[2J <= 1", ("\\x1b[2J",)),
+    ],
+)  # fmt: skip
+def test_a_bad_assert_is_a_usage_error(check: str, words: tuple[str, ...]) -> None:
+    assert_one_line_error(invoke("simulate", *SMALL, "--assert", check), 2, *words)
+
+
+def test_gates_from_a_file_and_flags(tmp_path: Path) -> None:
+    path = tmp_path / "gated.toml"
+    path.write_text(GATED)
+    result = invoke("simulate", "-s", str(path), "-q", "--assert", "throughput > 0")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.splitlines() == [
+        "assertion failed: succeeded != 150 (succeeded = 150): shows a failing gate"
+    ]
+    checks = [line.split()[:3] for line in result.stdout.splitlines() if "PASS" in line]
+    assert checks == [["lost", "==", "0"], ["throughput", ">", "0"]]
+    assert "shows a failing gate" in result.stdout
+
+
+def test_a_why_is_printed_inert(tmp_path: Path) -> None:
+    path = tmp_path / "inert.toml"
+    path.write_text('[[assert]]\ncheck = "lost != 0"\nwhy = "clear\\u001b[2J[bold]x"\n')
+    result = invoke("simulate", "-s", str(path), *SMALL)
+    assert result.exit_code == 1, result.output
+    assert result.stderr == "assertion failed: lost != 0 (lost = 0): clear\\x1b[2J[bold]x\n"
+    assert "\x1b" not in result.stdout
+    assert "clear\\x1b[2J[bold]x" in result.stdout
+
+
+def test_a_bad_gate_in_a_file_names_file_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('[[assert]]\ncheck = "lost == 0"\n[[assert]]\ncheck = "p99 <= 500ms"\n')
+    assert_one_line_error(
+        invoke("simulate", "-s", str(path)),
+        2,
+        "bad.toml: field 'assert[1].check'",
+        "'500ms', which is not a number",
+    )
+
+
+def test_print_scenario_writes_the_flags_gates_after_the_files(tmp_path: Path) -> None:
+    path = tmp_path / "gated.toml"
+    path.write_text(GATED)
+    result = invoke("simulate", "-s", str(path), "--assert", "p99<=0.5", "--print-scenario")
+    assert result.exit_code == 0, result.output
+    assert tomllib.loads(result.stdout)["assert"][-1] == {"check": "p99<=0.5"}
+    assert [gate.check for gate in sc.loads(result.stdout).asserts] == [
+        "lost == 0",
+        "succeeded != 150",
+        "p99<=0.5",
+    ]
+
+
+def test_json_holds_the_assertions_byte_identical(tmp_path: Path) -> None:
+    outputs = []
+    for attempt in range(2):
+        target = tmp_path / f"r{attempt}.json"
+        result = invoke(
+            "simulate",
+            *SMALL,
+            "--seed",
+            "5",
+            "--assert",
+            "p99 <= 60",
+            "--assert",
+            "retries>0",
+            "--json",
+            str(target),
+        )
+        assert result.exit_code == 1, result.output
+        outputs.append(target.read_bytes())
+    assert outputs[0] == outputs[1]
+    document = json.loads(outputs[0])
+    assert [item["expr"] for item in document["assertions"]] == ["p99 <= 60", "retries > 0"]
+    first, second = document["assertions"]
+    assert set(first) == {"expr", "figure", "op", "bound", "value", "passed", "why"}
+    assert (first["figure"], first["op"], first["bound"], first["passed"]) == (
+        "p99",
+        "<=",
+        60.0,
+        True,
+    )
+    assert first["value"] == pytest.approx(document["latency"]["p99"], abs=1e-6)
+    assert (second["value"], second["passed"], second["why"]) == (0.0, False, None)
+    assert document["scenario"]["assert"] == [
+        {"check": "p99 <= 60", "why": None},
+        {"check": "retries>0", "why": None},
+    ]
+
+
+def test_json_without_gates_has_an_empty_list(tmp_path: Path) -> None:
+    target = tmp_path / "r.json"
+    assert invoke("simulate", *SMALL, "--json", str(target)).exit_code == 0
+    assert json.loads(target.read_text())["assertions"] == []
+
+
+def test_list_figures_names_every_figure_plainly() -> None:
+    result = invoke("simulate", "--list-figures")
+    assert result.exit_code == 0
+    assert "\x1b" not in result.stdout  # not a terminal: no colours
+    lines = result.stdout.splitlines()
+    assert lines[0].strip() == "figures (what --assert and [[assert]] compare)"
+    rows = {words[0]: " ".join(words[1:]) for line in lines[4:] if (words := line.split())}
+    for name, meaning in DESCRIPTIONS.items():
+        assert rows[name] == meaning
+    assert lines[-1].startswith("gate a run: dopool simulate --assert 'p99 <= 0.5'")
+
+
+def test_assert_applies_to_a_single_run_not_a_sweep(tmp_path: Path) -> None:
+    assert_one_line_error(
+        invoke("simulate", "--sweep", "instances=1,2", "--assert", "p99 < 1"),
+        2,
+        "--assert applies to a single run",
+    )
+    path = tmp_path / "gated.toml"
+    path.write_text(GATED)
+    result = invoke("simulate", "-s", str(path), "-q", "--sweep", "instances=1,2")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [
+        "note: a sweep does not check the scenario's 2 [[assert]] gates; run one value "
+        "without --sweep to check them"
+    ]
+
+
+def test_gates_cannot_be_set_as_a_field() -> None:
+    assert_one_line_error(
+        invoke("simulate", "--set", "assert=p99<1"), 2, "field 'assert'", "or by --assert"
+    )
+
+
+def test_a_failed_gate_and_a_broken_invariant_both_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Run:
+        finished = run(*args, **kwargs)
+        invariants = [Invariant("no loss", passed=False, detail="made up for the test")]
+        return replace(finished, result=replace(finished.result, invariants=invariants))
+
+    monkeypatch.setattr(simulate_cli, "run", broken)  # what the command calls
+    result = invoke("simulate", *SMALL, "--assert", "lost != 0", "--assert", "invariants_passed==1")
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.splitlines()
+    assert lines[:2] == [
+        "assertion failed: lost != 0 (lost = 0)",
+        "assertion failed: invariants_passed == 1 (invariants_passed = 0)",
+    ]
+    assert lines[2].startswith("Error: invariants failed: no loss")
+
+
+def test_a_gate_on_a_figure_the_run_lacks_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli_gates, "figures", lambda result: {})
+    result = invoke("simulate", *SMALL, "--assert", "p99 < 1")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("Error: gate 'p99 < 1' names no figure 'p99'")
+    assert len(result.stderr.splitlines()) == 1
