@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shlex
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -445,3 +446,36 @@ def test_a_gate_on_a_figure_the_run_lacks_is_a_usage_error(monkeypatch: pytest.M
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith("Error: gate 'p99 < 1' names no figure 'p99'")
     assert len(result.stderr.splitlines()) == 1
+
+
+# -- the documented examples ---------------------------------------------------------------
+DOCS = Path(__file__).parent.parent / "docs" / "simulate.md"
+
+
+def documented_runs() -> list[tuple[list[str], int, list[str]]]:
+    """docs/simulate.md's gate commands: (arguments, the exit status and the failure lines
+    shown after them). A command shown without ``echo $?`` is one that passes."""
+    text = DOCS.read_text(encoding="utf-8").split("\n## Gates\n", 1)[1].split("\n## ", 1)[0]
+    text = text.replace("\\\n", " ")
+    runs: list[tuple[list[str], int, list[str]]] = []
+    lines = text.splitlines()
+    for position, line in enumerate(lines):
+        command = line.strip().removeprefix("$ ")
+        if command.startswith("dopool simulate "):
+            runs.append((shlex.split(command)[1:], 0, []))
+        elif line.startswith("assertion failed: ") and runs and lines[position - 1] != "```text":
+            runs[-1][2].append(line)
+        elif line == "$ echo $?":
+            runs[-1] = (runs[-1][0], int(lines[position + 1]), runs[-1][2])
+    return runs
+
+
+def test_the_documented_gates_run_as_shown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the CI step writes capacity.json
+    runs = documented_runs()
+    assert [status for _, status, _ in runs] == [1, 0, 0]
+    for args, status, failures in runs:
+        result = invoke(*args)
+        assert result.exit_code == status, (args, result.output)
+        assert result.stderr.splitlines() == failures
+    assert (tmp_path / "capacity.json").exists()
