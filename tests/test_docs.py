@@ -4,6 +4,8 @@ docs/guarantees.md and docs/api.md are what the code, the tests and the other pa
 so a citation of a specification outside the repository points at text its reader
 cannot see. And a cited section must exist: every relative link in docs/*.md and
 README.md must name an existing file and, after ``#``, an existing heading of it.
+Where a page and the code list the same things (docs/simulate.md's figures and flags),
+they agree.
 """
 
 from __future__ import annotations
@@ -11,7 +13,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import click
 import pytest
+
+from dopool._cli.simulate import simulate
+from dopool._sim.figures import DESCRIPTIONS
 
 ROOT = Path(__file__).parent.parent
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
@@ -120,3 +126,33 @@ def test_the_guarantees_are_numbered_and_link_to_their_sections() -> None:
 )
 def test_slug_follows_github(heading: str, expected: str) -> None:
     assert slug(heading) == expected
+
+
+# -- docs/simulate.md and the code -----------------------------------------------------------
+def section(page: Path, heading: str) -> str:
+    """The text under ``## heading`` up to the next heading of that level."""
+    text = page.read_text(encoding="utf-8")
+    return text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def figures_table() -> str:
+    """The "Figures" table of docs/simulate.md as the code's figures make it."""
+    rows = [f"| `{name}` | {meaning} |" for name, meaning in DESCRIPTIONS.items()]
+    return "\n".join(["| figure | meaning |", "| --- | --- |", *rows])
+
+
+def test_the_figures_table_is_the_codes() -> None:
+    documented = section(ROOT / "docs" / "simulate.md", "Figures")
+    table = "\n".join(line for line in documented.splitlines() if line.startswith("|"))
+    assert table == figures_table(), "paste this into docs/simulate.md:\n" + figures_table()
+
+
+def test_every_simulate_flag_is_documented() -> None:
+    text = (ROOT / "docs" / "simulate.md").read_text(encoding="utf-8")
+    missing = [
+        option.opts[0]
+        for option in simulate.params
+        if isinstance(option, click.Option)
+        and not any(re.search(rf"`{re.escape(name)}[ `]", text) for name in option.opts)
+    ]
+    assert missing == []

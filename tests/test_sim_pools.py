@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from dopool._cli import cli
 from dopool._sim import loading
 from dopool._sim.checks import ScenarioError
 from dopool._sim.driver import run
@@ -205,3 +208,27 @@ def test_a_pipeline_run_is_byte_identical_for_the_same_seed() -> None:
     first = json.dumps(run(scenario).result.to_json_dict(), sort_keys=True)
     again = json.dumps(run(scenario).result.to_json_dict(), sort_keys=True)
     assert first == again
+
+
+def test_a_gate_may_name_a_pools_figure_and_the_end_to_end_ones(tmp_path: Path) -> None:
+    scenario = tmp_path / "fanout.toml"
+    scenario.write_text(FANOUT, encoding="utf-8")
+    runner = CliRunner()
+    gates = ["--assert", "e2e.completed == 200", "--assert", "e2e.p99 < 100"]
+    done = runner.invoke(cli, ["simulate", "--scenario", str(scenario), "-q", *gates])
+    assert done.exit_code == 0, done.output
+    failing = ["--assert", "e2e.p99 < 0.001"]
+    done = runner.invoke(cli, ["simulate", "--scenario", str(scenario), "-q", *failing])
+    assert done.exit_code == 1
+    assert "assertion failed: e2e.p99 < 0.001 (e2e.p99 = " in done.output
+    two = tmp_path / "two.toml"
+    two.write_text(TWO_POOLS, encoding="utf-8")
+    done = runner.invoke(
+        cli, ["simulate", "--scenario", str(two), "-q", "--assert", "front.succeeded == 20"]
+    )
+    assert done.exit_code == 0, done.output
+    done = runner.invoke(
+        cli, ["simulate", "--scenario", str(two), "-q", "--assert", "middle.p99 < 1"]
+    )
+    assert done.exit_code == 2
+    assert "names no figure 'middle.p99'" in done.output

@@ -1,4 +1,7 @@
-"""``dopool simulate``: its flags, the scenario they build, the progress bar, sweeps."""
+"""``dopool simulate``: its flags, the scenario they build, the progress bar, sweeps.
+
+Its gates (``--assert``, ``--list-figures``) are :mod:`dopool._cli._gates`.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +24,14 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from dopool._cli._errors import CliError, CliUsageError
+from dopool._cli._errors import FAILURE_EXIT, CliError, CliUsageError
+from dopool._cli._gates import (
+    _check_gates,
+    _gates_table,
+    _list_figures,
+    _report_failures,
+    _with_flag_gates,
+)
 from dopool._cli._terminal import _console
 from dopool._cli._values import _json_text
 from dopool._cli.report import _render_report, _secs
@@ -109,6 +119,14 @@ def _param_name(flag: str) -> str:
     help="run once per value of a numeric field and print one row each",
 )
 @click.option(
+    "--assert",
+    "assertions",
+    multiple=True,
+    metavar="CHECK",
+    help="a gate, FIGURE OP NUMBER, e.g. --assert 'p99 <= 0.5': exit 1 if it fails "
+    "(repeatable; operators <= < >= > == !=; figures: --list-figures)",
+)
+@click.option(
     "--json",
     "json_path",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -134,6 +152,9 @@ def _param_name(flag: str) -> str:
 )
 @click.option("--list", "list_only", is_flag=True, help="list the built-in scenarios and exit")
 @click.option(
+    "--list-figures", is_flag=True, help="list the figures a gate (--assert) can name and exit"
+)
+@click.option(
     "--print-scenario",
     is_flag=True,
     help="print the scenario as TOML (after flags) and exit: a start for your own file",
@@ -144,11 +165,13 @@ def simulate(
     seed: int | None,
     settings: tuple[str, ...],
     sweep_spec: str | None,
+    assertions: tuple[str, ...],
     json_path: Path | None,
     trace_path: Path | None,
     plot_path: Path | None,
     store_path: Path | None,
     list_only: bool,
+    list_figures: bool,
     print_scenario: bool,
     quiet: bool,
     **fields: str | None,
@@ -156,18 +179,23 @@ def simulate(
     """Run a scenario on the real engine in virtual time and print a report.
 
     Same scenario, same seed: the same run, and byte-identical --json and --trace.
+    Gates (--assert, [[assert]] in a file) exit 1 if one fails.
 
     \b
     Examples:
       dopool simulate --scenario hot-partition --seed 7
       dopool simulate --scenario my-design.toml --instances 16 --rate 300
       dopool simulate --scenario steady --sweep instances=1,2,4,8,16
+      dopool simulate --scenario my-design.toml --rate 100 --assert 'p99 <= 0.5'
     """
     out = _console()
     if list_only:
         _list_scenarios(out)
         return
-    chosen = _build_scenario(scenario_name, seed, fields, settings)
+    if list_figures:
+        _list_figures(out)
+        return
+    chosen = _with_flag_gates(_build_scenario(scenario_name, seed, fields, settings), assertions)
     if print_scenario:
         click.echo(chosen.to_toml(), nl=False)
         return
@@ -179,6 +207,14 @@ def simulate(
         for flag, target in (("--trace", trace_path), ("--plot", plot_path)):
             if target is not None:
                 raise CliUsageError(f"{flag} cannot be used with --sweep")
+        if assertions:
+            raise CliUsageError("--assert applies to a single run; it cannot be used with --sweep")
+        if chosen.asserts:
+            click.echo(
+                f"note: a sweep does not check the scenario's {len(chosen.asserts)} "
+                "[[assert]] gates; run one value without --sweep to check them",
+                err=True,
+            )
         field, values = _parse_sweep(sweep_spec)
         _run_sweep(out, chosen, field, values, json_path, store_path, quiet)
         return
@@ -186,8 +222,14 @@ def simulate(
         finished = run(chosen, store=store_path, trace=trace_path, progress=report(chosen.name))
     result = finished.result
     _render_report(out, chosen, finished)
+    outcomes = _check_gates(chosen, result)
+    if outcomes:
+        out.print()
+        out.print(_gates_table(outcomes))
     if json_path is not None:
-        _write_json(json_path, result.to_json_dict())
+        document = result.to_json_dict()
+        document["assertions"] = [outcome.to_json_dict() for outcome in outcomes]
+        _write_json(json_path, document)
     if plot_path is not None:
         plot(result, plot_path, title=f"{chosen.name} (seed {chosen.seed})")
     written = [
@@ -199,9 +241,12 @@ def simulate(
         written.append(f"store {store_path}")
     if written:
         click.echo("wrote " + ", ".join(written))
+    gate_failed = _report_failures(outcomes)
     if not result.passed:
         failed = ", ".join(check.name for check in result.invariants if not check.passed)
         raise CliError(f"invariants failed: {failed} (seed {chosen.seed}); see the report above")
+    if gate_failed:
+        raise click.exceptions.Exit(FAILURE_EXIT)
 
 
 def _build_scenario(

@@ -5,7 +5,8 @@ built-in name or flags), ``workload`` (its arrivals and its handler),
 ``arrivals`` (the arrival processes' times, and the replay reader),
 ``driver`` (running it on the real engine in virtual time), ``metrics`` (the
 collector that follows a run's events, and the records of its result),
-``measure`` (the result read at the end of a run), ``plot`` (optional
+``measure`` (the result read at the end of a run), ``figures`` (a result's
+figures by name), ``gates`` (pass/fail checks on them), ``plot`` (optional
 matplotlib figures) and ``storeview`` (reading a real store read-only). None of
 it imports click or rich; only :mod:`dopool._cli` does.
 """

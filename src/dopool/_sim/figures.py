@@ -8,6 +8,7 @@ a gate in a CI script keeps meaning the same thing.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Iterator
 
 from dopool._sim.metrics import Latency, Result
 
@@ -70,6 +71,35 @@ E2E_DESCRIPTIONS: dict[str, str] = {
     "p99": "99th percentile end-to-end latency",
     "max": "largest end-to-end latency",
 }
+
+
+class _Names(Collection[str]):
+    """Every name a figure may have: the whole run's, ``e2e.<name>``, and
+    ``<pool>.<name>`` for any pool (a scenario's pools are known only when it runs).
+    Iterating gives the whole run's names, then the patterns with ``<pool>``."""
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        if name in DESCRIPTIONS:
+            return True
+        prefix, _, rest = name.partition(".")
+        if prefix == "e2e" and rest in E2E_DESCRIPTIONS:
+            return True
+        pool, _, rest = name.rpartition(".")
+        return bool(pool) and rest in POOL_DESCRIPTIONS
+
+    def __iter__(self) -> Iterator[str]:
+        yield from DESCRIPTIONS
+        yield from (f"e2e.{name}" for name in E2E_DESCRIPTIONS)
+        yield from (f"<pool>.{name}" for name in POOL_DESCRIPTIONS)
+
+    def __len__(self) -> int:
+        return len(DESCRIPTIONS) + len(E2E_DESCRIPTIONS) + len(POOL_DESCRIPTIONS)
+
+
+#: What a gate may name (see :class:`_Names`).
+NAMES: Collection[str] = _Names()
 
 
 def describe(result: Result) -> dict[str, str]:

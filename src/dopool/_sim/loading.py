@@ -14,7 +14,7 @@ from typing import Any
 
 from dopool._sim.checks import ScenarioError
 from dopool._sim.pools import POOL_FIELDS, POOL_SECTIONS, Pool, PoolTable
-from dopool._sim.scenario import LISTS, SECTIONS, Arrivals, Scenario
+from dopool._sim.scenario import GATES, LISTS, SECTIONS, Arrivals, Gate, Scenario
 from dopool._sim.sections import Section
 
 BUILTINS = (
@@ -33,7 +33,7 @@ def from_mapping(data: Mapping[str, Any]) -> Scenario:
     """Build a scenario from TOML-like data, refusing unknown keys by their path."""
     if not isinstance(data, Mapping):
         raise ScenarioError("", f"must be a table, got {data!r}")
-    top = {f.name for f in fields(Scenario)}
+    top = {GATES if f.name == "asserts" else f.name for f in fields(Scenario)}
     _refuse_unknown("", data, top)
     arguments: dict[str, Any] = {}
     for key, value in data.items():
@@ -45,6 +45,8 @@ def from_mapping(data: Mapping[str, Any]) -> Scenario:
             arguments[key] = _pool_tables(value)
         elif key in LISTS:
             arguments[key] = _build_array(key, LISTS[key], value)
+        elif key == GATES:
+            arguments["asserts"] = _build_array(key, Gate, value)
         else:
             arguments[key] = value
     scenario: Scenario = _construct("", Scenario, arguments)
@@ -241,6 +243,10 @@ def _split(path: str) -> tuple[str, list[str]]:
 def _field_kind(path: str) -> tuple[type[Any], str, str]:
     """``(dataclass, field name, annotation)`` of a dotted path, or a ScenarioError."""
     where, rest = _split(path)
+    if rest[0] in (GATES, "asserts") and not where:
+        raise ScenarioError(
+            rest[0], "can only be set in a scenario file ([[assert]]) or by --assert"
+        )
     if where.startswith("pools."):
         if len(rest) == 2:
             kind: type[Any] = POOL_SECTIONS[rest[0]]
@@ -288,7 +294,7 @@ def settable_fields(scenario: Scenario | None = None) -> list[str]:
     paths = [
         f.name
         for f in fields(Scenario)
-        if f.name not in SECTIONS and f.name not in LISTS and f.name != "pools"
+        if f.name not in SECTIONS and f.name not in LISTS and f.name not in ("pools", "asserts")
     ]
     for section, kind in SECTIONS.items():
         paths.extend(f"{section}.{f.name}" for f in fields(kind) if f.name not in kind.arrays)

@@ -9,7 +9,8 @@ The TOML layout mirrors the dataclasses: top-level fields, one table per
 section (``[partitions]``, ``[service]``, ``[retry]``, ``[faults]``), the
 arrivals as one ``[arrivals]`` table or several ``[[arrivals]]``, the pools as
 ``[[pools]]`` (see :mod:`dopool._sim.pools`), and arrays of tables for
-``[[pauses]]`` and ``[[kills]]``.
+``[[pauses]]``, ``[[kills]]`` and ``[[assert]]`` (the gates: ``assert`` is a
+Python keyword, so their field is ``Scenario.asserts``).
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from dopool._sim.pools import (
 )
 from dopool._sim.sections import (
     DEFAULT_TOTAL,
+    GATES,
     MAX_EVENTS,
     Arrivals,
     Faults,
+    Gate,
     Kill,
     Partitions,
     Pause,
@@ -40,10 +43,12 @@ from dopool._sim.sections import (
 
 __all__ = [
     "DEFAULT_TOTAL",
+    "GATES",
     "LISTS",
     "SECTIONS",
     "Arrivals",
     "Faults",
+    "Gate",
     "Kill",
     "Partitions",
     "Pause",
@@ -86,6 +91,7 @@ class Scenario:
         app: ``"module:function"`` that defines the pools with real handlers instead
             (:mod:`dopool._sim.app`); the pool fields then only shape the arrivals'
             partition keys.
+        asserts: the gates checked on the run's figures (``[[assert]]`` in a file).
     """
 
     name: str = "custom"
@@ -107,10 +113,12 @@ class Scenario:
     app: str | None = None
     pauses: tuple[Pause, ...] = ()
     kills: tuple[Kill, ...] = ()
+    asserts: tuple[Gate, ...] = ()
 
     def __post_init__(self) -> None:
         text("name", self.name)
         text("description", self.description)
+        self._check_gates()
         number("seed", self.seed, integer=True, minimum=0, maximum=2**63 - 1)
         if self.duration is not None:
             object.__setattr__(self, "duration", number("duration", self.duration, above=0.0))
@@ -153,6 +161,12 @@ class Scenario:
                         f"must be < instances ({pool.instances}) of pool {pool.name!r}, "
                         f"got {item.instance}",
                     )
+
+    def _check_gates(self) -> None:
+        object.__setattr__(self, "asserts", tuple(self.asserts))
+        for position, gate in enumerate(self.asserts):
+            if not isinstance(gate, Gate):
+                raise ScenarioError(f"{GATES}[{position}]", "must be a Gate")
 
     def _check_arrivals(self, pools: tuple[Pool, ...]) -> None:
         streams = self.arrivals
@@ -208,9 +222,9 @@ class Scenario:
                 value = value.to_dict()
             elif spec.name == "pools":
                 value = [table.to_dict() for table in value]
-            elif spec.name in LISTS:
+            elif spec.name in LISTS or spec.name == "asserts":
                 value = [_fields(item) for item in value]
-            result[spec.name] = value
+            result[GATES if spec.name == "asserts" else spec.name] = value
         return result
 
     def to_toml(self) -> str:
@@ -218,7 +232,8 @@ class Scenario:
         data = self.to_dict()
         lines: list[str] = []
         for key, value in data.items():
-            if key not in SECTIONS and key not in LISTS and key != "pools" and value is not None:
+            tables = (*SECTIONS, *LISTS, "pools", GATES)
+            if key not in tables and value is not None:
                 lines.append(f"{key} = {_toml_value(value)}")
         streams = data["arrivals"]
         single = len(streams) == 1
@@ -237,7 +252,7 @@ class Scenario:
                     lines.extend(("", f"[pools.{key}]", *_assignments(value)))
             for rule in table.get("follow_ups", []):
                 lines.extend(("", "[[pools.follow_ups]]", *_assignments(rule)))
-        for key in LISTS:
+        for key in (*LISTS, GATES):
             for item in data[key]:
                 lines.extend(("", f"[[{key}]]", *_assignments(item)))
         return "\n".join(lines) + "\n"
@@ -262,4 +277,9 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, int | float):
         return repr(value)
     text = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    # Any other control character (a tab aside) is escaped too: TOML refuses it raw.
+    text = "".join(
+        f"\\u{ord(char):04x}" if (char < " " and char != "\t") or char == "\x7f" else char
+        for char in text
+    )
     return f'"{text}"'

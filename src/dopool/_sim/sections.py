@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
+from dopool._sim import gates
 from dopool._sim.checks import (
     ScenarioError,
     assign,
@@ -307,3 +308,24 @@ class Kill:
 def _check_pool(pool: object) -> None:
     if pool is not None and not isinstance(pool, str):
         raise ScenarioError("pool", f"must be a pool's name, got {pool!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gate:
+    """A gate on the run's figures, ``[[assert]]``: ``check = "p99 <= 0.5"``
+    (:mod:`dopool._sim.gates`), and ``why`` it matters, shown if it fails."""
+
+    check: str
+    why: str | None = None
+
+    def __post_init__(self) -> None:
+        text("check", self.check)
+        if self.why is not None:
+            text("why", self.why)
+        try:
+            gates.parse(self.check)
+        except gates.GateError as exc:
+            raise ScenarioError("check", str(exc)) from None
+
+
+GATES = "assert"  # the gates' array of tables in a file; the field is ``asserts``
