@@ -116,7 +116,7 @@ def _param_name(flag: str) -> str:
     "--plot",
     "plot_path",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="draw queue depth and latency to a PNG (needs dopool[plot])",
+    help="draw queue depth and latency to a PNG, or a sweep's --plot-figure (needs dopool[plot])",
 )
 @click.option(
     "--store",

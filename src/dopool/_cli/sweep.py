@@ -72,7 +72,7 @@ def sweep_options(function: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--sweep-figures",
             metavar="NAME,...",
-            help=f"a sweep table's columns [{','.join(DEFAULT_FIGURES)}]",
+            help=f"a sweep table's columns, figure names [{', '.join(DEFAULT_FIGURES)}]",
         ),
         click.option(
             "--plot-figure",
