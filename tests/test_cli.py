@@ -166,12 +166,18 @@ def test_sweep_prints_one_row_per_value(tmp_path: Path) -> None:
         "simulate", "--sweep", "instances=1,2,4", *SMALL, "--json", str(json_path), "-q"
     )
     assert result.exit_code == 0, result.output
+    assert "dopool simulate · steady · sweep instances · seed 1" in result.stdout
     rows = [line.split() for line in result.stdout.splitlines()]
     assert [row[0] for row in rows if row and row[0] in {"1", "2", "4"}] == ["1", "2", "4"]
-    assert "p99" in result.stdout
+    header = " ".join(result.stdout.splitlines()[1:3])
+    for column in ("utilisation", "mean", "p99", "throughput", "dead_lettered", "pending"):
+        assert column in header
+    assert "±" not in result.stdout  # one seed: no interval
+    assert "3 runs · wall time" in result.stdout
     document = json.loads(json_path.read_text())
-    assert document["sweep"] == {"field": "instances", "values": [1, 2, 4]}
-    assert [len(r["instances"]) for r in document["runs"]] == [1, 2, 4]
+    assert document["sweep"]["values"] == {"instances": [1, 2, 4]}
+    assert [p["figures"]["offered"]["values"] for p in document["points"]] == [[150.0]] * 3
+    assert document["points"][0]["figures"]["p99"]["half_width"] is None
 
 
 def test_sweep_a_float_field() -> None:
@@ -179,6 +185,99 @@ def test_sweep_a_float_field() -> None:
     assert result.exit_code == 0, result.output
     assert "0.01" in result.stdout
     assert "0.02" in result.stdout
+
+
+GRID = ("--sweep", "instances=1,2", "--sweep", "arrivals.rate=20,40", "--repeat", "2")
+
+
+def _sweep_output(tmp_path: Path, name: str, *args: str) -> tuple[str, bytes]:
+    """The table without its wall-time line, and the JSON's bytes."""
+    json_path = tmp_path / f"{name}.json"
+    result = invoke("simulate", *GRID, *SMALL, "--json", str(json_path), "-q", *args)
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stdout.splitlines() if "wall time" not in line]
+    return "\n".join(lines).replace(name, "NAME"), json_path.read_bytes()
+
+
+def test_a_grid_with_repeats_shows_mean_and_interval(tmp_path: Path) -> None:
+    table, raw = _sweep_output(tmp_path, "grid")
+    assert "sweep instances, arrivals.rate · seeds 1..2, mean ± 95% interval" in table
+    rows = [line.split() for line in table.splitlines() if line.strip()[:1].isdigit()]
+    assert [row[:2] for row in rows] == [["1", "20"], ["1", "40"], ["2", "20"], ["2", "40"]]
+    assert all("±" in " ".join(row) for row in rows)
+    assert all(row[-1] == "pass" for row in rows)
+    document = json.loads(raw)
+    point = document["points"][3]
+    assert point["values"] == {"instances": 2, "arrivals.rate": 40.0}
+    assert point["seeds"] == [1, 2]
+    p99 = point["figures"]["p99"]
+    values = p99["values"]
+    assert p99["mean"] == pytest.approx(sum(values) / 2)
+    # two seeds: t(1) * stdev / sqrt(2), and the stdev of two values is |a - b| / sqrt(2)
+    assert p99["half_width"] == pytest.approx(12.706205 * abs(values[0] - values[1]) / 2)
+
+
+def test_jobs_change_nothing_in_the_output_and_json_repeats_byte_for_byte(
+    tmp_path: Path,
+) -> None:
+    one = _sweep_output(tmp_path, "one")
+    again = _sweep_output(tmp_path, "again")
+    two = _sweep_output(tmp_path, "two", "--jobs", "2")
+    assert one == again
+    assert two == one
+
+
+def test_repeat_alone_is_a_one_point_sweep() -> None:
+    result = invoke("simulate", "--repeat", "3", *SMALL, "--sweep-figures", "p50,retries")
+    assert result.exit_code == 0, result.output
+    assert "dopool simulate · steady · seeds 1..3, mean ± 95% interval" in result.stdout
+    assert "p50" in result.stdout
+    assert "retries" in result.stdout
+    assert "p99" not in result.stdout
+    assert "3 runs" in result.stdout
+
+
+def test_a_sweep_with_a_broken_invariant_prints_its_table_then_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dopool._sim import sweep
+
+    honest = sweep.run_one
+
+    def broken(scenario: Any, store: str | None) -> sweep.Outcome:
+        outcome = honest(scenario, store)
+        if scenario.instances == 2 and scenario.seed == 2:
+            return sweep.Outcome({**outcome.figures, "invariants_passed": 0.0}, ("no loss",))
+        return outcome
+
+    monkeypatch.setattr(sweep, "run_one", broken)
+    json_path = tmp_path / "broken.json"
+    result = invoke(
+        "simulate", "--sweep", "instances=1,2", "--repeat", "2", *SMALL, "--json", str(json_path),
+        "--sweep-figures", "p99,invariants_passed",
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert "FAIL 1/2" in result.stdout
+    assert "0.5 ± 6.4" in result.stdout  # invariants_passed: the share of seeds that passed
+    assert result.stderr.strip() == (
+        "Error: invariants failed at instances=2 (seed 2); see the table above"
+    )
+    document = json.loads(json_path.read_text())
+    assert document["points"][1]["invariants_failed"] == [{"seed": 2, "checks": ["no loss"]}]
+
+
+def test_a_sweep_plot(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "sweep.png"
+    result = invoke(
+        "simulate", "--sweep", "instances=1..3", *SMALL, "--plot", str(target), "-q",
+        "--plot-figure", "mean",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert f"wrote plot {target}" in result.stdout
+    assert target.read_bytes().startswith(b"\x89PNG")
+    refused = invoke("simulate", "--repeat", "2", *SMALL, "--plot", str(tmp_path / "p.png"))
+    assert_one_line_error(refused, 2, "--plot with --repeat needs a --sweep")
 
 
 def test_store_keeps_the_simulated_store_for_status(tmp_path: Path) -> None:
@@ -227,6 +326,15 @@ def test_plot_without_matplotlib_fails_before_the_run(
         (("--sweep", "routing=a,b"), ("--sweep", "'routing'", "not a numeric")),
         (("--sweep", "instances=1,x"), ("instances", "an integer")),
         (("--sweep", "instances"), ("--sweep expects FIELD=V1,V2",)),
+        (("--sweep", "instances=1", "--sweep", "instances=2"), ("swept twice",)),
+        (("--sweep", "instances=8..2x2"), ("--sweep instances=8..2x2", "ends below")),
+        (("--sweep", "service.mean=0.1..0.3"), ("needs a step",)),
+        (("--sweep", "instances=0,1"), ("--sweep instances=0", "field 'instances'", ">= 1")),
+        (("--repeat", "0"), ("--repeat", "1<=x<=1000")),
+        (("--jobs", "2"), ("--jobs needs --sweep or --repeat",)),
+        (("--plot-figure", "p99"), ("--plot-figure needs --sweep or --repeat",)),
+        (("--repeat", "2", "--sweep-figures", "p98"), ("'p98'", "did you mean 'p99'")),
+        (("--repeat", "2", "--sweep-figures", ","), ("--sweep-figures: no figure",)),
         (("--scenario", "hot-partitions"), ("hot-partitions", "neither a built-in")),
         (("--scenario", "missing.toml"), ("missing.toml", "cannot be read")),
         (("--routing", "random"), ("--routing", "random")),

@@ -232,3 +232,17 @@ def test_a_gate_may_name_a_pools_figure_and_the_end_to_end_ones(tmp_path: Path) 
     )
     assert done.exit_code == 2
     assert "names no figure 'middle.p99'" in done.output
+
+
+def test_a_sweep_may_vary_one_pools_setting(tmp_path: Path) -> None:
+    two = tmp_path / "two.toml"
+    two.write_text(TWO_POOLS, encoding="utf-8")
+    out = tmp_path / "sweep.json"
+    args = ["simulate", "--scenario", str(two), "-q", "--json", str(out)]
+    done = CliRunner().invoke(cli, [*args, "--sweep", "pools.front.instances=1,3"])
+    assert done.exit_code == 0, done.output
+    points = json.loads(out.read_text(encoding="utf-8"))["points"]
+    assert [point["values"] for point in points] == [
+        {"pools.front.instances": 1},
+        {"pools.front.instances": 3},
+    ]

@@ -21,7 +21,7 @@ from dopool import ConfigurationError, Runtime, SimulatedClock
 from dopool._layout import Namespace
 from dopool._sim import loading as sc
 from dopool._sim.checks import ScenarioError
-from dopool._sim.driver import run, sweep
+from dopool._sim.driver import run
 from dopool._sim.measure import _store_checks
 from dopool._sim.metrics import Collector, Latency, percentile
 from dopool._sim.scenario import (
@@ -405,23 +405,6 @@ def test_faults_every_point_small_run() -> None:
     assert result.crashes > 0
     assert result.lost == 0
     assert result.passed, result.invariants
-
-
-def test_sweep_runs_each_value(tmp_path: Path) -> None:
-    seen: list[int] = []
-    runs = sweep(
-        small("steady", 100),
-        "instances",
-        [1, 2, 4],
-        store=tmp_path / "stores",
-        progress=lambda position, *_: seen.append(position),
-    )
-    assert [value for value, _ in runs] == [1, 2, 4]
-    assert [len(r.result.instances) for _, r in runs] == [1, 2, 4]
-    assert all(r.result.passed for _, r in runs)
-    assert runs[0][1].result.latency.p99 > runs[2][1].result.latency.p99
-    assert sorted(set(seen)) == [0, 1, 2]
-    assert (tmp_path / "stores" / "instances=2" / "data").is_dir()
 
 
 # -- metrics ---------------------------------------------------------------------------------

@@ -1,11 +1,14 @@
-"""Stored values as text, no recursion: tagged JSON (``_json_text``), a cut repr (``_short``)."""
+"""Values as text, no recursion: tagged JSON (``_json_text``, ``_write_json``), a cut repr."""
 
 from __future__ import annotations
 
 import base64
 import json
 import math
+from pathlib import Path
 from typing import Any
+
+from dopool._cli._errors import CliError
 
 JSON_TAGS = (
     '(bytes as {"$base64": ...}, NaN and infinities as {"$float": "NaN"}, a map with '
@@ -53,6 +56,14 @@ def _json_text(document: Any) -> str:
             stack.append((item, depth + 1))
             stack.append(_Raw(("," if position else "") + inner + prefix))
     return "".join(out)
+
+
+def _write_json(path: Path, document: Any) -> None:
+    """Write ``document`` as :func:`_json_text` to ``path``; a failure is a one-line error."""
+    try:
+        path.write_text(_json_text(document) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
 
 
 def _json_tagged(value: Any) -> Any:

@@ -1,6 +1,7 @@
-"""``dopool simulate``: its flags, the scenario they build, the progress bar, sweeps.
+"""``dopool simulate``: its flags, the scenario they build, the progress bar.
 
-Its gates (``--assert``, ``--list-figures``) are :mod:`dopool._cli._gates`.
+Its gates (``--assert``, ``--list-figures``) are :mod:`dopool._cli._gates`;
+sweeps (``--sweep``, ``--repeat``) are :mod:`dopool._cli.sweep`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.table import Table
-from rich.text import Text
 
 from dopool._cli._errors import FAILURE_EXIT, CliError, CliUsageError
 from dopool._cli._gates import (
@@ -33,11 +33,12 @@ from dopool._cli._gates import (
     _with_flag_gates,
 )
 from dopool._cli._terminal import _console
-from dopool._cli._values import _json_text
-from dopool._cli.report import _render_report, _secs
+from dopool._cli._values import _write_json
+from dopool._cli.report import _render_report
+from dopool._cli.sweep import SweepFlags, run_sweep_command, sweep_options
 from dopool._sim import loading as scenarios
 from dopool._sim.checks import ScenarioError
-from dopool._sim.driver import run, sweep
+from dopool._sim.driver import run
 from dopool._sim.plot import check_available, plot
 from dopool._sim.scenario import Scenario
 
@@ -112,12 +113,7 @@ def _param_name(flag: str) -> str:
     metavar="FIELD=VALUE",
     help="set any scenario field by its dotted name, e.g. --set faults.crash_before_execute=0.01",
 )
-@click.option(
-    "--sweep",
-    "sweep_spec",
-    metavar="FIELD=V1,V2,...",
-    help="run once per value of a numeric field and print one row each",
-)
+@sweep_options
 @click.option(
     "--assert",
     "assertions",
@@ -142,7 +138,7 @@ def _param_name(flag: str) -> str:
     "--plot",
     "plot_path",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="draw queue depth and latency to a PNG (needs dopool[plot])",
+    help="draw queue depth and latency to a PNG, or a sweep's --plot-figure (needs dopool[plot])",
 )
 @click.option(
     "--store",
@@ -164,7 +160,11 @@ def simulate(
     scenario_name: str,
     seed: int | None,
     settings: tuple[str, ...],
-    sweep_spec: str | None,
+    sweep_specs: tuple[str, ...],
+    repeat: int | None,
+    jobs: int | None,
+    sweep_figures: str | None,
+    plot_figure: str | None,
     assertions: tuple[str, ...],
     json_path: Path | None,
     trace_path: Path | None,
@@ -187,6 +187,7 @@ def simulate(
       dopool simulate --scenario my-design.toml --instances 16 --rate 300
       dopool simulate --scenario steady --sweep instances=1,2,4,8,16
       dopool simulate --scenario my-design.toml --rate 100 --assert 'p99 <= 0.5'
+      dopool simulate --sweep instances=2..8x2 --sweep arrivals.rate=50,100 --repeat 5 -j 2
     """
     out = _console()
     if list_only:
@@ -203,10 +204,10 @@ def simulate(
         _check_output(flag, target)
     if plot_path is not None:
         check_available()
-    if sweep_spec is not None:
-        for flag, target in (("--trace", trace_path), ("--plot", plot_path)):
-            if target is not None:
-                raise CliUsageError(f"{flag} cannot be used with --sweep")
+    sweeping = SweepFlags(sweep_specs, repeat, jobs, sweep_figures, plot_figure)
+    if sweeping.active:
+        if trace_path is not None:
+            raise CliUsageError("--trace cannot be used with --sweep or --repeat")
         if assertions:
             raise CliUsageError("--assert applies to a single run; it cannot be used with --sweep")
         if chosen.asserts:
@@ -215,9 +216,17 @@ def simulate(
                 "[[assert]] gates; run one value without --sweep to check them",
                 err=True,
             )
-        field, values = _parse_sweep(sweep_spec)
-        _run_sweep(out, chosen, field, values, json_path, store_path, quiet)
+        run_sweep_command(
+            out,
+            chosen,
+            sweeping,
+            json_path=json_path,
+            plot_path=plot_path,
+            store_path=store_path,
+            quiet=quiet,
+        )
         return
+    sweeping.check_unused()
     with _progress(quiet) as report:
         finished = run(chosen, store=store_path, trace=trace_path, progress=report(chosen.name))
     result = finished.result
@@ -278,36 +287,9 @@ def _build_scenario(
         raise
 
 
-def _parse_sweep(spec: str) -> tuple[str, list[Any]]:
-    field, sep, text = spec.partition("=")
-    field = field.strip()
-    if not sep or not text.strip():
-        raise CliUsageError(f"--sweep expects FIELD=V1,V2,..., got {spec!r}")
-    numeric = scenarios.numeric_fields()
-    if field not in numeric:
-        import difflib  # noqa: PLC0415 - only on this error path
-
-        close = difflib.get_close_matches(field, numeric, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ScenarioError(field, f"is not a numeric scenario field{hint}", source="--sweep")
-    values = [
-        scenarios.parse_value(field, part.strip()) for part in text.split(",") if part.strip()
-    ]
-    if not values:
-        raise CliUsageError("--sweep needs at least one value")
-    return field, values
-
-
 def _check_output(flag: str, path: Path | None) -> None:
     if path is not None and not path.parent.exists():
         raise CliError(f"{flag} {str(path)!r}: directory {str(path.parent)!r} does not exist")
-
-
-def _write_json(path: Path, document: Any) -> None:
-    try:
-        path.write_text(_json_text(document) + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise CliError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
 
 
 ProgressFactory = Callable[[str], Callable[[float, int, int], None]]
@@ -350,57 +332,3 @@ def _list_scenarios(out: Console) -> None:
         table.add_row(name, scenarios.builtin(name).description)
     out.print(table)
     out.print("run one: dopool simulate --scenario NAME [--seed N]")
-
-
-def _run_sweep(
-    out: Console,
-    chosen: Scenario,
-    field: str,
-    values: list[Any],
-    json_path: Path | None,
-    store_path: Path | None,
-    quiet: bool,
-) -> None:
-    with _progress(quiet) as report:
-        callbacks = [report(f"{field}={value}") for value in values]
-
-        def progress(position: int, now: float, done: int, expected: int) -> None:
-            callbacks[position](now, done, expected)
-
-        runs = sweep(chosen, field, values, store=store_path, progress=progress)
-    out.print(
-        Text(f"dopool simulate · {chosen.name} · seed {chosen.seed} · sweep {field}", style="bold")
-    )
-    table = Table(box=box.SIMPLE_HEAD)
-    table.add_column(field, justify="right", style="bold")
-    for name in ("throughput /s", "p50", "p99", "max depth", "dead letters", "rejected", "lost"):
-        table.add_column(name, justify="right")
-    table.add_column("invariants")
-    table.add_column("wall", justify="right")
-    for value, finished in runs:
-        result = finished.result
-        table.add_row(
-            str(value),
-            f"{result.throughput:,.1f}",
-            _secs(result.latency.p50),
-            _secs(result.latency.p99),
-            f"{result.max_depth:,}",
-            f"{result.dead_lettered:,}",
-            f"{result.rejected:,}",
-            f"{result.lost:,}",
-            Text("pass", style="green") if result.passed else Text("FAIL", style="bold red"),
-            f"{finished.wall_seconds:.1f} s",
-        )
-    out.print(table)
-    if json_path is not None:
-        document = {
-            "sweep": {"field": field, "values": values},
-            "runs": [
-                {"value": value, **finished.result.to_json_dict()} for value, finished in runs
-            ],
-        }
-        _write_json(json_path, document)
-        click.echo(f"wrote json {json_path}")
-    broken = [str(value) for value, finished in runs if not finished.result.passed]
-    if broken:
-        raise CliError(f"invariants failed at {field} = {', '.join(broken)}")

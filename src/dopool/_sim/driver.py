@@ -40,7 +40,6 @@ from dopool._retry import RetryPolicy
 from dopool._runtime import Runtime
 from dopool._sim.app import App, AppError, load_app
 from dopool._sim.checks import ScenarioError
-from dopool._sim.loading import with_overrides
 from dopool._sim.measure import measure
 from dopool._sim.metrics import Collector, Result
 from dopool._sim.pools import pool_named
@@ -296,31 +295,3 @@ def _schedule_controls(
             clock.call_at(pause.at + pause.duration, partial(send, pool, Resume, index))
     for planned in scenario.kills:
         clock.call_at(planned.at, partial(kill, planned.pool or first, planned.instance))
-
-
-# -- sweeps -----------------------------------------------------------------------------
-def sweep(
-    scenario: Scenario,
-    field: str,
-    values: list[Any],
-    *,
-    store: str | os.PathLike[str] | None = None,
-    progress: Callable[[int, float, int, int], None] | None = None,
-) -> list[tuple[Any, Run]]:
-    """Run the scenario once per value of ``field``; each run stands alone.
-
-    With ``store``, run ``k`` uses the subdirectory ``<store>/<field>=<value>``.
-    """
-    variants = [with_overrides(scenario, {field: value}) for value in values]
-    runs = []
-    for position, (value, variant) in enumerate(zip(values, variants, strict=True)):
-        where = None if store is None else Path(store) / f"{field}={value}"
-        report = None
-        if progress is not None:
-            report = _sweep_progress(progress, position)
-        runs.append((value, run(variant, store=where, progress=report)))
-    return runs
-
-
-def _sweep_progress(progress: Callable[[int, float, int, int], None], position: int) -> Progress:
-    return lambda now, done, expected: progress(position, now, done, expected)
