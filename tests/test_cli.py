@@ -249,7 +249,9 @@ def test_a_bad_scenario_file_names_file_and_field(tmp_path: Path) -> None:
 
 def test_bad_output_paths(tmp_path: Path) -> None:
     missing = tmp_path / "no" / "such" / "r.json"
-    assert_one_line_error(invoke("simulate", "--json", str(missing)), 1, "--json", "does not exist")
+    assert_one_line_error(
+        invoke("simulate", "--json", str(missing)), 2, "--json", str(missing), "does not exist"
+    )
     assert_one_line_error(
         invoke("simulate", "--sweep", "instances=1,2", "--trace", str(tmp_path / "t")),
         2,
@@ -261,6 +263,38 @@ def test_bad_output_paths(tmp_path: Path) -> None:
     assert_one_line_error(
         invoke("simulate", "--store", str(full), *SMALL), 1, "not an empty directory"
     )
+
+
+@pytest.mark.parametrize("flag", ["--json", "--trace", "--plot"])
+def test_an_output_path_that_cannot_be_written_is_a_usage_error_before_the_run(
+    tmp_path: Path, flag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    file = tmp_path / "file"
+    file.write_text("")
+    for target, words in (
+        (tmp_path / "missing" / "out", "does not exist"),
+        (file / "out", "is not a directory"),
+    ):
+        # Checked before the run: a run of this size would take minutes.
+        result = invoke("simulate", flag, str(target), "--events", "1000000")
+        assert_one_line_error(result, 2, flag, str(target), words)
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    existing = read_only / "old"
+    existing.write_text("")
+    # As root, permissions do not refuse anything: ask os.access to say what they would.
+    real_access = os.access
+    refused = {str(read_only), str(existing)}
+    monkeypatch.setattr(
+        os,
+        "access",
+        lambda path, mode, **kw: (
+            not (mode & os.W_OK and str(path) in refused) and real_access(path, mode, **kw)
+        ),
+    )
+    for target in (read_only / "new", existing):
+        result = invoke("simulate", flag, str(target), "--events", "1000000")
+        assert_one_line_error(result, 2, flag, str(target), "not writable")
 
 
 # -- status and dead-letters --------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -251,8 +252,21 @@ def _parse_sweep(spec: str) -> tuple[str, list[Any]]:
 
 
 def _check_output(flag: str, path: Path | None) -> None:
-    if path is not None and not path.parent.exists():
-        raise CliError(f"{flag} {str(path)!r}: directory {str(path.parent)!r} does not exist")
+    """A path an output cannot be written to is a usage error (exit 2), found before the run."""
+    if path is None:
+        return
+    folder = path.parent
+    problem = None
+    if not folder.exists():
+        problem = f"directory {str(folder)!r} does not exist"
+    elif not folder.is_dir():
+        problem = f"{str(folder)!r} is not a directory"
+    elif path.exists() and not os.access(path, os.W_OK):
+        problem = "the file is not writable"
+    elif not path.exists() and not os.access(folder, os.W_OK | os.X_OK):
+        problem = f"directory {str(folder)!r} is not writable"
+    if problem is not None:
+        raise CliUsageError(f"{flag} {str(path)!r}: {problem}")
 
 
 def _write_json(path: Path, document: Any) -> None:
