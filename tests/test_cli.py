@@ -100,6 +100,56 @@ def test_flags_change_the_scenario() -> None:
     assert "crashes" in result.stdout
 
 
+def test_a_description_changed_by_flags_is_marked_as_the_base_scenarios(
+    tmp_path: Path,
+) -> None:
+    mine = tmp_path / "mine.toml"
+    mine.write_text(
+        'name = "mine"\ndescription = "Two calm instances."\ninstances = 2\n'
+        "[arrivals]\ntotal = 40\n"
+    )
+    plain = invoke("simulate", "-s", str(mine), "--seed", "3", "-q")
+    assert plain.exit_code == 0, plain.output
+    assert plain.stdout.splitlines()[1] == "Two calm instances."  # a seed changes no design
+    assert "changed by flags" not in plain.stdout
+    json_path = tmp_path / "r.json"
+    result = invoke(
+        "simulate",
+        *("-s", "steady", "--instances", "16", "--rate", "250", "--events", "60", "-q"),
+        *("--json", str(json_path)),
+    )
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.stdout.split())  # rich wraps long lines
+    assert "base scenario 'steady', before the flags: Four instances at 50% utilisation" in out
+    assert (
+        "changed by flags: instances 4 → 16, arrivals.rate 40 → 250, arrivals.total 2000 → 60"
+        in out
+    )
+    document = json.loads(json_path.read_text())
+    assert document["changed_by_flags"] == [
+        {"field": "instances", "from": 4, "to": 16},
+        {"field": "arrivals.rate", "from": 40.0, "to": 250.0},
+        {"field": "arrivals.total", "from": 2000, "to": 60},
+    ]
+    assert list(document)[:2] == ["scenario", "changed_by_flags"]
+    printed = invoke("simulate", "-s", "steady", "--instances", "16", "--print-scenario")
+    assert printed.stdout.startswith(
+        "# built-in scenario 'steady' changed by flags: instances 4 → 16\n"
+        "# (its description is of the scenario before the flags)\n"
+    )
+    assert sc.from_mapping(tomllib.loads(printed.stdout)).instances == 16
+    result = invoke("simulate", "-s", str(mine), "--events", "30", "--instances", "3", "-q")
+    out = " ".join(result.stdout.split())
+    assert "base scenario 'mine', before the flags: Two calm instances." in out
+    assert "changed by flags: instances 2 → 3, arrivals.total 40 → 30" in out
+    printed = invoke("simulate", "-s", str(mine), "--instances", "3", "--print-scenario")
+    assert printed.stdout.startswith(f"# scenario file {str(mine)!r} changed by flags: ")
+    told = invoke("simulate", *SMALL, "-q", "--instances", "3", "--set", "description=Three now.")
+    lines = told.stdout.splitlines()
+    assert lines[1] == "Three now."  # a description the flags gave is the run's own
+    assert lines[2] == "changed by flags: instances 4 → 3, arrivals.total 2000 → 150"
+
+
 def test_print_scenario_gives_toml_that_loads_back() -> None:
     result = invoke("simulate", "-s", "crash-storm", "--instances", "6", "--print-scenario")
     assert result.exit_code == 0

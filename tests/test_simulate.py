@@ -174,6 +174,33 @@ def test_total_and_duration_replace_each_other() -> None:
     assert (by_count.arrivals[0].total, by_count.arrivals[0].duration) == (40, None)
 
 
+def test_changes_list_what_overrides_changed_by_dotted_path() -> None:
+    base = sc.builtin("steady")
+    changed = sc.with_overrides(
+        base, {"instances": "16", "arrivals.rate": "250", "seed": "9", "arrivals.duration": "5"}
+    )
+    assert [str(change) for change in sc.changes(base, changed)] == [
+        "instances 4 → 16",
+        "arrivals.rate 40 → 250",
+        "arrivals.total 2000 → none",  # cleared by arrivals.duration
+        "arrivals.duration none → 5",
+    ]  # the seed is no change to the design: the report's title shows it
+    assert sc.changes(base, base) == []
+    assert sc.changes(base, sc.with_overrides(base, {"service.mean": "0.05"})) == []
+    pooled = sc.loads(
+        'instances = 2\n[[arrivals]]\npool = "a"\n[[arrivals]]\npool = "b"\n'
+        '[[pools]]\nname = "a"\n[[pools]]\nname = "b"\n[pools.service]\nmean = 0.1\n'
+    )
+    moved = sc.with_overrides(
+        pooled, {"pools.b.service.mean": "0.2", "arrivals[1].rate": "7", "pools.a.instances": "3"}
+    )
+    assert [str(change) for change in sc.changes(pooled, moved)] == [
+        "arrivals[1].rate 50 → 7",
+        "pools.a.instances 2 → 3",  # what the pool had, from the top level
+        "pools.b.service.mean 0.1 → 0.2",
+    ]
+
+
 def test_numeric_fields_are_what_a_sweep_may_vary() -> None:
     numeric = sc.numeric_fields()
     assert {"instances", "arrivals.rate", "service.mean", "max_queue_depth"} <= set(numeric)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -9,6 +12,7 @@ from rich.text import Text
 
 from dopool._cli._terminal import _clean
 from dopool._sim.driver import Run
+from dopool._sim.loading import BUILTINS, Change
 from dopool._sim.metrics import Latency, Result
 from dopool._sim.scenario import Scenario
 
@@ -29,11 +33,17 @@ def _bar(fraction: float, width: int = 10) -> str:
     return "█" * filled + "·" * (width - filled)
 
 
-def _render_report(out: Console, chosen: Scenario, finished: Run) -> None:
+def _render_report(
+    out: Console,
+    chosen: Scenario,
+    finished: Run,
+    *,
+    base: Scenario | None = None,
+    changed: Sequence[Change] = (),
+) -> None:
     result = finished.result
     out.print(Text(f"dopool simulate · {chosen.name} · seed {chosen.seed}", style="bold"))
-    if chosen.description:
-        out.print(Text(chosen.description, style="dim"))
+    _describe(out, chosen, base, changed)
     out.print()
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="bold", no_wrap=True)
@@ -104,6 +114,46 @@ def _render_report(out: Console, chosen: Scenario, finished: Run) -> None:
             style="dim",
         )
     )
+
+
+def _describe(
+    out: Console, chosen: Scenario, base: Scenario | None, changed: Sequence[Change]
+) -> None:
+    """The scenario's description, unless flags changed the design it describes: then
+    it is shown as the base scenario's, with what the flags changed."""
+    if not changed or base is None or chosen.description != base.description:
+        if chosen.description:  # unchanged, or the flags gave it: the run's own
+            out.print(Text(_clean(chosen.description), style="dim"))
+    elif base.description:
+        out.print(
+            Text(f"base scenario {_clean(repr(base.name))}, before the flags: ", style="dim")
+            + Text(_clean(base.description), style="dim italic")
+        )
+    if changed:
+        out.print(Text("changed by flags: ", style="yellow") + Text(_clean(_listed(changed))))
+
+
+def _listed(changed: Sequence[Change]) -> str:
+    return ", ".join(str(change) for change in changed)
+
+
+def _changed_comment(source: str, changed: Sequence[Change]) -> str:
+    """TOML comment lines heading a scenario that flags changed (``--print-scenario``)."""
+    if not changed:
+        return ""
+    what = f"built-in scenario {source!r}" if source in BUILTINS else f"scenario file {source!r}"
+    listed = _listed(changed).replace("\n", " ")
+    return (
+        f"# {what} changed by flags: {listed}\n"
+        "# (its description is of the scenario before the flags)\n"
+    )
+
+
+def _json_document(result: Result, changed: Sequence[Change]) -> dict[str, Any]:
+    """``--json``: the result, and what flags changed of the scenario file or built-in."""
+    document = result.to_json_dict()
+    listed = [change.to_json_dict() for change in changed]
+    return {"scenario": document.pop("scenario"), "changed_by_flags": listed, **document}
 
 
 def _percentiles(latency: Latency) -> str:

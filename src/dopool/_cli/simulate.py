@@ -25,7 +25,7 @@ from rich.text import Text
 from dopool._cli._errors import CliError, CliUsageError
 from dopool._cli._terminal import _console
 from dopool._cli._values import _json_text
-from dopool._cli.report import _render_report, _secs
+from dopool._cli.report import _changed_comment, _json_document, _render_report, _secs
 from dopool._sim import loading as scenarios
 from dopool._sim.checks import ScenarioError
 from dopool._sim.driver import run, sweep
@@ -164,8 +164,10 @@ def simulate(
         _list_scenarios(out)
         return
     chosen = _build_scenario(scenario_name, seed, fields, settings)
+    base = scenarios.resolve(scenario_name)
+    changed = scenarios.changes(base, chosen)
     if print_scenario:
-        click.echo(chosen.to_toml(), nl=False)
+        click.echo(_changed_comment(scenario_name, changed) + chosen.to_toml(), nl=False)
         return
     for flag, target in (("--json", json_path), ("--trace", trace_path), ("--plot", plot_path)):
         _check_output(flag, target)
@@ -181,9 +183,9 @@ def simulate(
     with _progress(quiet) as report:
         finished = run(chosen, store=store_path, trace=trace_path, progress=report(chosen.name))
     result = finished.result
-    _render_report(out, chosen, finished)
+    _render_report(out, chosen, finished, base=base, changed=changed)
     if json_path is not None:
-        _write_json(json_path, result.to_json_dict())
+        _write_json(json_path, _json_document(result, changed))
     if plot_path is not None:
         plot(result, plot_path, title=f"{chosen.name} (seed {chosen.seed})")
     written = [

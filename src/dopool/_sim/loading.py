@@ -6,7 +6,7 @@ import difflib
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import MISSING, fields, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -339,6 +339,93 @@ def _without_none(data: dict[str, Any]) -> dict[str, Any]:
         elif value is not None:
             result[key] = value
     return result
+
+
+# -- what overrides changed ------------------------------------------------------------
+#: Fields that change no part of the design: the title shows them, or they are its words.
+UNCHANGING = ("name", "description", "seed")
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One field that flags changed: its dotted path, its value before and after."""
+
+    field: str
+    before: Any
+    after: Any
+
+    def __str__(self) -> str:
+        return f"{self.field} {show(self.before)} → {show(self.after)}"
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"field": self.field, "from": self.before, "to": self.after}
+
+
+def show(value: Any) -> str:
+    """A field's value as a flag would give it: ``40`` for 40.0, ``none`` for None."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return str(value)
+
+
+def changes(base: Scenario, scenario: Scenario) -> list[Change]:
+    """Every field of the design that differs between ``base`` and ``scenario``, by
+    dotted path (as ``--set`` names it), in the order of ``scenario``'s fields.
+
+    The name, description and seed are left out (:data:`UNCHANGING`). A pool table's
+    setting it does not write is its resolved value (what the top level gave it).
+    """
+    before, after = _flatten(base.to_dict()), _flatten(scenario.to_dict())
+    found = []
+    for path in [*after, *(path for path in before if path not in after)]:
+        if path.split(".", 1)[0] in UNCHANGING:
+            continue
+        old, new = before.get(path), after.get(path)
+        if path.startswith("pools."):
+            old = _pool_value(base, path) if old is None else old
+            new = _pool_value(scenario, path) if new is None else new
+        if old != new:
+            found.append(Change(path, old, new))
+    return found
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{dotted path: value}`` of a scenario's ``to_dict``; one arrival stream is
+    ``arrivals``, several ``arrivals[k]``, a pool ``pools.NAME``."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, path))
+        elif isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
+            for position, item in enumerate(value):
+                where, table = f"{path}[{position}]", item
+                if path == "pools":
+                    where = f"pools.{item['name']}"
+                    table = {k: v for k, v in item.items() if k != "name"}
+                elif path == "arrivals" and len(value) == 1:
+                    where = "arrivals"
+                flat.update(_flatten(table, where))
+        else:
+            flat[path] = value
+    return flat
+
+
+def _pool_value(scenario: Scenario, path: str) -> Any:
+    """A resolved pool's value at ``pools.NAME.field`` (or ``.section.field``), if any."""
+    try:
+        where, rest = _split(path)
+    except ScenarioError:
+        return None
+    name = where.removeprefix("pools.")
+    value: Any = next((p for p in scenario.resolved_pools if p.name == name), None)
+    for part in rest:
+        value = getattr(value, part, None)
+    return value
 
 
 def with_seed(scenario: Scenario, seed: int) -> Scenario:
