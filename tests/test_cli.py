@@ -150,6 +150,27 @@ def test_a_description_changed_by_flags_is_marked_as_the_base_scenarios(
     assert lines[2] == "changed by flags: instances 4 → 3, arrivals.total 2000 → 150"
 
 
+def test_a_run_cut_short_reports_its_unfinished_events(tmp_path: Path) -> None:
+    json_path = tmp_path / "r.json"
+    result = invoke(
+        "simulate",
+        *("--instances", "2", "--service", "fixed", "--service-mean", "2", "--duration", "3"),
+        *(*SMALL, "-q", "--json", str(json_path)),
+    )
+    assert result.exit_code == 0, result.output
+    document = json.loads(json_path.read_text())
+    unfinished = document["unfinished"]
+    out = " ".join(result.stdout.split())
+    assert f"{document['latency']['count']} finished events only" in out
+    assert (
+        f"unfinished {unfinished['events']} events when the run stopped at 3.0 virtual s: "
+        f"{unfinished['pending']} pending (2 in a handler), "
+        f"{unfinished['waiting_enqueue']} enqueues waiting" in out
+    )
+    assert "a censored sample: the percentiles are optimistic" in out
+    assert document["latency"]["censored"] is True
+
+
 def test_print_scenario_gives_toml_that_loads_back() -> None:
     result = invoke("simulate", "-s", "crash-storm", "--instances", "6", "--print-scenario")
     assert result.exit_code == 0

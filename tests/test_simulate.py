@@ -22,6 +22,7 @@ from dopool._layout import Namespace
 from dopool._sim import loading as sc
 from dopool._sim.checks import ScenarioError
 from dopool._sim.driver import run, sweep
+from dopool._sim.figures import figures
 from dopool._sim.measure import _store_checks
 from dopool._sim.metrics import Collector, Latency, percentile
 from dopool._sim.scenario import (
@@ -415,6 +416,42 @@ def test_a_duration_stops_the_run_and_counts_what_is_left(tmp_path: Path) -> Non
     again = run(scenario, trace=tmp_path / "u.jsonl").result
     assert again.to_json_dict() == result.to_json_dict()
     assert trace.read_bytes() == (tmp_path / "u.jsonl").read_bytes()
+
+
+def test_a_run_cut_short_says_its_latency_covers_finished_events_only() -> None:
+    # Two instances, each in a 2 s handler at t=3: arrivals since t=2 wait to be stored.
+    scenario = small("steady", 400, instances=2, duration=3.0, **{"service.distribution": "fixed"})
+    scenario = sc.with_overrides(scenario, {"service.mean": 2.0})
+    result = run(scenario).result
+    assert (result.in_progress, result.waiting) == (2, result.offered - result.acknowledged)
+    assert result.waiting > 0
+    assert result.pending >= result.in_progress
+    assert result.unfinished == result.pending + result.waiting + result.outbox
+    assert result.not_arrived == 400 - result.offered > 0
+    latency = result.latency
+    assert latency.censored
+    assert (latency.count, latency.unfinished) == (result.succeeded, result.unfinished)
+    assert result.enqueue_wait.unfinished == result.waiting
+    document = result.to_json_dict()
+    assert document["unfinished"] == {
+        "events": result.unfinished,
+        "pending": result.pending,
+        "in_progress": 2,
+        "waiting_enqueue": result.waiting,
+        "follow_ups_in_flight": 0,
+        "not_arrived": result.not_arrived,
+    }
+    assert document["latency"]["censored"] is True
+    assert document["latency"]["unfinished"] == result.unfinished
+    named = figures(result)
+    assert (named["censored"], named["unfinished"]) == (1.0, float(result.unfinished))
+    assert named["waiting_enqueue"] == float(result.waiting)
+
+    done = run(small("steady", 40)).result
+    assert not done.latency.censored
+    assert done.unfinished == done.not_arrived == 0
+    assert done.to_json_dict()["latency"]["censored"] is False
+    assert figures(done)["censored"] == 0.0
 
 
 def test_faults_every_point_small_run() -> None:

@@ -75,10 +75,14 @@ def _render_report(
         + ")",
     )
     latency = result.latency
-    summary.add_row(
-        "latency",
-        f"{_percentiles(latency)}  (arrival to success, virtual, {latency.count:,} events)",
+    counted = (
+        f"{latency.count:,} finished events only"
+        if latency.censored
+        else (f"{latency.count:,} events")
     )
+    summary.add_row("latency", f"{_percentiles(latency)}  (arrival to success, virtual, {counted})")
+    if latency.censored:
+        summary.add_row("unfinished", _unfinished(result), style="yellow")
     requests = result.requests
     if requests is not None:
         summary.add_row(
@@ -88,10 +92,11 @@ def _render_report(
             f"{requests.unfinished:,} unfinished)",
         )
     wait = result.enqueue_wait
+    left = f"; {wait.unfinished:,} still waiting are not in it" if wait.censored else ""
     summary.add_row(
         "enqueue wait",
         f"p50 {_secs(wait.p50)} · p99 {_secs(wait.p99)} · max {_secs(wait.max)}  "
-        "(arrival to stored)",
+        f"(arrival to stored{left})",
     )
     summary.add_row(
         "faults",
@@ -154,6 +159,21 @@ def _json_document(result: Result, changed: Sequence[Change]) -> dict[str, Any]:
     document = result.to_json_dict()
     listed = [change.to_json_dict() for change in changed]
     return {"scenario": document.pop("scenario"), "changed_by_flags": listed, **document}
+
+
+def _unfinished(result: Result) -> str:
+    """What a run cut short left unfinished, and what that does to its latency figures."""
+    parts = [f"{result.pending:,} pending ({result.in_progress:,} in a handler)"]
+    if result.waiting:
+        parts.append(f"{result.waiting:,} enqueues waiting")
+    if result.outbox:
+        parts.append(f"{result.outbox:,} follow-ups in flight")
+    later = f"; {result.not_arrived:,} arrivals were due later" if result.not_arrived else ""
+    return (
+        f"{result.unfinished:,} events when the run stopped at {result.virtual_time:,.1f} "
+        f"virtual s: {', '.join(parts)}{later}. Latency covers finished events only, a "
+        "censored sample: the percentiles are optimistic."
+    )
 
 
 def _percentiles(latency: Latency) -> str:
