@@ -224,8 +224,11 @@ def test_json_and_trace_are_byte_identical_for_the_same_seed(tmp_path: Path) -> 
     assert document["events"]["lost"] == 0
     assert document["invariants_passed"] is True
     assert "wall" not in outputs[0][0].decode()
-    first = json.loads(outputs[0][1].splitlines()[0])
-    assert set(first) == {"kind", "pool", "instance_index", "sequence", "attempt", "time", "error"}
+    lines = [json.loads(line) for line in outputs[0][1].splitlines()]
+    assert lines[0]["kind"] == "arrived"
+    assert sum(line["kind"] == "arrived" for line in lines) == document["events"]["offered"]
+    event = next(line for line in lines if line["kind"] != "arrived")
+    assert list(event) == ["kind", "pool", "instance_index", "sequence", "attempt", "time", "error"]
     other = tmp_path / "other.json"
     invoke("simulate", "-s", "crash-storm", "--seed", "4", "--events", "200", "--json", str(other))
     assert other.read_bytes() != outputs[0][0]

@@ -328,9 +328,96 @@ def test_same_seed_same_bytes_other_seed_other_run(tmp_path: Path) -> None:
         traces.append(trace.read_bytes())
     assert documents[0] == documents[1]
     assert traces[0] == traces[1]
-    assert len(traces[0].splitlines()) == json.loads(documents[0])["pool_events"]
+    lines = [json.loads(line) for line in traces[0].splitlines()]
+    arrived = [line for line in lines if line["kind"] == "arrived"]
+    assert len(arrived) == json.loads(documents[0])["events"]["offered"]
+    assert len(lines) - len(arrived) == json.loads(documents[0])["pool_events"]
     other = run(replace(scenario, seed=scenario.seed + 1)).result
     assert json.dumps(other.to_json_dict(), indent=2) != documents[0]
+
+
+def recomputed(trace: Path) -> tuple[Latency, dict[str, int]]:
+    """The latency the report gives, read from the trace alone, and the arrivals' outcomes."""
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    times = [line["time"] for line in lines]
+    assert times == sorted(times)  # arrivals in time order with the pool events
+    since: dict[tuple[str, int, int], float] = {}
+    outcomes: dict[str, int] = {}
+    latencies = []
+    for line in lines:
+        key = (line["pool"], line["instance_index"], line["sequence"])
+        if line["kind"] == "arrived":
+            outcomes[line["outcome"]] = outcomes.get(line["outcome"], 0) + 1
+            if line["outcome"] == "enqueued":
+                since[key] = line["time"]
+        elif line["kind"] == "enqueued":
+            since.setdefault(key, line["time"])  # a follow-up: from its being stored
+        elif line["kind"] == "succeeded" and key in since:
+            latencies.append(line["time"] - since.pop(key))
+    return Latency.of(latencies), outcomes
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        pytest.param(small("crash-storm", 300), id="crashes"),
+        pytest.param(
+            sc.with_overrides(
+                small("steady", 300, instances=2, duration=3.0),
+                {"service.distribution": "fixed", "service.mean": 2.0},
+            ),
+            id="cut-short",
+        ),
+        pytest.param(small("burst", 300), id="rejections"),
+    ],
+)
+def test_the_trace_gives_back_the_reports_latency(tmp_path: Path, scenario: Scenario) -> None:
+    trace = tmp_path / "t.jsonl"
+    result = run(scenario, trace=trace).result
+    latency, outcomes = recomputed(trace)
+    assert (latency.count, latency.p50, latency.p99, latency.max) == (
+        result.latency.count,
+        result.latency.p50,
+        result.latency.p99,
+        result.latency.max,
+    )
+    expected = {
+        "enqueued": result.acknowledged,
+        "rejected": result.rejected,
+        "failed": result.failed,
+        "waiting": result.waiting,
+    }
+    assert outcomes == {name: count for name, count in expected.items() if count}
+    text = trace.read_text().splitlines()
+    first, second = json.loads(text[0]), json.loads(text[1])
+    assert first == {
+        "kind": "arrived",
+        "pool": POOL,
+        "instance_index": first["instance_index"],
+        "sequence": first["sequence"],
+        "time": arrivals(scenario)[0].time,
+        "event_id": 0,
+        "partition_key": first["partition_key"],
+        "outcome": first["outcome"],
+        "error": None if first["outcome"] == "enqueued" else first["error"],
+    }
+    if first["outcome"] == "enqueued":  # stored at once: its pool event follows
+        assert (second["kind"], second["sequence"]) == ("enqueued", first["sequence"])
+    event = next(json.loads(line) for line in text if '"kind":"arrived"' not in line)
+    line = json.dumps(PoolEvent(**event).to_json_dict(), separators=(",", ":"))
+    assert line in text  # written as the runtime writes its own trace
+
+
+def test_the_trace_of_follow_ups_gives_back_the_reports_latency(tmp_path: Path) -> None:
+    scenario = sc.loads(
+        "seed = 3\ninstances = 2\n[arrivals]\nrate = 10.0\ntotal = 100\n"
+        '[[pools]]\nname = "work"\n[[pools.follow_ups]]\nto = "work"\nprobability = 0.5\n'
+    )
+    trace = tmp_path / "t.jsonl"
+    result = run(scenario, trace=trace).result
+    assert result.follow_ups > 0
+    latency, _ = recomputed(trace)
+    assert (latency.count, latency.p99) == (result.latency.count, result.latency.p99)
 
 
 def test_json_has_no_wall_clock_figures() -> None:

@@ -41,6 +41,7 @@ from dopool._sim.loading import with_overrides
 from dopool._sim.measure import measure
 from dopool._sim.metrics import Collector, Result
 from dopool._sim.scenario import Scenario
+from dopool._sim.trace import Trace
 from dopool._sim.workload import Arrival, Lineage, arrivals, make_event, make_handler
 from dopool._validation import prepare
 from dopool.chaos import FaultPlan
@@ -76,7 +77,8 @@ def run(
 
     Args:
         store: the store directory (must be empty or absent); None = a temporary one.
-        trace: write every pool event to this file as JSON lines.
+        trace: write every pool event and every arrival to this file as JSON lines
+            (:mod:`dopool._sim.trace`).
         progress: called now and then while the clock is driven.
 
     Raises:
@@ -112,11 +114,13 @@ def _run(
     faults = None
     if scenario.faults.any:
         faults = FaultPlan(seed=scenario.seed, **asdict(scenario.faults))
-    runtime = Runtime(
-        path, clock=clock, seed=scenario.seed, durability="async", faults=faults, trace=trace
-    )
+    runtime = Runtime(path, clock=clock, seed=scenario.seed, durability="async", faults=faults)
     stopped = False
+    tracer: Trace | None = None
     try:
+        if trace is not None:
+            tracer = Trace(trace)
+            unsubscribe = runtime.subscribe(tracer)
         designs = {pool.name: pool for pool in scenario.resolved_pools}
         collectors = {name: Collector(name, pool.instances) for name, pool in designs.items()}
         lineage = Lineage()
@@ -147,7 +151,10 @@ def _run(
             if stopped:
                 return
             event = make_event(arrival, padding[arrival.pool])
-            reply = _submit(pools[arrival.pool], event, arrival.partition_key)
+            place = None if tracer is None else tracer.arriving(arrival)
+            index, reply = _submit(pools[arrival.pool], event, arrival.partition_key)
+            if place is not None:
+                place.sent(index, reply)
             futures.append((arrival, reply))
             following = next(upcoming, None)
             if following is not None:
@@ -163,22 +170,31 @@ def _run(
         steps = 0
         while clock.step(limit):
             steps += 1
+            if tracer is not None:
+                tracer.flush()
             if progress is not None and steps % PROGRESS_EVERY == 0:
                 progress(clock.now(), _processed(collectors), expected)
         if scenario.duration is not None:
             clock.run_until(scenario.duration)
         if progress is not None:
             progress(clock.now(), _processed(collectors), expected)
-        return measure(
+        result = measure(
             scenario, runtime, pools, collectors, lineage, futures, expected, clock.now()
         )
+        if tracer is not None:  # the run as measured: not what closing the runtime does
+            unsubscribe()
+            tracer.finish()
+        return result
     finally:
         stopped = True  # callbacks still scheduled must do nothing while close() drives the clock
+        if tracer is not None:
+            tracer.abandon()
         runtime.close()
 
 
-def _submit(pool: WorkerPool, event: Any, partition_key: str | None) -> Reply:
-    """Send one event to its instance without waiting; returns the instance's reply.
+def _submit(pool: WorkerPool, event: Any, partition_key: str | None) -> tuple[int, Reply]:
+    """Send one event to its instance without waiting; returns the instance's index and
+    its reply.
 
     At the end of a run cut short by ``duration`` an instance may still be inside
     a handler with the enqueue queued behind it, so nothing here waits: the
