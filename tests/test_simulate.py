@@ -677,17 +677,3 @@ def test_import_dopool_does_not_load_the_simulator_or_the_cli() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
-
-
-def test_plot_writes_a_png(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
-    from dopool._sim.plot import plot, thin
-
-    result = run(small("maintenance", 300)).result
-    target = tmp_path / "p.png"
-    plot(result, target, title="maintenance")
-    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    series = [(float(n), n % 7) for n in range(10_000)]
-    thinned = thin(series, 100)
-    assert len(thinned) <= 102
-    assert max(d for _, d in thinned) == 6
