@@ -100,6 +100,77 @@ def test_flags_change_the_scenario() -> None:
     assert "crashes" in result.stdout
 
 
+def test_a_description_changed_by_flags_is_marked_as_the_base_scenarios(
+    tmp_path: Path,
+) -> None:
+    mine = tmp_path / "mine.toml"
+    mine.write_text(
+        'name = "mine"\ndescription = "Two calm instances."\ninstances = 2\n'
+        "[arrivals]\ntotal = 40\n"
+    )
+    plain = invoke("simulate", "-s", str(mine), "--seed", "3", "-q")
+    assert plain.exit_code == 0, plain.output
+    assert plain.stdout.splitlines()[1] == "Two calm instances."  # a seed changes no design
+    assert "changed by flags" not in plain.stdout
+    json_path = tmp_path / "r.json"
+    result = invoke(
+        "simulate",
+        *("-s", "steady", "--instances", "16", "--rate", "250", "--events", "60", "-q"),
+        *("--json", str(json_path)),
+    )
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.stdout.split())  # rich wraps long lines
+    assert "base scenario 'steady', before the flags: Four instances at 50% utilisation" in out
+    assert (
+        "changed by flags: instances 4 → 16, arrivals.rate 40 → 250, arrivals.total 2000 → 60"
+        in out
+    )
+    document = json.loads(json_path.read_text())
+    assert document["changed_by_flags"] == [
+        {"field": "instances", "from": 4, "to": 16},
+        {"field": "arrivals.rate", "from": 40.0, "to": 250.0},
+        {"field": "arrivals.total", "from": 2000, "to": 60},
+    ]
+    assert list(document)[:2] == ["scenario", "changed_by_flags"]
+    printed = invoke("simulate", "-s", "steady", "--instances", "16", "--print-scenario")
+    assert printed.stdout.startswith(
+        "# built-in scenario 'steady' changed by flags: instances 4 → 16\n"
+        "# (its description is of the scenario before the flags)\n"
+    )
+    assert sc.from_mapping(tomllib.loads(printed.stdout)).instances == 16
+    result = invoke("simulate", "-s", str(mine), "--events", "30", "--instances", "3", "-q")
+    out = " ".join(result.stdout.split())
+    assert "base scenario 'mine', before the flags: Two calm instances." in out
+    assert "changed by flags: instances 2 → 3, arrivals.total 40 → 30" in out
+    printed = invoke("simulate", "-s", str(mine), "--instances", "3", "--print-scenario")
+    assert printed.stdout.startswith(f"# scenario file {str(mine)!r} changed by flags: ")
+    told = invoke("simulate", *SMALL, "-q", "--instances", "3", "--set", "description=Three now.")
+    lines = told.stdout.splitlines()
+    assert lines[1] == "Three now."  # a description the flags gave is the run's own
+    assert lines[2] == "changed by flags: instances 4 → 3, arrivals.total 2000 → 150"
+
+
+def test_a_run_cut_short_reports_its_unfinished_events(tmp_path: Path) -> None:
+    json_path = tmp_path / "r.json"
+    result = invoke(
+        "simulate",
+        *("--instances", "2", "--service", "fixed", "--service-mean", "2", "--duration", "3"),
+        *(*SMALL, "-q", "--json", str(json_path)),
+    )
+    assert result.exit_code == 0, result.output
+    document = json.loads(json_path.read_text())
+    unfinished = document["unfinished"]
+    out = " ".join(result.stdout.split())
+    assert f"{document['latency']['count']} finished events only" in out
+    assert (
+        f"unfinished {unfinished['events']} events when the run stopped at 3.0 virtual s: "
+        f"{unfinished['pending']} pending (2 in a handler), "
+        f"{unfinished['waiting_enqueue']} enqueues waiting" in out
+    )
+    assert "a censored sample: the percentiles are optimistic" in out
+    assert document["latency"]["censored"] is True
+
+
 def test_print_scenario_gives_toml_that_loads_back() -> None:
     result = invoke("simulate", "-s", "crash-storm", "--instances", "6", "--print-scenario")
     assert result.exit_code == 0
@@ -153,8 +224,11 @@ def test_json_and_trace_are_byte_identical_for_the_same_seed(tmp_path: Path) -> 
     assert document["events"]["lost"] == 0
     assert document["invariants_passed"] is True
     assert "wall" not in outputs[0][0].decode()
-    first = json.loads(outputs[0][1].splitlines()[0])
-    assert set(first) == {"kind", "pool", "instance_index", "sequence", "attempt", "time", "error"}
+    lines = [json.loads(line) for line in outputs[0][1].splitlines()]
+    assert lines[0]["kind"] == "arrived"
+    assert sum(line["kind"] == "arrived" for line in lines) == document["events"]["offered"]
+    event = next(line for line in lines if line["kind"] != "arrived")
+    assert list(event) == ["kind", "pool", "instance_index", "sequence", "attempt", "time", "error"]
     other = tmp_path / "other.json"
     invoke("simulate", "-s", "crash-storm", "--seed", "4", "--events", "200", "--json", str(other))
     assert other.read_bytes() != outputs[0][0]
@@ -357,7 +431,9 @@ def test_a_bad_scenario_file_names_file_and_field(tmp_path: Path) -> None:
 
 def test_bad_output_paths(tmp_path: Path) -> None:
     missing = tmp_path / "no" / "such" / "r.json"
-    assert_one_line_error(invoke("simulate", "--json", str(missing)), 1, "--json", "does not exist")
+    assert_one_line_error(
+        invoke("simulate", "--json", str(missing)), 2, "--json", str(missing), "does not exist"
+    )
     assert_one_line_error(
         invoke("simulate", "--sweep", "instances=1,2", "--trace", str(tmp_path / "t")),
         2,
@@ -369,6 +445,38 @@ def test_bad_output_paths(tmp_path: Path) -> None:
     assert_one_line_error(
         invoke("simulate", "--store", str(full), *SMALL), 1, "not an empty directory"
     )
+
+
+@pytest.mark.parametrize("flag", ["--json", "--trace", "--plot"])
+def test_an_output_path_that_cannot_be_written_is_a_usage_error_before_the_run(
+    tmp_path: Path, flag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    file = tmp_path / "file"
+    file.write_text("")
+    for target, words in (
+        (tmp_path / "missing" / "out", "does not exist"),
+        (file / "out", "is not a directory"),
+    ):
+        # Checked before the run: a run of this size would take minutes.
+        result = invoke("simulate", flag, str(target), "--events", "1000000")
+        assert_one_line_error(result, 2, flag, str(target), words)
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    existing = read_only / "old"
+    existing.write_text("")
+    # As root, permissions do not refuse anything: ask os.access to say what they would.
+    real_access = os.access
+    refused = {str(read_only), str(existing)}
+    monkeypatch.setattr(
+        os,
+        "access",
+        lambda path, mode, **kw: (
+            not (mode & os.W_OK and str(path) in refused) and real_access(path, mode, **kw)
+        ),
+    )
+    for target in (read_only / "new", existing):
+        result = invoke("simulate", flag, str(target), "--events", "1000000")
+        assert_one_line_error(result, 2, flag, str(target), "not writable")
 
 
 # -- status and dead-letters --------------------------------------------------------------------

@@ -17,7 +17,7 @@ import click
 import pytest
 
 from dopool._cli.simulate import simulate
-from dopool._sim.figures import DESCRIPTIONS
+from dopool._sim.figures import DESCRIPTIONS, E2E_DESCRIPTIONS, POOL_DESCRIPTIONS
 
 ROOT = Path(__file__).parent.parent
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
@@ -138,6 +138,13 @@ def section(page: Path, heading: str) -> str:
 def figures_table() -> str:
     """The "Figures" table of docs/simulate.md as the code's figures make it."""
     rows = [f"| `{name}` | {meaning} |" for name, meaning in DESCRIPTIONS.items()]
+    rows += [
+        f"| `e2e.{name}` | with follow-ups: {text} |" for name, text in E2E_DESCRIPTIONS.items()
+    ]
+    rows += [
+        f"| `<pool>.{name}` | with several pools: {text} |"
+        for name, text in POOL_DESCRIPTIONS.items()
+    ]
     return "\n".join(["| figure | meaning |", "| --- | --- |", *rows])
 
 

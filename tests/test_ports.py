@@ -22,10 +22,11 @@ def test_submit_and_send_return_without_waiting_and_committed_reads_the_outcome(
         pool = runtime.define("p", execute=ignore, concurrency=2)
         paused = _ports.send(pool, 1, Pause)
         item = prepare("x", partition_key="k", priority=0, schema=None)
-        reply = _ports.submit(pool, item, "k")
+        index, reply = _ports.submit(pool, item, "k")
         runtime.clock.settle()
         (stored,) = reply.get(timeout=0)
         assert isinstance(stored, EnqueueResult)
+        assert stored.instance_index == index
         assert paused.get(timeout=0) is None  # a pause answers nothing
         assert [i.state for i in pool.status().instances] == ["idle", "paused"]
         with _ports.committed(runtime) as txn:

@@ -22,6 +22,7 @@ from dopool._layout import Namespace
 from dopool._sim import loading as sc
 from dopool._sim.checks import ScenarioError
 from dopool._sim.driver import run
+from dopool._sim.figures import figures
 from dopool._sim.measure import _store_checks
 from dopool._sim.metrics import Collector, Latency, percentile
 from dopool._sim.scenario import (
@@ -174,6 +175,33 @@ def test_total_and_duration_replace_each_other() -> None:
     assert (by_count.arrivals[0].total, by_count.arrivals[0].duration) == (40, None)
 
 
+def test_changes_list_what_overrides_changed_by_dotted_path() -> None:
+    base = sc.builtin("steady")
+    changed = sc.with_overrides(
+        base, {"instances": "16", "arrivals.rate": "250", "seed": "9", "arrivals.duration": "5"}
+    )
+    assert [str(change) for change in sc.changes(base, changed)] == [
+        "instances 4 → 16",
+        "arrivals.rate 40 → 250",
+        "arrivals.total 2000 → none",  # cleared by arrivals.duration
+        "arrivals.duration none → 5",
+    ]  # the seed is no change to the design: the report's title shows it
+    assert sc.changes(base, base) == []
+    assert sc.changes(base, sc.with_overrides(base, {"service.mean": "0.05"})) == []
+    pooled = sc.loads(
+        'instances = 2\n[[arrivals]]\npool = "a"\n[[arrivals]]\npool = "b"\n'
+        '[[pools]]\nname = "a"\n[[pools]]\nname = "b"\n[pools.service]\nmean = 0.1\n'
+    )
+    moved = sc.with_overrides(
+        pooled, {"pools.b.service.mean": "0.2", "arrivals[1].rate": "7", "pools.a.instances": "3"}
+    )
+    assert [str(change) for change in sc.changes(pooled, moved)] == [
+        "arrivals[1].rate 50 → 7",
+        "pools.a.instances 2 → 3",  # what the pool had, from the top level
+        "pools.b.service.mean 0.1 → 0.2",
+    ]
+
+
 def test_numeric_fields_are_what_a_sweep_may_vary() -> None:
     numeric = sc.numeric_fields()
     assert {"instances", "arrivals.rate", "service.mean", "max_queue_depth"} <= set(numeric)
@@ -300,9 +328,96 @@ def test_same_seed_same_bytes_other_seed_other_run(tmp_path: Path) -> None:
         traces.append(trace.read_bytes())
     assert documents[0] == documents[1]
     assert traces[0] == traces[1]
-    assert len(traces[0].splitlines()) == json.loads(documents[0])["pool_events"]
+    lines = [json.loads(line) for line in traces[0].splitlines()]
+    arrived = [line for line in lines if line["kind"] == "arrived"]
+    assert len(arrived) == json.loads(documents[0])["events"]["offered"]
+    assert len(lines) - len(arrived) == json.loads(documents[0])["pool_events"]
     other = run(replace(scenario, seed=scenario.seed + 1)).result
     assert json.dumps(other.to_json_dict(), indent=2) != documents[0]
+
+
+def recomputed(trace: Path) -> tuple[Latency, dict[str, int]]:
+    """The latency the report gives, read from the trace alone, and the arrivals' outcomes."""
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    times = [line["time"] for line in lines]
+    assert times == sorted(times)  # arrivals in time order with the pool events
+    since: dict[tuple[str, int, int], float] = {}
+    outcomes: dict[str, int] = {}
+    latencies = []
+    for line in lines:
+        key = (line["pool"], line["instance_index"], line["sequence"])
+        if line["kind"] == "arrived":
+            outcomes[line["outcome"]] = outcomes.get(line["outcome"], 0) + 1
+            if line["outcome"] == "enqueued":
+                since[key] = line["time"]
+        elif line["kind"] == "enqueued":
+            since.setdefault(key, line["time"])  # a follow-up: from its being stored
+        elif line["kind"] == "succeeded" and key in since:
+            latencies.append(line["time"] - since.pop(key))
+    return Latency.of(latencies), outcomes
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        pytest.param(small("crash-storm", 300), id="crashes"),
+        pytest.param(
+            sc.with_overrides(
+                small("steady", 300, instances=2, duration=3.0),
+                {"service.distribution": "fixed", "service.mean": 2.0},
+            ),
+            id="cut-short",
+        ),
+        pytest.param(small("burst", 300), id="rejections"),
+    ],
+)
+def test_the_trace_gives_back_the_reports_latency(tmp_path: Path, scenario: Scenario) -> None:
+    trace = tmp_path / "t.jsonl"
+    result = run(scenario, trace=trace).result
+    latency, outcomes = recomputed(trace)
+    assert (latency.count, latency.p50, latency.p99, latency.max) == (
+        result.latency.count,
+        result.latency.p50,
+        result.latency.p99,
+        result.latency.max,
+    )
+    expected = {
+        "enqueued": result.acknowledged,
+        "rejected": result.rejected,
+        "failed": result.failed,
+        "waiting": result.waiting,
+    }
+    assert outcomes == {name: count for name, count in expected.items() if count}
+    text = trace.read_text().splitlines()
+    first, second = json.loads(text[0]), json.loads(text[1])
+    assert first == {
+        "kind": "arrived",
+        "pool": POOL,
+        "instance_index": first["instance_index"],
+        "sequence": first["sequence"],
+        "time": arrivals(scenario)[0].time,
+        "event_id": 0,
+        "partition_key": first["partition_key"],
+        "outcome": first["outcome"],
+        "error": None if first["outcome"] == "enqueued" else first["error"],
+    }
+    if first["outcome"] == "enqueued":  # stored at once: its pool event follows
+        assert (second["kind"], second["sequence"]) == ("enqueued", first["sequence"])
+    event = next(json.loads(line) for line in text if '"kind":"arrived"' not in line)
+    line = json.dumps(PoolEvent(**event).to_json_dict(), separators=(",", ":"))
+    assert line in text  # written as the runtime writes its own trace
+
+
+def test_the_trace_of_follow_ups_gives_back_the_reports_latency(tmp_path: Path) -> None:
+    scenario = sc.loads(
+        "seed = 3\ninstances = 2\n[arrivals]\nrate = 10.0\ntotal = 100\n"
+        '[[pools]]\nname = "work"\n[[pools.follow_ups]]\nto = "work"\nprobability = 0.5\n'
+    )
+    trace = tmp_path / "t.jsonl"
+    result = run(scenario, trace=trace).result
+    assert result.follow_ups > 0
+    latency, _ = recomputed(trace)
+    assert (latency.count, latency.p99) == (result.latency.count, result.latency.p99)
 
 
 def test_json_has_no_wall_clock_figures() -> None:
@@ -388,6 +503,42 @@ def test_a_duration_stops_the_run_and_counts_what_is_left(tmp_path: Path) -> Non
     again = run(scenario, trace=tmp_path / "u.jsonl").result
     assert again.to_json_dict() == result.to_json_dict()
     assert trace.read_bytes() == (tmp_path / "u.jsonl").read_bytes()
+
+
+def test_a_run_cut_short_says_its_latency_covers_finished_events_only() -> None:
+    # Two instances, each in a 2 s handler at t=3: arrivals since t=2 wait to be stored.
+    scenario = small("steady", 400, instances=2, duration=3.0, **{"service.distribution": "fixed"})
+    scenario = sc.with_overrides(scenario, {"service.mean": 2.0})
+    result = run(scenario).result
+    assert (result.in_progress, result.waiting) == (2, result.offered - result.acknowledged)
+    assert result.waiting > 0
+    assert result.pending >= result.in_progress
+    assert result.unfinished == result.pending + result.waiting + result.outbox
+    assert result.not_arrived == 400 - result.offered > 0
+    latency = result.latency
+    assert latency.censored
+    assert (latency.count, latency.unfinished) == (result.succeeded, result.unfinished)
+    assert result.enqueue_wait.unfinished == result.waiting
+    document = result.to_json_dict()
+    assert document["unfinished"] == {
+        "events": result.unfinished,
+        "pending": result.pending,
+        "in_progress": 2,
+        "waiting_enqueue": result.waiting,
+        "follow_ups_in_flight": 0,
+        "not_arrived": result.not_arrived,
+    }
+    assert document["latency"]["censored"] is True
+    assert document["latency"]["unfinished"] == result.unfinished
+    named = figures(result)
+    assert (named["censored"], named["unfinished"]) == (1.0, float(result.unfinished))
+    assert named["waiting_enqueue"] == float(result.waiting)
+
+    done = run(small("steady", 40)).result
+    assert not done.latency.censored
+    assert done.unfinished == done.not_arrived == 0
+    assert done.to_json_dict()["latency"]["censored"] is False
+    assert figures(done)["censored"] == 0.0
 
 
 def test_faults_every_point_small_run() -> None:
@@ -509,17 +660,3 @@ def test_import_dopool_does_not_load_the_simulator_or_the_cli() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
-
-
-def test_plot_writes_a_png(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
-    from dopool._sim.plot import plot, thin
-
-    result = run(small("maintenance", 300)).result
-    target = tmp_path / "p.png"
-    plot(result, target, title="maintenance")
-    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    series = [(float(n), n % 7) for n in range(10_000)]
-    thinned = thin(series, 100)
-    assert len(thinned) <= 102
-    assert max(d for _, d in thinned) == 6

@@ -219,51 +219,45 @@ def test_the_plot_draws_one_line_per_value_of_the_second_field() -> None:
     pytest.importorskip("matplotlib")
     from matplotlib.container import ErrorbarContainer
 
-    from dopool._sim.plot import _pyplot, sweep_figure
+    from dopool._sim.sweep_plot import sweep_figure
 
     result = _synthetic(3, Axis("instances", (1, 2, 4)), Axis("arrivals.rate", (10.0, 20.0)))
     figure = sweep_figure(result, "p99")
-    try:
-        (axis,) = figure.axes
-        assert axis.get_xlabel() == "instances"
-        assert axis.get_ylabel() == "p99 (s)"
-        assert "99th percentile latency" in axis.get_title()
-        assert "over 3 seeds" in axis.get_title()
-        bars = [c for c in axis.containers if isinstance(c, ErrorbarContainer)]
-        assert len(bars) == 2
-        assert all(bar.has_yerr for bar in bars)
-        assert [t.get_text() for t in axis.get_legend().get_texts()] == [
-            "arrivals.rate=10",
-            "arrivals.rate=20",
-        ]
-        line, _, (segments,) = bars[1]  # arrivals.rate=20: points 1, 3, 5 of the grid
-        assert list(line.get_xdata()) == [1, 2, 4]
-        means = [result.points[i].figures["p99"] for i in (1, 3, 5)]
-        assert list(line.get_ydata()) == [e.mean for e in means]
-        spans = [path[1][1] - path[0][1] for path in segments.get_segments()]
-        assert spans == pytest.approx([2 * (e.half_width or 0) for e in means])
-        assert [t.get_text() for t in axis.get_xticklabels()] == ["1", "2", "4"]
-    finally:
-        _pyplot().close(figure)
+    (axis,) = figure.axes
+    assert axis.get_xlabel() == "instances"
+    assert axis.get_ylabel() == "p99 (s)"
+    assert "99th percentile latency" in axis.get_title()
+    assert "over 3 seeds" in axis.get_title()
+    bars = [c for c in axis.containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 2
+    assert all(bar.has_yerr for bar in bars)
+    assert [t.get_text() for t in axis.get_legend().get_texts()] == [
+        "arrivals.rate=10",
+        "arrivals.rate=20",
+    ]
+    line, _, (segments,) = bars[1]  # arrivals.rate=20: points 1, 3, 5 of the grid
+    assert list(line.get_xdata()) == [1, 2, 4]
+    means = [result.points[i].figures["p99"] for i in (1, 3, 5)]
+    assert list(line.get_ydata()) == [e.mean for e in means]
+    spans = [path[1][1] - path[0][1] for path in segments.get_segments()]
+    assert spans == pytest.approx([2 * (e.half_width or 0) for e in means])
+    assert [t.get_text() for t in axis.get_xticklabels()] == ["1", "2", "4"]
 
 
 def test_the_plot_of_one_field_one_seed_and_a_share() -> None:
     pytest.importorskip("matplotlib")
-    from dopool._sim.plot import _pyplot, sweep_figure
+    from dopool._sim.sweep_plot import sweep_figure
 
     result = _synthetic(1, Axis("max_queue_depth", (10, 20, None)))
     figure = sweep_figure(result, "utilisation")
-    try:
-        (axis,) = figure.axes
-        assert axis.get_ylabel() == "utilisation (%)"
-        assert axis.get_legend() is None
-        (bar,) = axis.containers
-        assert not bar.has_yerr  # one seed: no interval
-        assert list(bar[0].get_ydata()) == [50.0, 50.0, 50.0]  # a share drawn as a percentage
-        assert [t.get_text() for t in axis.get_xticklabels()] == ["10", "20", "none"]
-        assert math.isclose(axis.get_ylim()[0], 50.0, abs_tol=10)
-    finally:
-        _pyplot().close(figure)
+    (axis,) = figure.axes
+    assert axis.get_ylabel() == "utilisation (%)"
+    assert axis.get_legend() is None
+    (bar,) = axis.containers
+    assert not bar.has_yerr  # one seed: no interval
+    assert list(bar[0].get_ydata()) == [50.0, 50.0, 50.0]  # a share drawn as a percentage
+    assert [t.get_text() for t in axis.get_xticklabels()] == ["10", "20", "none"]
+    assert math.isclose(axis.get_ylim()[0], 50.0, abs_tol=10)
 
 
 def test_a_described_name_with_a_placeholder_admits_any_name(

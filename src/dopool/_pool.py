@@ -105,9 +105,11 @@ class Instances:
         self.mailboxes[index].send(message(reply))
         return reply
 
-    def submit(self, item: Item, partition_key: str | None) -> Reply:
-        """Send one event to the instance it routes to; the reply answers a result list."""
-        return self.send(self.router.choose(partition_key), partial(Enqueue, (item,)))
+    def submit(self, item: Item, partition_key: str | None) -> tuple[int, Reply]:
+        """Send one event to the instance it routes to: that instance's index, and the
+        reply, which answers a result list."""
+        index = self.router.choose(partition_key)
+        return index, self.send(index, partial(Enqueue, (item,)))
 
 
 class WorkerPool:

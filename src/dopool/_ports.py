@@ -57,11 +57,12 @@ def committed(runtime: Runtime) -> AbstractContextManager[Txn]:
     return _readers[runtime]()
 
 
-def submit(pool: WorkerPool, item: Item, partition_key: str | None) -> Reply:
+def submit(pool: WorkerPool, item: Item, partition_key: str | None) -> tuple[int, Reply]:
     """Send one prepared event to the instance ``partition_key`` routes it to.
 
-    Returns at once. The reply answers what ``enqueue_many`` would for this one
-    event (a list of one :class:`~dopool.EnqueueResult`), or raises its error.
+    Returns at once: that instance's index, and the reply. The reply answers what
+    ``enqueue_many`` would for this one event (a list of one
+    :class:`~dopool.EnqueueResult`), or raises its error.
     """
     return _instances[pool].submit(item, partition_key)
 

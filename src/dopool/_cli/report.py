@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -9,6 +12,7 @@ from rich.text import Text
 
 from dopool._cli._terminal import _clean
 from dopool._sim.driver import Run
+from dopool._sim.loading import BUILTINS, Change
 from dopool._sim.metrics import Latency, Result
 from dopool._sim.scenario import Scenario
 
@@ -29,11 +33,17 @@ def _bar(fraction: float, width: int = 10) -> str:
     return "█" * filled + "·" * (width - filled)
 
 
-def _render_report(out: Console, chosen: Scenario, finished: Run) -> None:
+def _render_report(
+    out: Console,
+    chosen: Scenario,
+    finished: Run,
+    *,
+    base: Scenario | None = None,
+    changed: Sequence[Change] = (),
+) -> None:
     result = finished.result
     out.print(Text(f"dopool simulate · {chosen.name} · seed {chosen.seed}", style="bold"))
-    if chosen.description:
-        out.print(Text(chosen.description, style="dim"))
+    _describe(out, chosen, base, changed)
     out.print()
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="bold", no_wrap=True)
@@ -66,10 +76,14 @@ def _render_report(out: Console, chosen: Scenario, finished: Run) -> None:
         + ")",
     )
     latency = result.latency
-    summary.add_row(
-        "latency",
-        f"{_percentiles(latency)}  (arrival to success, virtual, {latency.count:,} events)",
+    counted = (
+        f"{latency.count:,} finished events only"
+        if latency.censored
+        else (f"{latency.count:,} events")
     )
+    summary.add_row("latency", f"{_percentiles(latency)}  (arrival to success, virtual, {counted})")
+    if latency.censored:
+        summary.add_row("unfinished", _unfinished(result), style="yellow")
     requests = result.requests
     if requests is not None:
         summary.add_row(
@@ -79,10 +93,11 @@ def _render_report(out: Console, chosen: Scenario, finished: Run) -> None:
             f"{requests.unfinished:,} unfinished)",
         )
     wait = result.enqueue_wait
+    left = f"; {wait.unfinished:,} still waiting are not in it" if wait.censored else ""
     summary.add_row(
         "enqueue wait",
         f"p50 {_secs(wait.p50)} · p99 {_secs(wait.p99)} · max {_secs(wait.max)}  "
-        "(arrival to stored)",
+        f"(arrival to stored{left})",
     )
     summary.add_row(
         "faults",
@@ -104,6 +119,61 @@ def _render_report(out: Console, chosen: Scenario, finished: Run) -> None:
             f"{result.pool_events:,} pool events",
             style="dim",
         )
+    )
+
+
+def _describe(
+    out: Console, chosen: Scenario, base: Scenario | None, changed: Sequence[Change]
+) -> None:
+    """The scenario's description, unless flags changed the design it describes: then
+    it is shown as the base scenario's, with what the flags changed."""
+    if not changed or base is None or chosen.description != base.description:
+        if chosen.description:  # unchanged, or the flags gave it: the run's own
+            out.print(Text(_clean(chosen.description), style="dim"))
+    elif base.description:
+        out.print(
+            Text(f"base scenario {_clean(repr(base.name))}, before the flags: ", style="dim")
+            + Text(_clean(base.description), style="dim italic")
+        )
+    if changed:
+        out.print(Text("changed by flags: ", style="yellow") + Text(_clean(_listed(changed))))
+
+
+def _listed(changed: Sequence[Change]) -> str:
+    return ", ".join(str(change) for change in changed)
+
+
+def _changed_comment(source: str, changed: Sequence[Change]) -> str:
+    """TOML comment lines heading a scenario that flags changed (``--print-scenario``)."""
+    if not changed:
+        return ""
+    what = f"built-in scenario {source!r}" if source in BUILTINS else f"scenario file {source!r}"
+    listed = _listed(changed).replace("\n", " ")
+    return (
+        f"# {what} changed by flags: {listed}\n"
+        "# (its description is of the scenario before the flags)\n"
+    )
+
+
+def _json_document(result: Result, changed: Sequence[Change]) -> dict[str, Any]:
+    """``--json``: the result, and what flags changed of the scenario file or built-in."""
+    document = result.to_json_dict()
+    listed = [change.to_json_dict() for change in changed]
+    return {"scenario": document.pop("scenario"), "changed_by_flags": listed, **document}
+
+
+def _unfinished(result: Result) -> str:
+    """What a run cut short left unfinished, and what that does to its latency figures."""
+    parts = [f"{result.pending:,} pending ({result.in_progress:,} in a handler)"]
+    if result.waiting:
+        parts.append(f"{result.waiting:,} enqueues waiting")
+    if result.outbox:
+        parts.append(f"{result.outbox:,} follow-ups in flight")
+    later = f"; {result.not_arrived:,} arrivals were due later" if result.not_arrived else ""
+    return (
+        f"{result.unfinished:,} events when the run stopped at {result.virtual_time:,.1f} "
+        f"virtual s: {', '.join(parts)}{later}. Latency covers finished events only, a "
+        "censored sample: the percentiles are optimistic."
     )
 
 

@@ -6,6 +6,7 @@ sweeps (``--sweep``, ``--repeat``) are :mod:`dopool._cli.sweep`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,7 +35,7 @@ from dopool._cli._gates import (
 )
 from dopool._cli._terminal import _console
 from dopool._cli._values import _write_json
-from dopool._cli.report import _render_report
+from dopool._cli.report import _changed_comment, _json_document, _render_report
 from dopool._cli.sweep import SweepFlags, run_sweep_command, sweep_options
 from dopool._sim import loading as scenarios
 from dopool._sim.checks import ScenarioError
@@ -197,8 +198,13 @@ def simulate(
         _list_figures(out)
         return
     chosen = _with_flag_gates(_build_scenario(scenario_name, seed, fields, settings), assertions)
+    try:
+        base: Scenario | None = scenarios.resolve(scenario_name)
+    except ScenarioError:  # the file needs the flags (say --app, for its pools' names)
+        base = None
+    changed = [] if base is None else scenarios.changes(base, chosen)
     if print_scenario:
-        click.echo(chosen.to_toml(), nl=False)
+        click.echo(_changed_comment(scenario_name, changed) + chosen.to_toml(), nl=False)
         return
     for flag, target in (("--json", json_path), ("--trace", trace_path), ("--plot", plot_path)):
         _check_output(flag, target)
@@ -230,13 +236,13 @@ def simulate(
     with _progress(quiet) as report:
         finished = run(chosen, store=store_path, trace=trace_path, progress=report(chosen.name))
     result = finished.result
-    _render_report(out, chosen, finished)
+    _render_report(out, chosen, finished, base=base, changed=changed)
     outcomes = _check_gates(chosen, result)
     if outcomes:
         out.print()
         out.print(_gates_table(outcomes))
     if json_path is not None:
-        document = result.to_json_dict()
+        document = _json_document(result, changed)
         document["assertions"] = [outcome.to_json_dict() for outcome in outcomes]
         _write_json(json_path, document)
     if plot_path is not None:
@@ -288,8 +294,21 @@ def _build_scenario(
 
 
 def _check_output(flag: str, path: Path | None) -> None:
-    if path is not None and not path.parent.exists():
-        raise CliError(f"{flag} {str(path)!r}: directory {str(path.parent)!r} does not exist")
+    """A path an output cannot be written to is a usage error (exit 2), found before the run."""
+    if path is None:
+        return
+    folder = path.parent
+    problem = None
+    if not folder.exists():
+        problem = f"directory {str(folder)!r} does not exist"
+    elif not folder.is_dir():
+        problem = f"{str(folder)!r} is not a directory"
+    elif path.exists() and not os.access(path, os.W_OK):
+        problem = "the file is not writable"
+    elif not path.exists() and not os.access(folder, os.W_OK | os.X_OK):
+        problem = f"directory {str(folder)!r} is not writable"
+    if problem is not None:
+        raise CliUsageError(f"{flag} {str(path)!r}: {problem}")
 
 
 ProgressFactory = Callable[[str], Callable[[float, int, int], None]]

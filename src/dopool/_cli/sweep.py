@@ -23,7 +23,6 @@ from rich.text import Text
 from dopool._cli._errors import CliError, CliUsageError
 from dopool._cli._terminal import _console
 from dopool._cli._values import _write_json
-from dopool._sim.plot import plot_sweep
 from dopool._sim.scenario import Scenario
 from dopool._sim.sweep import (
     DEFAULT_FIGURES,
@@ -39,6 +38,7 @@ from dopool._sim.sweep import (
     unit,
     value_text,
 )
+from dopool._sim.sweep_plot import plot_sweep
 
 DEFAULT_PLOT_FIGURE = "p99"
 

@@ -46,6 +46,7 @@ from dopool._sim.pools import pool_named
 from dopool._sim.scenario import Scenario
 from dopool._sim.sections import Kill as PlannedKill
 from dopool._sim.sections import Pause as PlannedPause
+from dopool._sim.trace import Trace
 from dopool._sim.workload import Arrival, Lineage, arrivals, make_event, make_handler
 from dopool._types import PoolEvent
 from dopool._validation import prepare
@@ -120,11 +121,13 @@ def _run(
     faults = None
     if scenario.faults.any:
         faults = FaultPlan(seed=scenario.seed, **asdict(scenario.faults))
-    runtime = Runtime(
-        path, clock=clock, seed=scenario.seed, durability="async", faults=faults, trace=trace
-    )
+    runtime = Runtime(path, clock=clock, seed=scenario.seed, durability="async", faults=faults)
     stopped = False
+    tracer: Trace | None = None
     try:
+        if trace is not None:
+            tracer = Trace(trace)
+            unsubscribe = runtime.subscribe(tracer)
         lineage = Lineage()
         if scenario.app is None:
             collectors = _define_pools(scenario, runtime, lineage)
@@ -148,7 +151,10 @@ def _run(
                 event = _app_event(app, scenario.seed, arrival)
             else:
                 event = make_event(arrival, paddings.get(arrival.pool, padding))
-            reply = _submit(pools[arrival.pool], event, arrival.partition_key)
+            place = None if tracer is None else tracer.arriving(arrival)
+            index, reply = _submit(pools[arrival.pool], event, arrival.partition_key)
+            if place is not None:
+                place.sent(index, reply)
             futures.append((arrival, reply))
             following = next(upcoming, None)
             if following is not None:
@@ -164,17 +170,25 @@ def _run(
         steps = 0
         while clock.step(limit):
             steps += 1
+            if tracer is not None:
+                tracer.flush()
             if progress is not None and steps % PROGRESS_EVERY == 0:
                 progress(clock.now(), _processed(collectors), expected)
         if scenario.duration is not None:
             clock.run_until(scenario.duration)
         if progress is not None:
             progress(clock.now(), _processed(collectors), expected)
-        return measure(
+        result = measure(
             scenario, runtime, pools, collectors, lineage, futures, expected, clock.now()
         )
+        if tracer is not None:  # the run as measured: not what closing the runtime does
+            unsubscribe()
+            tracer.finish()
+        return result
     finally:
         stopped = True  # callbacks still scheduled must do nothing while close() drives the clock
+        if tracer is not None:
+            tracer.abandon()
         runtime.close()
 
 
@@ -252,8 +266,9 @@ def _app_event(app: App, seed: int, arrival: Arrival) -> Any:
         ) from exc
 
 
-def _submit(pool: WorkerPool, event: Any, partition_key: str | None) -> Reply:
-    """Send one event to its instance without waiting; returns the instance's reply.
+def _submit(pool: WorkerPool, event: Any, partition_key: str | None) -> tuple[int, Reply]:
+    """Send one event to its instance without waiting; returns the instance's index and
+    its reply.
 
     At the end of a run cut short by ``duration`` an instance may still be inside
     a handler with the enqueue queued behind it, so nothing here waits: the

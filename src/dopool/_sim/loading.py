@@ -1,193 +1,54 @@
-"""Loading a scenario: from a TOML file, a built-in name, or either changed by flags."""
+"""Loading a scenario: from a TOML file or a built-in name (:mod:`dopool._sim.building`
+reads and checks the data), changed by flags, and what the flags changed."""
 
 from __future__ import annotations
 
 import difflib
-import os
 import re
-import tomllib
 from collections.abc import Mapping
-from dataclasses import MISSING, fields, replace
-from importlib import resources
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from dopool._sim.checks import ScenarioError
-from dopool._sim.pools import POOL_FIELDS, POOL_SECTIONS, Pool, PoolTable
-from dopool._sim.scenario import GATES, LISTS, SECTIONS, Arrivals, Gate, Scenario
-from dopool._sim.sections import Section
-
-BUILTINS = (
-    "steady",
-    "burst",
-    "hot-partition",
-    "poison",
-    "crash-storm",
-    "maintenance",
-    "daily-cycle",
+from dopool._sim.building import (
+    BUILTINS,
+    built,
+    from_mapping,
+    normalized,
+    parse,
+    read,
+    read_file,
 )
+from dopool._sim.checks import ScenarioError
+from dopool._sim.pools import POOL_FIELDS, POOL_SECTIONS, Pool
+from dopool._sim.scenario import GATES, LISTS, SECTIONS, Arrivals, Scenario
 
-
-# -- building from plain data -------------------------------------------------------
-def from_mapping(data: Mapping[str, Any]) -> Scenario:
-    """Build a scenario from TOML-like data, refusing unknown keys by their path."""
-    if not isinstance(data, Mapping):
-        raise ScenarioError("", f"must be a table, got {data!r}")
-    top = {GATES if f.name == "asserts" else f.name for f in fields(Scenario)}
-    _refuse_unknown("", data, top)
-    arguments: dict[str, Any] = {}
-    for key, value in data.items():
-        if key == "arrivals":
-            arguments[key] = _streams(value)
-        elif key in SECTIONS:
-            arguments[key] = _build(key, SECTIONS[key], value)
-        elif key == "pools":
-            arguments[key] = _pool_tables(value)
-        elif key in LISTS:
-            arguments[key] = _build_array(key, LISTS[key], value)
-        elif key == GATES:
-            arguments["asserts"] = _build_array(key, Gate, value)
-        else:
-            arguments[key] = value
-    scenario: Scenario = _construct("", Scenario, arguments)
-    return scenario
-
-
-def _streams(value: object) -> tuple[Arrivals, ...]:
-    """``[arrivals]`` (one stream) or ``[[arrivals]]`` (several)."""
-    if isinstance(value, list):
-        if not value:
-            raise ScenarioError("arrivals", "must list at least one arrival stream")
-        if len(value) == 1:  # named as one stream is: ``arrivals.rate``
-            return (_build("arrivals", Arrivals, value[0]),)
-        return tuple(
-            _build(f"arrivals[{position}]", Arrivals, item, nested=True)
-            for position, item in enumerate(value)
-        )
-    return (_build("arrivals", Arrivals, value),)
-
-
-def _pool_tables(value: object) -> tuple[PoolTable, ...]:
-    if not isinstance(value, list):
-        raise ScenarioError("pools", f"must be an array of tables ([[pools]]), got {value!r}")
-    tables = []
-    for position, item in enumerate(value):
-        if not isinstance(item, Mapping):
-            raise ScenarioError(f"pools[{position}]", f"must be a table, got {item!r}")
-        if "name" not in item:
-            raise ScenarioError(f"pools[{position}].name", "is required")
-        settings = {key: item[key] for key in item if key != "name"}
-        tables.append(PoolTable(item["name"], settings))
-    return tuple(tables)
-
-
-def _build(path: str, kind: type[Any], value: object, *, nested: bool = False) -> Any:
-    if not isinstance(value, Mapping):
-        raise ScenarioError(path, f"must be a table, got {value!r}")
-    _refuse_unknown(path, value, {f.name for f in fields(kind)})
-    arguments = dict(value)
-    for name, item in getattr(kind, "arrays", {}).items():  # [[arrivals.phases]]
-        if name in arguments:
-            arguments[name] = _build_array(f"{path}.{name}", item, arguments[name])
-    try:
-        return _construct(path, kind, arguments)
-    except ScenarioError as exc:
-        if not nested:
-            raise
-        # A section names its fields ``arrivals.x``; in an array they are ``arrivals[k].x``.
-        inner = exc.field.split(".", 1)[1] if "." in exc.field else ""
-        raise ScenarioError(f"{path}.{inner}" if inner else path, exc.problem) from None
-
-
-def _build_array(path: str, kind: type[Any], value: object) -> tuple[Any, ...]:
-    if not isinstance(value, list):
-        raise ScenarioError(path, f"must be an array of tables ([[{path}]]), got {value!r}")
-    return tuple(_build(f"{path}[{position}]", kind, item) for position, item in enumerate(value))
-
-
-def _construct(path: str, kind: type[Any], arguments: dict[str, Any]) -> Any:
-    required = [
-        f.name
-        for f in fields(kind)
-        if f.default is MISSING and f.default_factory is MISSING and f.name not in arguments
-    ]
-    if required:
-        name = f"{path}.{required[0]}" if path else required[0]
-        raise ScenarioError(name, "is required")
-    try:
-        return kind(**arguments)
-    except ScenarioError as exc:
-        # Sections name their own fields; list items only know their own names.
-        nested = path and not issubclass(kind, Section) and kind is not Scenario
-        raise (exc.within(path) if nested else exc) from None
-
-
-def _refuse_unknown(path: str, data: Mapping[str, Any], known: set[str]) -> None:
-    for key in data:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), sorted(known), n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            name = f"{path}.{key}" if path else str(key)
-            raise ScenarioError(name, f"is not a scenario field{hint}")
-
-
-def _read(name_or_path: str) -> tuple[dict[str, Any], str, str | None]:
-    """The TOML data of a built-in scenario or a scenario file, where it came from, and
-    the folder its relative paths are relative to (a file's)."""
-    if name_or_path in BUILTINS:
-        source = f"built-in scenario '{name_or_path}'"
-        path = resources.files("dopool._sim").joinpath("scenarios", f"{name_or_path}.toml")
-        return _parse(path.read_text("utf-8"), source), source, None
-    path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists() or "/" in name_or_path:
-        return _read_file(path)
-    raise ScenarioError(
-        "",
-        f"'{name_or_path}' is neither a built-in scenario ({', '.join(BUILTINS)}) nor a file",
-    )
-
-
-def _read_file(path: Path) -> tuple[dict[str, Any], str, str | None]:
-    source = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioError("", f"cannot be read: {exc.strerror or exc}", source=source) from None
-    return _parse(text, source), source, os.path.dirname(source)
-
-
-def _parse(text: str, source: str) -> dict[str, Any]:
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError("", f"is not valid TOML: {exc}", source=source) from None
+__all__ = [
+    "BUILTINS",
+    "Change",
+    "builtin",
+    "changes",
+    "from_mapping",
+    "load_file",
+    "loads",
+    "numeric_fields",
+    "parse_value",
+    "resolve",
+    "settable_fields",
+    "show",
+    "with_overrides",
+    "with_seed",
+]
 
 
 def load_file(path: str | Path) -> Scenario:
     """Read a scenario from a TOML file; errors name the file and the field."""
-    return _built(*_read_file(Path(path)))
+    return built(*read_file(Path(path)))
 
 
 def loads(text: str, *, source: str = "<scenario>") -> Scenario:
     """Parse a scenario from TOML text."""
-    return _built(_parse(text, source), source)
-
-
-def _built(data: Mapping[str, Any], source: str, folder: str | None = None) -> Scenario:
-    """The scenario ``data`` gives; a relative replay file is joined to ``folder``."""
-    try:
-        scenario = from_mapping(data)
-    except ScenarioError as exc:
-        raise exc.from_source(source) from None
-    if folder is None:
-        return scenario
-    streams = tuple(
-        stream
-        if stream.file is None or os.path.isabs(stream.file)
-        else replace(stream, file=os.path.normpath(os.path.join(folder, stream.file)))
-        for stream in scenario.arrivals
-    )
-    return scenario if streams == scenario.arrivals else replace(scenario, arrivals=streams)
+    return built(parse(text, source), source)
 
 
 def builtin(name: str) -> Scenario:
@@ -202,19 +63,10 @@ def resolve(name_or_path: str, overrides: Mapping[str, Any] | None = None) -> Sc
     (dotted paths, as :func:`with_overrides` takes) applied before it is checked:
     a flag may give what the file leaves to it (``--app`` for a scenario naming an
     app's pools)."""
-    data, source, folder = _read(name_or_path)
+    data, source, folder = read(name_or_path)
     if overrides:
-        data = _without_none(_applied(_normalized(data), overrides))
-    return _built(data, source, folder)
-
-
-def _normalized(data: Mapping[str, Any]) -> dict[str, Any]:
-    """TOML data in the shape of a scenario's ``to_dict``: arrivals as a list of tables."""
-    result = dict(data)
-    streams = result.get("arrivals", {})
-    result["arrivals"] = [dict(streams)] if isinstance(streams, Mapping) else list(streams)
-    result.setdefault("pools", [])
-    return result
+        data = _without_none(_applied(normalized(data), overrides))
+    return built(data, source, folder)
 
 
 # -- overrides (flags) --------------------------------------------------------------
@@ -408,6 +260,93 @@ def _without_none(data: dict[str, Any]) -> dict[str, Any]:
         elif value is not None:
             result[key] = value
     return result
+
+
+# -- what overrides changed ------------------------------------------------------------
+#: Fields that change no part of the design: the title shows them, or they are its words.
+UNCHANGING = ("name", "description", "seed")
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One field that flags changed: its dotted path, its value before and after."""
+
+    field: str
+    before: Any
+    after: Any
+
+    def __str__(self) -> str:
+        return f"{self.field} {show(self.before)} → {show(self.after)}"
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"field": self.field, "from": self.before, "to": self.after}
+
+
+def show(value: Any) -> str:
+    """A field's value as a flag would give it: ``40`` for 40.0, ``none`` for None."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return str(value)
+
+
+def changes(base: Scenario, scenario: Scenario) -> list[Change]:
+    """Every field of the design that differs between ``base`` and ``scenario``, by
+    dotted path (as ``--set`` names it), in the order of ``scenario``'s fields.
+
+    The name, description and seed are left out (:data:`UNCHANGING`). A pool table's
+    setting it does not write is its resolved value (what the top level gave it).
+    """
+    before, after = _flatten(base.to_dict()), _flatten(scenario.to_dict())
+    found = []
+    for path in [*after, *(path for path in before if path not in after)]:
+        if path.split(".", 1)[0] in UNCHANGING:
+            continue
+        old, new = before.get(path), after.get(path)
+        if path.startswith("pools."):
+            old = _pool_value(base, path) if old is None else old
+            new = _pool_value(scenario, path) if new is None else new
+        if old != new:
+            found.append(Change(path, old, new))
+    return found
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{dotted path: value}`` of a scenario's ``to_dict``; one arrival stream is
+    ``arrivals``, several ``arrivals[k]``, a pool ``pools.NAME``."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, path))
+        elif isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
+            for position, item in enumerate(value):
+                where, table = f"{path}[{position}]", item
+                if path == "pools":
+                    where = f"pools.{item['name']}"
+                    table = {k: v for k, v in item.items() if k != "name"}
+                elif path == "arrivals" and len(value) == 1:
+                    where = "arrivals"
+                flat.update(_flatten(table, where))
+        else:
+            flat[path] = value
+    return flat
+
+
+def _pool_value(scenario: Scenario, path: str) -> Any:
+    """A resolved pool's value at ``pools.NAME.field`` (or ``.section.field``), if any."""
+    try:
+        where, rest = _split(path)
+    except ScenarioError:
+        return None
+    name = where.removeprefix("pools.")
+    value: Any = next((p for p in scenario.resolved_pools if p.name == name), None)
+    for part in rest:
+        value = getattr(value, part, None)
+    return value
 
 
 def with_seed(scenario: Scenario, seed: int) -> Scenario:

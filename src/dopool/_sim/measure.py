@@ -29,7 +29,7 @@ MAX_DEAD_LETTERS_LISTED = 20
 Key = tuple[int, int]  # (instance index, sequence) within one pool
 
 
-def _answer(reply: Reply) -> EnqueueResult | DopoolError | None:
+def answer(reply: Reply) -> EnqueueResult | DopoolError | None:
     """What the pool answered an arrival, or None if it has not answered yet.
 
     The clock has stopped at a quiescent point, so every answer that will come
@@ -54,20 +54,20 @@ class _Answers:
     offered: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
     failed: int = 0
-    waiting: int = 0
+    waiting: dict[str, int] = field(default_factory=dict)
 
     def add(self, arrival: Arrival, reply: Reply) -> None:
         pool = arrival.pool
         self.offered[pool] = self.offered.get(pool, 0) + 1
-        answer = _answer(reply)
-        if answer is None:
-            self.waiting += 1
-        elif isinstance(answer, QueueFullError):
+        answered = answer(reply)
+        if answered is None:
+            self.waiting[pool] = self.waiting.get(pool, 0) + 1
+        elif isinstance(answered, QueueFullError):
             self.rejected[pool] = self.rejected.get(pool, 0) + 1
-        elif isinstance(answer, DopoolError):
+        elif isinstance(answered, DopoolError):
             self.failed += 1  # the instance crashed during the enqueue: nothing was stored
         else:
-            key = (answer.instance_index, answer.sequence)
+            key = (answered.instance_index, answered.sequence)
             self.arrived_at.setdefault(pool, {})[key] = arrival.time
             self.request_of[(pool, key)] = arrival.event_id
 
@@ -112,6 +112,7 @@ def measure(
         held, found = _store_checks(runtime, pool, collector)
         outbox += held
         problems.extend(found)
+        waiting = answers.waiting.get(name, 0)
         instances = [
             InstanceResult(
                 pool=name,
@@ -140,8 +141,10 @@ def measure(
                 pending=status.pending,
                 retries=collector.counts.get("retry_scheduled", 0),
                 crashes=collector.counts.get("crashed", 0),
-                latency=Latency.of(mine),
+                latency=Latency.of(mine, unfinished=status.pending + waiting + held),
                 instances=instances,
+                waiting=waiting,
+                latencies=mine,
             )
         )
     acknowledged = sum(len(keys) for keys in answers.arrived_at.values())
@@ -204,6 +207,7 @@ def measure(
     }
     every = list(statuses.values())
     pending = sum(s.pending for s in every)
+    waiting = sum(answers.waiting.values())
     return Result(
         scenario=scenario.to_dict(),
         finished=pending == 0 and outbox == 0 and len(futures) == expected,
@@ -212,7 +216,7 @@ def measure(
         acknowledged=acknowledged,
         rejected=sum(answers.rejected.values()),
         failed=answers.failed,
-        waiting=answers.waiting,
+        waiting=waiting,
         succeeded=sum(s.succeeded for s in every),
         dead_lettered=sum(s.dead_lettered for s in every),
         pending=pending,
@@ -222,8 +226,8 @@ def measure(
         crashes=counts["crashed"],
         restarts=sum(i.restarts for s in every for i in s.instances),
         pauses=counts["paused"],
-        latency=Latency.of(latencies),
-        enqueue_wait=Latency.of(waits),
+        latency=Latency.of(latencies, unfinished=pending + waiting + outbox),
+        enqueue_wait=Latency.of(waits, unfinished=waiting),
         instances=[instance for result in results for instance in result.instances],
         invariants=invariants,
         dead_letters=dead_letters,
@@ -233,6 +237,11 @@ def measure(
         requests=_requests(answers, futures, collectors, lineage) if follow_ups else None,
         depth_series=[track.series for c in collectors.values() for track in c.tracks],
         latencies=latencies,
+        in_progress=sum(
+            track.busy_since is not None for c in collectors.values() for track in c.tracks
+        ),
+        outbox=outbox,
+        not_arrived=expected - len(futures),
     )
 
 
@@ -276,11 +285,14 @@ def _requests(
                 finished[request] += 1
                 failed.add(request)
     done = [r for r in created if r not in failed and finished[r] == created[r]]
+    samples = [last[r] - arrived[r] for r in done]
+    unfinished = len(created) - len(done) - len(failed)
     return Requests(
         completed=len(done),
         failed=len(failed),
-        unfinished=len(created) - len(done) - len(failed),
-        latency=Latency.of([last[r] - arrived[r] for r in done]),
+        unfinished=unfinished,
+        latency=Latency.of(samples, unfinished=unfinished),
+        latencies=samples,
     )
 
 

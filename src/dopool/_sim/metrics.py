@@ -204,7 +204,12 @@ class Invariant:
 
 @dataclass(frozen=True, slots=True)
 class Latency:
-    """A distribution of durations in virtual seconds (nearest-rank percentiles)."""
+    """A distribution of durations in virtual seconds (nearest-rank percentiles).
+
+    ``unfinished`` counts what the sample leaves out because it had not finished when
+    the run stopped (a ``duration``): the sample is then *censored*, its slowest members
+    missing, and its percentiles optimistic.
+    """
 
     count: int
     mean: float
@@ -212,12 +217,13 @@ class Latency:
     p95: float
     p99: float
     max: float
+    unfinished: int = 0
 
     @classmethod
-    def of(cls, samples: list[float]) -> Latency:
+    def of(cls, samples: list[float], *, unfinished: int = 0) -> Latency:
         ordered = sorted(samples)
         if not ordered:
-            return cls(0, 0.0, 0.0, 0.0, 0.0, 0.0)
+            return cls(0, 0.0, 0.0, 0.0, 0.0, 0.0, unfinished)
         return cls(
             count=len(ordered),
             mean=math.fsum(ordered) / len(ordered),
@@ -225,7 +231,13 @@ class Latency:
             p95=percentile(ordered, 95),
             p99=percentile(ordered, 99),
             max=ordered[-1],
+            unfinished=unfinished,
         )
+
+    @property
+    def censored(self) -> bool:
+        """Whether some of the population had not finished: the figures cover the rest."""
+        return self.unfinished > 0
 
     def to_json_dict(self) -> dict[str, Any]:
         return {
@@ -235,6 +247,8 @@ class Latency:
             "p95": round(self.p95, 6),
             "p99": round(self.p99, 6),
             "max": round(self.max, 6),
+            "unfinished": self.unfinished,
+            "censored": self.censored,
         }
 
 
@@ -243,7 +257,8 @@ class PoolResult:
     """One pool's figures. ``offered`` counts the arrivals into it (follow-ups are
     not offered: they are stored with their parent's outcome); ``enqueued`` every
     event stored into it, follow-ups included. ``latency`` runs from an arrival, or
-    a follow-up's being stored, to its success."""
+    a follow-up's being stored, to its success; ``waiting`` arrivals were still
+    unanswered when a ``duration`` stopped the run."""
 
     name: str
     offered: int
@@ -257,6 +272,9 @@ class PoolResult:
     crashes: int
     latency: Latency
     instances: list[InstanceResult]
+    waiting: int = 0
+    # For plots only; not part of the JSON document.
+    latencies: list[float] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def utilisation(self) -> float:
@@ -273,6 +291,7 @@ class PoolResult:
             "offered": self.offered,
             "arrivals_enqueued": self.acknowledged,
             "rejected_queue_full": self.rejected,
+            "waiting_enqueue": self.waiting,
             "enqueued": self.enqueued,
             "succeeded": self.succeeded,
             "dead_lettered": self.dead_lettered,
@@ -296,6 +315,8 @@ class Requests:
     failed: int
     unfinished: int
     latency: Latency
+    # For plots only; not part of the JSON document.
+    latencies: list[float] = field(default_factory=list, repr=False, compare=False)
 
     def to_json_dict(self) -> dict[str, Any]:
         return {
@@ -321,6 +342,12 @@ class Result:
     being stored. ``follow_ups`` counts the follow-ups committed (``acknowledged``
     counts arrivals only). ``pools`` has each pool's figures, ``requests`` the end-to-end
     figures of a design with follow-ups (None without).
+
+    A run a ``duration`` stops may leave events unfinished (:attr:`unfinished`): still
+    ``pending`` (``in_progress`` of them inside a handler), ``waiting`` to be stored, or
+    follow-ups in an ``outbox``. The latencies cover finished events only, so they are
+    then censored (:attr:`Latency.censored`). ``not_arrived`` counts the arrivals due
+    after the stop, which never happened.
     """
 
     scenario: dict[str, Any]
@@ -349,6 +376,9 @@ class Result:
     follow_ups: int
     pools: list[PoolResult]
     requests: Requests | None
+    in_progress: int
+    outbox: int
+    not_arrived: int
     # For plots only; not part of the JSON document.
     depth_series: list[list[tuple[float, int]]] = field(repr=False, compare=False)
     latencies: list[float] = field(repr=False, compare=False)
@@ -361,6 +391,11 @@ class Result:
     @property
     def max_depth(self) -> int:
         return max((i.max_depth for i in self.instances), default=0)
+
+    @property
+    def unfinished(self) -> int:
+        """Events not finished when the run stopped: pending, waiting, in an outbox."""
+        return self.pending + self.waiting + self.outbox
 
     @property
     def passed(self) -> bool:
@@ -383,6 +418,14 @@ class Result:
                 "pending": self.pending,
                 "drained": self.drained,
                 "lost": self.lost,
+            },
+            "unfinished": {
+                "events": self.unfinished,
+                "pending": self.pending,
+                "in_progress": self.in_progress,
+                "waiting_enqueue": self.waiting,
+                "follow_ups_in_flight": self.outbox,
+                "not_arrived": self.not_arrived,
             },
             "throughput": round(self.throughput, 6),
             "latency": self.latency.to_json_dict(),

@@ -1,23 +1,30 @@
-"""``--plot``: one run's queue depths and latencies, or a sweep's figure against its field.
+"""``--plot``: queue depth by instance over virtual time, and the latency tail.
 
-matplotlib is the optional ``dopool[plot]`` extra: it is imported only here, only
-when a plot is asked for, and a missing install is a clear error.
+Two panels, readable at many instances: the depth of each instance's queue as a
+heatmap (a row per instance, ``pool:index`` with several pools; a column per bin of
+virtual time, coloured by the deepest the queue got in it; a colour bar), and the
+latency as a complementary CDF, P[latency > x] against x on a log scale, so the
+tail shows: a line per pool with several, and one end to end with follow-ups.
+
+:func:`build_figure` makes the figure, :func:`save_figure` writes it. matplotlib is
+the optional ``dopool[plot]`` extra: it is imported only here, only when a plot is
+asked for, and a missing install is a clear error. The binning and the CCDF are
+plain functions (:func:`depth_grid`, :func:`ccdf`) that need no matplotlib.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from dopool._errors import ConfigurationError
-from dopool._sim.figures import DESCRIPTIONS
 from dopool._sim.metrics import Result, percentile
-from dopool._sim.sweep import Point, SweepResult, label, unit, value_text
 
-MAX_LEGEND = 16  # instances named in the legend; more would hide the plot
-MAX_TICKS = 20  # a sweep's values each get a tick up to this many
-MAX_POINTS = 4000  # per instance: a depth series is thinned to about this many steps
+COLUMNS = 200  # bins of virtual time in the depth heatmap
+MAX_ROW_LABELS = 32  # more rows than this: label every k-th
+REFERENCES = ((50, 0.5), (95, 0.05), (99, 0.01))  # a percentile, and where its CCDF is
 
 
 class PlotUnavailableError(ConfigurationError):
@@ -35,129 +42,166 @@ def check_available() -> None:
         raise PlotUnavailableError from None
 
 
-def _pyplot() -> Any:
+def _figure_class() -> Any:
     try:
-        matplotlib = importlib.import_module("matplotlib")
+        module = importlib.import_module("matplotlib.figure")
     except ImportError:
         raise PlotUnavailableError from None
-    matplotlib.use("Agg")  # files only: no display needed
-    return importlib.import_module("matplotlib.pyplot")
+    return module.Figure  # a Figure needs no pyplot, no backend, no global state
 
 
-def thin(series: list[tuple[float, int]], limit: int = MAX_POINTS) -> list[tuple[float, int]]:
-    """At most about ``limit`` points of a step series, keeping each bucket's peak."""
-    if len(series) <= limit:
-        return series
-    step = len(series) / limit
-    result = []
-    for bucket in range(limit):
-        chunk = series[int(bucket * step) : int((bucket + 1) * step)]
-        if chunk:
-            result.append(max(chunk, key=lambda point: point[1]))
-    result.append(series[-1])
-    return result
+# -- what is drawn, without matplotlib ------------------------------------------------------
+def depth_grid(
+    series: Sequence[Sequence[tuple[float, int]]], end: float, columns: int = COLUMNS
+) -> list[list[int]]:
+    """Each step series (``(time, depth)`` in time order, from ``(0, 0)``) as ``columns``
+    bins over ``[0, end]``: the deepest the queue was in each bin."""
+    width = max(end, 1e-9) / columns
+    grid = []
+    for points in series:
+        row = []
+        position, level = 0, 0
+        for column in range(columns):
+            start, stop = column * width, (column + 1) * width
+            while position < len(points) and points[position][0] <= start:
+                level = points[position][1]  # the depth the bin starts with
+                position += 1
+            peak = level
+            last = column == columns - 1
+            while position < len(points) and (last or points[position][0] < stop):
+                level = points[position][1]
+                peak = max(peak, level)
+                position += 1
+            row.append(peak)
+        grid.append(row)
+    return grid
 
 
-def plot(result: Result, path: str | os.PathLike[str], *, title: str) -> None:
-    """Write a PNG with two panels: depth per instance, and the latency histogram."""
-    plt = _pyplot()
-    figure, (depth_axis, latency_axis) = plt.subplots(
-        2, 1, figsize=(10, 7.5), gridspec_kw={"height_ratios": [3, 2]}
-    )
-    try:
-        for index, series in enumerate(result.depth_series):
-            points = [*thin(series), (result.virtual_time, series[-1][1])]
-            times = [t for t, _ in points]
-            depths = [d for _, d in points]
-            label = f"instance {index}" if index < MAX_LEGEND else None
-            depth_axis.step(times, depths, where="post", linewidth=1.0, label=label)
-        depth_axis.set_xlabel("virtual time (s)")
-        depth_axis.set_ylabel("queue depth (pending events)")
-        depth_axis.set_title(f"{title}: queue depth per instance")
-        depth_axis.set_xlim(0, max(result.virtual_time, 1e-9))
-        depth_axis.set_ylim(bottom=0)
-        if result.depth_series:
-            depth_axis.legend(loc="upper right", fontsize="small", ncol=2)
-        depth_axis.grid(alpha=0.3)
+def ccdf(samples: Sequence[float]) -> tuple[list[float], list[float]]:
+    """The points of P[sample > x] as a step function (drawn ``where="post"``).
 
-        ordered = sorted(result.latencies)
-        if ordered:
-            latency_axis.hist(ordered, bins=60, color="tab:blue", alpha=0.8)
-            for pct, style in ((50, "-"), (95, "--"), (99, ":")):
-                value = percentile(ordered, pct)
-                latency_axis.axvline(
-                    value, color="black", linestyle=style, label=f"p{pct} = {value:.3g} s"
-                )
-            latency_axis.legend(loc="upper right", fontsize="small")
-        else:
-            latency_axis.text(0.5, 0.5, "no event succeeded", ha="center", va="center")
-        latency_axis.set_xlabel("latency, arrival to success (virtual s)")
-        latency_axis.set_ylabel("events")
-        latency_axis.set_title("latency distribution")
-        latency_axis.grid(alpha=0.3)
-        figure.tight_layout()
-        figure.savefig(os.fspath(path), dpi=100)
-    finally:
-        plt.close(figure)
-
-
-# -- sweeps -------------------------------------------------------------------------------
-def sweep_figure(result: SweepResult, name: str) -> Any:
-    """The matplotlib figure of ``name`` against the first swept field.
-
-    One line per combination of the other swept fields' values (one line if
-    there are none), each point the mean over its seeds with the 95% confidence
-    interval as an error bar (no bar for a single seed). The caller closes it.
+    It starts at 1 at the smallest sample, steps down at each distinct value, and
+    ends at the largest at its last level above 0 (a log scale cannot show 0).
     """
-    if not result.axes:
-        raise ValueError("a sweep plot needs a swept field")
-    plt = _pyplot()
-    x_axis, others = result.axes[0], result.axes[1:]
-    symbol = unit(name)
-    scale = 100.0 if symbol == "%" else 1.0
-    categorical = any(isinstance(v, bool) or not isinstance(v, int | float) for v in x_axis.values)
-    lines: dict[tuple[Any, ...], list[Point]] = {}
-    for point in result.points:
-        lines.setdefault(point.values[1:], []).append(point)
-    figure, axis = plt.subplots(figsize=(9, 5.5))
-    for rest, points in lines.items():
-        xs = [x_axis.values.index(p.values[0]) if categorical else p.values[0] for p in points]
-        estimates = [p.figures[name] for p in points]
-        errors = None
-        if result.repeat > 1:
-            errors = [(e.half_width or 0.0) * scale for e in estimates]
-        axis.errorbar(
-            xs,
-            [e.mean * scale for e in estimates],
-            yerr=errors,
-            marker="o",
-            capsize=4,
-            label=label(others, rest) if others else None,
-        )
-    if not categorical and len(x_axis.values) <= MAX_TICKS:
-        axis.set_xticks(list(x_axis.values), [value_text(v) for v in x_axis.values])
-    elif categorical:
-        axis.set_xticks(range(len(x_axis.values)), [value_text(v) for v in x_axis.values])
-    axis.set_xlabel(x_axis.field)
-    axis.set_ylabel(f"{name} ({symbol})" if symbol else name)
-    spread = (
-        f"mean and 95% confidence interval over {result.repeat} seeds"
-        if result.repeat > 1
-        else "one seed per point"
-    )
-    described = DESCRIPTIONS.get(name, name)
-    axis.set_title(f"{result.scenario.name}: {described}\n{spread}", fontsize="medium")
-    if others:
-        axis.legend(fontsize="small")
-    axis.grid(alpha=0.3)
-    figure.tight_layout()
+    ordered = sorted(samples)
+    count = len(ordered)
+    if not count:
+        return [], []
+    xs, ys = [ordered[0]], [1.0]
+    for position, value in enumerate(ordered):
+        if position + 1 < count and ordered[position + 1] == value:
+            continue  # ties: one step, after the last of them
+        above = (count - position - 1) / count
+        if above > 0:
+            xs.append(value)
+            ys.append(above)
+    xs.append(ordered[-1])
+    ys.append(ys[-1])
+    return xs, ys
+
+
+def row_labels(result: Result) -> list[str]:
+    """An instance per row: its index, or ``pool:index`` when there are several pools."""
+    several = len(result.pools) > 1
+    return [f"{i.pool}:{i.index}" if several else str(i.index) for i in result.instances]
+
+
+def latency_lines(result: Result) -> list[tuple[str, list[float]]]:
+    """The CCDF's lines: each pool's latencies (or all events'), then end to end."""
+    lines: list[tuple[str, list[float]]] = []
+    if len(result.pools) > 1:
+        lines.extend((f"pool {p.name}", p.latencies) for p in result.pools if p.latencies)
+    elif result.latencies:
+        lines.append(("all events", result.latencies))
+    if result.requests is not None and result.requests.latencies:
+        lines.append(("end to end (requests)", result.requests.latencies))
+    return lines
+
+
+# -- the figure -------------------------------------------------------------------------
+def build_figure(result: Result, *, title: str) -> Any:
+    """The two panels of ``result`` as a matplotlib ``Figure`` (not yet written)."""
+    rows = len(result.instances)
+    height = 4.5 + min(rows, 64) * 0.06
+    figure = _figure_class()(figsize=(11, height + 4.0), layout="constrained")
+    depth_axis, latency_axis = figure.subplots(2, 1, gridspec_kw={"height_ratios": [height, 4.0]})
+    _depth_panel(figure, depth_axis, result, title)
+    _latency_panel(latency_axis, result)
     return figure
 
 
-def plot_sweep(result: SweepResult, name: str, path: str | os.PathLike[str]) -> None:
-    """Write :func:`sweep_figure` as a PNG."""
-    figure = sweep_figure(result, name)
-    try:
-        figure.savefig(os.fspath(path), dpi=100)
-    finally:
-        _pyplot().close(figure)
+def save_figure(figure: Any, path: str | os.PathLike[str]) -> None:
+    """Write ``figure`` as a PNG."""
+    figure.savefig(os.fspath(path), dpi=100)
+
+
+def plot(result: Result, path: str | os.PathLike[str], *, title: str) -> None:
+    """Write ``result``'s figure to ``path`` (a PNG)."""
+    save_figure(build_figure(result, title=title), path)
+
+
+def _depth_panel(figure: Any, axis: Any, result: Result, title: str) -> None:
+    end = max(result.virtual_time, 1e-9)
+    grid = depth_grid(result.depth_series, end)
+    labels = row_labels(result)
+    image = axis.imshow(
+        grid,
+        aspect="auto",
+        interpolation="nearest",
+        cmap="viridis",
+        vmin=0,
+        vmax=max(1, result.max_depth),
+        extent=(0.0, end, len(labels) - 0.5, -0.5),
+    )
+    every = max(1, -(-len(labels) // MAX_ROW_LABELS))
+    axis.set_yticks(range(0, len(labels), every))
+    axis.set_yticklabels(labels[::every], fontsize="small")
+    axis.set_xlabel("virtual time (s)")
+    axis.set_ylabel("pool:instance" if len(result.pools) > 1 else "instance")
+    axis.set_title(
+        f"{title}: queue depth by instance over virtual time "
+        f"(deepest in each {end / COLUMNS:.3g} s)"
+    )
+    figure.colorbar(image, ax=axis, label="queue depth (pending events)")
+
+
+def _latency_panel(axis: Any, result: Result) -> None:
+    lines = latency_lines(result)
+    axis.set_yscale("log")
+    axis.set_xlabel("latency x, arrival to success (virtual s)")
+    axis.set_ylabel("P[latency > x]")
+    note = ""
+    if result.latency.censored:
+        note = (
+            f"\nfinished events only ({result.latency.unfinished:,} unfinished when the run "
+            "stopped): the tail is optimistic"
+        )
+    axis.set_title("latency tail (complementary CDF, log scale)" + note)
+    axis.grid(alpha=0.3, which="both")
+    if not lines:
+        axis.text(0.5, 0.5, "no event succeeded", ha="center", va="center")
+        axis.set_ylim(1e-3, 1.5)
+        return
+    for name, samples in lines:
+        xs, ys = ccdf(samples)
+        p99 = percentile(sorted(samples), 99)
+        style = "--" if name.startswith("end to end") else "-"
+        axis.step(
+            xs,
+            ys,
+            where="post",
+            linestyle=style,
+            linewidth=1.4,
+            marker="o",
+            markersize=3,
+            markevery=[len(xs) - 1],  # the largest, seen even when every sample is equal
+            label=f"{name}: {len(samples):,} events, p99 {p99:.3g} s",
+        )
+    smallest = 1.0 / max(len(samples) for _, samples in lines)
+    for pct, level in REFERENCES:
+        if level >= smallest:
+            axis.axhline(level, color="0.55", linewidth=0.8, linestyle=":")
+            axis.text(1.0, level, f" p{pct}", transform=axis.get_yaxis_transform(), va="center")
+    axis.set_ylim(smallest / 2, 1.5)
+    axis.set_xlim(left=0)
+    axis.legend(loc="upper right", fontsize="small")

@@ -1,0 +1,188 @@
+"""Building a scenario from TOML data: every table checked, errors named by dotted path."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import MISSING, fields, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from dopool._sim.checks import ScenarioError
+from dopool._sim.pools import PoolTable
+from dopool._sim.scenario import GATES, LISTS, SECTIONS, Arrivals, Gate, Scenario
+from dopool._sim.sections import Section
+
+BUILTINS = (
+    "steady",
+    "burst",
+    "hot-partition",
+    "poison",
+    "crash-storm",
+    "maintenance",
+    "daily-cycle",
+)
+
+
+# -- building from plain data -------------------------------------------------------
+def from_mapping(data: Mapping[str, Any]) -> Scenario:
+    """Build a scenario from TOML-like data, refusing unknown keys by their path."""
+    if not isinstance(data, Mapping):
+        raise ScenarioError("", f"must be a table, got {data!r}")
+    top = {GATES if f.name == "asserts" else f.name for f in fields(Scenario)}
+    _refuse_unknown("", data, top)
+    arguments: dict[str, Any] = {}
+    for key, value in data.items():
+        if key == "arrivals":
+            arguments[key] = _streams(value)
+        elif key in SECTIONS:
+            arguments[key] = _build(key, SECTIONS[key], value)
+        elif key == "pools":
+            arguments[key] = _pool_tables(value)
+        elif key in LISTS:
+            arguments[key] = _build_array(key, LISTS[key], value)
+        elif key == GATES:
+            arguments["asserts"] = _build_array(key, Gate, value)
+        else:
+            arguments[key] = value
+    scenario: Scenario = _construct("", Scenario, arguments)
+    return scenario
+
+
+def _streams(value: object) -> tuple[Arrivals, ...]:
+    """``[arrivals]`` (one stream) or ``[[arrivals]]`` (several)."""
+    if isinstance(value, list):
+        if not value:
+            raise ScenarioError("arrivals", "must list at least one arrival stream")
+        if len(value) == 1:  # named as one stream is: ``arrivals.rate``
+            return (_build("arrivals", Arrivals, value[0]),)
+        return tuple(
+            _build(f"arrivals[{position}]", Arrivals, item, nested=True)
+            for position, item in enumerate(value)
+        )
+    return (_build("arrivals", Arrivals, value),)
+
+
+def _pool_tables(value: object) -> tuple[PoolTable, ...]:
+    if not isinstance(value, list):
+        raise ScenarioError("pools", f"must be an array of tables ([[pools]]), got {value!r}")
+    tables = []
+    for position, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            raise ScenarioError(f"pools[{position}]", f"must be a table, got {item!r}")
+        if "name" not in item:
+            raise ScenarioError(f"pools[{position}].name", "is required")
+        settings = {key: item[key] for key in item if key != "name"}
+        tables.append(PoolTable(item["name"], settings))
+    return tuple(tables)
+
+
+def _build(path: str, kind: type[Any], value: object, *, nested: bool = False) -> Any:
+    if not isinstance(value, Mapping):
+        raise ScenarioError(path, f"must be a table, got {value!r}")
+    _refuse_unknown(path, value, {f.name for f in fields(kind)})
+    arguments = dict(value)
+    for name, item in getattr(kind, "arrays", {}).items():  # [[arrivals.phases]]
+        if name in arguments:
+            arguments[name] = _build_array(f"{path}.{name}", item, arguments[name])
+    try:
+        return _construct(path, kind, arguments)
+    except ScenarioError as exc:
+        if not nested:
+            raise
+        # A section names its fields ``arrivals.x``; in an array they are ``arrivals[k].x``.
+        inner = exc.field.split(".", 1)[1] if "." in exc.field else ""
+        raise ScenarioError(f"{path}.{inner}" if inner else path, exc.problem) from None
+
+
+def _build_array(path: str, kind: type[Any], value: object) -> tuple[Any, ...]:
+    if not isinstance(value, list):
+        raise ScenarioError(path, f"must be an array of tables ([[{path}]]), got {value!r}")
+    return tuple(_build(f"{path}[{position}]", kind, item) for position, item in enumerate(value))
+
+
+def _construct(path: str, kind: type[Any], arguments: dict[str, Any]) -> Any:
+    required = [
+        f.name
+        for f in fields(kind)
+        if f.default is MISSING and f.default_factory is MISSING and f.name not in arguments
+    ]
+    if required:
+        name = f"{path}.{required[0]}" if path else required[0]
+        raise ScenarioError(name, "is required")
+    try:
+        return kind(**arguments)
+    except ScenarioError as exc:
+        # Sections name their own fields; list items only know their own names.
+        nested = path and not issubclass(kind, Section) and kind is not Scenario
+        raise (exc.within(path) if nested else exc) from None
+
+
+def _refuse_unknown(path: str, data: Mapping[str, Any], known: set[str]) -> None:
+    for key in data:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), sorted(known), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            name = f"{path}.{key}" if path else str(key)
+            raise ScenarioError(name, f"is not a scenario field{hint}")
+
+
+def read(name_or_path: str) -> tuple[dict[str, Any], str, str | None]:
+    """The TOML data of a built-in scenario or a scenario file, where it came from, and
+    the folder its relative paths are relative to (a file's)."""
+    if name_or_path in BUILTINS:
+        source = f"built-in scenario '{name_or_path}'"
+        path = resources.files("dopool._sim").joinpath("scenarios", f"{name_or_path}.toml")
+        return parse(path.read_text("utf-8"), source), source, None
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists() or "/" in name_or_path:
+        return read_file(path)
+    raise ScenarioError(
+        "",
+        f"'{name_or_path}' is neither a built-in scenario ({', '.join(BUILTINS)}) nor a file",
+    )
+
+
+def read_file(path: Path) -> tuple[dict[str, Any], str, str | None]:
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError("", f"cannot be read: {exc.strerror or exc}", source=source) from None
+    return parse(text, source), source, os.path.dirname(source)
+
+
+def parse(text: str, source: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError("", f"is not valid TOML: {exc}", source=source) from None
+
+
+def built(data: Mapping[str, Any], source: str, folder: str | None = None) -> Scenario:
+    """The scenario ``data`` gives; a relative replay file is joined to ``folder``."""
+    try:
+        scenario = from_mapping(data)
+    except ScenarioError as exc:
+        raise exc.from_source(source) from None
+    if folder is None:
+        return scenario
+    streams = tuple(
+        stream
+        if stream.file is None or os.path.isabs(stream.file)
+        else replace(stream, file=os.path.normpath(os.path.join(folder, stream.file)))
+        for stream in scenario.arrivals
+    )
+    return scenario if streams == scenario.arrivals else replace(scenario, arrivals=streams)
+
+
+def normalized(data: Mapping[str, Any]) -> dict[str, Any]:
+    """TOML data in the shape of a scenario's ``to_dict``: arrivals as a list of tables."""
+    result = dict(data)
+    streams = result.get("arrivals", {})
+    result["arrivals"] = [dict(streams)] if isinstance(streams, Mapping) else list(streams)
+    result.setdefault("pools", [])
+    return result

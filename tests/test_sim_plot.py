@@ -1,0 +1,150 @@
+"""``--plot``: what the figure shows, read from the figure itself (docs/simulate.md, "Plots")."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dopool._sim import loading as sc
+from dopool._sim.driver import run
+from dopool._sim.metrics import Result
+from dopool._sim.plot import COLUMNS, build_figure, ccdf, depth_grid, save_figure
+
+# The figure tests need matplotlib (dopool[plot]); the binning and the CCDF do not.
+needs_matplotlib = pytest.mark.skipif(
+    importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib"
+)
+
+PIPELINE = """
+seed = 5
+instances = 2
+
+[service]
+distribution = "fixed"
+mean = 0.02
+
+[[arrivals]]
+pool = "front"
+rate = 40.0
+total = 120
+
+[[arrivals]]
+pool = "back"
+rate = 20.0
+total = 60
+
+[[pools]]
+name = "front"
+instances = 3
+
+[[pools.follow_ups]]
+to = "front"
+probability = 0.3
+
+[[pools]]
+name = "back"
+"""
+
+
+def test_depth_grid_keeps_the_deepest_of_each_bin() -> None:
+    series = [(0.0, 0), (1.0, 3), (2.0, 1), (5.0, 0), (10.0, 2)]
+    # Bins of 2 s: a change at a bin's start belongs to that bin, not the one before.
+    assert depth_grid([series], 10.0, columns=5) == [[3, 1, 1, 0, 2]]
+    assert depth_grid([[(0.0, 0)]], 0.0, columns=3) == [[0, 0, 0]]
+
+
+def test_ccdf_steps_down_at_each_distinct_value_and_stops_above_zero() -> None:
+    assert ccdf([3.0, 1.0, 2.0, 2.0]) == ([1.0, 1.0, 2.0, 3.0], [1.0, 0.75, 0.25, 0.25])
+    assert ccdf([]) == ([], [])
+    assert ccdf([4.0]) == ([4.0, 4.0], [1.0, 1.0])
+
+
+def panels(figure: Any) -> tuple[Any, Any, Any]:
+    """The heatmap, the CCDF and the colour bar axes, by what they show."""
+    (depth,) = [axis for axis in figure.axes if axis.images]
+    (latency,) = [axis for axis in figure.axes if axis.get_ylabel() == "P[latency > x]"]
+    (bar,) = [axis for axis in figure.axes if axis.get_ylabel().startswith("queue depth")]
+    return depth, latency, bar
+
+
+def drawn(axis: Any) -> list[str]:
+    return [line.get_label() for line in axis.get_lines() if not line.get_label().startswith("_")]
+
+
+@pytest.fixture(scope="module")
+def sixteen() -> Result:
+    scenario = sc.with_overrides(
+        sc.builtin("steady"), {"instances": 16, "arrivals.rate": 150, "arrivals.total": 300}
+    )
+    return run(scenario).result
+
+
+@needs_matplotlib
+def test_sixteen_instances_make_a_heatmap_and_a_log_scale_tail(
+    sixteen: Result, tmp_path: Path
+) -> None:
+    figure = build_figure(sixteen, title="steady")
+    depth, latency, bar = panels(figure)
+    assert depth.get_title().startswith("steady: queue depth by instance over virtual time")
+    assert depth.images[0].get_array().shape == (16, COLUMNS)
+    assert depth.images[0].get_array().max() == sixteen.max_depth
+    assert [label.get_text() for label in depth.get_yticklabels()] == [str(i) for i in range(16)]
+    assert depth.get_xlabel() == "virtual time (s)"
+    assert bar.get_ylabel() == "queue depth (pending events)"
+    assert latency.get_yscale() == "log"
+    assert latency.get_xlabel().startswith("latency x")
+    assert drawn(latency) == [f"all events: 300 events, p99 {sixteen.latency.p99:.3g} s"]
+    (line,) = [line for line in latency.get_lines() if line.get_label().startswith("all")]
+    assert max(line.get_xdata()) == sixteen.latency.max
+    assert "finished events only" not in latency.get_title()
+    save_figure(figure, tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@needs_matplotlib
+def test_several_pools_label_rows_pool_index_and_draw_a_line_each_and_end_to_end() -> None:
+    result = run(sc.loads(PIPELINE)).result
+    assert result.requests is not None
+    depth, latency, _ = panels(build_figure(result, title="pipeline"))
+    assert depth.images[0].get_array().shape == (5, COLUMNS)
+    assert [label.get_text() for label in depth.get_yticklabels()] == [
+        "front:0",
+        "front:1",
+        "front:2",
+        "back:0",
+        "back:1",
+    ]
+    assert depth.get_ylabel() == "pool:instance"
+    assert [label.split(":")[0] for label in drawn(latency)] == [
+        "pool front",
+        "pool back",
+        "end to end (requests)",
+    ]
+
+
+@needs_matplotlib
+def test_a_run_cut_short_says_its_tail_is_optimistic() -> None:
+    scenario = sc.with_overrides(
+        sc.builtin("steady"),
+        {"arrivals.total": 200, "duration": 2.0, "instances": 1, "service.mean": 0.5},
+    )
+    result = run(scenario).result
+    assert result.latency.censored
+    _, latency, _ = panels(build_figure(result, title="cut"))
+    assert "finished events only" in latency.get_title()
+    assert "optimistic" in latency.get_title()
+
+
+@needs_matplotlib
+def test_many_rows_label_every_kth() -> None:
+    scenario = sc.with_overrides(
+        sc.builtin("steady"), {"instances": 100, "arrivals.rate": 400, "arrivals.total": 200}
+    )
+    depth, _, _ = panels(build_figure(run(scenario).result, title="wide"))
+    assert depth.images[0].get_array().shape == (100, COLUMNS)
+    labels = [label.get_text() for label in depth.get_yticklabels()]
+    assert labels[:3] == ["0", "4", "8"]
+    assert len(labels) == 25
