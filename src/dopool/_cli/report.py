@@ -13,7 +13,7 @@ from rich.text import Text
 from dopool._cli._terminal import _clean
 from dopool._sim.driver import Run
 from dopool._sim.loading import BUILTINS, Change
-from dopool._sim.metrics import Latency, Result
+from dopool._sim.metrics import Latency, Result, Stall
 from dopool._sim.scenario import Scenario
 
 MAX_INSTANCE_ROWS = 64
@@ -99,6 +99,9 @@ def _render_report(
         f"p50 {_secs(wait.p50)} · p99 {_secs(wait.p99)} · max {_secs(wait.max)}  "
         f"(arrival to stored{left})",
     )
+    summary.add_row("alarm policy", result.alarm_policy)
+    if result.stalls:
+        summary.add_row("stalls", _stalls(result))
     summary.add_row(
         "faults",
         f"{result.retries:,} retries · {result.crashes:,} crashes · "
@@ -175,6 +178,36 @@ def _unfinished(result: Result) -> str:
         f"virtual s: {', '.join(parts)}{later}. Latency covers finished events only, a "
         "censored sample: the percentiles are optimistic."
     )
+
+
+def _stalls(result: Result) -> str:
+    """Who stalled (their alarm given up), how long, and who still holds events."""
+    several = len(result.pools) > 1
+
+    def name(stall: Stall) -> str:
+        return f"{stall.pool}:{stall.instance}" if several else str(stall.instance)
+
+    where = sorted({name(stall) for stall in result.stalls})
+    end = result.virtual_time
+    longest = max((end if s.until is None else s.until) - s.since for s in result.stalls)
+    text = (
+        f"{len(result.stalls):,} alarms given up (instance {', '.join(where[:8])}"
+        f"{', ...' if len(where) > 8 else ''}); the longest stall {_secs(longest)}"
+    )
+    still = [stall for stall in result.stalls if stall.until is None]
+    if still:
+        held = sum(
+            pool.instances[stall.instance].pending
+            for stall in still
+            for pool in result.pools
+            if pool.name == stall.pool
+        )
+        text += (
+            f"; {len(still):,} still stalled at the end (instance "
+            f"{', '.join(name(s) for s in still[:8])}), holding {held:,} events until a write "
+            "sets their alarm"
+        )
+    return _clean(text)
 
 
 def _percentiles(latency: Latency) -> str:

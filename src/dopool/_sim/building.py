@@ -13,7 +13,7 @@ from typing import Any
 
 from dopool._sim.checks import ScenarioError
 from dopool._sim.pools import PoolTable
-from dopool._sim.scenario import GATES, LISTS, SECTIONS, Arrivals, Gate, Scenario
+from dopool._sim.scenario import GATES, LISTS, PRESETS, SECTIONS, Arrivals, Gate, Scenario
 from dopool._sim.sections import Section
 
 BUILTINS = (
@@ -29,9 +29,15 @@ BUILTINS = (
 
 # -- building from plain data -------------------------------------------------------
 def from_mapping(data: Mapping[str, Any]) -> Scenario:
-    """Build a scenario from TOML-like data, refusing unknown keys by their path."""
+    """Build a scenario from TOML-like data, refusing unknown keys by their path.
+
+    A ``preset`` fills in what the data leaves out (:data:`PRESETS`).
+    """
     if not isinstance(data, Mapping):
         raise ScenarioError("", f"must be a table, got {data!r}")
+    preset = data.get("preset")
+    if isinstance(preset, str) and preset in PRESETS:
+        data = _under(PRESETS[preset], data)
     top = {GATES if f.name == "asserts" else f.name for f in fields(Scenario)}
     _refuse_unknown("", data, top)
     arguments: dict[str, Any] = {}
@@ -186,3 +192,15 @@ def normalized(data: Mapping[str, Any]) -> dict[str, Any]:
     result["arrivals"] = [dict(streams)] if isinstance(streams, Mapping) else list(streams)
     result.setdefault("pools", [])
     return result
+
+
+def _under(defaults: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with ``defaults`` filled in where it has no value (tables merged)."""
+    merged = dict(data)
+    for key, value in defaults.items():
+        mine = merged.get(key)
+        if isinstance(value, Mapping) and isinstance(mine, Mapping):
+            merged[key] = _under(value, mine)
+        elif key not in merged:
+            merged[key] = value
+    return merged

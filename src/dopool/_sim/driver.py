@@ -212,6 +212,7 @@ def _define_pools(scenario: Scenario, runtime: Runtime, lineage: Lineage) -> dic
                 jitter=spec.jitter,
             ),
             max_queue_depth=design.max_queue_depth,
+            alarm_retries=design.alarm_retries,
         )
     return collectors
 

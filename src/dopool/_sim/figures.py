@@ -41,6 +41,10 @@ DESCRIPTIONS: dict[str, str] = {
     "wait.mean": "mean wait from arrival to being stored",
     "wait.p99": "99th percentile of that wait",
     "wait.max": "largest such wait",
+    "stalls": "times an instance's alarm was given up (alarm_retries): it held its events",
+    "stall.max": "the longest such stall, virtual seconds (one still going: until the end)",
+    "stalled": "instances still stalled at the end: a write would have woken them",
+    "stalled_events": "the events those instances held at the end",
     "invariants_passed": "1 if every checked guarantee held, else 0",
 }
 
@@ -156,6 +160,17 @@ def figures(result: Result) -> dict[str, float]:
     }
     wait = result.enqueue_wait
     named.update({"wait.mean": wait.mean, "wait.p99": wait.p99, "wait.max": wait.max})
+    stalls = result.stalls
+    still = [stall for stall in stalls if stall.until is None]
+    named["stalls"] = len(stalls)
+    named["stall.max"] = max(
+        ((result.virtual_time if s.until is None else s.until) - s.since for s in stalls),
+        default=0.0,
+    )
+    named["stalled"] = len(still)
+    named["stalled_events"] = sum(
+        result.pools[_position(result, s.pool)].instances[s.instance].pending for s in still
+    )
     named["invariants_passed"] = 1.0 if result.passed else 0.0
     if len(result.pools) > 1:
         for pool in result.pools:
@@ -186,3 +201,7 @@ def figures(result: Result) -> dict[str, float]:
             }
         )
     return {name: float(value) for name, value in named.items()}
+
+
+def _position(result: Result, pool: str) -> int:
+    return next(k for k, found in enumerate(result.pools) if found.name == pool)

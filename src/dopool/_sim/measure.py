@@ -235,6 +235,11 @@ def measure(
         follow_ups=spawned,
         pools=results,
         requests=_requests(answers, futures, collectors, lineage) if follow_ups else None,
+        stalls=sorted(
+            (stall for c in collectors.values() for stall in (*c.stalls, *c.open_stalls())),
+            key=lambda stall: (stall.since, stall.pool, stall.instance),
+        ),
+        alarm_policy=_alarm_policy(scenario),
         depth_series=[track.series for c in collectors.values() for track in c.tracks],
         latencies=latencies,
         in_progress=sum(
@@ -243,6 +248,29 @@ def measure(
         outbox=outbox,
         not_arrived=expected - len(futures),
     )
+
+
+def _alarm_policy(scenario: Scenario) -> str:
+    """Which rule the run's failed alarms followed, in words (the report says it)."""
+    if scenario.app is not None:
+        return "the app's pools' own (alarm_retries as they define it)"
+    limits = {pool.name: pool.alarm_retries for pool in scenario.resolved_pools}
+    if all(limit is None for limit in limits.values()):
+        return (
+            "dopool's: a failed alarm is retried until it lands (from 2 s, doubling, at most 60 s)"
+        )
+    who = "Cloudflare's" if scenario.preset == "cloudflare" else "limited"
+    if len(set(limits.values())) == 1:
+        (limit,) = set(limits.values())
+        return (
+            f"{who}: a failed alarm is retried {limit} times (from 2 s, doubling), then "
+            "given up until the next write sets one"
+        )
+    each = ", ".join(
+        f"{name} {'until it lands' if limit is None else f'{limit} retries'}"
+        for name, limit in limits.items()
+    )
+    return f"{who}, per pool: {each}"
 
 
 def _busy(busy: float, since: float | None, now: float) -> float:

@@ -48,6 +48,33 @@ class InstanceTrack:
     queue: deque[int] = field(default_factory=deque)  # pending sequences, FIFO
     current: int | None = None  # the sequence whose attempts have started
     series: list[tuple[float, int]] = field(default_factory=lambda: [(0.0, 0)])
+    stalled: tuple[float, int] | None = None  # since when, and the events it held then
+
+
+@dataclass(frozen=True, slots=True)
+class Stall:
+    """An instance whose alarm was given up (``alarm_retries``): it held ``held``
+    events from ``since`` until a write set its alarm again (``until``; None: never,
+    in this run)."""
+
+    pool: str
+    instance: int
+    since: float
+    until: float | None
+    held: int
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "pool": self.pool,
+            "instance": self.instance,
+            "since": round(self.since, 6),
+            "until": None if self.until is None else round(self.until, 6),
+            "held": self.held,
+        }
+
+
+# The events after which an instance's alarm is set again: a write ends a stall.
+_WAKING = ("enqueued", "resumed", "drained")
 
 
 class Collector:
@@ -63,6 +90,7 @@ class Collector:
         self.dead: set[Key] = set()
         self.counts: dict[str, int] = {}
         self.order_violations: list[str] = []
+        self.stalls: list[Stall] = []  # ended ones; see ``open_stalls`` for the others
         self.repeat_violations: list[str] = []
         self.last_time = 0.0
 
@@ -99,6 +127,20 @@ class Collector:
             track.current = None
             track.depth = 0
             track.series.append((time, 0))
+        elif kind == "alarm_given_up" and track.stalled is None:
+            track.stalled = (time, track.depth)
+        if kind in _WAKING and track.stalled is not None:
+            since, held = track.stalled
+            self.stalls.append(Stall(self.pool, index, since, time, held))
+            track.stalled = None
+
+    def open_stalls(self) -> list[Stall]:
+        """The stalls no write has ended (yet)."""
+        return [
+            Stall(self.pool, index, track.stalled[0], None, track.stalled[1])
+            for index, track in enumerate(self.tracks)
+            if track.stalled is not None
+        ]
 
     def _depth(self, track: InstanceTrack, time: float, change: int) -> None:
         track.depth += change
@@ -376,6 +418,8 @@ class Result:
     follow_ups: int
     pools: list[PoolResult]
     requests: Requests | None
+    stalls: list[Stall]
+    alarm_policy: str
     in_progress: int
     outbox: int
     not_arrived: int
@@ -437,6 +481,8 @@ class Result:
             "max_queue_depth": self.max_depth,
             **({"pools": [p.to_json_dict() for p in self.pools]} if len(self.pools) > 1 else {}),
             **({"end_to_end": self.requests.to_json_dict()} if self.requests else {}),
+            "alarm_policy": self.alarm_policy,
+            **({"stalls": [stall.to_json_dict() for stall in self.stalls]} if self.stalls else {}),
             "instances": [i.to_json_dict() for i in self.instances],
             "invariants": [check.to_json_dict() for check in self.invariants],
             "invariants_passed": self.passed,

@@ -43,6 +43,7 @@ POOL_FIELDS = (
     "payload_bytes",
     "failure_probability",
     "poison_share",
+    "alarm_retries",
 )
 POOL_SECTIONS: dict[str, type[Any]] = {
     "partitions": Partitions,
@@ -91,6 +92,7 @@ class Pool:
     payload_bytes: int = 0
     failure_probability: float = 0.0
     poison_share: float = 0.0
+    alarm_retries: int | None = None
     partitions: Partitions = field(default_factory=Partitions)
     service: Service = field(default_factory=Service)
     retry: Retry = field(default_factory=Retry)
@@ -109,6 +111,8 @@ class Pool:
         failure = probability("failure_probability", self.failure_probability)
         assign(self, "failure_probability", failure)
         assign(self, "poison_share", probability("poison_share", self.poison_share))
+        if self.alarm_retries is not None:
+            number("alarm_retries", self.alarm_retries, integer=True, minimum=0, maximum=1000)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from dopool._sim.checks import ScenarioError, number, text
+from dopool._sim.checks import ScenarioError, choice, number, text
 from dopool._sim.pools import (
     POOL_FIELDS,
     Pool,
@@ -45,6 +45,7 @@ __all__ = [
     "DEFAULT_TOTAL",
     "GATES",
     "LISTS",
+    "PRESETS",
     "SECTIONS",
     "Arrivals",
     "Faults",
@@ -56,6 +57,25 @@ __all__ = [
     "Scenario",
     "Service",
 ]
+
+#: What a preset fills in of a scenario, as TOML data: the file's own values win.
+PRESETS: dict[str, dict[str, Any]] = {
+    # Cloudflare Durable Objects (developers.cloudflare.com/durable-objects/api/alarms/):
+    # a failing alarm is retried from 2 s, exponentially, at most 6 times; then none
+    # fires until something sets one. An event's own failures get the same schedule
+    # (7 executions, 2 s doubling: the 6th retry after 64 s, not capped at 60 s).
+    # Storage limits (2 KiB keys, 128 KiB values) are dopool's own already.
+    "cloudflare": {
+        "alarm_retries": 6,
+        "retry": {
+            "max_attempts": 7,
+            "initial_delay": 2.0,
+            "multiplier": 2.0,
+            "max_delay": 64.0,
+            "jitter": 0.0,
+        },
+    },
+}
 
 # The tables of a scenario by name (``arrivals`` may also be an array), and its
 # arrays of tables.
@@ -85,6 +105,10 @@ class Scenario:
         payload_bytes: padding bytes added to each event.
         failure_probability: each attempt fails (and is retried) with this probability.
         poison_share: this share of events fail on every attempt (and are dead-lettered).
+        alarm_retries: how often a failed alarm is retried before it is given up until
+            the next write (``None``: until it lands, dopool's own policy).
+        preset: ``"cloudflare"`` fills in Cloudflare's rules for what the file leaves
+            out (:data:`PRESETS`).
         arrivals: the arrival streams, each into one pool.
         pools: ``[[pools]]`` tables; without any, the pool fields above describe one
             pool named ``sim``; with some, they are every pool's defaults.
@@ -104,6 +128,8 @@ class Scenario:
     payload_bytes: int = 0
     failure_probability: float = 0.0
     poison_share: float = 0.0
+    alarm_retries: int | None = None
+    preset: str | None = None
     arrivals: tuple[Arrivals, ...] = (Arrivals(),)
     partitions: Partitions = field(default_factory=Partitions)
     service: Service = field(default_factory=Service)
@@ -122,6 +148,8 @@ class Scenario:
         number("seed", self.seed, integer=True, minimum=0, maximum=2**63 - 1)
         if self.duration is not None:
             object.__setattr__(self, "duration", number("duration", self.duration, above=0.0))
+        if self.preset is not None:
+            choice("preset", self.preset, tuple(PRESETS))
         for name, kind in SECTIONS.items():
             if name != "arrivals" and not isinstance(getattr(self, name), kind):
                 raise ScenarioError(name, f"must be a {kind.__name__}, got {getattr(self, name)!r}")
