@@ -31,3 +31,19 @@ def test_an_example_runs_small_and_keeps_the_guarantees(
     document = json.loads(out.read_text(encoding="utf-8"))
     assert document["invariants_passed"]
     assert document["events"]["offered"] > 0
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: str(path.relative_to(ROOT)))
+def test_an_example_gives_the_same_bytes_for_the_same_seed(
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    outputs = []
+    for run in ("first", "second"):
+        json_path, trace_path = tmp_path / f"{run}.json", tmp_path / f"{run}.jsonl"
+        args = ["simulate", "--scenario", str(path.relative_to(ROOT)), "-q", "--events", "100"]
+        args += ["--json", str(json_path), "--trace", str(trace_path)]
+        done = CliRunner().invoke(cli, args)
+        assert done.exit_code == 0, done.output
+        outputs.append((json_path.read_bytes(), trace_path.read_bytes()))
+    assert outputs[0] == outputs[1]
