@@ -222,3 +222,12 @@ def test_a_live_store_with_follow_ups_between_pools_checks_out(store_path: Path)
             report = check_store(txn)
     assert report.problems == []
     assert report.pools == {"a": 3, "b": 2}
+
+
+def test_status_shows_the_follow_ups_on_their_way_to_each_pool(store: Path) -> None:
+    result = invoke("status", str(store))
+    assert result.exit_code == 0, result.output
+    assert "1 follow-ups on their way, in outboxes: invoices:0 (1)" in result.stdout
+    document = json.loads(invoke("status", str(store), "--json").stdout)
+    waiting = {pool["name"]: pool["follow_ups_in_outboxes"] for pool in document["pools"]}
+    assert waiting == {"invoices": {}, "orders": {"invoices:0": 1}}
