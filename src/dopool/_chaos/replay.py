@@ -66,11 +66,16 @@ class Replay:
         self.entries: dict[Entry, _EntryState] = {}
         self.expected: Counter[str] = Counter()  # id -> times it must end
         self.violations: list[str] = []
+        self._successes: list[tuple[int, tuple[str, ...]]] = []  # (instance, kids), in order
         self.executions = 0
         self._position = 0
         self._step = -1
         self._closing = False
         self._seen: set[str] = set()
+
+    def successes_in_order(self) -> list[tuple[int, tuple[str, ...]]]:
+        """Each committed success so far, in commit order: its instance and its follow-ups."""
+        return list(self._successes)
 
     def catch_up(self) -> None:
         """Replay the records added since the last call."""
@@ -278,6 +283,7 @@ class Replay:
         else:
             inst.succeeded += 1
             self.expected.update(attempt.kids)
+            self._successes.append((ev.inst, attempt.kids))
 
     def _retry_after(self, entry: Entry) -> float:
         ident = self.history.names.get(entry)
