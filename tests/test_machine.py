@@ -193,7 +193,7 @@ def test_success_stores_follow_ups_here_or_in_the_outbox(store: Store) -> None:
     rig.machine.rearm(rig.meta, 0.0)
     rig.start(now=0.0)
     here, there = Item(pack("here"), None, 0), Item(pack("there"), "k", 2)
-    fx = rig.succeed(now=1.0, follow_ups=[FollowUp(here, None), FollowUp(there, None)])
+    fx = rig.succeed(now=1.0, follow_ups=[(here, None), (there, None)])
     assert kinds(fx) == ["succeeded", "enqueued"]
     [(oseq, record)] = fx.deliveries
     assert (oseq, record.pool, record.target, record.link) == (0, "p", 3, 0)
@@ -221,12 +221,12 @@ def test_a_follow_up_into_another_pool_is_routed_by_its_router_into_the_outbox(
     rig.machine.rearm(rig.meta, 0.0)
     rig.start(now=0.0)
     b, c = OtherPool("b", lambda key: 0 if key is None else 2), OtherPool("c", lambda key: 1)
-    ups = [
-        FollowUp(Item(pack(0), None, 0), b),
-        FollowUp(Item(pack(1), "k", 7), b),
-        FollowUp(Item(pack(2), None, 0), None),  # this pool, this instance
-        FollowUp(Item(pack(3), "k", -1), b),
-        FollowUp(Item(pack(4), None, 0), c),
+    ups: list[FollowUp] = [
+        (Item(pack(0), None, 0), b),
+        (Item(pack(1), "k", 7), b),
+        (Item(pack(2), None, 0), None),  # this pool, this instance
+        (Item(pack(3), "k", -1), b),
+        (Item(pack(4), None, 0), c),
     ]
     fx = rig.succeed(now=1.0, follow_ups=ups)
     parked = [(oseq, r.pool, r.target, r.link, r.priority) for oseq, r in fx.deliveries]

@@ -67,11 +67,11 @@ class EventContext:
             EventValidationError, EventTooLargeError: as ``WorkerPool.enqueue``.
         """
         if pool is None:
-            self._follow_ups.append(FollowUp(self._prepare(event, partition_key, priority), None))
+            self._follow_ups.append((self._prepare(event, partition_key, priority), None))
             return
         target = self._target(pool)
         prepare = self._prepare if target is None else target.prepare
-        self._follow_ups.append(FollowUp(prepare(event, partition_key, priority), target))
+        self._follow_ups.append((prepare(event, partition_key, priority), target))
 
     def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` of clock time: real time, or virtual under a simulated clock."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from dopool._errors import DamagedRecordError
 from dopool._layout import Meta, Namespace, OutboxRecord
@@ -41,11 +41,9 @@ class Target(Protocol):
     def route(self) -> Callable[[str | None], int]: ...
 
 
-class FollowUp(NamedTuple):
-    """A validated follow-up, for this pool (``target`` None) or for another."""
-
-    item: Item
-    target: Target | None
+# A validated follow-up and its pool: None for this one, or another's Target. A plain
+# tuple, not a named one: one is made per ctx.enqueue.
+FollowUp = tuple[Item, Target | None]
 
 
 # machine.append: store items as new pending events on this instance.

@@ -66,7 +66,7 @@ class Namespace:
     :class:`DamagedRecordError` for a record that fails its checksum or layout.
     """
 
-    __slots__ = ("_dead", "_meta", "_outbox", "_queue", "_seen", "prefix")
+    __slots__ = ("_dead", "_marks", "_meta", "_outbox", "_queue", "_seen", "prefix")
 
     def __init__(self, pool: str, index: int) -> None:
         self.prefix = _INSTANCE_PREFIX + f"{pool}:{index}".encode() + b"\0"
@@ -75,6 +75,7 @@ class Namespace:
         self._dead = self.prefix + _DEAD_TAG
         self._outbox = self.prefix + _OUTBOX_TAG
         self._seen = self.prefix + _MARK_TAG
+        self._marks: dict[tuple[str, int], bytes] = {}  # mark keys made, by source
 
     # -- meta ---------------------------------------------------------------
     @property
@@ -194,15 +195,25 @@ class Namespace:
     def delete_outbox(self, txn: Txn, oseq: int) -> bool:
         return bool(txn.delete(self.outbox_key(oseq)))
 
+    def mark_key(self, source_pool: str, source: int) -> bytes:
+        """The key of this instance's delivery mark for instance ``source`` of ``source_pool``.
+
+        Kept once made: a delivery reads and writes it, and an instance hears from few sources.
+        """
+        key = self._marks.get((source_pool, source))
+        if key is None:
+            key = self._marks[source_pool, source] = self._seen + _mark_suffix(source_pool, source)
+        return key
+
     def last_delivered(self, txn: Txn, source_pool: str, source: int) -> int:
         """The last link accepted from instance ``source`` of ``source_pool`` (all below
         it were too), or -1."""
-        key = self._seen + _mark_suffix(source_pool, source)
+        key = self.mark_key(source_pool, source)
         raw = txn.get(key)
         return -1 if raw is None else read_link(key, raw)
 
     def set_delivered(self, txn: Txn, source_pool: str, source: int, link: int) -> None:
-        key = self._seen + _mark_suffix(source_pool, source)
+        key = self.mark_key(source_pool, source)
         txn.put(key, seal_link(key, link))
 
     def iter_marks(self, txn: Txn) -> Iterator[tuple[tuple[str, int], int]]:
