@@ -266,9 +266,7 @@ def test_checker_accepts_a_clean_fabricated_history() -> None:
     assert check_history(_history(*CLEAN)) == []
 
 
-@pytest.mark.parametrize(
-    "wake", [Resumed(0), Resumed(None), Ev("resumed", 0, None, None, 0.0, None)]
-)
+@pytest.mark.parametrize("wake", [Resumed((0,)), Ev("resumed", 0, None, None, 0.0, None)])
 def test_checker_accepts_a_stall_that_a_resume_ended(wake: Ev | Resumed) -> None:
     assert check_history(_history(*CLEAN[:5], GIVEN_UP, wake, *CLEAN[5:])) == []
 
@@ -326,6 +324,53 @@ def test_checker_accepts_a_stall_that_a_resume_ended(wake: Ev | Resumed) -> None
 def test_checker_catches_a_planted_violation(records: tuple[object, ...], complaint: str) -> None:
     violations = check_history(_history(*records))
     assert any(complaint in violation for violation in violations), violations
+
+
+def _two_instances(kids_first: tuple[str, str], arrived: tuple[str, str]) -> History:
+    """Instance 0 runs "p" (its follow-ups ``kids_first``); they reach instance 1 as
+    ``arrived`` (sequence 0 and 1), and run."""
+    history = History(2, None)
+    for ident in ("p", *kids_first):
+        history.contents[ident] = make_event(ident)
+    history.names.update({(0, 0): "p", (1, 0): arrived[0], (1, 1): arrived[1]})
+    records: list[object] = [
+        Call(0, "enqueue"),
+        Ev("enqueued", 0, 0, None, 0.0, None),
+        Ack("p", 0, 0),
+        Ev("started", 0, 0, 1, 0.0, None),
+        Exec("p", 0, 0, 1, 0.0, "ok", kids_first),
+        Ev("succeeded", 0, 0, 1, 0.0, None),
+    ]
+    records += [Ev("enqueued", 1, seq, None, 0.0, None) for seq in range(len(arrived))]
+    for seq, ident in enumerate(arrived):
+        records.append(Ev("started", 1, seq, 1, 0.0, None))
+        records.append(Exec(ident, 1, seq, 1, 0.0, "ok", ()))
+        records.append(Ev("succeeded", 1, seq, 1, 0.0, None))
+    for record in records:
+        history.add(record)  # type: ignore[arg-type]
+    return history
+
+
+def test_checker_follows_follow_ups_between_instances_in_order() -> None:
+    """The follow-ups of one source reach one target in the order they were made."""
+    assert check_history(_two_instances(("p.1.0", "p.1.1"), ("p.1.0", "p.1.1"))) == []
+    violations = check_history(_two_instances(("p.1.0", "p.1.1"), ("p.1.1", "p.1.0")))
+    assert any("reached instance 1 out of order" in v for v in violations), violations
+
+
+def test_some_seeds_have_a_second_pool_and_send_follow_ups_across() -> None:
+    scenarios = [generate(seed) for seed in range(60)]
+    crossing = [s for s in scenarios if s.second]
+    assert 10 < len(crossing) < 40
+    assert {s.second for s in crossing} == {1, 2, 3}
+    for scenario in scenarios:  # a seed without the second pool is as it always was
+        if not scenario.second:
+            assert all("pool" not in step.args for step in scenario.steps)
+    result = run_seed(38, keep_log=True)
+    assert result.ok, result.report()
+    # Follow-ups of the first pool's events ran on the second pool's instances (3..5).
+    assert any(line.startswith("Exec(id='e") and ", inst=5," in line for line in result.log)
+    assert "Phase(name='defining')" in "".join(result.log)  # a reopen left it out a while
 
 
 def test_failure_report_names_the_seed_and_the_replay_command() -> None:

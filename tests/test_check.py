@@ -6,7 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -14,14 +14,15 @@ import lmdb
 import pytest
 from click.testing import CliRunner, Result
 
-from dopool import Runtime
+from dopool import EventContext, Runtime
 from dopool._check import check_store
 from dopool._cli import cli
-from dopool._layout import Namespace, seal_pool
+from dopool._layout import Meta, Namespace, OutboxRecord, pack, seal_pool
 from dopool._storage import Txn
 
-FIXTURE = Path(__file__).parent / "fixtures" / "store-v1"
-QUEUED = Namespace("orders", 1).queue_key(-2, 3)  # a pending event of the fixture
+FIXTURE = Path(__file__).parent / "fixtures" / "store-v2"  # tests/fixtures/make_store.py
+QUEUED = Namespace("orders", 1).queue_key(-2, 4)  # a pending event of the fixture
+INVOICES = Namespace("invoices", 0)  # holds a follow-up for orders:1, link 0, in its outbox
 
 
 def invoke(*args: str) -> Result:
@@ -51,7 +52,7 @@ def problems(path: Path) -> list[str]:
 def test_a_sound_store_checks_out(store: Path) -> None:
     result = invoke("check", str(store))
     assert result.exit_code == 0, result.output
-    assert "format 1, 9 records, 2 instances; pools: orders (2)" in result.stdout
+    assert "format 2, 14 records, 3 instances; pools: invoices (1), orders (2)" in result.stdout
     assert "ok: every record and every counter checks out" in result.stdout
 
 
@@ -130,11 +131,118 @@ def test_check_store_reads_a_snapshot_in_one_pass(store: Path) -> None:
     with lmdb.open(str(store / "data"), readonly=True, lock=False) as env, env.begin() as txn:
         report = check_store(txn)
     assert report.ok
-    assert (report.format_version, report.records, report.instances) == (1, 9, 2)
-    assert report.pools == {"orders": 2}
+    assert (report.format_version, report.records, report.instances) == (2, 14, 3)
+    assert report.pools == {"invoices": 1, "orders": 2}
 
 
 def test_check_of_a_path_with_no_store_is_one_line(tmp_path: Path) -> None:
     result = invoke("check", str(tmp_path / "nowhere"))
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: no dopool store at")
+
+
+# -- follow-up links between instances, of one pool or two ----------------------------------
+
+
+def edit_meta(txn: Txn, namespace: Namespace, change: Callable[[Meta], None]) -> None:
+    meta = namespace.load_meta(txn)
+    change(meta)
+    namespace.save_meta(txn, meta)
+
+
+def test_a_follow_up_neither_accepted_nor_in_the_outbox_is_reported_lost(store: Path) -> None:
+    with edit(store) as txn:
+        INVOICES.delete_outbox(txn, 1)
+        edit_meta(txn, INVOICES, lambda meta: setattr(meta, "outbox", 0))
+    assert problems(store) == [
+        "invoices:0: 1 follow-up link(s) for orders:1 between 0 and 0 are neither accepted "
+        "nor in its outbox (lost)"
+    ]
+
+
+def test_a_link_accepted_but_never_handed_out_is_reported(store: Path) -> None:
+    with edit(store) as txn:
+        Namespace("orders", 0).set_delivered(txn, "invoices", 0, 1)
+    assert problems(store) == [
+        "orders:0: accepted follow-up link 1 from invoices:0, which handed out links below 1 only"
+    ]
+
+
+def test_a_mark_of_another_pools_source_is_not_taken_for_one_of_this_pool(store: Path) -> None:
+    """orders:0 accepted link 0 from invoices:0; a mark for orders:0's own pool's
+    instance 0 is another source's, with links of its own."""
+    with edit(store) as txn:
+        Namespace("orders", 0).set_delivered(txn, "orders", 0, 0)
+    assert problems(store) == [
+        "orders:0: accepted follow-up link 0 from orders:0, which handed out links below 0 only"
+    ]
+
+
+def test_an_outbox_link_past_the_next_one_or_held_twice_is_reported(store: Path) -> None:
+    record = OutboxRecord("orders", 1, 5, pack("x"), 1000.0, "alice", 0)
+    with edit(store) as txn:
+        INVOICES.put_outbox(txn, 7, record)
+        INVOICES.put_outbox(txn, 8, record)
+        edit_meta(txn, INVOICES, lambda meta: setattr(meta, "outbox", 3))
+    assert problems(store) == [
+        "invoices:0: its outbox holds a link for orders:1 twice",
+        "invoices:0: its outbox holds link 5 for orders:1, at or past its next link 1",
+    ]
+
+
+def test_an_outbox_entry_for_no_pool_or_beyond_one_is_reported(store: Path) -> None:
+    with edit(store) as txn:
+        INVOICES.put_outbox(txn, 7, OutboxRecord("ghosts", 0, 0, pack("x"), 1.0, None, 0))
+        INVOICES.put_outbox(txn, 8, OutboxRecord("orders", 2, 0, pack("x"), 1.0, None, 0))
+
+        def handed(meta: Meta) -> None:
+            meta.outbox = 3
+            meta.links.update({"ghosts:0": 1, "orders:2": 1})
+
+        edit_meta(txn, INVOICES, handed)
+        Namespace("orders", 1).set_delivered(txn, "nobody", 0, 0)
+    assert problems(store) == [
+        "invoices:0: a follow-up for pool 'ghosts', which has no pool record",
+        "invoices:0: a follow-up for orders:2, beyond its concurrency 2",
+        "orders:1: a delivery mark of pool 'nobody', which has no pool record",
+        "orders:1: accepted follow-ups from nobody:0, which has no meta",
+    ]
+
+
+def test_a_damaged_mark_is_reported_alone_not_as_broken_links(store: Path) -> None:
+    with edit(store) as txn:
+        key = next(k for k, _ in txn.cursor() if k.startswith(b"Iorders:0\x00s"))
+        txn.put(key, b"\x00\x00\x00\x00\x91\x00")
+    assert problems(store) == ["orders:0: damaged: checksum mismatch"]
+
+
+def test_a_live_store_with_follow_ups_between_pools_checks_out(store_path: Path) -> None:
+    def relay(ctx: EventContext) -> None:
+        if ctx.event > 0:
+            target = "b" if ctx.pool_name == "a" else "a"
+            ctx.enqueue(ctx.event - 1, partition_key=str(ctx.event), pool=target)
+
+    with Runtime.simulated(store_path) as runtime:
+        a = runtime.define("a", execute=relay, concurrency=3)
+        b = runtime.define("b", execute=relay, concurrency=2)
+        a.enqueue_many(range(5, 25))
+        clock = runtime.clock
+        for _ in range(40):  # mid-flight: follow-ups in outboxes, some accepted
+            clock.step()  # type: ignore[attr-defined]
+            with runtime._store.read() as txn:
+                assert check_store(txn).problems == []
+        for pool in (a, b, a):
+            assert pool.join(timeout=10)
+        with runtime._store.read() as txn:
+            report = check_store(txn)
+    assert report.problems == []
+    assert report.pools == {"a": 3, "b": 2}
+
+
+def test_status_shows_the_follow_ups_on_their_way_to_each_pool(store: Path) -> None:
+    result = invoke("status", str(store))
+    assert result.exit_code == 0, result.output
+    assert "1 follow-ups on their way, in outboxes: invoices:0 (1)" in result.stdout
+    document = json.loads(invoke("status", str(store), "--json").stdout)
+    waiting = {pool["name"]: pool["follow_ups_in_outboxes"] for pool in document["pools"]}
+    assert waiting == {"invoices": {}, "orders": {"invoices:0": 1}}

@@ -20,7 +20,8 @@ from dopool import (
     Runtime,
     SimulatedClock,
 )
-from dopool._layout import EventRecord, Namespace, seal_event
+from dopool._check import check_store
+from dopool._layout import EventRecord, Namespace, OutboxRecord, seal_event
 from dopool._storage import Store, Txn
 
 UNDECODABLE = msgpack.packb({(1, 2): "x"})  # a tuple map key: encodes, never decodes
@@ -243,6 +244,70 @@ def test_a_damaged_outbox_entry_is_dropped_with_an_error_not_delivered(
         with rt._store.read() as txn:
             assert ns.count_outbox(txn) == 0
             assert ns.load_meta(txn).outbox == 0
+
+
+def _relay_to_b(ctx: EventContext) -> None:
+    ctx.enqueue(ctx.event, pool="b")
+
+
+def _pipeline(path: Path, events: list[str]) -> None:
+    """Pools ``b`` and ``a`` (a's handler sends each event on to b), run to the end."""
+    with Runtime.simulated(path, seed=0) as runtime:
+        b = runtime.define("b", execute=Seen())
+        a = runtime.define("a", execute=_relay_to_b)
+        for event in events:
+            a.enqueue(event)
+        assert a.join(timeout=10)
+        assert b.join(timeout=10)
+
+
+def test_a_damaged_follow_up_for_another_pool_is_dropped_with_an_error(
+    store_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _pipeline(store_path, ["x"])
+    ns = Namespace("a", 0)
+    with raw_store(store_path) as txn:
+        ns.put_outbox(txn, 7, OutboxRecord("b", 0, 1, b"\xa1y", 1.0, None, 0))
+        key = ns.outbox_key(7)
+        txn.put(key, flip(txn.get(key) or b""))  # its target's pool is now unknown
+        meta = ns.load_meta(txn)
+        meta.outbox += 1
+        ns.save_meta(txn, meta)
+    seen = Seen()
+    with caplog.at_level(logging.ERROR, logger="dopool"), Runtime.simulated(store_path) as rt:
+        b = rt.define("b", execute=seen)
+        a = rt.define("a", execute=_relay_to_b)
+        assert a.join(timeout=10)
+        assert b.join(timeout=10)
+        assert "follow-up 7 dropped" in caplog.text
+        assert seen.events == []
+        with rt._store.read() as txn:
+            assert (ns.count_outbox(txn), ns.load_meta(txn).outbox) == (0, 0)
+
+
+def test_a_damaged_mark_of_another_pools_source_holds_its_follow_ups_back(
+    store_path: Path,
+) -> None:
+    """b:0 cannot tell which of a:0's links it took: it takes none (its deliveries crash
+    it, and its restarts back off), and a:0 keeps the follow-up in its outbox."""
+    _pipeline(store_path, ["x"])
+    key = Namespace("b", 0).mark_key("a", 0)
+    with raw_store(store_path) as txn:
+        txn.put(key, flip(txn.get(key) or b""))
+    seen = Seen()
+    with Runtime.simulated(store_path) as rt:
+        b = rt.define("b", execute=seen)
+        a = rt.define("a", execute=_relay_to_b)
+        a.enqueue("y")
+        clock = rt.clock
+        assert isinstance(clock, SimulatedClock)
+        clock.run_until(clock.now() + 30)
+        assert seen.events == []
+        assert b.status().instances[0].crash_streak > 3
+        with rt._store.read() as txn:
+            held = [record for _, record in Namespace("a", 0).iter_outbox(txn)]
+            assert [(r.pool, r.link, r.event) for r in held] == [("b", 1, b"\xa1y")]  # type: ignore[union-attr]
+            assert [p.key for p in check_store(txn).problems] == [key]
 
 
 def test_an_enqueue_to_an_instance_whose_meta_is_damaged_names_the_record(

@@ -1,7 +1,9 @@
-"""The store format: its version record, its pinned layout, and stores that are refused."""
+"""The store format: its version record, its pinned layout, the migration of format 1,
+and stores that are refused."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from dopool import (
     StoreDamagedError,
     StoreFormatError,
 )
+from dopool._check import check_store
 from dopool._layout import (
     FORMAT_VERSION,
     DeadRecord,
@@ -27,17 +30,19 @@ from dopool._layout import (
     seal_format,
     seal_outbox,
 )
+from dopool._layout import migrate as migration
 from dopool._sim.storeview import open_view
 from dopool._storage import Store
 
-FIXTURE = Path(__file__).parent / "fixtures" / "store-v1"
+FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURE_1 = FIXTURES / "store-v1"  # format 1, written at commit 837caa8 (make_store.py then)
+FIXTURE_1_OUTBOX = FIXTURES / "store-v1-outbox"  # format 1, make_store_v1_outbox.py
+FIXTURE_2 = FIXTURES / "store-v2"  # format 2, make_store.py
 
 
-@pytest.fixture
-def fixture_store(tmp_path: Path) -> Path:
-    """A copy of the committed format-1 store (``tests/fixtures/make_store.py``)."""
-    path = tmp_path / "store"
-    shutil.copytree(FIXTURE, path)
+def copy(fixture: Path, tmp_path: Path) -> Path:
+    path = tmp_path / fixture.name
+    shutil.copytree(fixture, path)
     return path
 
 
@@ -45,12 +50,143 @@ def raw_env(path: Path) -> lmdb.Environment:
     return lmdb.open(str(path / "data"), subdir=True)
 
 
-# -- the committed store of format 1 ----------------------------------------------------
+def records(path: Path) -> dict[bytes, bytes]:
+    with lmdb.open(str(path / "data"), readonly=True, lock=False) as env, env.begin() as txn:
+        return dict(txn.cursor())
 
 
-def test_the_format_1_fixture_decodes_to_exactly_what_was_written(fixture_store: Path) -> None:
-    """A change of layout that misreads stores of format 1 fails here."""
-    store = Store(fixture_store)
+def test_the_fixture_of_this_format_is_the_current_version() -> None:
+    assert FORMAT_VERSION == 2
+    assert records(FIXTURE_2)[b"F"] == seal_format(b"F")
+
+
+# -- the committed store of format 2 ----------------------------------------------------
+
+
+def test_the_format_2_fixture_decodes_to_exactly_what_was_written(tmp_path: Path) -> None:
+    """A change of layout that misreads stores of format 2 fails here."""
+    store = Store(copy(FIXTURE_2, tmp_path))
+    try:
+        with store.read() as txn:
+            zero, one, invoices = (
+                Namespace("orders", 0),
+                Namespace("orders", 1),
+                Namespace("invoices", 0),
+            )
+            assert (store.get_pool(txn, "orders"), store.get_pool(txn, "invoices")) == (2, 1)
+            assert zero.load_meta(txn) == Meta(
+                tail=4,
+                pending=1,
+                enqueued=4,
+                succeeded=2,
+                dead_lettered=1,
+                paused=True,
+                outbox_next=1,
+                held_dead_letters=1,
+                priorities={9: 1},
+                links={"orders:1": 1},
+            )
+            assert one.load_meta(txn) == Meta(
+                tail=5,
+                pending=2,
+                enqueued=5,
+                succeeded=3,
+                paused=True,
+                outbox_next=1,
+                priorities={0: 1, -2: 1},
+                links={"invoices:0": 1},
+            )
+            assert invoices.load_meta(txn) == Meta(
+                tail=3,
+                enqueued=3,
+                succeeded=3,
+                outbox_next=2,
+                outbox=1,
+                links={"orders:0": 1, "orders:1": 1},
+            )
+            assert list(invoices.iter_outbox(txn)) == [
+                (1, OutboxRecord("orders", 1, 0, b"\x81\xa9refund_of\t", 1000.0, "alice", 1))
+            ]
+            assert list(zero.iter_marks(txn)) == [(("invoices", 0), 0)]
+            assert list(one.iter_marks(txn)) == [(("orders", 0), 0)]
+            assert list(invoices.iter_marks(txn)) == [(("orders", 1), 0)]
+            assert zero.get_event(txn, zero.queue_key(9, 3)) == EventRecord(
+                b"\x82\xa2id\x05\xa4tags\x92\xa1x\xa1y", 1000.0, "bob", 9
+            )
+            assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [
+                EventRecord(b"\x82\xa2id\x03\xa4blob\xc4\x02\x00\xff", 1000.0, "alice", 0),
+                EventRecord(b"\x81\xa2id\x04", 1000.0, "alice", -2),
+            ]
+            assert list(zero.iter_dead_letters(txn)) == [
+                (
+                    0,
+                    DeadRecord(
+                        b"\x82\xa2id\x02\xa6poison\xc3",
+                        "PermanentError: poisoned",
+                        1,
+                        1000.0,
+                        1000.0,
+                        "bob",
+                        3,
+                        False,
+                    ),
+                )
+            ]
+            report = check_store(txn)
+            assert (report.ok, report.format_version, report.records) == (True, 2, 14)
+    finally:
+        store.close()
+
+
+def test_the_format_2_fixture_runs_its_pending_events_and_its_follow_up(tmp_path: Path) -> None:
+    seen: list[object] = []
+
+    def record(ctx: EventContext) -> None:
+        seen.append((ctx.pool_name, ctx.instance_index, ctx.sequence, ctx.event))
+
+    with Runtime(copy(FIXTURE_2, tmp_path), clock=SimulatedClock(2000.0), seed=7) as runtime:
+        pool = runtime.define("orders", execute=record, concurrency=2)
+        runtime.define("invoices", execute=record)
+        pool.resume()
+        assert pool.join(timeout=10)
+        assert sorted(seen, key=str) == sorted(
+            [
+                ("orders", 0, 3, {"id": 5, "tags": ["x", "y"]}),
+                ("orders", 1, 5, {"refund_of": 9}),
+                ("orders", 1, 3, {"id": 3, "blob": b"\x00\xff"}),
+                ("orders", 1, 4, {"id": 4}),
+            ],
+            key=str,
+        )
+
+
+def test_an_outbox_record_has_its_documented_layout() -> None:
+    key = Namespace("p", 0).prefix + b"o" + (5).to_bytes(8, "big")
+    record = OutboxRecord("q", 1, 2, b"\xa1x", 3.5, None, -1)
+    value = seal_outbox(key, record)
+    assert value[4:] == b"\x97\xa1q\x01\x02\xc4\x02\xa1x\xcb@\x0c\x00\x00\x00\x00\x00\x00\xc0\xff"
+    assert read_outbox(key, value) == record
+
+
+def test_a_delivery_mark_has_its_documented_key(store_path: Path) -> None:
+    ns = Namespace("b", 3)
+    store = Store(store_path)
+    with store.write() as txn:
+        ns.set_delivered(txn, "a", 258, 7)
+    store.close()
+    assert records(store_path)[b"Ib:3\x00sa\x00\x00\x00\x01\x02"][4:] == b"\x91\x07"
+
+
+# -- format 1, migrated in place when a runtime opens it -----------------------------------
+
+
+def test_the_format_1_fixture_is_migrated_to_exactly_what_was_written(tmp_path: Path) -> None:
+    """store-v1, written by the format-1 code: every record reads as it was written,
+    with format 2's keys for the follow-up links (its pool was the only one)."""
+    path = copy(FIXTURE_1, tmp_path)
+    before = records(path)
+    assert before[b"F"][4:] == bytes([0x91, 1])
+    store = Store(path)
     try:
         with store.read() as txn:
             zero, one = Namespace("orders", 0), Namespace("orders", 1)
@@ -65,7 +201,7 @@ def test_the_format_1_fixture_decodes_to_exactly_what_was_written(fixture_store:
                 outbox_next=1,
                 held_dead_letters=1,
                 priorities={9: 1},
-                links={1: 1},
+                links={"orders:1": 1},
             )
             assert one.load_meta(txn) == Meta(
                 tail=4, pending=2, enqueued=4, succeeded=2, paused=True, priorities={0: 1, -2: 1}
@@ -92,19 +228,32 @@ def test_the_format_1_fixture_decodes_to_exactly_what_was_written(fixture_store:
                     ),
                 )
             ]
-            assert one.last_delivered(txn, 0) == 0
-            assert zero.last_delivered(txn, 1) == -1
+            assert list(one.iter_marks(txn)) == [(("orders", 0), 0)]
+            assert list(zero.iter_marks(txn)) == []
+            assert check_store(txn).ok
     finally:
         store.close()
+    after = records(path)
+    assert after[b"F"] == seal_format(b"F")
+    # Only orders:0's meta (its links), the delivery mark and the format record changed.
+    changed = sorted(
+        key for key in before.keys() | after.keys() if before.get(key) != after.get(key)
+    )
+    assert changed == [
+        b"F",
+        b"Iorders:0\x00m",
+        b"Iorders:1\x00s\x00\x00\x00\x00",
+        b"Iorders:1\x00sorders\x00\x00\x00\x00\x00",
+    ]
 
 
-def test_the_format_1_fixture_runs_its_pending_events_in_order(fixture_store: Path) -> None:
+def test_the_format_1_fixture_runs_its_pending_events_in_order(tmp_path: Path) -> None:
     seen: list[object] = []
 
     def record(ctx: EventContext) -> None:
         seen.append((ctx.instance_index, ctx.sequence, ctx.event))
 
-    with Runtime(fixture_store, clock=SimulatedClock(2000.0), seed=7) as runtime:
+    with Runtime(copy(FIXTURE_1, tmp_path), clock=SimulatedClock(2000.0), seed=7) as runtime:
         pool = runtime.define("orders", execute=record, concurrency=2)
         pool.resume()
         assert pool.join(timeout=10)
@@ -117,12 +266,95 @@ def test_the_format_1_fixture_runs_its_pending_events_in_order(fixture_store: Pa
         assert (dead.event, dead.error) == ({"id": 2, "poison": True}, "PermanentError: poisoned")
 
 
-def test_an_outbox_record_has_its_documented_layout() -> None:
-    key = Namespace("p", 0).prefix + b"o" + (5).to_bytes(8, "big")
-    record = OutboxRecord(1, 2, b"\xa1x", 3.5, None, -1)
-    value = seal_outbox(key, record)
-    assert value[4:] == b"\x96\x01\x02\xc4\x02\xa1x\xcb@\x0c\x00\x00\x00\x00\x00\x00\xc0\xff"
-    assert read_outbox(key, value) == record
+def test_a_format_1_outbox_is_migrated_and_delivered_exactly_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """store-v1-outbox: orders:0 holds link 1 for orders:1 (link 0 was accepted)."""
+    path = copy(FIXTURE_1_OUTBOX, tmp_path)
+    seen: list[object] = []
+
+    def record(ctx: EventContext) -> None:
+        seen.append((ctx.instance_index, ctx.sequence, ctx.event))
+
+    with caplog.at_level(logging.INFO, logger="dopool"):
+        runtime = Runtime(path, clock=SimulatedClock(2000.0), seed=7)
+    try:
+        assert "migrated from format 1 to 2 (5 records rewritten)" in caplog.text
+        with runtime._store.read() as txn:
+            zero, one = Namespace("orders", 0), Namespace("orders", 1)
+            assert zero.load_meta(txn).links == {"orders:1": 2}
+            assert one.load_meta(txn).links == {"orders:0": 1}
+            assert list(zero.iter_outbox(txn)) == [
+                (1, OutboxRecord("orders", 1, 1, b"\x81\xa8child_of\x03", 1000.0, "alice", 0))
+            ]
+            assert list(zero.iter_marks(txn)) == [(("orders", 1), 0)]
+            assert list(one.iter_marks(txn)) == [(("orders", 0), 0)]
+            assert check_store(txn).ok
+        pool = runtime.define("orders", execute=record, concurrency=2)
+        assert pool.join(timeout=10)
+        assert seen == [(1, 2, {"child_of": 3})]  # link 1, once; links 0 are not taken again
+        status = pool.status()
+        assert (status.enqueued, status.succeeded, status.pending) == (6, 6, 0)
+    finally:
+        runtime.close()
+    runtime = Runtime(path, clock=SimulatedClock(3000.0))  # format 2 now: opened as it is
+    runtime.close()
+
+
+def test_a_format_1_store_is_refused_read_only_and_left_as_it_was(tmp_path: Path) -> None:
+    path = copy(FIXTURE_1_OUTBOX, tmp_path)
+    before = (path / "data" / "data.mdb").read_bytes()
+    with pytest.raises(StoreFormatError) as caught, open_view(path):
+        pass
+    assert (caught.value.found, caught.value.supported) == (1, 2)
+    assert "a Runtime of this version migrates it in place" in str(caught.value)
+    assert (path / "data" / "data.mdb").read_bytes() == before
+
+
+def test_a_migration_is_one_transaction_all_or_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = copy(FIXTURE_1_OUTBOX, tmp_path)
+    before = records(path)
+    calls: list[int] = []
+    real = migration._mark
+
+    def fail_at_the_second_mark(*args: object, **kwargs: object) -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise lmdb.Error("the disk is full")
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(migration, "_mark", fail_at_the_second_mark)
+    with pytest.raises(Exception, match="the disk is full"):
+        Runtime(path, clock=SimulatedClock())
+    assert records(path) == before  # still format 1, every record as it was
+    monkeypatch.undo()
+    with Runtime(path, clock=SimulatedClock()) as runtime:
+        pool = runtime.define("orders", execute=lambda ctx: None, concurrency=2)
+        assert pool.join(timeout=10)
+        assert pool.status().enqueued == 6
+
+
+def test_a_damaged_format_1_outbox_entry_stays_damaged_and_is_dropped_at_recovery(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = copy(FIXTURE_1_OUTBOX, tmp_path)
+    key = Namespace("orders", 0).outbox_key(1)
+    with raw_env(path) as env, env.begin(write=True) as txn:
+        value = bytearray(txn.get(key) or b"")
+        value[-1] ^= 0x01
+        txn.put(key, bytes(value))
+    with (
+        caplog.at_level(logging.ERROR, logger="dopool"),
+        Runtime(path, clock=SimulatedClock()) as rt,
+    ):
+        with rt._store.read() as txn:
+            assert [p.what for p in check_store(txn).problems] == ["damaged: checksum mismatch"]
+        pool = rt.define("orders", execute=lambda ctx: None, concurrency=2)
+        assert pool.join(timeout=10)
+        assert "follow-up 1 dropped" in caplog.text
+        assert pool.status().enqueued == 5
 
 
 # -- the format record ---------------------------------------------------------------------
@@ -135,16 +367,20 @@ def test_a_new_store_records_its_format(store_path: Path) -> None:
     assert seal_format(b"F")[4:] == bytes([0x91, FORMAT_VERSION])
 
 
-def test_a_store_of_another_format_is_refused_and_left_as_it_was(store_path: Path) -> None:
+@pytest.mark.parametrize("version", [0, FORMAT_VERSION + 1])
+def test_a_store_of_another_format_is_refused_and_left_as_it_was(
+    store_path: Path, version: int
+) -> None:
     Store(store_path).close()
     with raw_env(store_path) as env, env.begin(write=True) as txn:
-        txn.put(b"F", seal(b"F", bytes([0x91, FORMAT_VERSION + 1])))
+        txn.put(b"F", seal(b"F", bytes([0x91, version])))
     before = (store_path / "data" / "data.mdb").read_bytes()
     for _ in range(2):  # and the lock was released
         with pytest.raises(StoreFormatError) as caught:
             Runtime(store_path)
-        assert (caught.value.found, caught.value.supported) == (FORMAT_VERSION + 1, FORMAT_VERSION)
-        assert "format version 2" in str(caught.value)
+        assert (caught.value.found, caught.value.supported) == (version, FORMAT_VERSION)
+        assert f"format version {version};" in str(caught.value)
+        assert "migrates" not in str(caught.value)
     with pytest.raises(StoreFormatError), open_view(store_path):
         pass
     assert (store_path / "data" / "data.mdb").read_bytes() == before

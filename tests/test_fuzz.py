@@ -32,15 +32,19 @@ from dopool import (
 from dopool._check import check_store
 from dopool._layout import Namespace, read_dead, read_event, read_meta, read_outbox
 
-FIXTURE = Path(__file__).parent / "fixtures" / "store-v1"
+FIXTURE = Path(__file__).parent / "fixtures" / "store-v2"
 # The fixture's records, by what they are (see tests/fixtures/make_store.py).
 META = Namespace("orders", 1).prefix + b"m"
-QUEUED = Namespace("orders", 1).queue_key(-2, 3)
+QUEUED = Namespace("orders", 1).queue_key(-2, 4)
 DEAD = Namespace("orders", 0).prefix + b"d" + (0).to_bytes(8, "big")
-OUTBOX = Namespace("orders", 0).prefix + b"o" + (9).to_bytes(8, "big")
-# The events the fixture holds pending, by (instance, sequence).
-PENDING = {(0, 2): {"id": 5, "tags": ["x", "y"]}, (1, 2): {"id": 3, "blob": b"\x00\xff"}}
-PENDING[1, 3] = {"id": 4}
+INVOICES = Namespace("invoices", 0)
+CROSS = INVOICES.outbox_key(1)  # a follow-up from invoices:0 for orders:1, undelivered
+PLANTED = INVOICES.outbox_key(9)  # no record of the fixture: planted by a test
+# The events the fixture holds pending, by (orders instance, sequence): the last one
+# reaches orders:1 from invoices:0's outbox once both pools are defined.
+PENDING = {(0, 3): {"id": 5, "tags": ["x", "y"]}, (1, 3): {"id": 3, "blob": b"\x00\xff"}}
+PENDING[1, 4] = {"id": 4}
+PENDING[1, 5] = {"refund_of": 9}
 
 FUZZ = settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -161,7 +165,7 @@ def _problems(path: Path) -> list[Any]:
 
 
 def _run(path: Path) -> list[tuple[int, int, Any]]:
-    """Open the store, resume the pool, run it to the end: what the handler saw."""
+    """Open the store, resume its pools, run them to the end: what orders' handler saw."""
     seen: list[tuple[int, int, Any]] = []
 
     def handler(ctx: EventContext) -> None:
@@ -170,7 +174,9 @@ def _run(path: Path) -> list[tuple[int, int, Any]]:
     runtime = Runtime(path, clock=SimulatedClock(5000.0), seed=0)
     try:
         pool = runtime.define("orders", execute=handler, concurrency=2)
+        invoices = runtime.define("invoices", execute=lambda ctx: None)
         pool.resume()
+        assert invoices.join(timeout=10)
         assert pool.join(timeout=10)
         return seen
     finally:
@@ -200,14 +206,15 @@ def test_any_bytes_as_a_pending_event_are_dead_lettered_as_damaged(
             execute=lambda ctx: seen.append((ctx.instance_index, ctx.sequence, ctx.event)),
             concurrency=2,
         )
+        runtime.define("invoices", execute=lambda ctx: None)
         pool.resume()
         assert pool.join(timeout=10)
         assert {(i, s): e for i, s, e in seen} == {
-            place: event for place, event in PENDING.items() if place != (1, 3)
+            place: event for place, event in PENDING.items() if place != (1, 4)
         }
         damaged = [dead for dead in pool.dead_letters() if dead.damaged]
         assert [(dead.instance_index, dead.sequence, dead.event) for dead in damaged] == [
-            (1, 3, value)
+            (1, 4, value)
         ]
 
 
@@ -224,22 +231,25 @@ def test_any_bytes_as_a_meta_record_refuse_the_pool_by_name(scratch: Path, value
 
 
 @FUZZ
-@given(st.binary(max_size=64), st.booleans())
-def test_any_bytes_as_a_dead_letter_or_follow_up_leave_the_queue_running(
-    scratch: Path, value: bytes, as_dead_letter: bool
+@given(st.binary(max_size=64), st.sampled_from(["dead letter", "planted", "cross-pool"]))
+def test_any_bytes_as_a_dead_letter_or_follow_up_leave_the_queues_running(
+    scratch: Path, value: bytes, which: str
 ) -> None:
-    key, reader = (DEAD, read_dead) if as_dead_letter else (OUTBOX, read_outbox)
-    assume(not _valid(reader, key, value))
+    """A damaged follow-up names no target: dropped at recovery, and only that one is lost."""
+    key = {"dead letter": DEAD, "planted": PLANTED, "cross-pool": CROSS}[which]
+    assume(not _valid(read_dead if key == DEAD else read_outbox, key, value))
     path = _store_with(scratch, key, value)
-    if not as_dead_letter:  # an outbox entry the meta counts, as a real one would be
+    if key == PLANTED:  # an outbox entry the meta counts, as a real one would be
         with lmdb.open(str(path / "data"), subdir=True) as env, env.begin(write=True) as txn:
-            ns = Namespace("orders", 0)
-            meta = ns.load_meta(txn)
+            meta = INVOICES.load_meta(txn)
             meta.outbox += 1
-            ns.save_meta(txn, meta)
+            INVOICES.save_meta(txn, meta)
     assert key in [problem.key for problem in _problems(path)]
     seen = _run(path)
-    assert {(i, s): e for i, s, e in seen} == PENDING
+    lost = {(1, 5)} if key == CROSS else set()
+    assert {(i, s): e for i, s, e in seen} == {
+        place: event for place, event in PENDING.items() if place not in lost
+    }
 
 
 # -- flipped bits ------------------------------------------------------------------------------
@@ -273,12 +283,22 @@ def test_a_flipped_bit_in_any_record_is_found_and_never_run(
         assert PENDING[instance, sequence] == event
 
 
+def test_the_fixture_holds_every_kind_of_record_for_the_flips() -> None:
+    """Follow-ups between pools included: a mark of another pool's source, an outbox
+    entry for another pool, a meta whose links name another pool's instances."""
+    keys = [key for key, _ in RECORDS]
+    assert INVOICES.mark_prefix + b"orders\x00\x00\x00\x00\x01" in keys
+    assert Namespace("orders", 0).mark_prefix + b"invoices\x00\x00\x00\x00\x00" in keys
+    assert CROSS in keys
+    assert INVOICES.meta_key in keys
+
+
 FLIP_SCRIPT = textwrap.dedent(
     """
     import sys
     from dopool import DopoolError, Runtime, SimulatedClock
-    expected = {(0, 2): {"id": 5, "tags": ["x", "y"]}, (1, 2): {"id": 3, "blob": b"\\0\\xff"},
-                (1, 3): {"id": 4}}
+    expected = {(0, 3): {"id": 5, "tags": ["x", "y"]}, (1, 3): {"id": 3, "blob": b"\\0\\xff"},
+                (1, 4): {"id": 4}, (1, 5): {"refund_of": 9}}
     def handler(ctx):
         if expected.get((ctx.instance_index, ctx.sequence)) != ctx.event:
             print("RAN A DAMAGED EVENT", ctx.instance_index, ctx.sequence, ctx.event)
@@ -286,8 +306,10 @@ FLIP_SCRIPT = textwrap.dedent(
     try:
         with Runtime(sys.argv[1], clock=SimulatedClock(5000.0)) as runtime:
             pool = runtime.define("orders", execute=handler, concurrency=2)
+            invoices = runtime.define("invoices", execute=lambda ctx: None)
             pool.resume()
-            print("joined" if pool.join(timeout=20) else "timed out")
+            joined = invoices.join(timeout=20) and pool.join(timeout=20)
+            print("joined" if joined else "timed out")
     except DopoolError as exc:
         print("refused:", type(exc).__name__)
     """

@@ -31,7 +31,7 @@ def write_balanced(txn: Txn) -> Meta:
     for sequence, priority in ((0, 0), (1, 0), (2, 5)):
         NS.add_event(txn, sequence, pack(sequence), 0.0, None, priority)
     NS.put_dead_letter(txn, 3, DeadRecord(pack(3), "ValueError: x", 1, 0.0, 1.0, None, 0))
-    NS.put_outbox(txn, 0, OutboxRecord(1, 0, pack("kid"), 1.0, None, 0))
+    NS.put_outbox(txn, 0, OutboxRecord("p", 1, 0, pack("kid"), 1.0, None, 0))
     meta = Meta(
         tail=5,
         enqueued=5,

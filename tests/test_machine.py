@@ -11,6 +11,7 @@ import pytest
 from dopool import PermanentError, RetryAfter, RetryPolicy
 from dopool._alarm import ALARM_RETRY_MAX
 from dopool._errors import QueueFullError
+from dopool._followups import FollowUp
 from dopool._invariants import read_instance, violations
 from dopool._layout import Meta, OutboxRecord, pack, seal_event
 from dopool._machine import Effects, QueueMachine
@@ -90,7 +91,7 @@ class Rig:
 
         return self.step(failed)[1]
 
-    def succeed(self, now: float, follow_ups: list[Item] | None = None) -> Effects:
+    def succeed(self, now: float, follow_ups: list[FollowUp] | None = None) -> Effects:
         key = self.meta.current
         assert key is not None
 
@@ -197,12 +198,46 @@ def test_success_stores_follow_ups_here_or_in_the_outbox(store: Store) -> None:
     rig.machine.rearm(rig.meta, 0.0)
     rig.start(now=0.0)
     here, there = Item(pack("here"), None, 0), Item(pack("there"), "k", 2)
-    fx = rig.succeed(now=1.0, follow_ups=[here, there])
+    fx = rig.succeed(now=1.0, follow_ups=[(here, None), (there, None)])
     assert kinds(fx) == ["succeeded", "enqueued"]
     [(oseq, record)] = fx.deliveries
-    assert (oseq, record.target, record.link, record.event) == (0, 3, 0, pack("there"))
-    assert (rig.meta.pending, rig.meta.outbox, rig.meta.links) == (1, 1, {3: 1})
+    assert (oseq, record.pool, record.target, record.link) == (0, "p", 3, 0)
+    assert record.event == pack("there")
+    assert (rig.meta.pending, rig.meta.outbox, rig.meta.links) == (1, 1, {"p:3": 1})
     assert not fx.empty
+    assert rig.broken() == []
+
+
+class OtherPool:
+    """A follow-up's target pool, as the machine sees one (``_followups.Target``)."""
+
+    def __init__(self, name: str, route: Callable[[str | None], int]) -> None:
+        self.name = name
+        self.route = route
+        self.prepare: Any = None  # the context's, not the machine's
+
+
+def test_a_follow_up_into_another_pool_is_routed_by_its_router_into_the_outbox(
+    store: Store,
+) -> None:
+    """Even one whose index in the other pool is this instance's own goes to the outbox."""
+    rig = Rig(store, route=lambda key: 0)
+    rig.enqueue("parent")
+    rig.machine.rearm(rig.meta, 0.0)
+    rig.start(now=0.0)
+    b, c = OtherPool("b", lambda key: 0 if key is None else 2), OtherPool("c", lambda key: 1)
+    ups: list[FollowUp] = [
+        (Item(pack(0), None, 0), b),
+        (Item(pack(1), "k", 7), b),
+        (Item(pack(2), None, 0), None),  # this pool, this instance
+        (Item(pack(3), "k", -1), b),
+        (Item(pack(4), None, 0), c),
+    ]
+    fx = rig.succeed(now=1.0, follow_ups=ups)
+    parked = [(oseq, r.pool, r.target, r.link, r.priority) for oseq, r in fx.deliveries]
+    assert parked == [(0, "b", 0, 0, 0), (1, "b", 2, 0, 7), (2, "b", 2, 1, -1), (3, "c", 1, 0, 0)]
+    assert rig.meta.links == {"b:0": 1, "b:2": 2, "c:1": 1}
+    assert (rig.meta.pending, rig.meta.outbox) == (1, 4)
     assert rig.broken() == []
 
 
@@ -211,7 +246,7 @@ def test_recovery_counts_the_interrupted_attempt_and_resends_the_outbox(store: S
     rig.enqueue("a")
     rig.machine.rearm(rig.meta, 0.0)
     rig.start(now=0.0)
-    record = OutboxRecord(1, 0, pack("x"), 0.0, None, 0)
+    record = OutboxRecord("p", 1, 0, pack("x"), 0.0, None, 0)
     rig.step(lambda txn, meta, fx: rig.machine.namespace.put_outbox(txn, 4, record))
     _, fx = rig.step(lambda txn, meta, fx: rig.machine.recover(txn, meta, 1, 2.0, fx))
     assert kinds(fx) == ["dead_lettered"]
@@ -308,10 +343,10 @@ def test_a_write_wakes_a_stalled_instance_with_a_fresh_budget(store: Store, writ
     if write == "enqueue":
         rig.enqueue("b", now=later)
     elif write == "deliver":
-        record = OutboxRecord(0, 0, pack("b"), later, None, 0)
+        record = OutboxRecord("p", 0, 0, pack("b"), later, None, 0)
 
         def deliver(txn: Txn, meta: Meta, fx: Effects) -> None:
-            rig.machine.deliver(txn, meta, 1, record, later, fx)
+            rig.machine.deliver(txn, meta, "p", 1, record, later, fx)
 
         rig.step(deliver)
     else:
@@ -352,15 +387,18 @@ def test_drain_redrive_and_purge(store: Store) -> None:
 def test_deliveries_are_taken_once_in_link_order(store: Store) -> None:
     rig = Rig(store)
 
-    def deliver(link: int) -> int:
-        record = OutboxRecord(0, link, pack(link), 0.0, None, 0)
+    def deliver(link: int, source_pool: str = "p") -> int:
+        record = OutboxRecord("p", 0, link, pack(link), 0.0, None, 0)
         expected, _ = rig.step(
-            lambda txn, meta, fx: rig.machine.deliver(txn, meta, 7, record, 0.0, fx)
+            lambda txn, meta, fx: rig.machine.deliver(txn, meta, source_pool, 7, record, 0.0, fx)
         )
         return int(expected)
 
     assert [deliver(0), deliver(0), deliver(2), deliver(1)] == [0, 1, 1, 1]
     assert rig.meta.pending == 2  # links 0 and 1; the duplicate and the early 2 are not stored
+    # Instance 7 of another pool is another source: its links count from 0 of their own.
+    assert [deliver(0, "other"), deliver(1, "other"), deliver(1, "other")] == [0, 1, 2]
+    assert rig.meta.pending == 4
     assert rig.broken() == []
 
 

@@ -176,3 +176,34 @@ def test_close_lets_a_running_handler_finish_and_keeps_pending_events(tmp_path: 
         status = pool.status()
     assert executed == [1, 2]
     assert (status.enqueued, status.succeeded, status.pending) == (3, 3, 0)
+
+
+def test_a_pipeline_of_two_pools_with_concurrent_producers(tmp_path: Path) -> None:
+    """Each follow-up into the other pool runs once, in its source's order per partition."""
+    received: dict[str, list[int]] = defaultdict(list)
+    lock = threading.Lock()
+
+    def stage_one(ctx: EventContext) -> None:
+        event = ctx.event
+        ctx.enqueue(event, partition_key=event["key"], pool="two")
+
+    def stage_two(ctx: EventContext) -> None:
+        with lock:
+            received[ctx.event["key"]].append(ctx.event["n"])
+
+    keys = [f"user-{n}" for n in range(PRODUCERS)]
+    with Runtime(tmp_path / "store", durability="async") as runtime:
+        two = runtime.define("two", execute=stage_two, concurrency=3)
+        one = runtime.define("one", execute=stage_one, concurrency=4)
+
+        def produce(key: str) -> None:
+            for n in range(EVENTS_PER_PRODUCER):
+                one.enqueue({"key": key, "n": n}, partition_key=key)
+
+        with ThreadPoolExecutor(PRODUCERS) as executor:
+            list(executor.map(produce, keys))
+        assert one.join(timeout=30)
+        assert two.join(timeout=30)
+        assert two.status().succeeded == PRODUCERS * EVENTS_PER_PRODUCER
+    # One partition key: one instance of "one", one of "two", one link between them.
+    assert dict(received) == {key: list(range(EVENTS_PER_PRODUCER)) for key in keys}

@@ -55,3 +55,43 @@ def test_one_instance_is_an_m_m_1_queue() -> None:
     assert all(result.passed for result in results)
     assert close_to_theory(results, lambda r: r.latency.mean, 1 / (10 - 5)) == ""
     assert close_to_theory(results, lambda r: r.instances[0].utilisation, 0.5) == ""
+
+
+def test_two_pools_in_a_chain_are_a_tandem_of_m_m_1_queues() -> None:
+    """Every event of pool a becomes one follow-up into pool b (one instance each, Poisson
+    arrivals at 4/s, exponential service of means 0.1 s and 0.125 s). By Burke's theorem
+    b's arrivals are Poisson too, and a request's mean time end to end is the sum of the
+    stations': 1/(10 - 4) + 1/(8 - 4) = 0.4167 s."""
+    results = [
+        run(
+            loading.loads(
+                f"""
+                seed = {seed}
+                instances = 1
+                [service]
+                distribution = "exponential"
+                [arrivals]
+                pool = "a"
+                rate = 4.0
+                total = {ARRIVALS}
+                [[pools]]
+                name = "a"
+                [pools.service]
+                mean = 0.1
+                [[pools.follow_ups]]
+                to = "b"
+                [[pools]]
+                name = "b"
+                [pools.service]
+                mean = 0.125
+                """
+            )
+        ).result
+        for seed in SEEDS
+    ]
+    assert all(result.passed for result in results)
+    assert all(result.requests is not None for result in results)
+    assert close_to_theory(results, lambda r: r.pools[0].latency.mean, 1 / (10 - 4)) == ""
+    assert close_to_theory(results, lambda r: r.pools[1].latency.mean, 1 / (8 - 4)) == ""
+    end_to_end = 1 / (10 - 4) + 1 / (8 - 4)
+    assert close_to_theory(results, lambda r: r.requests.latency.mean, end_to_end) == ""  # type: ignore[union-attr]

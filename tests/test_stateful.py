@@ -12,8 +12,9 @@ messages, and close and reopen the runtime on the same clock; invariants compare
 log with the model after every step.
 
 ``FaultyPoolMachine`` runs the same engine under a random ``FaultPlan``, where no exact
-prediction is possible, and checks the guarantees of docs/guarantees.md instead. The
-tests at the end pin down crash-handling bugs it found.
+prediction is possible, and checks the guarantees of docs/guarantees.md instead, with
+two pools whose follow-ups go into either (a reopen may leave the second undefined for
+a while). The tests at the end pin down crash-handling bugs it found.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from dopool import (
     SimulatedClock,
     WorkerPool,
 )
-from dopool._invariants import read_instance, violations
+from dopool._invariants import link_violations, read_instance, read_links, violations
 from dopool._layout import (
     PRIORITY_MAX,
     PRIORITY_MIN,
@@ -64,6 +65,7 @@ from dopool._layout import (
 )
 from dopool._retry import uniform_draw
 from dopool._router import stable_hash
+from dopool._status import dead_letter_from_record
 from dopool.chaos import FaultPlan
 
 POOL = "stateful"
@@ -633,6 +635,11 @@ def test_an_event_that_crashes_its_instance_every_time_is_dead_lettered() -> Non
 # -- the same engine under a FaultPlan, against the guarantees of docs/guarantees.md ------
 
 FAULTY = "faulty"
+SECOND = "faulty-b"  # a second pool, of SECOND_CONCURRENCY instances
+SECOND_CONCURRENCY = 2
+POOLS = {FAULTY: CONCURRENCY, SECOND: SECOND_CONCURRENCY}
+TOTAL = CONCURRENCY + SECOND_CONCURRENCY  # the instances of both, numbered in one row
+JOINS = (FAULTY, SECOND, FAULTY)  # FAULTY's follow-ups into SECOND, and back, have run
 FAULTY_KEYS = [None, None, "alpha", "zeta", "gamma"]  # None, then instances 0, 1 and 2
 NO_SPAWN = False  # a ``spawn`` that means no follow-up (None: a follow-up without a key)
 FAULT_POINTS = (
@@ -645,7 +652,18 @@ FAULT_POINTS = (
 CHILD_PRIORITY = 0  # every follow-up's priority, so the model knows it without reading it
 JOIN_TIMEOUT = 120.0  # wall seconds; failed alarms back off up to 60 s of (free) virtual time
 
-Key = tuple[int, int]  # (instance index, sequence): one stored entry
+Key = tuple[int, int]  # (instance number, sequence): one stored entry
+
+
+def flat(pool: str, index: int) -> int:
+    """The number of ``pool``'s instance ``index`` in the machine's row: FAULTY's first."""
+    return index if pool == FAULTY else CONCURRENCY + index
+
+
+def instance_of(number: int) -> tuple[str, int]:
+    """The pool and index of the instance numbered ``number``."""
+    return (FAULTY, number) if number < CONCURRENCY else (SECOND, number - CONCURRENCY)
+
 
 fault_plans = st.fixed_dictionaries(  # a FaultPlan's probabilities, small and often 0
     dict.fromkeys(FAULT_POINTS, st.just(0.0) | st.floats(0.0, 0.1))
@@ -657,13 +675,14 @@ faulty_behaviours = st.fixed_dictionaries(
         "fail": st.sampled_from([0, 0, 0, 1, 2, 4]),  # 3 or more: dead after 3 attempts
         "mode": st.sampled_from(["error", "error", "permanent", "crash"]),
         "spawn": st.sampled_from([NO_SPAWN, NO_SPAWN, *FAULTY_KEYS]),  # a follow-up's key
+        "into": st.sampled_from([FAULTY, SECOND]),  # the follow-up's pool
     }
 )
 
 
 def faulty_child(parent_id: int) -> dict[str, Any]:
     """The follow-up a spawning event enqueues (on its ``spawn`` partition)."""
-    return {"id": -parent_id - 1, "fail": 0, "mode": "error", "spawn": NO_SPAWN}
+    return {"id": -parent_id - 1, "fail": 0, "mode": "error", "spawn": NO_SPAWN, "into": None}
 
 
 class FaultyPoolMachine(RuleBasedStateMachine):
@@ -675,9 +694,10 @@ class FaultyPoolMachine(RuleBasedStateMachine):
 
     - a failed enqueue raises ``InstanceCrashedError`` and stores nothing;
     - no loss: every acknowledged event, and every follow-up of a success that
-      committed, is in exactly one place: succeeded, dead-lettered, drained or
-      pending (or only in its parent's outbox); after ``join`` nothing is pending
-      outside paused instances and every outbox is empty;
+      committed (into either pool), is in exactly one place: succeeded,
+      dead-lettered, drained or pending (or only in its parent's outbox); after
+      ``join`` nothing is pending outside paused instances and every outbox is
+      empty; the follow-up links between instances add up (none lost);
     - at-least-once: nothing runs after its success committed; attempts of an event
       start 1, 2, 3... up to ``max_attempts``; a success needs a handler that returned
       with no crash, a failure a handler that raised or a crash;
@@ -691,7 +711,8 @@ class FaultyPoolMachine(RuleBasedStateMachine):
         self.path = Path(tempfile.mkdtemp(prefix="dopool-faulty-"))
         self.clock = SimulatedClock()
         self.runtime: Runtime  # both set by the first rule, open_store
-        self.pool: WorkerPool
+        self.pools: dict[str, WorkerPool] = {}
+        self.second_missing = False  # a reopen left SECOND undefined
         self.seed = 0
         self.probabilities: dict[str, float] = {}
         self.opens = 0
@@ -701,7 +722,7 @@ class FaultyPoolMachine(RuleBasedStateMachine):
         self.priority: dict[Key, int] = {}  # acknowledged entries (the rest are follow-ups)
         self.ids: dict[Key, int] = {}  # entry -> event id, learnt from handlers and the store
         self.where: dict[int, Key] = {}  # event id -> its one entry
-        n = range(CONCURRENCY)
+        n = range(TOTAL)
         self.enqueued: list[set[int]] = [set() for _ in n]  # sequences, from the events
         self.succeeded: list[set[int]] = [set() for _ in n]
         self.dead: list[set[int]] = [set() for _ in n]
@@ -725,15 +746,33 @@ class FaultyPoolMachine(RuleBasedStateMachine):
             runtime.close()
         shutil.rmtree(self.path, ignore_errors=True)
 
-    def _open(self) -> None:
+    @property
+    def pool(self) -> WorkerPool:
+        return self.pools[FAULTY]
+
+    def _open(self, *, without_second: bool = False) -> None:
         self.opens += 1
         # A new seed per opening, or each reopening would replay the same faults.
         plan = FaultPlan(seed=f"{self.seed}-{self.opens}", **self.probabilities)
         self.runtime = Runtime(self.path, clock=self.clock, seed=0, faults=plan)
         self.runtime.subscribe(self._on_event)  # before define: recovery emits events too
-        self.pool = self.runtime.define(
-            FAULTY, execute=self._execute, concurrency=CONCURRENCY, retry=POLICY
+        self.pools = {}
+        self._define(FAULTY)
+        self.second_missing = without_second
+        if not without_second:
+            self._define(SECOND)
+
+    def _define(self, name: str) -> None:
+        self.pools[name] = self.runtime.define(
+            name, execute=self._execute, concurrency=POOLS[name], retry=POLICY
         )
+
+    def _pool(self, name: str) -> WorkerPool:
+        """Pool ``name``, defined first if the last reopen left it out."""
+        if name == SECOND and self.second_missing:
+            self._define(SECOND)
+            self.second_missing = False
+        return self.pools[name]
 
     def _after_crashed_call(self) -> None:
         """Let the recovery after a crash that failed a call commit before any check.
@@ -762,7 +801,7 @@ class FaultyPoolMachine(RuleBasedStateMachine):
         return current
 
     def _execute(self, ctx: EventContext) -> None:
-        index, sequence, event = ctx.instance_index, ctx.sequence, ctx.event
+        index, sequence, event = flat(ctx.pool_name, ctx.instance_index), ctx.sequence, ctx.event
         key = (index, sequence)
         self._learn(key, event["id"])
         if sequence in self.succeeded[index]:
@@ -771,13 +810,15 @@ class FaultyPoolMachine(RuleBasedStateMachine):
             self.wrong.append(f"{key} attempt {ctx.attempt} runs without its start")
         self.outcome[index] = (sequence, "fail")  # until the handler returns
         if event["spawn"] is not NO_SPAWN:
-            # Enqueued before the outcome is known: a failed attempt discards it.
+            # Enqueued before the outcome is known: a failed attempt discards it. Into a
+            # pool not defined (a reopen without it), it fails the attempt.
             child = faulty_child(event["id"])
-            ctx.enqueue(child, partition_key=event["spawn"], priority=CHILD_PRIORITY)
+            pool = event["into"]
+            ctx.enqueue(child, partition_key=event["spawn"], priority=CHILD_PRIORITY, pool=pool)
         if ctx.attempt <= event["fail"]:
             if event["mode"] == "crash":
                 self.outcome[index] = (sequence, "kill")
-                self.runtime.kill(FAULTY, index)
+                self.runtime.kill(ctx.pool_name, ctx.instance_index)
                 return
             if event["mode"] == "permanent":
                 raise PermanentError("poison")
@@ -792,10 +833,10 @@ class FaultyPoolMachine(RuleBasedStateMachine):
             self.wrong.append(f"event {event_id} stored twice: {self.where[event_id]} and {key}")
 
     def _on_event(self, event: PoolEvent) -> None:
-        if event.pool != FAULTY:
+        if event.pool not in POOLS:
             self.wrong.append(f"an event of another pool: {event}")
             return
-        index, sequence, kind = event.instance_index, event.sequence, event.kind
+        index, sequence, kind = flat(event.pool, event.instance_index), event.sequence, event.kind
         if kind == "enqueued":
             assert sequence is not None
             if sequence != len(self.enqueued[index]):
@@ -862,24 +903,26 @@ class FaultyPoolMachine(RuleBasedStateMachine):
         self.next_id += 1
         return payload
 
-    def _totals(self) -> tuple[int, int]:
-        status = self.pool.status()
+    def _totals(self, pool: WorkerPool) -> tuple[int, int]:
+        status = pool.status()
         return status.enqueued, status.pending
 
     def _stored_id(self, key: Key, priority: int) -> int:
         """The id of the event stored at ``key`` (read from the store)."""
-        namespace = Namespace(FAULTY, key[0])
+        namespace = Namespace(*instance_of(key[0]))
         with self.runtime._store.read() as txn:
             record = namespace.get_event(txn, namespace.queue_key(priority, key[1]))
         assert record is not None, f"acknowledged {key} is not stored"
         return int(unpack(record.event)["id"])
 
-    def _ack(self, event_id: int, result: EnqueueResult, key: str | None, priority: int) -> None:
+    def _ack(
+        self, pool: str, event_id: int, result: EnqueueResult, key: str | None, priority: int
+    ) -> None:
         """An acknowledged enqueue: check its result, and remember where the event is."""
-        index, sequence = result.instance_index, result.sequence
+        index, sequence = flat(pool, result.instance_index), result.sequence
         if key is not None:
-            assert index == stable_hash(key) % CONCURRENCY
-        assert result.instance_id == f"{FAULTY}:{index}"
+            assert result.instance_index == stable_hash(key) % POOLS[pool]
+        assert result.instance_id == f"{pool}:{result.instance_index}"
         assert sequence in self.enqueued[index], "acknowledged without an enqueued event"
         assert event_id not in self.acked
         assert (index, sequence) not in self.priority
@@ -898,8 +941,8 @@ class FaultyPoolMachine(RuleBasedStateMachine):
         """Each instance's pending entries, ``sequence -> id``, from the store."""
         found: list[dict[int, int]] = []
         with self.runtime._store.read() as txn:
-            for index in range(CONCURRENCY):
-                namespace = Namespace(FAULTY, index)
+            for index in range(TOTAL):
+                namespace = Namespace(*instance_of(index))
                 entries = {}
                 for queue_key in namespace.iter_event_keys(txn):
                     record = namespace.get_event(txn, queue_key)
@@ -918,77 +961,87 @@ class FaultyPoolMachine(RuleBasedStateMachine):
         behaviour=faulty_behaviours,
         partition_key=st.sampled_from(FAULTY_KEYS),
         priority=st.sampled_from([0, 0, 1, -1]),
+        into=st.sampled_from([FAULTY, FAULTY, SECOND]),
     )
-    def enqueue(self, behaviour: dict[str, Any], partition_key: str | None, priority: int) -> None:
+    def enqueue(
+        self, behaviour: dict[str, Any], partition_key: str | None, priority: int, into: str
+    ) -> None:
+        pool = self._pool(into)
         payload = self._new_payload(behaviour)
-        enqueued, pending = self._totals()
+        enqueued, pending = self._totals(pool)
         try:
-            result = self.pool.enqueue(payload, partition_key=partition_key, priority=priority)
+            result = pool.enqueue(payload, partition_key=partition_key, priority=priority)
         except InstanceCrashedError:
             self._after_crashed_call()
-            assert self._totals() == (enqueued, pending), "a failed enqueue stored something"
+            assert self._totals(pool) == (enqueued, pending), "a failed enqueue stored something"
             return
-        assert self._totals() == (enqueued + 1, pending + 1)
-        self._ack(payload["id"], result, partition_key, priority)
+        assert self._totals(pool) == (enqueued + 1, pending + 1)
+        self._ack(into, payload["id"], result, partition_key, priority)
 
     @rule(
         batch=st.lists(faulty_behaviours, min_size=1, max_size=5),
         partition_key=st.sampled_from(FAULTY_KEYS),
         priority=st.sampled_from([0, 0, 1, -1]),
+        into=st.sampled_from([FAULTY, FAULTY, SECOND]),
     )
     def enqueue_many(
-        self, batch: list[dict[str, Any]], partition_key: str | None, priority: int
+        self, batch: list[dict[str, Any]], partition_key: str | None, priority: int, into: str
     ) -> None:
+        pool = self._pool(into)
         payloads = [self._new_payload(behaviour) for behaviour in batch]
         ids = [payload["id"] for payload in payloads]
-        enqueued, pending = self._totals()
+        enqueued, pending = self._totals(pool)
         try:
-            results = self.pool.enqueue_many(
-                payloads, partition_key=partition_key, priority=priority
-            )
+            results = pool.enqueue_many(payloads, partition_key=partition_key, priority=priority)
         except InstanceCrashedError as exc:
             # Each instance's share is atomic: the others' shares may be stored.
             stored = list(exc.stored)
             self._after_crashed_call()
             assert len(stored) < len(payloads)
-            assert self._totals() == (enqueued + len(stored), pending + len(stored))
+            assert self._totals(pool) == (enqueued + len(stored), pending + len(stored))
             for result in sorted(stored, key=lambda r: (r.instance_index, r.sequence)):
-                key = (result.instance_index, result.sequence)
+                key = (flat(into, result.instance_index), result.sequence)
                 event_id = self._stored_id(key, priority)
                 assert event_id in ids
-                self._ack(event_id, result, partition_key, priority)
+                self._ack(into, event_id, result, partition_key, priority)
             return
         assert len(results) == len(payloads)
-        assert self._totals() == (enqueued + len(results), pending + len(results))
+        assert self._totals(pool) == (enqueued + len(results), pending + len(results))
         for event_id, result in zip(ids, results, strict=True):
-            self._ack(event_id, result, partition_key, priority)
+            self._ack(into, event_id, result, partition_key, priority)
 
-    @rule(index=indices, paused=st.booleans())
-    def pause_or_resume(self, index: int | None, paused: bool) -> None:
+    @rule(index=indices, paused=st.booleans(), into=st.sampled_from([FAULTY, SECOND]))
+    def pause_or_resume(self, index: int | None, paused: bool, into: str) -> None:
+        pool = self._pool(into)
+        index = None if index is None else index % POOLS[into]
         try:
-            (self.pool.pause if paused else self.pool.resume)(index)
+            (pool.pause if paused else pool.resume)(index)
         except InstanceCrashedError:
             self._after_crashed_call()
             return  # one instance's call crashed (rolled back); calls are one by one
-        for got in self.pool.status().instances:
+        for got in pool.status().instances:
             if index is None or got.index == index:
                 assert (got.state == "paused") == paused
 
-    @rule(index=indices)
-    def drain(self, index: int | None) -> None:
+    @rule(index=indices, into=st.sampled_from([FAULTY, SECOND]))
+    def drain(self, index: int | None, into: str) -> None:
+        pool = self._pool(into)
+        index = None if index is None else index % POOLS[into]
         before = self._scan()
         try:
-            count: int | None = self.pool.drain(index)
+            count: int | None = pool.drain(index)
         except InstanceCrashedError:
             self._after_crashed_call()
             count = None
         after = self._scan()
         removed = 0
         for got, (was, now) in enumerate(zip(before, after, strict=True)):
+            pool_name, got_index = instance_of(got)
+            ours = pool_name == into and index in (None, got_index)
             assert now.items() <= was.items(), "drain added events"
             gone = was.keys() - now.keys()
-            assert not gone or index in (None, got), "drain touched another instance"
-            assert not now or count is None or index not in (None, got)
+            assert not gone or ours, "drain touched another instance"
+            assert not now or count is None or not ours
             self.drained[got] |= gone
             removed += len(gone)
         assert count is None or count == removed
@@ -1001,34 +1054,40 @@ class FaultyPoolMachine(RuleBasedStateMachine):
 
     @rule()
     def join(self) -> None:
-        finished = self.pool.join(timeout=JOIN_TIMEOUT)
+        """Join the pools in turn: FAULTY's follow-ups into SECOND, then SECOND's into
+        FAULTY, then what those made (a follow-up makes none)."""
+        self._pool(SECOND)
+        joined = [self.pools[name].join(timeout=JOIN_TIMEOUT) for name in JOINS]  # every one
+        finished = all(joined)
         stuck = False
         with self.runtime._store.read() as txn:
-            for index in range(CONCURRENCY):
-                meta = Namespace(FAULTY, index).load_meta(txn)
+            for index in range(TOTAL):
+                meta = Namespace(*instance_of(index)).load_meta(txn)
                 assert meta.outbox == 0, f"instance {index}: follow-ups never delivered"
                 assert meta.paused or meta.pending == 0, f"instance {index} left work"
                 stuck = stuck or meta.pending > 0
         assert finished is not stuck
 
-    @rule(index=st.integers(0, CONCURRENCY - 1))
+    @rule(index=st.integers(0, TOTAL - 1))
     def kill(self, index: int) -> None:
-        before = self.pool.status().instances[index]
-        self.runtime.kill(FAULTY, index)  # waits for the restart
-        after = self.pool.status().instances[index]
+        name, instance = instance_of(index)
+        pool = self._pool(name)
+        before = pool.status().instances[instance]
+        self.runtime.kill(name, instance)  # waits for the restart
+        after = pool.status().instances[instance]
         if before.state == "restarting":  # no incarnation to kill: nothing happens
             assert (after.state, after.restarts) == ("restarting", before.restarts)
         else:  # unless the restart's recovery crashed, and then restarts back off
             assert after.restarts > before.restarts or after.state == "restarting"
 
-    @rule(downtime=st.sampled_from([0, 5]))
-    def close_and_reopen(self, downtime: float) -> None:
+    @rule(downtime=st.sampled_from([0, 5]), without_second=st.booleans())
+    def close_and_reopen(self, downtime: float, without_second: bool) -> None:
         self.runtime.close()
         # Restarts still waiting out a backoff never happen, nor count.
         self.unrecorded = [0 for _ in self.unrecorded]
         self.restart_waits = [False for _ in self.restart_waits]
         self.clock.advance(downtime)
-        self._open()
+        self._open(without_second=without_second)
 
     # -- invariants (after every step) ------------------------------------------------
     @invariant()
@@ -1038,11 +1097,13 @@ class FaultyPoolMachine(RuleBasedStateMachine):
     @invariant()
     def storage_and_counters(self) -> None:
         with self.runtime._store.read() as txn:
-            for index in range(CONCURRENCY):
-                stored = read_instance(txn, FAULTY, index)
+            assert link_violations(read_links(txn, POOLS)) == []  # no follow-up lost
+            for index in range(TOTAL):
+                name, instance = instance_of(index)
+                stored = read_instance(txn, name, instance)
                 assert violations(stored) == []  # guarantee 4, docs/guarantees.md
                 meta = stored.meta
-                keys = list(Namespace(FAULTY, index).iter_event_keys(txn))
+                keys = list(Namespace(name, instance).iter_event_keys(txn))
                 pending = {queue_key_sequence(key) for key in keys}
                 waits = self.restart_waits[index]
                 assert not meta.running or waits, "an attempt in flight at a quiescent point"
@@ -1066,8 +1127,9 @@ class FaultyPoolMachine(RuleBasedStateMachine):
                 assert waits or not self.unrecorded[index], "a crash and no recovery"
                 assert self.crashed[index] >= meta.restarts >= self.restarts[index]
                 self.restarts[index] = meta.restarts
-                state = self.pool.status().instances[index].state
-                assert (state == "restarting") == waits
+                if name in self.pools:  # a pool left undefined has no instances running
+                    state = self.pools[name].status().instances[instance].state
+                    assert (state == "restarting") == waits
 
     @invariant()
     def every_event_is_in_exactly_one_place(self) -> None:
@@ -1077,26 +1139,37 @@ class FaultyPoolMachine(RuleBasedStateMachine):
             for sequence, event_id in entries.items():
                 self._learn((index, sequence), event_id)
                 places.setdefault(event_id, []).append("pending")
-        for index in range(CONCURRENCY):
+        for index in range(TOTAL):
             for sequence in self.succeeded[index]:
                 places.setdefault(self.ids[index, sequence], []).append("succeeded")
             for sequence in self.drained[index]:
                 places.setdefault(self.ids[index, sequence], []).append("drained")
-        letters = self.pool.dead_letters()
-        assert [(d.instance_index, d.sequence) for d in letters] == sorted(
-            (index, sequence) for index in range(CONCURRENCY) for sequence in self.dead[index]
+        letters: list[tuple[int, DeadLetter]] = []
+        for name, concurrency in POOLS.items():
+            if name in self.pools:
+                listed = self.pools[name].dead_letters()
+            else:  # not defined in this runtime: read from the store
+                with self.runtime._store.read() as txn:
+                    listed = [
+                        dead_letter_from_record(index, sequence, record)
+                        for index in range(concurrency)
+                        for sequence, record in Namespace(name, index).iter_dead_letters(txn)
+                    ]
+            letters += [(flat(name, letter.instance_index), letter) for letter in listed]
+        assert sorted((index, d.sequence) for index, d in letters) == sorted(
+            (index, sequence) for index in range(TOTAL) for sequence in self.dead[index]
         )
-        for letter in letters:
-            self._learn((letter.instance_index, letter.sequence), letter.event["id"])
+        for index, letter in letters:
+            self._learn((index, letter.sequence), letter.event["id"])
             places.setdefault(letter.event["id"], []).append("dead")
             assert 1 <= letter.attempts <= MAX_ATTEMPTS
         in_outbox: set[int] = set()
         with self.runtime._store.read() as txn:
-            for index in range(CONCURRENCY):
-                for _, record in Namespace(FAULTY, index).iter_outbox(txn):
+            for index in range(TOTAL):
+                for _, record in Namespace(*instance_of(index)).iter_outbox(txn):
                     assert isinstance(record, OutboxRecord), record  # nothing was damaged
                     in_outbox.add(int(unpack(record.event)["id"]))
-        parents = [self.ids[i, s] for i in range(CONCURRENCY) for s in self.succeeded[i]]
+        parents = [self.ids[i, s] for i in range(TOTAL) for s in self.succeeded[i]]
         expected = set(self.acked) | {
             -parent - 1
             for parent in parents

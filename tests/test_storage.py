@@ -32,6 +32,8 @@ from dopool._layout import (
     RecordKind,
     dead_letter_sequence,
     encode_event,
+    format_1_mark,
+    mark_source,
     outbox_sequence,
     parse_instance_key,
     queue_key_priority,
@@ -158,6 +160,24 @@ def test_each_kind_of_key_has_its_parser() -> None:
     assert parse_instance_key(ns.dead_letter_key(5)[:-1]) is None  # too short: no key of ours
 
 
+def test_a_delivery_mark_names_its_source_pool_and_index(store: Store) -> None:
+    ns = Namespace("a", 3)
+    with store.write() as txn:
+        ns.set_delivered(txn, "other-pool.2", 4095, 1)
+    with store.read() as txn:
+        [(kind, key)] = list(ns.iter_keys(txn))
+    assert kind is RecordKind.DELIVERY_MARK
+    assert parse_instance_key(key) == InstanceKey("a", 3, RecordKind.DELIVERY_MARK)
+    assert mark_source(key) == ("other-pool.2", 4095)
+    assert format_1_mark(key) is None
+    # Format 1's mark, keyed by the source's index alone, is no key of format 2's.
+    old = ns.mark_prefix + (7).to_bytes(4, "big")
+    assert parse_instance_key(old) is None
+    assert format_1_mark(old) == ("a", 3, 7)
+    for bad in (b"", b"p", b"p\x00", b"p\x00\x00\x00\x01", b"p q\x00\x00\x00\x00\x01"):
+        assert parse_instance_key(ns.mark_prefix + bad) is None, bad
+
+
 def test_the_started_event_is_read_from_the_meta() -> None:
     ns = Namespace("a", 3)
     assert started_event(Meta()) is None
@@ -229,7 +249,7 @@ def test_first_event_of_an_empty_queue_is_none_despite_neighbours(store: Store) 
         # a:1 holds everything but events: a dead letter sorts before its queue, a
         # delivery mark after it; a:10 and ab:1 hold events right after a:1's keys.
         a1.put_dead_letter(txn, 0, dead_record())
-        a1.set_delivered(txn, 0, 5)
+        a1.set_delivered(txn, "a", 0, 5)
         a10.put_event(txn, a10.queue_key(0, 0), record())
         ab1.put_event(txn, ab1.queue_key(0, 0), record())
     with store.read() as txn:
@@ -264,7 +284,7 @@ def fill(store: Store, ns: Namespace, events: int, dead: int) -> None:
             ns.put_dead_letter(txn, seq, dead_record())
         ns.save_meta(txn, Meta(tail=events))
         ns.put_outbox(txn, 0, outbox_record())
-        ns.set_delivered(txn, 1, 3)
+        ns.set_delivered(txn, "a", 1, 3)
 
 
 def counts(store: Store, ns: Namespace) -> tuple[int, int, int]:
@@ -301,7 +321,7 @@ def test_deletes_touch_only_their_own_instance(
 
     with store.read() as txn:
         assert mine.load_meta(txn) == Meta(tail=5)
-        assert mine.last_delivered(txn, 1) == 3
+        assert mine.last_delivered(txn, "a", 1) == 3
     for n, ns in enumerate(neighbours):
         assert counts(store, ns) == (2 + n, 1 + n, 1), ns.prefix
 
@@ -313,8 +333,8 @@ def dead_record(error: str = "boom", partition_key: str | None = None) -> DeadRe
     return DeadRecord(encode_event({"x": b"\x00"}), error, 3, 1.0, 9.5, partition_key, -2)
 
 
-def outbox_record(target: int = 1) -> OutboxRecord:
-    return OutboxRecord(target, 0, encode_event(["follow", "up"]), 4.0, "k", 1)
+def outbox_record(target: int = 1, pool: str = "a") -> OutboxRecord:
+    return OutboxRecord(pool, target, 0, encode_event(["follow", "up"]), 4.0, "k", 1)
 
 
 def test_dead_letters_round_trip_in_sequence_order(store: Store) -> None:
@@ -337,32 +357,52 @@ def test_dead_letters_round_trip_in_sequence_order(store: Store) -> None:
 def test_outbox_round_trips(store: Store) -> None:
     ns = Namespace("a", 0)
     with store.write() as txn:
-        ns.put_outbox(txn, 1, outbox_record(2))
+        ns.put_outbox(txn, 1, outbox_record(2, "other.pool"))
         ns.put_outbox(txn, 0, outbox_record(0))
     with store.read() as txn:
-        assert list(ns.iter_outbox(txn)) == [(0, outbox_record(0)), (1, outbox_record(2))]
+        assert list(ns.iter_outbox(txn)) == [
+            (0, outbox_record(0)),
+            (1, outbox_record(2, "other.pool")),
+        ]
     with store.write() as txn:
         assert ns.delete_outbox(txn, 0) is True
         assert ns.delete_outbox(txn, 0) is False
     with store.read() as txn:
-        assert list(ns.iter_outbox(txn)) == [(1, outbox_record(2))]
+        assert list(ns.iter_outbox(txn)) == [(1, outbox_record(2, "other.pool"))]
         assert Namespace("a", 1).count_outbox(txn) == 0
 
 
 def test_last_delivered_per_source(store: Store) -> None:
     ns = Namespace("a", 0)
     with store.read() as txn:
-        assert ns.last_delivered(txn, 0) == -1
+        assert ns.last_delivered(txn, "a", 0) == -1
     with store.write() as txn:
-        ns.set_delivered(txn, 0, 5)
-        ns.set_delivered(txn, 3, 2**64 - 1)
+        ns.set_delivered(txn, "a", 0, 5)
+        ns.set_delivered(txn, "a", 3, 2**64 - 1)
     with store.write() as txn:
-        ns.set_delivered(txn, 0, 6)
+        ns.set_delivered(txn, "a", 0, 6)
     with store.read() as txn:
-        assert ns.last_delivered(txn, 0) == 6
-        assert ns.last_delivered(txn, 3) == 2**64 - 1
-        assert ns.last_delivered(txn, 1) == -1
-        assert Namespace("a", 1).last_delivered(txn, 0) == -1
+        assert ns.last_delivered(txn, "a", 0) == 6
+        assert ns.last_delivered(txn, "a", 3) == 2**64 - 1
+        assert ns.last_delivered(txn, "a", 1) == -1
+        assert Namespace("a", 1).last_delivered(txn, "a", 0) == -1
+
+
+def test_sources_of_two_pools_have_marks_of_their_own(store: Store) -> None:
+    """A mark is keyed by its source's pool and index: "a:0", "ab:0" and "b:0" are three."""
+    ns = Namespace("b", 2)
+    with store.write() as txn:
+        ns.set_delivered(txn, "a", 0, 5)
+        ns.set_delivered(txn, "ab", 0, 7)
+        ns.set_delivered(txn, "b", 0, 9)  # its own pool's instance 0
+    with store.read() as txn:
+        assert ns.last_delivered(txn, "a", 0) == 5
+        assert ns.last_delivered(txn, "ab", 0) == 7
+        assert ns.last_delivered(txn, "b", 0) == 9
+        assert ns.last_delivered(txn, "a", 1) == -1
+        assert list(ns.iter_marks(txn)) == [(("a", 0), 5), (("ab", 0), 7), (("b", 0), 9)]
+        kinds = [kind for kind, _ in ns.iter_keys(txn)]
+        assert kinds == [RecordKind.DELIVERY_MARK] * 3
 
 
 # -- transactions ----------------------------------------------------------------

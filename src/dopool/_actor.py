@@ -43,6 +43,7 @@ from dopool._messages import (
     HandedOff,
     Kill,
     Recover,
+    Resend,
 )
 from dopool._storage import Txn
 
@@ -68,7 +69,9 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             Delivered: self._on_delivered,
             Kill: self._on_kill,
             HandedOff: self._on_handed_off,
+            Resend: self._on_resend,
         }
+        self._resolve = partial(env.directory.resolve, own=spec.name)
 
     @staticmethod
     def _create_actor_inbox() -> Inbox:  # pykka's extension point for an actor's inbox
@@ -263,6 +266,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             priority=record.priority,
             _prepare=self._spec.prepare,
             _sleep=self._sleep,
+            _target=self._resolve,
         )
         if failure is None:
             try:
@@ -347,9 +351,13 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         effects = Effects()
         record = message.record
 
+        source_pool, source_index = message.source_pool, message.source
+
         def body(txn: Txn) -> tuple[Meta, int]:
             meta = self._load_meta(txn)
-            expected = self._machine.deliver(txn, meta, message.source, record, now, effects)
+            expected = self._machine.deliver(
+                txn, meta, source_pool, source_index, record, now, effects
+            )
             if record.link == expected:
                 self._save_meta(txn, meta)
             return meta, expected
@@ -357,15 +365,18 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         meta, expected = self._transact(body)
         if record.link > expected:
             logger.error(
-                "instance %s: follow-up link %d from instance %d arrived before link %d",
+                "instance %s: follow-up link %d from instance %s:%d arrived before link %d",
                 self._id,
                 record.link,
-                message.source,
+                source_pool,
+                source_index,
                 expected,
             )
             return
         self._publish(meta, effects)
-        source = self._env.mailboxes[message.source]
+        source = self.mailbox_of(source_pool, source_index)
+        if source is None:  # not in this runtime: its recovery resends, and is acknowledged
+            return
         ack = Delivered(message.oseq)
         self._clock.deliver(source.order, partial(source.send, ack))
 
@@ -377,3 +388,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
                 self._save_meta(txn, meta)
 
         self._transact(body)
+
+    def _on_resend(self, message: Resend) -> None:
+        """A pool was defined: send the follow-ups held for it (nothing to commit)."""
+        self.resend_held(message.pool)

@@ -6,7 +6,10 @@ so a snapshot taken beside a live runtime must balance too.
 
 The walk over the records is this module's own (it reports damaged records and
 stray keys too); the counter checks are :mod:`dopool._invariants`', fed with the
-keys it counts on the way.
+keys it counts on the way, and so are the checks of the follow-up links between
+instances, of one pool or two (:class:`~dopool._invariants.LinkTally`). It also
+checks that every follow-up in an outbox, and every source a delivery mark names,
+is an instance of a stored pool.
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dopool._errors import DamagedRecordError
-from dopool._invariants import KeyTally, broken_invariants
+from dopool._invariants import KeyTally, LinkTally, broken_invariants, broken_links
 from dopool._layout import (
     FORMAT_VERSION,
     Meta,
+    OutboxRecord,
     RecordKind,
     is_format_key,
+    mark_source,
     parse_instance_key,
     pool_name_of,
     read_dead,
@@ -67,12 +72,15 @@ class _Instance:
     meta: Meta | None = None
     meta_key: bytes | None = None
     keys: KeyTally = field(default_factory=KeyTally)
+    follow_ups: list[tuple[bytes, OutboxRecord]] = field(default_factory=list)
+    sources: list[tuple[bytes, tuple[str, int]]] = field(default_factory=list)  # its marks'
 
 
 def check_store(txn: Txn) -> CheckReport:
     """Read every record of the store in ``txn`` and check it; see the module docstring."""
     problems: list[Problem] = []
     instances: dict[tuple[str, int], _Instance] = {}
+    links = LinkTally()
     pools: dict[str, int] = {}
     version: int | None = None
     has_format = False
@@ -84,7 +92,9 @@ def check_store(txn: Txn) -> CheckReport:
         try:
             if parsed is not None:
                 instance = instances.setdefault((parsed.pool, parsed.instance), _Instance())
-                _check_instance_record(where or "", instance, parsed.kind, key, value, problems)
+                _check_instance_record(
+                    where or "", instance, parsed.kind, key, value, links, problems
+                )
             elif is_format_key(key):
                 has_format = True
                 version = read_format(key, value)
@@ -98,10 +108,14 @@ def check_store(txn: Txn) -> CheckReport:
                 problems.append(Problem(None, key, "a key of no known kind"))
         except DamagedRecordError as exc:
             problems.append(Problem(where, key, f"damaged: {exc.reason}"))
+            if where is not None:  # its links cannot be judged
+                links.uncertain.add(where)
     if not has_format and records:
         problems.append(Problem(None, None, "no format record, though the store holds records"))
     for (pool, index), instance in sorted(instances.items()):
         problems.extend(_check_instance(pool, index, instance, pools.get(pool)))
+        problems.extend(_check_addresses(f"{pool}:{index}", instance, pools))
+    problems.extend(Problem(where, None, what) for where, what in broken_links(links))
     known = {name: count for name, count in sorted(pools.items()) if count}
     return CheckReport(version, records, known, len(instances), problems)
 
@@ -112,6 +126,7 @@ def _check_instance_record(
     kind: RecordKind,
     key: bytes,
     value: bytes,
+    links: LinkTally,
     problems: list[Problem],
 ) -> None:
     """Count a record of an instance by its key, then read it (which may raise)."""
@@ -119,14 +134,20 @@ def _check_instance_record(
     if kind is RecordKind.META:
         instance.meta_key = key
         instance.meta = read_meta(key, value)
+        links.add_meta(where, instance.meta)
     elif kind is RecordKind.EVENT:
         _payload(where, key, read_event(key, value).event, problems)
     elif kind is RecordKind.DEAD_LETTER:
         read_dead(key, value)
     elif kind is RecordKind.OUTBOX:
-        _payload(where, key, read_outbox(key, value).event, problems)
+        record = read_outbox(key, value)
+        _payload(where, key, record.event, problems)
+        instance.follow_ups.append((key, record))
+        links.add_outbox(where, record)
     else:
-        read_link(key, value)
+        source = mark_source(key)
+        links.add_mark(where, source, read_link(key, value))
+        instance.sources.append((key, source))
 
 
 def _check_pool_name(name: str, key: bytes, problems: list[Problem]) -> None:
@@ -164,6 +185,23 @@ def _check_instance(
         return problems  # or a damaged one, reported already
     for what in broken_invariants(found.keys.state(pool, index, meta)):
         problem(what, found.meta_key)
+    return problems
+
+
+def _check_addresses(where: str, found: _Instance, pools: dict[str, int]) -> list[Problem]:
+    """Each follow-up in the outbox goes to, and each mark names, an instance of a stored pool."""
+    problems: list[Problem] = []
+    named = [(key, (r.pool, r.target), "a follow-up for") for key, r in found.follow_ups]
+    # A mark's source may be beyond its pool's concurrency: the pool shrank since.
+    named += [(key, (source[0], -1), "a delivery mark of") for key, source in found.sources]
+    for key, (pool, index), what in named:
+        concurrency = pools.get(pool)
+        if concurrency is None:
+            problems.append(Problem(where, key, f"{what} pool {pool!r}, which has no pool record"))
+        elif concurrency and index >= concurrency:  # 0: a damaged pool record, reported
+            problems.append(
+                Problem(where, key, f"{what} {pool}:{index}, beyond its concurrency {concurrency}")
+            )
     return problems
 
 

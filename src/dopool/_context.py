@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from dopool._followups import FollowUp, Target
 from dopool._messages import Item
+
+if TYPE_CHECKING:
+    from dopool._pool import WorkerPool
 
 
 @dataclass(slots=True, kw_only=True)
@@ -33,20 +37,41 @@ class EventContext:
     priority: int
     _prepare: Callable[[Any, str | None, int], Item] = field(repr=False)
     _sleep: Callable[[float], None] = field(repr=False)
-    _follow_ups: list[Item] = field(default_factory=list, repr=False)
+    # The pool ``ctx.enqueue(pool=...)`` names, or None for this one (raises if none).
+    _target: Callable[[object], Target | None] = field(repr=False)
+    _follow_ups: list[FollowUp] = field(default_factory=list, repr=False)
 
     @property
     def is_retry(self) -> bool:
         return self.attempt > 1
 
-    def enqueue(self, event: Any, *, partition_key: str | None = None, priority: int = 0) -> None:
-        """Add a follow-up event to this pool.
+    def enqueue(
+        self,
+        event: Any,
+        *,
+        partition_key: str | None = None,
+        priority: int = 0,
+        pool: str | WorkerPool | None = None,
+    ) -> None:
+        """Add a follow-up event to this pool, or to ``pool`` (a name or a
+        :class:`~dopool.WorkerPool` of this runtime).
 
-        It is validated now, becomes durable in the same transaction that
-        completes this event, and is discarded if this attempt fails. Follow-ups
-        are delivered at least once and are never refused by ``max_queue_depth``.
+        It is validated now, with that pool's schema, becomes durable in the same
+        transaction that completes this event, and is discarded if this attempt
+        fails. It is routed by that pool's router when it commits. Follow-ups are
+        delivered at least once and are never refused by ``max_queue_depth``.
+
+        Raises:
+            ConfigurationError: ``pool`` is not defined in this runtime, or is a
+                WorkerPool of another runtime.
+            EventValidationError, EventTooLargeError: as ``WorkerPool.enqueue``.
         """
-        self._follow_ups.append(self._prepare(event, partition_key, priority))
+        if pool is None:
+            self._follow_ups.append((self._prepare(event, partition_key, priority), None))
+            return
+        target = self._target(pool)
+        prepare = self._prepare if target is None else target.prepare
+        self._follow_ups.append((prepare(event, partition_key, priority), target))
 
     def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` of clock time: real time, or virtual under a simulated clock."""

@@ -140,17 +140,24 @@ class StoreFormatError(StorageError):
     """The store records a format version this version of dopool does not read.
 
     Nothing in the store was changed. ``found`` is None for a store written
-    before format versions were recorded.
+    before format versions were recorded. A runtime migrates a store of an older
+    format it knows when it opens it; read-only tools refuse one (``migrates``:
+    the message says so).
     """
 
-    def __init__(self, *, path: str, found: int | None, supported: int) -> None:
+    def __init__(
+        self, *, path: str, found: int | None, supported: int, migrates: bool = False
+    ) -> None:
         self.path = path
         self.found = found
         self.supported = supported
         version = "no format version" if found is None else f"format version {found}"
-        super().__init__(
+        message = (
             f"store {path!r} has {version}; this version of dopool reads format {supported} only"
         )
+        if migrates:
+            message += " (a Runtime of this version migrates it in place when it opens it)"
+        super().__init__(message)
 
 
 class StoreDamagedError(StorageError):

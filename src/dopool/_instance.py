@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dopool._clock import Clock
 from dopool._errors import (
@@ -22,7 +22,7 @@ from dopool._errors import (
     InstanceCrashedError,
     PermanentError,
 )
-from dopool._layout import Meta
+from dopool._layout import Meta, OutboxRecord
 from dopool._machine import Effects, QueueMachine, Started
 from dopool._mailbox import Mailbox, fail_reply
 from dopool._messages import (
@@ -37,6 +37,9 @@ from dopool._supervisor import Supervisor
 from dopool._turn import Turn
 from dopool._types import EmptyInfo, PoolEvent
 from dopool.chaos import FaultInjector
+
+if TYPE_CHECKING:
+    from dopool._directory import Directory
 
 logger = logging.getLogger("dopool")
 
@@ -100,6 +103,7 @@ class InstanceEnv:
     emit: Callable[[PoolEvent], None]
     listening: Callable[[], bool]  # whether anyone takes events: if not, none are made
     router: Router
+    directory: Directory  # the runtime's defined pools, where follow-ups into them go
     in_handler: threading.local  # .instance: (pool, index) whose thread this is, mid-message
     # One per instance, by index, each outliving the instance's incarnations:
     mailboxes: list[Mailbox]
@@ -154,6 +158,9 @@ class InstanceShell:
         # or failed if the instance dies first.
         self._taken: list[Enqueue] = []
         self._saved: Meta | None = None  # the meta the running transaction saved
+        # Follow-ups for pools not defined in this runtime: they wait in the outbox, and
+        # are sent (before any later one to that pool) once the pool is defined.
+        self._held: dict[str, list[tuple[int, OutboxRecord]]] = {}
 
     def _killed(self) -> bool:
         """Whether this incarnation must crash at its next fault point."""
@@ -261,9 +268,7 @@ class InstanceShell:
         for event in effects.events:
             emit(event)
         for oseq, record in effects.deliveries:
-            target = self._env.mailboxes[record.target]
-            deliver = Deliver(self._index, oseq, record)
-            self._clock.deliver(target.order, partial(target.send, deliver))
+            self._deliver(oseq, record)
         if self._spec.options.on_dead_letter is not None:
             for dead in effects.dead:
                 _call_hook("on_dead_letter", self._spec.options.on_dead_letter, dead)
@@ -280,6 +285,67 @@ class InstanceShell:
                 fail_reply(message, answer)
             else:
                 message.reply.set(answer)
+
+    # -- follow-ups leaving the outbox ---------------------------------------------------
+    def _deliver(self, oseq: int, record: OutboxRecord) -> None:
+        """Send follow-up ``oseq`` (committed in the outbox) to its instance, via the clock.
+
+        One for a pool that is not defined in this runtime stays in the outbox, held
+        until the pool is defined (a ``Resend``); one to a pool with held ones goes
+        after them, since a target takes one source's links only in order.
+        """
+        pool = record.pool
+        if pool == self._spec.name:
+            self._send(self._env.mailboxes, oseq, record)
+            return
+        address = self._env.directory.address_or_wait(pool, self._mailbox)
+        if address is None:
+            if pool not in self._held:
+                logger.warning(
+                    "instance %s: follow-ups for pool %r wait in the outbox until it is defined",
+                    self._id,
+                    pool,
+                )
+            self._held.setdefault(pool, []).append((oseq, record))
+            return
+        self.resend_held(pool)
+        self._send(address.mailboxes, oseq, record)
+
+    def resend_held(self, pool: str) -> None:
+        """Send the follow-ups held for ``pool``, which is defined now, in outbox order."""
+        held = self._held.pop(pool, None)
+        address = self._env.directory.get(pool)
+        if held is None or address is None:
+            return
+        for oseq, record in held:
+            self._send(address.mailboxes, oseq, record)
+
+    def _send(self, mailboxes: Sequence[Mailbox], oseq: int, record: OutboxRecord) -> None:
+        if record.target >= len(mailboxes):  # a crafted record: reported, never lost
+            logger.error(
+                "instance %s: follow-up %d is for instance %d of pool %r, which has %d: "
+                "kept in the outbox",
+                self._id,
+                oseq,
+                record.target,
+                record.pool,
+                len(mailboxes),
+            )
+            return
+        target = mailboxes[record.target]
+        deliver = Deliver(self._spec.name, self._index, oseq, record)
+        self._clock.deliver(target.order, partial(target.send, deliver))
+
+    def mailbox_of(self, pool: str, index: int) -> Mailbox | None:
+        """Instance ``index`` of ``pool``'s address (this pool, or another defined one)."""
+        if pool == self._spec.name:
+            mailboxes: Sequence[Mailbox] = self._env.mailboxes
+        else:
+            address = self._env.directory.get(pool)
+            if address is None:
+                return None
+            mailboxes = address.mailboxes
+        return mailboxes[index] if 0 <= index < len(mailboxes) else None
 
 
 def _call_hook(name: str, hook: Callable[[Any], Any], argument: Any) -> None:

@@ -15,6 +15,13 @@ committed transaction leaves them balanced, so any snapshot of the store must:
   (``dopool._alarm.stalled``); a stalled instance has events pending and no
   attempt running.
 
+And between instances, of this pool or another, the follow-up links
+(:class:`LinkTally`, :func:`broken_links`): for each source and target, the links
+the source handed out (its meta's ``links``) that the target has not accepted (its
+delivery mark for that source) are all in the source's outbox, so none is lost;
+the target accepted none the source did not hand out; and the outbox holds none
+twice, and none the source did not hand out.
+
 :func:`read_instance` reads one instance's state in a read transaction into an
 :class:`InstanceState`; :func:`violations` lists what it breaks. ``dopool check``
 (which walks every record itself and counts keys with :class:`KeyTally`), the
@@ -31,6 +38,7 @@ from dopool._alarm import stalled
 from dopool._layout import (
     Meta,
     Namespace,
+    OutboxRecord,
     RecordKind,
     dead_letter_sequence,
     queue_key_priority,
@@ -166,3 +174,110 @@ def violations(state: InstanceState) -> list[str]:
     an empty list if the instance balances.
     """
     return [f"{state.name}: {what}" for what in broken_invariants(state)]
+
+
+# -- follow-up links between instances ---------------------------------------------------
+
+Pair = tuple[str, str]  # (source instance id, target instance id)
+
+
+@dataclass(slots=True)
+class LinkTally:
+    """The follow-up links between instances, as a store holds them.
+
+    ``handed``: the next link per pair (the source's meta); ``accepted``: the last
+    link the target took (its delivery mark); ``parked``: the links in the source's
+    outbox. ``known``: the sources whose meta was read. ``uncertain``: instances
+    with a damaged meta, mark or outbox entry, whose pairs cannot be judged.
+    """
+
+    known: set[str] = field(default_factory=set)
+    handed: dict[Pair, int] = field(default_factory=dict)
+    accepted: dict[Pair, int] = field(default_factory=dict)
+    parked: dict[Pair, list[int]] = field(default_factory=dict)
+    uncertain: set[str] = field(default_factory=set)
+
+    def add_meta(self, source: str, meta: Meta) -> None:
+        self.known.add(source)
+        for target, link in meta.links.items():
+            self.handed[source, target] = link
+
+    def add_mark(self, target: str, source: tuple[str, int], link: int) -> None:
+        self.accepted[f"{source[0]}:{source[1]}", target] = link
+
+    def add_outbox(self, source: str, record: OutboxRecord) -> None:
+        pair = (source, f"{record.pool}:{record.target}")
+        self.parked.setdefault(pair, []).append(record.link)
+
+
+def broken_links(tally: LinkTally) -> list[tuple[str, str]]:
+    """Every pair of instances whose links do not add up: ``(instance id, what)``."""
+    broken: list[tuple[str, str]] = []
+    pairs = tally.handed.keys() | tally.accepted.keys() | tally.parked.keys()
+    for source, target in sorted(pairs):
+        if source in tally.uncertain or target in tally.uncertain:
+            continue
+        if source not in tally.known:
+            if (source, target) in tally.accepted:
+                broken.append((target, f"accepted follow-ups from {source}, which has no meta"))
+            continue
+        handed = tally.handed.get((source, target), 0)
+        accepted = tally.accepted.get((source, target), -1)
+        parked = tally.parked.get((source, target), [])
+        if accepted >= handed:
+            broken.append(
+                (
+                    target,
+                    f"accepted follow-up link {accepted} from {source}, which handed out "
+                    f"links below {handed} only",
+                )
+            )
+        if len(set(parked)) != len(parked):
+            broken.append((source, f"its outbox holds a link for {target} twice"))
+        beyond = sorted(link for link in parked if link >= handed)
+        if beyond:
+            broken.append(
+                (
+                    source,
+                    f"its outbox holds link {beyond[0]} for {target}, at or past its next "
+                    f"link {handed}",
+                )
+            )
+        waiting = {link for link in parked if accepted < link < handed}
+        lost = handed - accepted - 1 - len(waiting)
+        if lost > 0:
+            broken.append(
+                (
+                    source,
+                    f"{lost} follow-up link(s) for {target} between {accepted + 1} and "
+                    f"{handed - 1} are neither accepted nor in its outbox (lost)",
+                )
+            )
+    return broken
+
+
+def read_links(txn: Txn, pools: dict[str, int]) -> LinkTally:
+    """The links between the instances of ``pools`` (name -> concurrency), in ``txn``.
+
+    Raises:
+        DamagedRecordError: a meta or a delivery mark is damaged.
+    """
+    tally = LinkTally()
+    for pool, concurrency in pools.items():
+        for index in range(concurrency):
+            namespace = Namespace(pool, index)
+            ident = f"{pool}:{index}"
+            tally.add_meta(ident, namespace.load_meta(txn))
+            for source, link in namespace.iter_marks(txn):
+                tally.add_mark(ident, source, link)
+            for _, record in namespace.iter_outbox(txn):
+                if isinstance(record, OutboxRecord):
+                    tally.add_outbox(ident, record)
+                else:
+                    tally.uncertain.add(ident)
+    return tally
+
+
+def link_violations(tally: LinkTally) -> list[str]:
+    """:func:`broken_links` as lines naming the instance, like :func:`violations`."""
+    return [f"{where}: {what}" for where, what in broken_links(tally)]

@@ -7,6 +7,7 @@ write transaction, and the time; it writes what changes and records in
 commits, publishes, sleeps or talks to another actor: the actor shell
 (:mod:`dopool._instance`) loads and saves the meta, commits, and publishes. So
 each transition can be driven directly by a test, on a store, in microseconds.
+Where follow-ups go, and which deliveries it takes, is :mod:`dopool._followups`.
 
 The guarantees these transitions keep are in docs/guarantees.md: order and
 priority (guarantee 3), counters (guarantee 4), and what a crash counts as.
@@ -27,6 +28,7 @@ from dopool._errors import (
     RetryAfter,
     StorageError,
 )
+from dopool._followups import FollowUp, FollowUps
 from dopool._layout import (
     DeadRecord,
     EventRecord,
@@ -83,13 +85,13 @@ class QueueMachine:
     __slots__ = (
         "_fault_point",
         "_faults",
+        "_follow_ups",
         "_id",
         "_index",
         "_listening",
         "_ns",
         "_options",
         "_pool",
-        "_route",
         "_seed",
     )
 
@@ -110,11 +112,13 @@ class QueueMachine:
         self._id = f"{pool}:{index}"
         self._options = options
         self._seed = seed
-        self._route = route
         self._faults = faults
         self._fault_point = fault_point
         self._listening = listening
         self._ns = Namespace(pool, index)
+        self._follow_ups = FollowUps(
+            pool=pool, index=index, namespace=self._ns, route=route, append=self.append
+        )
 
     @property
     def namespace(self) -> Namespace:
@@ -248,7 +252,7 @@ class QueueMachine:
         meta: Meta,
         key: bytes,
         attempt: int,
-        follow_ups: list[Item],
+        follow_ups: list[FollowUp],
         now: float,
         fx: Effects,
     ) -> None:
@@ -257,21 +261,8 @@ class QueueMachine:
         meta.succeeded += 1
         if self._listening():
             fx.events.append(self.event("succeeded", now, queue_key_sequence(key), attempt))
-        for item in follow_ups:
-            target = self._route(item.partition_key)
-            if target == self._index:
-                self.append(txn, meta, (item,), now, fx)
-                continue
-            # Another instance's queue is its own: park the follow-up in our outbox,
-            # committed with this outcome, and deliver it after the commit.
-            oseq = meta.outbox_next
-            meta.outbox_next += 1
-            meta.outbox += 1
-            link = meta.links.get(target, 0)
-            meta.links[target] = link + 1
-            record = OutboxRecord(target, link, item.event, now, item.partition_key, item.priority)
-            self._ns.put_outbox(txn, oseq, record)
-            fx.deliveries.append((oseq, record))
+        if follow_ups:
+            self._follow_ups.commit(txn, meta, follow_ups, now, fx)
         fx.empty = meta.pending == 0
 
     def fail(
@@ -376,14 +367,7 @@ class QueueMachine:
             if record is not None:
                 crash = DopoolError(f"instance crashed during attempt {meta.attempt}")
                 self.fail(txn, meta, meta.current, record, crash, now, fx)
-        for oseq, entry in list(self._ns.iter_outbox(txn)):
-            if isinstance(entry, DamagedRecordError):
-                # Its target is unknown: it cannot be delivered, only reported.
-                logger.error("instance %s: follow-up %d dropped: %s", self._id, oseq, entry)
-                self._ns.delete_outbox(txn, oseq)
-                meta.outbox -= 1
-            else:
-                fx.deliveries.append((oseq, entry))
+        self._follow_ups.resend(txn, meta, fx)
         rearm(meta, now)
 
     # -- control ------------------------------------------------------------------------
@@ -446,25 +430,25 @@ class QueueMachine:
 
     # -- follow-ups between instances ------------------------------------------------------
     def deliver(
-        self, txn: Txn, meta: Meta, source: int, record: OutboxRecord, now: float, fx: Effects
+        self,
+        txn: Txn,
+        meta: Meta,
+        source_pool: str,
+        source: int,
+        record: OutboxRecord,
+        now: float,
+        fx: Effects,
     ) -> int:
-        """Accept follow-up ``record.link`` from ``source`` if it is the next one.
-
-        Returns the link expected. Links from one source arrive in order, so an
-        older one is a resent duplicate (ignored) and a newer one means an
-        earlier one went missing (not stored: it stays in the source's outbox).
-        """
-        expected = self._ns.last_delivered(txn, source) + 1
+        """Accept follow-up ``record.link`` from instance ``source`` of ``source_pool`` if it
+        is the next one (see :meth:`FollowUps.accept`); returns the link expected."""
+        expected = self._follow_ups.accept(txn, meta, source_pool, source, record, now, fx)
         if record.link == expected:
-            item = Item(record.event, record.partition_key, record.priority)
-            self.append(txn, meta, (item,), now, fx)
-            self._ns.set_delivered(txn, source, record.link)
             rearm(meta, now)
         return expected
 
     def delivered(self, txn: Txn, oseq: int) -> bool:
         """The target has follow-up ``oseq``: drop it from the outbox; whether it was there."""
-        return self._ns.delete_outbox(txn, oseq)
+        return self._follow_ups.acknowledged(txn, oseq)
 
     # -- records --------------------------------------------------------------------------
     def event(

@@ -146,9 +146,14 @@ class Alarm(Message):
 
 @dataclass(frozen=True, slots=True)
 class Deliver(Message):
-    """Source instance → target: a follow-up from the source's outbox."""
+    """Source instance → target: a follow-up from the source's outbox.
+
+    The source is instance ``source`` of pool ``source_pool``: the target's own
+    pool, or another (``record.pool`` names the target's).
+    """
 
     retried_after_crash: ClassVar[bool] = True
+    source_pool: str
     source: int
     oseq: int
     record: OutboxRecord
@@ -160,6 +165,14 @@ class Delivered(Message):
 
     retried_after_crash: ClassVar[bool] = True
     oseq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Resend(Message):
+    """Pool ``pool`` is defined now: deliver the follow-ups held for it (see ``_directory``)."""
+
+    retried_after_crash: ClassVar[bool] = True
+    pool: str
 
 
 # -- control messages: each one transition of the queue machine --------------------------

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 from dopool._direct import DirectEnqueue
 from dopool._errors import ConfigurationError, DopoolError, InstanceCrashedError, PoolClosedError
 from dopool._instance import PoolSpec
-from dopool._layout import Namespace
+from dopool._layout import Namespace, follow_ups_to
 from dopool._mailbox import Mailbox
 from dopool._messages import Drain, Enqueue, Item, Pause, Purge, Redrive, Reply, Resume
 from dopool._options import PoolOptionsDict
@@ -352,7 +352,9 @@ class WorkerPool:
             ]
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait until nothing is pending or in flight on any instance, follow-ups included.
+        """Wait until nothing is pending or in flight on any instance, follow-ups included:
+        those in this pool's outboxes (into any pool) until their target has them, and
+        those into this pool still in any pool's outbox.
 
         Under a :class:`SimulatedClock` this drives virtual time until then, and
         returns False at once if nothing scheduled can make progress (e.g. the
@@ -387,6 +389,8 @@ class WorkerPool:
                 meta = ns.load_meta(txn)
                 if meta.pending or meta.outbox:
                     return False
+            if follow_ups_to(txn, self.name):  # into this pool, from another's outbox
+                return False
         keys = [mailbox.key for mailbox in self._mailboxes]
         return not self._context.clock.activity.busy(keys)
 

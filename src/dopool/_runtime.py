@@ -24,12 +24,13 @@ from dopool import _ports
 from dopool._actor import InstanceActor
 from dopool._clock import Clock, RealClock, SimulatedClock
 from dopool._direct import DirectEnqueue
+from dopool._directory import Directory, PoolAddress
 from dopool._errors import (
     ConfigurationError,
     PoolClosedError,
 )
 from dopool._instance import InstanceEnv, InstanceMemory, PoolSpec
-from dopool._layout import Namespace
+from dopool._layout import Namespace, follow_ups_to
 from dopool._mailbox import Mailbox
 from dopool._messages import Item
 from dopool._options import PoolOptions, PoolOptionsDict
@@ -104,6 +105,7 @@ class Runtime:
         self._temporary: Path | None = None
         self._in_handler = threading.local()
         self._waits = WaitGraph()  # which instance waits for which, to refuse a deadlock
+        self._directory = Directory(self.clock)  # the defined pools, for follow-ups into them
         # What each pool uses of this runtime, handed to it by _define_pool.
         self._pool_context = PoolContext(
             read=self._store.read,
@@ -269,6 +271,7 @@ class Runtime:
                 emit=self._emit,
                 listening=self._listening,
                 router=router,
+                directory=self._directory,
                 in_handler=self._in_handler,
                 mailboxes=mailboxes,
                 supervisors=supervisors,
@@ -295,10 +298,14 @@ class Runtime:
             _ports.expose_pool(pool, instances)
             self._pools[name] = instances
             self._defined[name] = pool
+            # Now follow-ups may go to it; those other instances held for it are resent.
+            address = PoolAddress(name, spec.prepare, router.choose, mailboxes, weakref.ref(pool))
+            self._directory.add(address)
             return pool
 
     def _record_concurrency(self, name: str, concurrency: int) -> None:
-        """Store the pool's concurrency, refusing a change while old instances hold work."""
+        """Store the pool's concurrency, refusing a change while old instances hold work,
+        or while any pool's outbox holds follow-ups routed to its old instances."""
         store = self._store
         with store.write() as txn:
             previous = store.get_pool(txn, name)
@@ -316,6 +323,16 @@ class Runtime:
                             "dead letters to other partitions. Drain and purge it first, or "
                             f"keep concurrency={previous}"
                         )
+                incoming = follow_ups_to(txn, name)
+                if incoming:
+                    where = ", ".join(f"{count} in {ident}'s" for ident, count in incoming.items())
+                    raise ConfigurationError(
+                        f"pool {name!r} was stored with concurrency {previous}; changing it to "
+                        f"{concurrency} would deliver follow-ups routed to its old instances "
+                        f"({where} outbox) to other partitions, or to none. Define it with "
+                        f"concurrency={previous} until they are delivered (join the pools "
+                        "that hold them), then change it"
+                    )
             store.put_pool(txn, name, concurrency)
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import errno
 import fcntl
+import logging
 import os
 import socket
 import stat
@@ -32,7 +33,9 @@ from dopool._errors import (
 from dopool._layout import (
     FORMAT_KEY,
     FORMAT_VERSION,
+    MIGRATES_FROM,
     get_pool,
+    migrate_from_1,
     put_pool,
     read_format,
     seal_format,
@@ -42,6 +45,8 @@ from dopool._turn import Turn
 # Virtual address space only: LMDB grows the file as pages are used.
 _MAP_SIZE = 1 << 36
 _MAX_READERS = 512
+
+logger = logging.getLogger("dopool")
 
 Txn = Any  # an lmdb.Transaction; lmdb ships no type hints
 T = TypeVar("T")
@@ -417,8 +422,11 @@ def _check_opened(env: Any, path: Path, *, create: bool) -> None:
     """Check an opened store: its file holds every page it uses, its format is ours.
 
     A file shorter than its last page would kill the process with SIGBUS on
-    first read of a missing page. A new, empty store gets the format record
-    (``create``); a store without one that holds anything is of no known format.
+    first read of a missing page. With ``create`` (a runtime's store, which may
+    write), a new, empty store gets the format record, and a store of an older
+    format it knows is migrated in place, in one transaction
+    (:mod:`dopool._layout.migrate`); read-only, such a store is refused like any
+    other. A store without a format record that holds anything is of no known format.
     """
     try:
         used = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
@@ -432,8 +440,22 @@ def _check_opened(env: Any, path: Path, *, create: bool) -> None:
             entries = env.stat()["entries"]
         if raw is not None:
             found = read_format(FORMAT_KEY, raw)
-            if found != FORMAT_VERSION:
-                raise StoreFormatError(path=str(path), found=found, supported=FORMAT_VERSION)
+            if found == FORMAT_VERSION:
+                return
+            known = found in MIGRATES_FROM
+            if not (create and known):
+                raise StoreFormatError(
+                    path=str(path), found=found, supported=FORMAT_VERSION, migrates=known
+                )
+            with env.begin(write=True) as txn:  # one transaction: all of it, or nothing
+                changed = migrate_from_1(txn)
+            logger.info(
+                "store %r migrated from format %d to %d (%d records rewritten)",
+                str(path),
+                found,
+                FORMAT_VERSION,
+                changed,
+            )
             return
         if entries:
             raise StoreFormatError(path=str(path), found=None, supported=FORMAT_VERSION)

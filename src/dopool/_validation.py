@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -10,6 +9,7 @@ from dopool._errors import ConfigurationError, EventTooLargeError, EventValidati
 from dopool._layout import (
     MAX_EVENT_BYTES,
     MAX_PARTITION_KEY_BYTES,
+    POOL_NAME,
     PRIORITY_MAX,
     PRIORITY_MIN,
     encode_event,
@@ -18,13 +18,12 @@ from dopool._messages import Item
 
 Schema = Callable[[Any], Any]
 
-_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 # Iterable, but as a batch almost always a mistake: characters, ints, or a mapping's keys.
 _NOT_A_BATCH = (str, bytes, bytearray, memoryview, Mapping)
 
 
 def check_pool_name(name: object) -> str:
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
+    if not isinstance(name, str) or not POOL_NAME.fullmatch(name):
         raise ConfigurationError(
             f"pool name must be 1-64 characters of [A-Za-z0-9_.-], got {name!r}"
         )

@@ -28,7 +28,15 @@ docs/guarantees.md wherever one shows (items 1-4 are its guarantees 1-4):
    the event and priority its key says; no alarm without pending work; nothing
    left over at the end;
 6. dead letters — an event is dead-lettered after ``max_attempts`` attempts
-   (crashes included), or at once for a ``PermanentError``.
+   (crashes included), or at once for a ``PermanentError``;
+7. follow-ups between instances, of one pool or two — the links each source
+   handed out and its target has not taken are all in the source's outbox
+   (:func:`dopool._invariants.link_violations`, after every step), and the
+   follow-ups of one source that reach one target take their sequences there in
+   the order their parents succeeded (:meth:`Model.finish`).
+
+A scenario with a second pool numbers both pools' instances in one row
+(``Scenario.flat``), so every check above holds across the two.
 
 The replay itself, and what the event stream alone shows, is its base
 :class:`~dopool._chaos.replay.Replay`; the comparisons with committed storage
@@ -38,8 +46,9 @@ The replay itself, and what the event stream alone shows, is its base
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
-from dopool._chaos.history import History
+from dopool._chaos.history import Entry, History
 from dopool._chaos.replay import Replay, _Instance
 from dopool._chaos.snapshot import InstanceSnapshot
 from dopool._invariants import violations
@@ -50,10 +59,21 @@ class Model(Replay):
     """A :class:`Replay` compared with committed storage, whose books settle at the end."""
 
     # -- comparisons -------------------------------------------------------------------
-    def compare(self, snapshots: list[InstanceSnapshot], *, final: bool = False) -> None:
-        """Check committed storage against itself and against the replay so far."""
+    def compare(
+        self,
+        snapshots: list[InstanceSnapshot],
+        *,
+        links: Sequence[str] = (),
+        final: bool = False,
+    ) -> None:
+        """Check committed storage against itself and against the replay so far.
+
+        ``links``: what the follow-up links between instances break (from storage alone).
+        """
         for index, (snap, inst) in enumerate(zip(snapshots, self.instances, strict=True)):
             self._compare_instance(index, snap, inst, final)
+        for text in links:
+            self._bad(f"follow-up links: {text}")
 
     def _compare_instance(
         self, index: int, snap: InstanceSnapshot, inst: _Instance, final: bool
@@ -129,7 +149,34 @@ class Model(Replay):
                 self._bad(f"event {ident!r} ended {got} times but was enqueued {want} times")
             elif got < want and idle:
                 self._bad(f"event {ident!r} was enqueued {want} times but ended {got} times")
+        self._check_follow_up_order()
         return [*self.history.problems, *self.violations]
+
+    def _check_follow_up_order(self) -> None:
+        """The follow-ups one source sends one target take sequences in their parents' order.
+
+        A source's successes commit one after another, each with its follow-ups in the
+        order its handler made them; the target takes one source's links in order. So
+        for each (source, target) their first entries (a redrive makes a later one)
+        come in that order. Follow-ups no record names (drained unseen) are skipped.
+        """
+        first: dict[str, Entry] = {}
+        for entry, ident in sorted(self.history.names.items()):
+            first.setdefault(ident, entry)
+        for source, kids in self.successes_in_order():
+            last: dict[int, tuple[int, str]] = {}
+            for kid in kids:
+                found = first.get(kid)
+                if found is None:
+                    continue
+                target, seq = found
+                before = last.get(target)
+                if before is not None and seq < before[0]:
+                    self._bad(
+                        f"follow-ups of instance {source} reached instance {target} out of "
+                        f"order: {kid!r} at sequence {seq}, after {before[1]!r} at {before[0]}"
+                    )
+                last[target] = (seq, kid)
 
 
 def check_history(history: History, *, idle: bool = True) -> list[str]:

@@ -72,14 +72,14 @@ class Purged(NamedTuple):
 
 
 class Resumed(NamedTuple):
-    """The runner called ``resume(inst)`` (``None``: every instance), which wakes a stall.
+    """The runner called ``resume`` on instances ``insts`` (flat numbers), which wakes a stall.
 
     Added once the call is over, whether or not a crash interrupted it: a resume
     of an instance that is not paused emits no event, and this is how the replay
     learns that the instance may start attempts again.
     """
 
-    inst: int | None
+    insts: tuple[int, ...]
 
 
 Record = Ev | Exec | Ack | Call | Phase | Redriven | Purged | Resumed

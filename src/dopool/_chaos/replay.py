@@ -68,11 +68,16 @@ class Replay:
         self.entries: dict[Entry, _EntryState] = {}
         self.expected: Counter[str] = Counter()  # id -> times it must end
         self.violations: list[str] = []
+        self._successes: list[tuple[int, tuple[str, ...]]] = []  # (instance, kids), in order
         self.executions = 0
         self._position = 0
         self._step = -1
         self._closing = False
         self._seen: set[str] = set()
+
+    def successes_in_order(self) -> list[tuple[int, tuple[str, ...]]]:
+        """Each committed success so far, in commit order: its instance and its follow-ups."""
+        return list(self._successes)
 
     def catch_up(self) -> None:
         """Replay the records added since the last call."""
@@ -99,9 +104,8 @@ class Replay:
             elif isinstance(record, Redriven):
                 self._redriven(record)
             elif isinstance(record, Resumed):
-                chosen = self.instances if record.inst is None else [self.instances[record.inst]]
-                for inst in chosen:
-                    inst.stalled = False
+                for number in record.insts:
+                    self.instances[number].stalled = False
             else:
                 self._purged(record)
 
@@ -299,6 +303,7 @@ class Replay:
         else:
             inst.succeeded += 1
             self.expected.update(attempt.kids)
+            self._successes.append((ev.inst, attempt.kids))
 
     def _retry_after(self, entry: Entry) -> float:
         ident = self.history.names.get(entry)

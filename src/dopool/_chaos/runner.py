@@ -12,10 +12,18 @@ Three calls are made without settling, on purpose, because the engine must
 cope with a sleeping handler there: ``runtime.kill`` (returns at once; the
 attempt is interrupted when the handler returns), ``runtime.close`` (steps the
 clock itself until running handlers finish) and ``pool.join`` (drives the clock).
+
+A scenario with a second pool defines both in each runtime (the first one
+first); the history numbers their instances in one row (``Scenario.flat``), so
+the checker follows events, follow-ups included, across the two. A reopen may
+leave the second pool undefined until a later step needs it: meanwhile the
+follow-ups for it wait in the first pool's outboxes, and a handler that sends
+one fails its attempt (``ConfigurationError``).
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 import time
@@ -24,42 +32,40 @@ from pathlib import Path
 from typing import Any
 
 from dopool import (
-    DeadLetter,
+    ConfigurationError,
     DopoolError,
     EventContext,
     InstanceCrashedError,
     PermanentError,
     PoolEvent,
-    QueueFullError,
     RetryAfter,
     Runtime,
     SimulatedClock,
     WorkerPool,
     _ports,
 )
+from dopool._chaos.calls import Calls
 from dopool._chaos.checker import Model
 from dopool._chaos.clockdriver import ClockDriver, _Stop
-from dopool._chaos.history import (
-    Ack,
-    Call,
-    Ev,
-    Exec,
-    History,
-    Phase,
-    Purged,
-    Redriven,
-    Resumed,
-)
+from dopool._chaos.history import Ack, Call, Ev, Exec, History, Phase
 from dopool._chaos.result import Result
-from dopool._chaos.scenario import POOL, Scenario, Step, generate
+from dopool._chaos.scenario import POOL, SECOND_POOL, Scenario, Step, generate
 from dopool._chaos.snapshot import InstanceSnapshot, read_store
+from dopool._invariants import link_violations, read_links
 
 JOIN_TIMEOUT = 60.0  # wall seconds; virtual time is free
-FINAL_ROUNDS = 5  # resume-and-join rounds at the end
 # Under alarm_retries each round's alarm faults may give an instance's alarm up again:
 # rounds go on while they make progress, and stop after this many in a row that make none.
 STALL_ROUNDS = 50
+FINAL_ROUNDS = 5  # resume-and-join rounds at the end
 RESUME_TRIES = 50  # a fault may crash a resume; each try draws again
+JOIN_ROUNDS = 20  # rounds of joining every pool, until one round changes nothing
+HELD = "wait in the outbox until it is defined"  # the engine's warning, on purpose here
+
+
+def _not_held(record: logging.LogRecord) -> bool:
+    """A reopen without the second pool holds follow-ups for it: that is the plan."""
+    return HELD not in record.getMessage()
 
 
 def run_seed(seed: int, *, keep_log: bool = False) -> Result:
@@ -74,27 +80,34 @@ def run_seed_quietly(seed: int) -> Result:
     return result
 
 
-class Runner:
+class Runner(Calls):
     """Runs one :class:`Scenario` on a fresh temporary store."""
 
     def __init__(self, scenario: Scenario, *, keep_log: bool = False) -> None:
         self.scenario = scenario
         self.keep_log = keep_log
-        self.history = History(scenario.concurrency, scenario.retry)
+        self.history = History(sum(scenario.pools.values()), scenario.retry)
         self.model = Model(self.history)
         self.clock = SimulatedClock()
         self.driver = ClockDriver(self.clock)
         self.runtime: Runtime | None = None
-        self.pool: WorkerPool | None = None
+        self.pools: dict[str, WorkerPool] = {}
+        self._missing: str | None = None  # a pool the last reopen left undefined
         self._directory = Path(tempfile.mkdtemp(prefix="dopool-chaos-"))
         self._traces: list[Path] = []
         self._unsubscribe: Any = None
+
+    @property
+    def pool(self) -> WorkerPool | None:
+        """The first pool, once defined."""
+        return self.pools.get(POOL)
 
     # -- the run ---------------------------------------------------------------------
     def run(self) -> Result:
         started = time.perf_counter()
         history = self.history
         idle = False
+        logging.getLogger("dopool").addFilter(_not_held)
         try:
             history.add(Call(-1, "open"))
             self._open()
@@ -111,6 +124,7 @@ class Runner:
             history.problem(f"harness stopped: {_describe(exc)}")
         finally:
             self._close()
+            logging.getLogger("dopool").removeFilter(_not_held)
         violations = self.model.finish(idle=idle)
         result = self._result(violations, idle)
         result.wall_time = time.perf_counter() - started
@@ -142,7 +156,7 @@ class Runner:
         return result
 
     # -- opening and closing ------------------------------------------------------------
-    def _open(self) -> None:
+    def _open(self, without: str | None = None) -> None:
         scenario = self.scenario
         trace = self._directory / f"trace-{len(self._traces)}.jsonl"
         self._traces.append(trace)
@@ -157,11 +171,20 @@ class Runner:
         )
         self.runtime = runtime
         self._unsubscribe = runtime.subscribe(self._on_event)
+        for name in scenario.pools:
+            if name == without:
+                self._missing = name
+            else:
+                self._define(name)
+
+    def _define(self, name: str) -> None:
+        assert self.runtime is not None
+        scenario = self.scenario
         try:
-            self.pool = runtime.define(
-                POOL,
+            self.pools[name] = self.runtime.define(
+                name,
                 execute=self._execute,
-                concurrency=scenario.concurrency,
+                concurrency=scenario.pools[name],
                 retry=scenario.retry,
                 max_queue_depth=scenario.max_queue_depth,
                 alarm_retries=scenario.alarm_retries,
@@ -171,25 +194,42 @@ class Runner:
                 f"define() raised InstanceCrashedError ({exc}): a fault crashed an instance "
                 "during its start-up recovery, and the crash reached the caller"
             ) from exc
+        if name == self._missing:
+            self._missing = None
+
+    def _define_missing(self, step: Step | None = None) -> None:
+        """Define the pool a reopen left out, before a step that needs it (or at the end)."""
+        missing = self._missing
+        if missing is None:
+            return
+        needs = step is None or step.kind not in ("advance", "join")
+        if not needs and step is not None and step.args.get("pool", POOL) != missing:
+            return  # time passes without it: its follow-ups wait in the outboxes
+        self.history.add(Phase("defining"))
+        self._define(missing)
 
     def _close(self) -> None:
-        runtime, self.runtime, self.pool = self.runtime, None, None
+        runtime, self.runtime, self.pools = self.runtime, None, {}
+        self._missing = None
         if runtime is not None:
             self.history.add(Phase("closing"))
             runtime.close()
             if self._unsubscribe is not None:
                 self._unsubscribe()
 
-    def _reopen(self) -> None:
+    def _reopen(self, without: str | None) -> None:
         self._close()
-        self._open()
+        self._open(without)
+
+    def _flat(self, pool: str, index: int) -> int:
+        return self.scenario.flat(pool, index)
 
     # -- what the engine calls -------------------------------------------------------------
     def _on_event(self, event: PoolEvent) -> None:
         self.history.add(
             Ev(
                 event.kind,
-                event.instance_index,
+                self._flat(event.pool, event.instance_index),
                 event.sequence,
                 event.attempt,
                 event.time,
@@ -210,14 +250,21 @@ class Runner:
             outcome = "ok"
         kids = tuple(f"{ident}.{attempt}.{n}" for n in range(len(event["kids"])))
         history = self.history
-        history.name((ctx.instance_index, ctx.sequence), ident, "its handler")
-        history.add(
-            Exec(ident, ctx.instance_index, ctx.sequence, attempt, ctx.started_at, outcome, kids)
-        )
+        inst = self._flat(ctx.pool_name, ctx.instance_index)
+        history.name((inst, ctx.sequence), ident, "its handler")
+        refused: ConfigurationError | None = None
         for kid_id, spec in zip(kids, event["kids"], strict=True):
             kid = {"id": kid_id, **spec}
             history.contents.setdefault(kid_id, kid)
-            ctx.enqueue(kid, partition_key=kid["pk"], priority=kid["prio"])
+            pool = None
+            if kid.get("to") == "other":
+                pool = SECOND_POOL if ctx.pool_name == POOL else POOL
+            try:
+                ctx.enqueue(kid, partition_key=kid["pk"], priority=kid["prio"], pool=pool)
+            except ConfigurationError as exc:  # its pool is not defined in this runtime
+                refused, outcome = exc, "error"
+                break
+        history.add(Exec(ident, inst, ctx.sequence, attempt, ctx.started_at, outcome, kids))
         if outcome == "kill":
             runtime = self.runtime
             assert runtime is not None
@@ -225,6 +272,8 @@ class Runner:
         if event["sleep"]:
             with self.driver.asleep():
                 ctx.sleep(event["sleep"])
+        if refused is not None:
+            raise refused
         if outcome == "error":
             raise RuntimeError(f"planned failure of {ident} attempt {attempt}")
         if outcome == "retry":
@@ -234,180 +283,99 @@ class Runner:
 
     # -- steps ------------------------------------------------------------------------------
     def _do(self, step: Step) -> None:
-        pool = self.pool
-        assert pool is not None
+        self._define_missing(step)
         kind, args = step.kind, step.args
+        name = args.get("pool", POOL)
         if kind == "advance":
             self.driver.advance(args["seconds"])
             return
+        if kind == "reopen":
+            self._reopen(args.get("without"))
+            return
+        pool = self.pools[name]
         if kind == "kill":
             assert self.runtime is not None
-            self.runtime.kill(POOL, args["index"])
+            self.runtime.kill(name, args["index"])
             return
         if kind == "join":
             pool.join(timeout=JOIN_TIMEOUT)
-            return
-        if kind == "reopen":
-            self._reopen()
             return
         self.driver.settle()
         try:
             if kind == "enqueue":
                 for event in args["events"]:
-                    self._enqueue([event], event["pk"], event["prio"], many=False)
+                    self._enqueue(pool, [event], event["pk"], event["prio"], many=False)
             elif kind == "enqueue_many":
-                self._enqueue(args["events"], args["pk"], args["prio"], many=True)
+                self._enqueue(pool, args["events"], args["pk"], args["prio"], many=True)
             elif kind == "pause":
                 pool.pause(args["index"])
             elif kind == "resume":
-                self._resume(args["index"])
+                self._resume(pool, args["index"])
             elif kind == "drain":
-                self._drain(args["index"])
+                self._drain(pool, args["index"])
             elif kind == "redrive":
-                self._redrive(args["which"])
+                self._redrive(pool, args["which"])
             elif kind == "purge":
-                self._purge()
+                self._purge(pool)
             else:
                 raise ValueError(f"unknown step kind {kind!r}")
         except InstanceCrashedError:
             # A fault crashed an instance during the call; its part was rolled back.
             self.driver.after_crash()
 
-    def _enqueue(self, events: list[dict[str, Any]], pk: str | None, prio: int, many: bool) -> None:
-        pool = self.pool
-        assert pool is not None
-        history = self.history
-        for event in events:
-            history.contents[event["id"]] = event
-        try:
-            if many:
-                results = pool.enqueue_many(events, partition_key=pk, priority=prio)
-            else:
-                results = [pool.enqueue(events[0], partition_key=pk, priority=prio)]
-        except (InstanceCrashedError, QueueFullError) as exc:
-            if isinstance(exc, InstanceCrashedError):
-                self.driver.after_crash()
-            self._acknowledge_stored(list(exc.stored))
-            return
-        for event, result in zip(events, results, strict=True):
-            entry = (result.instance_index, result.sequence)
-            history.name(entry, event["id"], "enqueue's result")
-            history.add(Ack(event["id"], *entry))
-
-    def _acknowledge_stored(self, stored: list[Any]) -> None:
-        """A batch failed part-way: acknowledge the parts its error says were stored."""
-        if not stored:
-            return
-        snapshots = self._read_store()
-        for result in stored:
-            queued = snapshots[result.instance_index].queue.get(result.sequence)
-            if queued is None or queued[1] is None:
-                self.history.problem(f"enqueue_many reported {result} stored, but it is not")
-                continue
-            entry = (result.instance_index, result.sequence)
-            self.history.name(entry, queued[1], "storage")
-            self.history.add(Ack(queued[1], *entry))
-
-    def _drain(self, index: int | None) -> None:
-        pool = self.pool
-        assert pool is not None
-        before = self._snapshot()
-        indices = range(self.scenario.concurrency) if index is None else [index]
-        expected = sum(len(before[i].queue) for i in indices)
-        removed = pool.drain(index)
-        if removed != expected:
-            self.history.problem(f"drain({index}) returned {removed}, {expected} were pending")
-
-    def _redrive(self, which: str) -> None:
-        pool = self.pool
-        assert pool is not None
-        letters = pool.dead_letters()
-        chosen = letters if which == "all" else [d for d in letters if d.sequence % 2]
-        by_entry = {(d.instance_index, d.sequence): d for d in letters}
-        for dead in letters:
-            self.history.name((dead.instance_index, dead.sequence), _id(dead), "dead_letters()")
-        try:
-            count = pool.redrive(None if which == "all" else chosen)
-        except InstanceCrashedError:
-            self.driver.after_crash()
-            count = None
-        finally:
-            after = {(d.instance_index, d.sequence) for d in pool.dead_letters()}
-            gone = [entry for entry in by_entry if entry not in after]
-            self.history.add(Redriven(tuple((i, s, _id(by_entry[(i, s)])) for i, s in gone)))
-        if count is not None and count != len(chosen):
-            self.history.problem(f"redrive returned {count}, {len(chosen)} were chosen")
-        if count is not None and count != len(gone):
-            self.history.problem(f"redrive returned {count}, {len(gone)} left the dead letters")
-
-    def _purge(self) -> None:
-        pool = self.pool
-        assert pool is not None
-        letters = pool.dead_letters()
-        for dead in letters:
-            self.history.name((dead.instance_index, dead.sequence), _id(dead), "dead_letters()")
-        try:
-            pool.purge_dead_letters()
-        except InstanceCrashedError:
-            self.driver.after_crash()
-            raise
-        finally:
-            after = {(d.instance_index, d.sequence) for d in pool.dead_letters()}
-            gone = tuple(
-                (d.instance_index, d.sequence)
-                for d in letters
-                if (d.instance_index, d.sequence) not in after
-            )
-            self.history.add(Purged(gone))
-
-    def _resume(self, index: int | None) -> None:
-        """``pool.resume(index)``, which also wakes a stalled instance; the history says so."""
-        pool = self.pool
-        assert pool is not None
-        try:
-            pool.resume(index)
-        finally:
-            self.history.add(Resumed(index))
-
     def _finish(self) -> bool:
-        """Resume everything and run until idle; True if the pool ended with nothing to do.
+        """Resume everything and run until idle; True if the pools ended with nothing to do.
 
         A resume also wakes an instance whose alarm was given up (``alarm_retries``):
-        the write that a stalled instance waits for.
+        the write that a stalled instance waits for. Under alarm faults a round may
+        stall an instance again: rounds go on while they make progress.
         """
+        self._define_missing()
         rounds = still = processed = 0
         while rounds < FINAL_ROUNDS:
-            pool = self.pool
-            assert pool is not None
             self.driver.settle()
-            self._resume_stopped()
-            if pool.join(timeout=JOIN_TIMEOUT):
+            for pool in self.pools.values():
+                self._resume_stopped(pool)
+            if self._join_all():
                 return True
-            status = pool.status()
-            seen = {i.state for i in status.instances}
+            statuses = [i for pool in self.pools.values() for i in pool.status().instances]
+            seen = {i.state for i in statuses}
             if "stalled" in seen:
-                still = 0 if status.processed > processed else still + 1
-                processed = status.processed
+                done = sum(i.processed for i in statuses)
+                still = 0 if done > processed else still + 1
+                processed = done
                 if still < STALL_ROUNDS:
                     continue
             if "paused" not in seen:
                 break
             rounds += 1
-        pool = self.pool
-        assert pool is not None
         snapshots = self._read_store()
         states = [
-            f"{i.index}:{i.state} pending={i.pending} outbox={snap.meta.outbox} "
+            f"{i.instance_id}:{i.state} pending={i.pending} "
+            f"outbox={snapshots[self._flat(pool.name, i.index)].meta.outbox} "
             f"alarm={i.next_alarm_at}"
-            for i, snap in zip(pool.status().instances, snapshots, strict=True)
+            for pool in self.pools.values()
+            for i in pool.status().instances
         ]
-        self.history.problem(f"the pool never became idle ({'; '.join(states)})")
+        self.history.problem(f"the pools never became idle ({'; '.join(states)})")
         return False
 
-    def _resume_stopped(self) -> None:
+    def _join_all(self) -> bool:
+        """Join every pool, round after round, until a round in which nothing happened.
+
+        One pool's join may leave work for another (a follow-up into it), and with
+        follow-ups both ways, back for the first.
+        """
+        for _ in range(JOIN_ROUNDS):
+            seen = len(self.history.records)
+            if not all(pool.join(timeout=JOIN_TIMEOUT) for pool in self.pools.values()):
+                return False
+            if len(self.history.records) == seen:
+                return True
+        return False
+
+    def _resume_stopped(self, pool: WorkerPool) -> None:
         """Resume each paused or stalled instance, trying again while faults crash the resume."""
-        pool = self.pool
-        assert pool is not None
         for _ in range(RESUME_TRIES):
             states = pool.status().instances
             stopped = [i.index for i in states if i.state in ("paused", "stalled")]
@@ -415,16 +383,24 @@ class Runner:
                 return
             for index in stopped:
                 try:
-                    self._resume(index)
+                    self._resume(pool, index)
                 except InstanceCrashedError:
                     self.driver.after_crash()
 
     # -- checking -------------------------------------------------------------------------
     def _read_store(self) -> list[InstanceSnapshot]:
-        """Every instance's committed state, and the events it holds, in one snapshot."""
+        """Every instance's committed state, and the events it holds, in one snapshot.
+
+        The instances of both pools, in the history's order; a pool not defined in this
+        runtime is read as stored.
+        """
         assert self.runtime is not None
         with _ports.committed(self.runtime) as txn:
-            return read_store(txn, POOL, self.scenario.concurrency)
+            return [
+                snapshot
+                for name, concurrency in self.scenario.pools.items()
+                for snapshot in read_store(txn, name, concurrency)
+            ]
 
     def _snapshot(self) -> list[Any]:
         """Read storage, learning which event every queued and dead entry holds."""
@@ -440,25 +416,33 @@ class Runner:
 
     def _checkpoint(self, *, final: bool = False) -> None:
         """Compare storage and status with the replay; the system is quiescent here."""
-        pool = self.pool
-        assert pool is not None
+        assert self.runtime is not None
         snapshots = self._snapshot()
+        with _ports.committed(self.runtime) as txn:
+            links = link_violations(read_links(txn, self.scenario.pools))
         self.model.catch_up()
-        self.model.compare(snapshots, final=final)
-        status = pool.status()
-        for inst, snap in zip(status.instances, snapshots, strict=True):
-            meta = snap.meta
-            seen = (inst.enqueued, inst.succeeded, inst.dead_lettered, inst.drained, inst.pending)
-            stored = (meta.enqueued, meta.succeeded, meta.dead_lettered, meta.drained, meta.pending)
-            if seen != stored:
-                self.history.problem(
-                    f"status() of instance {inst.index} {seen} != storage {stored}"
+        self.model.compare(snapshots, links=links, final=final)
+        for pool in self.pools.values():
+            for inst in pool.status().instances:
+                meta = snapshots[self._flat(pool.name, inst.index)].meta
+                seen = (
+                    inst.enqueued,
+                    inst.succeeded,
+                    inst.dead_lettered,
+                    inst.drained,
+                    inst.pending,
                 )
-
-
-def _id(dead: DeadLetter) -> str:
-    event = dead.event
-    return str(event.get("id")) if isinstance(event, dict) else repr(event)
+                stored = (
+                    meta.enqueued,
+                    meta.succeeded,
+                    meta.dead_lettered,
+                    meta.drained,
+                    meta.pending,
+                )
+                if seen != stored:
+                    self.history.problem(
+                        f"status() of instance {inst.instance_id} {seen} != storage {stored}"
+                    )
 
 
 def _describe(exc: BaseException) -> str:

@@ -10,6 +10,13 @@ generator also raises ``alarm_error`` in half of the scenarios with a limit, sin
 at the usual probabilities ``n + 1`` failures in a row would hardly ever happen.
 Each event says how its handler behaves (see :data:`EVENT_FIELDS`), so the
 checker can tell a legitimate retry from a spurious re-execution.
+
+About one seed in three also has a second pool (:data:`SECOND_POOL`, 1-3
+instances, the same handler and options): its follow-ups and the first pool's
+go into either pool, some steps address it, and some reopens leave it
+undefined for a while. Those draws come from a second generator,
+``random.Random(f"second-pool:{seed}")``, after the rest: a seed without the
+second pool is the same scenario it was before there was one.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from dopool import RetryPolicy
 from dopool.chaos import FaultPlan
 
 POOL = "chaos"
+SECOND_POOL = "chaos2"
+SECOND_POOL_SHARE = 1 / 3  # of the seeds
 PARTITION_KEYS = tuple(f"k{n}" for n in range(8))
 # Zipf-like skew: k0 is picked about twice as often as k1, eight times as often as k7.
 PARTITION_WEIGHTS = tuple(1.0 / (rank + 1) for rank in range(len(PARTITION_KEYS)))
@@ -49,6 +58,7 @@ EVENT_FIELDS = {
     "pk": "the partition key it was enqueued with",
     "prio": "the priority it was enqueued with",
     "poison": "the handler kills its own instance on every attempt",
+    "to": "of a follow-up: None for its parent's pool, 'other' for the other pool",
 }
 
 
@@ -64,6 +74,7 @@ def make_event(ident: str, **fields: Any) -> dict[str, Any]:
         "pk": None,
         "prio": 0,
         "poison": False,
+        "to": None,
     }
     unknown = set(fields) - set(content)
     if unknown:
@@ -86,6 +97,8 @@ class Step(NamedTuple):
             extra = ""
             if self.kind == "enqueue_many":
                 extra = f" pk={self.args['pk']} prio={self.args['prio']}"
+            into = self.args.get("pool", POOL)
+            extra += "" if into == POOL else f" into {into}"
             return f"{self.kind} {len(ids)} ({span}){extra}"
         detail = " ".join(f"{key}={value}" for key, value in self.args.items())
         return f"{self.kind} {detail}".strip()
@@ -102,10 +115,23 @@ class Scenario:
     max_queue_depth: int | None
     steps: tuple[Step, ...] = field(default=())
     alarm_retries: int | None = None
+    second: int = 0  # instances of SECOND_POOL; 0: the scenario has one pool
 
     @property
     def max_attempts(self) -> int:
         return 1 if self.retry is None else self.retry.max_attempts
+
+    @property
+    def pools(self) -> dict[str, int]:
+        """Each pool's name and concurrency, the first pool first."""
+        pools = {POOL: self.concurrency}
+        if self.second:
+            pools[SECOND_POOL] = self.second
+        return pools
+
+    def flat(self, pool: str, index: int) -> int:
+        """The instance's number in the checker's history: the second pool's come after."""
+        return index if pool == POOL else self.concurrency + index
 
     def describe(self) -> str:
         """A few lines naming the configuration and every step."""
@@ -116,9 +142,16 @@ class Scenario:
                 for point in FAULT_POINTS
                 if getattr(self.faults, point)
             )
+        second = ""
+        if self.second:
+            first = self.concurrency
+            second = (
+                f" second pool {SECOND_POOL}: concurrency={self.second} "
+                f"(instances {first}..{first + self.second - 1} in the history)"
+            )
         lines = [
             f"seed {self.seed}: concurrency={self.concurrency} retry={self.retry!r} "
-            f"max_queue_depth={self.max_queue_depth} alarm_retries={self.alarm_retries}",
+            f"max_queue_depth={self.max_queue_depth} alarm_retries={self.alarm_retries}{second}",
             f"  faults: {faults or 'none'}",
         ]
         lines += [f"  step {n}: {step.describe()}" for n, step in enumerate(self.steps)]
@@ -136,7 +169,12 @@ def generate(seed: int, *, steps: int | None = None) -> Scenario:
     events = _EventSource(rng)
     plan = tuple(_step(rng, events, concurrency) for _ in range(count))
     alarm_retries, faults = _alarm_limit(seed, faults)
-    return Scenario(seed, concurrency, retry, faults, max_queue_depth, plan, alarm_retries)
+    second = 0
+    other = random.Random(f"second-pool:{seed}")
+    if other.random() < SECOND_POOL_SHARE:
+        second = other.randint(1, 3)
+        plan = tuple(_across(step, other, second) for step in plan)
+    return Scenario(seed, concurrency, retry, faults, max_queue_depth, plan, alarm_retries, second)
 
 
 def _alarm_limit(seed: int, faults: FaultPlan | None) -> tuple[int | None, FaultPlan | None]:
@@ -259,3 +297,29 @@ def _step(rng: random.Random, events: _EventSource, concurrency: int) -> Step:
     if kind == "redrive":
         return Step(kind, {"which": rng.choice(["all", "odd"])})
     return Step(kind, {})
+
+
+def _across(step: Step, rng: random.Random, second: int) -> Step:
+    """``step`` for a scenario with a second pool: it may address it, and the follow-ups
+    of its events may go to the other pool (drawn from ``rng``, not the scenario's)."""
+    kind, args = step.kind, dict(step.args)
+    if kind in ("enqueue", "enqueue_many"):
+        for event in args["events"]:
+            _send_across(event, rng)
+    into = SECOND_POOL if rng.random() < 0.3 else POOL
+    if kind in ("enqueue", "enqueue_many", "redrive", "purge", "join"):
+        args["pool"] = into
+    elif kind in ("pause", "resume", "drain", "kill") and into == SECOND_POOL:
+        args["pool"] = into
+        if args["index"] is not None:
+            args["index"] = rng.randrange(second)
+    elif kind == "reopen" and rng.random() < 0.4:
+        args["without"] = SECOND_POOL  # defined again before a later step needs it
+    return Step(kind, args)
+
+
+def _send_across(event: dict[str, Any], rng: random.Random) -> None:
+    """Send each follow-up of ``event`` (at any depth) to the other pool, or not, at random."""
+    for kid in event["kids"]:
+        kid["to"] = "other" if rng.random() < 0.5 else None
+        _send_across(kid, rng)

@@ -29,19 +29,23 @@ def status(path: Path, pool_name: str | None, as_json: bool) -> None:
     with open_view(path) as view:
         pools = _chosen_pools(view, pool_name)
         statuses = [view.status(name, count) for name, count in sorted(pools.items())]
+        incoming = [view.follow_ups_to(status.name) for status in statuses]
     if as_json:
-        document = {"store": str(path), "pools": [dataclasses.asdict(s) for s in statuses]}
-        click.echo(_json_text(document))
+        documents = [
+            {**dataclasses.asdict(status), "follow_ups_in_outboxes": waiting}
+            for status, waiting in zip(statuses, incoming, strict=True)
+        ]
+        click.echo(_json_text({"store": str(path), "pools": documents}))
         return
     out = _console()
     if not statuses:
         out.print(Text(f"store {_clean(path)}: no pools"))
         return
-    for item in statuses:
-        out.print(_status_table(item))
+    for item, waiting in zip(statuses, incoming, strict=True):
+        out.print(_status_table(item, waiting))
 
 
-def _status_table(item: PoolStatus) -> Table:
+def _status_table(item: PoolStatus, waiting: dict[str, int]) -> Table:
     table = Table(
         title=Text(
             f"pool {_clean(item.name)} · {item.concurrency} instances · "
@@ -79,4 +83,8 @@ def _status_table(item: PoolStatus) -> Table:
             current,
             _when(s.next_alarm_at),
         )
+    if waiting:  # follow-ups for this pool, committed, not in its queues yet
+        places = ", ".join(f"{_clean(ident)} ({count:,})" for ident, count in waiting.items())
+        total = sum(waiting.values())
+        table.caption = Text(f"{total:,} follow-ups on their way, in outboxes: {places}")
     return table

@@ -6,7 +6,8 @@
 - :mod:`.keys`: every key, which record it holds, and taking a key apart;
 - :mod:`.records`: the records, their encoding, checksums and field checks;
 - :mod:`.namespace`: an instance's keys and the pool records, read and written in a
-  transaction.
+  transaction;
+- :mod:`.migrate`: a store of an older format rewritten as this one.
 
 Everything outside this package sees records, namespaces and parsed keys, never a
 key's layout or msgpack, and imports them from here.
@@ -18,7 +19,9 @@ from dopool._layout.keys import (
     RecordKind,
     dead_letter_sequence,
     describe_key,
+    format_1_mark,
     is_format_key,
+    mark_source,
     outbox_sequence,
     parse_instance_key,
     pool_key,
@@ -32,10 +35,19 @@ from dopool._layout.limits import (
     MAX_CONCURRENCY,
     MAX_EVENT_BYTES,
     MAX_PARTITION_KEY_BYTES,
+    MIGRATES_FROM,
+    POOL_NAME,
     PRIORITY_MAX,
     PRIORITY_MIN,
 )
-from dopool._layout.namespace import Namespace, get_pool, pool_records, put_pool
+from dopool._layout.migrate import migrate_from_1
+from dopool._layout.namespace import (
+    Namespace,
+    follow_ups_to,
+    get_pool,
+    pool_records,
+    put_pool,
+)
 from dopool._layout.records import (
     DeadRecord,
     EventRecord,
@@ -69,6 +81,8 @@ __all__ = [
     "MAX_CONCURRENCY",
     "MAX_EVENT_BYTES",
     "MAX_PARTITION_KEY_BYTES",
+    "MIGRATES_FROM",
+    "POOL_NAME",
     "PRIORITY_MAX",
     "PRIORITY_MIN",
     "DeadRecord",
@@ -82,8 +96,12 @@ __all__ = [
     "dead_letter_sequence",
     "describe_key",
     "encode_event",
+    "follow_ups_to",
+    "format_1_mark",
     "get_pool",
     "is_format_key",
+    "mark_source",
+    "migrate_from_1",
     "open_sealed",
     "outbox_sequence",
     "pack",

@@ -8,11 +8,17 @@ Keys (all integers big-endian, so LMDB's byte order is numeric order)::
     I <pool>:<index> \\0 q <rank:4> <seq:8> one pending event
     I <pool>:<index> \\0 d <seq:8>          one dead letter
     I <pool>:<index> \\0 o <oseq:8>         one follow-up waiting in the outbox
-    I <pool>:<index> \\0 s <source:4>       last outbox sequence accepted from a source
+    I <pool>:<index> \\0 s <source pool> \\0 <source:4>
+                                          the last follow-up link accepted from a
+                                          source instance (of any pool)
 
 ``rank`` is ``2**31 - 1 - priority``, so the first queue key under an instance's
 prefix is always the next event to run: higher priority first, then FIFO.
 Enqueue is one put and dequeue one ``set_range`` through the B-tree; nothing scans.
+
+Format 1 keyed a delivery mark by the source's index alone (``s <source:4>``), so
+sources of two pools would share one; :func:`format_1_mark` reads such a key for
+the migration (:mod:`.migrate`).
 
 This is the only module that spells a key's bytes (``tests/test_layout_structure.py``).
 Its names with a leading underscore are the layout's own: :mod:`.records` and
@@ -25,7 +31,7 @@ import enum
 import struct
 from typing import TYPE_CHECKING, NamedTuple
 
-from dopool._layout.limits import PRIORITY_MAX
+from dopool._layout.limits import POOL_NAME, PRIORITY_MAX
 
 if TYPE_CHECKING:
     from dopool._layout.records import Meta
@@ -81,14 +87,37 @@ _KIND_OF_TAG = {
     _OUTBOX_TAG: RecordKind.OUTBOX,
     _MARK_TAG: RecordKind.DELIVERY_MARK,
 }
-# The length of the suffix after each tag of an instance's namespace.
+# The length of the suffix after each tag of an instance's namespace; a delivery
+# mark's varies with its source's pool name (see ``_valid_suffix``).
 _SUFFIX_LENGTHS = {
     _META_TAG: 0,
     _QUEUE_TAG: _RANK_SEQ.size,
     _DEAD_TAG: 8,
     _OUTBOX_TAG: 8,
-    _MARK_TAG: 4,
 }
+
+
+def _mark_suffix(pool: str, index: int) -> bytes:
+    """A delivery mark's suffix: its source's pool, a NUL, and its source's index."""
+    return pool.encode() + b"\0" + _U32.pack(index)
+
+
+def _mark_source(suffix: bytes) -> tuple[str, int] | None:
+    """The source ``(pool, index)`` a delivery mark's suffix names; None if it names none."""
+    pool, nul, index = suffix.partition(b"\0")
+    if not nul or len(index) != _U32.size:
+        return None
+    name = pool.decode("ascii", errors="replace")
+    if not POOL_NAME.fullmatch(name):
+        return None
+    return name, _U32.unpack(index)[0]
+
+
+def _valid_suffix(tag: bytes, suffix: bytes) -> bool:
+    """Whether ``suffix`` is what the layout puts after ``tag`` in an instance's key."""
+    if tag == _MARK_TAG:
+        return _mark_source(suffix) is not None
+    return _SUFFIX_LENGTHS.get(tag) == len(suffix)
 
 
 class InstanceKey(NamedTuple):
@@ -109,9 +138,37 @@ def parse_instance_key(key: bytes) -> InstanceKey | None:
     except UnicodeDecodeError:
         return None
     tag, suffix = rest[:1], rest[1:]
-    if not pool or not index.isdigit() or _SUFFIX_LENGTHS.get(tag) != len(suffix):
+    if not pool or not index.isdigit() or not _valid_suffix(tag, suffix):
         return None
     return InstanceKey(pool, int(index), _KIND_OF_TAG[tag])
+
+
+def mark_source(key: bytes) -> tuple[str, int]:
+    """The source ``(pool, index)`` a delivery mark's key names (a key that
+    :func:`parse_instance_key` read as a :attr:`RecordKind.DELIVERY_MARK`)."""
+    suffix = key[key.index(b"\0") + 2 :]
+    source = _mark_source(suffix)
+    if source is None:
+        raise ValueError(f"not a delivery mark's key: {key!r}")
+    return source
+
+
+def format_1_mark(key: bytes) -> tuple[str, int, int] | None:
+    """``(pool, index, source index)`` if ``key`` is a format-1 delivery mark, else None.
+
+    Format 1 keyed it ``I <pool>:<index> \\0 s <source:4>``: the source's pool was
+    the instance's own.
+    """
+    ident, nul, rest = key[1:].partition(b"\0")
+    if key[:1] != _INSTANCE_PREFIX or not nul or rest[:1] != _MARK_TAG or len(rest) != 5:
+        return None
+    try:
+        pool, _, index = ident.decode().rpartition(":")
+    except UnicodeDecodeError:
+        return None
+    if not pool or not index.isdigit():
+        return None
+    return pool, int(index), _U32.unpack_from(rest, 1)[0]
 
 
 def is_format_key(key: bytes) -> bool:

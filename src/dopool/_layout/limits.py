@@ -3,9 +3,19 @@
 Part of the store's layout (:mod:`dopool._layout`, ``docs/store-format.md``).
 """
 
+import re
+
 #: The version of the store's layout (keys and records). A store records the version
-#: it was created with; a runtime refuses to open a store of any other version.
-FORMAT_VERSION = 1
+#: it was created with; a runtime migrates a store of an older version it knows
+#: (:data:`MIGRATES_FROM`) when it opens it, and refuses any other version.
+FORMAT_VERSION = 2
+
+#: The older versions a runtime migrates in place (``_layout/migrate.py``).
+MIGRATES_FROM = (1,)
+
+#: A pool's name: it is part of the keys of its instances, of the delivery marks of
+#: the instances its follow-ups reach, and of the outbox entries sent to it.
+POOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 #: The most instances a pool may have: each is a thread, started when the pool is
 #: defined. A stored pool record above it is damaged.

@@ -20,10 +20,11 @@ from dopool._layout.keys import (
     _POOL_PREFIX,
     _QUEUE_TAG,
     _RANK_SEQ,
-    _SUFFIX_LENGTHS,
-    _U32,
     _U64,
     RecordKind,
+    _mark_source,
+    _mark_suffix,
+    _valid_suffix,
     dead_letter_sequence,
     outbox_sequence,
     pool_key,
@@ -65,7 +66,7 @@ class Namespace:
     :class:`DamagedRecordError` for a record that fails its checksum or layout.
     """
 
-    __slots__ = ("_dead", "_meta", "_outbox", "_queue", "_seen", "prefix")
+    __slots__ = ("_dead", "_marks", "_meta", "_outbox", "_queue", "_seen", "prefix")
 
     def __init__(self, pool: str, index: int) -> None:
         self.prefix = _INSTANCE_PREFIX + f"{pool}:{index}".encode() + b"\0"
@@ -74,11 +75,17 @@ class Namespace:
         self._dead = self.prefix + _DEAD_TAG
         self._outbox = self.prefix + _OUTBOX_TAG
         self._seen = self.prefix + _MARK_TAG
+        self._marks: dict[tuple[str, int], bytes] = {}  # mark keys made, by source
 
     # -- meta ---------------------------------------------------------------
     @property
     def meta_key(self) -> bytes:
         return self._meta
+
+    @property
+    def mark_prefix(self) -> bytes:
+        """The start of every delivery mark's key (the migration builds marks with it)."""
+        return self._seen
 
     def load_meta(self, txn: Txn) -> Meta:
         raw = txn.get(self._meta)
@@ -188,15 +195,38 @@ class Namespace:
     def delete_outbox(self, txn: Txn, oseq: int) -> bool:
         return bool(txn.delete(self.outbox_key(oseq)))
 
-    def last_delivered(self, txn: Txn, source: int) -> int:
-        """The last link accepted from ``source`` (all below it were too), or -1."""
-        key = self._seen + _U32.pack(source)
+    def mark_key(self, source_pool: str, source: int) -> bytes:
+        """The key of this instance's delivery mark for instance ``source`` of ``source_pool``.
+
+        Kept once made: a delivery reads and writes it, and an instance hears from few sources.
+        """
+        key = self._marks.get((source_pool, source))
+        if key is None:
+            key = self._marks[source_pool, source] = self._seen + _mark_suffix(source_pool, source)
+        return key
+
+    def last_delivered(self, txn: Txn, source_pool: str, source: int) -> int:
+        """The last link accepted from instance ``source`` of ``source_pool`` (all below
+        it were too), or -1."""
+        key = self.mark_key(source_pool, source)
         raw = txn.get(key)
         return -1 if raw is None else read_link(key, raw)
 
-    def set_delivered(self, txn: Txn, source: int, link: int) -> None:
-        key = self._seen + _U32.pack(source)
+    def set_delivered(self, txn: Txn, source_pool: str, source: int, link: int) -> None:
+        key = self.mark_key(source_pool, source)
         txn.put(key, seal_link(key, link))
+
+    def iter_marks(self, txn: Txn) -> Iterator[tuple[tuple[str, int], int]]:
+        """Every delivery mark: its source ``(pool, index)`` and the last link accepted.
+
+        Raises:
+            DamagedRecordError: a mark is damaged.
+        """
+        start = len(self._seen)
+        for key, raw in _iter_prefix(txn, self._seen):
+            source = _mark_source(key[start:])
+            if source is not None:
+                yield source, read_link(key, raw)
 
     # -- key counts, for checkers only ----------------------------------------
     def iter_keys(self, txn: Txn) -> Iterator[tuple[RecordKind, bytes]]:
@@ -208,7 +238,7 @@ class Namespace:
         start = len(self.prefix)
         for key, _ in _iter_prefix(txn, self.prefix):
             tag = key[start : start + 1]
-            if _SUFFIX_LENGTHS.get(tag) == len(key) - start - 1:
+            if _valid_suffix(tag, key[start + 1 :]):
                 yield _KIND_OF_TAG[tag], key
 
     def count_pending(self, txn: Txn) -> int:
@@ -291,3 +321,36 @@ def pool_records(txn: Txn) -> dict[str, int]:
             raise damaged(key, raw, "the pool name is not UTF-8")
         pools[name] = read_pool(key, raw)
     return pools
+
+
+def follow_ups_to(txn: Txn, pool: str) -> dict[str, int]:
+    """The follow-ups for ``pool`` still in an outbox: how many each instance of the
+    store holds, by instance id (none listed for an instance that holds none).
+
+    Every stored pool's instances are read, defined in this runtime or not: what
+    their outboxes hold for ``pool`` was routed by its stored concurrency. A damaged
+    pool record, meta or outbox entry is passed over (its pool cannot be defined,
+    its instance cannot run, its entry names no pool): ``dopool check`` reports it.
+    """
+    held: dict[str, int] = {}
+    for key, raw in _iter_prefix(txn, _POOL_PREFIX):
+        name = pool_name_of(key)
+        try:
+            concurrency = read_pool(key, raw)
+        except DamagedRecordError:
+            continue
+        for index in range(concurrency if name is not None else 0):
+            namespace = Namespace(str(name), index)
+            try:
+                if not namespace.load_meta(txn).outbox:
+                    continue
+            except DamagedRecordError:
+                continue
+            count = sum(
+                1
+                for _, record in namespace.iter_outbox(txn)
+                if isinstance(record, OutboxRecord) and record.pool == pool
+            )
+            if count:
+                held[f"{name}:{index}"] = count
+    return held

@@ -27,7 +27,7 @@ import msgpack
 
 from dopool._errors import DamagedRecordError, EventValidationError
 from dopool._layout.keys import _QUEUE_TAG, describe_key
-from dopool._layout.limits import FORMAT_VERSION, MAX_CONCURRENCY
+from dopool._layout.limits import FORMAT_VERSION, MAX_CONCURRENCY, POOL_NAME
 
 # -- encoding ----------------------------------------------------------------------
 
@@ -154,8 +154,25 @@ def _text_or_none(value: Any) -> bool:
 
 
 def _tally(value: Any) -> bool:
-    """A map of int to count (events per priority, next link per target)."""
+    """A map of int to count (events per priority)."""
     return type(value) is dict and all(_integer(k) and _count(v) for k, v in value.items())
+
+
+def _pool_name(value: Any) -> bool:
+    return type(value) is str and POOL_NAME.fullmatch(value) is not None
+
+
+def _instance_id(value: Any) -> bool:
+    """An instance's id, ``"<pool>:<index>"``."""
+    if type(value) is not str:
+        return False
+    pool, colon, index = value.rpartition(":")
+    return bool(colon) and _pool_name(pool) and index.isdigit() and index.isascii()
+
+
+def _links(value: Any) -> bool:
+    """A map of instance id to count (the next follow-up link per target instance)."""
+    return type(value) is dict and all(_instance_id(k) and _count(v) for k, v in value.items())
 
 
 Layout = tuple[tuple[str, Check], ...]
@@ -202,10 +219,12 @@ class DeadRecord(NamedTuple):
 class OutboxRecord(NamedTuple):
     """A follow-up committed with its parent's outcome, waiting to reach its instance.
 
-    ``link`` numbers the follow-ups from this source to ``target`` consecutively
-    from 0, which is how the target tells a duplicate from a gap.
+    It goes to instance ``target`` of pool ``pool`` (this instance's own pool, or
+    another). ``link`` numbers the follow-ups from this source to that instance
+    consecutively from 0, which is how the target tells a duplicate from a gap.
     """
 
+    pool: str
     target: int
     link: int
     event: bytes
@@ -231,6 +250,7 @@ _DEAD_LAYOUT: Layout = (
     ("damaged", _flag),
 )
 _OUTBOX_LAYOUT: Layout = (
+    ("pool", _pool_name),
     ("target", _count),
     ("link", _count),
     ("event", _blob),
@@ -345,10 +365,10 @@ class Meta:
     held_dead_letters: int = 0  # dead-letter records held (dead_lettered counts them all)
     priorities: dict[int, int] = field(default_factory=dict)  # pending events per priority
     alarm_failures: int = 0  # consecutive failed alarm deliveries (fault injection)
-    links: dict[int, int] = field(default_factory=dict)  # next outbox link per target
+    links: dict[str, int] = field(default_factory=dict)  # next outbox link per target id
 
 
-# The meta record's fields, in stored order (format 1). Independent of the
+# The meta record's fields, in stored order (format 2). Independent of the
 # dataclass's field order; a change here is a change of format.
 _META_LAYOUT: Layout = (
     ("tail", _count),
@@ -370,7 +390,7 @@ _META_LAYOUT: Layout = (
     ("held_dead_letters", _count),
     ("priorities", _tally),
     ("alarm_failures", _count),
-    ("links", _tally),
+    ("links", _links),
 )
 _META_NAMES = tuple(name for name, _ in _META_LAYOUT)
 _meta_values = attrgetter(*_META_NAMES)  # every field in stored order, in one C call

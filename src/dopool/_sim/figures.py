@@ -61,7 +61,7 @@ POOL_DESCRIPTIONS: dict[str, str] = {
     "crashes": "the pool's instance crashes",
     "utilisation": "the pool's instances' mean busy share",
     "max_queue_depth": "the deepest any of its instances' queues got",
-    "mean": "mean latency in the pool, arrival (or a follow-up's being stored) to success",
+    "mean": "mean latency in the pool, arrival (or a follow-up's parent's success) to success",
     "p50": "median latency in the pool",
     "p95": "95th percentile latency in the pool",
     "p99": "99th percentile latency in the pool",

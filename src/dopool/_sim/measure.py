@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 from dopool import _ports
 from dopool._errors import DopoolError, QueueFullError
@@ -97,10 +98,8 @@ def measure(
     for name, pool in pools.items():
         collector, status = collectors[name], statuses[name]
         arrived = answers.arrived_at.get(name, {})
-        mine = [
-            collector.succeeded_at[key] - arrived.get(key, collector.enqueued_at.get(key, 0.0))
-            for key in collector.succeeded_at
-        ]
+        handed = partial(_handed, name, arrived=arrived, collectors=collectors, lineage=lineage)
+        mine = [collector.succeeded_at[key] - handed(key) for key in collector.succeeded_at]
         latencies.extend(mine)
         waits.extend(
             collector.enqueued_at[key] - at
@@ -275,6 +274,27 @@ def _alarm_policy(scenario: Scenario) -> str:
 
 def _busy(busy: float, since: float | None, now: float) -> float:
     return busy + (now - since if since is not None else 0.0)
+
+
+def _handed(
+    name: str,
+    key: Key,
+    *,
+    arrived: Mapping[Key, float],
+    collectors: Mapping[str, Collector],
+    lineage: Lineage,
+) -> float:
+    """When an event was handed to its pool: its arrival, or its parent's success (a
+    follow-up waits for its instance's current attempt like an arrival does), else
+    its being stored (an app's follow-ups, whose parents are not known)."""
+    if key in arrived:
+        return arrived[key]
+    parent = lineage.parents.get((name, *key))
+    if parent is not None:
+        succeeded = collectors[parent[0]].succeeded_at.get(parent[1:])
+        if succeeded is not None:
+            return succeeded
+    return collectors[name].enqueued_at.get(key, 0.0)
 
 
 def _spawned(collectors: Mapping[str, Collector], lineage: Lineage) -> int:

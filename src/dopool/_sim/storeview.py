@@ -5,13 +5,18 @@ the store lock, so it works beside a live runtime (in this process or
 another): LMDB readers see the last committed state and never block the
 writer. It decodes the same records the engine writes (through
 :mod:`dopool._layout`), so ``dopool status`` shows what ``pool.status()``
-would.
+would, and also which follow-ups for a pool still wait in outboxes, its own
+pool's or another's (:meth:`StoreView.follow_ups_to`). A store of format 1 is
+refused (``StoreFormatError``): read-only, it cannot be migrated; a runtime
+migrates it when it opens it.
 
 Acting on dead letters (:func:`redrive` and :func:`purge`) needs the store
 lock, like any runtime: it opens one on a :class:`~dopool.SimulatedClock` set
 to the wall-clock time, which never fires an alarm, so no event is executed by
 the stand-in handler, and the redriven events run when the pool's own runtime
-next opens the store.
+next opens the store. It defines only the chosen pools: a follow-up in their
+outboxes for another pool waits there, as it would for any runtime that does
+not define that pool (and a store of format 1 is migrated by opening it).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from dopool._check import CheckReport, check_store
 from dopool._clock import RealClock, SimulatedClock
 from dopool._context import EventContext
 from dopool._errors import ConfigurationError, StorageError
-from dopool._layout import Namespace, pool_records
+from dopool._layout import Namespace, follow_ups_to, pool_records
 from dopool._runtime import Runtime
 from dopool._status import dead_letter_from_record, instance_status, pool_status
 from dopool._storage import open_readonly
@@ -87,6 +92,11 @@ class StoreView:
                 for index in range(concurrency)
                 for sequence, record in Namespace(name, index).iter_dead_letters(txn)
             ]
+
+    def follow_ups_to(self, name: str) -> dict[str, int]:
+        """The follow-ups for pool ``name`` still in an outbox, counted by instance id."""
+        with self._read() as txn:
+            return follow_ups_to(txn, name)
 
     def check(self) -> CheckReport:
         """Every record's checksum and layout, and every instance's counters (``dopool check``)."""

@@ -155,11 +155,24 @@ class Lineage:
 
     ``requests[(pool, index, sequence)]`` is the arrival number whose request the
     event is part of; ``spawned[(pool, index, sequence, attempt)]`` the follow-ups
-    that attempt enqueued (they commit only if it succeeds).
+    that attempt enqueued (they commit only if it succeeds); ``parents`` maps a
+    follow-up to the event that enqueued it, so its time in its pool can run from
+    its parent's success (the moment it was handed on), not from its being stored.
     """
 
     requests: dict[tuple[str, int, int], int] = field(default_factory=dict)
     spawned: dict[tuple[str, int, int, int], int] = field(default_factory=dict)
+    keys: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # event id -> key
+    parents: dict[tuple[str, int, int], tuple[str, int, int]] = field(default_factory=dict)
+
+    def executed(self, key: tuple[str, int, int], identity: Any, request: int) -> None:
+        """The handler ran event ``identity`` (of ``request``), stored under ``key``."""
+        self.requests[key] = request
+        self.keys[str(identity)] = key
+        if isinstance(identity, str):  # a follow-up: "<parent id>/<rule>.<copy>"
+            parent = self.keys.get(identity.rpartition("/")[0])
+            if parent is not None:
+                self.parents[key] = parent
 
 
 def make_handler(
@@ -179,7 +192,7 @@ def make_handler(
         event = ctx.event
         number = event["id"]
         request = event.get("req", number)
-        lineage.requests[(pool.name, ctx.instance_index, ctx.sequence)] = request
+        lineage.executed((pool.name, ctx.instance_index, ctx.sequence), number, request)
         rng = random.Random(f"{seed}/{number}/{ctx.attempt}")
         seconds = service_time(pool.service, rng)
         if seconds > 0:
@@ -200,9 +213,7 @@ def make_handler(
                     share = target.poison_share
                     poison = share > 0 and local.random() < share
                     payload = _payload(child, request, poison, padding[follow.to])
-                    if follow.to != pool.name:  # pools in a chain: the engine's next step
-                        raise NotImplementedError("follow-ups into another pool")
-                    ctx.enqueue(payload, partition_key=key)
+                    ctx.enqueue(payload, partition_key=key, pool=follow.to)
                     spawned += 1
         lineage.spawned[(pool.name, ctx.instance_index, ctx.sequence, ctx.attempt)] = spawned
 

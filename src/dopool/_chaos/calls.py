@@ -1,0 +1,135 @@
+"""The calls a chaos step makes into a pool, and what the history learns from each.
+
+:class:`Calls` is a part of :class:`~dopool._chaos.runner.Runner`: enqueues and
+their acknowledgements (the stored part of a failed batch too), drains, redrives
+and purges, each recorded in the runner's history with its instances numbered in
+one row across the scenario's pools (``Scenario.flat``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dopool import DeadLetter, InstanceCrashedError, QueueFullError, WorkerPool
+from dopool._chaos.history import Ack, Purged, Redriven, Resumed
+
+if TYPE_CHECKING:
+    from dopool._chaos.clockdriver import ClockDriver
+    from dopool._chaos.history import History
+    from dopool._chaos.snapshot import InstanceSnapshot
+
+
+class Calls:
+    """The runner's calls into its pools (see the module docstring)."""
+
+    history: History
+    driver: ClockDriver
+
+    def _flat(self, pool: str, index: int) -> int:
+        raise NotImplementedError
+
+    def _read_store(self) -> list[InstanceSnapshot]:
+        raise NotImplementedError
+
+    def _snapshot(self) -> list[InstanceSnapshot]:
+        raise NotImplementedError
+
+    def _enqueue(
+        self,
+        pool: WorkerPool,
+        events: list[dict[str, Any]],
+        pk: str | None,
+        prio: int,
+        many: bool,
+    ) -> None:
+        history = self.history
+        for event in events:
+            history.contents[event["id"]] = event
+        try:
+            if many:
+                results = pool.enqueue_many(events, partition_key=pk, priority=prio)
+            else:
+                results = [pool.enqueue(events[0], partition_key=pk, priority=prio)]
+        except (InstanceCrashedError, QueueFullError) as exc:
+            if isinstance(exc, InstanceCrashedError):
+                self.driver.after_crash()
+            self._acknowledge_stored(pool, list(exc.stored))
+            return
+        for event, result in zip(events, results, strict=True):
+            entry = (self._flat(pool.name, result.instance_index), result.sequence)
+            history.name(entry, event["id"], "enqueue's result")
+            history.add(Ack(event["id"], *entry))
+
+    def _acknowledge_stored(self, pool: WorkerPool, stored: list[Any]) -> None:
+        """A batch failed part-way: acknowledge the parts its error says were stored."""
+        if not stored:
+            return
+        snapshots = self._read_store()
+        for result in stored:
+            inst = self._flat(pool.name, result.instance_index)
+            queued = snapshots[inst].queue.get(result.sequence)
+            if queued is None or queued[1] is None:
+                self.history.problem(f"enqueue_many reported {result} stored, but it is not")
+                continue
+            entry = (inst, result.sequence)
+            self.history.name(entry, queued[1], "storage")
+            self.history.add(Ack(queued[1], *entry))
+
+    def _drain(self, pool: WorkerPool, index: int | None) -> None:
+        before = self._snapshot()
+        indices = range(pool.concurrency) if index is None else [index]
+        expected = sum(len(before[self._flat(pool.name, i)].queue) for i in indices)
+        removed = pool.drain(index)
+        if removed != expected:
+            self.history.problem(f"drain({index}) returned {removed}, {expected} were pending")
+
+    def _letters(self, pool: WorkerPool) -> dict[tuple[int, int], DeadLetter]:
+        """The pool's dead letters by entry, each named in the history."""
+        letters = {}
+        for dead in pool.dead_letters():
+            entry = (self._flat(pool.name, dead.instance_index), dead.sequence)
+            self.history.name(entry, _id(dead), "dead_letters()")
+            letters[entry] = dead
+        return letters
+
+    def _redrive(self, pool: WorkerPool, which: str) -> None:
+        by_entry = self._letters(pool)
+        letters = list(by_entry.values())
+        chosen = letters if which == "all" else [d for d in letters if d.sequence % 2]
+        try:
+            count = pool.redrive(None if which == "all" else chosen)
+        except InstanceCrashedError:
+            self.driver.after_crash()
+            count = None
+        finally:
+            after = self._letters(pool)
+            gone = [entry for entry in by_entry if entry not in after]
+            self.history.add(Redriven(tuple((i, s, _id(by_entry[(i, s)])) for i, s in gone)))
+        if count is not None and count != len(chosen):
+            self.history.problem(f"redrive returned {count}, {len(chosen)} were chosen")
+        if count is not None and count != len(gone):
+            self.history.problem(f"redrive returned {count}, {len(gone)} left the dead letters")
+
+    def _purge(self, pool: WorkerPool) -> None:
+        letters = self._letters(pool)
+        try:
+            pool.purge_dead_letters()
+        except InstanceCrashedError:
+            self.driver.after_crash()
+            raise
+        finally:
+            after = self._letters(pool)
+            self.history.add(Purged(tuple(entry for entry in letters if entry not in after)))
+
+    def _resume(self, pool: WorkerPool, index: int | None) -> None:
+        """``pool.resume(index)``, which also wakes a stalled instance; the history says so."""
+        chosen = range(pool.concurrency) if index is None else [index]
+        try:
+            pool.resume(index)
+        finally:
+            self.history.add(Resumed(tuple(self._flat(pool.name, i) for i in chosen)))
+
+
+def _id(dead: DeadLetter) -> str:
+    event = dead.event
+    return str(event.get("id")) if isinstance(event, dict) else repr(event)
