@@ -8,6 +8,7 @@ one row across the scenario's pools (``Scenario.flat``).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
 from dopool import DeadLetter, InstanceCrashedError, QueueFullError, WorkerPool
@@ -19,20 +20,24 @@ if TYPE_CHECKING:
     from dopool._chaos.snapshot import InstanceSnapshot
 
 
-class Calls:
-    """The runner's calls into its pools (see the module docstring)."""
+class Calls(ABC):
+    """The runner's calls into its pools (see the module docstring); the runner gives
+    them its history, its clock driver and the three methods below."""
 
     history: History
     driver: ClockDriver
 
+    @abstractmethod
     def _flat(self, pool: str, index: int) -> int:
-        raise NotImplementedError
+        """Instance ``index`` of ``pool`` as the history numbers it."""
 
+    @abstractmethod
     def _read_store(self) -> list[InstanceSnapshot]:
-        raise NotImplementedError
+        """Committed storage, every instance of every pool."""
 
+    @abstractmethod
     def _snapshot(self) -> list[InstanceSnapshot]:
-        raise NotImplementedError
+        """Committed storage, each queued and dead entry named in the history."""
 
     def _enqueue(
         self,
