@@ -10,7 +10,6 @@ import pytest
 from dopool import ConfigurationError, EnqueueResult, EventContext, Runtime, _ports
 from dopool._invariants import read_instance
 from dopool._messages import Pause, Resume
-from dopool._validation import prepare
 
 
 def ignore(ctx: EventContext) -> None:
@@ -21,8 +20,7 @@ def test_submit_and_send_return_without_waiting_and_committed_reads_the_outcome(
     with Runtime.simulated() as runtime:
         pool = runtime.define("p", execute=ignore, concurrency=2)
         paused = _ports.send(pool, 1, Pause)
-        item = prepare("x", partition_key="k", priority=0, schema=None)
-        index, reply = _ports.submit(pool, item, "k")
+        index, reply = _ports.submit(pool, "x", "k")
         runtime.clock.settle()
         (stored,) = reply.get(timeout=0)
         assert isinstance(stored, EnqueueResult)

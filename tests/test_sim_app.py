@@ -50,6 +50,10 @@ def upload(number: int, rng: random.Random) -> dict:
 
 def bad_upload(number: int, rng: random.Random) -> dict:
     raise ValueError("no image")
+
+
+def bad_event(number: int, rng: random.Random) -> object:
+    return object()
 """
 
 
@@ -157,3 +161,40 @@ def test_the_app_flag_and_its_errors(app: str, tmp_path: Path) -> None:
     assert bad.exit_code == 2
     assert bad.output.strip().splitlines()[-1].startswith("Error: ")
     assert "names no importable module" in bad.output
+
+
+def test_an_app_that_exits_or_makes_bad_events_is_an_error_naming_it(
+    app: str, tmp_path: Path
+) -> None:
+    exiting = tmp_path / "exiting.py"
+    exiting.write_text(
+        "import sys\n\ndef build(runtime):\n    sys.exit(3)\n\n"
+        "def bad(number, rng):\n    return object()\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(AppError, match="raised SystemExit: 3"):
+        run(loading.loads(scenario_text(str(exiting)).replace('payload = "upload"\n', "")))
+    with pytest.raises(AppError, match="pool 'thumbnails' refused an arriving event"):
+        run(loading.loads(scenario_text(app, payload="bad_event")))
+
+
+def test_an_apps_schema_checks_the_arriving_events(tmp_path: Path) -> None:
+    path = tmp_path / "strict.py"
+    path.write_text(
+        "def check(event):\n"
+        "    if 'image' not in event:\n"
+        "        raise ValueError('no image')\n"
+        "    return {**event, 'checked': True}\n\n"
+        "def handle(ctx):\n"
+        "    assert ctx.event['checked']\n\n"
+        "def build(runtime):\n"
+        "    runtime.define('thumbnails', execute=handle, schema=check, concurrency=3)\n\n"
+        "def upload(number, rng):\n"
+        "    return {'image': number}\n",
+        encoding="utf-8",
+    )
+    result = run(loading.loads(scenario_text(str(path)))).result
+    assert (result.succeeded, result.dead_lettered) == (200, 0)  # every event checked
+    text = scenario_text(str(path)).replace('payload = "upload"\n', "")
+    with pytest.raises(AppError, match=r"refused an arriving event.*no image"):
+        run(loading.loads(text))

@@ -5,7 +5,8 @@ and the CLI's dead-letter actions need three things docs/api.md does not offer:
 
 - :func:`committed`: a read-only snapshot of a runtime's committed state, to read
   with :class:`dopool._layout.Namespace` and :func:`dopool._invariants.read_instance`;
-- :func:`submit`: send one event to the instance it routes to, and get the reply
+- :func:`submit`: send one event (checked as ``enqueue`` checks it) to the instance it
+  routes to, and get the reply
   without waiting for it (a simulator's arrival happens while the clock is being
   driven, when an instance may be asleep in its handler);
 - :func:`send`: send a control message to one instance without waiting, likewise.
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
 if TYPE_CHECKING:
@@ -35,6 +36,9 @@ Read = Callable[[], AbstractContextManager["Txn"]]
 
 _readers: WeakKeyDictionary[Runtime, Read] = WeakKeyDictionary()
 _instances: WeakKeyDictionary[WorkerPool, Instances] = WeakKeyDictionary()
+_prepares: WeakKeyDictionary[WorkerPool, Callable[[Any, str | None, int], Item]] = (
+    WeakKeyDictionary()
+)
 
 
 def expose_runtime(runtime: Runtime, read: Read) -> None:
@@ -42,9 +46,13 @@ def expose_runtime(runtime: Runtime, read: Read) -> None:
     _readers[runtime] = read
 
 
-def expose_pool(pool: WorkerPool, instances: Instances) -> None:
-    """Called by the runtime as it defines ``pool``, whose instances are ``instances``."""
+def expose_pool(
+    pool: WorkerPool, instances: Instances, prepare: Callable[[Any, str | None, int], Item]
+) -> None:
+    """Called by the runtime as it defines ``pool``, whose instances are ``instances``;
+    ``prepare`` checks and encodes an event as the pool's ``enqueue`` does (its schema)."""
     _instances[pool] = instances
+    _prepares[pool] = prepare
 
 
 def committed(runtime: Runtime) -> AbstractContextManager[Txn]:
@@ -57,13 +65,18 @@ def committed(runtime: Runtime) -> AbstractContextManager[Txn]:
     return _readers[runtime]()
 
 
-def submit(pool: WorkerPool, item: Item, partition_key: str | None) -> tuple[int, Reply]:
-    """Send one prepared event to the instance ``partition_key`` routes it to.
+def submit(pool: WorkerPool, event: Any, partition_key: str | None) -> tuple[int, Reply]:
+    """Send one event to the instance ``partition_key`` routes it to, checked and encoded
+    as ``pool.enqueue`` does (the pool's schema included).
 
     Returns at once: that instance's index, and the reply. The reply answers what
     ``enqueue_many`` would for this one event (a list of one
     :class:`~dopool.EnqueueResult`), or raises its error.
+
+    Raises:
+        EventValidationError, EventTooLargeError: as ``enqueue`` would; nothing is sent.
     """
+    item = _prepares[pool](event, partition_key, 0)
     return _instances[pool].submit(item, partition_key)
 
 

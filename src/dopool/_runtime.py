@@ -295,7 +295,7 @@ class Runtime:
                 raise
             direct = [DirectEnqueue(spec, index, env) for index in range(concurrency)]
             pool = WorkerPool(self._pool_context, spec, instances, direct)
-            _ports.expose_pool(pool, instances)
+            _ports.expose_pool(pool, instances, spec.prepare)
             self._pools[name] = instances
             self._defined[name] = pool
             # Now follow-ups may go to it; those other instances held for it are resent.

@@ -65,7 +65,7 @@ class App:
         """Call the app's function with ``runtime``; whatever it raises is an :class:`AppError`."""
         try:
             self.build(runtime)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # an app's sys.exit() must not end the run
             raise AppError(self.spec, f"raised {type(exc).__name__}: {exc}") from exc
 
 
@@ -89,7 +89,7 @@ def load_app(spec: str) -> App:
             if exc.name is not None and target.startswith(exc.name):
                 raise ScenarioError("app", f"names no importable module: {target!r}") from None
             raise AppError(spec, f"importing it raised {type(exc).__name__}: {exc}") from exc
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise AppError(spec, f"importing it raised {type(exc).__name__}: {exc}") from exc
     build = getattr(module, name, None)
     if not callable(build):
@@ -108,7 +108,7 @@ def _from_file(spec: str, path: Path) -> ModuleType:
     sys.modules[module_name] = module  # dataclasses and pickling look the module up
     try:
         loader.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         del sys.modules[module_name]
         raise AppError(spec, f"importing it raised {type(exc).__name__}: {exc}") from exc
     return module

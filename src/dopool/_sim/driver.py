@@ -33,7 +33,7 @@ from typing import Any
 
 from dopool import _ports
 from dopool._clock import SimulatedClock
-from dopool._errors import ConfigurationError
+from dopool._errors import ConfigurationError, EventTooLargeError, EventValidationError
 from dopool._messages import Pause, Reply, Resume
 from dopool._pool import WorkerPool
 from dopool._retry import RetryPolicy
@@ -49,7 +49,6 @@ from dopool._sim.sections import Pause as PlannedPause
 from dopool._sim.trace import Trace
 from dopool._sim.workload import Arrival, Lineage, arrivals, make_event, make_handler
 from dopool._types import PoolEvent
-from dopool._validation import prepare
 from dopool.chaos import FaultPlan
 
 PROGRESS_EVERY = 500  # clock steps between progress reports
@@ -152,7 +151,15 @@ def _run(
             else:
                 event = make_event(arrival, paddings.get(arrival.pool, padding))
             place = None if tracer is None else tracer.arriving(arrival)
-            index, reply = _submit(pools[arrival.pool], event, arrival.partition_key)
+            try:
+                index, reply = _submit(pools[arrival.pool], event, arrival.partition_key)
+            except (EventValidationError, EventTooLargeError) as exc:
+                if app is None:
+                    raise
+                # The app's payload function made it, or its pool's schema refused it.
+                raise AppError(
+                    app.spec, f"pool {arrival.pool!r} refused an arriving event: {exc}"
+                ) from exc
             if place is not None:
                 place.sent(index, reply)
             futures.append((arrival, reply))
@@ -261,7 +268,7 @@ def _app_event(app: App, seed: int, arrival: Arrival) -> Any:
     make = app.payload(arrival.payload)
     try:
         return make(arrival.event_id, random.Random(f"{seed}/payload/{arrival.event_id}"))
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # an app's sys.exit() must not end the run
         raise AppError(
             app.spec, f"payload {arrival.payload!r} raised {type(exc).__name__}: {exc}"
         ) from exc
@@ -275,8 +282,7 @@ def _submit(pool: WorkerPool, event: Any, partition_key: str | None) -> tuple[in
     a handler with the enqueue queued behind it, so nothing here waits: the
     reply lets :mod:`dopool._sim.measure` look without waiting.
     """
-    item = prepare(event, partition_key=partition_key, priority=0, schema=None)
-    return _ports.submit(pool, item, partition_key)
+    return _ports.submit(pool, event, partition_key)
 
 
 def _processed(collectors: dict[str, Collector]) -> int:
