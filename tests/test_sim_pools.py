@@ -106,6 +106,7 @@ def test_pools_and_streams_round_trip_through_toml() -> None:
         ('[[pools]]\nname = "a"\ninstancs = 2', "pools[0].instancs", "did you mean 'instances'"),
         ('[[pools]]\nname = "a"\n[[pools]]\nname = "a"', "pools[1].name", "repeats"),
         ('[[pools]]\nname = "a b"', "pools[0].name", "name"),
+        ('[[pools]]\nname = "e2e"', "pools[0].name", "names figures of the whole run"),
         ("[[pools]]\ninstances = 2", "pools[0].name", "is required"),
         (
             '[[pools]]\nname = "a"\n[[pools.follow_ups]]\nto = "b"',

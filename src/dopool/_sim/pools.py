@@ -31,6 +31,9 @@ DEFAULT_POOL = "sim"  # the pool of a scenario without [[pools]]
 FANOUTS = ("fixed", "poisson", "geometric")
 MAX_FANOUT = 1000.0
 MAX_POOLS = 64
+# Figures of the whole run are named "<word>.<figure>" like a pool's (docs/simulate.md,
+# "Figures"): a pool may not take one of those words as its name.
+RESERVED = ("e2e", "wait", "utilisation", "stall")
 # The expected events per arrival, follow-ups included, over which a design is refused:
 # follow-ups that (on average) cause as many again grow without end.
 MAX_AMPLIFICATION = 10_000.0
@@ -168,6 +171,8 @@ def _resolve_one(defaults: Pool, table: PoolTable) -> Pool:
         name = check_pool_name(table.name)
     except ConfigurationError as exc:
         raise ScenarioError("name", str(exc)) from None
+    if name in RESERVED:
+        raise ScenarioError("name", f"{name!r} names figures of the whole run; choose another")
     settings = dict(table.settings)
     known = {*POOL_FIELDS, *POOL_SECTIONS, "follow_ups"}
     for key in settings:
