@@ -76,7 +76,6 @@ FIELD_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("--app", "app", "your code: module:function (or file.py:function) defining the pools"),
 )
 _FIELD_OF = {flag: path for flag, path, _ in FIELD_FLAGS}
-_FLAG_OF = {path: flag for flag, path, _ in FIELD_FLAGS}
 
 
 def _field_options(function: Callable[..., Any]) -> Callable[..., Any]:
