@@ -11,11 +11,21 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import os
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Protocol
+
+from dopool._backend import Backend, Latch
+from dopool._green import GreenletBackend
+
+#: The environment variable that picks a simulated clock's backend when none is
+#: given: ``threads`` (the default) or ``greenlet``. Read here only.
+BACKEND_VARIABLE = "DOPOOL_SIM_BACKEND"
+BACKENDS = ("threads", "greenlet")
 
 
 class AlarmTarget(Protocol):
@@ -42,12 +52,14 @@ class Activity:
     find the actor still busy.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, backend: Backend | None = None) -> None:
         self._cond = threading.Condition()
         self._pending: dict[Hashable, int] = {}
         self._sleeping: set[Hashable] = set()
         self._active = 0
         self.generation = 0
+        # A backend that runs the actors itself is driven instead of waited for.
+        self._runner = backend if backend is not None and backend.runs_actors else None
 
     def sent(self, key: Hashable) -> None:
         with self._cond:
@@ -89,14 +101,55 @@ class Activity:
             return any(key in self._pending for key in keys)
 
     def wait_quiet(self, timeout: float | None = None) -> bool:
-        """Block until no actor is active; False if ``timeout`` (wall seconds) ran out."""
+        """Block until no actor is active; False if ``timeout`` (wall seconds) ran out.
+
+        A backend that runs the actors itself runs them instead, until none can
+        run: its quiescence. An actor may still be active then, waiting for an
+        answer that virtual time must bring (from an instance asleep in
+        ``ctx.sleep``), or for ever (a deadlock: see :meth:`stalled`).
+        """
+        runner = self._runner
+        if runner is not None:
+            runner.drive(_never, "quiescence")
+            return True
         with self._cond:
-            return self._cond.wait_for(lambda: self._active == 0, timeout)
+            return self._cond.wait_for(self.quiet, timeout)
+
+    def quiet(self) -> bool:
+        """Whether no actor is active."""
+        return self._active == 0
+
+    def stalled(self, timeout: float | None) -> None:
+        """Under a backend that runs the actors, with none able to run and nothing
+        scheduled: raise if some are still active, for they wait for each other.
+
+        Raises:
+            TimeoutError: so, and a ``timeout`` was given (no wall time can help).
+            SimulationStalledError: so, and none was.
+        """
+        runner = self._runner
+        if runner is None or self._active == 0:
+            return
+        if timeout is not None:
+            raise TimeoutError("the instances wait for each other, and nothing is scheduled")
+        raise runner.stalled("nothing is scheduled, yet instances wait: a deadlock")
+
+    def asleep(self) -> list[Hashable]:
+        """The actors asleep in virtual time (or waiting for a restart), in a stable order."""
+        with self._cond:
+            return sorted(self._sleeping, key=str)
 
     def wait_change(self, generation: int, timeout: float | None) -> bool:
         """Block until an actor goes idle or asleep after ``generation`` was read."""
+        runner = self._runner
+        if runner is not None:
+            return runner.drive(lambda: self.generation != generation, "an actor to go idle")
         with self._cond:
             return self._cond.wait_for(lambda: self.generation != generation, timeout)
+
+
+def _never() -> bool:
+    return False
 
 
 class Clock(ABC):
@@ -107,8 +160,10 @@ class Clock(ABC):
     #: A simulated clock runs nothing until it is driven, so it says no.
     starts_due_work_at_once = False
 
-    def __init__(self) -> None:
-        self.activity = Activity()
+    def __init__(self, backend: Backend | None = None) -> None:
+        #: How the actors run and wait: OS threads, or greenlets on one thread.
+        self.backend = Backend() if backend is None else backend
+        self.activity = Activity(self.backend)
 
     @abstractmethod
     def now(self) -> float:
@@ -255,8 +310,15 @@ class SimulatedClock(Clock):
 
     orders_calls = True
 
-    def __init__(self, start: float = 0.0) -> None:
-        super().__init__()
+    def __init__(self, start: float = 0.0, *, backend: str | None = None) -> None:
+        """``backend``: ``"threads"`` (an OS thread per actor) or ``"greenlet"`` (every
+        actor a greenlet on the driving thread); None reads ``$DOPOOL_SIM_BACKEND``,
+        and ``"threads"`` if that is unset or empty."""
+        name = backend or os.environ.get(BACKEND_VARIABLE) or "threads"
+        if name not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+        green = GreenletBackend() if name == "greenlet" else None
+        super().__init__(green)
         if not math.isfinite(start):
             raise ValueError(f"start must be finite, got {start!r}")
         self._now = float(start)
@@ -265,6 +327,42 @@ class SimulatedClock(Clock):
         self._slots: dict[int, int] = {}
         self._tickets = itertools.count()
         self._driver = threading.Lock()
+        self._green = green is not None
+        if green is not None:
+            green.scheduler.describe = self._describe
+
+    def _describe(self) -> list[str]:
+        """What the clock adds to a stall's report: who sleeps, and when it could move."""
+        notes = []
+        asleep = self.activity.asleep()
+        if asleep:
+            names = ", ".join(str(key) for key in asleep)
+            notes.append(f"asleep in virtual time or waiting to restart: {names}")
+        at = self.next_time()
+        if at is not None:
+            notes.append(
+                f"the clock stands at t={self._now:g} and next has work at t={at:g}: it moves "
+                "only when driven (advance, run_until, run_until_idle, step, join)"
+            )
+        return notes
+
+    @contextmanager
+    def _driving(self) -> Iterator[None]:
+        """Hold the right to drive the clock; under greenlets, refuse a second driver
+        rather than block the one thread (a handler driving the clock, say)."""
+        if not self._green:
+            with self._driver:
+                yield
+            return
+        if not self._driver.acquire(blocking=False):
+            raise RuntimeError(
+                "the simulated clock is already being driven; it cannot be driven from a "
+                "handler, hook, subscriber or call_at callback"
+            )
+        try:
+            yield
+        finally:
+            self._driver.release()
 
     def now(self) -> float:
         return self._now
@@ -298,12 +396,13 @@ class SimulatedClock(Clock):
     def sleep(self, seconds: float, key: Hashable) -> None:
         if seconds <= 0:
             return
-        wake = threading.Event()
+        at = self._now + seconds
+        wake = self.backend.latch(f"virtual time to reach t={at:g} (asleep in its handler)")
         with self._lock:
             ticket = next(self._tickets)
-            heapq.heappush(self._heap, (self._now + seconds, "", 0, ticket, _WAKE, (key, wake)))
+            heapq.heappush(self._heap, (at, "", 0, ticket, _WAKE, (key, wake)))
         self.activity.sleep_begin(key)
-        wake.wait()
+        wake.acquire()
 
     def next_time(self) -> float | None:
         """The time of the next live alarm, wake-up or delivery, or None."""
@@ -323,7 +422,7 @@ class SimulatedClock(Clock):
 
     def run_until(self, time: float) -> None:
         """Fire everything due up to the absolute time ``time``, then stand there."""
-        with self._driver:
+        with self._driving():
             while self._step(time, None):
                 pass
             self._now = max(self._now, time)
@@ -331,7 +430,7 @@ class SimulatedClock(Clock):
     def run_until_idle(self, max_time: float | None = None) -> None:
         """Jump from one scheduled time to the next until nothing is left (or ``max_time``)."""
         limit = math.inf if max_time is None else max_time
-        with self._driver:
+        with self._driving():
             while self._step(limit, None):
                 pass
 
@@ -341,7 +440,7 @@ class SimulatedClock(Clock):
         ``deadline`` is a wall-clock ``time.monotonic()`` bound on waiting for
         quiescence; :class:`TimeoutError` if it passes.
         """
-        with self._driver:
+        with self._driving():
             return self._step(limit, deadline)
 
     def progress(self, generation: int, deadline: float | None) -> bool:
@@ -363,20 +462,27 @@ class SimulatedClock(Clock):
         self._wait_quiet(deadline)
         with self._lock:
             self._drop_stale()
-            if not self._heap or self._heap[0][0] > limit:
+            heap = self._heap
+            if heap and heap[0][0] <= limit:
+                at, _, _, _, kind, payload = heapq.heappop(heap)
+                self._now = max(self._now, at)
+                if kind == _ALARM:
+                    del self._slots[id(payload)]
+            elif heap:
                 return False
-            at, _, _, _, kind, payload = heapq.heappop(self._heap)
-            self._now = max(self._now, at)
-            if kind == _ALARM:
-                del self._slots[id(payload)]
+            else:
+                kind = None
+        if kind is None:  # nothing scheduled: actors still waiting wait for ever
+            self.activity.stalled(None if deadline is None else 0.0)
+            return False
         if kind == _ALARM:
             payload.fire_alarm()  # type: ignore[attr-defined]
         elif kind in (_DELIVERY, _CALL):
             payload()  # type: ignore[operator]
         else:
-            sleeper: tuple[Hashable, threading.Event] = payload  # type: ignore[assignment]
+            sleeper: tuple[Hashable, Latch] = payload  # type: ignore[assignment]
             self.activity.sleep_end(sleeper[0])
-            sleeper[1].set()
+            sleeper[1].release()
         self._wait_quiet(deadline)
         return True
 

@@ -10,12 +10,12 @@ copy of it that the instance's last commit saved, which is the same).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
+from dopool._backend import Local
 from dopool._clock import Clock
 from dopool._errors import (
     DopoolError,
@@ -71,8 +71,9 @@ class InstanceMemory:
 
     __slots__ = ("handed_off", "meta", "told_alarm", "turn")
 
-    def __init__(self) -> None:
-        self.turn = Turn()  # the right to act on the namespace: one thing at a time
+    def __init__(self, turn: Turn | None = None) -> None:
+        # The right to act on the namespace: one thing at a time.
+        self.turn = Turn() if turn is None else turn
         # The meta as the instance's last commit left it, if known (see
         # ``InstanceShell._load_meta``).
         self.meta: Meta | None = None
@@ -100,7 +101,7 @@ class InstanceEnv:
     emit: Callable[[PoolEvent], None]
     listening: Callable[[], bool]  # whether anyone takes events: if not, none are made
     router: Router
-    in_handler: threading.local  # .instance: (pool, index) whose thread this is, mid-message
+    in_handler: Local  # .instance: (pool, index) whose thread this is, mid-message
     # One per instance, by index, each outliving the instance's incarnations:
     mailboxes: list[Mailbox]
     supervisors: list[Supervisor]

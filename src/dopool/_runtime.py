@@ -22,6 +22,7 @@ import pykka
 
 from dopool import _ports
 from dopool._actor import InstanceActor
+from dopool._backend import Backend
 from dopool._clock import Clock, RealClock, SimulatedClock
 from dopool._direct import DirectEnqueue
 from dopool._errors import (
@@ -37,6 +38,7 @@ from dopool._pool import Instances, PoolContext, WorkerPool, provide_default_run
 from dopool._router import Router
 from dopool._storage import Store
 from dopool._supervisor import Supervisor, recover_first
+from dopool._turn import Turn
 from dopool._types import PoolEvent
 from dopool._validation import check_pool_name, prepare
 from dopool._waits import WaitGraph
@@ -102,7 +104,7 @@ class Runtime:
         self._supervisors: list[list[Supervisor]] = []  # each pool's instances, by index
         self._subscribers: list[Callable[[PoolEvent], Any]] = []
         self._temporary: Path | None = None
-        self._in_handler = threading.local()
+        self._in_handler = self.clock.backend.local()
         self._waits = WaitGraph()  # which instance waits for which, to refuse a deadlock
         # What each pool uses of this runtime, handed to it by _define_pool.
         self._pool_context = PoolContext(
@@ -132,18 +134,27 @@ class Runtime:
         *,
         seed: int | str | None = 0,
         start: float = 0.0,
+        backend: str | None = None,
         **options: Any,
     ) -> Runtime:
-        """A runtime on a new :class:`SimulatedClock`; ``path=None`` uses a temporary directory."""
+        """A runtime on a new :class:`SimulatedClock`; ``path=None`` uses a temporary directory.
+
+        ``backend`` is the clock's (``"threads"`` or ``"greenlet"``; see
+        :class:`SimulatedClock`).
+        """
         if "clock" in options:
             raise ConfigurationError(
                 "Runtime.simulated makes its own SimulatedClock; pass no clock"
             )
+        try:
+            clock = SimulatedClock(start, backend=backend)
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
         if path is not None:
-            return cls(path, clock=SimulatedClock(start), seed=seed, **options)
+            return cls(path, clock=clock, seed=seed, **options)
         temporary = Path(tempfile.mkdtemp(prefix="dopool-"))
         try:
-            runtime = cls(temporary, clock=SimulatedClock(start), seed=seed, **options)
+            runtime = cls(temporary, clock=clock, seed=seed, **options)
         except BaseException:
             shutil.rmtree(temporary, ignore_errors=True)
             raise
@@ -247,8 +258,11 @@ class Runtime:
 
             spec = PoolSpec(name=name, options=options, prepare=prepare_follow_up)
             activity = self.clock.activity
+            backend = self.clock.backend
+            latch = backend.latch if backend.runs_actors else None
             mailboxes = [
-                Mailbox(name, index, f"{name}:{index}", activity) for index in range(concurrency)
+                Mailbox(name, index, f"{name}:{index}", activity, latch)
+                for index in range(concurrency)
             ]
             env: InstanceEnv
 
@@ -272,7 +286,10 @@ class Runtime:
                 in_handler=self._in_handler,
                 mailboxes=mailboxes,
                 supervisors=supervisors,
-                memories=[InstanceMemory() for _ in range(concurrency)],
+                memories=[
+                    InstanceMemory(_turn(backend, f"{name}:{index}"))
+                    for index in range(concurrency)
+                ],
                 faults=[FaultInjector(self.faults, name, index) for index in range(concurrency)],
             )
             for supervisor in supervisors:
@@ -406,6 +423,13 @@ class Runtime:
             self.clock.close()
         if self._temporary is not None:
             shutil.rmtree(self._temporary, ignore_errors=True)
+
+
+def _turn(backend: Backend, instance: str) -> Turn:
+    """An instance's turn, whose waiters wait on the backend's latches."""
+    if not backend.runs_actors:
+        return Turn()
+    return Turn(partial(backend.latch, f"the turn of {instance}"))
 
 
 def _check_path(path: object) -> None:
