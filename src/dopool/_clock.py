@@ -15,8 +15,7 @@ import os
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable, Iterable
 from typing import Protocol
 
 from dopool._backend import Backend, Latch
@@ -328,8 +327,10 @@ class SimulatedClock(Clock):
         self._tickets = itertools.count()
         self._driver = threading.Lock()
         self._green = green is not None
+        self._run_tasks: Callable[[Callable[[], bool], str], bool] | None = None
         if green is not None:
             green.scheduler.describe = self._describe
+            self._run_tasks = green.scheduler.drive
 
     def _describe(self) -> list[str]:
         """What the clock adds to a stall's report: who sleeps, and when it could move."""
@@ -346,23 +347,16 @@ class SimulatedClock(Clock):
             )
         return notes
 
-    @contextmanager
-    def _driving(self) -> Iterator[None]:
-        """Hold the right to drive the clock; under greenlets, refuse a second driver
+    def _take_driver(self) -> None:
+        """Take the right to drive the clock; under greenlets, refuse a second driver
         rather than block the one thread (a handler driving the clock, say)."""
         if not self._green:
-            with self._driver:
-                yield
-            return
-        if not self._driver.acquire(blocking=False):
+            self._driver.acquire()
+        elif not self._driver.acquire(blocking=False):
             raise RuntimeError(
                 "the simulated clock is already being driven; it cannot be driven from a "
                 "handler, hook, subscriber or call_at callback"
             )
-        try:
-            yield
-        finally:
-            self._driver.release()
 
     def now(self) -> float:
         return self._now
@@ -422,17 +416,23 @@ class SimulatedClock(Clock):
 
     def run_until(self, time: float) -> None:
         """Fire everything due up to the absolute time ``time``, then stand there."""
-        with self._driving():
+        self._take_driver()
+        try:
             while self._step(time, None):
                 pass
             self._now = max(self._now, time)
+        finally:
+            self._driver.release()
 
     def run_until_idle(self, max_time: float | None = None) -> None:
         """Jump from one scheduled time to the next until nothing is left (or ``max_time``)."""
         limit = math.inf if max_time is None else max_time
-        with self._driving():
+        self._take_driver()
+        try:
             while self._step(limit, None):
                 pass
+        finally:
+            self._driver.release()
 
     def step(self, limit: float = math.inf, *, deadline: float | None = None) -> bool:
         """Fire the next scheduled item due by ``limit``; False if there is none.
@@ -440,8 +440,11 @@ class SimulatedClock(Clock):
         ``deadline`` is a wall-clock ``time.monotonic()`` bound on waiting for
         quiescence; :class:`TimeoutError` if it passes.
         """
-        with self._driving():
+        self._take_driver()
+        try:
             return self._step(limit, deadline)
+        finally:
+            self._driver.release()
 
     def progress(self, generation: int, deadline: float | None) -> bool:
         """Fire the next scheduled item; False if nothing is scheduled (nothing can move)."""
@@ -492,6 +495,10 @@ class SimulatedClock(Clock):
             heapq.heappop(heap)
 
     def _wait_quiet(self, deadline: float | None) -> None:
+        run = self._run_tasks
+        if run is not None:  # greenlets: run them until none can (Activity.wait_quiet)
+            run(_never, "quiescence")
+            return
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not self.activity.wait_quiet(timeout):
             raise TimeoutError("the system did not become quiescent in time")
