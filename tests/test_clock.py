@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from dopool import RealClock, SimulatedClock
-from dopool._clock import Activity, Clock
+from dopool._activity import Activity
+from dopool._clock import Clock
 
 WAIT = 10.0  # wall seconds: a generous bound that only a broken clock reaches
 

@@ -24,11 +24,11 @@ what in a :class:`~dopool.SimulationStalledError`.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any
-from weakref import WeakKeyDictionary
 
 import greenlet
 
@@ -96,26 +96,32 @@ class GreenLatch:
 
 
 class TaskLocal:
-    """Attributes of the running greenlet's own: a ``threading.local`` for tasks."""
+    """Attributes of the running greenlet's own: a ``threading.local`` for tasks.
 
-    __slots__ = ("_values",)
+    Kept in the greenlet's own ``__dict__``, under a key of this object's, so they
+    end with the greenlet.
+    """
+
+    __slots__ = ("_key",)
 
     def __init__(self) -> None:
-        values: WeakKeyDictionary[Any, dict[str, Any]] = WeakKeyDictionary()
-        object.__setattr__(self, "_values", values)
+        object.__setattr__(self, "_key", f"_dopool_local_{next(_locals)}")
 
     def __getattr__(self, name: str) -> Any:
-        values: dict[str, Any] | None = self._values.get(greenlet.getcurrent())
+        values: dict[str, Any] | None = greenlet.getcurrent().__dict__.get(self._key)
         if values is None or name not in values:
             raise AttributeError(name)
         return values[name]
 
     def __setattr__(self, name: str, value: Any) -> None:
-        current = greenlet.getcurrent()
-        values = self._values.get(current)
+        own = greenlet.getcurrent().__dict__
+        values = own.get(self._key)
         if values is None:
-            values = self._values[current] = {}
+            values = own[self._key] = {}
         values[name] = value
+
+
+_locals = itertools.count()  # each TaskLocal's key: never reused, unlike id()
 
 
 class Scheduler:

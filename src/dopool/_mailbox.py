@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pykka
 
-from dopool._clock import Activity
+from dopool._activity import Activity
 from dopool._errors import DopoolError, InstanceCrashedError, PoolClosedError
 from dopool._inbox import Inbox
 from dopool._messages import Alarm, Reply
