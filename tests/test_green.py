@@ -288,3 +288,28 @@ def test_both_backends_give_the_same_run(tmp_path: Path) -> None:
     threads = run_traced(tmp_path, "threads")
     assert threads == run_traced(tmp_path, "greenlet")
     assert any("crashed" in line for line in threads)
+
+
+SCENARIOS = ["steady", "crash-storm", "poison", "examples/cloudflare-alarms.toml"]
+SCENARIOS.append("examples/thumbnails/scenario.toml")  # --app handlers
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_dopool_simulate_gives_the_same_bytes_under_both_backends(
+    scenario: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from dopool._cli import cli
+
+    monkeypatch.chdir(Path(__file__).parent.parent)  # an app is named relative to here
+    outputs = []
+    for backend in ("threads", "greenlet"):
+        monkeypatch.setenv("DOPOOL_SIM_BACKEND", backend)
+        json_path, trace_path = tmp_path / f"{backend}.json", tmp_path / f"{backend}.jsonl"
+        args = ["simulate", "--scenario", scenario, "-q", "--events", "300", "--seed", "5"]
+        args += ["--json", str(json_path), "--trace", str(trace_path)]
+        done = CliRunner().invoke(cli, args)
+        assert done.exit_code == 0, done.output
+        outputs.append((json_path.read_bytes(), trace_path.read_bytes()))
+    assert outputs[0] == outputs[1]
