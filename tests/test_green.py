@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pykka
 import pytest
 
 from dopool import EventContext, PoolEvent, Runtime, SimulatedClock, SimulationStalledError
@@ -313,3 +314,26 @@ def test_dopool_simulate_gives_the_same_bytes_under_both_backends(
         assert done.exit_code == 0, done.output
         outputs.append((json_path.read_bytes(), trace_path.read_bytes()))
     assert outputs[0] == outputs[1]
+
+
+def test_instances_waiting_for_ever_are_a_named_stall_and_close_still_closes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Something an instance waits for that nothing will bring (here a latch nobody
+    opens, standing in for any wait the wait-for graph cannot see): under threads the
+    run would hang; here driving the clock says who waits for what, and ``close``
+    abandons the instance, as it does one still running at exit."""
+    runtime = Runtime.simulated(tmp_path / "s", backend="greenlet")
+    never = runtime.clock.backend.latch("a latch nobody opens")
+    pool = runtime.define("p", execute=lambda ctx: never.acquire())
+    pool.enqueue("x")
+    with pytest.raises(SimulationStalledError) as raised:
+        simulated(runtime).run_until_idle()
+    assert raised.value.waits == (("p:0", "a latch nobody opens"),)
+    assert "a deadlock" in str(raised.value)
+    assert not pool.join(timeout=1)  # a wall-clock bound: False at once
+    runtime.close()
+    assert runtime.closed
+    assert "p:0" in caplog.text
+    for ref in pykka.ActorRegistry.get_all():  # the abandoned actor can never stop
+        pykka.ActorRegistry.unregister(ref)

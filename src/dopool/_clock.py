@@ -20,6 +20,7 @@ from typing import Protocol
 
 from dopool._activity import Activity, never
 from dopool._backend import Backend, Latch
+from dopool._errors import SimulationStalledError
 from dopool._green import GreenletBackend
 
 #: The environment variable that picks a simulated clock's backend when none is
@@ -348,7 +349,7 @@ class SimulatedClock(Clock):
         try:
             while busy() and self.step(deadline=deadline):
                 pass
-        except TimeoutError:
+        except (TimeoutError, SimulationStalledError):  # the latter: they wait for ever
             pass
 
     def _step(self, limit: float, deadline: float | None) -> bool:

@@ -28,6 +28,7 @@ from dopool._direct import DirectEnqueue
 from dopool._errors import (
     ConfigurationError,
     PoolClosedError,
+    SimulationStalledError,
 )
 from dopool._instance import InstanceEnv, InstanceMemory, PoolSpec
 from dopool._layout import Namespace
@@ -402,17 +403,17 @@ class Runtime:
                 timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
                 try:
                     stop.get(timeout=timeout)
-                except pykka.Timeout:
+                except (pykka.Timeout, SimulationStalledError):  # the latter: for ever
                     abandoned.append(mailbox.key)
             self.clock.set_alarm(mailbox, None)
         if abandoned:
             logger.warning(
-                "closing the runtime of %r at exit: instance(s) %s still running after the "
-                "%g s grace period; abandoned, their attempts count as interrupted when the "
-                "store is next opened",
+                "closing the runtime of %r: instance(s) %s still running after the grace "
+                "period (%g s at exit), or waiting for what nothing will bring; abandoned, "
+                "their attempts count as interrupted when the store is next opened",
                 str(self.path),
                 ", ".join(abandoned),
-                EXIT_GRACE,
+                EXIT_GRACE if deadline is not None else 0,
             )
         with self._emit_lock:
             if self._trace is not None:
