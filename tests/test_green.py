@@ -337,3 +337,21 @@ def test_instances_waiting_for_ever_are_a_named_stall_and_close_still_closes(
     assert "p:0" in caplog.text
     for ref in pykka.ActorRegistry.get_all():  # the abandoned actor can never stop
         pykka.ActorRegistry.unregister(ref)
+
+
+def test_a_call_at_callback_waits_for_an_instance_by_running_it(tmp_path: Path) -> None:
+    """The callback runs on the driving thread, inside a step: its wait runs the tasks
+    (a wait for an instance asleep in its handler would be a stall instead)."""
+    with Runtime.simulated(tmp_path / "s", backend="greenlet") as runtime:
+        pool = runtime.define("p", execute=lambda ctx: ctx.sleep(1))
+        other = runtime.define("q", execute=lambda ctx: None)
+        clock = simulated(runtime)
+        drained: list[int] = []
+        clock.call_at(5.5, lambda: drained.append(other.drain()))
+        other.pause()
+        other.enqueue_many(range(3))
+        pool.enqueue_many(range(10))
+        clock.run_until(5.5)
+        assert drained == [3]
+        assert pool.join()
+        assert clock.now() == 10.0
