@@ -355,3 +355,39 @@ def test_a_call_at_callback_waits_for_an_instance_by_running_it(tmp_path: Path) 
         assert drained == [3]
         assert pool.join()
         assert clock.now() == 10.0
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_writer_waiting_for_another_parks_rather_than_blocking_the_thread(
+    tmp_path: Path, durability: str
+) -> None:
+    """No engine body waits, but if one did, the next writer must wait on a latch:
+    a lock would block the one thread for ever (docs/design.md, "The backend")."""
+    from functools import partial
+
+    from dopool._storage import Store
+
+    _, scheduler = green_clock()
+    store = Store(tmp_path / "s", durability=durability, latch=partial(scheduler.latch, "w"))
+    go = scheduler.latch("go")
+    done: list[str] = []
+
+    def first(txn: Any) -> None:
+        txn.put(b"first", b"1")
+        go.acquire()  # parks inside its transaction
+
+    def writer(name: str, body: Any) -> None:
+        store.transact(body)
+        done.append(name)
+
+    scheduler.spawn(lambda: writer("first", first), "first")
+    scheduler.spawn(lambda: writer("second", lambda txn: txn.put(b"second", b"2")), "second")
+    scheduler.drive(lambda: False, "the writers")
+    assert done == []
+    assert scheduler.waits() == [("first", "go"), ("second", "w")]
+    go.release()
+    scheduler.drive(lambda: False, "the writers")
+    assert done == ["first", "second"]
+    with store.read() as txn:
+        assert (txn.get(b"first"), txn.get(b"second")) == (b"1", b"2")
+    store.close()

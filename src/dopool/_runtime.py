@@ -95,7 +95,9 @@ class Runtime:
         # seed=None means "not reproducible": draw one, so jitter still varies run to run.
         self.seed = secrets.randbits(64) if seed is None else seed
         self.durability = durability
-        self._store = Store(path, durability=durability)
+        backend = self.clock.backend  # a writer waits for another on its latches
+        latch = partial(backend.latch, "the store") if backend.runs_actors else None
+        self._store = Store(path, durability=durability, latch=latch)
         self.path = self._store.path
         self._lock = threading.RLock()
         self._emit_lock = threading.Lock()

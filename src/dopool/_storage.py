@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import lmdb
 
@@ -38,6 +38,9 @@ from dopool._layout import (
     seal_format,
 )
 from dopool._turn import Turn
+
+if TYPE_CHECKING:
+    from dopool._backend import Latch
 
 # Virtual address space only: LMDB grows the file as pages are used.
 _MAP_SIZE = 1 << 36
@@ -159,8 +162,9 @@ class _GroupCommit:
     for the disk; :class:`_OwnCommit` serves ``"async"``.
     """
 
-    def __init__(self, env: Any) -> None:
+    def __init__(self, env: Any, latch: Callable[[], Latch] | None = None) -> None:
         self._env = env
+        self._latch = latch  # what a waiting writer waits on (see Store); None: a lock
         self._cond = threading.Condition(threading.Lock())
         self._queue: list[_Job] = []
         self._busy = False  # a leader is gathering or committing a group
@@ -179,8 +183,11 @@ class _GroupCommit:
             lead = not self._busy
             self._busy = True
             if not lead:
-                job.wake = threading.Lock()
-                job.wake.acquire()
+                if self._latch is None:
+                    job.wake = threading.Lock()
+                    job.wake.acquire()
+                else:
+                    job.wake = self._latch()
             self._queue.append(job)
             if len(self._queue) >= self._expected:
                 cond.notify()  # a gathering leader has its group
@@ -257,9 +264,9 @@ class _OwnCommit:
     waiter wakes, so one busy instance could keep the others from committing.
     """
 
-    def __init__(self, env: Any) -> None:
+    def __init__(self, env: Any, latch: Callable[[], Latch] | None = None) -> None:
         self._env = env
-        self._turn = Turn()
+        self._turn = Turn(latch)
         self._closed = False
         self.groups = 0  # commits made, for the benchmarks
         self.bodies = 0
@@ -304,7 +311,15 @@ class Store:
     OS page cache, which survives a crash of the process but not of the OS.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, durability: str = "sync") -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: str = "sync",
+        latch: Callable[[], Latch] | None = None,
+    ) -> None:
+        """``latch``: what a writer waiting for another waits on (the clock backend's,
+        :meth:`dopool._backend.Backend.latch`); None, a lock: for OS threads."""
         self.path = Path(path)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -338,7 +353,7 @@ class Store:
             raise
         self._closed = False
         self._close_lock = threading.Lock()
-        self._group = _GroupCommit(self._env) if sync else _OwnCommit(self._env)
+        self._group = _GroupCommit(self._env, latch) if sync else _OwnCommit(self._env, latch)
 
     def transact(self, body: Callable[[Txn], T]) -> T:
         """Run ``body(txn)`` atomically and return its result once it is durable.
