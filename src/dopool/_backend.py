@@ -69,6 +69,11 @@ class Backend:
         """A closed latch; ``what`` names what waiting on it waits for (in error reports)."""
         return closed_lock()
 
+    def waiter(self, what: str) -> Callable[[], Latch] | None:
+        """What makes the latches a ``Turn`` or the store's waiting writers wait on, or
+        None: their own default, a held lock (this backend's latch, without a call)."""
+        return None
+
     def inbox(self) -> Inbox:
         return Inbox()
 

@@ -28,6 +28,7 @@ import itertools
 import threading
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import greenlet
@@ -245,6 +246,9 @@ class GreenletBackend(Backend):
 
     def latch(self, what: str = "") -> GreenLatch:
         return self.scheduler.latch(what)
+
+    def waiter(self, what: str) -> Callable[[], GreenLatch]:
+        return partial(self.scheduler.latch, what)
 
     def inbox(self) -> Inbox:
         return GreenInbox(self.scheduler)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
-from dopool._backend import Local
+from dopool._backend import Latch, Local
 from dopool._clock import Clock
 from dopool._errors import (
     DopoolError,
@@ -71,9 +71,10 @@ class InstanceMemory:
 
     __slots__ = ("handed_off", "meta", "told_alarm", "turn")
 
-    def __init__(self, turn: Turn | None = None) -> None:
-        # The right to act on the namespace: one thing at a time.
-        self.turn = Turn() if turn is None else turn
+    def __init__(self, waiter: Callable[[], Latch] | None = None) -> None:
+        # The right to act on the namespace: one thing at a time. Its waiters wait on
+        # latches from ``waiter`` (the clock backend's: see ``Backend.waiter``).
+        self.turn = Turn(waiter)
         # The meta as the instance's last commit left it, if known (see
         # ``InstanceShell._load_meta``).
         self.meta: Meta | None = None

@@ -22,7 +22,6 @@ import pykka
 
 from dopool import _ports
 from dopool._actor import InstanceActor
-from dopool._backend import Backend
 from dopool._clock import Clock, RealClock, SimulatedClock
 from dopool._direct import DirectEnqueue
 from dopool._errors import (
@@ -39,7 +38,6 @@ from dopool._pool import Instances, PoolContext, WorkerPool, provide_default_run
 from dopool._router import Router
 from dopool._storage import Store
 from dopool._supervisor import Supervisor, recover_first
-from dopool._turn import Turn
 from dopool._types import PoolEvent
 from dopool._validation import check_pool_name, prepare
 from dopool._waits import WaitGraph
@@ -95,9 +93,8 @@ class Runtime:
         # seed=None means "not reproducible": draw one, so jitter still varies run to run.
         self.seed = secrets.randbits(64) if seed is None else seed
         self.durability = durability
-        backend = self.clock.backend  # a writer waits for another on its latches
-        latch = partial(backend.latch, "the store") if backend.runs_actors else None
-        self._store = Store(path, durability=durability, latch=latch)
+        waiter = self.clock.backend.waiter("the store")  # a writer waiting for another
+        self._store = Store(path, durability=durability, latch=waiter)
         self.path = self._store.path
         self._lock = threading.RLock()
         self._emit_lock = threading.Lock()
@@ -140,19 +137,13 @@ class Runtime:
         backend: str | None = None,
         **options: Any,
     ) -> Runtime:
-        """A runtime on a new :class:`SimulatedClock`; ``path=None`` uses a temporary directory.
-
-        ``backend`` is the clock's (``"threads"`` or ``"greenlet"``; see
-        :class:`SimulatedClock`).
-        """
+        """A runtime on a new ``SimulatedClock(start, backend=backend)``; ``path=None`` uses a
+        temporary directory."""
         if "clock" in options:
             raise ConfigurationError(
                 "Runtime.simulated makes its own SimulatedClock; pass no clock"
             )
-        try:
-            clock = SimulatedClock(start, backend=backend)
-        except ValueError as exc:
-            raise ConfigurationError(str(exc)) from None
+        clock = SimulatedClock(start, backend=backend)
         if path is not None:
             return cls(path, clock=clock, seed=seed, **options)
         temporary = Path(tempfile.mkdtemp(prefix="dopool-"))
@@ -290,7 +281,7 @@ class Runtime:
                 mailboxes=mailboxes,
                 supervisors=supervisors,
                 memories=[
-                    InstanceMemory(_turn(backend, f"{name}:{index}"))
+                    InstanceMemory(backend.waiter(f"the turn of {name}:{index}"))
                     for index in range(concurrency)
                 ],
                 faults=[FaultInjector(self.faults, name, index) for index in range(concurrency)],
@@ -426,13 +417,6 @@ class Runtime:
             self.clock.close()
         if self._temporary is not None:
             shutil.rmtree(self._temporary, ignore_errors=True)
-
-
-def _turn(backend: Backend, instance: str) -> Turn:
-    """An instance's turn, whose waiters wait on the backend's latches."""
-    if not backend.runs_actors:
-        return Turn()
-    return Turn(partial(backend.latch, f"the turn of {instance}"))
 
 
 def _check_path(path: object) -> None:

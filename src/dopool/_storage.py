@@ -19,10 +19,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import lmdb
 
+from dopool._backend import Latch, closed_lock
 from dopool._errors import (
     StorageError,
     StoreDamagedError,
@@ -39,8 +40,7 @@ from dopool._layout import (
 )
 from dopool._turn import Turn
 
-if TYPE_CHECKING:
-    from dopool._backend import Latch
+Waiter = Callable[[], Latch] | None  # makes what a waiting writer waits on: Backend.waiter
 
 # Virtual address space only: LMDB grows the file as pages are used.
 _MAP_SIZE = 1 << 36
@@ -162,9 +162,9 @@ class _GroupCommit:
     for the disk; :class:`_OwnCommit` serves ``"async"``.
     """
 
-    def __init__(self, env: Any, latch: Callable[[], Latch] | None = None) -> None:
+    def __init__(self, env: Any, latch: Waiter = None) -> None:
         self._env = env
-        self._latch = latch  # what a waiting writer waits on (see Store); None: a lock
+        self._latch = latch or closed_lock
         self._cond = threading.Condition(threading.Lock())
         self._queue: list[_Job] = []
         self._busy = False  # a leader is gathering or committing a group
@@ -183,11 +183,7 @@ class _GroupCommit:
             lead = not self._busy
             self._busy = True
             if not lead:
-                if self._latch is None:
-                    job.wake = threading.Lock()
-                    job.wake.acquire()
-                else:
-                    job.wake = self._latch()
+                job.wake = self._latch()
             self._queue.append(job)
             if len(self._queue) >= self._expected:
                 cond.notify()  # a gathering leader has its group
@@ -264,7 +260,7 @@ class _OwnCommit:
     waiter wakes, so one busy instance could keep the others from committing.
     """
 
-    def __init__(self, env: Any, latch: Callable[[], Latch] | None = None) -> None:
+    def __init__(self, env: Any, latch: Waiter = None) -> None:
         self._env = env
         self._turn = Turn(latch)
         self._closed = False
@@ -312,14 +308,8 @@ class Store:
     """
 
     def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        durability: str = "sync",
-        latch: Callable[[], Latch] | None = None,
+        self, path: str | os.PathLike[str], *, durability: str = "sync", latch: Waiter = None
     ) -> None:
-        """``latch``: what a writer waiting for another waits on (the clock backend's,
-        :meth:`dopool._backend.Backend.latch`); None, a lock: for OS threads."""
         self.path = Path(path)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
