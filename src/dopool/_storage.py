@@ -23,7 +23,7 @@ from typing import Any, TypeVar, cast
 
 import lmdb
 
-from dopool._backend import Latch, closed_lock
+from dopool._backend import closed_lock
 from dopool._errors import (
     StorageError,
     StoreDamagedError,
@@ -39,8 +39,6 @@ from dopool._layout import (
     seal_format,
 )
 from dopool._turn import Turn
-
-Waiter = Callable[[], Latch] | None  # makes what a waiting writer waits on: Backend.waiter
 
 # Virtual address space only: LMDB grows the file as pages are used.
 _MAP_SIZE = 1 << 36
@@ -162,7 +160,7 @@ class _GroupCommit:
     for the disk; :class:`_OwnCommit` serves ``"async"``.
     """
 
-    def __init__(self, env: Any, latch: Waiter = None) -> None:
+    def __init__(self, env: Any, latch: Callable[[], Any] | None = None) -> None:
         self._env = env
         self._latch = latch or closed_lock
         self._cond = threading.Condition(threading.Lock())
@@ -260,7 +258,7 @@ class _OwnCommit:
     waiter wakes, so one busy instance could keep the others from committing.
     """
 
-    def __init__(self, env: Any, latch: Waiter = None) -> None:
+    def __init__(self, env: Any, latch: Callable[[], Any] | None = None) -> None:
         self._env = env
         self._turn = Turn(latch)
         self._closed = False
@@ -308,8 +306,8 @@ class Store:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, durability: str = "sync", latch: Waiter = None
-    ) -> None:
+        self, path: str | os.PathLike[str], *, durability: str = "sync", latch: Any = None
+    ) -> None:  # latch: what a writer waiting for another waits on (Backend.waiter)
         self.path = Path(path)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
