@@ -12,4 +12,8 @@ import pytest
 def _stop_stray_actors() -> Iterator[None]:
     """No actor outlives a test, even one whose runtime was left open by a failure."""
     yield
-    pykka.ActorRegistry.stop_all()
+    try:
+        pykka.ActorRegistry.stop_all()
+    finally:  # one that cannot stop (a failed test's) must not fail every later test
+        for ref in pykka.ActorRegistry.get_all():
+            pykka.ActorRegistry.unregister(ref)

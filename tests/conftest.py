@@ -27,7 +27,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 def _stop_stray_actors() -> Iterator[None]:
     """Fail loudly rather than leak threads if a test forgets to close its runtime."""
     yield
-    pykka.ActorRegistry.stop_all()
+    try:
+        pykka.ActorRegistry.stop_all()
+    finally:  # one that cannot stop (a failed test's) must not fail every later test
+        for ref in pykka.ActorRegistry.get_all():
+            pykka.ActorRegistry.unregister(ref)
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from dopool import RealClock, SimulatedClock
-from dopool._clock import Activity, Clock
+from dopool._activity import Activity
+from dopool._clock import Clock
 
 WAIT = 10.0  # wall seconds: a generous bound that only a broken clock reaches
 
@@ -243,6 +244,7 @@ def test_deliveries_and_alarms_share_one_order(
     assert fired == [(0.0, "p", 0), (0.0, "delivery", 1), (0.0, "p", 2)]
 
 
+@pytest.mark.sim_threads
 def test_sleep_blocks_a_handler_until_virtual_time_reaches_it(clock: SimulatedClock) -> None:
     woke: list[float] = []
     clock.advance(1)

@@ -260,6 +260,7 @@ def test_nothing_runs_until_the_clock_is_driven(sim: Runtime) -> None:
     assert pool.status().succeeded == 1
 
 
+@pytest.mark.sim_threads  # the handler blocks on a real event
 def test_join_timeout_is_wall_clock_under_the_simulated_clock(sim: Runtime) -> None:
     running, release = threading.Event(), threading.Event()
 

@@ -180,6 +180,7 @@ def test_a_loop_whose_recoveries_commit_still_backs_off_and_a_success_ends_it(
     assert kinds(seen, "succeeded") == [(8, 15.0)]
 
 
+@pytest.mark.sim_threads  # defines from another thread (tests/test_green.py: on one thread)
 def test_define_returns_when_the_first_recovery_loops_and_leaves_it_to_the_backoff(
     tmp_path: Path,
 ) -> None:

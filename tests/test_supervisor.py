@@ -13,7 +13,7 @@ import pykka
 import pytest
 
 from dopool import PoolClosedError, SimulatedClock
-from dopool._clock import Activity
+from dopool._activity import Activity
 from dopool._errors import InstanceCrashedError
 from dopool._inbox import Inbox
 from dopool._mailbox import Mailbox

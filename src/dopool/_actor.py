@@ -1,5 +1,8 @@
 """The instance actor: one Durable Object's thread, handling one message at a time.
 
+Its loop runs on a thread of its own, or as a greenlet on the thread that drives
+a simulated clock: the clock's backend decides (see :mod:`dopool._backend`).
+
 Every message is handled as: one write transaction in which the queue machine
 (:mod:`dopool._machine`) makes its transition, commit, then (and only then) the
 clock, subscribers, callbacks and the caller learn of it (see
@@ -22,7 +25,7 @@ from dopool._errors import (
     InstanceCrashedError,
     StorageError,
 )
-from dopool._inbox import Inbox
+from dopool._inbox import Future, Inbox
 from dopool._instance import (
     UNTOLD,
     Crash,
@@ -58,8 +61,8 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
     use_daemon_thread = True
 
     def __init__(self, spec: PoolSpec, index: int, env: InstanceEnv, kill: threading.Event) -> None:
+        InstanceShell.__init__(self, spec, index, env)  # first: the inbox is its clock's
         pykka.ThreadingActor.__init__(self)
-        InstanceShell.__init__(self, spec, index, env)
         self._kill = kill  # this incarnation's: a successor gets a fresh one
         self._handlers: dict[type, Callable[[Any], None]] = {
             Enqueue: self._on_enqueue,
@@ -73,9 +76,21 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         }
         self._resolve = partial(env.directory.resolve, own=spec.name)
 
+    # pykka's extension points for an actor's inbox, future and loop: the clock's
+    # backend decides whether the loop runs on a thread or as a greenlet.
+    def _create_actor_inbox(self) -> Inbox:  # type: ignore[override]  # pykka's is static
+        return self._clock.backend.inbox()
+
     @staticmethod
-    def _create_actor_inbox() -> Inbox:  # pykka's extension point for an actor's inbox
-        return Inbox()
+    def _create_future() -> pykka.Future[Any]:
+        return Future()  # a GreenInbox binds it to its scheduler
+
+    def _start_actor_loop(self) -> None:
+        backend = self._clock.backend
+        if backend.runs_actors:
+            backend.spawn(self._actor_loop, self._id)
+        else:
+            super()._start_actor_loop()
 
     def on_receive(self, message: Any) -> None:
         turn = self._memory.turn

@@ -11,11 +11,22 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import os
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable
 from typing import Protocol
+
+from dopool._activity import Activity, never
+from dopool._backend import Backend, Latch
+from dopool._errors import SimulationStalledError
+from dopool._green import GreenletBackend
+
+#: The environment variable that picks a simulated clock's backend when none is
+#: given: ``threads`` (the default) or ``greenlet``. Read here only.
+BACKEND_VARIABLE = "DOPOOL_SIM_BACKEND"
+BACKENDS = ("threads", "greenlet")
 
 
 class AlarmTarget(Protocol):
@@ -31,74 +42,6 @@ class AlarmTarget(Protocol):
         ...
 
 
-class Activity:
-    """Counts the messages each actor has been sent and not finished handling.
-
-    An actor is *active* while it has such messages and is not asleep in
-    ``ctx.sleep``; the system is quiescent when no actor is active. Each actor
-    that finishes its last message or falls asleep bumps ``generation`` and
-    wakes the waiters. Nothing they wait for changes otherwise: waking them for
-    every message would have ``join`` read the store once per message, only to
-    find the actor still busy.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._pending: dict[Hashable, int] = {}
-        self._sleeping: set[Hashable] = set()
-        self._active = 0
-        self.generation = 0
-
-    def sent(self, key: Hashable) -> None:
-        with self._cond:
-            count = self._pending.get(key, 0)
-            self._pending[key] = count + 1
-            if count == 0 and key not in self._sleeping:
-                self._active += 1
-
-    def done(self, key: Hashable, count: int = 1) -> None:
-        """``key`` finished ``count`` of its messages."""
-        with self._cond:
-            remaining = self._pending[key] - count
-            if remaining:
-                self._pending[key] = remaining
-                return
-            del self._pending[key]
-            if key not in self._sleeping:
-                self._active -= 1
-            self.generation += 1
-            self._cond.notify_all()
-
-    def sleep_begin(self, key: Hashable) -> None:
-        with self._cond:
-            self._sleeping.add(key)
-            if self._pending.get(key, 0):
-                self._active -= 1
-            self.generation += 1
-            self._cond.notify_all()
-
-    def sleep_end(self, key: Hashable) -> None:
-        with self._cond:
-            self._sleeping.discard(key)
-            if self._pending.get(key, 0):
-                self._active += 1
-
-    def busy(self, keys: Iterable[Hashable]) -> bool:
-        """Whether any of ``keys`` has unfinished messages (sleeping counts as busy)."""
-        with self._cond:
-            return any(key in self._pending for key in keys)
-
-    def wait_quiet(self, timeout: float | None = None) -> bool:
-        """Block until no actor is active; False if ``timeout`` (wall seconds) ran out."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._active == 0, timeout)
-
-    def wait_change(self, generation: int, timeout: float | None) -> bool:
-        """Block until an actor goes idle or asleep after ``generation`` was read."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self.generation != generation, timeout)
-
-
 class Clock(ABC):
     """Where instances get the time, set their alarm slot, sleep and send to each other."""
 
@@ -107,8 +50,10 @@ class Clock(ABC):
     #: A simulated clock runs nothing until it is driven, so it says no.
     starts_due_work_at_once = False
 
-    def __init__(self) -> None:
-        self.activity = Activity()
+    def __init__(self, backend: Backend | None = None) -> None:
+        #: How the actors run and wait: OS threads, or greenlets on one thread.
+        self.backend = Backend() if backend is None else backend
+        self.activity = Activity(self.backend)
 
     @abstractmethod
     def now(self) -> float:
@@ -255,8 +200,15 @@ class SimulatedClock(Clock):
 
     orders_calls = True
 
-    def __init__(self, start: float = 0.0) -> None:
-        super().__init__()
+    def __init__(self, start: float = 0.0, *, backend: str | None = None) -> None:
+        """``backend``: ``"threads"`` (an OS thread per actor) or ``"greenlet"`` (every
+        actor a greenlet on the driving thread); None reads ``$DOPOOL_SIM_BACKEND``,
+        and ``"threads"`` if that is unset or empty."""
+        name = backend or os.environ.get(BACKEND_VARIABLE) or "threads"
+        if name not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+        green = GreenletBackend() if name == "greenlet" else None
+        super().__init__(green)
         if not math.isfinite(start):
             raise ValueError(f"start must be finite, got {start!r}")
         self._now = float(start)
@@ -265,6 +217,37 @@ class SimulatedClock(Clock):
         self._slots: dict[int, int] = {}
         self._tickets = itertools.count()
         self._driver = threading.Lock()
+        self._green = green is not None
+        self._run_tasks: Callable[[Callable[[], bool], str], bool] | None = None
+        if green is not None:
+            green.scheduler.describe = self._describe
+            self._run_tasks = green.scheduler.drive
+
+    def _describe(self) -> list[str]:
+        """What the clock adds to a stall's report: who sleeps, and when it could move."""
+        notes = []
+        asleep = self.activity.asleep()
+        if asleep:
+            names = ", ".join(str(key) for key in asleep)
+            notes.append(f"asleep in virtual time or waiting to restart: {names}")
+        at = self.next_time()
+        if at is not None:
+            notes.append(
+                f"the clock stands at t={self._now:g} and next has work at t={at:g}: it moves "
+                "only when driven (advance, run_until, run_until_idle, step, join)"
+            )
+        return notes
+
+    def _take_driver(self) -> None:
+        """Take the right to drive the clock; under greenlets, refuse a second driver
+        rather than block the one thread (a handler driving the clock, say)."""
+        if not self._green:
+            self._driver.acquire()
+        elif not self._driver.acquire(blocking=False):
+            raise RuntimeError(
+                "the simulated clock is already being driven; it cannot be driven from a "
+                "handler, hook, subscriber or call_at callback"
+            )
 
     def now(self) -> float:
         return self._now
@@ -298,12 +281,13 @@ class SimulatedClock(Clock):
     def sleep(self, seconds: float, key: Hashable) -> None:
         if seconds <= 0:
             return
-        wake = threading.Event()
+        at = self._now + seconds
+        wake = self.backend.latch(f"virtual time to reach t={at:g} (asleep in its handler)")
         with self._lock:
             ticket = next(self._tickets)
-            heapq.heappush(self._heap, (self._now + seconds, "", 0, ticket, _WAKE, (key, wake)))
+            heapq.heappush(self._heap, (at, "", 0, ticket, _WAKE, (key, wake)))
         self.activity.sleep_begin(key)
-        wake.wait()
+        wake.acquire()
 
     def next_time(self) -> float | None:
         """The time of the next live alarm, wake-up or delivery, or None."""
@@ -323,17 +307,23 @@ class SimulatedClock(Clock):
 
     def run_until(self, time: float) -> None:
         """Fire everything due up to the absolute time ``time``, then stand there."""
-        with self._driver:
+        self._take_driver()
+        try:
             while self._step(time, None):
                 pass
             self._now = max(self._now, time)
+        finally:
+            self._driver.release()
 
     def run_until_idle(self, max_time: float | None = None) -> None:
         """Jump from one scheduled time to the next until nothing is left (or ``max_time``)."""
         limit = math.inf if max_time is None else max_time
-        with self._driver:
+        self._take_driver()
+        try:
             while self._step(limit, None):
                 pass
+        finally:
+            self._driver.release()
 
     def step(self, limit: float = math.inf, *, deadline: float | None = None) -> bool:
         """Fire the next scheduled item due by ``limit``; False if there is none.
@@ -341,8 +331,11 @@ class SimulatedClock(Clock):
         ``deadline`` is a wall-clock ``time.monotonic()`` bound on waiting for
         quiescence; :class:`TimeoutError` if it passes.
         """
-        with self._driver:
+        self._take_driver()
+        try:
             return self._step(limit, deadline)
+        finally:
+            self._driver.release()
 
     def progress(self, generation: int, deadline: float | None) -> bool:
         """Fire the next scheduled item; False if nothing is scheduled (nothing can move)."""
@@ -356,27 +349,34 @@ class SimulatedClock(Clock):
         try:
             while busy() and self.step(deadline=deadline):
                 pass
-        except TimeoutError:
+        except (TimeoutError, SimulationStalledError):  # the latter: they wait for ever
             pass
 
     def _step(self, limit: float, deadline: float | None) -> bool:
         self._wait_quiet(deadline)
         with self._lock:
             self._drop_stale()
-            if not self._heap or self._heap[0][0] > limit:
+            heap = self._heap
+            if heap and heap[0][0] <= limit:
+                at, _, _, _, kind, payload = heapq.heappop(heap)
+                self._now = max(self._now, at)
+                if kind == _ALARM:
+                    del self._slots[id(payload)]
+            elif heap:
                 return False
-            at, _, _, _, kind, payload = heapq.heappop(self._heap)
-            self._now = max(self._now, at)
-            if kind == _ALARM:
-                del self._slots[id(payload)]
+            else:
+                kind = None
+        if kind is None:  # nothing scheduled: actors still waiting wait for ever
+            self.activity.stalled(None if deadline is None else 0.0)
+            return False
         if kind == _ALARM:
             payload.fire_alarm()  # type: ignore[attr-defined]
         elif kind in (_DELIVERY, _CALL):
             payload()  # type: ignore[operator]
         else:
-            sleeper: tuple[Hashable, threading.Event] = payload  # type: ignore[assignment]
+            sleeper: tuple[Hashable, Latch] = payload  # type: ignore[assignment]
             self.activity.sleep_end(sleeper[0])
-            sleeper[1].set()
+            sleeper[1].release()
         self._wait_quiet(deadline)
         return True
 
@@ -386,6 +386,10 @@ class SimulatedClock(Clock):
             heapq.heappop(heap)
 
     def _wait_quiet(self, deadline: float | None) -> None:
+        run = self._run_tasks
+        if run is not None:  # greenlets: run them until none can (Activity.wait_quiet)
+            run(never, "quiescence")
+            return
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not self.activity.wait_quiet(timeout):
             raise TimeoutError("the system did not become quiescent in time")

@@ -15,6 +15,7 @@ Every exception derives from :class:`DopoolError`::
     │   ├── StoreDamagedError  the store's data file is missing, empty or truncated
     │   └── DamagedRecordError a stored record failed its checksum or its layout
     ├── InstanceCrashedError   the instance died while the call was waiting on it
+    ├── SimulationStalledError a wait under virtual time that nothing can end
     ├── PermanentError         raised by a handler: dead-letter this event now
     └── RetryAfter             raised by a handler: retry after exactly ``seconds``
 
@@ -193,6 +194,35 @@ class InstanceCrashedError(DopoolError):
     def __init__(self, instance_id: str) -> None:
         self.instance_id = instance_id
         super().__init__(f"instance {instance_id} crashed before answering")
+
+
+class SimulationStalledError(DopoolError):
+    """Under a simulated clock's greenlet backend: a wait that no actor can end.
+
+    Nothing can run, and what the caller waits for has not happened: either the
+    actors wait for each other (a deadlock), or the answer needs virtual time to
+    move (an instance asleep in ``ctx.sleep``) while nobody drives the clock.
+    Under OS threads the same wait would hang for ever.
+
+    Attributes:
+        cause: who waits for what (``"the caller waits for the answer of p:0"``).
+        waits: each actor that waits, and what for: ``(actor id, what)``.
+        notes: what else the clock knows (sleepers, its next scheduled time).
+    """
+
+    def __init__(
+        self, cause: str, waits: Sequence[tuple[str, str]] = (), notes: Sequence[str] = ()
+    ) -> None:
+        self.cause = cause
+        self.waits = tuple(waits)
+        self.notes = tuple(notes)
+        parts = [f"{who} waits for {what}" for who, what in self.waits]
+        message = f"nothing can run and {cause}"
+        if parts:
+            message += "; " + "; ".join(parts)
+        if self.notes:
+            message += "; " + "; ".join(self.notes)
+        super().__init__(message)
 
 
 class PermanentError(DopoolError):

@@ -10,12 +10,12 @@ copy of it that the instance's last commit saved, which is the same).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from dopool._backend import Latch, Local
 from dopool._clock import Clock
 from dopool._errors import (
     DopoolError,
@@ -74,8 +74,10 @@ class InstanceMemory:
 
     __slots__ = ("handed_off", "meta", "told_alarm", "turn")
 
-    def __init__(self) -> None:
-        self.turn = Turn()  # the right to act on the namespace: one thing at a time
+    def __init__(self, waiter: Callable[[], Latch] | None = None) -> None:
+        # The right to act on the namespace: one thing at a time. Its waiters wait on
+        # latches from ``waiter`` (the clock backend's: see ``Backend.waiter``).
+        self.turn = Turn(waiter)
         # The meta as the instance's last commit left it, if known (see
         # ``InstanceShell._load_meta``).
         self.meta: Meta | None = None
@@ -104,7 +106,7 @@ class InstanceEnv:
     listening: Callable[[], bool]  # whether anyone takes events: if not, none are made
     router: Router
     directory: Directory  # the runtime's defined pools, where follow-ups into them go
-    in_handler: threading.local  # .instance: (pool, index) whose thread this is, mid-message
+    in_handler: Local  # .instance: (pool, index) whose thread this is, mid-message
     # One per instance, by index, each outliving the instance's incarnations:
     mailboxes: list[Mailbox]
     supervisors: list[Supervisor]

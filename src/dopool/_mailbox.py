@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pykka
 
-from dopool._clock import Activity
+from dopool._activity import Activity
 from dopool._errors import DopoolError, InstanceCrashedError, PoolClosedError
 from dopool._inbox import Inbox
-from dopool._messages import Alarm
+from dopool._messages import Alarm, Reply
+
+if TYPE_CHECKING:
+    from dopool._backend import Latch
 
 
 class Mailbox:
@@ -25,19 +28,44 @@ class Mailbox:
     waits forever.
     """
 
-    __slots__ = ("_activity", "_closed", "_kept", "_lock", "_ref", "key", "order", "pool")
+    __slots__ = (
+        "_activity",
+        "_closed",
+        "_kept",
+        "_latch",
+        "_lock",
+        "_ref",
+        "key",
+        "order",
+        "pool",
+    )
 
-    def __init__(self, pool: str, index: int, key: str, activity: Activity) -> None:
+    def __init__(
+        self,
+        pool: str,
+        index: int,
+        key: str,
+        activity: Activity,
+        latch: Callable[[str], Latch] | None = None,
+    ) -> None:
+        """``latch``: the clock backend's (:meth:`dopool._backend.Backend.latch`), which
+        a reply to this actor waits on; None: a held lock, for OS threads."""
         self.pool = pool
         self.key = key
         self.order = (pool, index)
         self._activity = activity
+        self._latch = latch
         self._lock = threading.Lock()
         self._ref: pykka.ActorRef[Any] | None = None
         self._closed = False
         # While no actor is behind the address: the messages for the next one, in
         # order, each counted as sent.
         self._kept: list[Any] | None = None
+
+    def reply(self) -> Reply:
+        """A reply for a call to this actor, to send with the call and wait on."""
+        latch = self._latch
+        return Reply() if latch is None else Reply(latch(f"the answer of {self.key}"))
 
     @property
     def closed(self) -> bool:

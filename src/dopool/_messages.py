@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 from dopool._layout import Meta, OutboxRecord
 
 if TYPE_CHECKING:
+    from dopool._backend import Latch
     from dopool._machine import Effects, QueueMachine
     from dopool._storage import Txn
 
@@ -21,14 +22,18 @@ class Reply:
 
     pykka's ``ThreadingFuture`` does this with a queue and three conditions; a
     call on the enqueue path needs only one lock, taken at creation and
-    released by the answer.
+    released by the answer. ``latch`` replaces that lock with the clock
+    backend's (:meth:`dopool._backend.Backend.latch`): under greenlets, waiting
+    for the answer runs the actors instead of blocking the thread.
     """
 
     __slots__ = ("_answered", "_error", "_ready", "_value")
 
-    def __init__(self) -> None:
-        self._ready = threading.Lock()
-        self._ready.acquire()
+    def __init__(self, latch: Latch | None = None) -> None:
+        if latch is None:
+            latch = threading.Lock()
+            latch.acquire()
+        self._ready: Latch = latch
         self._answered = False
         self._value: Any = None
         self._error: BaseException | None = None

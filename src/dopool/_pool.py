@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
@@ -25,6 +24,7 @@ from dopool._validation import prepare, prepare_many
 from dopool._waits import acting
 
 if TYPE_CHECKING:
+    from dopool._backend import Local
     from dopool._clock import Clock
     from dopool._runtime import Runtime
     from dopool._storage import Txn
@@ -59,7 +59,7 @@ class PoolContext:
 
     read: Callable[[], AbstractContextManager[Txn]]
     clock: Clock
-    in_handler: threading.local
+    in_handler: Local
     waits: WaitGraph
     closed: Callable[[], bool]
     handler_running: Callable[[], tuple[str, int] | None]
@@ -101,8 +101,9 @@ class Instances:
 
     def send(self, index: int, message: Callable[[Reply], Any]) -> Reply:
         """Send instance ``index`` ``message(reply)``; returns the reply, not awaited."""
-        reply = Reply()
-        self.mailboxes[index].send(message(reply))
+        mailbox = self.mailboxes[index]
+        reply = mailbox.reply()
+        mailbox.send(message(reply))
         return reply
 
     def submit(self, item: Item, partition_key: str | None) -> tuple[int, Reply]:
@@ -305,7 +306,7 @@ class WorkerPool:
         waiters = acting(self._context.in_handler)
         if not waiters:
             return self._wait(self._instances.send(index, message))
-        reply = Reply()
+        reply = self._mailboxes[index].reply()
         with self._context.waits.waiting(waiters, (self.name, index), reply):
             self._mailboxes[index].send(message(reply))
             return self._wait(reply)

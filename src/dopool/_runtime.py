@@ -28,6 +28,7 @@ from dopool._directory import Directory, PoolAddress
 from dopool._errors import (
     ConfigurationError,
     PoolClosedError,
+    SimulationStalledError,
 )
 from dopool._instance import InstanceEnv, InstanceMemory, PoolSpec
 from dopool._layout import Namespace, follow_ups_to
@@ -93,7 +94,8 @@ class Runtime:
         # seed=None means "not reproducible": draw one, so jitter still varies run to run.
         self.seed = secrets.randbits(64) if seed is None else seed
         self.durability = durability
-        self._store = Store(path, durability=durability)
+        waiter = self.clock.backend.waiter("the store")  # a writer waiting for another
+        self._store = Store(path, durability=durability, latch=waiter)
         self.path = self._store.path
         self._lock = threading.RLock()
         self._emit_lock = threading.Lock()
@@ -103,7 +105,7 @@ class Runtime:
         self._supervisors: list[list[Supervisor]] = []  # each pool's instances, by index
         self._subscribers: list[Callable[[PoolEvent], Any]] = []
         self._temporary: Path | None = None
-        self._in_handler = threading.local()
+        self._in_handler = self.clock.backend.local()
         self._waits = WaitGraph()  # which instance waits for which, to refuse a deadlock
         self._directory = Directory(self.clock)  # the defined pools, for follow-ups into them
         # What each pool uses of this runtime, handed to it by _define_pool.
@@ -134,18 +136,21 @@ class Runtime:
         *,
         seed: int | str | None = 0,
         start: float = 0.0,
+        backend: str | None = None,
         **options: Any,
     ) -> Runtime:
-        """A runtime on a new :class:`SimulatedClock`; ``path=None`` uses a temporary directory."""
+        """A runtime on a new ``SimulatedClock(start, backend=backend)``; ``path=None`` uses a
+        temporary directory."""
         if "clock" in options:
             raise ConfigurationError(
                 "Runtime.simulated makes its own SimulatedClock; pass no clock"
             )
+        clock = SimulatedClock(start, backend=backend)
         if path is not None:
-            return cls(path, clock=SimulatedClock(start), seed=seed, **options)
+            return cls(path, clock=clock, seed=seed, **options)
         temporary = Path(tempfile.mkdtemp(prefix="dopool-"))
         try:
-            runtime = cls(temporary, clock=SimulatedClock(start), seed=seed, **options)
+            runtime = cls(temporary, clock=clock, seed=seed, **options)
         except BaseException:
             shutil.rmtree(temporary, ignore_errors=True)
             raise
@@ -249,8 +254,11 @@ class Runtime:
 
             spec = PoolSpec(name=name, options=options, prepare=prepare_follow_up)
             activity = self.clock.activity
+            backend = self.clock.backend
+            latch = backend.latch if backend.runs_actors else None
             mailboxes = [
-                Mailbox(name, index, f"{name}:{index}", activity) for index in range(concurrency)
+                Mailbox(name, index, f"{name}:{index}", activity, latch)
+                for index in range(concurrency)
             ]
             env: InstanceEnv
 
@@ -275,7 +283,10 @@ class Runtime:
                 in_handler=self._in_handler,
                 mailboxes=mailboxes,
                 supervisors=supervisors,
-                memories=[InstanceMemory() for _ in range(concurrency)],
+                memories=[
+                    InstanceMemory(backend.waiter(f"the turn of {name}:{index}"))
+                    for index in range(concurrency)
+                ],
                 faults=[FaultInjector(self.faults, name, index) for index in range(concurrency)],
             )
             for supervisor in supervisors:
@@ -402,17 +413,17 @@ class Runtime:
                 timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
                 try:
                     stop.get(timeout=timeout)
-                except pykka.Timeout:
+                except (pykka.Timeout, SimulationStalledError):  # the latter: for ever
                     abandoned.append(mailbox.key)
             self.clock.set_alarm(mailbox, None)
         if abandoned:
             logger.warning(
-                "closing the runtime of %r at exit: instance(s) %s still running after the "
-                "%g s grace period; abandoned, their attempts count as interrupted when the "
-                "store is next opened",
+                "closing the runtime of %r: instance(s) %s still running after the grace "
+                "period (%g s at exit), or waiting for what nothing will bring; abandoned, "
+                "their attempts count as interrupted when the store is next opened",
                 str(self.path),
                 ", ".join(abandoned),
-                EXIT_GRACE,
+                EXIT_GRACE if deadline is not None else 0,
             )
         with self._emit_lock:
             if self._trace is not None:

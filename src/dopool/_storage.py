@@ -24,6 +24,7 @@ from typing import Any, TypeVar, cast
 
 import lmdb
 
+from dopool._backend import closed_lock
 from dopool._errors import (
     StorageError,
     StoreDamagedError,
@@ -164,8 +165,9 @@ class _GroupCommit:
     for the disk; :class:`_OwnCommit` serves ``"async"``.
     """
 
-    def __init__(self, env: Any) -> None:
+    def __init__(self, env: Any, latch: Callable[[], Any] | None = None) -> None:
         self._env = env
+        self._latch = latch or closed_lock
         self._cond = threading.Condition(threading.Lock())
         self._queue: list[_Job] = []
         self._busy = False  # a leader is gathering or committing a group
@@ -184,8 +186,7 @@ class _GroupCommit:
             lead = not self._busy
             self._busy = True
             if not lead:
-                job.wake = threading.Lock()
-                job.wake.acquire()
+                job.wake = self._latch()
             self._queue.append(job)
             if len(self._queue) >= self._expected:
                 cond.notify()  # a gathering leader has its group
@@ -262,9 +263,9 @@ class _OwnCommit:
     waiter wakes, so one busy instance could keep the others from committing.
     """
 
-    def __init__(self, env: Any) -> None:
+    def __init__(self, env: Any, latch: Callable[[], Any] | None = None) -> None:
         self._env = env
-        self._turn = Turn()
+        self._turn = Turn(latch)
         self._closed = False
         self.groups = 0  # commits made, for the benchmarks
         self.bodies = 0
@@ -309,7 +310,9 @@ class Store:
     OS page cache, which survives a crash of the process but not of the OS.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, durability: str = "sync") -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, durability: str = "sync", latch: Any = None
+    ) -> None:  # latch: what a writer waiting for another waits on (Backend.waiter)
         self.path = Path(path)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -343,7 +346,7 @@ class Store:
             raise
         self._closed = False
         self._close_lock = threading.Lock()
-        self._group = _GroupCommit(self._env) if sync else _OwnCommit(self._env)
+        self._group = _GroupCommit(self._env, latch) if sync else _OwnCommit(self._env, latch)
 
     def transact(self, body: Callable[[Txn], T]) -> T:
         """Run ``body(txn)`` atomically and return its result once it is durable.

@@ -23,7 +23,7 @@ from dopool._clock import Clock
 from dopool._errors import InstanceCrashedError, PoolClosedError
 from dopool._inbox import Inbox
 from dopool._mailbox import Mailbox
-from dopool._messages import Kill, Message, Recover, Reply
+from dopool._messages import Kill, Message, Recover
 
 # Restarts with backoff (docs/guarantees.md, "Crashes and recovery"): the first
 # RESTARTS_AT_ONCE crashes in a row restart at once; each further one waits
@@ -242,7 +242,7 @@ def recover_first(supervisor: Supervisor) -> None:
     nobody would drive the clock to the restart.
     """
     while True:
-        reply = Reply()
+        reply = supervisor.mailbox.reply()
         supervisor.mailbox.send(Recover(reply))
         try:
             reply.get()

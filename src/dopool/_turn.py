@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dopool._backend import Latch
 
 
 class Turn:
@@ -13,23 +18,29 @@ class Turn:
     for each message, a caller for its enqueue (see ``DirectEnqueue``). The
     store's async writers take turns at LMDB's writer lock with one. Release
     hands it straight to the longest waiter, so no thread can take it twice
-    while another waits.
+    while another waits. A waiter waits on a latch of its own, made by ``latch``
+    (the clock backend's: see :meth:`dopool._backend.Backend.latch`); by default
+    a held lock, for OS threads.
     """
 
-    __slots__ = ("_held", "_lock", "_waiters")
+    __slots__ = ("_held", "_latch", "_lock", "_waiters")
 
-    def __init__(self) -> None:
+    def __init__(self, latch: Callable[[], Latch] | None = None) -> None:
         self._lock = threading.Lock()
         self._held = False
-        self._waiters: deque[threading.Lock] = deque()
+        self._latch = latch
+        self._waiters: deque[Latch] = deque()
 
     def acquire(self) -> None:
         with self._lock:
             if not self._held:
                 self._held = True
                 return
-            handoff = threading.Lock()
-            handoff.acquire()
+            if self._latch is None:
+                handoff: Latch = threading.Lock()
+                handoff.acquire()
+            else:
+                handoff = self._latch()
             self._waiters.append(handoff)
         handoff.acquire()  # released by the holder, which hands the turn over
 

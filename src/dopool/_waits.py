@@ -16,9 +16,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from dopool._errors import DeadlockError
+
+if TYPE_CHECKING:
+    from dopool._backend import Local
 
 Node = tuple[str, int]  # (pool, index)
 
@@ -68,7 +71,7 @@ class WaitGraph:
                     self._edges.pop(waiter, None)
 
 
-def acting(local: threading.local) -> tuple[Node, ...]:
+def acting(local: Local) -> tuple[Node, ...]:
     """The instances the calling thread acts for, outermost first; () outside any."""
     current: Node | None = getattr(local, "instance", None)
     if current is None:

@@ -1,0 +1,266 @@
+"""The greenlet backend: every actor of a simulated runtime as a greenlet on one thread.
+
+Under ``SimulatedClock(backend="greenlet")`` each instance actor's loop runs as a
+greenlet (a *task*) on the thread that drives the clock. A task runs until it
+waits, and it waits at exactly three kinds of points, where it *parks*
+(switches back to the driver):
+
+- its inbox is empty (:class:`dopool._inbox.GreenInbox`);
+- a latch it waits on is closed (:class:`GreenLatch`): a reply from another
+  instance, an instance's turn, a handler's ``ctx.sleep`` in virtual time;
+- its loop ends (the actor stopped).
+
+Waking a task (an inbox put, a latch released) only queues it: it never
+switches. The driver (the thread's own code: the caller of ``enqueue``,
+``join``, ``run_until``...) runs the queued tasks with :meth:`Scheduler.drive`,
+first queued first run, each until it parks, until what it waits for holds or
+no task can run. So the system is quiescent exactly when the queue is empty,
+and an interleaving is a function of the calls made and the seed alone.
+
+When no task can run and what the driver waits for does not hold, nothing ever
+will without the clock moving: :meth:`Scheduler.stalled` names who waits for
+what in a :class:`~dopool.SimulationStalledError`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import deque
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import greenlet
+
+from dopool._backend import Backend, Local
+from dopool._errors import SimulationStalledError
+from dopool._inbox import GreenInbox, Inbox
+
+IDLE = "a message"  # what an idle actor waits for: not a stall
+
+
+class _Task(greenlet.greenlet):  # type: ignore[misc]  # greenlet's class is not typed as a base
+    """An actor loop running as a greenlet, and what it waits for while parked."""
+
+    def __init__(self, run: Callable[[], object], name: str, scheduler: Scheduler) -> None:
+        super().__init__(run)
+        self.name = name
+        self.scheduler = scheduler
+        self.waiting: str | None = None  # set while parked
+        self.queued = False
+
+
+class GreenLatch:
+    """A one-shot gate for tasks and the driver (the greenlet form of a held lock).
+
+    A task that acquires it while closed parks until ``release``; the driver
+    runs the tasks until it opens. It stays open: every later ``acquire`` passes.
+    """
+
+    __slots__ = ("_open", "_scheduler", "_waiters", "what")
+
+    def __init__(self, scheduler: Scheduler, what: str) -> None:
+        self._scheduler = scheduler
+        self._open = False
+        self._waiters: list[_Task] = []
+        self.what = what
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if self._open:
+            return True
+        if not blocking or timeout == 0:
+            return False
+        scheduler = self._scheduler
+        task = greenlet.getcurrent()
+        if isinstance(task, _Task):
+            self._waiters.append(task)
+            while not self.is_open():
+                scheduler.park(self.what)
+            return True
+        if scheduler.drive(self.is_open, self.what):
+            return True
+        if timeout is not None and timeout >= 0:
+            return False  # no wall time can open it: time out at once
+        raise scheduler.stalled(f"the caller waits for {self.what}")
+
+    def is_open(self) -> bool:
+        return self._open
+
+    def release(self) -> None:
+        if self._open:
+            return
+        self._open = True
+        waiters, self._waiters = self._waiters, []
+        for task in waiters:
+            self._scheduler.wake(task)
+
+
+class TaskLocal:
+    """Attributes of the running greenlet's own: a ``threading.local`` for tasks.
+
+    Kept in the greenlet's own ``__dict__``, under a key of this object's, so they
+    end with the greenlet.
+    """
+
+    __slots__ = ("_key",)
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_key", f"_dopool_local_{next(_locals)}")
+
+    def __getattr__(self, name: str) -> Any:
+        values: dict[str, Any] | None = greenlet.getcurrent().__dict__.get(self._key)
+        if values is None or name not in values:
+            raise AttributeError(name)
+        return values[name]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        own = greenlet.getcurrent().__dict__
+        values = own.get(self._key)
+        if values is None:
+            values = own[self._key] = {}
+        values[name] = value
+
+
+_locals = itertools.count()  # each TaskLocal's key: never reused, unlike id()
+
+
+class Scheduler:
+    """Runs tasks on one thread, first queued first run, until the driver's wait is over.
+
+    Why first in, first out: a task is queued when something it waits for
+    happens (a message, an answer, the turn, its wake-up), and everything that
+    happens runs on one thread, so the queue's order is the program's own
+    order of events: the same calls and seed give the same order, without
+    ranking the tasks. It is also fair: a task that keeps waking others cannot
+    keep them waiting, and a chain of messages runs in the order it was sent,
+    as it would with one thread per actor.
+    """
+
+    def __init__(self) -> None:
+        self._home = threading.get_ident()
+        self._ready: deque[_Task] = deque()
+        self._tasks: dict[_Task, None] = {}  # the live tasks, in the order they started
+        self._driver: Any = None  # the greenlet running drive(), while it does
+        #: Describes what else waits (the clock's sleepers, its next time), for stalls.
+        self.describe: Callable[[], list[str]] = list
+
+    # -- the tasks' side -----------------------------------------------------
+    def current(self) -> object:
+        return greenlet.getcurrent()
+
+    def spawn(self, run: Callable[[], object], name: str) -> None:
+        self._check_thread()
+        task = _Task(run, name, self)
+        self._tasks[task] = None
+        self.wake(task)
+
+    def wake(self, task: object) -> None:
+        assert isinstance(task, _Task)
+        if not task.queued:
+            task.queued = True
+            self._ready.append(task)
+
+    def park(self, what: str) -> None:
+        """Switch from the running task to the driver until the task is woken."""
+        task = greenlet.getcurrent()
+        if not isinstance(task, _Task) or task.scheduler is not self:
+            raise RuntimeError(f"only an actor of this runtime can wait for {what} here")
+        task.waiting = what
+        try:
+            self._driver.switch()
+        finally:
+            task.waiting = None
+
+    def latch(self, what: str = "") -> GreenLatch:
+        return GreenLatch(self, what)
+
+    # -- the driver's side ---------------------------------------------------
+    def drive(self, until: Callable[[], bool], what: str) -> bool:
+        """Run queued tasks until ``until()`` holds or none is queued; whether it holds.
+
+        Raises:
+            RuntimeError: called from a task (a handler, hook or subscriber), or
+                from another thread than the one that made the clock.
+        """
+        self._check_thread()
+        driver = greenlet.getcurrent()
+        if isinstance(driver, _Task):
+            raise RuntimeError(
+                f"{driver.name} would drive the simulated clock to wait for {what}: the "
+                "clock is driven from outside the instances (not from a handler, hook or "
+                "subscriber)"
+            )
+        outer, self._driver = self._driver, driver
+        ready = self._ready
+        tasks = self._tasks
+        try:
+            while not until():
+                if not ready:
+                    return False
+                task = ready.popleft()
+                task.queued = False
+                if task.dead:
+                    continue
+                if task.parent is not driver:
+                    task.parent = driver
+                task.switch()
+                if task.dead:
+                    del tasks[task]
+            return True
+        finally:
+            self._driver = outer
+
+    def idle(self) -> bool:
+        """Whether no task can run."""
+        return not self._ready
+
+    def waits(self) -> list[tuple[str, str]]:
+        """Each parked task that waits for something other than a message, and what."""
+        return [
+            (task.name, task.waiting)
+            for task in self._tasks
+            if task.waiting is not None and task.waiting != IDLE
+        ]
+
+    def stalled(self, cause: str) -> SimulationStalledError:
+        """The error for a wait that no task can end: ``cause``, and who waits for what."""
+        return SimulationStalledError(cause, tuple(self.waits()), tuple(self.describe()))
+
+    def _check_thread(self) -> None:
+        if threading.get_ident() != self._home:
+            raise RuntimeError(
+                "a simulated clock with backend='greenlet' runs every actor on the thread "
+                "that made it; call the runtime from that thread only"
+            )
+
+
+class GreenletBackend(Backend):
+    """Every actor a greenlet on the thread that drives the clock (see the module docstring)."""
+
+    name = "greenlet"
+    runs_actors = True
+
+    def __init__(self) -> None:
+        self.scheduler = Scheduler()
+
+    def latch(self, what: str = "") -> GreenLatch:
+        return self.scheduler.latch(what)
+
+    def waiter(self, what: str) -> Callable[[], GreenLatch]:
+        return partial(self.scheduler.latch, what)
+
+    def inbox(self) -> Inbox:
+        return GreenInbox(self.scheduler)
+
+    def local(self) -> Local:
+        return TaskLocal()
+
+    def spawn(self, run: Callable[[], object], name: str) -> None:
+        self.scheduler.spawn(run, name)
+
+    def drive(self, until: Callable[[], bool], what: str) -> bool:
+        return self.scheduler.drive(until, what)
+
+    def stalled(self, cause: str) -> SimulationStalledError:
+        return self.scheduler.stalled(cause)
