@@ -168,9 +168,12 @@ def test_the_clock_is_driven_from_the_thread_that_made_it() -> None:
     clock, _ = green_clock()
     caught: list[BaseException] = []
 
+    runner = clock.backend.runner
+    assert runner is not None
+
     def elsewhere() -> None:
         try:
-            clock.backend.spawn(lambda: None, "p:0")
+            runner.spawn(lambda: None, "p:0")
         except RuntimeError as exc:
             caught.append(exc)
 

@@ -31,7 +31,7 @@ class Activity:
         self._active = 0
         self.generation = 0
         # A backend that runs the actors itself is driven instead of waited for.
-        self._runner = backend if backend is not None and backend.runs_actors else None
+        self._runner = None if backend is None else backend.runner
 
     def sent(self, key: Hashable) -> None:
         with self._cond:

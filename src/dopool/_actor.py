@@ -86,9 +86,9 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         return Future()  # a GreenInbox binds it to its scheduler
 
     def _start_actor_loop(self) -> None:
-        backend = self._clock.backend
-        if backend.runs_actors:
-            backend.spawn(self._actor_loop, self._id)
+        runner = self._clock.backend.runner
+        if runner is not None:
+            runner.spawn(self._actor_loop, self._id)
         else:
             super()._start_actor_loop()
 

@@ -11,12 +11,10 @@ asks the backend for its primitives, so the same code runs on both:
   ``release()``; ``acquire()`` waits for it. Replies, a turn's hand-over and a
   handler's sleep in virtual time wait on one.
 - :meth:`Backend.inbox`: an instance actor's inbox (pykka's extension point).
-- :attr:`Backend.runs_actors` and :meth:`Backend.spawn`: whether the backend
-  runs the actor loops itself (else pykka starts a thread for each).
+- :attr:`Backend.runner`: what runs the actor loops, if the backend does
+  (else pykka starts a thread for each).
 - :meth:`Backend.local`: what each actor (thread or greenlet) sees of its own,
   such as the instance it acts for.
-- :meth:`Backend.drive`: for a backend that runs the actors itself, run them
-  until a condition holds.
 """
 
 from __future__ import annotations
@@ -54,6 +52,19 @@ def closed_lock(what: str = "") -> threading.Lock:
     return lock
 
 
+class Runner(Protocol):
+    """What a backend that runs the actors itself does for the engine."""
+
+    def spawn(self, run: Callable[[], object], name: str) -> None:
+        """Run ``run`` (an actor's loop) as the actor ``name``."""
+
+    def drive(self, until: Callable[[], bool], what: str) -> bool:
+        """Run actors until ``until()``; whether it holds."""
+
+    def stalled(self, cause: str) -> Exception:
+        """The error for a wait that :meth:`drive` found no actor able to end."""
+
+
 class Backend:
     """One OS thread per actor (pykka's ``ThreadingActor``), blocking while it waits.
 
@@ -61,9 +72,9 @@ class Backend:
     """
 
     name = "threads"
-    #: Whether the backend runs actor loops itself (:meth:`spawn`); if not, pykka
-    #: starts a thread for each.
-    runs_actors = False
+    #: What runs the actor loops, if the backend does (:class:`Runner`); None: pykka
+    #: starts a thread for each, and a wait blocks its thread.
+    runner: Runner | None = None
 
     def latch(self, what: str = "") -> Latch:
         """A closed latch; ``what`` names what waiting on it waits for (in error reports)."""
@@ -79,15 +90,3 @@ class Backend:
 
     def local(self) -> Local:
         return threading.local()
-
-    def spawn(self, run: Callable[[], object], name: str) -> None:
-        """Run ``run`` (an actor's loop) as the actor ``name``; only if :attr:`runs_actors`."""
-        raise NotImplementedError("the threads backend leaves actor loops to pykka")
-
-    def drive(self, until: Callable[[], bool], what: str) -> bool:
-        """Run actors until ``until()``; whether it holds. Only if :attr:`runs_actors`."""
-        raise NotImplementedError("under the threads backend, actors run by themselves")
-
-    def stalled(self, cause: str) -> Exception:
-        """The error for a wait that :meth:`drive` found no actor able to end."""
-        raise NotImplementedError("under the threads backend, a wait blocks instead")

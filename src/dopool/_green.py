@@ -239,10 +239,10 @@ class GreenletBackend(Backend):
     """Every actor a greenlet on the thread that drives the clock (see the module docstring)."""
 
     name = "greenlet"
-    runs_actors = True
 
     def __init__(self) -> None:
         self.scheduler = Scheduler()
+        self.runner = self.scheduler
 
     def latch(self, what: str = "") -> GreenLatch:
         return self.scheduler.latch(what)
@@ -255,12 +255,3 @@ class GreenletBackend(Backend):
 
     def local(self) -> Local:
         return TaskLocal()
-
-    def spawn(self, run: Callable[[], object], name: str) -> None:
-        self.scheduler.spawn(run, name)
-
-    def drive(self, until: Callable[[], bool], what: str) -> bool:
-        return self.scheduler.drive(until, what)
-
-    def stalled(self, cause: str) -> SimulationStalledError:
-        return self.scheduler.stalled(cause)

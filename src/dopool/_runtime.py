@@ -255,7 +255,7 @@ class Runtime:
             spec = PoolSpec(name=name, options=options, prepare=prepare_follow_up)
             activity = self.clock.activity
             backend = self.clock.backend
-            latch = backend.latch if backend.runs_actors else None
+            latch = backend.latch if backend.runner is not None else None
             mailboxes = [
                 Mailbox(name, index, f"{name}:{index}", activity, latch)
                 for index in range(concurrency)
