@@ -393,3 +393,9 @@ class SimulatedClock(Clock):
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not self.activity.wait_quiet(timeout):
             raise TimeoutError("the system did not become quiescent in time")
+
+
+def tool_clock(start: float = 0.0) -> SimulatedClock:
+    """The clock of ``dopool simulate`` and ``dopool chaos``: greenlets, the faster
+    backend (the same runs, byte for byte), unless ``$DOPOOL_SIM_BACKEND`` picks one."""
+    return SimulatedClock(start, backend=os.environ.get(BACKEND_VARIABLE) or "greenlet")
