@@ -12,21 +12,16 @@ from pathlib import Path
 
 import lmdb
 import pytest
-from click.testing import CliRunner, Result
 
+from cli_support import invoke
 from dopool import EventContext, Runtime
 from dopool._check import check_store
-from dopool._cli import cli
 from dopool._layout import Meta, Namespace, OutboxRecord, pack, seal_pool
 from dopool._storage import Txn
 
 FIXTURE = Path(__file__).parent / "fixtures" / "store-v2"  # tests/fixtures/make_store.py
 QUEUED = Namespace("orders", 1).queue_key(-2, 4)  # a pending event of the fixture
 INVOICES = Namespace("invoices", 0)  # holds a follow-up for orders:1, link 0, in its outbox
-
-
-def invoke(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 @pytest.fixture

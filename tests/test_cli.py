@@ -21,32 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cli_support import assert_one_line_error, invoke
 from dopool import EventContext, Runtime
-from dopool._cli import cli
 from dopool._cli._values import _json_text, _short
 from dopool._layout import MAX_CONCURRENCY, DeadRecord, Namespace, pack, pool_key, seal
 from dopool._sim import loading as sc
 from dopool._storage import Store, Txn
 
 SMALL = ("--events", "150")  # keeps each simulation to a fraction of a second
-
-
-def invoke(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
-
-
-def assert_one_line_error(result: Result, code: int, *words: str) -> None:
-    assert result.exit_code == code, result.output
-    assert result.stdout == ""
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("Error: ")
-    for word in words:
-        assert word in lines[0], lines[0]
 
 
 # -- simulate ----------------------------------------------------------------------------

@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
 
+from cli_support import assert_one_line_error, invoke
 from dopool._cli import _gates as cli_gates
-from dopool._cli import cli
 from dopool._cli import simulate as simulate_cli
 from dopool._sim import gates
 from dopool._sim import loading as sc
@@ -31,20 +30,6 @@ from dopool._sim.metrics import Invariant
 from dopool._sim.scenario import Gate, Scenario
 
 SMALL = ("--events", "150", "-q")
-
-
-def invoke(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
-
-
-def assert_one_line_error(result: Result, code: int, *words: str) -> None:
-    assert result.exit_code == code, result.output
-    assert result.stdout == ""
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("Error: ")
-    for word in words:
-        assert word in lines[0], lines[0]
 
 
 # -- parsing -----------------------------------------------------------------------------
