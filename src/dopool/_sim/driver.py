@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import shutil
 import tempfile
 import time
@@ -40,6 +39,7 @@ from dopool._retry import RetryPolicy
 from dopool._runtime import Runtime
 from dopool._sim.app import App, AppError, load_app
 from dopool._sim.checks import ScenarioError
+from dopool._sim.draws import Draws
 from dopool._sim.measure import measure
 from dopool._sim.metrics import Collector, Result
 from dopool._sim.pools import pool_named
@@ -267,7 +267,7 @@ def _app_event(app: App, seed: int, arrival: Arrival) -> Any:
     assert arrival.payload is not None
     make = app.payload(arrival.payload)
     try:
-        return make(arrival.event_id, random.Random(f"{seed}/payload/{arrival.event_id}"))
+        return make(arrival.event_id, Draws(f"{seed}/payload/{arrival.event_id}"))
     except (Exception, SystemExit) as exc:  # an app's sys.exit() must not end the run
         raise AppError(
             app.spec, f"payload {arrival.payload!r} raised {type(exc).__name__}: {exc}"

@@ -15,6 +15,7 @@ from typing import Any
 from dopool._context import EventContext
 from dopool._sim.arrivals import records
 from dopool._sim.checks import ScenarioError
+from dopool._sim.draws import Draws, attempt_draws
 from dopool._sim.pools import DEFAULT_POOL, FollowUp, Pool
 from dopool._sim.scenario import Arrivals, Scenario
 from dopool._sim.sections import Service
@@ -181,8 +182,8 @@ def make_handler(
     """A pool's handler: sleep for the service time, fail as the pool says, else enqueue
     its follow-ups.
 
-    Each attempt draws from ``random.Random`` streams seeded by (scenario seed,
-    event id, attempt), so an attempt behaves the same whatever ran before it.
+    Each attempt draws from streams seeded by (scenario seed, event id, attempt)
+    (:mod:`dopool._sim.draws`), so an attempt behaves the same whatever ran before it.
     """
     failure = pool.failure_probability
     pickers = {name: key_picker(target) for name, target in pools.items()}
@@ -193,7 +194,7 @@ def make_handler(
         number = event["id"]
         request = event.get("req", number)
         lineage.executed((pool.name, ctx.instance_index, ctx.sequence), number, request)
-        rng = random.Random(f"{seed}/{number}/{ctx.attempt}")
+        rng = attempt_draws(seed, number, ctx.attempt)
         seconds = service_time(pool.service, rng)
         if seconds > 0:
             ctx.sleep(seconds)
@@ -203,12 +204,12 @@ def make_handler(
             raise SimulatedFailure(f"event {number} failed on attempt {ctx.attempt}")
         spawned = 0
         if pool.follow_ups:
-            draws = random.Random(f"{seed}/{number}/{ctx.attempt}/follow")
+            draws = Draws(f"{seed}/{number}/{ctx.attempt}/follow")
             for rule, follow in enumerate(pool.follow_ups):
                 for copy in range(_fanout(follow, draws)):
                     child = f"{number}/{rule}.{copy}"
                     target = pools[follow.to]
-                    local = random.Random(f"{seed}/{child}")
+                    local = Draws(f"{seed}/{child}")
                     key = pickers[follow.to](local)
                     share = target.poison_share
                     poison = share > 0 and local.random() < share

@@ -1,0 +1,63 @@
+"""Seeded random streams that are cheap to make: one per attempt, per follow-up, per payload.
+
+A simulated handler draws each attempt's service time (and whether it fails)
+from a stream of its own, named by the scenario's seed, the event and the
+attempt, so an attempt behaves the same whatever ran before it. Making a
+``random.Random`` costs ~7 µs (it fills the Mersenne Twister's 2.5 KB state);
+a run of 100,000 events makes as many streams, which was a twentieth of its
+wall time. :class:`Draws` is a ``random.Random`` whose state is one 64-bit
+word: seeded from the name's BLAKE2b digest, stepped by SplitMix64 (Steele,
+Lea and Flood, 2014; the generator Java's ``SplittableRandom`` uses), ~2 µs to
+make. Every method of ``random.Random`` that builds on ``random()``
+(``expovariate``, ``lognormvariate``, ``choice``...) works on it unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from typing import Any
+
+_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15  # 2**64 / the golden ratio: SplitMix64's increment
+_TO_UNIT = 2.0**-53
+
+
+class Draws(random.Random):
+    """A seeded stream of uniform draws in [0, 1), named by a string (see the module)."""
+
+    _state: int
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+
+    def seed(self, a: Any = None, version: int = 2) -> None:
+        digest = hashlib.blake2b(str(a).encode(), digest_size=8).digest()
+        self._state = int.from_bytes(digest, "little")
+
+    def random(self) -> float:
+        state = self._state = (self._state + _GOLDEN) & _MASK
+        mixed = ((state ^ (state >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+        mixed = ((mixed ^ (mixed >> 27)) * 0x94D049BB133111EB) & _MASK
+        return ((mixed ^ (mixed >> 31)) >> 11) * _TO_UNIT
+
+    def getrandbits(self, k: int) -> int:
+        """``k`` random bits (``randrange``, ``choice`` and ``shuffle`` use them)."""
+        if k < 0:
+            raise ValueError("number of bits must be non-negative")
+        bits, have = 0, 0
+        while have < k:
+            bits = (bits << 53) | int(self.random() * 2.0**53)
+            have += 53
+        return bits >> (have - k)
+
+    def getstate(self) -> tuple[int]:
+        return (self._state,)
+
+    def setstate(self, state: Any) -> None:
+        (self._state,) = state
+
+
+def attempt_draws(seed: int, identity: object, attempt: int) -> Draws:
+    """The stream an attempt of event ``identity`` draws its service time and failure from."""
+    return Draws(f"{seed}/{identity}/{attempt}")
