@@ -6,7 +6,6 @@ harness) cover them through real actors; these pin each rule with stand-ins.
 
 from __future__ import annotations
 
-import threading
 from typing import Any, cast
 
 import pykka
@@ -18,7 +17,7 @@ from dopool._errors import InstanceCrashedError
 from dopool._inbox import Inbox
 from dopool._mailbox import Mailbox
 from dopool._messages import Alarm, Kill, Pause, Recover, Reply
-from dopool._supervisor import RESTARTS_AT_ONCE, Supervisor, restart_delay
+from dopool._supervisor import RESTARTS_AT_ONCE, KillFlag, Supervisor, restart_delay
 
 KEY = "p:0"
 
@@ -146,9 +145,9 @@ class _Incarnations:
     def __init__(self, activity: Activity) -> None:
         self.activity = activity
         self.refs: list[_Ref] = []
-        self.flags: list[threading.Event] = []
+        self.flags: list[KillFlag] = []
 
-    def __call__(self, kill: threading.Event) -> pykka.ActorRef[Any]:
+    def __call__(self, kill: KillFlag) -> pykka.ActorRef[Any]:
         ref = _Ref(self.activity)
         self.refs.append(ref)
         self.flags.append(kill)
@@ -173,12 +172,12 @@ def test_kill_sets_the_current_incarnations_flag_and_its_successor_gets_a_fresh_
 
     supervisor.kill()
 
-    assert incarnations.flags[0].is_set()
+    assert incarnations.flags[0].raised
     assert isinstance(incarnations.refs[0].told[-1], Kill)
     assert not supervisor.takes_direct_calls()  # a call after kill() comes after the crash
     assert incarnations.crash(supervisor) is None
     assert len(incarnations.refs) == 2
-    assert not incarnations.flags[1].is_set()
+    assert not incarnations.flags[1].raised
     assert not supervisor.takes_direct_calls()  # until the successor's recovery commits
     recover = incarnations.refs[1].told[0]
     assert isinstance(recover, Recover)

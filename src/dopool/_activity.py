@@ -10,7 +10,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Hashable, Iterable
 
-from dopool._backend import Backend
+from dopool._backend import Backend, Runner
+
+
+def activity_for(backend: Backend) -> Activity:
+    """The activity count a clock with ``backend`` keeps: locked for threads, plain for
+    a backend that runs every actor on one thread (nothing there can race)."""
+    runner = backend.runner
+    return Activity() if runner is None else DrivenActivity(runner)
 
 
 class Activity:
@@ -24,14 +31,14 @@ class Activity:
     find the actor still busy.
     """
 
-    def __init__(self, backend: Backend | None = None) -> None:
+    def __init__(self) -> None:
         self._cond = threading.Condition()
         self._pending: dict[Hashable, int] = {}
         self._sleeping: set[Hashable] = set()
         self._active = 0
         self.generation = 0
         # A backend that runs the actors itself is driven instead of waited for.
-        self._runner = None if backend is None else backend.runner
+        self._runner: Runner | None = None
 
     def sent(self, key: Hashable) -> None:
         with self._cond:
@@ -82,7 +89,7 @@ class Activity:
         """
         runner = self._runner
         if runner is not None:
-            runner.drive(never, "quiescence")
+            runner.drive(None, "quiescence")
             return True
         with self._cond:
             return self._cond.wait_for(self.quiet, timeout)
@@ -120,5 +127,43 @@ class Activity:
             return self._cond.wait_for(lambda: self.generation != generation, timeout)
 
 
-def never() -> bool:
-    return False
+class DrivenActivity(Activity):
+    """The activity count under a backend that runs every actor on the driving thread.
+
+    The same counts, kept without the condition: every actor and caller runs on
+    one thread and nobody blocks on it (waiting runs the actors instead), and
+    this is touched several times per event.
+    """
+
+    def __init__(self, runner: Runner) -> None:
+        super().__init__()
+        self._runner = runner
+
+    def sent(self, key: Hashable) -> None:
+        pending = self._pending
+        count = pending.get(key, 0)
+        pending[key] = count + 1
+        if count == 0 and key not in self._sleeping:
+            self._active += 1
+
+    def done(self, key: Hashable, count: int = 1) -> None:
+        pending = self._pending
+        remaining = pending[key] - count
+        if remaining:
+            pending[key] = remaining
+            return
+        del pending[key]
+        if key not in self._sleeping:
+            self._active -= 1
+        self.generation += 1
+
+    def sleep_begin(self, key: Hashable) -> None:
+        self._sleeping.add(key)
+        if key in self._pending:
+            self._active -= 1
+        self.generation += 1
+
+    def sleep_end(self, key: Hashable) -> None:
+        self._sleeping.discard(key)
+        if key in self._pending:
+            self._active += 1

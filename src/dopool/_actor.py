@@ -12,7 +12,6 @@ clock, subscribers, callbacks and the caller learn of it (see
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from functools import partial
 from typing import Any, cast
@@ -49,6 +48,7 @@ from dopool._messages import (
     Resend,
 )
 from dopool._storage import Txn
+from dopool._supervisor import KillFlag
 
 logger = logging.getLogger("dopool")
 
@@ -60,7 +60,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
     # runtime's actors would keep it alive forever; atexit closes the runtime instead.
     use_daemon_thread = True
 
-    def __init__(self, spec: PoolSpec, index: int, env: InstanceEnv, kill: threading.Event) -> None:
+    def __init__(self, spec: PoolSpec, index: int, env: InstanceEnv, kill: KillFlag) -> None:
         InstanceShell.__init__(self, spec, index, env)  # first: the inbox is its clock's
         pykka.ThreadingActor.__init__(self)
         self._kill = kill  # this incarnation's: a successor gets a fresh one
@@ -131,7 +131,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
 
     def on_stop(self) -> None:
         """Run an attempt a caller started just before the runtime closed: it was committed."""
-        if self._kill.is_set():
+        if self._kill.raised:
             return  # a crash: the successor's recovery settles it
         with self._memory.turn:
             started = self._memory.take_handed_off()
@@ -146,7 +146,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
                 self._env.in_handler.instance = None
 
     def _killed(self) -> bool:
-        return self._kill.is_set()
+        return self._kill.raised
 
     def _may_continue(self) -> bool:
         """Whether due work may start in this message: nothing else is waiting for us.

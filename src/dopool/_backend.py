@@ -58,8 +58,9 @@ class Runner(Protocol):
     def spawn(self, run: Callable[[], object], name: str) -> None:
         """Run ``run`` (an actor's loop) as the actor ``name``."""
 
-    def drive(self, until: Callable[[], bool], what: str) -> bool:
-        """Run actors until ``until()``; whether it holds."""
+    def drive(self, until: Callable[[], bool] | None, what: object) -> bool:
+        """Run actors until ``until()``, or until none can run (``until=None``); whether
+        it holds."""
 
     def stalled(self, cause: str) -> Exception:
         """The error for a wait that :meth:`drive` found no actor able to end."""
@@ -76,8 +77,9 @@ class Backend:
     #: starts a thread for each, and a wait blocks its thread.
     runner: Runner | None = None
 
-    def latch(self, what: str = "") -> Latch:
-        """A closed latch; ``what`` names what waiting on it waits for (in error reports)."""
+    def latch(self, what: object = "") -> Latch:
+        """A closed latch; ``str(what)`` names what waiting on it waits for (in error
+        reports: an object that formats itself only then costs nothing per wait)."""
         return closed_lock()
 
     def waiter(self, what: str) -> Callable[[], Latch] | None:

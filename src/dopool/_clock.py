@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
 from typing import Protocol
 
-from dopool._activity import Activity, never
+from dopool._activity import activity_for
 from dopool._backend import Backend, Latch
 from dopool._errors import SimulationStalledError
 from dopool._green import GreenletBackend
@@ -53,7 +53,7 @@ class Clock(ABC):
     def __init__(self, backend: Backend | None = None) -> None:
         #: How the actors run and wait: OS threads, or greenlets on one thread.
         self.backend = Backend() if backend is None else backend
-        self.activity = Activity(self.backend)
+        self.activity = activity_for(self.backend)
 
     @abstractmethod
     def now(self) -> float:
@@ -188,6 +188,18 @@ class RealClock(Clock):
 _ALARM, _DELIVERY, _WAKE, _CALL = 0, 1, 2, 3
 
 
+class _Asleep:
+    """What a handler asleep in virtual time waits for; formatted only for a report."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def __str__(self) -> str:
+        return f"virtual time to reach t={self.at:g} (asleep in its handler)"
+
+
 class SimulatedClock(Clock):
     """Virtual seconds that move only when driven.
 
@@ -218,7 +230,7 @@ class SimulatedClock(Clock):
         self._tickets = itertools.count()
         self._driver = threading.Lock()
         self._green = green is not None
-        self._run_tasks: Callable[[Callable[[], bool], str], bool] | None = None
+        self._run_tasks: Callable[[Callable[[], bool] | None, object], bool] | None = None
         if green is not None:
             green.scheduler.describe = self._describe
             self._run_tasks = green.scheduler.drive
@@ -282,7 +294,7 @@ class SimulatedClock(Clock):
         if seconds <= 0:
             return
         at = self._now + seconds
-        wake = self.backend.latch(f"virtual time to reach t={at:g} (asleep in its handler)")
+        wake = self.backend.latch(_Asleep(at))
         with self._lock:
             ticket = next(self._tickets)
             heapq.heappush(self._heap, (at, "", 0, ticket, _WAKE, (key, wake)))
@@ -388,7 +400,7 @@ class SimulatedClock(Clock):
     def _wait_quiet(self, deadline: float | None) -> None:
         run = self._run_tasks
         if run is not None:  # greenlets: run them until none can (Activity.wait_quiet)
-            run(never, "quiescence")
+            run(None, "quiescence")
             return
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not self.activity.wait_quiet(timeout):

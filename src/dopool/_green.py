@@ -47,7 +47,7 @@ class _Task(greenlet.greenlet):  # type: ignore[misc]  # greenlet's class is not
         super().__init__(run)
         self.name = name
         self.scheduler = scheduler
-        self.waiting: str | None = None  # set while parked
+        self.waiting: object = None  # what it waits for (its str() says), while parked
         self.queued = False
 
 
@@ -60,7 +60,7 @@ class GreenLatch:
 
     __slots__ = ("_open", "_scheduler", "_waiters", "what")
 
-    def __init__(self, scheduler: Scheduler, what: str) -> None:
+    def __init__(self, scheduler: Scheduler, what: object) -> None:
         self._scheduler = scheduler
         self._open = False
         self._waiters: list[_Task] = []
@@ -161,7 +161,7 @@ class Scheduler:
             task.queued = True
             self._ready.append(task)
 
-    def park(self, what: str) -> None:
+    def park(self, what: object) -> None:
         """Switch from the running task to the driver until the task is woken."""
         task = greenlet.getcurrent()
         if not isinstance(task, _Task) or task.scheduler is not self:
@@ -172,18 +172,21 @@ class Scheduler:
         finally:
             task.waiting = None
 
-    def latch(self, what: str = "") -> GreenLatch:
+    def latch(self, what: object = "") -> GreenLatch:
         return GreenLatch(self, what)
 
     # -- the driver's side ---------------------------------------------------
-    def drive(self, until: Callable[[], bool], what: str) -> bool:
+    def drive(self, until: Callable[[], bool] | None, what: object) -> bool:
         """Run queued tasks until ``until()`` holds or none is queued; whether it holds.
+
+        ``until=None``: until none is queued (quiescence); returns True.
 
         Raises:
             RuntimeError: called from a task (a handler, hook or subscriber), or
                 from another thread than the one that made the clock.
         """
-        self._check_thread()
+        if threading.get_ident() != self._home:
+            self._check_thread()
         driver = greenlet.getcurrent()
         if isinstance(driver, _Task):
             raise RuntimeError(
@@ -195,9 +198,9 @@ class Scheduler:
         ready = self._ready
         tasks = self._tasks
         try:
-            while not until():
+            while until is None or not until():
                 if not ready:
-                    return False
+                    return until is None
                 task = ready.popleft()
                 task.queued = False
                 if task.dead:
@@ -218,7 +221,7 @@ class Scheduler:
     def waits(self) -> list[tuple[str, str]]:
         """Each parked task that waits for something other than a message, and what."""
         return [
-            (task.name, task.waiting)
+            (task.name, str(task.waiting))
             for task in self._tasks
             if task.waiting is not None and task.waiting != IDLE
         ]
@@ -244,7 +247,7 @@ class GreenletBackend(Backend):
         self.scheduler = Scheduler()
         self.runner = self.scheduler
 
-    def latch(self, what: str = "") -> GreenLatch:
+    def latch(self, what: object = "") -> GreenLatch:
         return self.scheduler.latch(what)
 
     def waiter(self, what: str) -> Callable[[], GreenLatch]:

@@ -87,7 +87,7 @@ class Tasks(Protocol):
         """The running task (a greenlet)."""
         ...
 
-    def park(self, what: str) -> None:
+    def park(self, what: object) -> None:
         """Switch away from the running task until it is woken; ``what`` it waits for."""
         ...
 
@@ -95,7 +95,7 @@ class Tasks(Protocol):
         """Make ``task`` runnable (never switches)."""
         ...
 
-    def latch(self, what: str = "") -> Any:
+    def latch(self, what: object = "") -> Any:
         """A closed latch of the scheduler's (see :class:`dopool._backend.Latch`)."""
         ...
 

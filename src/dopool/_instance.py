@@ -166,7 +166,7 @@ class InstanceShell:
 
     def _killed(self) -> bool:
         """Whether this incarnation must crash at its next fault point."""
-        return self._supervisor.kill_flag.is_set()
+        return self._supervisor.kill_flag.raised
 
     def _fault_point(self, point: str, fault: str | None = None) -> None:
         """Crash here if this incarnation was killed, or if the fault plan says so.

@@ -38,7 +38,7 @@ from dopool._options import PoolOptions, PoolOptionsDict
 from dopool._pool import Instances, PoolContext, WorkerPool, provide_default_runtime
 from dopool._router import Router
 from dopool._storage import Store
-from dopool._supervisor import Supervisor, recover_first
+from dopool._supervisor import KillFlag, Supervisor, recover_first
 from dopool._types import PoolEvent
 from dopool._validation import check_pool_name, prepare
 from dopool._waits import WaitGraph
@@ -103,7 +103,8 @@ class Runtime:
         self._pools: dict[str, Instances] = {}  # by pool name; kill() finds one there
         self._defined: dict[str, WorkerPool] = {}  # the same pools' handles, for ``pools``
         self._supervisors: list[list[Supervisor]] = []  # each pool's instances, by index
-        self._subscribers: list[Callable[[PoolEvent], Any]] = []
+        # Replaced, never changed in place: emitting reads it without the lock.
+        self._subscribers: tuple[Callable[[PoolEvent], Any], ...] = ()
         self._temporary: Path | None = None
         self._in_handler = self.clock.backend.local()
         self._waits = WaitGraph()  # which instance waits for which, to refuse a deadlock
@@ -213,12 +214,14 @@ class Runtime:
     def subscribe(self, callback: Callable[[PoolEvent], Any]) -> Callable[[], None]:
         """Call ``callback`` with every :class:`PoolEvent`; returns a function that unsubscribes."""
         with self._emit_lock:
-            self._subscribers.append(callback)
+            self._subscribers = (*self._subscribers, callback)
 
         def unsubscribe() -> None:
             with self._emit_lock:
                 if callback in self._subscribers:
-                    self._subscribers.remove(callback)
+                    subscribers = list(self._subscribers)
+                    subscribers.remove(callback)
+                    self._subscribers = tuple(subscribers)
 
         return unsubscribe
 
@@ -227,11 +230,9 @@ class Runtime:
         return bool(self._subscribers) or self._trace is not None
 
     def _emit(self, event: PoolEvent) -> None:
-        if not self._subscribers and self._trace is None:
-            return  # nobody listens (read without the lock: a racing subscribe sees later ones)
-        with self._emit_lock:
-            subscribers = list(self._subscribers)
-            if self._trace is not None:
+        subscribers = self._subscribers  # no lock: one subscribing now sees the next event
+        if self._trace is not None:
+            with self._emit_lock:
                 self._trace.write(json.dumps(event.to_json_dict(), separators=(",", ":")) + "\n")
         for callback in subscribers:
             try:
@@ -262,7 +263,7 @@ class Runtime:
             ]
             env: InstanceEnv
 
-            def start(index: int, kill: threading.Event) -> pykka.ActorRef[Any]:
+            def start(index: int, kill: KillFlag) -> pykka.ActorRef[Any]:
                 # An incarnation of instance ``index``, which recovers from its namespace.
                 return InstanceActor.start(spec, index, env, kill)
 

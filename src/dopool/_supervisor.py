@@ -42,6 +42,23 @@ def restart_delay(streak: int) -> float:
     return min(RESTART_DELAY_FIRST * 2.0**doublings, RESTART_DELAY_MAX)
 
 
+class KillFlag:
+    """Raised when an incarnation must crash at its next fault point; never lowered.
+
+    A plain attribute rather than a ``threading.Event``: it is read at every fault
+    point (several times per event), and nobody waits for it. Reads and writes of
+    one attribute are atomic in CPython, so actor threads see it without a lock.
+    """
+
+    __slots__ = ("raised",)
+
+    def __init__(self) -> None:
+        self.raised = False
+
+    def set(self) -> None:
+        self.raised = True
+
+
 class _WaitingRestart:
     """A restart waiting out its backoff: the clock fires it like an alarm."""
 
@@ -86,14 +103,14 @@ class Supervisor:
         self,
         mailbox: Mailbox,
         clock: Clock,
-        start: Callable[[threading.Event], pykka.ActorRef[Any]],
+        start: Callable[[KillFlag], pykka.ActorRef[Any]],
     ) -> None:
         """``start(kill_flag)`` starts an incarnation of the actor (not yet behind the mailbox)."""
         self.mailbox = mailbox
         self._clock = clock
         self._start = start
         self._lock = threading.Lock()
-        self._kill = threading.Event()
+        self._kill = KillFlag()
         self.kill_reason: str | None = None  # why the current incarnation was killed
         self._recovering = False  # a successor's recovery has not committed yet
         self._unrecorded = 0  # restarts not yet committed to the instance's counters
@@ -108,7 +125,7 @@ class Supervisor:
         self.mailbox.attach(self._start(self._kill))
 
     @property
-    def kill_flag(self) -> threading.Event:
+    def kill_flag(self) -> KillFlag:
         """Set when the current incarnation must crash at its next fault point."""
         return self._kill
 
@@ -133,7 +150,7 @@ class Supervisor:
                 raise PoolClosedError(self.mailbox.pool)
             if self._waiting is not None:
                 return
-            if reason is not None and not self._kill.is_set():
+            if reason is not None and not self._kill.raised:
                 self.kill_reason = reason
             self._kill.set()
         self.mailbox.send(Kill())
@@ -144,7 +161,7 @@ class Supervisor:
         Not while it is killed or recovering, so that a call made after ``kill``
         returned still comes after the crash and the recovery; nor once closed.
         """
-        return not (self.mailbox.closed or self._recovering or self._kill.is_set())
+        return not (self.mailbox.closed or self._recovering or self._kill.raised)
 
     def handled(self, message: Any) -> None:
         """The actor handled ``message`` without crashing (called with the turn held)."""
@@ -176,10 +193,10 @@ class Supervisor:
         with self._lock:
             # A crash ``runtime.kill`` asked for (a kill without a reason) is an
             # order carried out, not a sign of a sick instance: it is not counted.
-            ordered = self._kill.is_set() and self.kill_reason is None
+            ordered = self._kill.raised and self.kill_reason is None
             streak = self.crash_streak if ordered else self.crash_streak + 1
             delay = 0.0 if ordered else restart_delay(streak)
-            kill = threading.Event()  # the successor's
+            kill = KillFlag()  # the successor's
             retried = isinstance(in_hand, Message) and in_hand.retried_after_crash
             first = [Recover(None, restarts=self._unrecorded + 1), *([in_hand] if retried else [])]
             successor = None if delay > 0 else partial(self._start, kill)
