@@ -45,10 +45,11 @@ class AlarmTarget(Protocol):
 class Clock(ABC):
     """Where instances get the time, set their alarm slot, sleep and send to each other."""
 
-    #: Whether work that is due may start in the message that made it due (an
-    #: enqueue to an idle instance starts the event in the same transaction).
-    #: A simulated clock runs nothing until it is driven, so it says no.
-    starts_due_work_at_once = False
+    @property
+    def starts_due_work_at_once(self) -> bool:
+        """Whether work that is due may start in the message that made it due (an
+        enqueue to an idle instance starts the event in the same transaction)."""
+        return False
 
     def __init__(self, backend: Backend | None = None) -> None:
         #: How the actors run and wait: OS threads, or greenlets on one thread.
@@ -115,7 +116,10 @@ class RealClock(Clock):
     so an immediate alarm reaches its instance without a thread hop.
     """
 
-    starts_due_work_at_once = True
+    @property
+    def starts_due_work_at_once(self) -> bool:
+        return True
+
     #: The longest the scheduler thread waits at once, in seconds: any alarm time,
     #: however far, is waited for in slices (``Condition.wait`` refuses a timeout
     #: past ``threading.TIMEOUT_MAX``).
@@ -229,6 +233,7 @@ class SimulatedClock(Clock):
         self._slots: dict[int, int] = {}
         self._tickets = itertools.count()
         self._driver = threading.Lock()
+        self._driving = False  # held by whoever drives the clock
         self._green = green is not None
         self._run_tasks: Callable[[Callable[[], bool] | None, object], bool] | None = None
         if green is not None:
@@ -260,6 +265,18 @@ class SimulatedClock(Clock):
                 "the simulated clock is already being driven; it cannot be driven from a "
                 "handler, hook, subscriber or call_at callback"
             )
+        self._driving = True
+
+    def _release_driver(self) -> None:
+        self._driving = False
+        self._driver.release()
+
+    @property
+    def starts_due_work_at_once(self) -> bool:
+        """While the clock is driven, as under the real clock: the work would start at
+        this same virtual time anyway, one step later, through the alarm slot. Not
+        otherwise: nothing runs until the clock is driven."""
+        return self._driving
 
     def now(self) -> float:
         return self._now
@@ -325,7 +342,7 @@ class SimulatedClock(Clock):
                 pass
             self._now = max(self._now, time)
         finally:
-            self._driver.release()
+            self._release_driver()
 
     def run_until_idle(self, max_time: float | None = None) -> None:
         """Jump from one scheduled time to the next until nothing is left (or ``max_time``)."""
@@ -335,7 +352,7 @@ class SimulatedClock(Clock):
             while self._step(limit, None):
                 pass
         finally:
-            self._driver.release()
+            self._release_driver()
 
     def step(self, limit: float = math.inf, *, deadline: float | None = None) -> bool:
         """Fire the next scheduled item due by ``limit``; False if there is none.
@@ -347,7 +364,7 @@ class SimulatedClock(Clock):
         try:
             return self._step(limit, deadline)
         finally:
-            self._driver.release()
+            self._release_driver()
 
     def progress(self, generation: int, deadline: float | None) -> bool:
         """Fire the next scheduled item; False if nothing is scheduled (nothing can move)."""

@@ -466,6 +466,8 @@ class QueueMachine:
 def _position(meta: Meta, priority: int) -> int:
     """How many pending events will run before a new one of ``priority``."""
     counts = meta.priorities
+    if not counts:
+        return 0  # nothing pending
     if len(counts) == 1 and priority in counts:
         return counts[priority]  # all pending are of this level, the started one too
     ahead = sum(count for level, count in counts.items() if level >= priority)

@@ -30,6 +30,7 @@ class Mailbox:
 
     __slots__ = (
         "_activity",
+        "_answer",
         "_closed",
         "_kept",
         "_latch",
@@ -46,13 +47,14 @@ class Mailbox:
         index: int,
         key: str,
         activity: Activity,
-        latch: Callable[[str], Latch] | None = None,
+        latch: Callable[[object], Latch] | None = None,
     ) -> None:
         """``latch``: the clock backend's (:meth:`dopool._backend.Backend.latch`), which
         a reply to this actor waits on; None: a held lock, for OS threads."""
         self.pool = pool
         self.key = key
         self.order = (pool, index)
+        self._answer = f"the answer of {key}"  # what a reply's waiter waits for
         self._activity = activity
         self._latch = latch
         self._lock = threading.Lock()
@@ -65,7 +67,7 @@ class Mailbox:
     def reply(self) -> Reply:
         """A reply for a call to this actor, to send with the call and wait on."""
         latch = self._latch
-        return Reply() if latch is None else Reply(latch(f"the answer of {self.key}"))
+        return Reply() if latch is None else Reply(latch(self._answer))
 
     @property
     def closed(self) -> bool:
