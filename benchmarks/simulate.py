@@ -4,7 +4,14 @@ The issue's target: a 100,000-event scenario on 16 instances finishes in under
 60 s of wall time on a 2-core machine. This runs exactly that (Poisson arrivals
 at 200/s, exponential service of mean 50 ms: about 60% utilisation) through the
 same driver as the CLI, and prints the wall time and the simulated events per
-wall second. Example::
+wall second.
+
+Then, in the same process, it runs the SimPy model of the same scenario
+(:mod:`benchmarks.simpy_model`: one FIFO server per instance, fed the same
+arrivals and service draws) and prints its events per wall second, the ratio
+dopool / SimPy (issue 15's targets: at least 0.25, and at least 25,000 events
+per wall second, for 100,000 events on 16 instances), and whether the two agree
+on the mean and p99 of the latency. ``--no-simpy`` skips it. Example::
 
     python -m benchmarks.simulate                       # the target scenario
     python -m benchmarks.simulate --events 20000 --json sim-bench.json
@@ -18,16 +25,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from dopool._sim.driver import run
+from benchmarks import simpy_model
+from dopool._sim.driver import Run, run
+from dopool._sim.metrics import Latency
 from dopool._sim.scenario import Arrivals, Scenario, Service
 
 TARGET_SECONDS = 60.0
+TARGET_RATE = 25_000.0  # issue 15: dopool's events per wall second...
+TARGET_RATIO = 0.25  # ...and its rate over the SimPy model's, in the same run
+AGREEMENT = 1e-9  # relative: the two compute the same FIFO queues from the same draws
 
 
 def scenario(events: int, instances: int, rate: float, seed: int) -> Scenario:
@@ -49,6 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--trace", type=Path, help="also write the trace (costs a little)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the figures here")
+    parser.add_argument(
+        "--no-simpy", action="store_true", help="skip the SimPy model of the same scenario"
+    )
     args = parser.parse_args(argv)
 
     chosen = scenario(args.events, args.instances, args.rate, args.seed)
@@ -71,6 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     verdict = "within" if wall < TARGET_SECONDS else "OVER"
     print(f"target: under {TARGET_SECONDS:.0f} s for 100,000 events on 16 instances: {verdict}")
+    beside: dict[str, Any] = {}
+    agreed = True
+    if not args.no_simpy:
+        beside, agreed = _beside_simpy(chosen, finished)
     if args.json is not None:
         document = {
             "events": args.events,
@@ -84,9 +105,60 @@ def main(argv: Sequence[str] | None = None) -> int:
             "invariants_passed": result.passed,
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
+            **beside,
         }
         args.json.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    return 0 if result.passed else 1
+    return 0 if result.passed and agreed else 1
+
+
+def _beside_simpy(chosen: Scenario, finished: Run) -> tuple[dict[str, Any], bool]:
+    """Run the SimPy model of ``chosen``, print its rate, the ratio and the agreement;
+    return the figures for the JSON document, and whether the two runs agree."""
+    model = simpy_model.run(chosen)
+    mine, theirs = finished.result.latency, model.latency
+    rate, simpy_rate = finished.events_per_wall_second, model.events_per_wall_second
+    ratio = rate / simpy_rate if simpy_rate > 0 else math.nan
+    print(
+        f"SimPy model, same arrivals and service draws: wall time {model.wall_seconds:.2f} s · "
+        f"{simpy_rate:,.0f} events per wall second · dopool / SimPy "
+        f"{ratio:.3f}"
+    )
+    for target, met in (
+        (f"at least {TARGET_RATE:,.0f} events per wall second", rate >= TARGET_RATE),
+        (f"at least {TARGET_RATIO:g}x SimPy's events per wall second", ratio >= TARGET_RATIO),
+    ):
+        print(f"target: {target} for 100,000 events on 16 instances: {'met' if met else 'MISSED'}")
+    ours, simpys = sorted(finished.result.latencies), sorted(model.in_system)
+    apart = math.inf  # when the counts differ
+    if len(ours) == len(simpys):
+        apart = max((abs(a - b) for a, b in zip(ours, simpys, strict=True)), default=0.0)
+    agreed = apart < math.inf and all(
+        math.isclose(getattr(mine, name), getattr(theirs, name), rel_tol=AGREEMENT)
+        for name in ("mean", "p99")
+    )
+    print(
+        f"latency, dopool vs SimPy: mean {mine.mean:.9f} vs {theirs.mean:.9f} s, "
+        f"p99 {mine.p99:.9f} vs {theirs.p99:.9f} s, {mine.count:,} vs {theirs.count:,} "
+        f"events, sorted samples at most {apart:.1e} s apart: "
+        f"{'agree' if agreed else 'DISAGREE'}"
+    )
+    figures = {
+        "simpy_wall_seconds": round(model.wall_seconds, 3),
+        "simpy_events_per_wall_second": round(model.events_per_wall_second, 1),
+        "ratio_to_simpy": round(ratio, 4),
+        "latency_agreement": {
+            "dopool": _summary(mine),
+            "simpy": _summary(theirs),
+            # between the sorted samples, virtual seconds; None: the counts differ
+            "max_difference": apart if apart < math.inf else None,
+            "agree": agreed,
+        },
+    }
+    return figures, agreed
+
+
+def _summary(latency: Latency) -> dict[str, Any]:
+    return {"count": latency.count, "mean": latency.mean, "p99": latency.p99}
 
 
 if __name__ == "__main__":

@@ -5,14 +5,19 @@ Only that each figure was measured is checked: timings are never asserted.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
-from benchmarks import ceiling, e2e, phases, records
+from benchmarks import ceiling, e2e, phases, records, simpy_model, simulate
 from benchmarks.__main__ import main
 from benchmarks.harness import Sizes
 
+from dopool._sim.driver import run
+from dopool._sim.scenario import Scenario
+from dopool._sim.sections import Partitions, Pause
 from dopool._storage import Store
 
 pytestmark = pytest.mark.threaded
@@ -82,3 +87,62 @@ def test_the_phases_benchmark_runs(capsys: pytest.CaptureFixture[str], tmp_path:
     out = capsys.readouterr().out
     assert "enqueue" in out
     assert "process" in out
+
+
+def _benchmark(routing: str) -> Scenario:
+    """Small and at 75% utilisation, so servers fall idle as well as queue."""
+    chosen = simulate.scenario(events=2_000, instances=4, rate=60.0, seed=3)
+    if routing == "round-robin":
+        return chosen
+    return dataclasses.replace(
+        chosen, routing="partition", partitions=Partitions(keys=500, zipf=0.8)
+    )
+
+
+@pytest.mark.parametrize("routing", ["round-robin", "partition"])
+def test_the_simpy_model_gives_each_event_dopools_latency(routing: str) -> None:
+    chosen = _benchmark(routing)
+    result = run(chosen).result
+
+    model = simpy_model.run(chosen)
+
+    assert result.passed
+    assert len(result.latencies) == len(model.in_system) == 2_000
+    assert sorted(model.in_system) == pytest.approx(sorted(result.latencies), rel=1e-9)
+    mine, theirs = result.latency, model.latency
+    for name in ("mean", "p50", "p99", "max"):
+        assert getattr(theirs, name) == pytest.approx(getattr(mine, name), rel=1e-9), name
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"failure_probability": 0.1}, "failures"),
+        ({"duration": 5.0, "max_queue_depth": 10}, "a max_queue_depth, a duration"),
+        ({"pauses": (Pause(at=1.0, duration=1.0),)}, "pauses"),
+    ],
+)
+def test_the_simpy_model_refuses_what_it_does_not_model(change: dict[str, Any], named: str) -> None:
+    chosen = dataclasses.replace(_benchmark("round-robin"), **change)
+
+    with pytest.raises(ValueError, match=f"scenario 'benchmark' has {named}$"):
+        simpy_model.run(chosen)
+
+
+def test_the_simulator_benchmark_reports_simpy_beside_dopool(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report, alone = tmp_path / "sim.json", tmp_path / "alone.json"
+
+    status = simulate.main(["--events", "2000", "--instances", "4", "--json", str(report)])
+    simulate.main(["--events", "200", "--instances", "4", "--no-simpy", "--json", str(alone)])
+
+    assert status == 0, capsys.readouterr().out
+    document = json.loads(report.read_text(encoding="utf-8"))
+    assert document["simpy_events_per_wall_second"] > 0
+    assert document["ratio_to_simpy"] > 0
+    agreement = document["latency_agreement"]
+    assert agreement["agree"] is True
+    assert agreement["dopool"]["count"] == agreement["simpy"]["count"] == 2_000
+    assert "SimPy" in capsys.readouterr().out
+    assert "simpy_events_per_wall_second" not in json.loads(alone.read_text(encoding="utf-8"))
