@@ -184,6 +184,29 @@ def test_the_clock_is_driven_from_the_thread_that_made_it() -> None:
     assert "on the thread that made it" in str(caught[0])
 
 
+def test_the_clock_refuses_a_step_from_another_thread_and_fires_nothing() -> None:
+    clock, _ = green_clock()
+    fired: list[float] = []
+    clock.call_at(1.0, lambda: fired.append(clock.now()))
+    caught: list[BaseException] = []
+
+    def elsewhere() -> None:
+        try:
+            clock.step()
+        except RuntimeError as exc:
+            caught.append(exc)
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert len(caught) == 1
+    assert "on the thread that made it" in str(caught[0])
+    assert fired == []
+    assert clock.next_time() == 1.0
+    assert clock.step()  # the thread that made it still drives it
+    assert fired == [1.0]
+
+
 def test_task_local_attributes_are_each_tasks_own() -> None:
     _, scheduler = green_clock()
     local: Any = TaskLocal()

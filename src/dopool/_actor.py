@@ -145,9 +145,6 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             finally:
                 self._env.in_handler.instance = None
 
-    def _killed(self) -> bool:
-        return self._kill.raised
-
     def _may_continue(self) -> bool:
         """Whether due work may start in this message: nothing else is waiting for us.
 
@@ -157,7 +154,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         return (
             self._mailbox_empty()
             and not self._memory.turn.contended()
-            and not self._killed()
+            and not self._kill.raised
             and not self._mailbox.closed
         )
 

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sized
 from typing import Protocol
 
 from dopool._activity import activity_for
@@ -234,11 +234,14 @@ class SimulatedClock(Clock):
         self._tickets = itertools.count()
         self._driver = threading.Lock()
         self._driving = False  # held by whoever drives the clock
-        self._green = green is not None
         self._run_tasks: Callable[[Callable[[], bool] | None, object], bool] | None = None
+        self._runnable: Sized = ()
+        self._check_thread: Callable[[], None] | None = None
         if green is not None:
             green.scheduler.describe = self._describe
+            self._check_thread = green.scheduler.check_thread
             self._run_tasks = green.scheduler.drive
+            self._runnable = green.scheduler.runnable
 
     def _describe(self) -> list[str]:
         """What the clock adds to a stall's report: who sleeps, and when it could move."""
@@ -258,13 +261,16 @@ class SimulatedClock(Clock):
     def _take_driver(self) -> None:
         """Take the right to drive the clock; under greenlets, refuse a second driver
         rather than block the one thread (a handler driving the clock, say)."""
-        if not self._green:
+        check_thread = self._check_thread
+        if check_thread is None:
             self._driver.acquire()
-        elif not self._driver.acquire(blocking=False):
-            raise RuntimeError(
-                "the simulated clock is already being driven; it cannot be driven from a "
-                "handler, hook, subscriber or call_at callback"
-            )
+        else:
+            check_thread()
+            if not self._driver.acquire(blocking=False):
+                raise RuntimeError(
+                    "the simulated clock is already being driven; it cannot be driven from "
+                    "a handler, hook, subscriber or call_at callback"
+                )
         self._driving = True
 
     def _release_driver(self) -> None:
@@ -417,7 +423,8 @@ class SimulatedClock(Clock):
     def _wait_quiet(self, deadline: float | None) -> None:
         run = self._run_tasks
         if run is not None:  # greenlets: run them until none can (Activity.wait_quiet)
-            run(None, "quiescence")
+            if self._runnable:
+                run(None, "quiescence")
             return
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not self.activity.wait_quiet(timeout):

@@ -50,6 +50,7 @@ class DirectEnqueue(InstanceShell):
         try:
             if not self._supervisor.takes_direct_calls():
                 return None
+            self._kill = self._supervisor.kill_flag  # this incarnation's (see InstanceShell)
             reply = Reply()
             self._taken = [Enqueue(items, reply)]
             effects = Effects()

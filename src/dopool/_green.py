@@ -139,7 +139,8 @@ class Scheduler:
 
     def __init__(self) -> None:
         self._home = threading.get_ident()
-        self._ready: deque[_Task] = deque()
+        #: The tasks that can run, first to run first (read it; only wake() adds).
+        self.runnable: deque[_Task] = deque()
         self._tasks: dict[_Task, None] = {}  # the live tasks, in the order they started
         self._driver: Any = None  # the greenlet running drive(), while it does
         #: Describes what else waits (the clock's sleepers, its next time), for stalls.
@@ -150,7 +151,7 @@ class Scheduler:
         return greenlet.getcurrent()
 
     def spawn(self, run: Callable[[], object], name: str) -> None:
-        self._check_thread()
+        self.check_thread()
         task = _Task(run, name, self)
         self._tasks[task] = None
         self.wake(task)
@@ -159,7 +160,7 @@ class Scheduler:
         assert isinstance(task, _Task)
         if not task.queued:
             task.queued = True
-            self._ready.append(task)
+            self.runnable.append(task)
 
     def park(self, what: object) -> None:
         """Switch from the running task to the driver until the task is woken."""
@@ -186,7 +187,7 @@ class Scheduler:
                 from another thread than the one that made the clock.
         """
         if threading.get_ident() != self._home:
-            self._check_thread()
+            self.check_thread()
         driver = greenlet.getcurrent()
         if isinstance(driver, _Task):
             raise RuntimeError(
@@ -195,7 +196,7 @@ class Scheduler:
                 "subscriber)"
             )
         outer, self._driver = self._driver, driver
-        ready = self._ready
+        ready = self.runnable
         tasks = self._tasks
         try:
             while until is None or not until():
@@ -216,7 +217,7 @@ class Scheduler:
 
     def idle(self) -> bool:
         """Whether no task can run."""
-        return not self._ready
+        return not self.runnable
 
     def waits(self) -> list[tuple[str, str]]:
         """Each parked task that waits for something other than a message, and what."""
@@ -230,7 +231,8 @@ class Scheduler:
         """The error for a wait that no task can end: ``cause``, and who waits for what."""
         return SimulationStalledError(cause, tuple(self.waits()), tuple(self.describe()))
 
-    def _check_thread(self) -> None:
+    def check_thread(self) -> None:
+        """Raise RuntimeError unless called on the thread that made the scheduler."""
         if threading.get_ident() != self._home:
             raise RuntimeError(
                 "a simulated clock with backend='greenlet' runs every actor on the thread "

@@ -155,6 +155,10 @@ class InstanceShell:
         self._ns = self._machine.namespace
         self._mailbox = env.mailboxes[index]
         self._supervisor = env.supervisors[index]
+        # The kill flag of the incarnation this acts for: raised, it must crash at
+        # its next fault point. The actor's is its own; a caller acting for the
+        # instance (``DirectEnqueue``) takes the current one's each time.
+        self._kill = self._supervisor.kill_flag
         self._memory = env.memories[index]
         # Enqueues to commit in the next transaction; answered after it commits,
         # or failed if the instance dies first.
@@ -164,16 +168,12 @@ class InstanceShell:
         # are sent (before any later one to that pool) once the pool is defined.
         self._held: dict[str, list[tuple[int, OutboxRecord]]] = {}
 
-    def _killed(self) -> bool:
-        """Whether this incarnation must crash at its next fault point."""
-        return self._supervisor.kill_flag.raised
-
     def _fault_point(self, point: str, fault: str | None = None) -> None:
         """Crash here if this incarnation was killed, or if the fault plan says so.
 
         Whatever was not committed yet is lost with the actor.
         """
-        if self._killed():
+        if self._kill.raised:
             raise Crash(self._supervisor.kill_reason or point)
         if fault is not None and self._faults.active and self._faults.fires(fault):
             raise Crash(fault)

@@ -100,7 +100,7 @@ class EmptyInfo:
     processed: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class PoolEvent:
     """One observable step of a pool, delivered to subscribers and to the trace."""
 
@@ -111,6 +111,27 @@ class PoolEvent:
     attempt: int | None = None
     time: float = 0.0
     error: str | None = None
+
+    def __init__(
+        self,
+        kind: EventKind,
+        pool: str,
+        instance_index: int,
+        sequence: int | None = None,
+        attempt: int | None = None,
+        time: float = 0.0,
+        error: str | None = None,
+    ) -> None:
+        # The dataclass's own __init__ for a frozen class sets each field through
+        # object.__setattr__, twice the cost of setting the slots directly, and
+        # an engine makes a few of these per event.
+        _set_kind(self, kind)
+        _set_pool(self, pool)
+        _set_index(self, instance_index)
+        _set_sequence(self, sequence)
+        _set_attempt(self, attempt)
+        _set_time(self, time)
+        _set_error(self, error)
 
     def to_json_dict(self) -> dict[str, Any]:
         """The fields as a dict, in declaration order, for the JSON-lines trace."""
@@ -123,3 +144,10 @@ class PoolEvent:
             "time": self.time,
             "error": self.error,
         }
+
+
+# Each field's slot, set directly (see PoolEvent.__init__).
+_set_kind, _set_pool, _set_index, _set_sequence, _set_attempt, _set_time, _set_error = (
+    PoolEvent.__dict__[name].__set__
+    for name in ("kind", "pool", "instance_index", "sequence", "attempt", "time", "error")
+)

@@ -19,12 +19,14 @@ the same scenario and seed give the same run, event for event.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -101,11 +103,33 @@ def run(
             )
     wall = time.perf_counter()
     try:
-        result = _run(scenario, path, trace, progress)
+        with fewer_collections():
+            result = _run(scenario, path, trace, progress)
     finally:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
     return Run(result, time.perf_counter() - wall)
+
+
+@contextmanager
+def fewer_collections() -> Iterator[None]:
+    """Run the cyclic garbage collector less often for a while: during a run.
+
+    A run allocates a few objects per event that live until it ends (its
+    measurements), and hardly any cycles; the collector's default pace (every
+    700 net allocations, with a full pass whenever the survivors grow by a
+    quarter) spent ~8% of a 40,000-event run scanning them. What exists
+    before the run is frozen (never scanned again until it ends), and the
+    youngest generation is collected every 100,000 allocations instead.
+    """
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(max(thresholds[0], 100_000), *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
 
 
 def _run(

@@ -159,6 +159,7 @@ class Lineage:
     that attempt enqueued (they commit only if it succeeds); ``parents`` maps a
     follow-up to the event that enqueued it, so its time in its pool can run from
     its parent's success (the moment it was handed on), not from its being stored.
+    A scenario without follow-ups leaves it empty: each event is its own request.
     """
 
     requests: dict[tuple[str, int, int], int] = field(default_factory=dict)
@@ -188,12 +189,15 @@ def make_handler(
     failure = pool.failure_probability
     pickers = {name: key_picker(target) for name, target in pools.items()}
     padding = {name: b"\0" * target.payload_bytes for name, target in pools.items()}
+    # Without follow-ups anywhere, every event is its own request: nothing to trace.
+    traced = any(target.follow_ups for target in pools.values())
 
     def handle(ctx: EventContext) -> None:
         event = ctx.event
         number = event["id"]
         request = event.get("req", number)
-        lineage.executed((pool.name, ctx.instance_index, ctx.sequence), number, request)
+        if traced:
+            lineage.executed((pool.name, ctx.instance_index, ctx.sequence), number, request)
         rng = attempt_draws(seed, number, ctx.attempt)
         seconds = service_time(pool.service, rng)
         if seconds > 0:
@@ -216,7 +220,8 @@ def make_handler(
                     payload = _payload(child, request, poison, padding[follow.to])
                     ctx.enqueue(payload, partition_key=key, pool=follow.to)
                     spawned += 1
-        lineage.spawned[(pool.name, ctx.instance_index, ctx.sequence, ctx.attempt)] = spawned
+        if traced:
+            lineage.spawned[(pool.name, ctx.instance_index, ctx.sequence, ctx.attempt)] = spawned
 
     return handle
 
