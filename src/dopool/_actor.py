@@ -92,14 +92,19 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         else:
             super()._start_actor_loop()
 
-    def on_receive(self, message: Any) -> None:
-        turn = self._memory.turn
-        turn.acquire()  # the instance acts on one thing at a time: a message or a caller
-        # Lets the pool refuse calls from handlers and hooks that would wait on this actor.
+    def on_start(self) -> None:
+        # The actor's own thread (or greenlet) always acts for its instance: this lets
+        # the pool refuse calls from handlers and hooks that would wait on this actor.
         self._env.in_handler.instance = (self._spec.name, self._index)
+
+    def on_receive(self, message: Any) -> None:
+        memory = self._memory
+        turn = memory.turn
+        turn.acquire()  # the instance acts on one thing at a time: a message or a caller
         try:
             self._fault_point("receive")  # a kill lands before any later message
-            self._execute_attempts(self._memory.take_handed_off())  # a caller started it: first
+            if memory.handed_off is not None:  # a caller started it: it runs first
+                self._execute_attempts(memory.take_handed_off())
             handle = self._handlers.get(type(message))
             if handle is not None:
                 handle(message)
@@ -125,7 +130,6 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             logger.exception("instance %s failed handling %r", self._id, message)
             self._crash(f"{type(exc).__name__}: {exc}", message)
         finally:
-            self._env.in_handler.instance = None
             turn.release()
             self._mailbox.finished()
 
@@ -137,13 +141,10 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             started = self._memory.take_handed_off()
             if started is None:
                 return
-            self._env.in_handler.instance = (self._spec.name, self._index)
             try:
                 self._execute_attempts(started)
             except Crash:
                 pass  # the attempt stays started: the next open's recovery settles it
-            finally:
-                self._env.in_handler.instance = None
 
     def _may_continue(self) -> bool:
         """Whether due work may start in this message: nothing else is waiting for us.
