@@ -189,6 +189,9 @@ def test_partitioned_instances_are_m_m_1_queues() -> None:
         error = math.sqrt(expected * (1 - expected) / PARTITIONED_ARRIVALS)
         assert abs(share - expected) <= 4 * error, (index, share, expected)
     theory = math.fsum(share / (MU - LAMBDA * share) for share in shares)
+    # Result.latencies lists the events as they succeeded (the collector's order): a time
+    # series, as batch means need. Out of order, the batches would differ wildly and the
+    # interval's width fail the test rather than pass it.
     mean, half_width, batches = batch_means_interval(result.latencies, BATCH)
     summary = (
         f"mean {mean:.4f} s +- {half_width:.4f} ({half_width / mean:.1%}, {batches} batches), "
