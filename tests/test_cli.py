@@ -279,11 +279,31 @@ def test_a_grid_with_repeats_shows_mean_and_interval(tmp_path: Path) -> None:
 def test_jobs_change_nothing_in_the_output_and_json_repeats_byte_for_byte(
     tmp_path: Path,
 ) -> None:
-    one = _sweep_output(tmp_path, "one")
-    again = _sweep_output(tmp_path, "again")
+    one = _sweep_output(tmp_path, "one", "--jobs", "1")
+    again = _sweep_output(tmp_path, "again", "--jobs", "1")
     two = _sweep_output(tmp_path, "two", "--jobs", "2")
     assert one == again
     assert two == one
+
+
+def test_jobs_default_to_the_usable_cpus_and_change_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dopool._sim import sweep
+
+    monkeypatch.setattr(sweep, "usable_cpus", lambda: 3)
+    execute = sweep._execute
+    asked: list[int] = []
+
+    def counting(work: Any, jobs: int, progress: Any) -> list[sweep.Outcome]:
+        asked.append(jobs)
+        return execute(work, jobs, progress)
+
+    monkeypatch.setattr(sweep, "_execute", counting)
+    spread = _sweep_output(tmp_path, "spread")
+    alone = _sweep_output(tmp_path, "alone", "--jobs", "1")
+    assert asked == [3, 1]
+    assert spread == alone
 
 
 def test_repeat_alone_is_a_one_point_sweep() -> None:
@@ -313,7 +333,7 @@ def test_a_sweep_with_a_broken_invariant_prints_its_table_then_fails(
     json_path = tmp_path / "broken.json"
     result = invoke(
         "simulate", "--sweep", "instances=1,2", "--repeat", "2", *SMALL, "--json", str(json_path),
-        "--sweep-figures", "p99,invariants_passed",
+        "--sweep-figures", "p99,invariants_passed", "--jobs", "1",  # the patch is this process's
     )  # fmt: skip
     assert result.exit_code == 1
     assert "FAIL 1/2" in result.stdout

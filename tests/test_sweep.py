@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dopool._sim import loading as sc
+from dopool._sim import sweep
 from dopool._sim.checks import ScenarioError
 from dopool._sim.figures import DESCRIPTIONS
 from dopool._sim.sweep import (
@@ -193,6 +195,46 @@ def test_each_point_runs_with_the_same_seeds(tmp_path: Path) -> None:
     assert point["invariants_failed"] == []
     assert list(point["figures"]) == list(DESCRIPTIONS)
     assert point["figures"]["p99"]["values"] == list(p99.values)
+
+
+def test_the_usable_cpus_are_the_affinity_mask_else_the_machines() -> None:
+    if hasattr(os, "sched_getaffinity"):
+        assert sweep.usable_cpus() == len(os.sched_getaffinity(0))
+    else:
+        assert sweep.usable_cpus() == (os.cpu_count() or 1)
+
+
+def test_without_an_affinity_mask_the_machines_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert sweep.usable_cpus() == 6
+    monkeypatch.setattr(os, "cpu_count", lambda: None)  # the count is unknown
+    assert sweep.usable_cpus() == 1
+
+
+class NoPool:
+    """Stands in for ProcessPoolExecutor where a sweep must not start one."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a process pool was started")
+
+
+def test_one_job_runs_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sweep, "usable_cpus", lambda: 4)
+    monkeypatch.setattr(sweep, "ProcessPoolExecutor", NoPool)
+    scenario = sc.with_overrides(sc.builtin("steady"), {"arrivals.total": 100})
+    result = run_sweep(scenario, [parse_axis("instances=1,2")], repeat=2, jobs=1)
+    assert [point.seeds for point in result.points] == [(1, 2), (1, 2)]
+
+
+def test_a_single_run_needs_no_process_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sweep, "usable_cpus", lambda: 4)
+    monkeypatch.setattr(sweep, "ProcessPoolExecutor", NoPool)
+    scenario = sc.with_overrides(sc.builtin("steady"), {"arrivals.total": 100})
+    (point,) = run_sweep(scenario, [parse_axis("instances=2")], jobs=None).points
+    assert point.figures["offered"].mean == 100
+    with pytest.raises(AssertionError, match="a process pool was started"):
+        run_sweep(scenario, [parse_axis("instances=2")], repeat=2, jobs=None)
 
 
 def test_a_point_that_is_not_a_valid_scenario_is_refused_before_any_run() -> None:

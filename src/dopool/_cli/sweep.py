@@ -67,7 +67,8 @@ def sweep_options(function: Callable[..., Any]) -> Callable[..., Any]:
             type=click.IntRange(min=1),
             default=None,
             metavar="N",
-            help="run a sweep in N processes (the output does not depend on N) [1]",
+            help="run a sweep in N processes (the output does not depend on N) "
+            "[the number of CPUs this process may use]",
         ),
         click.option(
             "--sweep-figures",
@@ -137,7 +138,7 @@ def run_sweep_command(
     started = time.perf_counter()
     with _progress(quiet) as progress:
         result = run_sweep(
-            chosen, axes, repeat=repeat, jobs=flags.jobs or 1, store=store_path, progress=progress
+            chosen, axes, repeat=repeat, jobs=flags.jobs, store=store_path, progress=progress
         )
     elapsed = time.perf_counter() - started
     for name in [*names, plot_name] if plot_path is not None else names:

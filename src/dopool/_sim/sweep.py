@@ -6,8 +6,9 @@ point: ``seed, seed + 1, ..., seed + repeat - 1`` where ``seed`` is the point's
 own (the scenario's, unless ``seed`` itself is swept). Every point uses the same
 seeds, so two designs meet the same arrivals and draws and their difference is
 not noise of the draws. Each run is :func:`dopool._sim.driver.run` in a process
-of its own when ``jobs > 1``; the outcomes are put back in grid order, so the
-result is the same whatever ``jobs`` is.
+of its own when ``jobs > 1`` (the command line's default is :func:`usable_cpus`);
+the outcomes are put back in grid order, so the result is the same whatever
+``jobs`` is.
 
 Each figure of :func:`dopool._sim.figures.figures` is summed up over a point's
 seeds as an :class:`Estimate`: the mean and the half-width of its 95%
@@ -339,18 +340,22 @@ def run_sweep(
     axes: Sequence[Axis],
     *,
     repeat: int = 1,
-    jobs: int = 1,
+    jobs: int | None = 1,
     store: str | os.PathLike[str] | None = None,
     progress: Progress | None = None,
 ) -> SweepResult:
     """Run every point of the grid ``repeat`` times; each run stands alone.
 
-    With ``store``, each run keeps its store in
+    ``jobs`` runs at a time, each in a worker process (None: one per CPU this process
+    may use, :func:`usable_cpus`); with ``jobs = 1``, or a single run, every run is
+    made in this process. With ``store``, each run keeps its store in
     ``<store>/<field>=<value>[,<field>=<value>...]/seed=<seed>``.
     Every point's scenario is built (and checked) before the first run.
     """
     axes = tuple(axes)
     check_axes(axes, repeat)
+    if jobs is None:
+        jobs = usable_cpus()
     if jobs < 1:
         raise SweepError(f"--jobs must be >= 1, got {jobs}")
     plans: list[tuple[int, int, Scenario, str | None]] = []  # (point, seed, scenario, store)
@@ -398,10 +403,22 @@ def _point(values: tuple[Any, ...], runs: list[tuple[int, Outcome]]) -> Point:
     )
 
 
+def usable_cpus() -> int:
+    """How many CPUs this process may run on: its affinity mask where the system keeps
+    one (``taskset`` or a container may allow fewer than the machine has), else the
+    machine's count, else 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 def _execute(
     work: list[tuple[Scenario, str | None]], jobs: int, progress: Progress | None
 ) -> list[Outcome]:
-    """Every run's outcome, in the order of ``work``, whatever order they finish in."""
+    """Every run's outcome, in the order of ``work``, whatever order they finish in.
+
+    One job, or one run, needs no worker: it runs here, without a process pool's start.
+    """
     total = len(work)
     if progress is not None:
         progress(0, total)
