@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import suppress
 from functools import partial
 from typing import Any, cast
 
@@ -141,10 +142,9 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             started = self._memory.take_handed_off()
             if started is None:
                 return
-            try:
+            # A crash leaves the attempt started: the next open's recovery settles it.
+            with suppress(Crash):
                 self._execute_attempts(started)
-            except Crash:
-                pass  # the attempt stays started: the next open's recovery settles it
 
     def _may_continue(self) -> bool:
         """Whether due work may start in this message: nothing else is waiting for us.
