@@ -23,8 +23,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dopool._commit import GroupCommit, OwnCommit
 from dopool._errors import StorageError
-from dopool._storage import Store, Txn, _GroupCommit, _OwnCommit
+from dopool._storage import Store, Txn
 
 pytestmark = pytest.mark.threaded
 
@@ -84,7 +85,7 @@ def in_thread(store: Store, body: Callable[[Txn], Any]) -> Future[Any]:
 def wait_queued(store: Store, count: int) -> None:
     """Wait until ``count`` writers wait behind the group being committed."""
     group = store._group
-    assert isinstance(group, _GroupCommit)
+    assert isinstance(group, GroupCommit)
     deadline = time.monotonic() + TIMEOUT
     with group._cond:
         while len(group._queue) < count:
@@ -527,7 +528,7 @@ class _Waiters(deque[Any]):
 def test_async_writers_take_turns_in_arrival_order(async_store: Store) -> None:
     """A writer that just committed cannot take the writer lock again past one that waits."""
     own = async_store._group
-    assert isinstance(own, _OwnCommit)
+    assert isinstance(own, OwnCommit)
     waiters = own._turn._waiters = _Waiters()
     gate = Gate()
     rounds = 50

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pykka
@@ -67,7 +68,7 @@ class Mailbox:
     def reply(self) -> Reply:
         """A reply for a call to this actor, to send with the call and wait on."""
         latch = self._latch
-        return Reply() if latch is None else Reply(latch(self._answer))
+        return Reply(None if latch is None else partial(latch, self._answer))
 
     @property
     def closed(self) -> bool:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
+from dopool._backend import closed_lock
 from dopool._layout import Meta, OutboxRecord
 
 if TYPE_CHECKING:
@@ -21,19 +23,19 @@ class Reply:
     """The answer to one call: given once by the instance, awaited by the caller.
 
     pykka's ``ThreadingFuture`` does this with a queue and three conditions; a
-    call on the enqueue path needs only one lock, taken at creation and
-    released by the answer. ``latch`` replaces that lock with the clock
-    backend's (:meth:`dopool._backend.Backend.latch`): under greenlets, waiting
-    for the answer runs the actors instead of blocking the thread.
+    call on the enqueue path needs at most one latch, made only when a caller
+    must wait for an answer not given yet (most are answered before anyone
+    asks), and released by the answer. ``waiter`` makes that latch: the clock
+    backend's (:meth:`dopool._backend.Backend.waiter`), so that under greenlets
+    waiting for the answer runs the actors instead of blocking the thread; by
+    default a held lock.
     """
 
-    __slots__ = ("_answered", "_error", "_ready", "_value")
+    __slots__ = ("_answered", "_error", "_ready", "_value", "_waiter")
 
-    def __init__(self, latch: Latch | None = None) -> None:
-        if latch is None:
-            latch = threading.Lock()
-            latch.acquire()
-        self._ready: Latch = latch
+    def __init__(self, waiter: Callable[[], Latch] | None = None) -> None:
+        self._waiter = waiter
+        self._ready: Latch | None = None  # the latch a waiter waits on, once one must
         self._answered = False
         self._value: Any = None
         self._error: BaseException | None = None
@@ -56,9 +58,11 @@ class Reply:
         with _ANSWERING:
             if self._answered:
                 return False
+            self._value, self._error = value, error
             self._answered = True
-        self._value, self._error = value, error
-        self._ready.release()
+            ready = self._ready
+        if ready is not None:
+            ready.release()
         return True
 
     def get(self, timeout: float | None = None) -> Any:
@@ -67,12 +71,22 @@ class Reply:
         Raises:
             TimeoutError: no answer within ``timeout`` seconds.
         """
-        if not self._ready.acquire(timeout=-1 if timeout is None else timeout):
-            raise TimeoutError("the call has not been answered yet")
-        self._ready.release()  # so that a later get() sees the answer at once
+        if not self._answered:
+            with _ANSWERING:  # the answer comes before this, or finds the latch made
+                ready = None if self._answered else self._ready or self._make_latch()
+            if ready is not None:
+                if not ready.acquire(timeout=-1 if timeout is None else timeout):
+                    raise TimeoutError("the call has not been answered yet")
+                ready.release()  # so that a later get() sees the answer at once
         if self._error is not None:
             raise self._error
         return self._value
+
+    def _make_latch(self) -> Latch:
+        waiter = self._waiter
+        latch = closed_lock() if waiter is None else waiter()
+        self._ready = latch
+        return latch
 
 
 class Item(NamedTuple):

@@ -65,6 +65,17 @@ def committed(runtime: Runtime) -> AbstractContextManager[Txn]:
     return _readers[runtime]()
 
 
+def submitter(pool: WorkerPool) -> Callable[[Any, str | None], tuple[int, Reply]]:
+    """:func:`submit` for ``pool``, looked up once: ``submitter(pool)(event, partition_key)``
+    (a simulator submits every arrival)."""
+    prepare, instances = _prepares[pool], _instances[pool]
+
+    def submit_to_pool(event: Any, partition_key: str | None) -> tuple[int, Reply]:
+        return instances.submit(prepare(event, partition_key, 0), partition_key)
+
+    return submit_to_pool
+
+
 def submit(pool: WorkerPool, event: Any, partition_key: str | None) -> tuple[int, Reply]:
     """Send one event to the instance ``partition_key`` routes it to, checked and encoded
     as ``pool.enqueue`` does (the pool's schema included).

@@ -94,8 +94,10 @@ class Runtime:
         # seed=None means "not reproducible": draw one, so jitter still varies run to run.
         self.seed = secrets.randbits(64) if seed is None else seed
         self.durability = durability
-        waiter = self.clock.backend.waiter("the store")  # a writer waiting for another
-        self._store = Store(path, durability=durability, latch=waiter)
+        backend = self.clock.backend
+        waiter = backend.waiter("the store")  # a writer waiting for another
+        one_thread = backend.runner is not None
+        self._store = Store(path, durability=durability, latch=waiter, one_thread=one_thread)
         self.path = self._store.path
         self._lock = threading.RLock()
         self._emit_lock = threading.Lock()

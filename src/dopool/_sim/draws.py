@@ -29,11 +29,13 @@ class Draws(random.Random):
     _state: int
 
     def __init__(self, name: str) -> None:
-        super().__init__(name)
+        # What random.Random.__init__ does, without the call to seed(): one stream
+        # is made per attempt.
+        self._state = _digest(name)
+        self.gauss_next = None
 
     def seed(self, a: Any = None, version: int = 2) -> None:
-        digest = hashlib.blake2b(str(a).encode(), digest_size=8).digest()
-        self._state = int.from_bytes(digest, "little")
+        self._state = _digest(str(a))
 
     def random(self) -> float:
         state = self._state = (self._state + _GOLDEN) & _MASK
@@ -56,6 +58,10 @@ class Draws(random.Random):
 
     def setstate(self, state: Any) -> None:
         (self._state,) = state
+
+
+def _digest(name: str) -> int:
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
 
 
 def attempt_draws(seed: int, identity: object, attempt: int) -> Draws:

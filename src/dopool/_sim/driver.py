@@ -165,6 +165,11 @@ def _run(
         padding = b"\0" * scenario.payload_bytes if app else b""
         paddings = {design.name: b"\0" * design.payload_bytes for design in scenario.resolved_pools}
         upcoming = iter(schedule)
+        # Each sends one event to its instance without waiting, and returns the instance's
+        # index and its reply: at the end of a run cut short by ``duration`` an instance
+        # may still be inside a handler with the enqueue queued behind it, and the reply
+        # lets :mod:`dopool._sim.measure` look without waiting.
+        submitters = {name: _ports.submitter(pool) for name, pool in pools.items()}
 
         def arrive(arrival: Arrival) -> None:
             # One arrival per callback, and it schedules the next: the heap stays small.
@@ -176,7 +181,7 @@ def _run(
                 event = make_event(arrival, paddings.get(arrival.pool, padding))
             place = None if tracer is None else tracer.arriving(arrival)
             try:
-                index, reply = _submit(pools[arrival.pool], event, arrival.partition_key)
+                index, reply = submitters[arrival.pool](event, arrival.partition_key)
             except (EventValidationError, EventTooLargeError) as exc:
                 if app is None:
                     raise
@@ -296,17 +301,6 @@ def _app_event(app: App, seed: int, arrival: Arrival) -> Any:
         raise AppError(
             app.spec, f"payload {arrival.payload!r} raised {type(exc).__name__}: {exc}"
         ) from exc
-
-
-def _submit(pool: WorkerPool, event: Any, partition_key: str | None) -> tuple[int, Reply]:
-    """Send one event to its instance without waiting; returns the instance's index and
-    its reply.
-
-    At the end of a run cut short by ``duration`` an instance may still be inside
-    a handler with the enqueue queued behind it, so nothing here waits: the
-    reply lets :mod:`dopool._sim.measure` look without waiting.
-    """
-    return _ports.submit(pool, event, partition_key)
 
 
 def _processed(collectors: dict[str, Collector]) -> int:
