@@ -1,10 +1,10 @@
 """Options shared by the test and chaos suites: which backend a simulated clock uses.
 
-``pytest --sim-backend=greenlet`` runs every test on simulated clocks whose actors
-are greenlets on the driving thread (docs/design.md, "Actors as greenlets"); it sets
-``DOPOOL_SIM_BACKEND``, which a ``SimulatedClock`` made without a backend reads.
-Tests marked ``sim_threads`` need one OS thread per actor (they call the runtime
-from other threads, or block a handler on something real) and are skipped then.
+A ``SimulatedClock`` made without a backend runs its actors as greenlets on the
+driving thread (docs/design.md, "Actors as greenlets"). ``pytest
+--sim-backend=threads`` runs every test on clocks with one OS thread per actor
+instead; it sets ``DOPOOL_SIM_BACKEND``, which such a clock reads. Tests that need
+one backend (they call the runtime from other threads, say) make their clock with it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=("threads", "greenlet"),
         default=None,
         help="the simulated clock's backend for every test (default: $DOPOOL_SIM_BACKEND, "
-        "else threads)",
+        "else greenlet)",
     )
 
 
@@ -33,13 +33,4 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    return f"simulated clock backend: {os.environ.get(BACKEND_VARIABLE) or 'threads'}"
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get(BACKEND_VARIABLE) != "greenlet":
-        return
-    skip = pytest.mark.skip(reason="needs the simulated clock's threads backend")
-    for item in items:
-        if item.get_closest_marker("sim_threads") is not None:
-            item.add_marker(skip)
+    return f"simulated clock backend: {os.environ.get(BACKEND_VARIABLE) or 'greenlet'}"

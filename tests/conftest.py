@@ -39,9 +39,10 @@ def store_path(tmp_path: Path) -> Path:
     return tmp_path / "store"
 
 
-@pytest.fixture
-def sim(store_path: Path) -> Iterator[Runtime]:
-    """A runtime on a SimulatedClock at t=0 with seed 0, closed after the test."""
-    runtime = Runtime.simulated(store_path, seed=0)
+@pytest.fixture(params=["greenlet", "threads"])
+def sim(store_path: Path, request: pytest.FixtureRequest) -> Iterator[Runtime]:
+    """A runtime on a SimulatedClock at t=0 with seed 0, closed after the test: once
+    with each backend (its actors greenlets on this thread, or a thread each)."""
+    runtime = Runtime.simulated(store_path, seed=0, backend=request.param)
     yield runtime
     runtime.close()

@@ -244,8 +244,9 @@ def test_deliveries_and_alarms_share_one_order(
     assert fired == [(0.0, "p", 0), (0.0, "delivery", 1), (0.0, "p", 2)]
 
 
-@pytest.mark.sim_threads
-def test_sleep_blocks_a_handler_until_virtual_time_reaches_it(clock: SimulatedClock) -> None:
+def test_sleep_blocks_a_handler_until_virtual_time_reaches_it() -> None:
+    """On a handler's own thread (tests/test_green.py: the same on one thread)."""
+    clock = SimulatedClock(backend="threads")
     woke: list[float] = []
     clock.advance(1)
     clock.activity.sent("worker")

@@ -28,19 +28,19 @@ def green_clock() -> tuple[SimulatedClock, Scheduler]:
 # -- choosing the backend ----------------------------------------------------------
 
 
-def test_the_backend_is_threads_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_backend_is_greenlet_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DOPOOL_SIM_BACKEND", raising=False)
-    assert SimulatedClock().backend.name == "threads"
-    assert SimulatedClock(backend="greenlet").backend.name == "greenlet"
-    monkeypatch.setenv("DOPOOL_SIM_BACKEND", "greenlet")
     assert SimulatedClock().backend.name == "greenlet"
     assert SimulatedClock(backend="threads").backend.name == "threads"
-    monkeypatch.setenv("DOPOOL_SIM_BACKEND", "")
+    monkeypatch.setenv("DOPOOL_SIM_BACKEND", "threads")
     assert SimulatedClock().backend.name == "threads"
+    assert SimulatedClock(backend="greenlet").backend.name == "greenlet"
+    monkeypatch.setenv("DOPOOL_SIM_BACKEND", "")
+    assert SimulatedClock().backend.name == "greenlet"
 
 
 def test_an_unknown_backend_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ValueError, match="backend must be one of threads, greenlet"):
+    with pytest.raises(ValueError, match="backend must be one of greenlet, threads"):
         SimulatedClock(backend="fibres")
     monkeypatch.setenv("DOPOOL_SIM_BACKEND", "fibres")
     with pytest.raises(ValueError, match="'fibres'"):

@@ -260,22 +260,23 @@ def test_nothing_runs_until_the_clock_is_driven(sim: Runtime) -> None:
     assert pool.status().succeeded == 1
 
 
-@pytest.mark.sim_threads  # the handler blocks on a real event
-def test_join_timeout_is_wall_clock_under_the_simulated_clock(sim: Runtime) -> None:
+def test_join_timeout_is_wall_clock_under_the_simulated_clock(tmp_path: Path) -> None:
+    """The handler blocks on a real event, so the clock has a thread per actor."""
     running, release = threading.Event(), threading.Event()
 
     def blocked(_ctx: EventContext) -> None:
         running.set()
         assert release.wait(10)  # blocks on a real event, not on virtual time
 
-    pool = sim.define("p", execute=blocked)
-    pool.enqueue("x")
+    with Runtime.simulated(tmp_path / "store", seed=0, backend="threads") as sim:
+        pool = sim.define("p", execute=blocked)
+        pool.enqueue("x")
 
-    assert not pool.join(timeout=0.05)
-    assert running.is_set()
-    release.set()
-    assert pool.join(timeout=10)
-    assert pool.status().succeeded == 1
+        assert not pool.join(timeout=0.05)
+        assert running.is_set()
+        release.set()
+        assert pool.join(timeout=10)
+        assert pool.status().succeeded == 1
 
 
 # -- handler outcomes --------------------------------------------------------------

@@ -180,16 +180,17 @@ def test_a_loop_whose_recoveries_commit_still_backs_off_and_a_success_ends_it(
     assert kinds(seen, "succeeded") == [(8, 15.0)]
 
 
-@pytest.mark.sim_threads  # defines from another thread (tests/test_green.py: on one thread)
 def test_define_returns_when_the_first_recovery_loops_and_leaves_it_to_the_backoff(
     tmp_path: Path,
 ) -> None:
     """Under a simulated clock nobody drives while ``define`` waits: it must not wait.
 
-    The plan fails nearly every write (each recovery's, first of all).
+    The plan fails nearly every write (each recovery's, first of all). ``define`` is
+    called from another thread, so the clock has one per actor (tests/test_green.py:
+    the same on one thread).
     """
     plan = FaultPlan(seed=0, storage_error=0.99)
-    runtime = Runtime.simulated(tmp_path / "store", seed=0, faults=plan)
+    runtime = Runtime.simulated(tmp_path / "store", seed=0, faults=plan, backend="threads")
     assert isinstance(runtime.clock, SimulatedClock)
     clock = runtime.clock
     seen: list[PoolEvent] = []

@@ -24,9 +24,9 @@ from dopool._errors import SimulationStalledError
 from dopool._green import GreenletBackend
 
 #: The environment variable that picks a simulated clock's backend when none is
-#: given: ``threads`` (the default) or ``greenlet``. Read here only.
+#: given: ``greenlet`` (the default) or ``threads``. Read here only.
 BACKEND_VARIABLE = "DOPOOL_SIM_BACKEND"
-BACKENDS = ("threads", "greenlet")
+BACKENDS = ("greenlet", "threads")
 
 
 class AlarmTarget(Protocol):
@@ -217,10 +217,12 @@ class SimulatedClock(Clock):
     orders_calls = True
 
     def __init__(self, start: float = 0.0, *, backend: str | None = None) -> None:
-        """``backend``: ``"threads"`` (an OS thread per actor) or ``"greenlet"`` (every
-        actor a greenlet on the driving thread); None reads ``$DOPOOL_SIM_BACKEND``,
-        and ``"threads"`` if that is unset or empty."""
-        name = backend or os.environ.get(BACKEND_VARIABLE) or "threads"
+        """``backend``: ``"greenlet"`` (every actor a greenlet on the driving thread,
+        the default: docs/design.md, "Actors as greenlets") or ``"threads"`` (an OS
+        thread per actor, for a runtime called from several threads, or handlers
+        that block on something real); None reads ``$DOPOOL_SIM_BACKEND``, and
+        ``"greenlet"`` if that is unset or empty."""
+        name = backend or os.environ.get(BACKEND_VARIABLE) or "greenlet"
         if name not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {name!r}")
         green = GreenletBackend() if name == "greenlet" else None
@@ -429,9 +431,3 @@ class SimulatedClock(Clock):
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not self.activity.wait_quiet(timeout):
             raise TimeoutError("the system did not become quiescent in time")
-
-
-def tool_clock(start: float = 0.0) -> SimulatedClock:
-    """The clock of ``dopool simulate`` and ``dopool chaos``: greenlets, the faster
-    backend (the same runs, byte for byte), unless ``$DOPOOL_SIM_BACKEND`` picks one."""
-    return SimulatedClock(start, backend=os.environ.get(BACKEND_VARIABLE) or "greenlet")

@@ -50,7 +50,7 @@ from dopool._chaos.history import Ack, Call, Ev, Exec, History, Phase
 from dopool._chaos.result import Result
 from dopool._chaos.scenario import POOL, SECOND_POOL, Scenario, Step, generate
 from dopool._chaos.snapshot import InstanceSnapshot, read_store
-from dopool._clock import tool_clock
+from dopool._clock import SimulatedClock
 from dopool._invariants import link_violations, read_links
 
 JOIN_TIMEOUT = 60.0  # wall seconds; virtual time is free
@@ -88,7 +88,7 @@ class Runner(Calls):
         self.keep_log = keep_log
         self.history = History(sum(scenario.pools.values()), scenario.retry)
         self.model = Model(self.history)
-        self.clock = tool_clock()
+        self.clock = SimulatedClock()
         self.driver = ClockDriver(self.clock)
         self.runtime: Runtime | None = None
         self.pools: dict[str, WorkerPool] = {}

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dopool import _ports
-from dopool._clock import SimulatedClock, tool_clock
+from dopool._clock import SimulatedClock
 from dopool._errors import ConfigurationError, EventTooLargeError, EventValidationError
 from dopool._messages import Pause, Reply, Resume
 from dopool._pool import WorkerPool
@@ -140,7 +140,7 @@ def _run(
 ) -> Result:
     # First: a bad replay file fails before a store is made (an app's pools come later).
     schedule = arrivals(scenario) if scenario.app is None else None
-    clock = tool_clock()
+    clock = SimulatedClock()
     faults = None
     if scenario.faults.any:
         faults = FaultPlan(seed=scenario.seed, **asdict(scenario.faults))
