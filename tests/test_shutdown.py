@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from dopool import ConfigurationError, EventContext, PoolEvent, RetryPolicy, Runtime
+from dopool import (
+    ConfigurationError,
+    EventContext,
+    PoolEvent,
+    RetryPolicy,
+    Runtime,
+    SimulatedClock,
+)
 
 WAIT = 10.0
 
@@ -55,6 +62,43 @@ def test_close_from_an_instance_thread_is_refused_naming_the_instance(
     pool.enqueue("y")  # the runtime still works
     assert pool.join(timeout=WAIT)
     assert pool.status().dead_lettered == 2
+
+
+# -- what a closing runtime still does ------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["greenlet", "threads"])
+def test_a_closing_runtime_starts_nothing_for_an_alarm_queued_behind_a_handler(
+    store_path: Path, backend: str
+) -> None:
+    """The running handler finishes; the alarm waiting in the inbox starts nothing.
+
+    Found by ``dopool chaos --seed 1882``: the alarm started the next event during
+    close(), whose handler then met a closed runtime.
+    """
+    started: list[str] = []
+
+    def handler(ctx: EventContext) -> None:
+        started.append(ctx.event)
+        ctx.sleep(5)
+
+    runtime = Runtime.simulated(store_path, seed=0, backend=backend)
+    pool = runtime.define("p", execute=handler)
+    pool.enqueue("a")
+    pool.enqueue("b")
+    clock = runtime.clock
+    assert isinstance(clock, SimulatedClock)
+    clock.advance(0)  # "a" starts, and sleeps until t=5
+    assert started == ["a"]
+    pool._mailboxes[0].fire_alarm()  # an alarm now waits behind the sleeping handler
+    runtime.close()  # drives the clock until "a" finishes
+    assert started == ["a"]
+    with Runtime.simulated(store_path, seed=0, backend=backend) as again:
+        reopened = again.define("p", execute=handler)
+        status = reopened.status()
+        assert (status.succeeded, status.pending) == (1, 1)  # "b" waits, stored
+        assert reopened.join(timeout=WAIT)
+    assert started == ["a", "b"]
 
 
 # -- interpreter exit ------------------------------------------------------------------

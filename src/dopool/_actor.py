@@ -227,6 +227,10 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
 
     # -- processing ----------------------------------------------------------
     def _on_alarm(self, _message: Alarm) -> None:
+        if self._mailbox.closed:
+            # A closing runtime starts nothing more (docs/api.md, "runtime.close()"):
+            # the slot stays stored, and the next open re-arms it.
+            return
         now = self._clock.now()
         self._memory.told_alarm = None  # the clock consumed it
         effects = Effects()
