@@ -65,6 +65,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         InstanceShell.__init__(self, spec, index, env)  # first: the inbox is its clock's
         pykka.ThreadingActor.__init__(self)
         self._kill = kill  # this incarnation's: a successor gets a fresh one
+        self._inbox = cast(Inbox, self.actor_inbox)  # see _create_actor_inbox
         self._handlers: dict[type, Callable[[Any], None]] = {
             Enqueue: self._on_enqueue,
             Alarm: self._on_alarm,
@@ -153,14 +154,11 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         set due now, then queues behind it. A closing runtime starts nothing more.
         """
         return (
-            self._mailbox_empty()
+            self._inbox.empty()
             and not self._memory.turn.contended()
             and not self._kill.raised
             and not self._mailbox.closed
         )
-
-    def _mailbox_empty(self) -> bool:
-        return self.actor_inbox.empty()
 
     # -- crashes -------------------------------------------------------------
     def _on_kill(self, _message: Kill) -> None:
@@ -180,7 +178,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         supervisor = self._supervisor
         self._env.emit(self._machine.event("crashed", self._clock.now(), error=reason))
         self._memory.forget()
-        delay = supervisor.crashed(cast(Inbox, self.actor_inbox), message)
+        delay = supervisor.crashed(self._inbox, message)
         if delay is not None:
             streak = supervisor.crash_streak
             why = f"{streak} crashes in a row, the last: {reason}; restart in {delay:g} s"
@@ -208,22 +206,15 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         next. The actor is blocked in the commit meanwhile, so its inbox and
         taken list are not touched by its own thread.
         """
-        self._take_enqueues()
-        return self._may_continue()
-
-    def _take_enqueues(self) -> None:
-        """Take the enqueues waiting at the head of the inbox, to share one transaction.
-
-        Only a run of enqueues at the head is taken, so no message overtakes
-        another kind sent before it (a pause, say). The actor is the inbox's only
-        reader, so what it sees at the head is still there to take.
-        """
-        inbox = cast(Inbox, self.actor_inbox)  # see _create_actor_inbox
-        more = inbox.take_leading(Enqueue)
+        # Only a run of enqueues at the head of the inbox is taken, so no message
+        # overtakes another kind sent before it (a pause, say). The actor is the
+        # inbox's only reader, so what it sees at the head is still there to take.
+        more = self._inbox.take_leading(Enqueue)
         if more:
             self._taken.extend(more)
             # The message in hand keeps this actor counted busy.
             self._mailbox.finished(len(more))
+        return self._may_continue()
 
     # -- processing ----------------------------------------------------------
     def _on_alarm(self, _message: Alarm) -> None:

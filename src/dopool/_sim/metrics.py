@@ -99,10 +99,10 @@ class Collector:
             return
         kind = event.kind
         self.counts[kind] = self.counts.get(kind, 0) + 1
-        track = self.tracks[event.instance_index]
+        index = event.instance_index
+        track = self.tracks[index]
         time = event.time
         self.last_time = max(self.last_time, time)
-        index = event.instance_index
         sequence = event.sequence
         if kind == "enqueued":
             assert sequence is not None
@@ -129,7 +129,7 @@ class Collector:
             track.series.append((time, 0))
         elif kind == "alarm_given_up" and track.stalled is None:
             track.stalled = (time, track.depth)
-        if kind in _WAKING and track.stalled is not None:
+        if track.stalled is not None and kind in _WAKING:
             since, held = track.stalled
             self.stalls.append(Stall(self.pool, index, since, time, held))
             track.stalled = None
@@ -143,9 +143,9 @@ class Collector:
         ]
 
     def _depth(self, track: InstanceTrack, time: float, change: int) -> None:
-        track.depth += change
-        track.max_depth = max(track.max_depth, track.depth)
-        track.series.append((time, track.depth))
+        depth = track.depth = track.depth + change
+        track.max_depth = max(track.max_depth, depth)
+        track.series.append((time, depth))
 
     def _idle(self, track: InstanceTrack, time: float) -> None:
         if track.busy_since is not None:
