@@ -417,3 +417,41 @@ def test_a_writer_waiting_for_another_parks_rather_than_blocking_the_thread(
     with store.read() as txn:
         assert (txn.get(b"first"), txn.get(b"second")) == (b"1", b"2")
     store.close()
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_one_thread_store_refuses_a_second_writer_mid_transaction(
+    tmp_path: Path, durability: str
+) -> None:
+    """A greenlet runtime's store takes no turns (SoleCommit): a writer that found
+    another's transaction open (a body that parked) gets an error, not a wait on
+    LMDB's writer lock, which the thread itself holds."""
+    from dopool._storage import Store
+
+    _, scheduler = green_clock()
+    store = Store(tmp_path / "s", durability=durability, one_thread=True)
+    go = scheduler.latch("go")
+    done: list[str] = []
+
+    def first(txn: Any) -> None:
+        txn.put(b"first", b"1")
+        go.acquire()  # parks inside its transaction
+
+    def writer(name: str, body: Any) -> None:
+        try:
+            store.transact(body)
+        except RuntimeError as exc:
+            done.append(f"{name}: {exc}")
+        else:
+            done.append(name)
+
+    scheduler.spawn(lambda: writer("first", first), "first")
+    scheduler.spawn(lambda: writer("second", lambda txn: txn.put(b"second", b"2")), "second")
+    scheduler.drive(None, "the writers")
+    assert done == ["second: a write transaction is already open on this thread"]
+    go.release()
+    scheduler.drive(None, "the writers")
+    assert done[1:] == ["first"]
+    with store.read() as txn:
+        assert (txn.get(b"first"), txn.get(b"second")) == (b"1", None)
+    store.close()
