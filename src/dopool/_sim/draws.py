@@ -28,10 +28,12 @@ class Draws(random.Random):
 
     _state: int
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str | int) -> None:
+        """``name``: a string (hashed), or a 64-bit state to start from (see
+        :func:`attempt_draws`)."""
         # What random.Random.__init__ does, without the call to seed(): one stream
         # is made per attempt.
-        self._state = _digest(name)
+        self._state = name & _MASK if type(name) is int else _digest(str(name))
         self.gauss_next = None
 
     def seed(self, a: Any = None, version: int = 2) -> None:
@@ -65,5 +67,18 @@ def _digest(name: str) -> int:
 
 
 def attempt_draws(seed: int, identity: object, attempt: int) -> Draws:
-    """The stream an attempt of event ``identity`` draws its service time and failure from."""
+    """The stream an attempt of event ``identity`` draws its service time and failure from.
+
+    An arrival's identity is its number: the stream then starts from a state made of
+    the three numbers with odd 64-bit multipliers (as Java's ``SplittableRandom``
+    derives its seeds), which SplitMix64's output function scrambles; no string is
+    made or hashed. A follow-up's identity is a string, hashed with the rest.
+    """
+    if type(identity) is int and type(seed) is int:
+        return Draws(seed * _SEED_MIX + identity * _ID_MIX + attempt * _GOLDEN)
     return Draws(f"{seed}/{identity}/{attempt}")
+
+
+# Odd 64-bit multipliers for attempt_draws: MurmurHash3's and SplitMix64's constants.
+_SEED_MIX = 0xFF51AFD7ED558CCD
+_ID_MIX = 0xC4CEB9FE1A85EC53
