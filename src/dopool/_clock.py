@@ -235,7 +235,7 @@ class SimulatedClock(Clock):
         self._slots: dict[int, int] = {}
         self._tickets = itertools.count()
         self._driver = threading.Lock()
-        self._driving = False  # held by whoever drives the clock
+        self._driving = False  # True while someone drives the clock
         self._run_tasks: Callable[[Callable[[], bool] | None, object], bool] | None = None
         self._runnable: Sized = ()
         self._check_thread: Callable[[], None] | None = None
