@@ -25,13 +25,17 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 @pytest.fixture(autouse=True)
 def _stop_stray_actors() -> Iterator[None]:
-    """Fail loudly rather than leak threads if a test forgets to close its runtime."""
+    """Fail the test that leaves actors running (it forgot to close a runtime), after
+    stopping them, so that they cannot leak into later tests."""
     yield
+    stray = [ref.actor_class.__name__ for ref in pykka.ActorRegistry.get_all()]
     try:
         pykka.ActorRegistry.stop_all()
     finally:  # one that cannot stop (a failed test's) must not fail every later test
         for ref in pykka.ActorRegistry.get_all():
             pykka.ActorRegistry.unregister(ref)
+    if stray:
+        pytest.fail(f"the test left {len(stray)} actor(s) running: {', '.join(stray)}")
 
 
 @pytest.fixture
