@@ -12,15 +12,18 @@ from hypothesis import HealthCheck, settings
 
 from dopool import Runtime
 
-settings.register_profile(
-    "ci",
-    derandomize=True,
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+# "fixed" (the default): the same examples every run, so a local run repeats. "explore":
+# new examples every run, from a seed that pytest's header prints (the repository's
+# conftest.py); .ci/run uses it, and a failure prints the blob that replays its example.
+for _name, _derandomize in (("fixed", True), ("explore", False)):
+    settings.register_profile(
+        _name,
+        derandomize=_derandomize,
+        deadline=None,
+        print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
 
 @pytest.fixture(autouse=True)
