@@ -77,6 +77,29 @@ def test_the_record_benchmark_times_both_encodings(capsys: pytest.CaptureFixture
     assert "of 50 µs per event" in out
 
 
+def test_the_peers_run_beside_dopool_in_the_end_to_end_scenario(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SqliteHuey (with and without fsync) and persist-queue, from the dev extra, run the
+    same end-to-end events as dopool; the targets compare them in the same run."""
+    report = tmp_path / "bench.json"
+    status = main(["--quick", "--only", "e2e", "--dir", str(tmp_path), "--json", str(report)])
+    assert status == 0, capsys.readouterr().out
+    document = json.loads(report.read_text(encoding="utf-8"))
+    assert not document["failures"]
+    assert not document["skipped"]
+    systems = {f["system"] for f in document["figures"] if f["scenario"] == "e2e"}
+    assert {"SqliteHuey fsync", "SqliteHuey no fsync", "persist-queue ack"} <= systems
+    assert {"dopool sync", "dopool async"} <= systems
+    compared = {t["label"]: t["value"] for t in document["targets"] if t["name"] in ("T1", "T2")}
+    assert set(compared) == {
+        "dopool sync e2e / SqliteHuey fsync e2e",
+        "dopool sync e2e / persist-queue ack e2e",
+        "dopool async e2e / SqliteHuey no fsync e2e",
+    }
+    assert all(value is not None and value > 0 for value in compared.values())
+
+
 def test_the_e2e_case_runs_alone(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert e2e.main(["async", "--events", "200", "--dir", str(tmp_path)]) == 0
     assert "events/s" in capsys.readouterr().out
