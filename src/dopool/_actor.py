@@ -66,6 +66,8 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         pykka.ThreadingActor.__init__(self)
         self._kill = kill  # this incarnation's: a successor gets a fresh one
         self._inbox = cast(Inbox, self.actor_inbox)  # see _create_actor_inbox
+        # ``ctx.sleep``: the clock's sleep, counted against this instance.
+        self._sleep_in_handler = partial(self._clock.sleep, key=self._mailbox.key)
         self._handlers: dict[type, Callable[[Any], None]] = {
             Enqueue: self._on_enqueue,
             Alarm: self._on_alarm,
@@ -273,7 +275,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             partition_key=record.partition_key,
             priority=record.priority,
             _prepare=self._spec.prepare,
-            _sleep=self._sleep,
+            _sleep=self._sleep_in_handler,
             _target=self._resolve,
         )
         if failure is None:
@@ -304,9 +306,6 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         meta, started = self._transact(body)
         self._publish(meta, effects)
         return started
-
-    def _sleep(self, seconds: float) -> None:
-        self._clock.sleep(seconds, self._mailbox.key)
 
     # -- recovery ------------------------------------------------------------
     def _on_recover(self, message: Recover) -> None:

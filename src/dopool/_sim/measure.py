@@ -99,7 +99,10 @@ def measure(
         collector, status = collectors[name], statuses[name]
         arrived = answers.arrived_at.get(name, {})
         handed = partial(_handed, name, arrived=arrived, collectors=collectors, lineage=lineage)
-        mine = [collector.succeeded_at[key] - handed(key) for key in collector.succeeded_at]
+        mine = [  # an arrival's own time first: most events are arrivals
+            at - (arrived[key] if key in arrived else handed(key))
+            for key, at in collector.succeeded_at.items()
+        ]
         latencies.extend(mine)
         waits.extend(
             collector.enqueued_at[key] - at

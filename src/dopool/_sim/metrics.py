@@ -108,7 +108,9 @@ class Collector:
             assert sequence is not None
             self.enqueued_at[(index, sequence)] = time
             track.queue.append(sequence)
-            self._depth(track, time, +1)
+            depth = track.depth = track.depth + 1  # _depth(track, time, +1), inline: hot
+            track.max_depth = max(track.max_depth, depth)
+            track.series.append((time, depth))
         elif kind == "started":
             assert sequence is not None
             self._started(index, track, sequence, time)
