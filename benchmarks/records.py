@@ -39,7 +39,7 @@ from dopool._layout import (
 )
 
 _NS = Namespace("bench", 3)
-_EVENT_KEY = _NS.queue_key(0, 123_456)
+_EVENT_KEY = _NS.queue_key(0, 123_456, 1_700_000_000.5)
 _META_KEY = _NS.meta_key
 _EVENT = EventRecord(pack({"id": 123_456, "payload": "x" * 100}), 1_700_000_000.5, "user-42", 0)
 _META = Meta(

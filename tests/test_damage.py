@@ -113,7 +113,7 @@ def test_a_stored_event_that_does_not_decode_is_dead_lettered_without_running(
     paused_pool_with(store_path, ["first", "second"])
     ns = Namespace("p", 0)
     with raw_store(store_path) as txn:
-        key = ns.queue_key(0, 0)
+        key = ns.queue_key(0, 0, 0.0)
         record = EventRecord(UNDECODABLE, 1.0, None, 0)
         txn.put(key, seal_event(key, record))  # as another version might have stored it
     handler = Seen()
@@ -143,7 +143,7 @@ def test_a_damaged_pending_event_is_dead_lettered_as_damaged_and_never_run(
     store_path: Path, position: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     paused_pool_with(store_path, [{"n": 0}, {"n": 1}, {"n": 2}])
-    key = Namespace("p", 0).queue_key(0, 1)
+    key = Namespace("p", 0).queue_key(0, 1, 0.0)
     with raw_store(store_path) as txn:
         original = txn.get(key)
         txn.put(key, flip(original, position))
@@ -176,7 +176,7 @@ def test_a_damaged_event_in_backoff_is_dead_lettered_at_its_retry(store_path: Pa
         pool.enqueue("flaky")
         runtime.clock.run_until(0.5)  # type: ignore[attr-defined]
         assert pool.status().instances[0].state == "backoff"
-    key = Namespace("p", 0).queue_key(0, 0)
+    key = Namespace("p", 0).queue_key(0, 0, 0.0)
     with raw_store(store_path) as txn:
         txn.put(key, flip(txn.get(key)))
     runtime = Runtime(store_path, clock=SimulatedClock(0.5), seed=0)

@@ -1,5 +1,5 @@
-"""The store format: its version record, its pinned layout, the migration of format 1,
-and stores that are refused."""
+"""The store format: its version record, its pinned layout, the migrations of formats 1
+and 2, and stores that are refused."""
 
 from __future__ import annotations
 
@@ -20,15 +20,19 @@ from dopool import (
 from dopool._check import check_store
 from dopool._layout import (
     FORMAT_VERSION,
+    MIGRATED_DUE,
     DeadRecord,
     EventRecord,
     Meta,
     Namespace,
     OutboxRecord,
+    pack,
     read_outbox,
     seal,
+    seal_event,
     seal_format,
     seal_outbox,
+    seal_pool,
 )
 from dopool._layout import migrate as migration
 from dopool._sim.storeview import open_view
@@ -37,7 +41,15 @@ from dopool._storage import Store
 FIXTURES = Path(__file__).parent / "fixtures"
 FIXTURE_1 = FIXTURES / "store-v1"  # format 1, written at commit 837caa8 (make_store.py then)
 FIXTURE_1_OUTBOX = FIXTURES / "store-v1-outbox"  # format 1, make_store_v1_outbox.py
-FIXTURE_2 = FIXTURES / "store-v2"  # format 2, make_store.py
+FIXTURE_2 = FIXTURES / "store-v2"  # format 2, written at commit c2aca5a (make_store.py then)
+FIXTURE_3 = FIXTURES / "store-v3"  # format 3, make_store.py
+# The events the fixtures of formats 1 and 2 (and format 3, at 1000.0) hold pending.
+ID_5 = EventRecord(b"\x82\xa2id\x05\xa4tags\x92\xa1x\xa1y", 1000.0, "bob", 9)
+ID_3 = EventRecord(b"\x82\xa2id\x03\xa4blob\xc4\x02\x00\xff", 1000.0, "alice", 0)
+ID_4 = EventRecord(b"\x81\xa2id\x04", 1000.0, "alice", -2)
+POISON = DeadRecord(
+    b"\x82\xa2id\x02\xa6poison\xc3", "PermanentError: poisoned", 1, 1000.0, 1000.0, "bob", 3, False
+)
 
 
 def copy(fixture: Path, tmp_path: Path) -> Path:
@@ -56,16 +68,16 @@ def records(path: Path) -> dict[bytes, bytes]:
 
 
 def test_the_fixture_of_this_format_is_the_current_version() -> None:
-    assert FORMAT_VERSION == 2
-    assert records(FIXTURE_2)[b"F"] == seal_format(b"F")
+    assert FORMAT_VERSION == 3
+    assert records(FIXTURE_3)[b"F"] == seal_format(b"F")
 
 
-# -- the committed store of format 2 ----------------------------------------------------
+# -- the committed store of format 3 ----------------------------------------------------
 
 
-def test_the_format_2_fixture_decodes_to_exactly_what_was_written(tmp_path: Path) -> None:
-    """A change of layout that misreads stores of format 2 fails here."""
-    store = Store(copy(FIXTURE_2, tmp_path))
+def test_the_format_3_fixture_decodes_to_exactly_what_was_written(tmp_path: Path) -> None:
+    """A change of layout that misreads stores of format 3 fails here."""
+    store = Store(copy(FIXTURE_3, tmp_path))
     try:
         with store.read() as txn:
             zero, one, invoices = (
@@ -74,6 +86,119 @@ def test_the_format_2_fixture_decodes_to_exactly_what_was_written(tmp_path: Path
                 Namespace("invoices", 0),
             )
             assert (store.get_pool(txn, "orders"), store.get_pool(txn, "invoices")) == (2, 1)
+            assert zero.load_meta(txn) == Meta(
+                tail=5,
+                pending=2,
+                enqueued=5,
+                succeeded=2,
+                dead_lettered=1,
+                paused=True,
+                outbox_next=1,
+                held_dead_letters=1,
+                priorities={9: 1},
+                links={"orders:1": 1},
+                scheduled=1,
+                next_due=1030.0,
+                last_due=1000.0,
+            )
+            assert one.load_meta(txn) == Meta(
+                tail=5,
+                pending=2,
+                enqueued=5,
+                succeeded=3,
+                paused=True,
+                outbox_next=1,
+                priorities={0: 1, -2: 1},
+                links={"invoices:0": 1},
+                last_due=1000.0,
+            )
+            assert invoices.load_meta(txn) == Meta(
+                tail=3,
+                enqueued=3,
+                succeeded=3,
+                outbox_next=2,
+                outbox=1,
+                links={"orders:0": 1, "orders:1": 1},
+                last_due=1000.0,
+            )
+            assert list(invoices.iter_outbox(txn)) == [
+                (1, OutboxRecord("orders", 1, 0, b"\x81\xa9refund_of\t", 1000.0, "alice", 1))
+            ]
+            assert list(zero.iter_marks(txn)) == [(("invoices", 0), 0)]
+            assert list(one.iter_marks(txn)) == [(("orders", 0), 0)]
+            assert list(invoices.iter_marks(txn)) == [(("orders", 1), 0)]
+            assert list(zero.iter_event_keys(txn)) == [zero.queue_key(9, 3, 1000.0)]
+            assert zero.get_event(txn, zero.queue_key(9, 3, 1000.0)) == ID_5
+            assert list(zero.iter_scheduled_keys(txn)) == [zero.scheduled_key(2, 4, 1030.0)]
+            assert zero.get_event(txn, zero.scheduled_key(2, 4, 1030.0)) == EventRecord(
+                b"\x81\xa2id\n", 1000.0, "bob", 2
+            )
+            assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
+            assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
+            report = check_store(txn)
+            assert (report.ok, report.format_version, report.records) == (True, 3, 15)
+    finally:
+        store.close()
+
+
+def test_the_keys_of_format_3_have_their_documented_bytes() -> None:
+    ns = Namespace("p", 0)
+    # q, rank 2**31 - 1 - 5, due 1.5 (0x3FF8... with its sign bit flipped), sequence 7
+    assert ns.queue_key(5, 7, 1.5) == (
+        b"Ip:0\x00q\x7f\xff\xff\xfa\xbf\xf8\x00\x00\x00\x00\x00\x00" + (7).to_bytes(8, "big")
+    )
+    # w, due -1.5 (every bit of 0xBFF8... flipped), rank 2**31 - 1, sequence 7
+    assert ns.scheduled_key(0, 7, -1.5) == (
+        b"Ip:0\x00w\x40\x07\xff\xff\xff\xff\xff\xff\x7f\xff\xff\xff" + (7).to_bytes(8, "big")
+    )
+    assert ns.queue_key(0, 0, MIGRATED_DUE)[10:18] == bytes.fromhex("000fffffffffffff")
+
+
+def test_the_format_3_fixture_runs_its_events_and_its_follow_up(tmp_path: Path) -> None:
+    seen: list[tuple[str, int, int, object]] = []
+
+    def record(ctx: EventContext) -> None:
+        seen.append((ctx.pool_name, ctx.instance_index, ctx.sequence, ctx.event))
+
+    with Runtime(copy(FIXTURE_3, tmp_path), clock=SimulatedClock(2000.0), seed=7) as runtime:
+        pool = runtime.define("orders", execute=record, concurrency=2)
+        runtime.define("invoices", execute=record)
+        assert pool.status().scheduled == 1  # due since 1030.0: a paused instance looks later
+        pool.resume()
+        assert pool.join(timeout=10)
+        assert sorted(seen, key=str) == sorted(
+            [
+                ("orders", 0, 3, {"id": 5, "tags": ["x", "y"]}),
+                ("orders", 0, 4, {"id": 10}),
+                ("orders", 1, 5, {"refund_of": 9}),
+                ("orders", 1, 3, {"id": 3, "blob": b"\x00\xff"}),
+                ("orders", 1, 4, {"id": 4}),
+            ],
+            key=str,
+        )
+        assert [event for _, index, _, event in seen if index == 0] == [
+            {"id": 5, "tags": ["x", "y"]},  # priority 9, due at 1000.0
+            {"id": 10},  # priority 2, due at 1030.0
+        ]
+
+
+# -- format 2, migrated in place when a runtime opens it -----------------------------------
+
+
+def test_the_format_2_fixture_is_migrated_to_exactly_what_was_written(tmp_path: Path) -> None:
+    """store-v2, written by the format-2 code: every record reads as it was written; its
+    queue keys have the lowest due time, and its metas the new fields, empty."""
+    path = copy(FIXTURE_2, tmp_path)
+    before = records(path)
+    assert before[b"F"][4:] == bytes([0x91, 2])
+    store = Store(path)
+    try:
+        with store.read() as txn:
+            zero, one, invoices = (
+                Namespace("orders", 0),
+                Namespace("orders", 1),
+                Namespace("invoices", 0),
+            )
             assert zero.load_meta(txn) == Meta(
                 tail=4,
                 pending=1,
@@ -96,46 +221,150 @@ def test_the_format_2_fixture_decodes_to_exactly_what_was_written(tmp_path: Path
                 priorities={0: 1, -2: 1},
                 links={"invoices:0": 1},
             )
-            assert invoices.load_meta(txn) == Meta(
-                tail=3,
-                enqueued=3,
-                succeeded=3,
-                outbox_next=2,
-                outbox=1,
-                links={"orders:0": 1, "orders:1": 1},
-            )
-            assert list(invoices.iter_outbox(txn)) == [
-                (1, OutboxRecord("orders", 1, 0, b"\x81\xa9refund_of\t", 1000.0, "alice", 1))
+            assert invoices.load_meta(txn).links == {"orders:0": 1, "orders:1": 1}
+            assert list(zero.iter_event_keys(txn)) == [zero.queue_key(9, 3, MIGRATED_DUE)]
+            assert zero.get_event(txn, zero.queue_key(9, 3, MIGRATED_DUE)) == ID_5
+            assert list(one.iter_event_keys(txn)) == [
+                one.queue_key(0, 3, MIGRATED_DUE),
+                one.queue_key(-2, 4, MIGRATED_DUE),
             ]
-            assert list(zero.iter_marks(txn)) == [(("invoices", 0), 0)]
-            assert list(one.iter_marks(txn)) == [(("orders", 0), 0)]
-            assert list(invoices.iter_marks(txn)) == [(("orders", 1), 0)]
-            assert zero.get_event(txn, zero.queue_key(9, 3)) == EventRecord(
-                b"\x82\xa2id\x05\xa4tags\x92\xa1x\xa1y", 1000.0, "bob", 9
-            )
-            assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [
-                EventRecord(b"\x82\xa2id\x03\xa4blob\xc4\x02\x00\xff", 1000.0, "alice", 0),
-                EventRecord(b"\x81\xa2id\x04", 1000.0, "alice", -2),
-            ]
-            assert list(zero.iter_dead_letters(txn)) == [
-                (
-                    0,
-                    DeadRecord(
-                        b"\x82\xa2id\x02\xa6poison\xc3",
-                        "PermanentError: poisoned",
-                        1,
-                        1000.0,
-                        1000.0,
-                        "bob",
-                        3,
-                        False,
-                    ),
-                )
-            ]
+            assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
+            assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 2, 14)
+            assert (report.ok, report.format_version, report.records) == (True, 3, 14)
     finally:
         store.close()
+    after = records(path)
+    changed = sorted(
+        key for key in before.keys() | after.keys() if before.get(key) != after.get(key)
+    )
+    # The format record, every meta, and each pending event moved to its new key.
+    old_queue = [key for key in before if b"\x00q" in key]
+    new_queue = [key for key in after if b"\x00q" in key]
+    assert len(old_queue) == len(new_queue) == 3
+    assert changed == sorted(
+        [b"F", b"Iinvoices:0\x00m", b"Iorders:0\x00m", b"Iorders:1\x00m", *old_queue, *new_queue]
+    )
+
+
+def format_2_meta(**fields: object) -> list[object]:
+    """A meta record's fields in format 2's layout (20 of them), defaults but ``fields``."""
+    meta = Meta(**fields)  # type: ignore[arg-type]
+    names = [
+        "tail",
+        "pending",
+        "enqueued",
+        "succeeded",
+        "dead_lettered",
+        "drained",
+        "paused",
+        "alarm",
+        "current",
+        "attempt",
+        "running",
+        "started_at",
+        "retry_at",
+        "restarts",
+        "outbox_next",
+        "outbox",
+        "held_dead_letters",
+        "priorities",
+        "alarm_failures",
+        "links",
+    ]
+    return [getattr(meta, name) for name in names]
+
+
+def write_format_2_store(path: Path) -> dict[int, bytes]:
+    """Pool ``h`` of format 2, by hand: event 0 started and waiting out its retry until
+    t=50, 1 and 3 pending at priority 0 (3 damaged), 2 at priority 5. Its queue keys."""
+    Store(path).close()  # a store of format 3, written over below
+    prefix = Namespace("h", 0).prefix
+    keys = {
+        sequence: prefix
+        + b"q"
+        + (2**31 - 1 - priority).to_bytes(4, "big")
+        + sequence.to_bytes(8, "big")
+        for sequence, priority in ((0, 0), (1, 0), (2, 5), (3, 0))
+    }
+    meta = format_2_meta(
+        tail=4,
+        pending=4,
+        enqueued=4,
+        alarm=50.0,
+        current=keys[0],
+        attempt=1,
+        retry_at=50.0,
+        priorities={0: 3, 5: 1},
+    )
+    with raw_env(path) as env, env.begin(write=True) as txn:
+        txn.put(b"F", seal(b"F", pack([2])))
+        txn.put(b"Ph", seal_pool(b"Ph", 1))
+        txn.put(prefix + b"m", seal(prefix + b"m", pack(meta)))
+        for sequence, key in keys.items():
+            record = EventRecord(pack(sequence), 1.0, None, 5 if sequence == 2 else 0)
+            value = seal_event(key, record)
+            if sequence == 3:
+                value = value[:-1] + bytes([value[-1] ^ 1])  # a flipped bit
+            txn.put(key, value)
+    return keys
+
+
+def test_a_format_2_store_built_by_hand_keeps_its_order_and_its_backoff(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Migrated events keep their order, run before anything enqueued later of their
+    priority, and the started one keeps its place and its backoff; a damaged one stays
+    damaged under its new key."""
+    path = tmp_path / "store"
+    old_keys = write_format_2_store(path)
+    seen: list[tuple[object, int, float]] = []
+    clock = SimulatedClock(10.0)
+
+    def record(ctx: EventContext) -> None:
+        seen.append((ctx.event, ctx.attempt, clock.now()))
+
+    with caplog.at_level(logging.INFO, logger="dopool"):
+        runtime = Runtime(path, clock=clock)
+    try:
+        assert "migrated from format 2 to 3 (5 records rewritten)" in caplog.text
+        ns = Namespace("h", 0)
+        with runtime._store.read() as txn:
+            meta = ns.load_meta(txn)
+            assert meta.current == ns.queue_key(0, 0, MIGRATED_DUE)
+            assert (meta.attempt, meta.retry_at, meta.scheduled, meta.last_due) == (
+                1,
+                50.0,
+                0,
+                None,
+            )
+            assert not any(txn.get(key) for key in old_keys.values())
+            problems = [p.what for p in check_store(txn).problems]
+            assert problems == ["damaged: checksum mismatch"]  # event 3, as before
+        pool = runtime.define("h", execute=record)
+        pool.enqueue("now")  # due at 10.0: behind the migrated events of its priority
+        pool.enqueue("soon", delay=1.0)  # due at 11.0
+        assert pool.join(timeout=10)
+        assert seen == [
+            (0, 2, 50.0),
+            (2, 1, 50.0),
+            (1, 1, 50.0),
+            ("now", 1, 50.0),
+            ("soon", 1, 50.0),
+        ]
+        [dead] = pool.dead_letters()
+        assert (dead.sequence, dead.damaged) == (3, True)
+    finally:
+        runtime.close()
+
+
+def test_a_format_2_store_is_refused_read_only(tmp_path: Path) -> None:
+    path = copy(FIXTURE_2, tmp_path)
+    with pytest.raises(StoreFormatError) as caught, open_view(path):
+        pass
+    assert (caught.value.found, caught.value.supported) == (2, 3)
+    assert "migrates it in place" in str(caught.value)
+    assert records(path) == records(FIXTURE_2)
 
 
 def test_the_format_2_fixture_runs_its_pending_events_and_its_follow_up(tmp_path: Path) -> None:
@@ -182,7 +411,8 @@ def test_a_delivery_mark_has_its_documented_key(store_path: Path) -> None:
 
 def test_the_format_1_fixture_is_migrated_to_exactly_what_was_written(tmp_path: Path) -> None:
     """store-v1, written by the format-1 code: every record reads as it was written,
-    with format 2's keys for the follow-up links (its pool was the only one)."""
+    with format 2's keys for the follow-up links (its pool was the only one), and
+    format 3's queue keys and meta fields."""
     path = copy(FIXTURE_1, tmp_path)
     before = records(path)
     assert before[b"F"][4:] == bytes([0x91, 1])
@@ -206,28 +436,9 @@ def test_the_format_1_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert one.load_meta(txn) == Meta(
                 tail=4, pending=2, enqueued=4, succeeded=2, paused=True, priorities={0: 1, -2: 1}
             )
-            assert zero.get_event(txn, zero.queue_key(9, 2)) == EventRecord(
-                b"\x82\xa2id\x05\xa4tags\x92\xa1x\xa1y", 1000.0, "bob", 9
-            )
-            assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [
-                EventRecord(b"\x82\xa2id\x03\xa4blob\xc4\x02\x00\xff", 1000.0, "alice", 0),
-                EventRecord(b"\x81\xa2id\x04", 1000.0, "alice", -2),
-            ]
-            assert list(zero.iter_dead_letters(txn)) == [
-                (
-                    0,
-                    DeadRecord(
-                        b"\x82\xa2id\x02\xa6poison\xc3",
-                        "PermanentError: poisoned",
-                        1,
-                        1000.0,
-                        1000.0,
-                        "bob",
-                        3,
-                        False,
-                    ),
-                )
-            ]
+            assert zero.get_event(txn, zero.queue_key(9, 2, MIGRATED_DUE)) == ID_5
+            assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
+            assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             assert list(one.iter_marks(txn)) == [(("orders", 0), 0)]
             assert list(zero.iter_marks(txn)) == []
             assert check_store(txn).ok
@@ -235,16 +446,25 @@ def test_the_format_1_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
         store.close()
     after = records(path)
     assert after[b"F"] == seal_format(b"F")
-    # Only orders:0's meta (its links), the delivery mark and the format record changed.
+    # The metas (orders:0's links, format 3's fields), the delivery mark, each pending
+    # event's key and the format record changed.
     changed = sorted(
         key for key in before.keys() | after.keys() if before.get(key) != after.get(key)
     )
-    assert changed == [
-        b"F",
-        b"Iorders:0\x00m",
-        b"Iorders:1\x00s\x00\x00\x00\x00",
-        b"Iorders:1\x00sorders\x00\x00\x00\x00\x00",
-    ]
+    old_queue = [key for key in before if b"\x00q" in key]
+    new_queue = [key for key in after if b"\x00q" in key]
+    assert len(old_queue) == len(new_queue) == 3
+    assert changed == sorted(
+        [
+            b"F",
+            b"Iorders:0\x00m",
+            b"Iorders:1\x00m",
+            b"Iorders:1\x00s\x00\x00\x00\x00",
+            b"Iorders:1\x00sorders\x00\x00\x00\x00\x00",
+            *old_queue,
+            *new_queue,
+        ]
+    )
 
 
 def test_the_format_1_fixture_runs_its_pending_events_in_order(tmp_path: Path) -> None:
@@ -279,7 +499,7 @@ def test_a_format_1_outbox_is_migrated_and_delivered_exactly_once(
     with caplog.at_level(logging.INFO, logger="dopool"):
         runtime = Runtime(path, clock=SimulatedClock(2000.0), seed=7)
     try:
-        assert "migrated from format 1 to 2 (5 records rewritten)" in caplog.text
+        assert "migrated from format 1 to 3 (7 records rewritten)" in caplog.text
         with runtime._store.read() as txn:
             zero, one = Namespace("orders", 0), Namespace("orders", 1)
             assert zero.load_meta(txn).links == {"orders:1": 2}
@@ -306,7 +526,7 @@ def test_a_format_1_store_is_refused_read_only_and_left_as_it_was(tmp_path: Path
     before = (path / "data" / "data.mdb").read_bytes()
     with pytest.raises(StoreFormatError) as caught, open_view(path):
         pass
-    assert (caught.value.found, caught.value.supported) == (1, 2)
+    assert (caught.value.found, caught.value.supported) == (1, 3)
     assert "a Runtime of this version migrates it in place" in str(caught.value)
     assert (path / "data" / "data.mdb").read_bytes() == before
 
@@ -317,7 +537,7 @@ def test_a_migration_is_one_transaction_all_or_nothing(
     path = copy(FIXTURE_1_OUTBOX, tmp_path)
     before = records(path)
     calls: list[int] = []
-    real = migration._mark
+    real = migration._mark_1
 
     def fail_at_the_second_mark(*args: object, **kwargs: object) -> None:
         calls.append(1)
@@ -325,7 +545,7 @@ def test_a_migration_is_one_transaction_all_or_nothing(
             raise lmdb.Error("the disk is full")
         real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(migration, "_mark", fail_at_the_second_mark)
+    monkeypatch.setattr(migration, "_mark_1", fail_at_the_second_mark)
     with pytest.raises(Exception, match="the disk is full"):
         Runtime(path, clock=SimulatedClock())
     assert records(path) == before  # still format 1, every record as it was

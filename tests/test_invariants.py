@@ -29,7 +29,7 @@ def write_balanced(txn: Txn) -> Meta:
     """Five enqueued: one succeeded, one dead-lettered (sequence 3), three pending, the
     one of priority 5 started; one follow-up waiting in the outbox."""
     for sequence, priority in ((0, 0), (1, 0), (2, 5)):
-        NS.add_event(txn, sequence, pack(sequence), 0.0, None, priority)
+        NS.add_event(txn, sequence, pack(sequence), 0.0, None, priority, 0.0)
     NS.put_dead_letter(txn, 3, DeadRecord(pack(3), "ValueError: x", 1, 0.0, 1.0, None, 0))
     NS.put_outbox(txn, 0, OutboxRecord("p", 1, 0, pack("kid"), 1.0, None, 0))
     meta = Meta(
@@ -41,9 +41,10 @@ def write_balanced(txn: Txn) -> Meta:
         held_dead_letters=1,
         outbox=1,
         priorities={5: 1, 0: 2},
-        current=NS.queue_key(5, 2),
+        current=NS.queue_key(5, 2, 0.0),
         attempt=1,
         running=True,
+        last_due=0.0,
     )
     NS.save_meta(txn, meta)
     return meta
@@ -102,7 +103,7 @@ def a_sequence_past_the_tail(txn: Txn, meta: Meta) -> None:
 
 
 def started_without_a_record(txn: Txn, meta: Meta) -> None:
-    meta.current = NS.queue_key(5, 4)
+    meta.current = NS.queue_key(5, 4, 0.0)
 
 
 def running_without_a_start(txn: Txn, meta: Meta) -> None:
@@ -167,7 +168,7 @@ def test_the_keys_of_a_neighbour_and_stray_keys_are_not_counted(store: Store) ->
     neighbour = Namespace("p", 10)  # its keys begin with "p:1", not with "p:1\0"
     with store.write() as txn:
         write_balanced(txn)
-        neighbour.add_event(txn, 0, pack(0), 0.0, None, 0)
+        neighbour.add_event(txn, 0, pack(0), 0.0, None, 0, 0.0)
         txn.put(NS.prefix + b"q" + b"\x00" * 3, b"stray: a suffix of the wrong length")
         txn.put(NS.prefix + b"z", b"stray: no such tag")
     with store.read() as txn:

@@ -405,7 +405,7 @@ def test_deliveries_are_taken_once_in_link_order(store: Store) -> None:
 def test_the_first_damaged_event_is_set_aside_and_the_next_one_starts(store: Store) -> None:
     rig = Rig(store)
     rig.enqueue("a", "b")
-    first = rig.machine.namespace.queue_key(0, 0)
+    first = rig.machine.namespace.queue_key(0, 0, 0.0)
     rig.step(lambda txn, meta, fx: txn.put(first, seal_event(b"elsewhere", ("x", 0.0, None, 0))))
     rig.machine.rearm(rig.meta, 0.0)
     fx = Effects()

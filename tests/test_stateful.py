@@ -1,5 +1,10 @@
 """The real pool on a SimulatedClock beside a model made of plain lists and counters.
 
+Events may be delayed (``delay``, or a ``not_before`` that may be past): the model keeps
+each event's due time, runs due events by (priority, due time, sequence), and knows
+which scheduled events the instance has moved into its run queue (``status().scheduled``
+and the positions count on it).
+
 Each event says how its handler call ends (``{"id", "fail", "mode", "spawn"}``: fail the
 first ``fail`` attempts with a ``ValueError``, a ``RetryAfter`` or a ``PermanentError``,
 or by killing its own instance (``"crash"``: the attempt fails at the next fault point);
@@ -61,11 +66,14 @@ from dopool._layout import (
     OutboxRecord,
     queue_key_priority,
     queue_key_sequence,
+    scheduled_key_due,
+    scheduled_key_priority,
     unpack,
 )
 from dopool._retry import uniform_draw
 from dopool._router import stable_hash
 from dopool._status import dead_letter_from_record
+from dopool._storage import Txn
 from dopool.chaos import FaultPlan
 
 POOL = "stateful"
@@ -88,6 +96,27 @@ behaviours = st.fixed_dictionaries(
     }
 )
 indices = st.none() | st.integers(0, CONCURRENCY - 1)
+# When an event is due: at once (None), after a delay, or at a not_before ``now + x``.
+whens = st.sampled_from([None, None, None]) | st.tuples(
+    st.sampled_from(["delay", "not_before"]), st.sampled_from([0.0, 0.5, 1.0, 2.5, 7.0, -1.0])
+)
+
+
+def when_args(when: tuple[str, float] | None, now: float) -> dict[str, float]:
+    """``enqueue``'s arguments for ``when``; a negative delay becomes a past not_before."""
+    if when is None:
+        return {}
+    kind, seconds = when
+    if kind == "delay" and seconds >= 0:
+        return {"delay": seconds}
+    return {"not_before": now + seconds}
+
+
+def due_of(args: dict[str, float], now: float) -> float | None:
+    """The due time the engine computes from ``when_args``' arguments."""
+    if "delay" in args:
+        return now + args["delay"]
+    return args.get("not_before")
 
 
 def policy_delay(attempt: int) -> float:
@@ -114,13 +143,17 @@ class Execution(NamedTuple):
 
 @dataclass
 class Event:
-    """A stored event in the model."""
+    """A stored event in the model. ``due`` is the due time its queue key holds: its
+    enqueue time, or the later time it was scheduled for; ``moved``: it is in the run
+    queue (scheduled ones get there when the instance next looks for work)."""
 
     payload: dict[str, Any]
     sequence: int
     priority: int
     partition_key: str | None
     enqueued_at: float
+    due: float
+    moved: bool
 
     @property
     def spawns(self) -> bool:
@@ -141,7 +174,7 @@ class Instance:
     """One instance: its queue in run order, the started event, counters, dead letters."""
 
     index: int
-    queue: list[Event] = field(default_factory=list)  # waiting, by (-priority, sequence)
+    queue: list[Event] = field(default_factory=list)  # waiting, by (-priority, due, sequence)
     current: Event | None = None  # started, stays current until settled (head-of-line)
     attempt: int = 0
     retry_at: float | None = None
@@ -161,14 +194,39 @@ class Instance:
     def pending(self) -> int:
         return len(self.queue) + (self.current is not None)
 
-    def add(self, payload: dict[str, Any], key: str | None, priority: int, now: float) -> int:
-        """Queue a new event; returns its expected position (events that run before it)."""
-        event = Event(payload, self.enqueued, priority, key, now)
-        ahead = sum(e.priority >= priority for e in self.queue) + (self.current is not None)
+    @property
+    def scheduled(self) -> int:
+        return sum(not e.moved for e in self.queue)
+
+    def next_scheduled(self) -> float | None:
+        return min((e.due for e in self.queue if not e.moved), default=None)
+
+    def add(
+        self,
+        payload: dict[str, Any],
+        key: str | None,
+        priority: int,
+        now: float,
+        due: float | None = None,
+        earlier: int = 0,
+    ) -> int:
+        """Queue a new event, due at ``due`` (None: now); returns its expected position: the
+        due events that run before it. For a scheduled one, also the ``earlier`` ones of
+        its batch on this instance (scheduled with it: they run first)."""
+        moved = due is None or due <= now
+        at = now if moved or due is None else due
+        event = Event(payload, self.enqueued, priority, key, now, at, moved)
+        ahead = sum(e.priority >= priority for e in self.queue if e.moved)
+        ahead += (self.current is not None) + (0 if moved else earlier)
         self.queue.append(event)
-        self.queue.sort(key=lambda e: (-e.priority, e.sequence))
+        self.queue.sort(key=lambda e: (-e.priority, e.due, e.sequence))
         self.enqueued += 1
         return ahead
+
+    def look(self, t: float) -> None:
+        """The instance looks for work at ``t``: the scheduled events due by then move."""
+        for event in self.queue:
+            event.moved = event.moved or event.due <= t
 
     def drain(self) -> int:
         count = self.pending
@@ -190,10 +248,14 @@ class Instance:
         while not self.paused and self.pending:
             if self.current is not None and self.retry_at is not None:
                 t = max(t, self.retry_at)  # a retry never runs early
+            elif self.current is None and all(e.due > t for e in self.queue):
+                t = min(e.due for e in self.queue)  # nothing due: the next scheduled one
             if t > until:
                 break
+            self.look(t)
             if self.current is None:
-                self.current = self.queue.pop(0)
+                first = next(i for i, e in enumerate(self.queue) if e.moved)  # the first due
+                self.current = self.queue.pop(first)
             event = self.current
             self.attempt += 1
             self.retry_at = None
@@ -233,6 +295,8 @@ class Instance:
                 self._settle(None, t)
             else:
                 self.retry_at = t + delay
+        if not self.paused:
+            self.look(until)  # the alarm covers the next scheduled event, even in a backoff
         return last
 
     def _settle(self, succeeded: Event | None, now: float) -> None:
@@ -353,8 +417,11 @@ class PoolMachine(RuleBasedStateMachine):
         result: EnqueueResult,
         partition_key: str | None,
         priority: int,
+        due: float | None = None,
+        earlier: int = 0,
     ) -> None:
-        """Check one EnqueueResult against the model, then add the event to the model."""
+        """Check one EnqueueResult against the model, then add the event to the model
+        (due at ``due``; ``earlier``: of its batch, on its instance, before it)."""
         index = result.instance_index
         if partition_key is not None:
             assert index == stable_hash(partition_key) % CONCURRENCY
@@ -365,7 +432,8 @@ class PoolMachine(RuleBasedStateMachine):
         instance = self.model[index]
         assert result.instance_id == f"{POOL}:{index}"
         assert result.sequence == instance.enqueued, "sequences are consecutive from 0"
-        position = instance.add(payload, partition_key, priority, self.clock.now())
+        assert (result.event_id, result.duplicate) == (f"{POOL}:{index}:{result.sequence}", False)
+        position = instance.add(payload, partition_key, priority, self.clock.now(), due, earlier)
         assert result.position == position
 
     def _drive_model(self, until: float) -> float:
@@ -401,25 +469,47 @@ class PoolMachine(RuleBasedStateMachine):
         return count
 
     # -- rules -----------------------------------------------------------------
-    @rule(behaviour=behaviours, partition_key=partition_keys, priority=priorities)
-    def enqueue(self, behaviour: dict[str, Any], partition_key: str | None, priority: int) -> None:
+    @rule(behaviour=behaviours, partition_key=partition_keys, priority=priorities, when=whens)
+    def enqueue(
+        self,
+        behaviour: dict[str, Any],
+        partition_key: str | None,
+        priority: int,
+        when: tuple[str, float] | None,
+    ) -> None:
         payload = self._new_payload(behaviour)
-        result = self.pool.enqueue(payload, partition_key=partition_key, priority=priority)
-        self._accept(payload, result, partition_key, priority)
+        now = self.clock.now()
+        args = when_args(when, now)
+        result = self.pool.enqueue(payload, partition_key=partition_key, priority=priority, **args)
+        self._accept(payload, result, partition_key, priority, due_of(args, now))
 
     @rule(
         batch=st.lists(behaviours, min_size=1, max_size=5),
         partition_key=partition_keys,
         priority=priorities,
+        when=whens,
     )
     def enqueue_many(
-        self, batch: list[dict[str, Any]], partition_key: str | None, priority: int
+        self,
+        batch: list[dict[str, Any]],
+        partition_key: str | None,
+        priority: int,
+        when: tuple[str, float] | None,
     ) -> None:
         payloads = [self._new_payload(behaviour) for behaviour in batch]
-        results = self.pool.enqueue_many(payloads, partition_key=partition_key, priority=priority)
+        now = self.clock.now()
+        args = when_args(when, now)
+        results = self.pool.enqueue_many(
+            payloads, partition_key=partition_key, priority=priority, **args
+        )
         assert len(results) == len(payloads)
+        earlier = dict.fromkeys(range(CONCURRENCY), 0)  # each instance's share is one batch
         for payload, result in zip(payloads, results, strict=True):
-            self._accept(payload, result, partition_key, priority)
+            index = result.instance_index
+            self._accept(
+                payload, result, partition_key, priority, due_of(args, now), earlier[index]
+            )
+            earlier[index] += 1
 
     @rule(index=indices)
     def pause(self, index: int | None) -> None:
@@ -531,6 +621,7 @@ class PoolMachine(RuleBasedStateMachine):
                 want.dead_lettered,
                 want.drained,
             ), f"instance {want.index}: enqueued, pending, succeeded, dead, drained"
+            assert got.scheduled == want.scheduled, f"instance {want.index}: scheduled"
             if want.paused:
                 state = "paused"
             elif want.current is not None and want.retry_at is not None:
@@ -542,13 +633,18 @@ class PoolMachine(RuleBasedStateMachine):
             assert (got.current_sequence, got.attempt) == (current, want.attempt)
             assert got.restarts == want.restarts, "a restart per crash; reopening is none"
             if want.pending and not want.paused:
-                # Work that may run has its alarm slot set, and a backoff is never shortened.
+                # Work that may run has its alarm slot set at the earliest of it, and a
+                # backoff is never shortened.
+                scheduled = want.next_scheduled()
                 if want.retry_at is not None:
-                    assert got.next_alarm_at == want.retry_at
-                else:
+                    assert got.next_alarm_at == min(want.retry_at, scheduled or math.inf)
+                elif want.current is not None or want.scheduled < len(want.queue):
                     assert got.next_alarm_at is not None
                     assert got.next_alarm_at <= now
-        for name in ("enqueued", "pending", "processed", "succeeded", "dead_lettered", "drained"):
+                else:
+                    assert got.next_alarm_at == scheduled
+        names = ("enqueued", "pending", "scheduled", "processed", "succeeded", "dead_lettered")
+        for name in (*names, "drained"):
             assert getattr(status, name) == sum(getattr(i, name) for i in status.instances)
 
     @invariant()
@@ -602,8 +698,8 @@ def test_an_event_that_crashes_its_instance_every_time_is_dead_lettered() -> Non
     try:
         poison = {"fail": 99, "mode": "crash", "spawn": True}
         healthy = {"fail": 0, "mode": "error", "spawn": False}
-        machine.enqueue(poison, "alpha", 0)
-        machine.enqueue_many([healthy, healthy], "alpha", 0)
+        machine.enqueue(poison, "alpha", 0, None)
+        machine.enqueue_many([healthy, healthy], "alpha", 0, None)
         machine.join()
         for check in (
             machine.status_matches_model,
@@ -653,6 +749,11 @@ CHILD_PRIORITY = 0  # every follow-up's priority, so the model knows it without 
 JOIN_TIMEOUT = 120.0  # wall seconds; failed alarms back off up to 60 s of (free) virtual time
 
 Key = tuple[int, int]  # (instance number, sequence): one stored entry
+
+
+def pending_keys(namespace: Namespace, txn: Txn) -> list[bytes]:
+    """An instance's pending events' keys: the run queue's, then the scheduled ones'."""
+    return [*namespace.iter_event_keys(txn), *namespace.iter_scheduled_keys(txn)]
 
 
 def flat(pool: str, index: int) -> int:
@@ -720,6 +821,11 @@ class FaultyPoolMachine(RuleBasedStateMachine):
         self.payloads: dict[int, dict[str, Any]] = {}
         self.acked: dict[int, Key] = {}  # id -> where its acknowledged enqueue stored it
         self.priority: dict[Key, int] = {}  # acknowledged entries (the rest are follow-ups)
+        # When each entry is due: the time its enqueued event says, or, for one scheduled
+        # later (acknowledged with a due time ``asked`` past it), that time.
+        self.enqueued_at: dict[Key, float] = {}
+        self.due: dict[Key, float] = {}  # the scheduled entries' due times
+        self.asked: float | None = None  # the due time the enqueue in progress asked for
         self.ids: dict[Key, int] = {}  # entry -> event id, learnt from handlers and the store
         self.where: dict[int, Key] = {}  # event id -> its one entry
         n = range(TOTAL)
@@ -842,10 +948,11 @@ class FaultyPoolMachine(RuleBasedStateMachine):
             if sequence != len(self.enqueued[index]):
                 self.wrong.append(f"instance {index} enqueued {sequence} out of turn")
             self.enqueued[index].add(sequence)
+            self.enqueued_at[index, sequence] = event.time
         elif kind == "started":
             assert sequence is not None
             assert event.attempt is not None
-            self._started(index, sequence, event.attempt)
+            self._started(index, sequence, event.attempt, event.time)
         elif kind in ("succeeded", "dead_lettered", "retry_scheduled"):
             assert sequence is not None
             self._settling(index, sequence, kind)
@@ -862,18 +969,32 @@ class FaultyPoolMachine(RuleBasedStateMachine):
             self.recorded[index] += self.unrecorded[index]
             self.unrecorded[index] = 0
 
-    def _started(self, index: int, sequence: int, attempt: int) -> None:
+    def _due_at(self, key: Key) -> float:
+        """The due time ``key``'s queue key holds (a simulated clock never steps back)."""
+        return self.due.get(key, self.enqueued_at[key])
+
+    def _started(self, index: int, sequence: int, attempt: int, time: float) -> None:
         key = (index, sequence)
         current = self._unsettled_current(index)
+        if key in self.due and time < self.due[key]:
+            self.wrong.append(f"{key} started at {time}, before it was due at {self.due[key]}")
         if current is not None:
             if sequence != current:
                 self.wrong.append(f"{key} started while {current} is unsettled (head-of-line)")
         else:
-            waiting = [s for s in self.enqueued[index] if not self._settled(index, s)]
+            waiting = [
+                s
+                for s in self.enqueued[index]
+                if not self._settled(index, s) and self._due_at((index, s)) <= time
+            ]
+
+            def rank(s: int) -> tuple[int, float, int]:
+                return (-self._priority((index, s)), self._due_at((index, s)), s)
+
             if sequence not in waiting:
-                self.wrong.append(f"{key} started but is not pending")
-            elif sequence != min(waiting, key=lambda s: (-self._priority((index, s)), s)):
-                self.wrong.append(f"{key} started out of (priority, sequence) order")
+                self.wrong.append(f"{key} started but is not pending, or not due")
+            elif sequence != min(waiting, key=rank):
+                self.wrong.append(f"{key} started out of (priority, due, sequence) order")
         if attempt != self.attempts.get(key, 0) + 1 or attempt > MAX_ATTEMPTS:
             self.wrong.append(f"{key} started attempt {attempt} after {self.attempts.get(key)}")
         self.attempts[key] = attempt
@@ -911,7 +1032,13 @@ class FaultyPoolMachine(RuleBasedStateMachine):
         """The id of the event stored at ``key`` (read from the store)."""
         namespace = Namespace(*instance_of(key[0]))
         with self.runtime._store.read() as txn:
-            record = namespace.get_event(txn, namespace.queue_key(priority, key[1]))
+            [record] = [
+                namespace.get_event(txn, stored)
+                for stored in pending_keys(namespace, txn)
+                if queue_key_sequence(stored) == key[1]
+            ]
+        assert record is not None
+        assert record.priority == priority
         assert record is not None, f"acknowledged {key} is not stored"
         return int(unpack(record.event)["id"])
 
@@ -927,12 +1054,22 @@ class FaultyPoolMachine(RuleBasedStateMachine):
         assert event_id not in self.acked
         assert (index, sequence) not in self.priority
         current = self._unsettled_current(index)
-        ahead = sum(
-            self._priority((index, s)) >= priority
+        before = [
+            s
             for s in self.enqueued[index]
-            if s < sequence and not self._settled(index, s)
-        ) + (current is not None and self._priority((index, current)) < priority)
-        assert result.position == ahead
+            if s < sequence
+            and not self._settled(index, s)
+            and self._priority((index, s)) >= priority
+        ]
+        started = current is not None and self._priority((index, current)) < priority
+        # Due events of its priority or higher run before it: those enqueued due are,
+        # the scheduled ones once they move (they may not have yet).
+        at_least = sum((index, s) not in self.due for s in before) + started
+        assert at_least <= result.position <= len(before) + started
+        if not any((index, s) in self.due for s in before):
+            assert result.position == len(before) + started
+        if self.asked is not None and self.asked > self.enqueued_at[index, sequence]:
+            self.due[index, sequence] = self.asked
         self.acked[event_id] = (index, sequence)
         self.priority[index, sequence] = priority
         self._learn((index, sequence), event_id)
@@ -944,10 +1081,10 @@ class FaultyPoolMachine(RuleBasedStateMachine):
             for index in range(TOTAL):
                 namespace = Namespace(*instance_of(index))
                 entries = {}
-                for queue_key in namespace.iter_event_keys(txn):
-                    record = namespace.get_event(txn, queue_key)
+                for stored in pending_keys(namespace, txn):
+                    record = namespace.get_event(txn, stored)
                     assert record is not None
-                    entries[queue_key_sequence(queue_key)] = int(unpack(record.event)["id"])
+                    entries[queue_key_sequence(stored)] = int(unpack(record.event)["id"])
                 found.append(entries)
         return found
 
@@ -962,15 +1099,23 @@ class FaultyPoolMachine(RuleBasedStateMachine):
         partition_key=st.sampled_from(FAULTY_KEYS),
         priority=st.sampled_from([0, 0, 1, -1]),
         into=st.sampled_from([FAULTY, FAULTY, SECOND]),
+        when=whens,
     )
     def enqueue(
-        self, behaviour: dict[str, Any], partition_key: str | None, priority: int, into: str
+        self,
+        behaviour: dict[str, Any],
+        partition_key: str | None,
+        priority: int,
+        into: str,
+        when: tuple[str, float] | None,
     ) -> None:
         pool = self._pool(into)
         payload = self._new_payload(behaviour)
         enqueued, pending = self._totals(pool)
+        args = when_args(when, self.clock.now())
+        self.asked = due_of(args, self.clock.now())
         try:
-            result = pool.enqueue(payload, partition_key=partition_key, priority=priority)
+            result = pool.enqueue(payload, partition_key=partition_key, priority=priority, **args)
         except InstanceCrashedError:
             self._after_crashed_call()
             assert self._totals(pool) == (enqueued, pending), "a failed enqueue stored something"
@@ -983,16 +1128,26 @@ class FaultyPoolMachine(RuleBasedStateMachine):
         partition_key=st.sampled_from(FAULTY_KEYS),
         priority=st.sampled_from([0, 0, 1, -1]),
         into=st.sampled_from([FAULTY, FAULTY, SECOND]),
+        when=whens,
     )
     def enqueue_many(
-        self, batch: list[dict[str, Any]], partition_key: str | None, priority: int, into: str
+        self,
+        batch: list[dict[str, Any]],
+        partition_key: str | None,
+        priority: int,
+        into: str,
+        when: tuple[str, float] | None,
     ) -> None:
         pool = self._pool(into)
         payloads = [self._new_payload(behaviour) for behaviour in batch]
         ids = [payload["id"] for payload in payloads]
         enqueued, pending = self._totals(pool)
+        args = when_args(when, self.clock.now())
+        self.asked = due_of(args, self.clock.now())
         try:
-            results = pool.enqueue_many(payloads, partition_key=partition_key, priority=priority)
+            results = pool.enqueue_many(
+                payloads, partition_key=partition_key, priority=priority, **args
+            )
         except InstanceCrashedError as exc:
             # Each instance's share is atomic: the others' shares may be stored.
             stored = list(exc.stored)
@@ -1103,8 +1258,10 @@ class FaultyPoolMachine(RuleBasedStateMachine):
                 stored = read_instance(txn, name, instance)
                 assert violations(stored) == []  # guarantee 4, docs/guarantees.md
                 meta = stored.meta
-                keys = list(Namespace(name, instance).iter_event_keys(txn))
-                pending = {queue_key_sequence(key) for key in keys}
+                namespace = Namespace(name, instance)
+                keys = list(namespace.iter_event_keys(txn))
+                waiting = list(namespace.iter_scheduled_keys(txn))
+                pending = {queue_key_sequence(key) for key in keys + waiting}
                 waits = self.restart_waits[index]
                 assert not meta.running or waits, "an attempt in flight at a quiescent point"
                 assert meta.tail == len(self.enqueued[index]), "a sequence without an event"
@@ -1120,6 +1277,10 @@ class FaultyPoolMachine(RuleBasedStateMachine):
                 for key in keys:
                     sequence = queue_key_sequence(key)
                     assert queue_key_priority(key) == self._priority((index, sequence))
+                for key in waiting:
+                    sequence = queue_key_sequence(key)
+                    assert scheduled_key_priority(key) == self._priority((index, sequence))
+                    assert scheduled_key_due(key) == self.due[index, sequence]
                 # Each crash is one restart, counted even if its own recovery crashed
                 # (then one recovery commits several, and emits one recovered event),
                 # unless it waits out a backoff: then its recovery has not run yet.

@@ -72,7 +72,7 @@ def record(tag: str = "e", *, priority: int = 0) -> EventRecord:
 
 
 def put(store: Store, ns: Namespace, priority: int, sequence: int) -> bytes:
-    key = ns.queue_key(priority, sequence)
+    key = ns.queue_key(priority, sequence, 0.0)
     with store.write() as txn:
         ns.put_event(txn, key, record(f"{priority}/{sequence}", priority=priority))
     return key
@@ -104,7 +104,7 @@ def test_meta_round_trips_every_field(store: Store) -> None:
         drained=2,
         paused=True,
         alarm=1234.5,
-        current=ns.queue_key(-7, 39),
+        current=ns.queue_key(-7, 39, 0.0),
         attempt=2,
         running=True,
         started_at=1200.25,
@@ -139,7 +139,7 @@ def test_pool_records_round_trip(store: Store) -> None:
 def test_queue_key_decodes_priority_and_sequence() -> None:
     ns = Namespace("a", 3)
     for priority, sequence in [(0, 0), (PRIORITY_MAX, 2**64 - 1), (PRIORITY_MIN, 7), (-1, 1)]:
-        key = ns.queue_key(priority, sequence)
+        key = ns.queue_key(priority, sequence, 0.0)
         assert key.startswith(ns.prefix)
         assert queue_key_priority(key) == priority
         assert queue_key_sequence(key) == sequence
@@ -151,7 +151,7 @@ def test_each_kind_of_key_has_its_parser() -> None:
     assert outbox_sequence(ns.outbox_key(7)) == 7
     keys = {
         ns.meta_key: RecordKind.META,
-        ns.queue_key(-1, 5): RecordKind.EVENT,
+        ns.queue_key(-1, 5, 0.0): RecordKind.EVENT,
         ns.dead_letter_key(5): RecordKind.DEAD_LETTER,
         ns.outbox_key(5): RecordKind.OUTBOX,
     }
@@ -181,18 +181,18 @@ def test_a_delivery_mark_names_its_source_pool_and_index(store: Store) -> None:
 def test_the_started_event_is_read_from_the_meta() -> None:
     ns = Namespace("a", 3)
     assert started_event(Meta()) is None
-    assert started_event(Meta(current=ns.queue_key(-7, 39))) == (-7, 39)
+    assert started_event(Meta(current=ns.queue_key(-7, 39, 0.0))) == (-7, 39)
 
 
 def test_events_round_trip(store: Store) -> None:
     ns = Namespace("a", 0)
-    key = ns.queue_key(5, 0)
+    key = ns.queue_key(5, 0, 0.0)
     stored = EventRecord(encode_event({"id": 1}), 10.0, "user-1", 5)
     with store.write() as txn:
         ns.put_event(txn, key, stored)
     with store.read() as txn:
         got = ns.get_event(txn, key)
-        assert ns.get_event(txn, ns.queue_key(5, 1)) is None
+        assert ns.get_event(txn, ns.queue_key(5, 1, 0.0)) is None
     assert got == stored
     assert got is not None
     assert unpack(got.event) == {"id": 1}
@@ -202,12 +202,12 @@ def test_an_event_added_from_its_fields_is_stored_as_its_record_would_be(store: 
     ns = Namespace("a", 0)
     stored = EventRecord(encode_event({"id": 1}), 10.0, None, -3)
     with store.write() as txn:
-        ns.add_event(txn, 4, stored.event, stored.enqueued_at, None, -3)
-        ns.put_event(txn, ns.queue_key(-3, 5), stored)
+        ns.add_event(txn, 4, stored.event, stored.enqueued_at, None, -3, 0.0)
+        ns.put_event(txn, ns.queue_key(-3, 5, 0.0), stored)
     with store.read() as txn:
-        added, put = txn.get(ns.queue_key(-3, 4)), txn.get(ns.queue_key(-3, 5))
-        assert ns.get_event(txn, ns.queue_key(-3, 4)) == stored
-    assert added == seal_event(ns.queue_key(-3, 4), stored)
+        added, put = txn.get(ns.queue_key(-3, 4, 0.0)), txn.get(ns.queue_key(-3, 5, 0.0))
+        assert ns.get_event(txn, ns.queue_key(-3, 4, 0.0)) == stored
+    assert added == seal_event(ns.queue_key(-3, 4, 0.0), stored)
     assert added[4:] == put[4:]
 
 
@@ -229,8 +229,8 @@ def test_queue_order_is_priority_descending_then_sequence(
     ns, neighbour = Namespace(pool, 1), Namespace(pool, 10)  # adjacent in key order
     with shared_store.write() as txn:
         for priority, sequence in entries:  # in the drawn (random) order
-            ns.put_event(txn, ns.queue_key(priority, sequence), record(priority=priority))
-        neighbour.put_event(txn, neighbour.queue_key(PRIORITY_MAX, 0), record())
+            ns.put_event(txn, ns.queue_key(priority, sequence, 0.0), record(priority=priority))
+        neighbour.put_event(txn, neighbour.queue_key(PRIORITY_MAX, 0, 0.0), record())
     expected = sorted(entries, key=lambda entry: (-entry[0], entry[1]))
     with shared_store.read() as txn:
         first = first_key(ns, txn)
@@ -250,12 +250,12 @@ def test_first_event_of_an_empty_queue_is_none_despite_neighbours(store: Store) 
         # delivery mark after it; a:10 and ab:1 hold events right after a:1's keys.
         a1.put_dead_letter(txn, 0, dead_record())
         a1.set_delivered(txn, "a", 0, 5)
-        a10.put_event(txn, a10.queue_key(0, 0), record())
-        ab1.put_event(txn, ab1.queue_key(0, 0), record())
+        a10.put_event(txn, a10.queue_key(0, 0, 0.0), record())
+        ab1.put_event(txn, ab1.queue_key(0, 0, 0.0), record())
     with store.read() as txn:
         assert first_key(a1, txn) is None
         assert list(a1.iter_event_keys(txn)) == []
-        assert first_key(a10, txn) == a10.queue_key(0, 0)
+        assert first_key(a10, txn) == a10.queue_key(0, 0, 0.0)
 
 
 def test_first_event_at_the_end_of_the_database(store: Store) -> None:
@@ -279,7 +279,7 @@ def test_delete_event_removes_one_key(store: Store) -> None:
 def fill(store: Store, ns: Namespace, events: int, dead: int) -> None:
     with store.write() as txn:
         for seq in range(events):
-            ns.put_event(txn, ns.queue_key(seq % 3, seq), record())
+            ns.put_event(txn, ns.queue_key(seq % 3, seq, 0.0), record())
         for seq in range(dead):
             ns.put_dead_letter(txn, seq, dead_record())
         ns.save_meta(txn, Meta(tail=events))
@@ -414,8 +414,8 @@ def test_an_exception_inside_a_write_rolls_it_back(store: Store) -> None:
 
     def failing_write() -> None:
         with store.write() as txn:
-            ns.put_event(txn, ns.queue_key(0, 1), record())
-            ns.delete_event(txn, ns.queue_key(0, 0))
+            ns.put_event(txn, ns.queue_key(0, 1, 0.0), record())
+            ns.delete_event(txn, ns.queue_key(0, 0, 0.0))
             ns.save_meta(txn, Meta(tail=2))
             ns.put_dead_letter(txn, 0, dead_record())
             raise RuntimeError("handler blew up")
@@ -423,7 +423,7 @@ def test_an_exception_inside_a_write_rolls_it_back(store: Store) -> None:
     with pytest.raises(RuntimeError, match="handler blew up"):
         failing_write()
     with store.read() as txn:
-        assert list(ns.iter_event_keys(txn)) == [ns.queue_key(0, 0)]
+        assert list(ns.iter_event_keys(txn)) == [ns.queue_key(0, 0, 0.0)]
         assert ns.load_meta(txn) == Meta()
         assert list(ns.iter_dead_letters(txn)) == []
 
@@ -442,7 +442,7 @@ def test_a_read_does_not_see_a_later_commit(store: Store) -> None:
         put(store, ns, 0, 0)
         assert first_key(ns, txn) is None
     with store.read() as txn:
-        assert first_key(ns, txn) == ns.queue_key(0, 0)
+        assert first_key(ns, txn) == ns.queue_key(0, 0, 0.0)
 
 
 # -- encoding --------------------------------------------------------------------
@@ -512,7 +512,7 @@ def test_committed_data_survives_close_and_reopen(store_path: Path, durability: 
     second = Store(store_path, durability=durability)
     try:
         with second.read() as txn:
-            assert list(ns.iter_event_keys(txn)) == [ns.queue_key(1, 0)]
+            assert list(ns.iter_event_keys(txn)) == [ns.queue_key(1, 0, 0.0)]
             assert ns.load_meta(txn) == Meta(tail=1, pending=1, enqueued=1)
     finally:
         second.close()

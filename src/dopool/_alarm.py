@@ -27,6 +27,8 @@ keep it (a restart sets no alarm on Cloudflare either). A write ends it
 
 from __future__ import annotations
 
+import math
+
 from dopool._errors import MAX_DELAY
 from dopool._layout import Meta
 
@@ -39,10 +41,13 @@ _MAX_DOUBLINGS = 32
 
 
 def rearm(meta: Meta, now: float) -> None:
-    """Point the alarm slot where the committed state needs it.
+    """Point the alarm slot where the committed state needs it: at the instance's earliest
+    due work, its next start or its next scheduled event (:mod:`dopool._scheduled`).
 
-    A stalled instance stays so, paused or not, and through a recovery: only
-    :func:`wake` (a write) or an empty queue ends a stall.
+    A paused instance has no alarm: it starts nothing, and moves the scheduled events
+    that fell due meanwhile when it next looks for work. A stalled instance stays so,
+    paused or not, and through a recovery: only :func:`wake` (a write) or an empty
+    queue ends a stall.
     """
     if meta.paused or meta.pending == 0:
         if meta.pending == 0 or not stalled(meta):
@@ -53,10 +58,14 @@ def rearm(meta: Meta, now: float) -> None:
         return
     if meta.current is not None and meta.retry_at is not None:
         due = meta.retry_at  # a retry's backoff is never shortened
+    elif meta.pending == meta.scheduled:
+        due = math.inf  # nothing is due: the next scheduled event is (below)
     elif meta.alarm is not None and meta.alarm <= now:
         due = meta.alarm  # already due: keep it
     else:
         due = now
+    if meta.next_due is not None and meta.next_due < due:
+        due = meta.next_due
     if meta.alarm_failures and meta.alarm is not None:
         due = max(due, meta.alarm)  # nor is a failing alarm's backoff
     meta.alarm = due

@@ -135,7 +135,7 @@ def _check_instance_record(
         instance.meta_key = key
         instance.meta = read_meta(key, value)
         links.add_meta(where, instance.meta)
-    elif kind is RecordKind.EVENT:
+    elif kind is RecordKind.EVENT or kind is RecordKind.SCHEDULED:
         _payload(where, key, read_event(key, value).event, problems)
     elif kind is RecordKind.DEAD_LETTER:
         read_dead(key, value)

@@ -78,6 +78,10 @@ class Clock(ABC):
     # What callers of the engine do differently under each clock: the pool and the
     # runtime ask the clock, so neither needs to know which clock it has.
 
+    #: Whether ``now()`` reads wall time, seconds since the Unix epoch: then a
+    #: timezone-aware ``datetime`` names one of its times (an enqueue's ``not_before``).
+    wall = False
+
     #: Whether callers must act in a reproducible order: message several instances
     #: one after another, and wait for a crashed instance's recovery before going
     #: on. A simulated run repeats exactly only if they do.
@@ -119,6 +123,8 @@ class RealClock(Clock):
     @property
     def starts_due_work_at_once(self) -> bool:
         return True
+
+    wall = True
 
     #: The longest the scheduler thread waits at once, in seconds: any alarm time,
     #: however far, is waited for in slices (``Condition.wait`` refuses a timeout

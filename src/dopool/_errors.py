@@ -6,6 +6,7 @@ Every exception derives from :class:`DopoolError`::
     ├── ConfigurationError     bad options, names, retry values, concurrency changes
     │   └── DeadlockError      a call between instances that would wait in a cycle
     ├── EventValidationError   not msgpack-encodable, or rejected by the pool's schema
+    │   └── ScheduleError      a ``delay`` or ``not_before`` that names no due time
     ├── EventTooLargeError     encoded event over 128 KiB, partition key over 2 KiB
     ├── QueueFullError         an instance already holds ``max_queue_depth`` events
     ├── StoreLockedError       another runtime holds the store directory
@@ -76,6 +77,23 @@ class EventValidationError(DopoolError):
         self.position = position
         where = f"event {position} of the batch" if position is not None else "event"
         super().__init__(f"{where} rejected: {reason}")
+
+
+class ScheduleError(EventValidationError):
+    """An enqueue's ``delay`` or ``not_before`` names no due time; nothing was stored.
+
+    Attributes:
+        argument: ``"delay"`` or ``"not_before"``.
+        value: the value given.
+        reason: what is wrong with it.
+    """
+
+    def __init__(self, argument: str, value: Any, reason: str) -> None:
+        self.argument = argument
+        self.value = value
+        self.reason = reason
+        self.position = None  # one value for the whole call, never one event's
+        DopoolError.__init__(self, f"{argument}={value!r} refused: {reason}")
 
 
 class EventTooLargeError(DopoolError):

@@ -5,15 +5,19 @@ committed transaction leaves them balanced, so any snapshot of the store must:
 
 - ``enqueued = succeeded + dead_lettered + drained + pending``;
 - the meta's ``pending``, ``held_dead_letters`` and ``outbox`` equal the number of
-  queue, dead-letter and outbox keys;
+  queue and scheduled, dead-letter and outbox keys, and its ``scheduled`` the number
+  of scheduled keys;
 - its per-priority counts equal those of the queue keys;
+- its ``next_due`` is the first scheduled key's due time, and no queue key is due
+  later than its ``last_due``;
 - every sequence (of a queue or dead-letter key) is below the ``tail``;
 - the started event (``started_event(meta)``) has a record, and an attempt is
   running only if an event is started;
 - pending events that may start (not paused, no attempt running) have an alarm
   set, unless the instance gave its alarm up and is marked stalled
   (``dopool._alarm.stalled``); a stalled instance has events pending and no
-  attempt running.
+  attempt running; and where the alarm may be set anew (no failed delivery backs
+  it off), it is not later than the next scheduled event's due time.
 
 And between instances, of this pool or another, the follow-up links
 (:class:`LinkTally`, :func:`broken_links`): for each source and target, the links
@@ -36,13 +40,16 @@ from dataclasses import dataclass, field
 
 from dopool._alarm import stalled
 from dopool._layout import (
+    MIGRATED_DUE,
     Meta,
     Namespace,
     OutboxRecord,
     RecordKind,
     dead_letter_sequence,
+    queue_key_due,
     queue_key_priority,
     queue_key_sequence,
+    scheduled_key_due,
     started_event,
 )
 from dopool._storage import Txn
@@ -55,7 +62,10 @@ class InstanceState:
     pool: str
     index: int
     meta: Meta
-    pending_keys: int
+    pending_keys: int  # queue and scheduled keys
+    scheduled_keys: int
+    first_due: float | None  # the first scheduled key's due time
+    last_queue_due: float  # the latest due time of a queue key (MIGRATED_DUE if none)
     dead_letter_keys: int
     outbox_keys: int
     priorities: dict[int, int]  # queue keys per priority, in key order
@@ -74,6 +84,9 @@ class KeyTally:
 
     queue: set[bytes] = field(default_factory=set)
     priorities: dict[int, int] = field(default_factory=dict)
+    scheduled: int = 0
+    first_due: float | None = None
+    last_queue_due: float = MIGRATED_DUE
     dead_letters: int = 0
     outbox: int = 0
     last_sequence: int = -1
@@ -85,6 +98,12 @@ class KeyTally:
             priority = queue_key_priority(key)
             self.priorities[priority] = self.priorities.get(priority, 0) + 1
             self.last_sequence = max(self.last_sequence, queue_key_sequence(key))
+            self.last_queue_due = max(self.last_queue_due, queue_key_due(key))
+        elif kind is RecordKind.SCHEDULED:
+            self.scheduled += 1
+            due = scheduled_key_due(key)
+            self.first_due = due if self.first_due is None else min(self.first_due, due)
+            self.last_sequence = max(self.last_sequence, queue_key_sequence(key))
         elif kind is RecordKind.DEAD_LETTER:
             self.dead_letters += 1
             self.last_sequence = max(self.last_sequence, dead_letter_sequence(key))
@@ -94,7 +113,7 @@ class KeyTally:
     @property
     def empty(self) -> bool:
         """No queue, dead-letter or outbox key was counted."""
-        return not (self.queue or self.dead_letters or self.outbox)
+        return not (self.queue or self.scheduled or self.dead_letters or self.outbox)
 
     def state(self, pool: str, index: int, meta: Meta) -> InstanceState:
         """The counted keys beside the instance's ``meta``."""
@@ -102,7 +121,10 @@ class KeyTally:
             pool=pool,
             index=index,
             meta=meta,
-            pending_keys=len(self.queue),
+            pending_keys=len(self.queue) + self.scheduled,
+            scheduled_keys=self.scheduled,
+            first_due=self.first_due,
+            last_queue_due=self.last_queue_due,
             dead_letter_keys=self.dead_letters,
             outbox_keys=self.outbox,
             priorities=dict(self.priorities),
@@ -136,6 +158,7 @@ def broken_invariants(state: InstanceState) -> list[str]:
     broken: list[str] = []
     counts = (
         ("pending events", meta.pending, state.pending_keys),
+        ("scheduled events", meta.scheduled, state.scheduled_keys),
         ("dead letters", meta.held_dead_letters, state.dead_letter_keys),
         ("outbox entries", meta.outbox, state.outbox_keys),
     )
@@ -149,6 +172,11 @@ def broken_invariants(state: InstanceState) -> list[str]:
         )
     if meta.priorities != state.priorities:
         broken.append(f"meta counts {meta.priorities} per priority, the keys {state.priorities}")
+    if meta.next_due != state.first_due:
+        broken.append(f"meta's next due time {meta.next_due}, the keys' {state.first_due}")
+    last_due = MIGRATED_DUE if meta.last_due is None else meta.last_due
+    if state.last_queue_due > last_due:
+        broken.append(f"a queue key due at {state.last_queue_due}, past last_due {last_due}")
     if state.last_sequence >= meta.tail:
         broken.append(f"sequence {state.last_sequence} at or past the tail {meta.tail}")
     started = started_event(meta)  # (priority, sequence)
@@ -164,6 +192,13 @@ def broken_invariants(state: InstanceState) -> list[str]:
             )
     elif meta.pending and meta.alarm is None and not (meta.paused or meta.running):
         broken.append(f"{meta.pending} pending events, no alarm set, and not stalled")
+    elif (
+        meta.next_due is not None
+        and meta.alarm is not None
+        and meta.alarm > meta.next_due
+        and not (meta.paused or meta.running or meta.alarm_failures)
+    ):
+        broken.append(f"the alarm at {meta.alarm} is past the next due time {meta.next_due}")
     return broken
 
 

@@ -42,6 +42,7 @@ from dopool._layout import (
 from dopool._messages import Item
 from dopool._options import PoolOptions
 from dopool._retry import uniform_draw
+from dopool._scheduled import due_now, promote, schedule
 from dopool._status import dead_letter_from_record
 from dopool._storage import Txn
 from dopool._types import DeadLetter, EnqueueResult, EventKind, PoolEvent
@@ -158,26 +159,38 @@ class QueueMachine:
     def append(
         self, txn: Txn, meta: Meta, items: tuple[Item, ...], now: float, fx: Effects
     ) -> list[EnqueueResult]:
-        """Store ``items`` as new pending events, in order; their results."""
+        """Store ``items`` as new pending events, in order; their results. An item due
+        later than ``now`` is scheduled (:mod:`dopool._scheduled`)."""
         results = []
         listening = self._listening()
         ns, index, ident, counts = self._ns, self._index, self._id, meta.priorities
+        due = due_now(meta, now)
         previous: int | None = None
+        was_waiting = False
         position = 0
+        scheduled = 0
         for item in items:
-            priority = item.priority
-            if priority == previous:
+            priority, at = item.priority, item.due
+            waiting = at is not None and at > now
+            if priority == previous and waiting == was_waiting:
                 position += 1  # right behind the one before, of the same priority
             else:
                 position = _position(meta, priority)
-                previous = priority
+                previous, was_waiting = priority, waiting
             sequence = meta.tail
             meta.tail = sequence + 1
-            ns.add_event(txn, sequence, item.event, now, item.partition_key, priority)
-            counts[priority] = counts.get(priority, 0) + 1
+            if waiting and at is not None:
+                schedule(ns, txn, meta, sequence, item, at, now)
+                scheduled += 1
+            else:
+                ns.add_event(txn, sequence, item.event, now, item.partition_key, priority, due)
+                counts[priority] = counts.get(priority, 0) + 1
             results.append(EnqueueResult(sequence, index, ident, position))
             if listening:
                 fx.events.append(self.event("enqueued", now, sequence))
+        if scheduled != len(items):
+            meta.last_due = due
+        meta.scheduled += scheduled
         meta.pending += len(items)
         meta.enqueued += len(items)
         if items and meta.alarm_failures:  # (the hot path skips the call)
@@ -209,10 +222,12 @@ class QueueMachine:
         A damaged event record met on the way is dead-lettered, never started.
         """
         meta.alarm = None
-        if meta.paused or meta.pending == 0:
+        promote(self._ns, txn, meta, now, self._id)
+        if meta.paused or meta.pending == meta.scheduled:  # nothing due
+            rearm(meta, now)  # the next scheduled event's due time, if any
             return None
         if meta.current is not None and meta.retry_at is not None and meta.retry_at > now:
-            meta.alarm = meta.retry_at  # never run a retry early
+            rearm(meta, now)  # never run a retry early (nor a scheduled event late)
             return None
         while True:
             try:
@@ -394,6 +409,8 @@ class QueueMachine:
         meta.drained += count
         meta.pending = 0
         meta.priorities = {}
+        meta.scheduled = 0
+        meta.next_due = None
         meta.current = None
         meta.attempt = 0
         meta.retry_at = None
@@ -464,7 +481,11 @@ class QueueMachine:
 
 
 def _position(meta: Meta, priority: int) -> int:
-    """How many pending events will run before a new one of ``priority``."""
+    """How many events due now will run before a new one of ``priority``.
+
+    Exact for an event due now; for a scheduled one a lower bound (these run before
+    it, and others may fall due or arrive ahead of it meanwhile).
+    """
     counts = meta.priorities
     if not counts:
         return 0  # nothing pending

@@ -95,6 +95,7 @@ class Item(NamedTuple):
     event: bytes  # msgpack-encoded, size-checked
     partition_key: str | None
     priority: int
+    due: float | None = None  # not to run before this clock time (None: at once)
 
 
 class Message:

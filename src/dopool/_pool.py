@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, Unpack
 
@@ -20,7 +21,7 @@ from dopool._router import Router
 from dopool._status import dead_letter_from_record, instance_status, pool_status
 from dopool._supervisor import Supervisor
 from dopool._types import DeadLetter, EnqueueResult, PoolStatus
-from dopool._validation import prepare, prepare_many
+from dopool._validation import due_time, prepare, prepare_many
 from dopool._waits import acting
 
 if TYPE_CHECKING:
@@ -172,37 +173,69 @@ class WorkerPool:
 
     # -- enqueue ---------------------------------------------------------------
     def enqueue(
-        self, event: Any, *, partition_key: str | None = None, priority: int = 0
+        self,
+        event: Any,
+        *,
+        partition_key: str | None = None,
+        priority: int = 0,
+        delay: float | timedelta | None = None,
+        not_before: float | datetime | None = None,
     ) -> EnqueueResult:
         """Add one event; it is durable when this returns.
 
+        Args:
+            event: a msgpack-encodable value.
+            partition_key: routes every event of the key to one instance.
+            priority: higher runs first.
+            delay: seconds (or a timedelta) from now before it is due.
+            not_before: the clock time it is due at: a float of the runtime's clock, or,
+                under a real clock, a timezone-aware datetime. Not with ``delay``.
+
         Raises:
             EventValidationError: not msgpack-encodable, or rejected by the schema.
+            ScheduleError: a bad ``delay`` or ``not_before``, or both given.
             EventTooLargeError: over 128 KiB encoded, or a partition key over 2 KiB.
             QueueFullError: the chosen instance holds ``max_queue_depth`` events.
             PoolClosedError: the runtime is closed.
         """
         self._check_open()
         self._refuse_own_instance(None)
-        item = prepare(event, partition_key=partition_key, priority=priority, schema=self._schema)
+        due = None if delay is None and not_before is None else self._due(delay, not_before)
+        item = prepare(
+            event, partition_key=partition_key, priority=priority, schema=self._schema, due=due
+        )
         return self._route((item,), partition_key)[0]
 
     def enqueue_many(
-        self, events: Iterable[Any], *, partition_key: str | None = None, priority: int = 0
+        self,
+        events: Iterable[Any],
+        *,
+        partition_key: str | None = None,
+        priority: int = 0,
+        delay: float | timedelta | None = None,
+        not_before: float | datetime | None = None,
     ) -> list[EnqueueResult]:
         """Add several events: validate all, then each instance stores its share atomically.
 
-        If an instance refuses its share, the error's ``stored`` lists what the
-        other instances stored.
+        ``partition_key``, ``priority``, ``delay`` and ``not_before`` apply to every
+        event, as in :meth:`enqueue`. If an instance refuses its share, the error's
+        ``stored`` lists what the other instances stored.
         """
         self._check_open()
         self._refuse_own_instance(None)
+        due = None if delay is None and not_before is None else self._due(delay, not_before)
         items = prepare_many(
-            events, partition_key=partition_key, priority=priority, schema=self._schema
+            events, partition_key=partition_key, priority=priority, schema=self._schema, due=due
         )
         if not items:
             return []
         return self._route(items, partition_key)
+
+    def _due(
+        self, delay: float | timedelta | None, not_before: float | datetime | None
+    ) -> float | None:
+        clock = self._context.clock
+        return due_time(delay, not_before, now=clock.now, wall=clock.wall)
 
     def _route(self, items: tuple[Item, ...], partition_key: str | None) -> list[EnqueueResult]:
         """Send each instance its share from this thread, then gather the answers."""

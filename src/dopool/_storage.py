@@ -35,7 +35,7 @@ from dopool._layout import (
     FORMAT_VERSION,
     MIGRATES_FROM,
     get_pool,
-    migrate_from_1,
+    migrate_store,
     put_pool,
     read_format,
     seal_format,
@@ -280,7 +280,7 @@ def _check_opened(env: Any, path: Path, *, create: bool) -> None:
                     path=str(path), found=found, supported=FORMAT_VERSION, migrates=known
                 )
             with env.begin(write=True) as txn:  # one transaction: all of it, or nothing
-                changed = migrate_from_1(txn)
+                changed = migrate_store(txn, found)
             logger.info(
                 "store %r migrated from format %d to %d (%d records rewritten)",
                 str(path),

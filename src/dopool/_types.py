@@ -26,12 +26,21 @@ EventKind = Literal[
 
 @dataclass(frozen=True, slots=True)
 class EnqueueResult:
-    """Where an accepted event went. ``position`` 0 means it runs next."""
+    """Where an accepted event went. ``position`` 0 means it runs next.
+
+    ``duplicate`` is always False until enqueues take a dedup key.
+    """
 
     sequence: int
     instance_index: int
     instance_id: str
     position: int
+    duplicate: bool = False
+
+    @property
+    def event_id(self) -> str:
+        """The event's id, unique within its store and stable: treat it as opaque."""
+        return f"{self.instance_id}:{self.sequence}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +52,7 @@ class InstanceStatus:
     state: InstanceState
     enqueued: int
     pending: int
+    scheduled: int  # of ``pending``, the events not due yet
     processed: int
     succeeded: int
     dead_lettered: int
@@ -63,6 +73,7 @@ class PoolStatus:
     concurrency: int
     enqueued: int
     pending: int
+    scheduled: int  # of ``pending``, the events not due yet
     processed: int
     succeeded: int
     dead_lettered: int

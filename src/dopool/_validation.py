@@ -1,11 +1,18 @@
-"""Checking an event before anything is sent or stored."""
+"""Checking an event, and when it is due, before anything is sent or stored."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime, timedelta
 from typing import Any
 
-from dopool._errors import ConfigurationError, EventTooLargeError, EventValidationError
+from dopool._errors import (
+    ConfigurationError,
+    EventTooLargeError,
+    EventValidationError,
+    ScheduleError,
+)
 from dopool._layout import (
     MAX_EVENT_BYTES,
     MAX_PARTITION_KEY_BYTES,
@@ -30,6 +37,69 @@ def check_pool_name(name: object) -> str:
     return name
 
 
+def due_time(
+    delay: float | timedelta | None,
+    not_before: float | datetime | None,
+    *,
+    now: Callable[[], float],
+    wall: bool,
+) -> float | None:
+    """The clock time an event is due at: ``now() + delay``, or ``not_before``; None if
+    neither is given. One at or before the time it is stored is due at once.
+
+    ``wall``: the clock reads wall time (seconds since the Unix epoch), so a timezone-aware
+    ``datetime`` names one of its times.
+
+    Raises:
+        ScheduleError: both are given; a delay that is negative, not finite, or not
+            seconds; a ``not_before`` that is not finite, not a number or a datetime,
+            a naive datetime, or a datetime under a clock that is not wall time.
+    """
+    if not_before is None:
+        if delay is None:
+            return None
+        seconds = _seconds("delay", delay)
+        if seconds < 0:
+            raise ScheduleError("delay", delay, "a delay is seconds >= 0")
+        return _finite("delay", delay, now() + seconds)
+    if delay is not None:
+        raise ScheduleError("not_before", not_before, "give delay or not_before, not both")
+    if isinstance(not_before, datetime):
+        if not wall:
+            raise ScheduleError(
+                "not_before",
+                not_before,
+                "a datetime names a wall-clock time, and this runtime's clock is simulated: "
+                "give a float of its time",
+            )
+        if not_before.utcoffset() is None:
+            raise ScheduleError("not_before", not_before, "a naive datetime: give its timezone")
+        return _finite("not_before", not_before, not_before.timestamp())
+    return _finite("not_before", not_before, _number("not_before", not_before))
+
+
+def _seconds(argument: str, value: Any) -> float:
+    if isinstance(value, timedelta):
+        return _finite(argument, value, value.total_seconds())
+    return _finite(argument, value, _number(argument, value))
+
+
+def _number(argument: str, value: Any) -> float:
+    what = "seconds or a timedelta" if argument == "delay" else "a clock time or a datetime"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ScheduleError(argument, value, f"not {what}")
+    try:
+        return float(value)
+    except OverflowError:  # an int past a float's range
+        raise ScheduleError(argument, value, "too large for a clock time") from None
+
+
+def _finite(argument: str, value: Any, seconds: float) -> float:
+    if not math.isfinite(seconds):
+        raise ScheduleError(argument, value, "not a finite time")
+    return seconds
+
+
 def prepare(
     event: Any,
     *,
@@ -37,6 +107,7 @@ def prepare(
     priority: int,
     schema: Schema | None,
     position: int | None = None,
+    due: float | None = None,
 ) -> Item:
     """Validate, transform with the schema, encode and size-check one event."""
     if partition_key is not None:
@@ -62,11 +133,16 @@ def prepare(
             f"priority must be within [{PRIORITY_MIN}, {PRIORITY_MAX}], got {priority}",
             position=position,
         )
-    return Item(_encode(event, schema, position), partition_key, priority)
+    return Item(_encode(event, schema, position), partition_key, priority, due)
 
 
 def prepare_many(
-    events: Iterable[Any], *, partition_key: str | None, priority: int, schema: Schema | None
+    events: Iterable[Any],
+    *,
+    partition_key: str | None,
+    priority: int,
+    schema: Schema | None,
+    due: float | None = None,
 ) -> tuple[Item, ...]:
     """:func:`prepare` for a batch that shares one partition key and priority.
 
@@ -94,11 +170,16 @@ def prepare_many(
         if position == 0:
             items.append(
                 prepare(
-                    event, partition_key=partition_key, priority=priority, schema=schema, position=0
+                    event,
+                    partition_key=partition_key,
+                    priority=priority,
+                    schema=schema,
+                    position=0,
+                    due=due,
                 )
             )
         else:
-            items.append(Item(_encode(event, schema, position), partition_key, priority))
+            items.append(Item(_encode(event, schema, position), partition_key, priority, due))
     return tuple(items)
 
 

@@ -5,20 +5,27 @@ Keys (all integers big-endian, so LMDB's byte order is numeric order)::
     F                                     the format record: the store's format version
     P <pool>                              pool record: {"concurrency": N}
     I <pool>:<index> \\0 m                 instance meta (counters, flags, alarm slot)
-    I <pool>:<index> \\0 q <rank:4> <seq:8> one pending event
+    I <pool>:<index> \\0 q <rank:4> <due:8> <seq:8>
+                                          one pending event that is due (the run queue)
+    I <pool>:<index> \\0 w <due:8> <rank:4> <seq:8>
+                                          one pending event not due yet (scheduled)
     I <pool>:<index> \\0 d <seq:8>          one dead letter
     I <pool>:<index> \\0 o <oseq:8>         one follow-up waiting in the outbox
     I <pool>:<index> \\0 s <source pool> \\0 <source:4>
                                           the last follow-up link accepted from a
                                           source instance (of any pool)
 
-``rank`` is ``2**31 - 1 - priority``, so the first queue key under an instance's
-prefix is always the next event to run: higher priority first, then FIFO.
-Enqueue is one put and dequeue one ``set_range`` through the B-tree; nothing scans.
+``rank`` is ``2**31 - 1 - priority`` and ``due`` a float's order-preserving
+encoding (:func:`encode_due`), so the first queue key under an instance's prefix is
+always the next event to run: higher priority first, then the earlier due time, then
+FIFO. The first scheduled key is the next event to fall due; moving it into the run
+queue keeps its rank, due and sequence. Enqueue is one put and dequeue one
+``set_range`` through the B-tree; nothing scans.
 
 Format 1 keyed a delivery mark by the source's index alone (``s <source:4>``), so
 sources of two pools would share one; :func:`format_1_mark` reads such a key for
-the migration (:mod:`.migrate`).
+the migration (:mod:`.migrate`). Format 2's queue keys had no due time
+(``q <rank:4> <seq:8>``); :func:`format_2_queue_key` gives one its format-3 key.
 
 This is the only module that spells a key's bytes (``tests/test_layout_structure.py``).
 Its names with a leading underscore are the layout's own: :mod:`.records` and
@@ -28,6 +35,7 @@ Its names with a leading underscore are the layout's own: :mod:`.records` and
 from __future__ import annotations
 
 import enum
+import math
 import struct
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -41,21 +49,65 @@ _POOL_PREFIX = b"P"
 _INSTANCE_PREFIX = b"I"
 # The tag after an instance's prefix: which kind of record the key holds.
 _META_TAG, _QUEUE_TAG, _DEAD_TAG, _OUTBOX_TAG, _MARK_TAG = b"m", b"q", b"d", b"o", b"s"
+_WAIT_TAG = b"w"  # a scheduled event, not due yet
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
-_RANK_SEQ = struct.Struct(">IQ")
+_F64 = struct.Struct(">d")
+_RANK_SEQ = struct.Struct(">IQ")  # format 2's queue key suffix (the migration reads it)
+_RANK_DUE_SEQ = struct.Struct(">IQQ")  # a queue key's suffix
+_DUE_RANK_SEQ = struct.Struct(">QIQ")  # a scheduled key's suffix
+_SIGN = 1 << 63
+_ALL = (1 << 64) - 1
+
+
+def encode_due(due: float) -> int:
+    """A due time as an unsigned 64-bit integer in the same order (the key's ``due``).
+
+    The IEEE 754 bits, with the sign bit flipped for a positive number and every
+    bit flipped for a negative one: big-endian bytes then sort as the floats do,
+    ``-inf`` lowest. ``-0.0`` is taken as ``0.0``.
+    """
+    bits: int = _U64.unpack(_F64.pack(due + 0.0))[0]
+    return bits ^ _ALL if bits & _SIGN else bits | _SIGN
+
+
+def decode_due(bits: int) -> float:
+    """The due time :func:`encode_due` encoded."""
+    raw = bits ^ _SIGN if bits & _SIGN else bits ^ _ALL
+    due: float = _F64.unpack(_U64.pack(raw))[0]
+    return due
+
+
+#: The due of an event stored before due times existed (format 2): it runs first.
+MIGRATED_DUE = -math.inf
 
 
 def queue_key_priority(key: bytes) -> int:
-    """The priority encoded in a queue key (``rank:4 seq:8`` after its tag)."""
-    rank: int = _U32.unpack_from(key, len(key) - 12)[0]
+    """The priority encoded in a queue key (``rank:4 due:8 seq:8`` after its tag)."""
+    rank: int = _U32.unpack_from(key, len(key) - _RANK_DUE_SEQ.size)[0]
     return PRIORITY_MAX - rank
 
 
 def queue_key_sequence(key: bytes) -> int:
-    """The sequence encoded in a queue key."""
+    """The sequence encoded in a queue key, or in a scheduled event's key."""
     sequence: int = _U64.unpack_from(key, len(key) - 8)[0]
     return sequence
+
+
+def queue_key_due(key: bytes) -> float:
+    """The due time encoded in a queue key."""
+    return decode_due(_U64.unpack_from(key, len(key) - 16)[0])
+
+
+def scheduled_key_due(key: bytes) -> float:
+    """The due time encoded in a scheduled event's key (``due:8 rank:4 seq:8``)."""
+    return decode_due(_U64.unpack_from(key, len(key) - _DUE_RANK_SEQ.size)[0])
+
+
+def scheduled_key_priority(key: bytes) -> int:
+    """The priority encoded in a scheduled event's key."""
+    rank: int = _U32.unpack_from(key, len(key) - 12)[0]
+    return PRIORITY_MAX - rank
 
 
 def dead_letter_sequence(key: bytes) -> int:
@@ -75,6 +127,7 @@ class RecordKind(enum.Enum):
 
     META = "meta record"
     EVENT = "event record"
+    SCHEDULED = "scheduled event record"
     DEAD_LETTER = "dead letter"
     OUTBOX = "outbox entry"
     DELIVERY_MARK = "delivery mark"
@@ -83,6 +136,7 @@ class RecordKind(enum.Enum):
 _KIND_OF_TAG = {
     _META_TAG: RecordKind.META,
     _QUEUE_TAG: RecordKind.EVENT,
+    _WAIT_TAG: RecordKind.SCHEDULED,
     _DEAD_TAG: RecordKind.DEAD_LETTER,
     _OUTBOX_TAG: RecordKind.OUTBOX,
     _MARK_TAG: RecordKind.DELIVERY_MARK,
@@ -91,7 +145,8 @@ _KIND_OF_TAG = {
 # mark's varies with its source's pool name (see ``_valid_suffix``).
 _SUFFIX_LENGTHS = {
     _META_TAG: 0,
-    _QUEUE_TAG: _RANK_SEQ.size,
+    _QUEUE_TAG: _RANK_DUE_SEQ.size,
+    _WAIT_TAG: _DUE_RANK_SEQ.size,
     _DEAD_TAG: 8,
     _OUTBOX_TAG: 8,
 }
@@ -171,6 +226,22 @@ def format_1_mark(key: bytes) -> tuple[str, int, int] | None:
     return pool, int(index), _U32.unpack_from(rest, 1)[0]
 
 
+def format_2_queue_key(key: bytes) -> bytes | None:
+    """Format 3's key for ``key`` if it is a format-2 queue key, else None.
+
+    Format 2 keyed a pending event ``q <rank:4> <seq:8>``: it gets the lowest due
+    time (:data:`MIGRATED_DUE`), so it keeps its place, ahead of anything enqueued later.
+    """
+    _, nul, rest = key[1:].partition(b"\0")
+    if key[:1] != _INSTANCE_PREFIX or not nul or rest[:1] != _QUEUE_TAG:
+        return None
+    if len(rest) != 1 + _RANK_SEQ.size:
+        return None
+    rank, sequence = _RANK_SEQ.unpack_from(rest, 1)
+    suffix = _RANK_DUE_SEQ.pack(rank, encode_due(MIGRATED_DUE), sequence)
+    return key[: -_RANK_SEQ.size] + suffix
+
+
 def is_format_key(key: bytes) -> bool:
     return key == FORMAT_KEY
 
@@ -217,5 +288,5 @@ def started_event(meta: Meta) -> tuple[int, int] | None:
     current = meta.current
     if current is None:
         return None
-    rank, sequence = _RANK_SEQ.unpack_from(current, len(current) - _RANK_SEQ.size)
+    rank, _, sequence = _RANK_DUE_SEQ.unpack_from(current, len(current) - _RANK_DUE_SEQ.size)
     return PRIORITY_MAX - rank, sequence

@@ -1,7 +1,10 @@
-"""A store of format 1 rewritten as format 2, in place, in one write transaction.
+"""A store of an older format rewritten as this one, in place, in one write transaction.
 
-Format 2 lets a follow-up go to another pool, so what format 1 keyed or counted by
-an instance's index alone now names the pool too (``docs/store-format.md``):
+Each step rewrites what changed between two formats and leaves every other record
+as it is; a store of format 1 takes both steps, in the same transaction.
+
+Format 1 → 2: a follow-up may go to another pool, so what format 1 keyed or counted
+by an instance's index alone now names the pool too (``docs/store-format.md``):
 
 - an outbox entry gains a first field, ``pool``: format 1's went to the source's
   own pool;
@@ -10,10 +13,18 @@ an instance's index alone now names the pool too (``docs/store-format.md``):
 - a delivery mark is keyed ``s <source pool> \\0 <source:4>`` instead of
   ``s <source:4>``: format 1's sources were of the marked instance's own pool.
 
-Every other record reads the same in both formats and is left as it is. A record
-that fails format 1's checks is not rewritten (a mark moves to its new key, its
-bytes as found): format 2's checks then find it damaged, as format 1's would have.
-The caller commits the transaction, or rolls it back if anything raises.
+Format 2 → 3: events may be scheduled, and due events run by due time:
+
+- a queue key gains a due time between its rank and its sequence: format 2's get
+  the lowest (``MIGRATED_DUE``), so they keep their order and run first; each
+  record is sealed again for its new key;
+- the meta gains ``scheduled`` (0), ``next_due`` and ``last_due`` (nil), and its
+  ``current`` names the started event's new key.
+
+A record that fails the older format's checks is not rewritten (a record that moves
+to a new key moves with its bytes as found): the new format's checks then find it
+damaged, as the old ones would have. The caller commits the transaction, or rolls it
+back if anything raises.
 """
 
 from __future__ import annotations
@@ -27,19 +38,22 @@ from dopool._layout.keys import (
     RecordKind,
     _mark_suffix,
     format_1_mark,
+    format_2_queue_key,
     parse_instance_key,
 )
 from dopool._layout.namespace import Namespace
 from dopool._layout.records import (
-    _META_LAYOUT,
-    _META_NAMES,
+    _META_LAYOUT_2,
     _OUTBOX_LAYOUT,
     Layout,
     Meta,
     OutboxRecord,
     _laid_out,
     _tally,
+    open_sealed,
+    pack,
     read_link,
+    seal,
     seal_format,
     seal_link,
     seal_meta,
@@ -49,16 +63,24 @@ from dopool._layout.records import (
 if TYPE_CHECKING:
     from dopool._storage import Txn
 
-# Format 1's layouts of the two records whose fields changed.
+# The older formats' layouts of the records whose fields changed.
 _META_LAYOUT_1: Layout = tuple(
-    (name, _tally if name == "links" else check) for name, check in _META_LAYOUT
+    (name, _tally if name == "links" else check) for name, check in _META_LAYOUT_2
 )
+_META_NAMES_2 = tuple(name for name, _ in _META_LAYOUT_2)
 _OUTBOX_LAYOUT_1: Layout = _OUTBOX_LAYOUT[1:]  # no "pool"
 
 
-def migrate_from_1(txn: Txn) -> int:
-    """Rewrite a format-1 store in ``txn`` as format 2; how many records changed."""
-    changed = 0
+def migrate_store(txn: Txn, found: int) -> int:
+    """Rewrite a store of format ``found`` (1 or 2) in ``txn`` as this format; how many
+    records changed."""
+    changed = _from_1(txn) if found == 1 else 0
+    changed += _from_2(txn)
+    txn.put(FORMAT_KEY, seal_format(FORMAT_KEY))
+    return changed
+
+
+def _instance_keys(txn: Txn) -> list[bytes]:
     with txn.cursor() as cursor:
         keys = []
         if cursor.set_range(_INSTANCE_PREFIX):
@@ -66,32 +88,42 @@ def migrate_from_1(txn: Txn) -> int:
                 if not key.startswith(_INSTANCE_PREFIX):
                     break
                 keys.append(bytes(key))
-    for key in keys:
+    return keys
+
+
+# -- format 1 to 2 ---------------------------------------------------------------------
+
+
+def _from_1(txn: Txn) -> int:
+    """Rewrite a format-1 store in ``txn`` as format 2; how many records changed."""
+    changed = 0
+    for key in _instance_keys(txn):
         value = txn.get(key)
         parsed = parse_instance_key(key)
         if parsed is not None and parsed.kind is RecordKind.META:
-            changed += _meta(txn, key, value, parsed.pool)
+            changed += _meta_1(txn, key, value, parsed.pool)
         elif parsed is not None and parsed.kind is RecordKind.OUTBOX:
-            changed += _outbox(txn, key, value, parsed.pool)
+            changed += _outbox_1(txn, key, value, parsed.pool)
         elif (mark := format_1_mark(key)) is not None:
-            _mark(txn, key, value, *mark)
+            _mark_1(txn, key, value, *mark)
             changed += 1
-    txn.put(FORMAT_KEY, seal_format(FORMAT_KEY))
     return changed
 
 
-def _meta(txn: Txn, key: bytes, value: bytes, pool: str) -> int:
+def _meta_1(txn: Txn, key: bytes, value: bytes, pool: str) -> int:
     try:
         fields = _laid_out(key, value, _META_LAYOUT_1)
     except DamagedRecordError:
         return 0
-    meta = Meta(**dict(zip(_META_NAMES, fields, strict=True)))
-    meta.links = {f"{pool}:{target}": link for target, link in sorted(meta.links.items())}
-    txn.put(key, seal_meta(key, meta))
+    links = fields[_META_NAMES_2.index("links")]
+    fields[_META_NAMES_2.index("links")] = {
+        f"{pool}:{target}": link for target, link in sorted(links.items())
+    }
+    txn.put(key, seal(key, pack(fields)))  # format 2's layout: the next step reads it
     return 1
 
 
-def _outbox(txn: Txn, key: bytes, value: bytes, pool: str) -> int:
+def _outbox_1(txn: Txn, key: bytes, value: bytes, pool: str) -> int:
     try:
         fields = _laid_out(key, value, _OUTBOX_LAYOUT_1)
     except DamagedRecordError:
@@ -100,10 +132,48 @@ def _outbox(txn: Txn, key: bytes, value: bytes, pool: str) -> int:
     return 1
 
 
-def _mark(txn: Txn, key: bytes, value: bytes, pool: str, index: int, source: int) -> None:
+def _mark_1(txn: Txn, key: bytes, value: bytes, pool: str, index: int, source: int) -> None:
     new_key = Namespace(pool, index).mark_prefix + _mark_suffix(pool, source)
     try:
         new_value = seal_link(new_key, read_link(key, value))
+    except DamagedRecordError:
+        new_value = value  # damaged as found: still damaged under its new key
+    txn.delete(key)
+    txn.put(new_key, new_value)
+
+
+# -- format 2 to 3 ---------------------------------------------------------------------
+
+
+def _from_2(txn: Txn) -> int:
+    """Rewrite a format-2 store in ``txn`` as format 3; how many records changed."""
+    changed = 0
+    for key in _instance_keys(txn):
+        value = txn.get(key)
+        parsed = parse_instance_key(key)
+        if parsed is not None and parsed.kind is RecordKind.META:
+            changed += _meta_2(txn, key, value)
+        elif (new_key := format_2_queue_key(key)) is not None:
+            _event_2(txn, key, value, new_key)
+            changed += 1
+    return changed
+
+
+def _meta_2(txn: Txn, key: bytes, value: bytes) -> int:
+    try:
+        fields = _laid_out(key, value, _META_LAYOUT_2)
+    except DamagedRecordError:
+        return 0
+    meta = Meta(**dict(zip(_META_NAMES_2, fields, strict=True)))
+    if meta.current is not None:
+        meta.current = format_2_queue_key(meta.current) or meta.current  # else damaged
+    txn.put(key, seal_meta(key, meta))
+    return 1
+
+
+def _event_2(txn: Txn, key: bytes, value: bytes, new_key: bytes) -> None:
+    try:
+        new_value = seal(new_key, open_sealed(key, value))
     except DamagedRecordError:
         new_value = value  # damaged as found: still damaged under its new key
     txn.delete(key)

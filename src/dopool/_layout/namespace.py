@@ -6,12 +6,15 @@ the keys come from :mod:`.keys`, the values are sealed and checked by :mod:`.rec
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dopool._errors import DamagedRecordError
 from dopool._layout.keys import (
     _DEAD_TAG,
+    _DUE_RANK_SEQ,
     _INSTANCE_PREFIX,
     _KIND_OF_TAG,
     _MARK_TAG,
@@ -19,13 +22,16 @@ from dopool._layout.keys import (
     _OUTBOX_TAG,
     _POOL_PREFIX,
     _QUEUE_TAG,
-    _RANK_SEQ,
+    _RANK_DUE_SEQ,
     _U64,
+    _WAIT_TAG,
     RecordKind,
     _mark_source,
     _mark_suffix,
     _valid_suffix,
     dead_letter_sequence,
+    decode_due,
+    encode_due,
     outbox_sequence,
     pool_key,
     pool_name_of,
@@ -37,6 +43,7 @@ from dopool._layout.records import (
     Meta,
     OutboxRecord,
     damaged,
+    open_sealed,
     pack,
     read_dead,
     read_event,
@@ -56,6 +63,17 @@ from dopool._layout.records import (
 if TYPE_CHECKING:
     from dopool._storage import Txn
 
+
+@dataclass(slots=True)
+class Promoted:
+    """What :meth:`Namespace.promote` moved: each event's priority, in due order; the due
+    time of the last one moved (None if none); the next scheduled due time (None if none)."""
+
+    priorities: list[int] = field(default_factory=list)
+    last_due: float | None = None
+    next_due: float | None = None
+
+
 # -- an instance's keys ---------------------------------------------------------------
 
 
@@ -66,12 +84,24 @@ class Namespace:
     :class:`DamagedRecordError` for a record that fails its checksum or layout.
     """
 
-    __slots__ = ("_dead", "_marks", "_meta", "_outbox", "_queue", "_seen", "prefix")
+    __slots__ = (
+        "_dead",
+        "_due",
+        "_marks",
+        "_meta",
+        "_outbox",
+        "_queue",
+        "_seen",
+        "_wait",
+        "prefix",
+    )
 
     def __init__(self, pool: str, index: int) -> None:
         self.prefix = _INSTANCE_PREFIX + f"{pool}:{index}".encode() + b"\0"
         self._meta = self.prefix + _META_TAG
         self._queue = self.prefix + _QUEUE_TAG
+        self._wait = self.prefix + _WAIT_TAG
+        self._due = (math.nan, 0)  # the last due time encoded, and its encoding
         self._dead = self.prefix + _DEAD_TAG
         self._outbox = self.prefix + _OUTBOX_TAG
         self._seen = self.prefix + _MARK_TAG
@@ -97,11 +127,26 @@ class Namespace:
         txn.put(self._meta, seal_meta(self._meta, meta))
 
     # -- queue --------------------------------------------------------------
-    def queue_key(self, priority: int, sequence: int) -> bytes:
-        return self._queue + _RANK_SEQ.pack(PRIORITY_MAX - priority, sequence)
+    def _encoded(self, due: float) -> int:
+        """``encode_due(due)``, remembered: a batch's events share one due time."""
+        last, bits = self._due
+        if last != due:
+            bits = encode_due(due)
+            self._due = (due, bits)
+        return bits
+
+    def queue_key(self, priority: int, sequence: int, due: float) -> bytes:
+        """The run queue's key of an event due at ``due``."""
+        rank = PRIORITY_MAX - priority
+        return self._queue + _RANK_DUE_SEQ.pack(rank, self._encoded(due), sequence)
+
+    def scheduled_key(self, priority: int, sequence: int, due: float) -> bytes:
+        """The key of an event not due until ``due``."""
+        rank = PRIORITY_MAX - priority
+        return self._wait + _DUE_RANK_SEQ.pack(self._encoded(due), rank, sequence)
 
     def put_event(self, txn: Txn, key: bytes, record: EventRecord) -> None:
-        """Store a pending event under its queue key."""
+        """Store a pending event under its queue or scheduled key."""
         txn.put(key, seal_event(key, record), overwrite=False)
 
     def add_event(
@@ -112,13 +157,30 @@ class Namespace:
         enqueued_at: float,
         partition_key: str | None,
         priority: int,
+        due: float,
     ) -> None:
-        """Store a new pending event from its fields, under the queue key they make.
+        """Store a new event due at ``due`` from its fields, under the queue key they make.
 
         :meth:`put_event` and :meth:`queue_key` in one call, with no record built:
         this runs for every event enqueued.
         """
-        key = self._queue + _RANK_SEQ.pack(PRIORITY_MAX - priority, sequence)
+        rank = PRIORITY_MAX - priority
+        key = self._queue + _RANK_DUE_SEQ.pack(rank, self._encoded(due), sequence)
+        body = pack((event, enqueued_at, partition_key, priority))  # records._EVENT_LAYOUT's order
+        txn.put(key, seal(key, body), overwrite=False)
+
+    def add_scheduled(
+        self,
+        txn: Txn,
+        sequence: int,
+        event: bytes,
+        enqueued_at: float,
+        partition_key: str | None,
+        priority: int,
+        due: float,
+    ) -> None:
+        """Store a new event that is not due until ``due``, under its scheduled key."""
+        key = self.scheduled_key(priority, sequence, due)
         body = pack((event, enqueued_at, partition_key, priority))  # records._EVENT_LAYOUT's order
         txn.put(key, seal(key, body), overwrite=False)
 
@@ -132,7 +194,7 @@ class Namespace:
         Raises:
             DamagedRecordError: the first record is damaged (its ``key`` says which).
         """
-        queue, length = self._queue, len(self._queue) + _RANK_SEQ.size
+        queue, length = self._queue, len(self._queue) + _RANK_DUE_SEQ.size
         with txn.cursor() as cursor:
             found = cursor.set_range(queue)
             while found:
@@ -144,14 +206,58 @@ class Namespace:
                 found = cursor.next()  # a stray key of the wrong length: not an event
         return None
 
+    def promote(self, txn: Txn, now: float) -> Promoted:
+        """Move every scheduled event due by ``now`` into the run queue, in due order.
+
+        Each keeps its rank, due time and sequence, so its queue key orders it by its
+        due time among the events already there. Its record is sealed again for its
+        new key; one that fails its checksum moves with its bytes as found, so that it
+        is found damaged, and dead-lettered, when its turn comes.
+        """
+        wait, queue = self._wait, self._queue
+        length, limit = len(wait) + _DUE_RANK_SEQ.size, encode_due(now)
+        moves: list[tuple[bytes, bytes, bytes]] = []
+        promoted = Promoted()
+        with txn.cursor() as cursor:
+            found = cursor.set_range(wait)
+            while found:
+                key, raw = cursor.item()
+                if not key.startswith(wait):
+                    break
+                if len(key) == length:  # else a stray key: not an event
+                    bits, rank, sequence = _DUE_RANK_SEQ.unpack_from(key, len(wait))
+                    if bits > limit:
+                        promoted.next_due = decode_due(bits)
+                        break
+                    new_key = queue + _RANK_DUE_SEQ.pack(rank, bits, sequence)
+                    try:
+                        value = seal(new_key, open_sealed(key, raw))
+                    except DamagedRecordError:
+                        value = raw  # damaged as found: still damaged under its new key
+                    moves.append((key, new_key, value))
+                    promoted.priorities.append(PRIORITY_MAX - rank)
+                    promoted.last_due = decode_due(bits)
+                found = cursor.next()
+        for key, new_key, value in moves:
+            txn.delete(key)
+            txn.put(new_key, value, overwrite=False)
+        return promoted
+
     def delete_event(self, txn: Txn, key: bytes) -> None:
         txn.delete(key)
 
     def delete_events(self, txn: Txn) -> int:
-        return _delete_prefix(txn, self._queue)
+        """Delete every pending event, due or scheduled; how many."""
+        return _delete_prefix(txn, self._queue) + _delete_prefix(txn, self._wait)
 
     def iter_event_keys(self, txn: Txn) -> Iterator[bytes]:
+        """The run queue's keys, in run order."""
         for key, _ in _iter_prefix(txn, self._queue):
+            yield key
+
+    def iter_scheduled_keys(self, txn: Txn) -> Iterator[bytes]:
+        """The scheduled events' keys, in due order."""
+        for key, _ in _iter_prefix(txn, self._wait):
             yield key
 
     # -- dead letters -------------------------------------------------------
@@ -242,8 +348,8 @@ class Namespace:
                 yield _KIND_OF_TAG[tag], key
 
     def count_pending(self, txn: Txn) -> int:
-        """How many queue keys exist (the meta's ``pending`` should say as many)."""
-        return _count_prefix(txn, self._queue)
+        """How many queue and scheduled keys exist (the meta's ``pending``)."""
+        return _count_prefix(txn, self._queue) + _count_prefix(txn, self._wait)
 
     def count_dead_letters(self, txn: Txn) -> int:
         """How many dead-letter keys exist (the meta's ``held_dead_letters``)."""

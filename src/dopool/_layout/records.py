@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import msgpack
 
 from dopool._errors import DamagedRecordError, EventValidationError
-from dopool._layout.keys import _QUEUE_TAG, describe_key
+from dopool._layout.keys import _QUEUE_TAG, _RANK_DUE_SEQ, describe_key
 from dopool._layout.limits import FORMAT_VERSION, MAX_CONCURRENCY, POOL_NAME
 
 # -- encoding ----------------------------------------------------------------------
@@ -363,14 +363,20 @@ class Meta:
     outbox_next: int = 0
     outbox: int = 0  # outbox entries not yet acknowledged by their target
     held_dead_letters: int = 0  # dead-letter records held (dead_lettered counts them all)
-    priorities: dict[int, int] = field(default_factory=dict)  # pending events per priority
+    priorities: dict[int, int] = field(default_factory=dict)  # due pending events per priority
     alarm_failures: int = 0  # consecutive failed alarm deliveries (fault injection)
     links: dict[str, int] = field(default_factory=dict)  # next outbox link per target id
+    # Of ``pending``, the events not due yet, under scheduled keys (not in ``priorities``):
+    scheduled: int = 0
+    next_due: float | None = None  # the earliest due time among them
+    # The highest due time any queue key was given: an event due when it is enqueued
+    # gets at least this, so it goes behind every event already due (clock steps back).
+    last_due: float | None = None
 
 
-# The meta record's fields, in stored order (format 2). Independent of the
-# dataclass's field order; a change here is a change of format.
-_META_LAYOUT: Layout = (
+# The meta record's fields, in stored order. Independent of the dataclass's field
+# order; a change here is a change of format. Format 2's (the migration reads it):
+_META_LAYOUT_2: Layout = (
     ("tail", _count),
     ("pending", _count),
     ("enqueued", _count),
@@ -392,6 +398,13 @@ _META_LAYOUT: Layout = (
     ("alarm_failures", _count),
     ("links", _links),
 )
+# Format 3's: format 2's, then the scheduled events' fields.
+_META_LAYOUT: Layout = (
+    *_META_LAYOUT_2,
+    ("scheduled", _count),
+    ("next_due", _time_or_none),
+    ("last_due", _time_or_none),
+)
 _META_NAMES = tuple(name for name, _ in _META_LAYOUT)
 _meta_values = attrgetter(*_META_NAMES)  # every field in stored order, in one C call
 
@@ -404,8 +417,10 @@ def read_meta(key: bytes, value: bytes) -> Meta:
     fields = _laid_out(key, value, _META_LAYOUT)
     meta = Meta(**dict(zip(_META_NAMES, fields, strict=True)))
     current = meta.current
-    # The started event's queue key: this namespace's queue tag, then rank and sequence.
-    queue = key[:-1] + _QUEUE_TAG
-    if current is not None and (len(current) != len(key) + 12 or current[:-12] != queue):
+    # The started event's queue key: this namespace's queue tag, then rank, due, sequence.
+    queue, size = key[:-1] + _QUEUE_TAG, _RANK_DUE_SEQ.size
+    if current is not None and (len(current) != len(key) + size or current[:-size] != queue):
         raise damaged(key, value, f"current is {current!r}")
+    if (meta.next_due is None) != (meta.scheduled == 0) or meta.scheduled > meta.pending:
+        raise damaged(key, value, f"{meta.scheduled} scheduled, next due {meta.next_due!r}")
     return meta

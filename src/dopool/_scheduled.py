@@ -1,0 +1,62 @@
+"""The queue machine's scheduled events: one not due yet is stored aside, and moved into
+the run queue when its due time comes. Part of the queue machine (:mod:`dopool._machine`).
+
+An event enqueued with a ``delay`` or a ``not_before`` still in the future is stored at
+once under a *scheduled* key, ordered by due time, and counted in the meta's
+``pending`` and ``scheduled``; ``next_due`` is the earliest due time among them, so the
+alarm slot can cover it from the meta alone (:func:`dopool._alarm.rearm`). When the
+instance looks for work (its alarm, an outcome's chained start) the ones due by then
+are *promoted*: moved, in one transaction, to the run queue, under the queue key of
+their due time. The first queue key is then always the next event to run, and no
+start scans past events that are not due. Promotion only keeps books: it starts
+nothing, and where it happens later than the due time (the instance was busy or
+paused) the order is the same, since the queue key holds the due time, not the time
+of the move.
+"""
+
+from __future__ import annotations
+
+from dopool._errors import StorageError
+from dopool._layout import Meta, Namespace
+from dopool._messages import Item
+from dopool._storage import Txn
+
+
+def due_now(meta: Meta, now: float) -> float:
+    """The due time an event due at once gets in its queue key: ``now``, or the highest
+    due time given so far if the clock stepped back, so it goes behind every event
+    already due of its priority."""
+    last = meta.last_due
+    return now if last is None or last < now else last
+
+
+def schedule(
+    ns: Namespace, txn: Txn, meta: Meta, sequence: int, item: Item, at: float, now: float
+) -> None:
+    """Store ``item`` as event ``sequence``, not due until ``at`` (later than ``now``).
+
+    The caller counts it in ``pending`` and ``scheduled``.
+    """
+    ns.add_scheduled(txn, sequence, item.event, now, item.partition_key, item.priority, at)
+    if meta.next_due is None or at < meta.next_due:
+        meta.next_due = at
+
+
+def promote(ns: Namespace, txn: Txn, meta: Meta, now: float, ident: str) -> None:
+    """Move the scheduled events due by ``now`` into the run queue, and count them there.
+
+    Cheap to call: it reads nothing unless one is due.
+    """
+    if meta.next_due is None or meta.next_due > now:
+        return
+    moved = ns.promote(txn, now)
+    counts = meta.priorities
+    for priority in moved.priorities:
+        counts[priority] = counts.get(priority, 0) + 1
+    meta.scheduled -= len(moved.priorities)
+    meta.next_due = moved.next_due
+    if meta.next_due is None and meta.scheduled:
+        raise StorageError(f"instance {ident}: {meta.scheduled} scheduled but no key")
+    last = moved.last_due
+    if last is not None and (meta.last_due is None or last > meta.last_due):
+        meta.last_due = last
