@@ -521,6 +521,23 @@ def test_status_prints_every_pool(real_store: Path) -> None:
     assert "paused" in out
 
 
+def test_status_counts_scheduled_events(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with Runtime.simulated(store) as runtime:
+        pool = runtime.define("later", execute=lambda ctx: None, concurrency=2)
+        pool.enqueue_many(["a", "b", "c"], delay=60)
+        pool.enqueue("now", partition_key="k")
+    result = invoke("status", str(store))
+    assert result.exit_code == 0, result.output
+    assert "4 enqueued · 4 pending (3 scheduled) · 0 succeeded" in result.stdout
+    assert "scheduled" in result.stdout.splitlines()[2]  # the column
+    document = json.loads(invoke("status", str(store), "--json").stdout)
+    (pool_status,) = document["pools"]
+    assert (pool_status["pending"], pool_status["scheduled"]) == (4, 3)
+    assert [i["scheduled"] for i in pool_status["instances"]] == [2, 1]
+    assert [i["next_alarm_at"] for i in pool_status["instances"]] == [60.0, 0.0]  # "k": 1
+
+
 @pytest.mark.threaded
 def test_status_json_and_one_pool(real_store: Path) -> None:
     result = invoke("status", str(real_store), "--pool", "emails", "--json")

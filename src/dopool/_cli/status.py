@@ -46,10 +46,11 @@ def status(path: Path, pool_name: str | None, as_json: bool) -> None:
 
 
 def _status_table(item: PoolStatus, waiting: dict[str, int]) -> Table:
+    scheduled = f" ({item.scheduled:,} scheduled)" if item.scheduled else ""
     table = Table(
         title=Text(
             f"pool {_clean(item.name)} · {item.concurrency} instances · "
-            f"{item.enqueued:,} enqueued · {item.pending:,} pending · "
+            f"{item.enqueued:,} enqueued · {item.pending:,} pending{scheduled} · "
             f"{item.succeeded:,} succeeded · {item.dead_lettered:,} dead-lettered · "
             f"{item.drained:,} drained"
         ),
@@ -58,7 +59,7 @@ def _status_table(item: PoolStatus, waiting: dict[str, int]) -> Table:
     )
     table.add_column("instance", no_wrap=True)
     table.add_column("state")
-    for name in ("pending", "enqueued", "succeeded", "dead", "drained", "restarts"):
+    for name in ("pending", "scheduled", "enqueued", "succeeded", "dead", "drained", "restarts"):
         table.add_column(name, justify="right")
     table.add_column("current", justify="right")
     table.add_column("next alarm", no_wrap=True)
@@ -75,6 +76,7 @@ def _status_table(item: PoolStatus, waiting: dict[str, int]) -> Table:
             Text(_clean(s.instance_id)),
             Text(s.state, style=styles.get(s.state, "")),
             f"{s.pending:,}",
+            f"{s.scheduled:,}",
             f"{s.enqueued:,}",
             f"{s.succeeded:,}",
             f"{s.dead_lettered:,}",
