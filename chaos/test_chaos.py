@@ -194,6 +194,42 @@ def test_poison_event_in_a_checked_scenario() -> None:
     assert {kind for _, kind, _ in settled[1:]} == {"succeeded"}
 
 
+def test_delayed_events_through_kills_and_a_reopen_in_a_checked_scenario() -> None:
+    """Scheduled events survive a crash and a reopen, run at their due times, and never
+    before; the checker follows them (docs/guarantees.md, "Order and priority")."""
+    events = [make_event(f"d{n}", pk="p") for n in range(5)]
+    steps = (
+        Step(
+            "enqueue",
+            {
+                "events": events[:4],
+                "when": [("delay", 3.0), ("not_before", 1.5), None, ("delay", 0.0)],
+            },
+        ),
+        Step("enqueue_many", {"events": events[4:], "pk": "p", "prio": 0, "when": ("delay", 6.0)}),
+        Step("kill", {"index": 0}),
+        Step("advance", {"seconds": 2.0}),
+        Step("reopen", {}),
+        Step("kill", {"index": 0}),
+        Step("join", {}),
+    )
+    scenario = Scenario(13, 1, RetryPolicy(), FaultPlan(seed=3, alarm_error=0.2), None, steps)
+    runner = Runner(scenario)
+    result = runner.run()
+    assert result.ok, result.report()
+    names = runner.history.names
+    started = {
+        names[(r.inst, r.seq or 0)]: r.time
+        for r in runner.history.records
+        if isinstance(r, Ev) and r.kind == "started"
+    }
+    assert started["d2"] <= started["d3"] <= started["d1"]  # due at once, then in due order
+    assert started["d1"] >= 1.5
+    assert started["d0"] >= 3.0
+    assert started["d4"] >= 6.0
+    assert result.succeeded == len(events)
+
+
 def test_a_stalled_instance_is_woken_in_a_checked_scenario() -> None:
     """``alarm_retries=0``: every failed alarm stalls the instance until a write or a resume."""
     events = [make_event(f"e{n}", pk="p") for n in range(12)]
@@ -282,8 +318,26 @@ def test_checker_accepts_a_stall_that_a_resume_ended(wake: Ev | Resumed) -> None
         ),
         pytest.param(
             (*CLEAN[:6], _ev("started", 1, 1), _run("b", 1, 1), _ev("succeeded", 1, 1)),
-            "started sequence 1 (priority 0) while sequence 0",
+            "started sequence 1 (priority 0, due 0.0) while sequence 0",
             id="out-of-order",
+        ),
+        pytest.param(
+            (*CLEAN[:2], Ack("a", 0, 0, 3.0), *CLEAN[3:6], _ev("started", 0, 1, time=2.5)),
+            "entry (0, 0) started at 2.5, before it was due at 3.0",
+            id="early-scheduled",
+        ),
+        pytest.param(
+            (
+                Call(0, "enqueue"),
+                _enqueued(0),
+                Ack("a", 0, 0, 3.0),  # scheduled for t=3
+                Ev("enqueued", 0, 1, None, 4.0, None),
+                Ack("b", 0, 1),  # enqueued at t=4: due after a
+                Call(1, "advance"),
+                _ev("started", 1, 1, time=5.0),
+            ),
+            "started sequence 1 (priority 0, due 4.0) while sequence 0 (priority 0, due 3.0)",
+            id="due-order",
         ),
         pytest.param(
             (

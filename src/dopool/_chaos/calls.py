@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from dopool import DeadLetter, InstanceCrashedError, QueueFullError, WorkerPool
 from dopool._chaos.history import Ack, Purged, Redriven, Resumed
+from dopool._chaos.scenario import When, when_args
 
 if TYPE_CHECKING:
     from dopool._chaos.clockdriver import ClockDriver
@@ -46,26 +47,30 @@ class Calls(ABC):
         pk: str | None,
         prio: int,
         many: bool,
+        when: When | None = None,
     ) -> None:
         history = self.history
         for event in events:
             history.contents[event["id"]] = event
+        args, due = when_args(when, self.driver.clock.now())
         try:
             if many:
-                results = pool.enqueue_many(events, partition_key=pk, priority=prio)
+                results = pool.enqueue_many(events, partition_key=pk, priority=prio, **args)
             else:
-                results = [pool.enqueue(events[0], partition_key=pk, priority=prio)]
+                results = [pool.enqueue(events[0], partition_key=pk, priority=prio, **args)]
         except (InstanceCrashedError, QueueFullError) as exc:
             if isinstance(exc, InstanceCrashedError):
                 self.driver.after_crash()
-            self._acknowledge_stored(pool, list(exc.stored))
+            self._acknowledge_stored(pool, list(exc.stored), due)
             return
         for event, result in zip(events, results, strict=True):
             entry = (self._flat(pool.name, result.instance_index), result.sequence)
             history.name(entry, event["id"], "enqueue's result")
-            history.add(Ack(event["id"], *entry))
+            history.add(Ack(event["id"], *entry, due))
 
-    def _acknowledge_stored(self, pool: WorkerPool, stored: list[Any]) -> None:
+    def _acknowledge_stored(
+        self, pool: WorkerPool, stored: list[Any], due: float | None = None
+    ) -> None:
         """A batch failed part-way: acknowledge the parts its error says were stored."""
         if not stored:
             return
@@ -78,7 +83,7 @@ class Calls(ABC):
                 continue
             entry = (inst, result.sequence)
             self.history.name(entry, queued[1], "storage")
-            self.history.add(Ack(queued[1], *entry))
+            self.history.add(Ack(queued[1], *entry, due))
 
     def _drain(self, pool: WorkerPool, index: int | None) -> None:
         before = self._snapshot()

@@ -14,8 +14,10 @@ docs/guarantees.md wherever one shows (items 1-4 are its guarantees 1-4):
    a handler that returned and no crash; nothing runs after it settled for good;
    attempts count 1, 2, 3... and a retry never starts before its backoff;
 3. order — one unsettled event per instance, and an event's first attempt never
-   starts while an event of higher priority (or of equal priority and lower
-   sequence) is pending on that instance; sequences are consecutive from 0;
+   starts while an event due by then is pending ahead of it on that instance: of
+   higher priority, or of equal priority and due earlier (or at the same time and of
+   lower sequence); a scheduled event never starts before its due time; sequences
+   are consecutive from 0;
 4. counters — the storage invariants of :mod:`dopool._invariants` (``enqueued =
    succeeded + dead_lettered + drained + pending``, the meta's counts equal to its
    keys, every sequence below ``tail``, the started event stored), every
@@ -25,8 +27,8 @@ docs/guarantees.md wherever one shows (items 1-4 are its guarantees 1-4):
    waits out its backoff, and those whose restart was still waiting at a close;
    a delayed restart never comes before its backoff;
 5. storage structure — exactly the pending keys of the replay exist, each holding
-   the event and priority its key says; no alarm without pending work; nothing
-   left over at the end;
+   the event and priority its key says, a scheduled one under the due time its
+   enqueue asked for; no alarm without pending work; nothing left over at the end;
 6. dead letters — an event is dead-lettered after ``max_attempts`` attempts
    (crashes included), or at once for a ``PermanentError``;
 7. follow-ups between instances, of one pool or two — the links each source
@@ -111,6 +113,10 @@ class Model(Replay):
         for label, (stored, replayed) in tallies.items():
             if stored != replayed:
                 self._bad(f"{where}: stored {label}={stored}, the event stream says {replayed}")
+        for seq, due in snap.scheduled.items():
+            state = self.entries.get((index, seq))
+            if state is not None and state.due != due:
+                self._bad(f"{where}: sequence {seq} is scheduled for {due}, asked for {state.due}")
         if set(snap.queue) != set(inst.pending):
             lost = sorted(set(inst.pending) - set(snap.queue))
             extra = sorted(set(snap.queue) - set(inst.pending))

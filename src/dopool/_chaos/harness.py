@@ -89,7 +89,17 @@ def _results(seeds: range, jobs: int) -> Iterator[Result]:
 def _long(seeds: range, jobs: int) -> int:
     started = last = time.perf_counter()
     totals = dict.fromkeys(
-        ("events", "acknowledged", "executions", "crashes", "restarts", "reopens", "violations"), 0
+        (
+            "events",
+            "acknowledged",
+            "scheduled",
+            "executions",
+            "crashes",
+            "restarts",
+            "reopens",
+            "violations",
+        ),
+        0,
     )
     failures: list[Result] = []
     scenarios = 0
@@ -98,6 +108,7 @@ def _long(seeds: range, jobs: int) -> int:
         scenarios += 1
         totals["events"] += result.enqueued
         totals["acknowledged"] += result.acknowledged
+        totals["scheduled"] += result.scheduled
         totals["executions"] += result.executions
         totals["crashes"] += result.crashes
         totals["restarts"] += result.restarts
@@ -119,7 +130,8 @@ def _long(seeds: range, jobs: int) -> int:
     elapsed = time.perf_counter() - started
     print(
         f"chaos summary: {scenarios} scenarios, {totals['events']} events "
-        f"({totals['acknowledged']} acknowledged enqueues), {totals['executions']} executions, "
+        f"({totals['acknowledged']} acknowledged enqueues, {totals['scheduled']} of them "
+        f"scheduled), {totals['executions']} executions, "
         f"{totals['crashes']} crashes, {totals['restarts']} restarts, {totals['reopens']} reopens, "
         f"{totals['violations']} violations in {len(failures)} scenarios, {elapsed:.1f}s"
     )

@@ -39,11 +39,16 @@ class Exec(NamedTuple):
 
 
 class Ack(NamedTuple):
-    """An enqueue that returned: event ``id`` is stored as ``(inst, seq)``."""
+    """An enqueue that returned: event ``id`` is stored as ``(inst, seq)``.
+
+    ``due``: the clock time the enqueue asked it to be due at (a ``delay`` or a
+    ``not_before``), or None: due at once.
+    """
 
     id: str
     inst: int
     seq: int
+    due: float | None = None
 
 
 class Call(NamedTuple):

@@ -54,9 +54,16 @@ class _Instance:
 
 @dataclass
 class _EntryState:
+    enqueued_at: float
     started: list[int] = field(default_factory=list)
     terminal: str | None = None
     retry_due: float | None = None
+    due: float | None = None  # scheduled for this time, later than its enqueue
+
+    @property
+    def due_at(self) -> float:
+        """When it is due: the time its queue key holds (a simulated clock never goes back)."""
+        return self.enqueued_at if self.due is None else self.due
 
 
 class Replay:
@@ -184,16 +191,18 @@ class Replay:
         if entry in self.entries:
             self._bad(f"entry {entry} enqueued twice")
             return
-        self.entries[entry] = _EntryState()
+        self.entries[entry] = _EntryState(ev.time)
         inst.pending[ev.seq] = None
         inst.enqueued += 1
 
-    def _rank(self, entry: Entry) -> tuple[int, int] | None:
+    def _rank(self, entry: Entry) -> tuple[int, float, int] | None:
+        """Its place among the due events of its instance: (-priority, due time, sequence)."""
         ident = self.history.names.get(entry)
         content = self.history.contents.get(ident) if ident is not None else None
-        if content is None:
+        state = self.entries.get(entry)
+        if content is None or state is None:
             return None
-        return (-int(content["prio"]), entry[1])
+        return (-int(content["prio"]), state.due_at, entry[1])
 
     def _started(self, ev: Ev, inst: _Instance) -> None:
         assert ev.seq is not None
@@ -219,8 +228,10 @@ class Replay:
             )
         if ev.attempt != len(state.started) + 1:
             self._bad(f"entry {entry} started attempt {ev.attempt} after {state.started}")
+        if state.due is not None and ev.time < state.due:
+            self._bad(f"entry {entry} started at {ev.time!r}, before it was due at {state.due!r}")
         if ev.attempt == 1 and inst.current is None:
-            self._check_first_in_line(entry, inst)
+            self._check_first_in_line(entry, inst, ev.time)
         if state.retry_due is not None and ev.time < state.retry_due - EPSILON:
             self._bad(
                 f"entry {entry} attempt {ev.attempt} started at {ev.time:.6f}, before its "
@@ -231,7 +242,9 @@ class Replay:
         inst.current = ev.seq
         inst.attempt = _Attempt(ev.seq, ev.attempt, ev.time)
 
-    def _check_first_in_line(self, entry: Entry, inst: _Instance) -> None:
+    def _check_first_in_line(self, entry: Entry, inst: _Instance, now: float) -> None:
+        """No event due by ``now`` goes before it: of higher priority, or of its priority and
+        due earlier, or due at the same time and enqueued earlier."""
         rank = self._rank(entry)
         if rank is None:
             self._bad(f"entry {entry} started, but the harness never learnt its event")
@@ -239,10 +252,13 @@ class Replay:
         for seq in inst.pending:
             other = (entry[0], seq)
             other_rank = self._rank(other)
-            if seq != entry[1] and other_rank is not None and other_rank < rank:
+            if seq == entry[1] or other_rank is None or other_rank[1] > now:
+                continue
+            if other_rank < rank:
                 self._bad(
-                    f"instance {entry[0]} started sequence {entry[1]} (priority {-rank[0]}) "
-                    f"while sequence {seq} (priority {-other_rank[0]}) was pending ahead of it"
+                    f"instance {entry[0]} started sequence {entry[1]} (priority {-rank[0]}, "
+                    f"due {rank[1]}) while sequence {seq} (priority {-other_rank[0]}, due "
+                    f"{other_rank[1]}) was pending ahead of it"
                 )
                 return
 
@@ -334,8 +350,11 @@ class Replay:
     def _ack(self, ack: Ack) -> None:
         entry = (ack.inst, ack.seq)
         self.expected[ack.id] += 1
-        if entry not in self.entries:
+        state = self.entries.get(entry)
+        if state is None:
             self._bad(f"enqueue of {ack.id} returned {entry}, which was never enqueued")
+        elif ack.due is not None and ack.due > state.enqueued_at:
+            state.due = ack.due  # scheduled: not to start before it
 
     def _redriven(self, record: Redriven) -> None:
         for index, seq, ident in record.entries:

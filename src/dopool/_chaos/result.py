@@ -19,6 +19,7 @@ class Result:
     steps: int = 0
     enqueued: int = 0  # entries the engine stored: acknowledged, follow-ups, redriven
     acknowledged: int = 0
+    scheduled: int = 0  # acknowledged enqueues due later than they were stored
     executions: int = 0
     crashes: int = 0
     restarts: int = 0

@@ -140,6 +140,7 @@ class Runner(Calls):
             steps=len(self.scenario.steps),
             enqueued=sum(i.enqueued for i in instances),
             acknowledged=sum(isinstance(r, Ack) for r in self.history.records),
+            scheduled=sum(state.due is not None for state in model.entries.values()),
             executions=model.executions,
             crashes=sum(i.crashed for i in instances),
             restarts=sum(i.recovered for i in instances),
@@ -303,10 +304,12 @@ class Runner(Calls):
         self.driver.settle()
         try:
             if kind == "enqueue":
-                for event in args["events"]:
-                    self._enqueue(pool, [event], event["pk"], event["prio"], many=False)
+                whens = args.get("when") or [None] * len(args["events"])
+                for event, when in zip(args["events"], whens, strict=True):
+                    self._enqueue(pool, [event], event["pk"], event["prio"], False, when)
             elif kind == "enqueue_many":
-                self._enqueue(pool, args["events"], args["pk"], args["prio"], many=True)
+                events, when = args["events"], args.get("when")
+                self._enqueue(pool, events, args["pk"], args["prio"], True, when)
             elif kind == "pause":
                 pool.pause(args["index"])
             elif kind == "resume":

@@ -17,6 +17,12 @@ go into either pool, some steps address it, and some reopens leave it
 undefined for a while. Those draws come from a second generator,
 ``random.Random(f"second-pool:{seed}")``, after the rest: a seed without the
 second pool is the same scenario it was before there was one.
+
+About three seeds in five delay a share of their enqueues (:data:`DELAYED_SHARE`):
+an enqueue step's events, or an ``enqueue_many`` batch, get a ``when`` (see
+:func:`when_args`): a delay of 0 to 8 virtual seconds, or a ``not_before`` up to 2 s
+in the past or 8 s ahead. Those draws come from a generator of their own,
+``random.Random(f"delays:{seed}")``, so a seed without delays is unchanged too.
 """
 
 from __future__ import annotations
@@ -46,6 +52,24 @@ MAX_FAULT_PROBABILITY = 0.05
 ALARM_RETRIES = (0, 1, 2, 6)  # the limits a scenario may set (6: Cloudflare's)
 LIMITED_ALARM_SHARE = 0.3  # the share of scenarios that set one
 FAILING_ALARMS = (0.1, 0.5)  # the range of a raised alarm_error, with a limit
+DELAYED_SHARE = 0.6  # of the seeds, those that delay some enqueues
+DELAYED_ENQUEUES = (0.1, 0.6)  # the range of the share of enqueues such a seed delays
+
+#: When an enqueue makes its events due: ``("delay", seconds)``, or ``("not_before", s)``
+#: for the clock time ``s`` seconds after the call (before it, if negative).
+When = tuple[str, float]
+
+
+def when_args(when: When | None, now: float) -> tuple[dict[str, float], float | None]:
+    """``enqueue``'s arguments for ``when`` at clock time ``now``, and the due time they
+    ask for (the engine's own arithmetic, so the checker can compare it exactly)."""
+    if when is None:
+        return {}, None
+    kind, seconds = when
+    if kind == "delay":
+        return {"delay": seconds}, now + seconds
+    return {"not_before": now + seconds}, now + seconds
+
 
 #: What an event's fields tell its handler to do, attempt by attempt.
 EVENT_FIELDS = {
@@ -99,6 +123,12 @@ class Step(NamedTuple):
                 extra = f" pk={self.args['pk']} prio={self.args['prio']}"
             into = self.args.get("pool", POOL)
             extra += "" if into == POOL else f" into {into}"
+            when = self.args.get("when")
+            if isinstance(when, list):
+                delayed = sum(item is not None for item in when)
+                extra += f" ({delayed} delayed)" if delayed else ""
+            elif when is not None:
+                extra += f" {when[0]}={when[1]}"
             return f"{self.kind} {len(ids)} ({span}){extra}"
         detail = " ".join(f"{key}={value}" for key, value in self.args.items())
         return f"{self.kind} {detail}".strip()
@@ -174,6 +204,10 @@ def generate(seed: int, *, steps: int | None = None) -> Scenario:
     if other.random() < SECOND_POOL_SHARE:
         second = other.randint(1, 3)
         plan = tuple(_across(step, other, second) for step in plan)
+    delays = random.Random(f"delays:{seed}")
+    if delays.random() < DELAYED_SHARE:
+        share = delays.uniform(*DELAYED_ENQUEUES)
+        plan = tuple(_delayed(step, delays, share) for step in plan)
     return Scenario(seed, concurrency, retry, faults, max_queue_depth, plan, alarm_retries, second)
 
 
@@ -316,6 +350,26 @@ def _across(step: Step, rng: random.Random, second: int) -> Step:
     elif kind == "reopen" and rng.random() < 0.4:
         args["without"] = SECOND_POOL  # defined again before a later step needs it
     return Step(kind, args)
+
+
+def _delayed(step: Step, rng: random.Random, share: float) -> Step:
+    """``step`` with a ``when`` for a ``share`` of its enqueues (drawn from ``rng``)."""
+    if step.kind == "enqueue":
+        whens = [_when(rng) if rng.random() < share else None for _ in step.args["events"]]
+        if any(whens):
+            return Step(step.kind, {**step.args, "when": whens})
+    elif step.kind == "enqueue_many" and rng.random() < share:
+        return Step(step.kind, {**step.args, "when": _when(rng)})
+    return step
+
+
+def _when(rng: random.Random) -> When:
+    roll = rng.random()
+    if roll < 0.1:
+        return ("delay", 0.0)  # due at once
+    if roll < 0.3:
+        return ("not_before", round(rng.uniform(-2.0, 8.0), 2))  # may be past: due at once
+    return ("delay", round(rng.uniform(0.0, 8.0), 2))
 
 
 def _send_across(event: dict[str, Any], rng: random.Random) -> None:

@@ -6,7 +6,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dopool._invariants import InstanceState, read_instance
-from dopool._layout import Meta, Namespace, queue_key_priority, queue_key_sequence, unpack
+from dopool._layout import (
+    Meta,
+    Namespace,
+    queue_key_priority,
+    queue_key_sequence,
+    scheduled_key_due,
+    scheduled_key_priority,
+    unpack,
+)
 
 if TYPE_CHECKING:
     from dopool._storage import Txn
@@ -17,13 +25,15 @@ class InstanceSnapshot:
     """One instance's committed state, read in one transaction.
 
     ``state`` is what the storage invariants read (:mod:`dopool._invariants`); the
-    rest is the checker's own: which event each pending entry and dead letter holds.
+    rest is the checker's own: which event each pending entry (due or scheduled) and dead
+    letter holds, and when each scheduled one is due.
     """
 
     state: InstanceState
     queue: dict[int, tuple[int, str | None]]  # sequence -> (priority, id)
     dead: dict[int, tuple[str | None, int]]  # sequence -> (id, attempts)
     bad_keys: list[str]
+    scheduled: dict[int, float]  # sequence -> due time, of those not moved into the queue
 
     @property
     def meta(self) -> Meta:
@@ -36,14 +46,19 @@ def read_store(txn: Txn, pool: str, concurrency: int) -> list[InstanceSnapshot]:
     for index in range(concurrency):
         ns = Namespace(pool, index)
         queue: dict[int, tuple[int, str | None]] = {}
+        scheduled: dict[int, float] = {}
         bad: list[str] = []
-        for key in ns.iter_event_keys(txn):
+        keys = [(key, queue_key_priority(key)) for key in ns.iter_event_keys(txn)]
+        for key in ns.iter_scheduled_keys(txn):
+            keys.append((key, scheduled_key_priority(key)))
+            scheduled[queue_key_sequence(key)] = scheduled_key_due(key)
+        for key, priority in keys:
             record = ns.get_event(txn, key)
             sequence = queue_key_sequence(key)
             if record is None:
                 bad.append(f"queue key for sequence {sequence} has no record")
                 continue
-            if queue_key_priority(key) != record.priority:
+            if priority != record.priority:
                 bad.append(f"queue key for sequence {sequence} has the wrong priority")
             queue[sequence] = (record.priority, _event_id(unpack(record.event)))
         dead = {
@@ -51,7 +66,9 @@ def read_store(txn: Txn, pool: str, concurrency: int) -> list[InstanceSnapshot]:
             for sequence, record in ns.iter_dead_letters(txn)
         }
         state = read_instance(txn, pool, index)
-        snapshots.append(InstanceSnapshot(state=state, queue=queue, dead=dead, bad_keys=bad))
+        snapshots.append(
+            InstanceSnapshot(state=state, queue=queue, dead=dead, bad_keys=bad, scheduled=scheduled)
+        )
     return snapshots
 
 
