@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dopool import EventContext, Runtime, ScheduleError
+from dopool import EventContext, RealClock, Runtime, ScheduleError
 
 pytestmark = pytest.mark.threaded
 
@@ -62,6 +62,34 @@ def test_a_naive_datetime_is_refused_under_the_real_clock(tmp_path: Path) -> Non
         with pytest.raises(ScheduleError, match="naive datetime"):
             pool.enqueue("x", not_before=datetime.now() + timedelta(seconds=1))
         assert pool.status().enqueued == 0
+
+
+class SteppingClock(RealClock):
+    """A real clock whose time a test may set: as a wall clock that steps back (NTP)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: float | None = None
+
+    def now(self) -> float:
+        return time.time() if self.at is None else self.at
+
+
+def test_events_due_at_once_keep_their_order_when_the_clock_steps_back(tmp_path: Path) -> None:
+    ran: list[str] = []
+    clock = SteppingClock()
+    with Runtime(tmp_path / "store", clock=clock) as runtime:
+        pool = runtime.define("p", execute=lambda ctx: ran.append(ctx.event))
+        pool.pause()
+        clock.at = time.time() + 3600.0
+        first = pool.enqueue("first")
+        clock.at = time.time() - 3600.0  # two hours back
+        second = pool.enqueue("second")
+        assert (first.position, second.position) == (0, 1)
+        clock.at = None
+        pool.resume()
+        assert pool.join(timeout=10)
+    assert ran == ["first", "second"]
 
 
 def test_lateness_under_light_load(tmp_path: Path) -> None:
