@@ -42,7 +42,7 @@ from dopool._layout import (
 from dopool._messages import Item
 from dopool._options import PoolOptions
 from dopool._retry import uniform_draw
-from dopool._scheduled import due_now, promote, schedule
+from dopool._scheduled import promote, schedule
 from dopool._status import dead_letter_from_record
 from dopool._storage import Txn
 from dopool._types import DeadLetter, EnqueueResult, EventKind, PoolEvent
@@ -164,7 +164,8 @@ class QueueMachine:
         results = []
         listening = self._listening()
         ns, index, ident, counts = self._ns, self._index, self._id, meta.priorities
-        due = due_now(meta, now)
+        # Due now, and never before an event already due (a clock stepped back: _scheduled).
+        due = now if meta.last_due is None or meta.last_due < now else meta.last_due
         previous: int | None = None
         was_waiting = False
         position = 0

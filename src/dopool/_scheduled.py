@@ -12,6 +12,12 @@ start scans past events that are not due. Promotion only keeps books: it starts
 nothing, and where it happens later than the due time (the instance was busy or
 paused) the order is the same, since the queue key holds the due time, not the time
 of the move.
+
+An event due when it is stored gets a queue key with the due time ``now``, or the
+meta's ``last_due`` if that is later: the highest due time any queue key was given.
+Under a clock that never steps back the two are the same; under a real clock stepped
+back (NTP), the event still goes behind every event already due of its priority, so
+events enqueued due keep their FIFO order. ``QueueMachine.append`` writes it out.
 """
 
 from __future__ import annotations
@@ -20,14 +26,6 @@ from dopool._errors import StorageError
 from dopool._layout import Meta, Namespace
 from dopool._messages import Item
 from dopool._storage import Txn
-
-
-def due_now(meta: Meta, now: float) -> float:
-    """The due time an event due at once gets in its queue key: ``now``, or the highest
-    due time given so far if the clock stepped back, so it goes behind every event
-    already due of its priority."""
-    last = meta.last_due
-    return now if last is None or last < now else last
 
 
 def schedule(

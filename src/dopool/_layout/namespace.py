@@ -164,8 +164,11 @@ class Namespace:
         :meth:`put_event` and :meth:`queue_key` in one call, with no record built:
         this runs for every event enqueued.
         """
-        rank = PRIORITY_MAX - priority
-        key = self._queue + _RANK_DUE_SEQ.pack(rank, self._encoded(due), sequence)
+        last, bits = self._due  # ``_encoded`` written out
+        if last != due:
+            bits = encode_due(due)
+            self._due = (due, bits)
+        key = self._queue + _RANK_DUE_SEQ.pack(PRIORITY_MAX - priority, bits, sequence)
         body = pack((event, enqueued_at, partition_key, priority))  # records._EVENT_LAYOUT's order
         txn.put(key, seal(key, body), overwrite=False)
 
