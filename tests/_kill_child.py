@@ -22,7 +22,9 @@ the call returns. Lines (space separated):
 
 Event ids are ints, unique across generations: ``GENERATION * 1_000_000 + producer *
 100_000 + k`` with ``k >= 1``. Every id divisible by ``FOLLOW_UP_EVERY`` enqueues the
-follow-up ``-id`` when it succeeds; follow-ups have no follow-ups and never fail.
+follow-up ``-id`` when it succeeds; follow-ups have no follow-ups and never fail. Every
+id divisible by ``DELAYED_EVERY`` is enqueued with ``delay=DELAY``: a kill finds some of
+them scheduled.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ PRODUCERS = 2
 GENERATION_STRIDE = 1_000_000
 PRODUCER_STRIDE = 100_000
 FOLLOW_UP_EVERY = 5
+DELAYED_EVERY = 7
+DELAY = 0.05  # seconds
 PRODUCER_PAUSE = 0.002  # seconds between two enqueues of one producer: interleave, not flood
 WATCHDOG = 60.0  # a child never outlives this, whatever happens
 DRAIN_TIMEOUT = 45.0
@@ -99,7 +103,8 @@ def produce(
     try:
         for event_id in range(first, first + count):
             log.line("T", event_id)
-            result = pool.enqueue(event_id)
+            delay = DELAY if event_id % DELAYED_EVERY == 0 else None
+            result = pool.enqueue(event_id, delay=delay)
             log.line("A", event_id, result.instance_index, result.sequence)
             acked.set()
             pause.wait(PRODUCER_PAUSE)
