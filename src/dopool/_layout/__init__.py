@@ -49,7 +49,6 @@ from dopool._layout.limits import (
 from dopool._layout.migrate import migrate_store
 from dopool._layout.namespace import (
     Namespace,
-    Promoted,
     follow_ups_to,
     get_pool,
     pool_records,
@@ -99,7 +98,6 @@ __all__ = [
     "Meta",
     "Namespace",
     "OutboxRecord",
-    "Promoted",
     "RecordKind",
     "damaged",
     "dead_letter_sequence",
