@@ -24,7 +24,7 @@ EventKind = Literal[
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class EnqueueResult:
     """Where an accepted event went. ``position`` 0 means it runs next.
 
@@ -36,6 +36,21 @@ class EnqueueResult:
     instance_id: str
     position: int
     duplicate: bool = False
+
+    def __init__(
+        self,
+        sequence: int,
+        instance_index: int,
+        instance_id: str,
+        position: int,
+        duplicate: bool = False,
+    ) -> None:
+        # One per event enqueued: its slots set directly, as PoolEvent's are.
+        _set_result_sequence(self, sequence)
+        _set_result_index(self, instance_index)
+        _set_result_id(self, instance_id)
+        _set_result_position(self, position)
+        _set_result_duplicate(self, duplicate)
 
     @property
     def event_id(self) -> str:
@@ -158,6 +173,16 @@ class PoolEvent:
 
 
 # Each field's slot, set directly (see PoolEvent.__init__).
+(
+    _set_result_sequence,
+    _set_result_index,
+    _set_result_id,
+    _set_result_position,
+    _set_result_duplicate,
+) = (
+    EnqueueResult.__dict__[name].__set__
+    for name in ("sequence", "instance_index", "instance_id", "position", "duplicate")
+)
 _set_kind, _set_pool, _set_index, _set_sequence, _set_attempt, _set_time, _set_error = (
     PoolEvent.__dict__[name].__set__
     for name in ("kind", "pool", "instance_index", "sequence", "attempt", "time", "error")
