@@ -21,6 +21,7 @@ import pykka
 
 from dopool._context import EventContext
 from dopool._errors import (
+    DamagedRecordError,
     DopoolError,
     InstanceCrashedError,
     StorageError,
@@ -369,7 +370,24 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
                 self._save_meta(txn, meta)
             return meta, expected
 
-        meta, expected = self._transact(body)
+        try:
+            meta, expected = self._transact(body)
+        except DamagedRecordError as damage:
+            if damage.key != self._ns.mark_key(source_pool, source_index):
+                raise
+            # Which of this source's links were taken is unknown: take none. Nothing is
+            # stored or acknowledged, so its follow-ups stay durable in its outbox, and
+            # this instance goes on with its own work (docs/guarantees.md, "Damaged
+            # records"; ``dopool check`` reports the mark).
+            logger.error(
+                "instance %s: the delivery mark of instance %s:%d is damaged (%s): its "
+                "follow-ups stay in that instance's outbox",
+                self._id,
+                source_pool,
+                source_index,
+                damage.reason,
+            )
+            return
         if record.link > expected:
             logger.error(
                 "instance %s: follow-up link %d from instance %s:%d arrived before link %d",
