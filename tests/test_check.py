@@ -113,6 +113,27 @@ def test_keys_of_no_known_kind_and_misplaced_instances_are_reported(store: Path)
     ]
 
 
+def test_instances_a_shrink_left_behind_empty_are_not_problems(tmp_path: Path) -> None:
+    """define() lets a pool shrink when the instances it drops hold nothing; their metas
+    stay (lifetime counters), and are no problem until one holds something."""
+    path = tmp_path / "shrunk"
+    with Runtime(path, durability="async") as runtime:
+        pool = runtime.define("p", execute=lambda ctx: None, concurrency=4)
+        for number in range(8):
+            pool.enqueue(number)
+        assert pool.join(timeout=10)
+    with Runtime(path, durability="async") as runtime:
+        runtime.define("p", execute=lambda ctx: None, concurrency=2)
+    assert problems(path) == []
+    with edit(path) as txn:
+        ns = Namespace("p", 3)
+        meta = ns.load_meta(txn)
+        meta.pending, meta.enqueued, meta.tail = 1, meta.enqueued + 1, meta.tail + 1
+        ns.save_meta(txn, meta)
+        ns.add_event(txn, meta.tail - 1, pack(7), 0.0, None, 0, 0.0)
+    assert "p:3: instance beyond the pool's stored concurrency 2" in problems(path)
+
+
 def test_a_missing_format_record_is_reported(store: Path) -> None:
     with edit(store) as txn:
         txn.delete(b"F")
