@@ -25,6 +25,7 @@ from dopool._errors import (
     DopoolError,
     InstanceCrashedError,
     StorageError,
+    StoreClosedError,
 )
 from dopool._inbox import Future, Inbox
 from dopool._instance import (
@@ -122,7 +123,9 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             self._crash(crash.point, message)
         except Exception as exc:
             engine_failure = isinstance(exc, StorageError) or not isinstance(exc, DopoolError)
-            if engine_failure:
+            if isinstance(exc, StoreClosedError):  # abandoned at exit, which was logged
+                logger.info("instance %s: %r came after its store closed", self._id, message)
+            elif engine_failure:
                 logger.exception("instance %s failed handling %r", self._id, message)
             reply = getattr(message, "reply", None)
             if reply is not None:

@@ -24,7 +24,7 @@ from typing import Any, TypeVar, cast
 import lmdb
 
 from dopool._backend import closed_lock
-from dopool._errors import StorageError
+from dopool._errors import StorageError, StoreClosedError
 from dopool._turn import Turn
 
 Txn = Any  # an lmdb.Transaction; lmdb ships no type hints
@@ -91,7 +91,7 @@ class GroupCommit:
         cond = self._cond
         with cond:
             if self._closed:
-                raise StorageError("the store is closed")
+                raise StoreClosedError()
             lead = not self._busy
             self._busy = True
             if not lead:
@@ -184,7 +184,7 @@ class OwnCommit:
         turn.acquire()  # not ``with``: this runs once per event, and each call counts
         try:
             if self._closed:
-                raise StorageError("the store is closed")
+                raise StoreClosedError()
             self.groups += 1
             self.bodies += 1
             with self._env.begin(write=True) as txn:
@@ -219,7 +219,7 @@ class SoleCommit:
 
     def run(self, body: Callable[[Txn], T]) -> T:
         if self._closed:
-            raise StorageError("the store is closed")
+            raise StoreClosedError()
         if self._open:
             raise RuntimeError("a write transaction is already open on this thread")
         self._open = True

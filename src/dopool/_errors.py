@@ -14,7 +14,8 @@ Every exception derives from :class:`DopoolError`::
     ├── StorageError           LMDB failed (mapped at the storage boundary)
     │   ├── StoreFormatError   the store's format version is not this version's
     │   ├── StoreDamagedError  the store's data file is missing, empty or truncated
-    │   └── DamagedRecordError a stored record failed its checksum or its layout
+    │   ├── DamagedRecordError a stored record failed its checksum or its layout
+    │   └── StoreClosedError   a write after the store closed (an abandoned handler's)
     ├── InstanceCrashedError   the instance died while the call was waiting on it
     ├── SimulationStalledError a wait under virtual time that nothing can end
     ├── PermanentError         raised by a handler: dead-letter this event now
@@ -153,6 +154,17 @@ class PoolClosedError(DopoolError):
 
 class StorageError(DopoolError):
     """The storage engine failed; the write in progress was rolled back."""
+
+
+class StoreClosedError(StorageError):
+    """The store was closed before this write: nothing of it was committed.
+
+    Only an instance abandoned at exit meets it (its handler returned after the
+    runtime closed its store); the next open counts that attempt as interrupted.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("the store is closed")
 
 
 class StoreFormatError(StorageError):
