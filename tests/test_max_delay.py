@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from cli_support import assert_one_line_error, invoke
 from dopool import (
     ConfigurationError,
     EventContext,
@@ -192,3 +193,19 @@ def test_a_far_alarm_in_an_old_store_leaves_the_real_clock_working(tmp_path: Pat
         assert fresh.join(timeout=WAIT)
         assert fresh.status().succeeded == 1
         assert old.status().instances[0].state == "backoff"
+
+
+@pytest.mark.parametrize("field", ["initial_delay", "max_delay"])
+def test_a_scenario_delay_past_a_year_is_a_usage_error_naming_its_field(
+    tmp_path: Path, field: str
+) -> None:
+    """The engine's bound, checked with the scenario's other fields: exit 2, not 1."""
+    scenario = tmp_path / "s.toml"
+    delays = {"initial_delay": 1.0, "max_delay": 60.0} | {field: MAX_DELAY * 2}
+    scenario.write_text(
+        'name = "s"\n[arrivals]\nrate = 1.0\ntotal = 5\n[retry]\n'
+        + "".join(f"{name} = {value!r}\n" for name, value in delays.items()),
+        encoding="utf-8",
+    )
+    result = invoke("simulate", "-s", str(scenario), "-q")
+    assert_one_line_error(result, 2, f"retry.{field}", "3.1536e+07")

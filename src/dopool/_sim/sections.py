@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
+from dopool._errors import MAX_DELAY
 from dopool._sim import gates
 from dopool._sim.checks import (
     ScenarioError,
@@ -243,9 +244,18 @@ class Retry(Section):
 
     def _check(self) -> None:
         number("max_attempts", self.max_attempts, integer=True, minimum=1, maximum=1000)
-        assign(self, "initial_delay", number("initial_delay", self.initial_delay, minimum=0.0))
+        # The engine's bounds (RetryPolicy), checked here so that a scenario names the field.
+        assign(
+            self,
+            "initial_delay",
+            number("initial_delay", self.initial_delay, minimum=0.0, maximum=MAX_DELAY),
+        )
         assign(self, "multiplier", number("multiplier", self.multiplier, minimum=1.0))
-        assign(self, "max_delay", number("max_delay", self.max_delay, minimum=self.initial_delay))
+        assign(
+            self,
+            "max_delay",
+            number("max_delay", self.max_delay, minimum=self.initial_delay, maximum=MAX_DELAY),
+        )
         assign(self, "jitter", probability("jitter", self.jitter))
 
 
