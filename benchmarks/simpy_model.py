@@ -29,7 +29,7 @@ import simpy
 
 from dopool._router import stable_hash
 from dopool._sim.draws import attempt_draws
-from dopool._sim.metrics import Latency
+from dopool._sim.latency import Latency
 from dopool._sim.pools import Pool
 from dopool._sim.scenario import Scenario
 from dopool._sim.workload import Arrival, arrivals, service_time

@@ -36,7 +36,7 @@ from typing import Any
 
 from benchmarks import simpy_model
 from dopool._sim.driver import Run, run
-from dopool._sim.metrics import Latency
+from dopool._sim.latency import Latency
 from dopool._sim.scenario import Arrivals, Scenario, Service
 
 TARGET_SCENARIO = (100_000, 16)  # events, instances: what issue 15's targets are for

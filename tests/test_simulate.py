@@ -23,8 +23,9 @@ from dopool._sim import loading as sc
 from dopool._sim.checks import ScenarioError
 from dopool._sim.driver import run
 from dopool._sim.figures import figures
+from dopool._sim.latency import Latency, percentile
 from dopool._sim.measure import _store_checks
-from dopool._sim.metrics import Collector, Latency, percentile
+from dopool._sim.metrics import Collector
 from dopool._sim.scenario import (
     DEFAULT_TOTAL,
     Arrivals,

@@ -12,8 +12,9 @@ from rich.text import Text
 
 from dopool._cli._terminal import _clean
 from dopool._sim.driver import Run
+from dopool._sim.latency import Latency
 from dopool._sim.loading import BUILTINS, Change
-from dopool._sim.metrics import Latency, Result, Stall
+from dopool._sim.metrics import Result, Stall
 from dopool._sim.scenario import Scenario
 
 MAX_INSTANCE_ROWS = 64

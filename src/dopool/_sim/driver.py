@@ -35,14 +35,14 @@ from typing import Any
 from dopool import _ports
 from dopool._clock import SimulatedClock
 from dopool._errors import ConfigurationError, EventTooLargeError, EventValidationError
-from dopool._messages import Pause, Reply, Resume
+from dopool._messages import Pause, Resume
 from dopool._pool import WorkerPool
 from dopool._retry import RetryPolicy
 from dopool._runtime import Runtime
 from dopool._sim.app import App, AppError, load_app
 from dopool._sim.checks import ScenarioError
 from dopool._sim.draws import Draws
-from dopool._sim.measure import measure
+from dopool._sim.measure import Answers, measure
 from dopool._sim.metrics import Collector, Result
 from dopool._sim.pools import pool_named
 from dopool._sim.scenario import Scenario
@@ -163,14 +163,14 @@ def _run(
         pools = dict(runtime.pools)
         if schedule is None:
             schedule = arrivals(scenario, list(pools))
-        futures: list[tuple[Arrival, Reply]] = []
+        answers = Answers({name: pool.concurrency for name, pool in pools.items()})
         padding = b"\0" * scenario.payload_bytes if app else b""
         paddings = {design.name: b"\0" * design.payload_bytes for design in scenario.resolved_pools}
         upcoming = iter(schedule)
         # Each sends one event to its instance without waiting, and returns the instance's
-        # index and its reply: at the end of a run cut short by ``duration`` an instance
-        # may still be inside a handler with the enqueue queued behind it, and the reply
-        # lets :mod:`dopool._sim.measure` look without waiting.
+        # index and its reply, which ``answers`` reads once it has come: at the end of a
+        # run cut short by ``duration`` an instance may still be inside a handler with
+        # the enqueue queued behind it, and the reply lets it look without waiting.
         submitters = {name: _ports.submitter(pool) for name, pool in pools.items()}
 
         def arrive(arrival: Arrival) -> None:
@@ -193,7 +193,7 @@ def _run(
                 ) from exc
             if place is not None:
                 place.sent(index, reply)
-            futures.append((arrival, reply))
+            answers.expect(arrival, reply)
             following = next(upcoming, None)
             if following is not None:
                 clock.call_at(following.time, lambda: arrive(following))
@@ -219,7 +219,7 @@ def _run(
         if progress is not None:
             progress(clock.now(), _processed(collectors), expected)
         result = measure(
-            scenario, runtime, pools, collectors, lineage, futures, expected, clock.now()
+            scenario, runtime, pools, collectors, lineage, answers, expected, clock.now()
         )
         if tracer is not None:  # the run as measured: not what closing the runtime does
             unsubscribe()

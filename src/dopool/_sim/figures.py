@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterator
 
-from dopool._sim.metrics import Latency, Result
+from dopool._sim.latency import Latency
+from dopool._sim.metrics import Result
 
 #: What each whole-run figure means, in the order they are listed.
 DESCRIPTIONS: dict[str, str] = {

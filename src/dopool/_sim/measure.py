@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from functools import partial
+from math import isnan, nan
 
 from dopool import _ports
 from dopool._errors import DopoolError, QueueFullError
@@ -12,11 +12,12 @@ from dopool._invariants import read_instance, violations
 from dopool._messages import Reply
 from dopool._pool import WorkerPool
 from dopool._runtime import Runtime
+from dopool._sim.columns import Key, Numbers, Steps, Times, put
+from dopool._sim.latency import Latency
 from dopool._sim.metrics import (
     Collector,
     InstanceResult,
     Invariant,
-    Latency,
     PoolResult,
     Requests,
     Result,
@@ -26,8 +27,6 @@ from dopool._sim.workload import Arrival, Lineage
 from dopool._types import EnqueueResult, PoolStatus
 
 MAX_DEAD_LETTERS_LISTED = 20
-
-Key = tuple[int, int]  # (instance index, sequence) within one pool
 
 
 def answer(reply: Reply) -> EnqueueResult | DopoolError | None:
@@ -46,21 +45,47 @@ def answer(reply: Reply) -> EnqueueResult | DopoolError | None:
     return result
 
 
-@dataclass(slots=True)
-class _Answers:
-    """What the pools answered the arrivals: the stored ones by pool, and the others."""
+class Answers:
+    """What the pools answered the arrivals: the stored ones by pool, and the others.
 
-    arrived_at: dict[str, dict[Key, float]] = field(default_factory=dict)
-    request_of: dict[tuple[str, Key], int] = field(default_factory=dict)
-    offered: dict[str, int] = field(default_factory=dict)
-    rejected: dict[str, int] = field(default_factory=dict)
-    failed: int = 0
-    waiting: dict[str, int] = field(default_factory=dict)
+    The driver folds each arrival in once its reply has come (:meth:`settle`), so a
+    run keeps a few bytes per arrival (:mod:`dopool._sim.columns`), not its reply.
+    """
 
-    def add(self, arrival: Arrival, reply: Reply) -> None:
+    def __init__(self, concurrency: Mapping[str, int]) -> None:
+        self.arrived_at = {name: Times(count) for name, count in concurrency.items()}
+        self.request_of = {name: Numbers(count) for name, count in concurrency.items()}
+        self.stored: dict[str, int] = dict.fromkeys(concurrency, 0)
+        self.offered: dict[str, int] = {}
+        self.rejected: dict[str, int] = {}
+        self.failed = 0
+        self.waiting: dict[str, int] = {}
+        self.sent = 0  # arrivals handed to their pool
+        self._unanswered: list[tuple[Arrival, Reply]] = []
+
+    def expect(self, arrival: Arrival, reply: Reply) -> None:
+        """Note an arrival sent to its pool; its reply is read later."""
+        self.sent += 1
+        unanswered = self._unanswered
+        unanswered.append((arrival, reply))
+        if len(unanswered) >= _FOLD_EVERY:
+            self.settle(final=False)
+
+    def settle(self, *, final: bool) -> None:
+        """Fold in every arrival whose reply has come; with ``final``, the rest too
+        (as waiting: the run has stopped)."""
+        kept: list[tuple[Arrival, Reply]] = []
+        for arrival, reply in self._unanswered:
+            answered = answer(reply)
+            if answered is None and not final:
+                kept.append((arrival, reply))
+            else:
+                self._add(arrival, answered)
+        self._unanswered = kept
+
+    def _add(self, arrival: Arrival, answered: EnqueueResult | DopoolError | None) -> None:
         pool = arrival.pool
         self.offered[pool] = self.offered.get(pool, 0) + 1
-        answered = answer(reply)
         if answered is None:
             self.waiting[pool] = self.waiting.get(pool, 0) + 1
         elif isinstance(answered, QueueFullError):
@@ -68,9 +93,16 @@ class _Answers:
         elif isinstance(answered, DopoolError):
             self.failed += 1  # the instance crashed during the enqueue: nothing was stored
         else:
-            key = (answered.instance_index, answered.sequence)
-            self.arrived_at.setdefault(pool, {})[key] = arrival.time
-            self.request_of[(pool, key)] = arrival.event_id
+            index, sequence = answered.instance_index, answered.sequence
+            self.stored[pool] += 1
+            put(self.arrived_at[pool].columns[index], sequence, arrival.time, nan)
+            put(self.request_of[pool].columns[index], sequence, arrival.event_id, -1)
+
+
+# Replies waiting to be read, at most: an enqueue's reply comes within a step or,
+# behind a running handler, with that handler's outcome; the few still waiting at a
+# fold are kept for the next.
+_FOLD_EVERY = 4096
 
 
 def measure(
@@ -79,14 +111,12 @@ def measure(
     pools: Mapping[str, WorkerPool],
     collectors: Mapping[str, Collector],
     lineage: Lineage,
-    futures: list[tuple[Arrival, Reply]],
+    answers: Answers,
     expected: int,
     now: float,
 ) -> Result:
     """The run's :class:`Result`, read at virtual time ``now`` once the clock has stopped."""
-    answers = _Answers()
-    for arrival, reply in futures:
-        answers.add(arrival, reply)
+    answers.settle(final=True)
     elapsed = max(now, 0.0)
     results: list[PoolResult] = []
     latencies: list[float] = []
@@ -97,20 +127,22 @@ def measure(
     statuses = {name: pool.status() for name, pool in pools.items()}
     for name, pool in pools.items():
         collector, status = collectors[name], statuses[name]
-        arrived = answers.arrived_at.get(name, {})
+        arrived = answers.arrived_at[name]
         handed = partial(_handed, name, arrived=arrived, collectors=collectors, lineage=lineage)
-        mine = [  # an arrival's own time first: most events are arrivals
-            at - (arrived[key] if key in arrived else handed(key))
-            for key, at in collector.succeeded_at.items()
+        mine = [  # in the order of the successes; an arrival's own time first
+            end - (start if (start := arrived.get(key)) is not None else handed(key))
+            for key, end in collector.successes()
         ]
         latencies.extend(mine)
-        waits.extend(
-            collector.enqueued_at[key] - at
-            for key, at in arrived.items()
-            if key in collector.enqueued_at
+        waits.extend(_latencies(collector.enqueued_at, arrived))
+        queued = collector.pending_keys()
+        missing.extend(  # by instance, then sequence
+            f"{name}:{i}#{s}"
+            for i, s in arrived
+            if (i, s) not in collector.succeeded_at
+            and (i, s) not in collector.dead
+            and (i, s) not in queued
         )
-        accounted = collector.succeeded | collector.dead | collector.pending_keys()
-        missing.extend(f"{name}:{i}#{s}" for i, s in sorted(set(arrived) - accounted))
         held, found = _store_checks(runtime, pool, collector)
         outbox += held
         problems.extend(found)
@@ -149,7 +181,7 @@ def measure(
                 latencies=mine,
             )
         )
-    acknowledged = sum(len(keys) for keys in answers.arrived_at.values())
+    acknowledged = sum(answers.stored.values())
     settled = sum(s.succeeded + s.dead_lettered + s.pending + s.drained for s in statuses.values())
     if scenario.app is None:  # the simulated handlers say what they enqueued
         spawned = _spawned(collectors, lineage)
@@ -212,9 +244,9 @@ def measure(
     waiting = sum(answers.waiting.values())
     return Result(
         scenario=scenario.to_dict(),
-        finished=pending == 0 and outbox == 0 and len(futures) == expected,
+        finished=pending == 0 and outbox == 0 and answers.sent == expected,
         virtual_time=now,
-        offered=len(futures),
+        offered=answers.sent,
         acknowledged=acknowledged,
         rejected=sum(answers.rejected.values()),
         failed=answers.failed,
@@ -236,20 +268,33 @@ def measure(
         pool_events=sum(sum(c.counts.values()) for c in collectors.values()),
         follow_ups=spawned,
         pools=results,
-        requests=_requests(answers, futures, collectors, lineage) if follow_ups else None,
+        requests=_requests(answers, collectors, lineage) if follow_ups else None,
         stalls=sorted(
             (stall for c in collectors.values() for stall in (*c.stalls, *c.open_stalls())),
             key=lambda stall: (stall.since, stall.pool, stall.instance),
         ),
         alarm_policy=_alarm_policy(scenario),
-        depth_series=[track.series for c in collectors.values() for track in c.tracks],
+        depth_series=[
+            Steps(track.changed_at, track.depths) for c in collectors.values() for track in c.tracks
+        ],
         latencies=latencies,
         in_progress=sum(
             track.busy_since is not None for c in collectors.values() for track in c.tracks
         ),
         outbox=outbox,
-        not_arrived=expected - len(futures),
+        not_arrived=expected - answers.sent,
     )
+
+
+def _latencies(ends: Times, starts: Times) -> list[float]:
+    """``ends - starts`` for each event with both, by instance then sequence. Column by
+    column, as this runs once per event of the run."""
+    samples = []
+    for done, began in zip(ends.columns, starts.columns, strict=True):
+        for end, start in zip(done, began, strict=False):
+            if not (isnan(end) or isnan(start)):
+                samples.append(end - start)
+    return samples
 
 
 def _alarm_policy(scenario: Scenario) -> str:
@@ -311,14 +356,17 @@ def _spawned(collectors: Mapping[str, Collector], lineage: Lineage) -> int:
 
 
 def _requests(
-    answers: _Answers,
-    futures: list[tuple[Arrival, Reply]],
+    answers: Answers,
     collectors: Mapping[str, Collector],
     lineage: Lineage,
 ) -> Requests:
     """Each stored arrival's request: done when every event it caused has succeeded."""
-    arrived = {arrival.event_id: arrival.time for arrival, _ in futures}
-    created = dict.fromkeys(answers.request_of.values(), 1)
+    arrived: dict[int, float] = {}  # each stored arrival's time, by its request (event id)
+    for name, requests in answers.request_of.items():
+        times = answers.arrived_at[name]
+        for key, ident in requests.items():
+            arrived[ident] = times[key]
+    created = dict.fromkeys(arrived, 1)
     finished = dict.fromkeys(created, 0)
     last = dict.fromkeys(created, 0.0)
     failed: set[int] = set()
@@ -347,8 +395,8 @@ def _requests(
     )
 
 
-def _request(name: str, key: Key, answers: _Answers, lineage: Lineage) -> int | None:
-    request = answers.request_of.get((name, key))
+def _request(name: str, key: Key, answers: Answers, lineage: Lineage) -> int | None:
+    request = answers.request_of[name].get(key)
     if request is None:
         request = lineage.requests.get((name, *key))
     return request

@@ -15,24 +15,18 @@ callbacks never overlap and need no lock.
 from __future__ import annotations
 
 import math
+from array import array
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from math import isnan, nan
 from typing import Any
 
+from dopool._sim.columns import Key, Marks, Numbers, Steps, Times, put
+from dopool._sim.latency import Latency
 from dopool._types import PoolEvent
 
-Key = tuple[int, int]  # (instance index, sequence)
-
-PERCENTILES = (50, 95, 99)
 MAX_VIOLATIONS = 20  # kept per check: the first few say enough
-
-
-def percentile(ordered: list[float], pct: float) -> float:
-    """Nearest-rank percentile of an ascending list (0.0 for an empty one)."""
-    if not ordered:
-        return 0.0
-    rank = max(1, math.ceil(pct / 100.0 * len(ordered)))
-    return ordered[rank - 1]
 
 
 @dataclass(slots=True)
@@ -47,7 +41,9 @@ class InstanceTrack:
     crashes: int = 0
     queue: deque[int] = field(default_factory=deque)  # pending sequences, FIFO
     current: int | None = None  # the sequence whose attempts have started
-    series: list[tuple[float, int]] = field(default_factory=lambda: [(0.0, 0)])
+    # The depth as a step series, from (0, 0): when it changed, and to what.
+    changed_at: array[float] = field(default_factory=lambda: array("d", (0.0,)))
+    depths: array[int] = field(default_factory=lambda: array("q", (0,)))
     stalled: tuple[float, int] | None = None  # since when, and the events it held then
 
 
@@ -83,11 +79,16 @@ class Collector:
     def __init__(self, pool: str, instances: int) -> None:
         self.pool = pool
         self.tracks = [InstanceTrack() for _ in range(instances)]
-        self.enqueued_at: dict[Key, float] = {}
-        self.succeeded_at: dict[Key, float] = {}
-        self.succeeded_attempt: dict[Key, int] = {}  # the attempt whose success committed
-        self.succeeded: set[Key] = set()
-        self.dead: set[Key] = set()
+        # Per event, as columns (dopool._sim.columns): a run keeps them to its end.
+        self.enqueued_at = Times(instances)
+        self.succeeded_at = Times(instances)  # its keys: the events that succeeded
+        self.succeeded_attempt = Numbers(instances)  # the attempt whose success committed
+        self.dead = Marks(instances)
+        self._success_index = array("q")  # the successes in the order they were told:
+        self._success_sequence = array("q")  # (instance, sequence) by position
+        self._enqueued = self.enqueued_at.columns  # the arrays, written without a lookup
+        self._succeeded = self.succeeded_at.columns
+        self._attempts = self.succeeded_attempt.columns
         self.counts: dict[str, int] = {}
         self.order_violations: list[str] = []
         self.stalls: list[Stall] = []  # ended ones; see ``open_stalls`` for the others
@@ -106,20 +107,19 @@ class Collector:
         sequence = event.sequence
         if kind == "enqueued":
             assert sequence is not None
-            self.enqueued_at[(index, sequence)] = time
+            put(self._enqueued[index], sequence, time, nan)
             track.queue.append(sequence)
             depth = track.depth = track.depth + 1  # _depth(track, time, +1), inline: hot
             track.max_depth = max(track.max_depth, depth)
-            track.series.append((time, depth))
+            track.changed_at.append(time)
+            track.depths.append(depth)
         elif kind == "started":
             assert sequence is not None
             self._started(index, track, sequence, time)
         elif kind in ("succeeded", "dead_lettered"):
             assert sequence is not None
             self._idle(track, time)
-            self._finished(index, track, sequence, time, kind == "succeeded")
-            if kind == "succeeded" and event.attempt is not None:
-                self.succeeded_attempt.setdefault((index, sequence), event.attempt)
+            self._finished(index, track, sequence, time, event.attempt, kind == "succeeded")
         elif kind in ("retry_scheduled", "crashed"):
             self._idle(track, time)
             if kind == "crashed":
@@ -128,7 +128,8 @@ class Collector:
             track.queue.clear()
             track.current = None
             track.depth = 0
-            track.series.append((time, 0))
+            track.changed_at.append(time)
+            track.depths.append(0)
         elif kind == "alarm_given_up" and track.stalled is None:
             track.stalled = (time, track.depth)
         if track.stalled is not None and kind in _WAKING:
@@ -147,7 +148,8 @@ class Collector:
     def _depth(self, track: InstanceTrack, time: float, change: int) -> None:
         depth = track.depth = track.depth + change
         track.max_depth = max(track.max_depth, depth)
-        track.series.append((time, depth))
+        track.changed_at.append(time)
+        track.depths.append(depth)
 
     def _idle(self, track: InstanceTrack, time: float) -> None:
         if track.busy_since is not None:
@@ -157,8 +159,8 @@ class Collector:
     def _started(self, index: int, track: InstanceTrack, sequence: int, time: float) -> None:
         track.busy_since = time
         track.started += 1
-        key = (index, sequence)
-        if key in self.succeeded:
+        succeeded = self._succeeded[index]
+        if sequence < len(succeeded) and not isnan(succeeded[sequence]):
             _note(
                 self.repeat_violations,
                 f"{self.pool}:{index} started #{sequence} again after its success",
@@ -176,22 +178,39 @@ class Collector:
         track.current = sequence
 
     def _finished(
-        self, index: int, track: InstanceTrack, sequence: int, time: float, success: bool
+        self,
+        index: int,
+        track: InstanceTrack,
+        sequence: int,
+        time: float,
+        attempt: int | None,
+        success: bool,
     ) -> None:
-        key = (index, sequence)
         if success:
-            if key in self.succeeded:
+            succeeded = self._succeeded[index]
+            if sequence < len(succeeded) and not isnan(succeeded[sequence]):
                 _note(self.repeat_violations, f"{self.pool}:{index} succeeded #{sequence} twice")
-            self.succeeded.add(key)
-            self.succeeded_at.setdefault(key, time)
+            else:  # the first success is the one kept
+                put(succeeded, sequence, time, nan)
+                self._success_index.append(index)
+                self._success_sequence.append(sequence)
+                if attempt is not None:
+                    put(self._attempts[index], sequence, attempt, -1)
         else:
-            self.dead.add(key)
+            self.dead.add((index, sequence))
         if track.queue and track.queue[0] == sequence:
             track.queue.popleft()
         elif sequence in track.queue:
             track.queue.remove(sequence)
         track.current = None
         self._depth(track, time, -1)
+
+    def successes(self) -> Iterator[tuple[Key, float]]:
+        """Each event that succeeded and when, in the order the successes were told
+        (their time order): a sample's order matters to batch means."""
+        times = self._succeeded
+        for index, sequence in zip(self._success_index, self._success_sequence, strict=True):
+            yield (index, sequence), times[index][sequence]
 
     def pending_keys(self) -> set[Key]:
         """The (instance, sequence) of every event still queued, as the events tell it."""
@@ -244,56 +263,6 @@ class Invariant:
 
     def to_json_dict(self) -> dict[str, Any]:
         return {"name": self.name, "passed": self.passed, "detail": self.detail}
-
-
-@dataclass(frozen=True, slots=True)
-class Latency:
-    """A distribution of durations in virtual seconds (nearest-rank percentiles).
-
-    ``unfinished`` counts what the sample leaves out because it had not finished when
-    the run stopped (a ``duration``): the sample is then *censored*, its slowest members
-    missing, and its percentiles optimistic.
-    """
-
-    count: int
-    mean: float
-    p50: float
-    p95: float
-    p99: float
-    max: float
-    unfinished: int = 0
-
-    @classmethod
-    def of(cls, samples: list[float], *, unfinished: int = 0) -> Latency:
-        ordered = sorted(samples)
-        if not ordered:
-            return cls(0, 0.0, 0.0, 0.0, 0.0, 0.0, unfinished)
-        return cls(
-            count=len(ordered),
-            mean=math.fsum(ordered) / len(ordered),
-            p50=percentile(ordered, 50),
-            p95=percentile(ordered, 95),
-            p99=percentile(ordered, 99),
-            max=ordered[-1],
-            unfinished=unfinished,
-        )
-
-    @property
-    def censored(self) -> bool:
-        """Whether some of the population had not finished: the figures cover the rest."""
-        return self.unfinished > 0
-
-    def to_json_dict(self) -> dict[str, Any]:
-        return {
-            "count": self.count,
-            "mean": round(self.mean, 6),
-            "p50": round(self.p50, 6),
-            "p95": round(self.p95, 6),
-            "p99": round(self.p99, 6),
-            "max": round(self.max, 6),
-            "unfinished": self.unfinished,
-            "censored": self.censored,
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,7 +395,7 @@ class Result:
     outbox: int
     not_arrived: int
     # For plots only; not part of the JSON document.
-    depth_series: list[list[tuple[float, int]]] = field(repr=False, compare=False)
+    depth_series: list[Steps] = field(repr=False, compare=False)  # per instance
     latencies: list[float] = field(repr=False, compare=False)
 
     @property

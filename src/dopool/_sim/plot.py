@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from dopool._errors import ConfigurationError
-from dopool._sim.metrics import Result, percentile
+from dopool._sim.latency import percentile
+from dopool._sim.metrics import Result
 
 COLUMNS = 200  # bins of virtual time in the depth heatmap
 MAX_ROW_LABELS = 32  # more rows than this: label every k-th
