@@ -380,8 +380,24 @@ def test_drain_redrive_and_purge(store: Store) -> None:
     assert rig.broken() == []
     rig.start(now=2.0)
     rig.fail(ValueError("x"), now=2.0)
-    purged, _ = rig.step(lambda txn, meta, fx: rig.machine.purge(txn, meta))
+    purged, _ = rig.step(lambda txn, meta, fx: rig.machine.purge(txn, meta, None))
     assert (purged, rig.meta.held_dead_letters, rig.meta.dead_lettered) == (1, 0, 2)
+
+
+def test_purge_deletes_only_the_wanted_sequences_still_stored(store: Store) -> None:
+    rig = Rig(store)
+    rig.enqueue("a", "b", "c")
+    rig.machine.rearm(rig.meta, 0.0)
+    for _ in range(3):
+        rig.start(now=0.0)
+        rig.fail(ValueError("x"), now=0.0)  # dead letters 0, 1, 2
+    wanted = frozenset({0, 2, 7})  # 7 was never a dead letter
+    purged, fx = rig.step(lambda txn, meta, fx: rig.machine.purge(txn, meta, wanted))
+    assert (purged, rig.meta.held_dead_letters, rig.meta.dead_lettered) == (2, 1, 3)
+    assert fx.events == []
+    assert rig.broken() == []
+    again, _ = rig.step(lambda txn, meta, fx: rig.machine.purge(txn, meta, wanted))
+    assert (again, rig.meta.held_dead_letters) == (0, 1)
 
 
 def test_deliveries_are_taken_once_in_link_order(store: Store) -> None:

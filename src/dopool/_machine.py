@@ -440,10 +440,17 @@ class QueueMachine:
         rearm(meta, now)
         return len(items)
 
-    def purge(self, txn: Txn, meta: Meta) -> int:
-        """Delete every dead letter; how many. No counter changes."""
-        count = self._ns.delete_dead_letters(txn)
-        meta.held_dead_letters = 0
+    def purge(self, txn: Txn, meta: Meta, wanted: frozenset[int] | None) -> int:
+        """Delete dead letters (those ``wanted``, or all; damaged ones too); how many.
+
+        No counter changes. A wanted sequence no longer stored is skipped.
+        """
+        if wanted is None:
+            count = self._ns.delete_dead_letters(txn)
+            meta.held_dead_letters = 0
+            return count
+        count = sum(self._ns.pop_dead_letter(txn, sequence) is not None for sequence in wanted)
+        meta.held_dead_letters -= count
         return count
 
     # -- follow-ups between instances ------------------------------------------------------

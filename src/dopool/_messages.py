@@ -241,9 +241,10 @@ class Redrive(Control):
 
 @dataclass(frozen=True, slots=True)
 class Purge(Control):
-    """Delete every dead letter, answering how many."""
+    """Delete the given dead letters (by sequence), or all when None, answering how many."""
 
+    sequences: frozenset[int] | None
     reply: Reply
 
     def apply(self, machine: QueueMachine, txn: Txn, meta: Meta, now: float, fx: Effects) -> int:
-        return machine.purge(txn, meta)
+        return machine.purge(txn, meta, self.sequences)

@@ -289,7 +289,7 @@ class WorkerPool:
 
     def purge_dead_letters(self) -> int:
         """Delete every dead letter of the pool; returns how many. Counters do not change."""
-        return sum(self._each(None, Purge))
+        return sum(self._each(None, partial(Purge, None)))
 
     def redrive(self, dead_letters: Iterable[DeadLetter] | None = None) -> int:
         """Re-enqueue dead letters (all, or those given) on their own instance, as new events."""
