@@ -203,8 +203,12 @@ def test_a_damaged_dead_letter_is_listed_as_damaged_and_not_redriven(store_path:
         assert (damaged.damaged, damaged.event) == (True, b"\x00garbage")
         assert damaged.error == "DamagedRecordError: checksum mismatch"
         assert (intact.damaged, intact.event) == (False, "b")
+        assert pool.dead_letters(error="DamagedRecordError") == [damaged]
+        assert pool.redrive(error="DamagedRecordError") == 0  # matched, never redriven
         assert pool.redrive() == 1
         assert [dead.sequence for dead in pool.dead_letters()] == [0]
+        assert pool.purge_dead_letters(where=lambda dead: dead.damaged) == 1
+        assert pool.dead_letters() == []
 
 
 def test_a_damaged_meta_record_refuses_the_pool_and_leaves_no_actor(store_path: Path) -> None:

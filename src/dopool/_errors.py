@@ -4,7 +4,8 @@ Every exception derives from :class:`DopoolError`::
 
     DopoolError
     ├── ConfigurationError     bad options, names, retry values, concurrency changes
-    │   └── DeadlockError      a call between instances that would wait in a cycle
+    │   ├── DeadlockError      a call between instances that would wait in a cycle
+    │   └── FilterError        a bad dead-letter filter, or a ``where`` predicate that raised
     ├── EventValidationError   not msgpack-encodable, or rejected by the pool's schema
     │   └── ScheduleError      a ``delay`` or ``not_before`` that names no due time
     ├── EventTooLargeError     encoded event over 128 KiB, partition key over 2 KiB
@@ -32,7 +33,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dopool._types import EnqueueResult
+    from dopool._types import DeadLetter, EnqueueResult
 
 
 class DopoolError(Exception):
@@ -63,6 +64,44 @@ class DeadlockError(ConfigurationError):
         super().__init__(
             f"{self.cycle[0]} would wait for {chain}: a deadlock, so the call was not made"
         )
+
+
+class FilterError(ConfigurationError):
+    """A dead-letter filter refused: nothing was listed, redriven or purged.
+
+    Either a value no filter takes (a negative ``older_than``, a ``where`` that
+    is not callable), or a ``where`` predicate that raised an ``Exception`` on
+    a dead letter (that exception is the ``__cause__``).
+
+    Attributes:
+        argument: the filter: ``"error"``, ``"older_than"``, ``"partition_key"``
+            or ``"where"``.
+        value: the value given.
+        reason: what is wrong with it.
+        dead_letter: the :class:`DeadLetter` the predicate raised on, else None.
+    """
+
+    def __init__(
+        self, argument: str, value: Any, reason: str, *, dead_letter: DeadLetter | None = None
+    ) -> None:
+        self.argument = argument
+        self.value = value
+        self.reason = reason
+        self.dead_letter = dead_letter
+        if dead_letter is None:
+            message = f"{argument}={_shown(value)} refused: {reason}"
+        else:
+            where = f"instance {dead_letter.instance_index}, sequence {dead_letter.sequence}"
+            message = f"the {argument} predicate raised on the dead letter of {where}: {reason}"
+        super().__init__(message + "; nothing was selected")
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, or its type's name if that raises (the value is the caller's)."""
+    try:
+        return repr(value)
+    except Exception:
+        return f"<{type(value).__name__} object>"
 
 
 class EventValidationError(DopoolError):

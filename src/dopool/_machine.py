@@ -426,28 +426,22 @@ class QueueMachine:
     ) -> int:
         """Re-enqueue dead letters (those ``wanted``, or all) as new events; how many."""
         chosen = [  # a damaged one stays where it is, to be inspected and purged
-            sequence
+            (sequence, dead)
             for sequence, dead in self._ns.iter_dead_letters(txn)
             if (wanted is None or sequence in wanted) and not dead.damaged
         ]
-        items = []
-        for sequence in chosen:
-            dead = self._ns.pop_dead_letter(txn, sequence)
-            assert dead is not None
-            items.append(Item(dead.event, dead.partition_key, dead.priority))
+        for sequence, _ in chosen:
+            self._ns.pop_dead_letter(txn, sequence)
+        items = tuple(Item(dead.event, dead.partition_key, dead.priority) for _, dead in chosen)
         meta.held_dead_letters -= len(items)
-        self.append(txn, meta, tuple(items), now, fx)
+        self.append(txn, meta, items, now, fx)
         rearm(meta, now)
         return len(items)
 
     def purge(self, txn: Txn, meta: Meta, wanted: frozenset[int] | None) -> int:
-        """Delete dead letters (those ``wanted``, or all; damaged ones too); how many.
-
-        No counter changes. A wanted sequence no longer stored is skipped.
-        """
+        """Delete the dead letters ``wanted`` still stored, or all; how many. No counter changes."""
         if wanted is None:
-            count = self._ns.delete_dead_letters(txn)
-            meta.held_dead_letters = 0
+            count, meta.held_dead_letters = self._ns.delete_dead_letters(txn), 0
             return count
         count = sum(self._ns.pop_dead_letter(txn, sequence) is not None for sequence in wanted)
         meta.held_dead_letters -= count

@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from dopool._direct import DirectEnqueue
 from dopool._errors import ConfigurationError, DopoolError, InstanceCrashedError, PoolClosedError
+from dopool._filters import FilterOptions, Filters, by_instance, chosen, listed
 from dopool._instance import PoolSpec
 from dopool._layout import Namespace, follow_ups_to
 from dopool._mailbox import Mailbox
 from dopool._messages import Drain, Enqueue, Item, Pause, Purge, Redrive, Reply, Resume
 from dopool._options import PoolOptionsDict
 from dopool._router import Router
-from dopool._status import dead_letter_from_record, instance_status, pool_status
+from dopool._status import instance_status, pool_status
 from dopool._supervisor import Supervisor
 from dopool._types import DeadLetter, EnqueueResult, PoolStatus
 from dopool._validation import due_time, prepare, prepare_many
@@ -287,36 +288,76 @@ class WorkerPool:
         """Remove every pending event and clear the alarm; returns how many were removed."""
         return sum(self._each(index, Drain))
 
-    def purge_dead_letters(self) -> int:
-        """Delete every dead letter of the pool; returns how many. Counters do not change."""
-        return sum(self._each(None, partial(Purge, None)))
+    def redrive(
+        self,
+        dead_letters: Iterable[DeadLetter] | None = None,
+        *,
+        index: int | None = None,
+        **filters: Unpack[FilterOptions],
+    ) -> int:
+        """Re-enqueue dead letters on their own instance, as new events; returns how many.
 
-    def redrive(self, dead_letters: Iterable[DeadLetter] | None = None) -> int:
-        """Re-enqueue dead letters (all, or those given) on their own instance, as new events."""
+        Every dead letter of the pool, or those that match everything given: the
+        records in ``dead_letters``, instance ``index``, and the filters of
+        :meth:`dead_letters`. Each instance redrives its share in one transaction.
+
+        Raises:
+            FilterError: a bad filter, or ``where`` raised; nothing was redriven.
+            ConfigurationError: ``dead_letters`` holds something else than DeadLetter
+                records, or no instance has such an index.
+        """
+        return self._act_on_dead_letters(Redrive, dead_letters, index, Filters.of(filters))
+
+    def purge_dead_letters(
+        self,
+        dead_letters: Iterable[DeadLetter] | None = None,
+        *,
+        index: int | None = None,
+        **filters: Unpack[FilterOptions],
+    ) -> int:
+        """Delete dead letters, chosen as :meth:`redrive` chooses; returns how many.
+
+        Counters do not change. Damaged dead letters are deleted too.
+        """
+        return self._act_on_dead_letters(Purge, dead_letters, index, Filters.of(filters))
+
+    def _act_on_dead_letters(
+        self,
+        verb: type[Redrive | Purge],
+        dead_letters: Iterable[DeadLetter] | None,
+        index: int | None,
+        filters: Filters,
+    ) -> int:
+        """Choose (outside every instance), then send each instance its sequences."""
         self._check_open()
-        if dead_letters is None:
-            return sum(self._each(None, partial(Redrive, None)))
-        chosen: dict[int, set[int]] = {}
-        for dead in dead_letters:
-            if not isinstance(dead, DeadLetter):
-                raise ConfigurationError(f"redrive takes DeadLetter records, got {dead!r}")
-            self._instances.check(dead.instance_index)
-            chosen.setdefault(dead.instance_index, set()).add(dead.sequence)
-        for index in chosen:
-            self._refuse_own_instance(index)
-        total = 0
-        for index, seqs in sorted(chosen.items()):
-            total += self._each(index, partial(Redrive, frozenset(seqs)))[0]
-        return total
+        indices = self._indices(index)
+        among = None
+        if dead_letters is not None:
+            among = by_instance(dead_letters, self._instances.check, verb.__name__.lower())
+        for addressed in [index] if among is None or index is not None else among:
+            self._refuse_own_instance(addressed)
+        if among is None and not filters.given:
+            return sum(self._each(index, partial(verb, None)))
+        now = self._context.clock.now()
+        picked = chosen(self._context.read, self._namespaces, indices, filters, now, among)
+        return sum(self._send_each([(i, partial(verb, picked[i])) for i in sorted(picked)]))
+
+    def _indices(self, index: int | None) -> range | list[int]:
+        """Every instance's index, or ``index`` checked."""
+        return range(self.concurrency) if index is None else [self._instances.check(index)]
 
     def _each(self, index: int | None, message: Callable[[Reply], Any]) -> list[Any]:
         """Send a message to one instance or to all at once, then gather the answers."""
         self._check_open()
-        indices = range(self.concurrency) if index is None else [self._instances.check(index)]
+        indices = self._indices(index)
         self._refuse_own_instance(index)
+        return self._send_each([(i, message) for i in indices])
+
+    def _send_each(self, messages: list[tuple[int, Callable[[Reply], Any]]]) -> list[Any]:
+        """Send each instance its message, one after another or all at once; the answers."""
         if self._one_at_a_time():
-            return [self._call(i, message) for i in indices]
-        futures = [self._instances.send(i, message) for i in indices]
+            return [self._call(i, message) for i, message in messages]
+        futures = [self._instances.send(i, message) for i, message in messages]
         return [future.get() for future in futures]
 
     def _one_at_a_time(self) -> bool:
@@ -374,16 +415,24 @@ class WorkerPool:
             ]
         return pool_status(self.name, instances)
 
-    def dead_letters(self, index: int | None = None) -> list[DeadLetter]:
-        """The dead letters of the pool or of one instance, by instance then sequence."""
+    def dead_letters(
+        self, index: int | None = None, **filters: Unpack[FilterOptions]
+    ) -> list[DeadLetter]:
+        """The dead letters of the pool or of one instance, by instance then sequence.
+
+        Read from committed storage; never waits for an instance. Only those that
+        match every filter given are returned: ``error`` (text the error contains, or
+        a compiled pattern found in it), ``older_than`` (seconds or a timedelta: failed
+        before the clock's now minus this), ``partition_key`` (exactly), ``where`` (a
+        predicate ``DeadLetter -> bool``, run in the caller's thread).
+
+        Raises:
+            FilterError: a bad filter, or ``where`` raised.
+        """
         self._check_open()
-        indices = range(self.concurrency) if index is None else [self._instances.check(index)]
-        with self._context.read() as txn:
-            return [
-                dead_letter_from_record(i, sequence, record)
-                for i in indices
-                for sequence, record in self._namespaces[i].iter_dead_letters(txn)
-            ]
+        matching, indices = Filters.of(filters), self._indices(index)
+        now = self._context.clock.now()
+        return listed(self._context.read, self._namespaces, indices, matching, now)
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait until nothing is pending or in flight on any instance, follow-ups included:
