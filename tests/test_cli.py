@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 import unicodedata
 from collections.abc import Callable, Iterator
@@ -567,7 +568,7 @@ def test_dead_letters_list_redrive_purge(real_store: Path) -> None:
     assert listed.exit_code == 0, listed.output
     assert "2 dead letters" in listed.stdout
     assert "ValueError: bad event 0" in listed.stdout
-    as_json = json.loads(invoke("dead-letters", str(real_store), "--json").stdout)
+    as_json = json.loads(invoke("dead-letters", str(real_store), "--json").stdout)["dead_letters"]
     assert [(d["pool"], d["event"]["n"]) for d in as_json] == [("emails", 0), ("emails", 3)] or [
         (d["pool"], d["event"]["n"]) for d in as_json
     ] == [("emails", 3), ("emails", 0)]
@@ -591,6 +592,142 @@ def test_dead_letters_limit(real_store: Path) -> None:
     result = invoke("dead-letters", str(real_store), "--limit", "1")
     assert result.exit_code == 0
     assert "1 more: raise --limit" in result.stdout
+
+
+@pytest.fixture
+def aged_store(tmp_path: Path) -> Path:
+    """Dead letters that failed two hours ago and one hour ago, by the wall clock.
+
+    Pool ``jobs`` (2 instances): 0 (key a, TimeoutError) and 1 (key b, ValueError) two
+    hours ago, 2 (key a, TimeoutError) and 3 (no key, ValueError) one hour ago; pool
+    ``other``: 4 (key a, TimeoutError) two hours ago.
+    """
+    store = tmp_path / "store"
+
+    def execute(ctx: EventContext) -> None:
+        kind = TimeoutError if ctx.event["timeout"] else ValueError
+        raise kind(f"event {ctx.event['n']}")
+
+    plan = [(0, True, "a", 0), (1, False, "b", 0), (2, True, "a", 3600), (3, False, None, 3600)]
+    start = time.time() - 7200
+    with Runtime.simulated(store, start=start) as runtime:
+        jobs = runtime.define("jobs", execute=execute, concurrency=2)
+        other = runtime.define("other", execute=execute)
+        other.enqueue({"n": 4, "timeout": True}, partition_key="a")
+        for n, timeout, key, at in plan:
+            runtime.clock.run_until(start + at)  # type: ignore[attr-defined]
+            jobs.enqueue({"n": n, "timeout": timeout}, partition_key=key)
+            assert jobs.join(timeout=10)
+        assert other.join(timeout=10)
+    return store
+
+
+def listed_numbers(store: Path, *args: str) -> tuple[int, int, list[int]]:
+    """``dead-letters --json``'s matched and total counts, and the events' numbers."""
+    result = invoke("dead-letters", str(store), "--json", *args)
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    numbers = sorted(letter["event"]["n"] for letter in document["dead_letters"])
+    return document["matched"], document["total"], numbers
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ((), (5, 5, [0, 1, 2, 3, 4])),
+        (("--error", "TimeoutError"), (3, 5, [0, 2, 4])),
+        (("--error", "event 1"), (1, 5, [1])),
+        (("--partition-key", "a"), (3, 5, [0, 2, 4])),
+        (("--older-than", "90m"), (3, 5, [0, 1, 4])),
+        (("--older-than", "5400"), (3, 5, [0, 1, 4])),
+        (("--older-than", "1.5h"), (3, 5, [0, 1, 4])),
+        (("--older-than", "0.05d"), (3, 5, [0, 1, 4])),  # 72 minutes
+        (("--older-than", "30 s"), (5, 5, [0, 1, 2, 3, 4])),
+        (("--older-than", "3h"), (0, 5, [])),
+        (("--pool", "jobs", "--instance", "0"), None),
+        (("--pool", "jobs", "--error", "Timeout", "--older-than", "1d"), (0, 4, [])),
+        (("--pool", "jobs", "--error", "Timeout", "--partition-key", "a"), (2, 4, [0, 2])),
+        (("--pool", "jobs", "--partition-key", "a", "--older-than", "90m"), (1, 4, [0])),
+    ],
+)
+def test_dead_letters_filters_choose_what_is_listed(
+    aged_store: Path, args: tuple[str, ...], expected: tuple[int, int, list[int]] | None
+) -> None:
+    if expected is None:  # one instance: whichever the events were routed to
+        with Runtime.simulated(aged_store) as runtime:
+            pool = runtime.define("jobs", execute=lambda ctx: None, concurrency=2)
+            on_zero = sorted(letter.event["n"] for letter in pool.dead_letters(0))
+        expected = (len(on_zero), len(on_zero), on_zero)
+    assert listed_numbers(aged_store, *args) == expected
+
+
+def test_dead_letters_filtered_listing_says_how_many_match(aged_store: Path) -> None:
+    out = invoke("dead-letters", str(aged_store), "--error", "TimeoutError").stdout
+    assert out.startswith(f"3 of 5 dead letters in {aged_store} match")
+    assert out.count("TimeoutError: event") == 3
+    out = invoke("dead-letters", str(aged_store), "--partition-key", "zzz").stdout
+    assert out.startswith(f"store {aged_store}: none of its 5 dead letters match")
+    assert invoke("dead-letters", str(aged_store)).stdout.startswith("5 dead letters in")
+
+
+def test_dead_letters_act_only_on_what_matches(aged_store: Path) -> None:
+    def dead_lettered() -> dict[str, tuple[int, int]]:
+        document = json.loads(invoke("status", str(aged_store), "--json").stdout)
+        return {
+            pool["name"]: (pool["dead_lettered"], pool["pending"]) for pool in document["pools"]
+        }
+
+    assert dead_lettered() == {"jobs": (4, 0), "other": (1, 0)}
+    redriven = invoke(
+        "dead-letters", str(aged_store), "--pool", "jobs", "--error", "Timeout", "--redrive"
+    )
+    assert redriven.exit_code == 0, redriven.output
+    assert redriven.stdout == (
+        "redrove 2 dead letters of pool 'jobs' (2 matched; they run when the pool's runtime "
+        "next opens the store)\n"
+    )
+    assert listed_numbers(aged_store) == (3, 3, [1, 3, 4])
+    assert dead_lettered() == {"jobs": (4, 2), "other": (1, 0)}  # redriven: pending again
+
+    purged = invoke("dead-letters", str(aged_store), "--older-than", "90m", "--purge", "--json")
+    assert purged.exit_code == 0, purged.output
+    assert json.loads(purged.stdout) == {
+        "action": "purge",
+        "pools": [
+            {"pool": "jobs", "matched": 1, "purged": 1},
+            {"pool": "other", "matched": 1, "purged": 1},
+        ],
+    }
+    assert listed_numbers(aged_store) == (1, 1, [3])
+    assert dead_lettered() == {"jobs": (4, 2), "other": (1, 0)}  # a purge changes no counter
+    nothing = invoke("dead-letters", str(aged_store), "--partition-key", "a", "--purge")
+    assert nothing.stdout == (
+        "purged 0 dead letters of pool 'jobs' (0 matched)\n"
+        "purged 0 dead letters of pool 'other' (0 matched)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "words"),
+    [
+        (("--instance", "0"), 2, ("--instance needs --pool",)),
+        (("--pool", "jobs", "--instance", "2"), 1, ("pool 'jobs' has no instance 2",)),
+        (("--pool", "jobs", "--instance", "-1"), 2, ("--instance",)),
+        (("--older-than", "5x"), 2, ("--older-than", "'5x' is no age", "90s, 5m, 2h or 1d")),
+        (("--older-than", "-1"), 2, ("--older-than", "is no age")),
+        (("--older-than", "9" * 400), 2, ("--older-than", "is no age")),
+        (("--older-than", ""), 2, ("--older-than", "is no age")),
+        (("--older-than", "1h", "--redrive", "--purge"), 2, ("exclude each other",)),
+    ],
+)
+def test_dead_letters_filter_errors_are_one_line(
+    aged_store: Path, args: tuple[str, ...], code: int, words: tuple[str, ...]
+) -> None:
+    for action in ((), ("--redrive",), ("--purge",)):
+        if action and "--redrive" in args:
+            continue
+        assert_one_line_error(invoke("dead-letters", str(aged_store), *args, *action), code, *words)
+    assert listed_numbers(aged_store)[0] == 5  # nothing changed
 
 
 HOLDER = """
@@ -821,7 +958,7 @@ def test_a_damaged_dead_letter_is_listed_as_damaged(
     assert result.exit_code == 0, result.output
     assert f"DamagedRecordError: {reason}" in result.stdout
     assert "damaged record: never redriven" in result.stdout
-    letters = json.loads(invoke("dead-letters", str(store), "--json").stdout)
+    letters = json.loads(invoke("dead-letters", str(store), "--json").stdout)["dead_letters"]
     assert [letter["damaged"] for letter in letters].count(True) == 1
 
 
@@ -893,9 +1030,8 @@ def test_dead_letters_escape_control_characters_and_markup(tmp_path: Path) -> No
     assert "\\x1b[2J\\x1b]0;pwned\\x07 [bold red]loud[/] \\x9b31m \\x7f" in result.stdout
     assert "\\r\\nnext line\\x00" in result.stdout
     assert "key key\\x1b[1m\\x85\\u202e" in result.stdout
-    assert json.loads(invoke("dead-letters", str(store), "--json").stdout)[0]["error"] == (
-        f"ValueError: {HOSTILE}"
-    )
+    document = json.loads(invoke("dead-letters", str(store), "--json").stdout)
+    assert document["dead_letters"][0]["error"] == (f"ValueError: {HOSTILE}")
 
 
 def test_status_escapes_a_crafted_pool_name(tmp_path: Path) -> None:
@@ -956,7 +1092,7 @@ def test_dead_letters_json_maps_what_json_cannot_hold(tmp_path: Path) -> None:
     store = make_store(tmp_path / "store", event=event)
     result = invoke("dead-letters", str(store), "--json")
     assert result.exit_code == 0, result.output
-    (letter,) = strict_json(result.stdout)
+    (letter,) = strict_json(result.stdout)["dead_letters"]
     assert letter["event"] == {
         "$map": [
             [{"$base64": "aw=="}, 1],
@@ -972,7 +1108,7 @@ def test_non_finite_stored_times_are_damage_not_output(tmp_path: Path) -> None:
     store = craft(make_store(tmp_path / "store"), set_meta(alarm=math.nan))
     assert_one_line_error(invoke("status", str(store), "--json"), 1, "field 'alarm' is nan")
     store = craft(make_store(tmp_path / "other"), replace_dead_letter(failed_at=math.inf))
-    (letter,) = strict_json(invoke("dead-letters", str(store), "--json").stdout)
+    (letter,) = strict_json(invoke("dead-letters", str(store), "--json").stdout)["dead_letters"]
     assert letter["damaged"]
     assert letter["error"] == "DamagedRecordError: field 'failed_at' is inf"
 
@@ -987,7 +1123,7 @@ def test_a_deeply_nested_event_is_listed_and_written_as_json(tmp_path: Path) -> 
     assert "event: [[[[" in listed.stdout
     as_json = invoke("dead-letters", str(store), "--json")
     assert as_json.exit_code == 0, as_json.output
-    (letter,) = strict_json(as_json.stdout)
+    (letter,) = strict_json(as_json.stdout)["dead_letters"]
     depth, inner = 0, letter["event"]
     while isinstance(inner, list):
         depth, inner = depth + 1, inner[0]

@@ -617,11 +617,11 @@ def test_storeview_reads_status_and_dead_letters_and_acts(tmp_path: Path) -> Non
         letters = view.dead_letters("sim", 4)
     assert status.dead_lettered == len(letters) > 0
     assert status.enqueued == status.succeeded + status.dead_lettered
-    assert redrive(store, pools) == {"sim": len(letters)}
+    assert redrive(store, pools) == {"sim": (len(letters), len(letters))}
     with open_view(store) as view:
         assert view.dead_letters("sim", 4) == []
         assert view.status("sim", 4).pending == len(letters)
-    assert purge(store, pools) == {"sim": 0}
+    assert purge(store, pools) == {"sim": (0, 0)}
 
 
 def test_storeview_refuses_what_is_not_a_store(tmp_path: Path) -> None:

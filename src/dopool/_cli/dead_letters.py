@@ -1,27 +1,60 @@
-"""``dopool dead-letters``: list a store's dead letters, or redrive or purge them."""
+"""``dopool dead-letters``: list a store's dead letters, or redrive or purge them, all or
+those the filters choose (by error text, age, partition key, instance)."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from pathlib import Path
 
 import click
 from rich.console import Console
 from rich.text import Text
 
-from dopool._cli._errors import CliUsageError
+from dopool._cli._errors import CliError, CliUsageError
 from dopool._cli._store import _chosen_pools, _when
 from dopool._cli._terminal import _clean, _console
 from dopool._cli._values import JSON_TAGS, _json_text, _short
-from dopool._sim.storeview import open_view, purge, redrive
+from dopool._filters import Filters
+from dopool._sim.storeview import Selection, StoreView, open_view, purge, redrive
 from dopool._types import DeadLetter
 
 _LETTER_FIELDS = dataclasses.fields(DeadLetter)
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_AGE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*")
+
+
+def _age(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    """``--older-than``: seconds, or a number and a unit (``90s``, ``5m``, ``2h``, ``1d``)."""
+    if value is None:
+        return None
+    match = _AGE.fullmatch(value)
+    seconds = math.inf if match is None else float(match[1]) * _UNITS[match[2]]
+    if not math.isfinite(seconds):
+        raise click.BadParameter(
+            f"{_clean(repr(value))} is no age: give seconds, or a number and a unit "
+            "(s, m, h or d), such as 90s, 5m, 2h or 1d",
+            ctx,
+            param,
+        )
+    return seconds
 
 
 @click.command("dead-letters")
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--pool", "pool_name", metavar="NAME", help="only this pool")
+@click.option("--error", "error_text", metavar="TEXT", help="only those whose error contains TEXT")
+@click.option(
+    "--older-than",
+    callback=_age,
+    metavar="AGE",
+    help="only those that failed more than AGE ago (seconds, or 90s, 5m, 2h, 1d)",
+)
+@click.option("--partition-key", metavar="KEY", help="only those of this partition key")
+@click.option(
+    "--instance", type=click.IntRange(min=0), metavar="I", help="only instance I (needs --pool)"
+)
 @click.option("--redrive", "do_redrive", is_flag=True, help="re-enqueue them (needs the lock)")
 @click.option("--purge", "do_purge", is_flag=True, help="delete them (needs the lock)")
 @click.option("--limit", default=100, show_default=True, help="list at most this many")
@@ -29,6 +62,10 @@ _LETTER_FIELDS = dataclasses.fields(DeadLetter)
 def dead_letters(
     path: Path,
     pool_name: str | None,
+    error_text: str | None,
+    older_than: float | None,
+    partition_key: str | None,
+    instance: int | None,
     do_redrive: bool,
     do_purge: bool,
     limit: int,
@@ -36,39 +73,82 @@ def dead_letters(
 ) -> None:
     """List the dead letters in the store at PATH, or --redrive or --purge them.
 
-    Listing is read-only. Acting takes the store lock: stop the runtime that
-    holds the store first. Redriven events run when the pool's own runtime
-    next opens the store.
+    Without a filter, every dead letter; with filters, those that match all of them.
+    Ages are measured from the wall clock. Listing is read-only. Acting takes the
+    store lock: stop the runtime that holds the store first. Redriven events run
+    when the pool's own runtime next opens the store.
     """
     if do_redrive and do_purge:
         raise CliUsageError("--redrive and --purge exclude each other")
+    if instance is not None and pool_name is None:
+        raise CliUsageError("--instance needs --pool: instances are numbered within a pool")
+    filters = Filters(error=error_text, older_than=older_than, partition_key=partition_key)
+    selection: Selection = (instance, filters)
+    filtered = filters.given or instance is not None
+    acting = do_redrive or do_purge
     with open_view(path) as view:
         pools = _chosen_pools(view, pool_name)
-        letters = {name: view.dead_letters(name, count) for name, count in sorted(pools.items())}
-    if do_redrive or do_purge:
-        _act(path, pools, redrive_them=do_redrive)
-        return
+        for name, concurrency in pools.items():
+            if instance is not None and instance >= concurrency:
+                raise CliError(
+                    f"pool {_clean(repr(name))} has no instance {instance} "
+                    f"(concurrency {concurrency})"
+                )
+        listing = None if acting else _read(view, pools, selection)
+    if listing is None:
+        _act(path, pools, selection, redrive_them=do_redrive, as_json=as_json, filtered=filtered)
+    else:
+        _list(path, *listing, filtered=filtered, limit=limit, as_json=as_json)
+
+
+def _read(
+    view: StoreView, pools: dict[str, int], selection: Selection
+) -> tuple[dict[str, list[DeadLetter]], int]:
+    """The matching dead letters by pool, and how many the pools (or the instance) hold."""
+    index, filters = selection
+    letters = {
+        name: view.dead_letters(name, count, index, filters)
+        for name, count in sorted(pools.items())
+    }
+    total = sum(view.count_dead_letters(name, count, index) for name, count in pools.items())
+    return letters, total
+
+
+def _list(
+    path: Path,
+    letters: dict[str, list[DeadLetter]],
+    total: int,
+    *,
+    filtered: bool,
+    limit: int,
+    as_json: bool,
+) -> None:
+    matched = sum(len(found) for found in letters.values())
     if as_json:
         # Not dataclasses.asdict: it copies the event recursively, and events nest deep.
-        document = [
+        listing = [
             {"pool": name} | {field.name: getattr(letter, field.name) for field in _LETTER_FIELDS}
             for name, found in letters.items()
             for letter in found
         ][: max(limit, 0)]
-        click.echo(_json_text(document))
+        click.echo(_json_text({"matched": matched, "total": total, "dead_letters": listing}))
         return
-    out = _console()
-    _print_dead_letters(out, path, letters, limit)
+    if filtered and total:
+        heading = f"{matched:,} of {total:,} dead letters in {_clean(path)} match"
+        if not matched:
+            heading = f"store {_clean(path)}: none of its {total:,} dead letters match"
+    elif matched:
+        heading = f"{matched:,} dead letters in {_clean(path)}"
+    else:
+        heading = f"store {_clean(path)}: no dead letters"
+    _print_dead_letters(_console(), heading, letters, limit)
 
 
 def _print_dead_letters(
-    out: Console, path: Path, letters: dict[str, list[DeadLetter]], limit: int
+    out: Console, heading: str, letters: dict[str, list[DeadLetter]], limit: int
 ) -> None:
     total = sum(len(found) for found in letters.values())
-    if total == 0:
-        out.print(Text(f"store {_clean(path)}: no dead letters"))
-        return
-    out.print(Text(f"{total:,} dead letters in {_clean(path)}", style="bold"))
+    out.print(Text(heading, style="bold" if total else ""))
     shown = 0
     for name, found in letters.items():
         for letter in found:
@@ -91,14 +171,36 @@ def _print_dead_letters(
         out.print(f"{total - shown:,} more: raise --limit")
 
 
-def _act(path: Path, pools: dict[str, int], *, redrive_them: bool) -> None:
+def _act(
+    path: Path,
+    pools: dict[str, int],
+    selection: Selection,
+    *,
+    redrive_them: bool,
+    as_json: bool,
+    filtered: bool,
+) -> None:
+    action, verb, done_key = ("redrive", "redrove", "redriven")
+    if not redrive_them:
+        action, verb, done_key = ("purge", "purged", "purged")
+    done = (redrive if redrive_them else purge)(path, pools, selection) if pools else {}
+    if as_json:
+        counts = [
+            {"pool": name, "matched": matched, done_key: count}
+            for name, (matched, count) in done.items()
+        ]
+        click.echo(_json_text({"action": action, "pools": counts}))
+        return
     if not pools:
         click.echo(f"store {_clean(path)}: no pools")
         return
-    done = redrive(path, pools) if redrive_them else purge(path, pools)
-    verb = "redrove" if redrive_them else "purged"
-    for name, count in done.items():
-        line = f"{verb} {count:,} dead letters of pool '{_clean(name)}'"
+    for name, (matched, count) in done.items():
+        notes = []
+        if filtered or matched != count:
+            notes.append(f"{matched:,} matched")
+        if matched > count:
+            notes.append(f"{matched - count:,} damaged: never redriven")
         if redrive_them and count:
-            line += " (they run when the pool's runtime next opens the store)"
-        click.echo(line)
+            notes.append("they run when the pool's runtime next opens the store")
+        line = f"{verb} {count:,} dead letters of pool '{_clean(name)}'"
+        click.echo(line + (f" ({'; '.join(notes)})" if notes else ""))

@@ -17,6 +17,10 @@ the stand-in handler, and the redriven events run when the pool's own runtime
 next opens the store. It defines only the chosen pools: a follow-up in their
 outboxes for another pool waits there, as it would for any runtime that does
 not define that pool (and a store of format 1 is migrated by opening it).
+
+Both listing and acting take the dead-letter filters (:class:`~dopool._filters.Filters`)
+and an instance; ages are measured from the wall clock (the stand-in runtime's clock
+stands at the wall-clock time it was opened).
 """
 
 from __future__ import annotations
@@ -34,11 +38,17 @@ from dopool._check import CheckReport, check_store
 from dopool._clock import RealClock, SimulatedClock
 from dopool._context import EventContext
 from dopool._errors import ConfigurationError, StorageError
+from dopool._filters import Filters, listed
 from dopool._layout import Namespace, follow_ups_to, pool_records
 from dopool._runtime import Runtime
-from dopool._status import dead_letter_from_record, instance_status, pool_status
+from dopool._status import instance_status, pool_status
 from dopool._storage import open_readonly
 from dopool._types import DeadLetter, PoolStatus
+
+_ANY = Filters()
+#: Which dead letters to act on: one instance's (an index) or every instance's (None),
+#: and the filters (``where`` is the API's only: a command line passes no code).
+Selection = tuple[int | None, Filters]
 
 
 class StoreNotFoundError(ConfigurationError):
@@ -84,14 +94,20 @@ class StoreView:
             ]
         return pool_status(name, instances)
 
-    def dead_letters(self, name: str, concurrency: int) -> list[DeadLetter]:
-        """The pool's dead letters, by instance then sequence (damaged ones marked so)."""
+    def dead_letters(
+        self, name: str, concurrency: int, index: int | None = None, filters: Filters = _ANY
+    ) -> list[DeadLetter]:
+        """The pool's dead letters (or instance ``index``'s) that match ``filters``, by
+        instance then sequence (damaged ones marked so); ages are on the wall clock."""
+        namespaces = [Namespace(name, i) for i in range(concurrency)]
+        indices = range(concurrency) if index is None else [index]
+        return listed(self._read, namespaces, indices, filters, RealClock().now())
+
+    def count_dead_letters(self, name: str, concurrency: int, index: int | None = None) -> int:
+        """How many dead letters the pool (or instance ``index``) holds."""
+        indices = range(concurrency) if index is None else [index]
         with self._read() as txn:
-            return [
-                dead_letter_from_record(index, sequence, record)
-                for index in range(concurrency)
-                for sequence, record in Namespace(name, index).iter_dead_letters(txn)
-            ]
+            return sum(Namespace(name, i).count_dead_letters(txn) for i in indices)
 
     def follow_ups_to(self, name: str) -> dict[str, int]:
         """The follow-ups for pool ``name`` still in an outbox, counted by instance id."""
@@ -135,9 +151,11 @@ def _stand_in(ctx: EventContext) -> None:
     raise AssertionError("a maintenance runtime never executes events")  # pragma: no cover
 
 
-def _act(path: str | os.PathLike[str], pools: dict[str, int], action: str) -> dict[str, int]:
+def _act(
+    path: str | os.PathLike[str], pools: dict[str, int], action: str, selection: Selection
+) -> dict[str, tuple[int, int]]:
     where = _check_store_path(path)
-    done: dict[str, int] = {}
+    done: dict[str, tuple[int, int]] = {}
     # The store lock first (StoreLockedError names the holder), then a check that no
     # attempt awaits recovery: opening a pool recovers it, and an interrupted attempt
     # must be settled by the pool's own retry policy, not by this stand-in. (Read through
@@ -157,19 +175,34 @@ def _act(path: str | os.PathLike[str], pools: dict[str, int], action: str) -> di
                         f"{', '.join(map(str, interrupted))}; open the store with the pool's own "
                         "runtime once (its retry policy settles the attempt), then retry"
                     )
+        index, filters = selection
+        chosen: dict[str, Any] = {
+            "error": filters.error,
+            "older_than": filters.older_than,
+            "partition_key": filters.partition_key,
+        }
         for name, concurrency in pools.items():
             pool = runtime.define(name, execute=_stand_in, concurrency=concurrency)
-            done[name] = pool.redrive() if action == "redrive" else pool.purge_dead_letters()
+            matched = len(pool.dead_letters(index, **chosen))  # nobody else writes meanwhile
+            act = pool.redrive if action == "redrive" else pool.purge_dead_letters
+            done[name] = matched, act(index=index, **chosen)
     finally:
         runtime.close()
     return done
 
 
-def redrive(path: str | os.PathLike[str], pools: dict[str, int]) -> dict[str, int]:
-    """Re-enqueue every dead letter of the given pools; needs the store lock."""
-    return _act(path, pools, "redrive")
+def redrive(
+    path: str | os.PathLike[str], pools: dict[str, int], selection: Selection = (None, _ANY)
+) -> dict[str, tuple[int, int]]:
+    """Re-enqueue the dead letters of the given pools that match ``selection`` (an
+    instance index or None, and the filters); needs the store lock. Returns, by pool,
+    how many matched and how many were redriven (a damaged one never is)."""
+    return _act(path, pools, "redrive", selection)
 
 
-def purge(path: str | os.PathLike[str], pools: dict[str, int]) -> dict[str, int]:
-    """Delete every dead letter of the given pools; needs the store lock."""
-    return _act(path, pools, "purge")
+def purge(
+    path: str | os.PathLike[str], pools: dict[str, int], selection: Selection = (None, _ANY)
+) -> dict[str, tuple[int, int]]:
+    """Delete the dead letters of the given pools that match ``selection``, as
+    :func:`redrive`; needs the store lock. Returns how many matched and were deleted."""
+    return _act(path, pools, "purge", selection)
