@@ -11,7 +11,8 @@ or by killing its own instance (``"crash"``: the attempt fails at the next fault
 ``spawn`` adds a follow-up on the same partition), and the retry policy has no jitter,
 so the model predicts every execution exactly: which event, which attempt, on which
 instance, at what virtual time. Rules enqueue, pause, resume, drain, drive the clock,
-switch an outage on and off, redrive and purge dead letters, kill an instance between
+switch an outage on and off, redrive and purge dead letters (all, chosen records, or
+those filters match), kill an instance between
 messages, and close and reopen the runtime on the same clock; invariants compare status
 (restarts included), storage keys, dead letters, hooks, crash events and the execution
 log with the model after every step.
@@ -25,6 +26,7 @@ a while). The tests at the end pin down crash-handling bugs it found.
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import tempfile
 import time
@@ -596,6 +598,53 @@ class PoolMachine(RuleBasedStateMachine):
         letters = self._remember_letters()
         expected = self._redriven(letters)
         assert self.pool.redrive() == expected == len(letters)
+
+    @precondition(lambda self: any(instance.dead for instance in self.model))
+    @rule(
+        redrive=st.booleans(),
+        error=st.sampled_from([None, *ERRORS.values(), CRASH_ERROR]),
+        older_than=st.sampled_from([None, 0, 1, 3]),
+        partition_key=partition_keys,
+        index=indices,
+        parity=st.sampled_from([None, 0, 1]),
+    )
+    def act_on_matching(
+        self,
+        redrive: bool,
+        error: str | None,
+        older_than: float | None,
+        partition_key: str | None,
+        index: int | None,
+        parity: int | None,
+    ) -> None:
+        """Redrive or purge the dead letters that match filters, chosen by the model's fields."""
+        self._remember_letters()
+        now = self.clock.now()
+        matched = [
+            (instance, sequence)
+            for instance in self._chosen(index)
+            for sequence, dead in sorted(instance.dead.items())
+            if (error is None or dead.error == error)
+            and (older_than is None or dead.failed_at < now - older_than)
+            and (partition_key is None or dead.event.partition_key == partition_key)
+            and (parity is None or sequence % 2 == parity)
+        ]
+        pattern = None if error is None else re.compile(f"^{error}: ")
+        where = None if parity is None else lambda letter: letter.sequence % 2 == parity
+        act = self.pool.redrive if redrive else self.pool.purge_dead_letters
+        done = act(
+            index=index,
+            error=pattern,
+            older_than=older_than,
+            partition_key=partition_key,
+            where=where,
+        )
+        if redrive:
+            assert done == self._redriven([self.seen_letters[i.index, s] for i, s in matched])
+        else:
+            assert done == len(matched)
+            for instance, sequence in matched:
+                del instance.dead[sequence]
 
     @rule()
     def purge_dead_letters(self) -> None:
