@@ -298,7 +298,7 @@ def test_a_given_record_of_no_instance_is_refused(broken: tuple[WorkerPool, Flak
     forged = dataclasses.replace(pool.dead_letters()[0], instance_index=5)
     with pytest.raises(ConfigurationError, match="no instance 5"):
         pool.redrive([forged], error="Timeout")
-    with pytest.raises(ConfigurationError, match="purge takes DeadLetter records"):
+    with pytest.raises(ConfigurationError, match="purge_dead_letters takes DeadLetter records"):
         pool.purge_dead_letters(["not a record"], error="Timeout")  # type: ignore[list-item]
     check()
 

@@ -333,7 +333,8 @@ class WorkerPool:
         indices = self._indices(index)
         among = None
         if dead_letters is not None:
-            among = by_instance(dead_letters, self._instances.check, verb.__name__.lower())
+            name = "redrive" if verb is Redrive else "purge_dead_letters"
+            among = by_instance(dead_letters, self._instances.check, name)
         for addressed in [index] if among is None or index is not None else among:
             self._refuse_own_instance(addressed)
         if among is None and not filters.given:
