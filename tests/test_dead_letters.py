@@ -22,6 +22,7 @@ from dopool import (
     DeadLetter,
     EventContext,
     FilterError,
+    PoolClosedError,
     PoolEvent,
     PoolStatus,
     Runtime,
@@ -421,6 +422,21 @@ def test_a_dead_letter_that_arrives_after_the_choice_is_left(sim: Runtime, verb:
 
     assert getattr(pool, verb)(error="TimeoutError", where=where) == 1
     assert [letter.sequence for letter in pool.dead_letters()] == late
+
+
+def test_a_predicate_that_closes_the_runtime_changes_nothing_more(sim: Runtime) -> None:
+    pool = sim.define("p", execute=Flaky(), concurrency=3)
+    pool.enqueue_many([{"n": n, "kind": "bad"} for n in range(3)])
+    assert pool.join(timeout=10)
+
+    def where(letter: DeadLetter) -> bool:
+        sim.close()
+        return True
+
+    with pytest.raises(PoolClosedError):
+        pool.redrive(where=where)
+    with Runtime.simulated(sim.path) as reopened:
+        assert len(reopened.define("p", execute=Flaky(), concurrency=3).dead_letters()) == 3
 
 
 # -- from a handler ------------------------------------------------------------------------------

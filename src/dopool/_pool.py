@@ -297,14 +297,12 @@ class WorkerPool:
     ) -> int:
         """Re-enqueue dead letters on their own instance, as new events; returns how many.
 
-        Every dead letter of the pool, or those that match everything given: the
-        records in ``dead_letters``, instance ``index``, and the filters of
-        :meth:`dead_letters`. Each instance redrives its share in one transaction.
+        All, or those that match everything given: the records in ``dead_letters``,
+        instance ``index``, the filters of :meth:`dead_letters`. One transaction each.
 
         Raises:
             FilterError: a bad filter, or ``where`` raised; nothing was redriven.
-            ConfigurationError: ``dead_letters`` holds something else than DeadLetter
-                records, or no instance has such an index.
+            ConfigurationError: not DeadLetter records, or an index of no instance.
         """
         return self._act_on_dead_letters(Redrive, dead_letters, index, Filters.of(filters))
 
@@ -315,10 +313,7 @@ class WorkerPool:
         index: int | None = None,
         **filters: Unpack[FilterOptions],
     ) -> int:
-        """Delete dead letters, chosen as :meth:`redrive` chooses; returns how many.
-
-        Counters do not change. Damaged dead letters are deleted too.
-        """
+        """Delete dead letters chosen as :meth:`redrive` chooses; how many. Counters stay."""
         return self._act_on_dead_letters(Purge, dead_letters, index, Filters.of(filters))
 
     def _act_on_dead_letters(
@@ -340,7 +335,7 @@ class WorkerPool:
         if among is None and not filters.given:
             return sum(self._each(index, partial(verb, None)))
         now = self._context.clock.now()
-        picked = chosen(self._context.read, self._namespaces, indices, filters, now, among)
+        picked = chosen(self._read_open, self._namespaces, indices, filters, now, among)
         return sum(self._send_each([(i, partial(verb, picked[i])) for i in sorted(picked)]))
 
     def _indices(self, index: int | None) -> range | list[int]:
@@ -491,6 +486,11 @@ class WorkerPool:
                 f"called from the handler of {self.name}:{running[1]}, which would wait on "
                 "itself forever; use ctx.enqueue for follow-ups, or address another instance"
             )
+
+    def _read_open(self) -> AbstractContextManager[Txn]:
+        """A read of committed state, the runtime checked open first (a ``where`` may close it)."""
+        self._check_open()
+        return self._context.read()
 
     def _check_open(self) -> None:
         if self._context.closed():
