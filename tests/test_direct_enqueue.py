@@ -33,8 +33,8 @@ from dopool import (
 )
 from dopool._actor import InstanceActor
 from dopool._inbox import Inbox
-from dopool._instance import InstanceShell
 from dopool._layout import Meta, Namespace
+from dopool._machine import QueueMachine
 from dopool._mailbox import Mailbox
 from dopool._messages import HandedOff, Pause, Recover, Resume
 from dopool._retry import uniform_draw
@@ -697,11 +697,12 @@ def test_the_enqueues_waiting_behind_a_handler_share_its_outcome_and_nothing_ove
 ) -> None:
     """The outcome's transaction takes the run of enqueues at the inbox head, up to a pause."""
     taken: list[int] = []  # how many enqueues each transaction stored
-    accept = InstanceShell._accept
+    accept = QueueMachine.accept
 
-    def counted(instance: InstanceShell, *args: Any) -> None:
-        taken.append(len(instance._taken))
-        accept(instance, *args)
+    def counted(machine: QueueMachine, txn: Txn, meta: Meta, batches: Any, *args: Any) -> None:
+        batches = list(batches)
+        taken.append(len(batches))
+        accept(machine, txn, meta, batches, *args)
 
     first = FirstBlocks()
     seen: list[PoolEvent] = []
@@ -710,7 +711,7 @@ def test_the_enqueues_waiting_behind_a_handler_share_its_outcome_and_nothing_ove
         pool = runtime.define("p", execute=first)
         pool.enqueue("first")
         assert first.running.wait(TIMEOUT)
-        monkeypatch.setattr(InstanceShell, "_accept", counted)
+        monkeypatch.setattr(QueueMachine, "accept", counted)
         ref = pool._mailboxes[0]._ref
         assert ref is not None
         inbox = cast(Inbox, ref.actor_inbox)  # the instance's own (see InstanceActor)

@@ -72,7 +72,7 @@ class InstanceMemory:
     for correctness, and a crash forgets it (:meth:`forget`).
     """
 
-    __slots__ = ("handed_off", "meta", "told_alarm", "turn")
+    __slots__ = ("handed_off", "meta", "raw", "told_alarm", "turn")
 
     def __init__(self, waiter: Callable[[], Latch] | None = None) -> None:
         # The right to act on the namespace: one thing at a time. Its waiters wait on
@@ -81,12 +81,18 @@ class InstanceMemory:
         # The meta as the instance's last commit left it, if known (see
         # ``InstanceShell._load_meta``).
         self.meta: Meta | None = None
+        # The meta record's stored bytes as the instance's last transaction left them
+        # (read or written), None if unknown: a transaction uses ``meta`` only if the
+        # store still holds these, as another process may have written it since
+        # (``dopool.connect``); the runtime's watcher wakes an instance whose differ.
+        self.raw: bytes | None = None
         self.told_alarm: float | _Untold | None = None  # what the clock was last told
         self.handed_off: Started | None = None  # an attempt a caller started, for the actor
 
     def forget(self) -> None:
         """The instance crashed: its successor starts from the store and settles the attempt."""
         self.meta = None
+        self.raw = None
         self.handed_off = None
 
     def take_handed_off(self) -> Started | None:
@@ -164,6 +170,7 @@ class InstanceShell:
         # or failed if the instance dies first.
         self._taken: list[Enqueue] = []
         self._saved: Meta | None = None  # the meta the running transaction saved
+        self._raw: bytes | None = None  # its stored bytes as the running transaction left them
         # Follow-ups for pools not defined in this runtime: they wait in the outbox, and
         # are sent (before any later one to that pool) once the pool is defined.
         self._held: dict[str, list[tuple[int, OutboxRecord]]] = {}
@@ -184,7 +191,7 @@ class InstanceShell:
         The store may commit it together with other instances' transactions
         (group commit); it returns only once the commit is durable. Then the
         meta it saved is the committed one, and the next transaction starts
-        from it instead of reading and decoding it again.
+        from it instead of decoding it again (if the store still holds its bytes).
         """
 
         def guarded(txn: Txn) -> T:
@@ -195,9 +202,13 @@ class InstanceShell:
         try:
             result = self._store.transact(guarded)
         except BaseException:
-            self._saved = None  # rolled back: the store still holds the meta before it
+            # Rolled back: the store still holds the meta before it (``memory.raw``).
+            self._saved = self._raw = None
             raise
         saved, self._saved = self._saved, None
+        raw, self._raw = self._raw, None
+        if raw is not None:
+            self._memory.raw = raw
         if saved is not None:
             self._memory.meta = saved
         return result
@@ -205,19 +216,26 @@ class InstanceShell:
     def _load_meta(self, txn: Txn) -> Meta:
         """The committed meta, which this transaction now owns and may change.
 
-        It is the one the instance's last commit saved, if that is known, else
-        read from the store. Taking it leaves none known: if this transaction
-        fails, the next one reads the store, where its changes never landed.
+        It is the one the instance's last commit saved, if that is known and the
+        store still holds the bytes that commit wrote; else it is decoded from
+        the store. The bytes are read in this write transaction, which LMDB
+        serialises with every other writer, those of producer processes
+        (``dopool.connect``) included: a meta one of them changed is read
+        anew, so its events and counters are never overwritten. Taking the
+        meta leaves none known: if this transaction fails, the next one reads
+        the store, where its changes never landed.
         """
         memory = self._memory
+        raw = self._raw = self._ns.meta_bytes(txn)
         meta = memory.meta
-        if meta is None:
-            return self._ns.load_meta(txn)
-        memory.meta = None
-        return meta
+        if meta is not None:
+            memory.meta = None
+            if raw == memory.raw:  # nobody else wrote it since
+                return meta
+        return self._ns.decode_meta(raw)
 
     def _save_meta(self, txn: Txn, meta: Meta) -> None:
-        self._ns.save_meta(txn, meta)
+        self._raw = self._ns.save_meta(txn, meta)
         self._saved = meta
 
     def _accept(self, txn: Txn, meta: Meta, now: float, effects: Effects) -> None:
@@ -242,8 +260,8 @@ class InstanceShell:
         def body(txn: Txn) -> tuple[Meta, Started | None]:
             start_now = idle() and starts
             meta = self._load_meta(txn)
-            self._accept(txn, meta, now, effects)
-            self._machine.rearm(meta, now)
+            batches = [(message, message.items) for message in self._taken]
+            self._machine.enqueue(txn, meta, batches, now, effects)
             started = self._machine.take_alarm(txn, meta, now, effects) if start_now else None
             self._save_meta(txn, meta)
             return meta, started

@@ -52,6 +52,7 @@ logger = logging.getLogger("dopool")
 
 # What a transition that started an attempt hands to the code that executes it.
 Started = tuple[bytes, EventRecord, int, float]  # queue key, record, attempt, started_at
+Batches = Iterable[tuple[Any, tuple[Item, ...]]]  # (the caller's token, its items) each
 # Called at each fault point inside a transition: raises to crash the instance there.
 FaultPoint = Callable[[str, str], None]
 
@@ -126,14 +127,7 @@ class QueueMachine:
         return self._ns
 
     # -- enqueue -----------------------------------------------------------------
-    def accept(
-        self,
-        txn: Txn,
-        meta: Meta,
-        batches: Iterable[tuple[Any, tuple[Item, ...]]],
-        now: float,
-        fx: Effects,
-    ) -> None:
+    def accept(self, txn: Txn, meta: Meta, batches: Batches, now: float, fx: Effects) -> None:
         """Append each batch that fits; ``fx.answers`` gets ``(token, answer)`` for each.
 
         ``token`` is the caller's (its message). A batch is all or nothing: one
@@ -155,6 +149,12 @@ class QueueMachine:
                 continue
             fx.answers.append((token, self.append(txn, meta, items, now, fx)))
             self._fault_point("enqueue", "crash_during_enqueue")
+
+    def enqueue(self, txn: Txn, meta: Meta, batches: Batches, now: float, fx: Effects) -> None:
+        """An enqueue's transition, the owner's or a producer's (:mod:`dopool._connect`):
+        :meth:`accept`, then point the alarm slot."""
+        self.accept(txn, meta, batches, now, fx)
+        rearm(meta, now)
 
     def append(
         self, txn: Txn, meta: Meta, items: tuple[Item, ...], now: float, fx: Effects

@@ -118,13 +118,24 @@ class Namespace:
         return self._seen
 
     def load_meta(self, txn: Txn) -> Meta:
-        raw = txn.get(self._meta)
+        return self.decode_meta(txn.get(self._meta))
+
+    def meta_bytes(self, txn: Txn) -> bytes | None:
+        """The meta record's stored bytes, undecoded (None if it was never written)."""
+        raw: bytes | None = txn.get(self._meta)
+        return raw
+
+    def decode_meta(self, raw: bytes | None) -> Meta:
+        """The meta record from its stored bytes (:meth:`meta_bytes`); a new one for None."""
         if raw is None:
             return Meta()
         return read_meta(self._meta, raw)
 
-    def save_meta(self, txn: Txn, meta: Meta) -> None:
-        txn.put(self._meta, seal_meta(self._meta, meta))
+    def save_meta(self, txn: Txn, meta: Meta) -> bytes:
+        """Store ``meta``; returns the bytes stored."""
+        raw = seal_meta(self._meta, meta)
+        txn.put(self._meta, raw)
+        return raw
 
     # -- queue --------------------------------------------------------------
     def _encoded(self, due: float) -> int:
