@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from dopool import ConfigurationError, Runtime, SimulatedClock
+from dopool._errors import StoreNotFoundError
 from dopool._layout import Namespace
 from dopool._sim import loading as sc
 from dopool._sim.checks import ScenarioError
@@ -35,7 +36,7 @@ from dopool._sim.scenario import (
     Scenario,
     Service,
 )
-from dopool._sim.storeview import StoreNotFoundError, open_view, purge, redrive
+from dopool._sim.storeview import open_view, purge, redrive
 from dopool._sim.workload import POOL, Lineage, arrivals, make_handler, service_time
 from dopool._types import PoolEvent
 

@@ -5,13 +5,15 @@ Every exception derives from :class:`DopoolError`::
     DopoolError
     ├── ConfigurationError     bad options, names, retry values, concurrency changes
     │   ├── DeadlockError      a call between instances that would wait in a cycle
-    │   └── FilterError        a bad dead-letter filter, or a ``where`` predicate that raised
+    │   ├── FilterError        a bad dead-letter filter, or a ``where`` predicate that raised
+    │   ├── StoreNotFoundError ``dopool.connect`` (or a CLI command): the path holds no store
+    │   └── PoolNotFoundError  ``connection.pool``: the store has no such pool
     ├── EventValidationError   not msgpack-encodable, or rejected by the pool's schema
     │   └── ScheduleError      a ``delay`` or ``not_before`` that names no due time
     ├── EventTooLargeError     encoded event over 128 KiB, partition key over 2 KiB
     ├── QueueFullError         an instance already holds ``max_queue_depth`` events
     ├── StoreLockedError       another runtime holds the store directory
-    ├── PoolClosedError        the runtime was closed
+    ├── PoolClosedError        the runtime (or the connection) was closed
     ├── StorageError           LMDB failed (mapped at the storage boundary)
     │   ├── StoreFormatError   the store's format version is not this version's
     │   ├── StoreDamagedError  the store's data file is missing, empty or truncated
@@ -104,6 +106,40 @@ def _shown(value: Any) -> str:
         return f"<{type(value).__name__} object>"
 
 
+class StoreNotFoundError(ConfigurationError):
+    """The path holds no dopool store (nothing was created there).
+
+    Attributes:
+        path: the path given.
+        reason: what was found instead.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"no dopool store at {path!r}: {reason}")
+
+
+class PoolNotFoundError(ConfigurationError):
+    """The store holds no record of a pool: no runtime ever defined it there.
+
+    Attributes:
+        path: the store's path.
+        pool: the pool's name.
+        known: the pools the store does hold, sorted.
+    """
+
+    def __init__(self, *, path: str, pool: str, known: Sequence[str]) -> None:
+        self.path = path
+        self.pool = pool
+        self.known = tuple(known)
+        listed = ", ".join(repr(name) for name in self.known) or "none"
+        super().__init__(
+            f"store {path!r} has no pool {pool!r} (pools: {listed}); a runtime that owns the "
+            "store defines it"
+        )
+
+
 class EventValidationError(DopoolError):
     """An event cannot be encoded, or the pool's schema rejected it.
 
@@ -184,11 +220,17 @@ class StoreLockedError(DopoolError):
 
 
 class PoolClosedError(DopoolError):
-    """The pool's runtime has been closed."""
+    """The pool's runtime, or the connection a producer's pool came from, has been closed.
 
-    def __init__(self, pool: str) -> None:
+    Attributes:
+        pool: the pool's name.
+        closed: what was closed: ``"runtime"`` or ``"connection"``.
+    """
+
+    def __init__(self, pool: str, *, closed: str = "runtime") -> None:
         self.pool = pool
-        super().__init__(f"pool {pool!r} is closed: its runtime was closed")
+        self.closed = closed
+        super().__init__(f"pool {pool!r} is closed: its {closed} was closed")
 
 
 class StorageError(DopoolError):

@@ -25,10 +25,12 @@ import lmdb
 
 from dopool._commit import GroupCommit, OwnCommit, SoleCommit
 from dopool._errors import (
+    ConfigurationError,
     StorageError,
     StoreDamagedError,
     StoreFormatError,
     StoreLockedError,
+    StoreNotFoundError,
 )
 from dopool._layout import (
     FORMAT_KEY,
@@ -145,28 +147,11 @@ class Store:
         sync = durability == "sync"
         try:
             _check_data_file(self.path)
-            self._env = lmdb.open(
-                str(self.path / "data"),
-                map_size=_MAP_SIZE,
-                subdir=True,
-                sync=sync,
-                metasync=sync,
-                readahead=False,
-                max_readers=_MAX_READERS,
-                max_spare_txns=16,
-            )
-        except (lmdb.Error, OSError) as exc:
-            self._lock.release()
-            raise StorageError(f"cannot open store {str(self.path)!r}: {exc}") from exc
+            self._shared = Environment.acquire(self.path, sync=sync, create=True)
         except BaseException:
             self._lock.release()
             raise
-        try:
-            _check_opened(self._env, self.path, create=True)
-        except BaseException:
-            self._env.close()
-            self._lock.release()
-            raise
+        self._env = self._shared.env
         self._closed = False
         self._close_lock = threading.Lock()
         self._group: GroupCommit | OwnCommit | SoleCommit
@@ -228,8 +213,114 @@ class Store:
             try:
                 self._env.sync(True)
             finally:
-                self._env.close()
+                self._shared.release()
                 self._lock.release()
+
+
+class Environment:
+    """The LMDB environment of one store, shared by everyone in this process who opens it.
+
+    LMDB must not be opened twice in one process: closing one copy would drop the
+    locks the other holds. So a runtime's :class:`Store` and the producers'
+    connections (:mod:`dopool._connect`) of one process share one environment,
+    opened with the first opener's durability and closed by the last to release it.
+    """
+
+    __slots__ = ("_key", "env", "sync", "users")
+
+    def __init__(self, env: Any, key: tuple[int, str], sync: bool) -> None:
+        self.env = env
+        self._key = key
+        self.sync = sync  # whether its commits are fsynced (LMDB's flags, fixed at open)
+        self.users = 0
+
+    @classmethod
+    def acquire(cls, path: Path, *, sync: bool, create: bool) -> Environment:
+        """The environment of the store at ``path``: the one open in this process, or a new one.
+
+        ``create``: a runtime's (:func:`_check_opened`). A runtime refuses an
+        environment that a connection of this process opened with another durability:
+        its commits would be fsynced, or not, against its option.
+
+        Raises:
+            StorageError: LMDB cannot open it, or its checks fail (see :func:`_check_opened`).
+            ConfigurationError: a runtime's durability differs from the open environment's.
+        """
+        key = (os.getpid(), os.path.realpath(path / "data"))
+        with _environments_lock:
+            shared = _environments.get(key)
+            if shared is None:
+                shared = cls(_open_env(path, sync=sync, create=create), key, sync)
+                _environments[key] = shared
+            elif create and shared.sync != sync:
+                mode = "sync" if shared.sync else "async"
+                raise ConfigurationError(
+                    f"store {str(path)!r} is open in this process by a connection with "
+                    f"durability={mode!r}; a runtime here must use the same durability, or "
+                    "open before the connection"
+                )
+            shared.users += 1
+            return shared
+
+    def release(self) -> None:
+        """One user is done with it; the last closes it."""
+        with _environments_lock:
+            self.users -= 1
+            if self.users:
+                return
+            del _environments[self._key]
+        self.env.close()
+
+
+# Every environment open in this process, by pid (a forked child opens its own) and path.
+_environments: dict[tuple[int, str], Environment] = {}
+_environments_lock = threading.Lock()
+
+
+def _open_env(path: Path, *, sync: bool, create: bool) -> Any:
+    """Open and check the store's LMDB environment (read-write); see :func:`_check_opened`."""
+    try:
+        env = lmdb.open(
+            str(path / "data"),
+            map_size=_MAP_SIZE,
+            subdir=True,
+            create=create,
+            sync=sync,
+            metasync=sync,
+            readahead=False,
+            max_readers=_MAX_READERS,
+            max_spare_txns=16,
+        )
+    except (lmdb.Error, OSError) as exc:
+        raise StorageError(f"cannot open store {str(path)!r}: {exc}") from exc
+    try:
+        _check_opened(env, path, create=create)
+    except BaseException:
+        env.close()
+        raise
+    return env
+
+
+def check_store_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a :class:`Path`, if it holds a store someone created.
+
+    Raises:
+        StoreNotFoundError: no such directory, or no data file in it.
+        StorageError: the path cannot be read.
+    """
+    where = Path(path)
+    try:
+        if not where.exists():
+            raise StoreNotFoundError(str(path), "no such directory")
+        if not where.is_dir():
+            raise StoreNotFoundError(str(path), "not a directory")
+        if not (where / "data" / "data.mdb").is_file():
+            raise StoreNotFoundError(
+                str(path), "it has no data/data.mdb (is it a store directory?)"
+            )
+    except OSError as exc:  # e.g. a name too long, or a directory we may not search
+        raise StorageError(f"cannot read store path {str(path)!r}: {exc.strerror or exc}") from exc
+    return where
 
 
 def _check_data_file(path: Path) -> None:

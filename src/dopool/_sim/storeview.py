@@ -42,22 +42,13 @@ from dopool._filters import Filters, listed
 from dopool._layout import Namespace, follow_ups_to, pool_records
 from dopool._runtime import Runtime
 from dopool._status import instance_status, pool_status
-from dopool._storage import open_readonly
+from dopool._storage import check_store_path, open_readonly
 from dopool._types import DeadLetter, PoolStatus
 
 _ANY = Filters()
 #: Which dead letters to act on: one instance's (an index) or every instance's (None),
 #: and the filters (``where`` is the API's only: a command line passes no code).
 Selection = tuple[int | None, Filters]
-
-
-class StoreNotFoundError(ConfigurationError):
-    """The path holds no dopool store."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        self.path = path
-        self.reason = reason
-        super().__init__(f"no dopool store at {path!r}: {reason}")
 
 
 class StoreView:
@@ -120,26 +111,10 @@ class StoreView:
             return check_store(txn)
 
 
-def _check_store_path(path: str | os.PathLike[str]) -> Path:
-    where = Path(path)
-    try:
-        if not where.exists():
-            raise StoreNotFoundError(str(path), "no such directory")
-        if not where.is_dir():
-            raise StoreNotFoundError(str(path), "not a directory")
-        if not (where / "data" / "data.mdb").is_file():
-            raise StoreNotFoundError(
-                str(path), "it has no data/data.mdb (is it a store directory?)"
-            )
-    except OSError as exc:  # e.g. a name too long, or a directory we may not search
-        raise StorageError(f"cannot read store path {str(path)!r}: {exc.strerror or exc}") from exc
-    return where
-
-
 @contextmanager
 def open_view(path: str | os.PathLike[str]) -> Iterator[StoreView]:
     """Open a store read-only, beside any runtime that holds it."""
-    where = _check_store_path(path)
+    where = check_store_path(path)
     env = open_readonly(where)
     try:
         yield StoreView(env, where)
@@ -154,7 +129,7 @@ def _stand_in(ctx: EventContext) -> None:
 def _act(
     path: str | os.PathLike[str], pools: dict[str, int], action: str, selection: Selection
 ) -> dict[str, tuple[int, int]]:
-    where = _check_store_path(path)
+    where = check_store_path(path)
     done: dict[str, tuple[int, int]] = {}
     # The store lock first (StoreLockedError names the holder), then a check that no
     # attempt awaits recovery: opening a pool recovers it, and an interrupted attempt
