@@ -82,6 +82,11 @@ class Clock(ABC):
     #: timezone-aware ``datetime`` names one of its times (an enqueue's ``not_before``).
     wall = False
 
+    #: Whether a runtime on this clock watches its store for what producers in other
+    #: processes commit (``dopool.connect``): a wake-up socket and a poll
+    #: (:mod:`dopool._watch`). Real time only: virtual time moves only when driven.
+    watches_store = False
+
     #: Whether callers must act in a reproducible order: message several instances
     #: one after another, and wait for a crashed instance's recovery before going
     #: on. A simulated run repeats exactly only if they do.
@@ -125,6 +130,7 @@ class RealClock(Clock):
         return True
 
     wall = True
+    watches_store = True
 
     #: The longest the scheduler thread waits at once, in seconds: any alarm time,
     #: however far, is waited for in slices (``Condition.wait`` refuses a timeout

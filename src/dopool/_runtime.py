@@ -40,8 +40,9 @@ from dopool._router import Router
 from dopool._storage import Store
 from dopool._supervisor import KillFlag, Supervisor, recover_first
 from dopool._types import PoolEvent
-from dopool._validation import check_pool_name, prepare
+from dopool._validation import check_path, check_pool_name, prepare
 from dopool._waits import WaitGraph
+from dopool._watch import DEFAULT_POLL_INTERVAL, check_poll_interval, watch_store
 from dopool.chaos import FaultInjector, FaultPlan
 
 logger = logging.getLogger("dopool")
@@ -64,6 +65,8 @@ class Runtime:
         durability: ``"sync"`` (fsync each commit) or ``"async"`` (survives a process crash).
         faults: a :class:`~dopool.chaos.FaultPlan` of crashes to inject (chaos testing).
         trace: a file path to write every :class:`PoolEvent` to, as JSON lines.
+        poll_interval: under a real clock, seconds between looks at the store for what
+            producers (``dopool.connect``) committed and whose wake-up was lost.
 
     Raises:
         StoreLockedError: another runtime holds ``path``.
@@ -79,8 +82,10 @@ class Runtime:
         durability: str = "sync",
         faults: FaultPlan | None = None,
         trace: str | os.PathLike[str] | None = None,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
     ) -> None:
-        _check_path(path)
+        check_path(path)
+        check_poll_interval(poll_interval)
         _check_seed(seed)
         if durability not in DURABILITY_MODES:
             raise ConfigurationError(f"durability must be 'sync' or 'async', got {durability!r}")
@@ -128,6 +133,8 @@ class Runtime:
             except OSError as exc:
                 self._store.close()
                 raise ConfigurationError(f"cannot open trace file {str(trace)!r}: {exc}") from exc
+        self.poll_interval = float(poll_interval)  # the watcher last: nothing above closes it
+        self._watcher = watch_store(self.clock, self.path, self.poll_interval, self._store.read)
         self._pid = os.getpid()
         with _open_lock:
             _open.add(self)  # closed at interpreter exit, if not before
@@ -315,6 +322,9 @@ class Runtime:
             # Now follow-ups may go to it; those other instances held for it are resent.
             address = PoolAddress(name, spec.prepare, router.choose, mailboxes, weakref.ref(pool))
             self._directory.add(address)
+            if self._watcher is not None:
+                namespaces = [Namespace(name, index) for index in range(concurrency)]
+                self._watcher.watch(name, namespaces, env.memories, mailboxes)
             return pool
 
     def _record_concurrency(self, name: str, concurrency: int) -> None:
@@ -402,6 +412,8 @@ class Runtime:
         recovery settles it, and its outcome can no longer commit (the store
         refuses transactions once closed).
         """
+        if self._watcher is not None:  # no more wake-ups: the actors are stopping
+            self._watcher.close()
         # Not under the lock: a handler still finishing may call into the runtime.
         # A handler asleep in virtual time finishes only if the clock moves; one still
         # running past the deadline is abandoned below.
@@ -437,17 +449,6 @@ class Runtime:
             self.clock.close()
         if self._temporary is not None:
             shutil.rmtree(self._temporary, ignore_errors=True)
-
-
-def _check_path(path: object) -> None:
-    # Path("") is the current directory: an empty setting must not put a store there.
-    text = os.fspath(path) if isinstance(path, str | os.PathLike) else None
-    if not isinstance(text, str):
-        raise ConfigurationError(f"path must be a str or an os.PathLike of str, got {path!r}")
-    if not text:
-        raise ConfigurationError("path is empty; name the store directory ('.' for this one)")
-    if "\0" in text:
-        raise ConfigurationError(f"path contains a NUL character: {text!r}")
 
 
 def _check_seed(seed: object) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -27,6 +28,18 @@ Schema = Callable[[Any], Any]
 
 # Iterable, but as a batch almost always a mistake: characters, ints, or a mapping's keys.
 _NOT_A_BATCH = (str, bytes, bytearray, memoryview, Mapping)
+
+
+def check_path(path: object) -> None:
+    """Refuse a store path that is not a non-empty ``str`` or ``os.PathLike`` of one."""
+    # Path("") is the current directory: an empty setting must not put a store there.
+    text = os.fspath(path) if isinstance(path, str | os.PathLike) else None
+    if not isinstance(text, str):
+        raise ConfigurationError(f"path must be a str or an os.PathLike of str, got {path!r}")
+    if not text:
+        raise ConfigurationError("path is empty; name the store directory ('.' for this one)")
+    if "\0" in text:
+        raise ConfigurationError(f"path contains a NUL character: {text!r}")
 
 
 def check_pool_name(name: object) -> str:

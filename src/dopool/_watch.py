@@ -1,0 +1,270 @@
+"""Wake-ups across processes: a producer tells the owning runtime which instance to wake.
+
+A producer (:mod:`dopool._connect`) commits an enqueue into an instance's namespace
+from another process; the instance's actor, in the runtime that owns the store,
+does not know until it is told. Two ways tell it:
+
+- **The wake-up socket.** The owning runtime binds a UNIX datagram socket,
+  ``<store>/wake.sock``, and a daemon thread reads it. After each commit a
+  producer sends one datagram per instance it wrote, ``<pool> NUL <index>``,
+  from a non-blocking socket, and never waits nor fails for it: with no owner, a
+  dead owner's socket file or a full buffer, the datagram is dropped.
+- **The poll.** Every ``poll_interval`` seconds the same thread compares each
+  defined instance's stored meta with the bytes its last transaction left
+  (``InstanceMemory.raw``) and wakes those another process changed. A lost
+  datagram delays an event by at most that long; it never loses one.
+
+Waking an instance sends it an alarm, which is harmless when early or stale:
+its transaction reads the meta anew (``InstanceShell._load_meta``), starts the
+event if one is due, and tells the clock of a later alarm slot. Only runtimes on
+a real clock watch their store (``Clock.watches_store``): under a simulated
+clock nothing polls and nothing listens.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import socket
+import stat
+import threading
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dopool._errors import ConfigurationError
+from dopool._layout import POOL_NAME
+
+if TYPE_CHECKING:
+    from dopool._clock import Clock
+    from dopool._instance import InstanceMemory
+    from dopool._layout import Namespace
+    from dopool._mailbox import Mailbox
+
+logger = logging.getLogger("dopool")
+
+#: The wake-up socket's name in the store directory.
+WAKE_SOCKET = "wake.sock"
+#: Seconds between a real-clock runtime's polls of its store (``Runtime(poll_interval=)``),
+#: and the most it takes.
+DEFAULT_POLL_INTERVAL = 1.0
+MAX_POLL_INTERVAL = 3600.0
+_MAX_DATAGRAM = 128  # a pool name (64) and an index, with room to spare
+_BURST = 256  # datagrams read in a row before the poll's turn is checked again
+
+Read = Callable[[], AbstractContextManager[Any]]  # a read-only snapshot (``Store.read``)
+
+
+def check_poll_interval(seconds: object) -> None:
+    """Refuse a ``poll_interval`` that is not seconds > 0 and <= ``MAX_POLL_INTERVAL``."""
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not 0 < seconds <= MAX_POLL_INTERVAL
+    ):
+        raise ConfigurationError(
+            f"poll_interval must be seconds > 0 and <= {MAX_POLL_INTERVAL:g}, got {seconds!r}"
+        )
+
+
+def watch_store(
+    clock: Clock, directory: Path, poll_interval: float, read: Read
+) -> StoreWatcher | None:
+    """A runtime's watcher, started; None under a clock that does not watch (simulated)."""
+    if not clock.watches_store:
+        return None
+    return StoreWatcher(directory, poll_interval, read)
+
+
+def wake_message(pool: str, index: int) -> bytes:
+    """The datagram that asks the owner to wake instance ``index`` of ``pool``."""
+    return f"{pool}\0{index}".encode()
+
+
+def parse_wake(data: bytes) -> tuple[str, int] | None:
+    """``(pool, index)`` from a datagram, or None for anything that is not one."""
+    pool, nul, digits = data.partition(b"\0")
+    if not nul or not digits.isdigit() or len(digits) > 5:
+        return None
+    name = pool.decode("ascii", "replace")
+    if not POOL_NAME.fullmatch(name):
+        return None
+    return name, int(digits)
+
+
+class Notifier:
+    """A producer's side: send wake-ups to the owner's socket, never blocking, never raising."""
+
+    def __init__(self, directory: Path) -> None:
+        self._address = str(directory / WAKE_SOCKET)
+        self._socket: socket.socket | None = None
+        with suppress(OSError):  # no socket: the owner's poll covers every event
+            kind = socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
+            self._socket = socket.socket(socket.AF_UNIX, kind)
+
+    def wake(self, pool: str, index: int) -> None:
+        """Ask the owner to wake one instance; silently nothing if it cannot hear."""
+        sock = self._socket
+        if sock is None:
+            return
+        # No owner (ENOENT), a dead owner's file (ECONNREFUSED), a full buffer (EAGAIN),
+        # a path too long for a socket address, a closed socket: the poll delivers.
+        with suppress(OSError):
+            sock.sendto(wake_message(pool, index), self._address)
+
+    def close(self) -> None:
+        sock, self._socket = self._socket, None
+        if sock is not None:
+            sock.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _Watched:
+    """One defined pool's instances, as the watcher reads and wakes them."""
+
+    namespaces: Sequence[Namespace]
+    memories: Sequence[InstanceMemory]
+    mailboxes: Sequence[Mailbox]
+
+
+class StoreWatcher:
+    """The owning runtime's side: the socket's reader and the poll, on one daemon thread.
+
+    Args:
+        directory: the store directory, where the socket is bound.
+        poll_interval: seconds between polls.
+        read: a read-only snapshot of the store (``Store.read``).
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        poll_interval: float,
+        read: Read,
+    ) -> None:
+        self._path = directory / WAKE_SOCKET
+        self._interval = poll_interval
+        self._read = read
+        self._pools: dict[str, _Watched] = {}  # replaced whole, read without a lock
+        # What each instance's ``memory.raw`` was when it was last woken: while it is the
+        # same object, its actor has not run a transaction since, and that alarm will do.
+        self._woken: dict[tuple[str, int], bytes] = {}
+        self._socket = self._bind()
+        self._stop_read, self._stop_write = os.pipe()
+        self._thread = threading.Thread(target=self._run, name="dopool-watch", daemon=True)
+        self._thread.start()
+
+    @property
+    def listening(self) -> bool:
+        """Whether the wake-up socket is bound (else only the poll wakes instances)."""
+        return self._socket is not None
+
+    def watch(
+        self,
+        pool: str,
+        namespaces: Sequence[Namespace],
+        memories: Sequence[InstanceMemory],
+        mailboxes: Sequence[Mailbox],
+    ) -> None:
+        """Wake ``pool``'s instances from now on."""
+        self._pools = {**self._pools, pool: _Watched(namespaces, memories, mailboxes)}
+
+    def _bind(self) -> socket.socket | None:
+        """Bind the wake-up socket, replacing one a dead owner left; None if it cannot be.
+
+        The runtime holds the store lock, so no live owner uses a socket found there.
+        Anything there that is not a socket is left alone, and then there is none.
+        """
+        path = str(self._path)
+        try:
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)
+        except OSError:
+            pass  # none there (or unreadable: the bind says)
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            sock.bind(path)
+            sock.setblocking(False)
+        except OSError as exc:  # a read-only directory, a path too long, a file in the way
+            sock.close()
+            logger.debug(
+                "no wake-up socket at %r (%s): producers' events wait for the poll", path, exc
+            )
+            return None
+        return sock
+
+    def _run(self) -> None:
+        sock = self._socket
+        sources = [self._stop_read] if sock is None else [self._stop_read, sock.fileno()]
+        due = time.monotonic() + self._interval
+        while True:
+            ready, _, _ = select.select(sources, [], [], max(0.0, due - time.monotonic()))
+            if self._stop_read in ready:
+                return
+            if sock is not None and len(ready) > 0:
+                self._receive(sock)
+            if time.monotonic() >= due:
+                self._poll()
+                due = time.monotonic() + self._interval
+
+    def _receive(self, sock: socket.socket) -> None:
+        """Wake the instances the waiting datagrams name; anything else is ignored."""
+        for _ in range(_BURST):
+            try:
+                data = sock.recv(_MAX_DATAGRAM)
+            except OSError:  # none left (EAGAIN), or the socket failed: the poll goes on
+                return
+            target = parse_wake(data)
+            if target is not None:
+                self._wake(*target, again=False)
+
+    def _wake(self, pool: str, index: int, *, again: bool) -> None:
+        """Send the instance an alarm, unless one it has not reached yet was sent already
+        (``again`` sends one anyway: the poll found it behind)."""
+        watched = self._pools.get(pool)
+        if watched is None or not 0 <= index < len(watched.mailboxes):
+            return  # a pool this runtime has not defined waits for one that does
+        raw = watched.memories[index].raw
+        key = (pool, index)
+        if not again and raw is not None and self._woken.get(key) is raw:
+            return
+        if raw is not None:
+            self._woken[key] = raw
+        watched.mailboxes[index].fire_alarm()
+
+    def _poll(self) -> None:
+        """Wake every instance whose stored meta is not what its last transaction left."""
+        for pool, watched in self._pools.items():
+            try:
+                with self._read() as txn:
+                    stale = [
+                        index
+                        for index, namespace in enumerate(watched.namespaces)
+                        if namespace.meta_bytes(txn) not in (None, watched.memories[index].raw)
+                    ]
+            except Exception:  # the store closing under the poll, say: the next one retries
+                logger.debug("the poll of pool %r failed", pool, exc_info=True)
+                continue
+            for index in stale:
+                self._wake(pool, index, again=True)
+
+    def close(self) -> None:
+        """Stop the thread, then remove the socket (the store lock is still held)."""
+        if self._stop_write < 0:
+            return
+        os.write(self._stop_write, b"\0")
+        self._thread.join()
+        os.close(self._stop_write)
+        os.close(self._stop_read)
+        self._stop_write = -1
+        if self._socket is not None:
+            self._socket.close()
+            with suppress(OSError):
+                os.unlink(self._path)
