@@ -5,6 +5,7 @@ queue and one alarm slot, fed by a router, under a real or simulated clock.
 """
 
 from dopool._clock import RealClock, SimulatedClock
+from dopool._connect import Connection, ProducerPool, connect
 from dopool._context import EventContext
 from dopool._errors import (
     ConfigurationError,
@@ -17,6 +18,7 @@ from dopool._errors import (
     InstanceCrashedError,
     PermanentError,
     PoolClosedError,
+    PoolNotFoundError,
     QueueFullError,
     RetryAfter,
     ScheduleError,
@@ -25,6 +27,7 @@ from dopool._errors import (
     StoreDamagedError,
     StoreFormatError,
     StoreLockedError,
+    StoreNotFoundError,
 )
 from dopool._pool import WorkerPool
 from dopool._retry import RetryPolicy
@@ -40,6 +43,7 @@ from dopool._types import (
 
 __all__ = [
     "ConfigurationError",
+    "Connection",
     "DamagedRecordError",
     "DeadLetter",
     "DeadlockError",
@@ -55,7 +59,9 @@ __all__ = [
     "PermanentError",
     "PoolClosedError",
     "PoolEvent",
+    "PoolNotFoundError",
     "PoolStatus",
+    "ProducerPool",
     "QueueFullError",
     "RealClock",
     "RetryAfter",
@@ -68,5 +74,7 @@ __all__ = [
     "StoreDamagedError",
     "StoreFormatError",
     "StoreLockedError",
+    "StoreNotFoundError",
     "WorkerPool",
+    "connect",
 ]

@@ -25,9 +25,10 @@ def stable_hash(partition_key: str) -> int:
 class Router:
     """Round-robin, or ``stable_hash(partition_key) % concurrency``. Thread-safe."""
 
-    def __init__(self, concurrency: int) -> None:
+    def __init__(self, concurrency: int, *, start: int = 0) -> None:
+        """``start``: the instance round-robin picks first."""
         self.concurrency = concurrency
-        self._next = itertools.count()
+        self._next = itertools.count(start)
         self._lock = threading.Lock()
 
     def choose(self, partition_key: str | None) -> int:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import suppress
 from typing import Any
 
 from dopool._alarm import stalled
-from dopool._layout import DeadRecord, Meta, started_event, unpack
+from dopool._layout import DeadRecord, Meta, Namespace, started_event, unpack
 from dopool._types import DeadLetter, InstanceState, InstanceStatus, PoolStatus
 
 
@@ -86,3 +86,21 @@ def dead_letter_from_record(index: int, sequence: int, dead: DeadRecord) -> Dead
         priority=dead.priority,
         damaged=dead.damaged,
     )
+
+
+def read_pool_status(txn: Any, name: str, concurrency: int) -> PoolStatus:
+    """A pool's status as committed, read from outside its runtime (no restart in memory)."""
+    instances = [
+        instance_status(name, index, Namespace(name, index).load_meta(txn))
+        for index in range(concurrency)
+    ]
+    return pool_status(name, instances)
+
+
+def read_dead_letters(txn: Any, name: str, indices: Iterable[int]) -> list[DeadLetter]:
+    """The dead letters of a pool's instances ``indices``, by instance then sequence."""
+    return [
+        dead_letter_from_record(index, sequence, record)
+        for index in indices
+        for sequence, record in Namespace(name, index).iter_dead_letters(txn)
+    ]

@@ -301,6 +301,19 @@ def _open_env(path: Path, *, sync: bool, create: bool) -> Any:
     return env
 
 
+def open_shared(path: str | os.PathLike[str], *, sync: bool) -> Environment:
+    """The store at ``path`` opened for a producer: no store lock, nothing created.
+
+    Raises:
+        StoreNotFoundError: no store at ``path``.
+        StoreFormatError: a store of another format, or one a runtime must migrate.
+        StorageError: it cannot be opened, or it is damaged.
+    """
+    where = check_store_path(path)
+    _check_data_file(where)
+    return Environment.acquire(where, sync=sync, create=False)
+
+
 def check_store_path(path: str | os.PathLike[str]) -> Path:
     """``path`` as a :class:`Path`, if it holds a store someone created.
 

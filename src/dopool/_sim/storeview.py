@@ -41,7 +41,7 @@ from dopool._errors import ConfigurationError, StorageError
 from dopool._filters import Filters, listed
 from dopool._layout import Namespace, follow_ups_to, pool_records
 from dopool._runtime import Runtime
-from dopool._status import instance_status, pool_status
+from dopool._status import read_pool_status
 from dopool._storage import check_store_path, open_readonly
 from dopool._types import DeadLetter, PoolStatus
 
@@ -79,11 +79,7 @@ class StoreView:
     def status(self, name: str, concurrency: int) -> PoolStatus:
         """The same figures as ``pool.status()``, read from committed state."""
         with self._read() as txn:
-            instances = [
-                instance_status(name, index, Namespace(name, index).load_meta(txn))
-                for index in range(concurrency)
-            ]
-        return pool_status(name, instances)
+            return read_pool_status(txn, name, concurrency)
 
     def dead_letters(
         self, name: str, concurrency: int, index: int | None = None, filters: Filters = _ANY

@@ -1,0 +1,379 @@
+"""Producers in other processes: ``dopool.connect`` and the pools it hands out.
+
+A :class:`Connection` opens a store's LMDB environment for writing without the
+store lock, so any number of processes (and threads) may hold one while one
+runtime owns the store, or while none does. It runs no actors and no handlers.
+A :class:`ProducerPool`'s enqueue is the owning runtime's own enqueue transition
+(:meth:`QueueMachine.enqueue`: the event's key, the meta's counters, the alarm
+slot), made in the producer's LMDB write transaction, which LMDB serialises with
+every other writer of the store; once it is durable the owner is told which
+instance to wake (:mod:`dopool._watch`). The owner's instance reads the meta
+anew when it finds another's bytes in the store (``InstanceShell._load_meta``).
+
+Times are the wall clock's (epoch seconds): a store owned by a runtime on a
+simulated clock is no place for a producer (docs/deployment.md).
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import lmdb
+
+from dopool._clock import RealClock
+from dopool._errors import (
+    ConfigurationError,
+    DopoolError,
+    PoolClosedError,
+    PoolNotFoundError,
+    StorageError,
+)
+from dopool._layout import get_pool, pool_records
+from dopool._machine import Effects, QueueMachine
+from dopool._messages import Item
+from dopool._options import PoolOptions, Schema
+from dopool._router import Router
+from dopool._status import read_dead_letters, read_pool_status
+from dopool._storage import Environment, Txn, open_shared
+from dopool._types import DeadLetter, EnqueueResult, PoolStatus
+from dopool._validation import check_path, check_pool_name, due_time, prepare, prepare_many
+from dopool._watch import Notifier
+from dopool.chaos import FaultInjector
+
+T = TypeVar("T")
+
+DURABILITY_MODES = ("sync", "async")
+
+
+def connect(path: str | Any, *, durability: str = "sync") -> Connection:
+    """Open the store at ``path`` to enqueue into its pools from this process.
+
+    Args:
+        path: a store directory a runtime created (``str`` or ``os.PathLike``).
+        durability: ``"sync"`` (an enqueue is fsynced before it returns) or
+            ``"async"`` (it survives a crash of the process, not of the OS).
+
+    Raises:
+        StoreNotFoundError: no store at ``path``.
+        StoreFormatError: a store of another format, or one a runtime must migrate first.
+        StorageError: the store cannot be opened, or is damaged.
+        ConfigurationError: a bad argument.
+    """
+    return Connection(path, durability=durability)
+
+
+class Connection:
+    """A producer's handle on a store: its pools, by name; see :func:`connect`.
+
+    Use it as a context manager, or call :meth:`close`. Thread-safe.
+    """
+
+    def __init__(self, path: str | Any, *, durability: str = "sync") -> None:
+        check_path(path)
+        if durability not in DURABILITY_MODES:
+            raise ConfigurationError(f"durability must be 'sync' or 'async', got {durability!r}")
+        self.durability = durability
+        self._shared: Environment = open_shared(path, sync=durability == "sync")
+        self.path: Path = Path(path)
+        # An environment this process opened before, for a runtime, without fsync: sync
+        # each commit here instead.
+        self._fsync = durability == "sync" and not self._shared.sync
+        self._clock = RealClock()  # no alarm is ever set on it: no thread
+        self._notifier = Notifier(self.path)
+        self._cond = threading.Condition()
+        self._active = 0  # calls using the environment, which close() waits for
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<Connection {str(self.path)!r} {state}>"
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def pool(
+        self, name: str, *, schema: Schema | None = None, max_queue_depth: int | None = None
+    ) -> ProducerPool:
+        """A producer's handle on pool ``name``, which a runtime defined in this store.
+
+        ``schema`` and ``max_queue_depth`` are the pool's ``define`` options of the
+        same names, which the store does not hold: the handle applies what it is
+        given, so pass the owner's to refuse what the owner would.
+
+        Raises:
+            PoolNotFoundError: no runtime ever defined the pool in this store.
+            ConfigurationError: a bad name or option.
+            PoolClosedError: the connection is closed.
+        """
+        check_pool_name(name)
+        options = PoolOptions(execute=_no_handler, schema=schema, max_queue_depth=max_queue_depth)
+        with self.reading(name) as txn:
+            if get_pool(txn, name) is None:
+                known = sorted(pool_records(txn))
+                raise PoolNotFoundError(path=str(self.path), pool=name, known=known)
+        return ProducerPool(self, name, options)
+
+    def close(self) -> None:
+        """Wait for the calls in progress, then close; later calls raise ``PoolClosedError``."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            while self._active:
+                self._cond.wait()
+        self._notifier.close()
+        self._shared.release()
+
+    # -- what its pools use ------------------------------------------------------------
+    @contextmanager
+    def _using(self, pool: str) -> Iterator[Any]:
+        with self._cond:
+            if self._closed:
+                raise PoolClosedError(pool, closed="connection")
+            self._active += 1
+        try:
+            yield self._shared.env
+        finally:
+            with self._cond:
+                self._active -= 1
+                if not self._active:
+                    self._cond.notify_all()
+
+    def check_open(self, pool: str) -> None:
+        if self._closed:
+            raise PoolClosedError(pool, closed="connection")
+
+    def now(self) -> float:
+        return self._clock.now()
+
+    def write(self, pool: str, body: Callable[[Txn], T]) -> T:
+        """Run ``body`` in one write transaction, durable (as the connection's durability
+        says) when this returns; one that raises is rolled back."""
+        with self._using(pool) as env:
+            try:
+                with env.begin(write=True) as txn:
+                    result = body(txn)
+            except lmdb.Error as exc:
+                raise StorageError(f"write failed and was rolled back: {exc}") from exc
+            if self._fsync:
+                try:
+                    env.sync(True)
+                except lmdb.Error as exc:
+                    raise StorageError(f"a write committed but failed to sync: {exc}") from exc
+        return result
+
+    @contextmanager
+    def reading(self, pool: str) -> Iterator[Txn]:
+        """A read-only snapshot of committed state."""
+        with self._using(pool) as env:
+            try:
+                with env.begin(write=False, buffers=False) as txn:
+                    yield txn
+            except lmdb.Error as exc:
+                raise StorageError(f"read failed: {exc}") from exc
+
+    def notify(self, pool: str, index: int) -> None:
+        """Tell the owning runtime, if one listens, to wake an instance."""
+        self._notifier.wake(pool, index)
+
+
+class ProducerPool:
+    """A pool of a store, as a producer sees it: enqueue and read, nothing else.
+
+    Enqueues are the owning runtime's enqueue transaction, with the same routing,
+    checks, limits and errors as :class:`WorkerPool`'s. Make one with
+    :meth:`Connection.pool`.
+    """
+
+    def __init__(self, connection: Connection, name: str, options: PoolOptions) -> None:
+        self._connection = connection
+        self._name = name
+        self._options = options
+        self._schema = options.schema
+        self._router: Router | None = None  # for the concurrency read last
+        self._machines: dict[int, QueueMachine] = {}  # by instance index
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def __repr__(self) -> str:
+        return f"<ProducerPool {self._name!r} of {str(self._connection.path)!r}>"
+
+    # -- enqueue -----------------------------------------------------------------------
+    def enqueue(
+        self,
+        event: Any,
+        *,
+        partition_key: str | None = None,
+        priority: int = 0,
+        delay: float | timedelta | None = None,
+        not_before: float | datetime | None = None,
+    ) -> EnqueueResult:
+        """Add one event; it is durable when this returns (see ``WorkerPool.enqueue``).
+
+        Raises:
+            EventValidationError: not msgpack-encodable, or rejected by the schema.
+            ScheduleError: a bad ``delay`` or ``not_before``, or both given.
+            EventTooLargeError: over 128 KiB encoded, or a partition key over 2 KiB.
+            QueueFullError: the chosen instance holds ``max_queue_depth`` events.
+            PoolClosedError: the connection is closed.
+        """
+        self._connection.check_open(self._name)
+        due = None if delay is None and not_before is None else self._due(delay, not_before)
+        item = prepare(
+            event, partition_key=partition_key, priority=priority, schema=self._schema, due=due
+        )
+        return self._store((item,), partition_key)[0]
+
+    def enqueue_many(
+        self,
+        events: Iterable[Any],
+        *,
+        partition_key: str | None = None,
+        priority: int = 0,
+        delay: float | timedelta | None = None,
+        not_before: float | datetime | None = None,
+    ) -> list[EnqueueResult]:
+        """Add several events, validated first; each instance's share is stored atomically,
+        all in one transaction. If an instance refuses its share, the error's ``stored``
+        lists what the others stored."""
+        self._connection.check_open(self._name)
+        due = None if delay is None and not_before is None else self._due(delay, not_before)
+        items = prepare_many(
+            events, partition_key=partition_key, priority=priority, schema=self._schema, due=due
+        )
+        if not items:
+            return []
+        return self._store(items, partition_key)
+
+    def _due(
+        self, delay: float | timedelta | None, not_before: float | datetime | None
+    ) -> float | None:
+        return due_time(delay, not_before, now=self._connection.now, wall=True)
+
+    def _store(self, items: tuple[Item, ...], partition_key: str | None) -> list[EnqueueResult]:
+        """One write transaction: route by the stored concurrency, then each instance's
+        share as its own runtime would store it; then wake the instances written."""
+        now = self._connection.now()
+
+        def body(txn: Txn) -> list[tuple[int, range, list[EnqueueResult] | DopoolError]]:
+            router = self._route(txn)
+            if len(items) == 1:
+                groups = {router.choose(partition_key): range(1)}
+            else:
+                groups = router.split(len(items), partition_key)
+            answers = []
+            for index, positions in groups.items():
+                machine = self._machine(index)
+                meta = machine.namespace.load_meta(txn)
+                effects = Effects()
+                share = items[positions.start : positions.stop : positions.step]
+                machine.enqueue(txn, meta, [(index, share)], now, effects)
+                answer = effects.answers[0][1]
+                if not isinstance(answer, DopoolError):  # a refused share changes nothing
+                    machine.namespace.save_meta(txn, meta)
+                answers.append((index, positions, answer))
+            return answers
+
+        answers = self._connection.write(self._name, body)
+        results: list[Any] = [None] * len(items)
+        failure: DopoolError | None = None
+        for index, positions, answer in answers:
+            if isinstance(answer, DopoolError):
+                failure = failure or answer
+                continue
+            self._connection.notify(self._name, index)
+            results[positions.start : positions.stop : positions.step] = answer
+        if failure is not None:
+            if len(items) > 1:
+                failure.stored = [result for result in results if result is not None]
+            raise failure
+        return results
+
+    def _route(self, txn: Txn) -> Router:
+        """The router for the pool's concurrency as stored now (a runtime may change it
+        while the pool holds nothing). Round-robin starts at a random instance, so that
+        short-lived producers, each enqueuing a few events, spread them evenly."""
+        concurrency = get_pool(txn, self._name)
+        if concurrency is None:  # pool records are never removed: a store replaced
+            self._not_found(txn)
+        router = self._router
+        if router is None or router.concurrency != concurrency:
+            router = self._router = Router(concurrency, start=secrets.randbelow(concurrency))
+        return router
+
+    def _not_found(self, txn: Txn) -> NoReturn:
+        known = sorted(pool_records(txn))
+        raise PoolNotFoundError(path=str(self._connection.path), pool=self._name, known=known)
+
+    def _machine(self, index: int) -> QueueMachine:
+        machine = self._machines.get(index)
+        if machine is None:
+            machine = self._machines[index] = QueueMachine(
+                pool=self._name,
+                index=index,
+                options=self._options,
+                seed=None,  # no retries here
+                route=_no_route,  # nor follow-ups
+                faults=FaultInjector(None, self._name, index),
+                fault_point=_no_fault,
+                listening=_not_listening,  # no pool events: nobody subscribes here
+            )
+        return machine
+
+    # -- reading committed state -------------------------------------------------------
+    def status(self) -> PoolStatus:
+        """Counters and state as committed (no restart state: that is the owner's memory)."""
+        with self._connection.reading(self._name) as txn:
+            concurrency = get_pool(txn, self._name)
+            if concurrency is None:
+                self._not_found(txn)
+            return read_pool_status(txn, self._name, concurrency)
+
+    def dead_letters(self, index: int | None = None) -> list[DeadLetter]:
+        """The dead letters of the pool or of one instance, by instance then sequence."""
+        with self._connection.reading(self._name) as txn:
+            concurrency = get_pool(txn, self._name)
+            if concurrency is None:
+                self._not_found(txn)
+            if index is None:
+                indices: Iterable[int] = range(concurrency)
+            elif isinstance(index, bool) or not isinstance(index, int):
+                raise ConfigurationError(f"instance index must be an int, got {index!r}")
+            elif not 0 <= index < concurrency:
+                raise ConfigurationError(
+                    f"pool {self._name!r} has no instance {index} (concurrency {concurrency})"
+                )
+            else:
+                indices = [index]
+            return read_dead_letters(txn, self._name, indices)
+
+
+def _no_handler(_ctx: Any) -> None:
+    raise AssertionError("a producer runs no handler")  # pragma: no cover
+
+
+def _no_route(_partition_key: str | None) -> int:
+    raise AssertionError("a producer routes no follow-up")  # pragma: no cover
+
+
+def _no_fault(_point: str, _fault: str | None = None) -> None:
+    """A producer has no fault plan."""
+
+
+def _not_listening() -> bool:
+    return False
