@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from benchmarks import ceiling, e2e, phases, records, simpy_model, simulate
+from benchmarks import ceiling, connect, e2e, phases, records, simpy_model, simulate
 from benchmarks.__main__ import main
 from benchmarks.harness import Sizes
 
@@ -110,6 +110,16 @@ def test_the_phases_benchmark_runs(capsys: pytest.CaptureFixture[str], tmp_path:
     out = capsys.readouterr().out
     assert "enqueue" in out
     assert "process" in out
+
+
+def test_the_connect_benchmark_measures_wake_ups_and_polls(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    options = ["--samples", "3", "--poll-samples", "2", "--poll-interval", "0.05"]
+    assert connect.main([*options, "--durability", "async"]) == 0
+    out = capsys.readouterr().out
+    assert "wake-up        3 events" in out
+    assert "poll only      2 events" in out
 
 
 def _benchmark(routing: str) -> Scenario:
