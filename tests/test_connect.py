@@ -27,6 +27,8 @@ from dopool import (
     EventContext,
     EventTooLargeError,
     EventValidationError,
+    FilterError,
+    PermanentError,
     PoolClosedError,
     PoolNotFoundError,
     QueueFullError,
@@ -513,6 +515,31 @@ def test_a_connection_in_the_owners_process_shares_its_environment(store_path: P
         with pytest.raises(ConfigurationError, match="durability='async'"):
             Runtime(store_path)
         assert connection.pool("orders").status().succeeded == 2
+
+
+def test_a_producer_reads_dead_letters_with_the_worker_pools_filters(created: Path) -> None:
+    recorder = Recorder(3)
+
+    def handler(ctx: EventContext) -> None:
+        recorder(ctx)
+        if ctx.event != "good":
+            raise PermanentError(f"boom {ctx.event}")
+
+    with Runtime(created) as runtime:
+        runtime.define("orders", execute=handler, concurrency=4)
+        with dopool.connect(created) as connection:
+            pool = connection.pool("orders")
+            pool.enqueue("bad", partition_key="a")
+            pool.enqueue("worse", partition_key="b")
+            pool.enqueue("good")
+            assert recorder.finished.wait(TIMEOUT)
+            assert runtime.pools["orders"].join(TIMEOUT)
+            assert sorted(letter.event for letter in pool.dead_letters()) == ["bad", "worse"]
+            assert [letter.event for letter in pool.dead_letters(error="boom w")] == ["worse"]
+            assert [letter.event for letter in pool.dead_letters(partition_key="a")] == ["bad"]
+            assert pool.dead_letters(older_than=3600) == []
+            with pytest.raises(FilterError):
+                pool.dead_letters(older_than=-1)
 
 
 def test_the_poll_interval_is_checked(store_path: Path) -> None:

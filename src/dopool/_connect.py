@@ -21,8 +21,9 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from functools import partial
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar, Unpack
 
 import lmdb
 
@@ -34,12 +35,13 @@ from dopool._errors import (
     PoolNotFoundError,
     StorageError,
 )
-from dopool._layout import get_pool, pool_records
+from dopool._filters import FilterOptions, Filters, listed
+from dopool._layout import Namespace, get_pool, pool_records
 from dopool._machine import Effects, QueueMachine
 from dopool._messages import Item
 from dopool._options import PoolOptions, Schema
 from dopool._router import Router
-from dopool._status import read_dead_letters, read_pool_status
+from dopool._status import read_pool_status
 from dopool._storage import Environment, Txn, open_shared
 from dopool._types import DeadLetter, EnqueueResult, PoolStatus
 from dopool._validation import check_path, check_pool_name, due_time, prepare, prepare_many
@@ -344,23 +346,33 @@ class ProducerPool:
                 self._not_found(txn)
             return read_pool_status(txn, self._name, concurrency)
 
-    def dead_letters(self, index: int | None = None) -> list[DeadLetter]:
-        """The dead letters of the pool or of one instance, by instance then sequence."""
+    def dead_letters(
+        self, index: int | None = None, **filters: Unpack[FilterOptions]
+    ) -> list[DeadLetter]:
+        """The dead letters of the pool or of one instance that match the filters, by
+        instance then sequence: as ``WorkerPool.dead_letters`` (ages on the wall clock).
+
+        Raises:
+            FilterError: a bad filter, or ``where`` raised.
+        """
+        matching = Filters.of(filters)
         with self._connection.reading(self._name) as txn:
             concurrency = get_pool(txn, self._name)
             if concurrency is None:
                 self._not_found(txn)
-            if index is None:
-                indices: Iterable[int] = range(concurrency)
-            elif isinstance(index, bool) or not isinstance(index, int):
-                raise ConfigurationError(f"instance index must be an int, got {index!r}")
-            elif not 0 <= index < concurrency:
-                raise ConfigurationError(
-                    f"pool {self._name!r} has no instance {index} (concurrency {concurrency})"
-                )
-            else:
-                indices = [index]
-            return read_dead_letters(txn, self._name, indices)
+        if index is None:
+            indices: Iterable[int] = range(concurrency)
+        elif isinstance(index, bool) or not isinstance(index, int):
+            raise ConfigurationError(f"instance index must be an int, got {index!r}")
+        elif not 0 <= index < concurrency:
+            raise ConfigurationError(
+                f"pool {self._name!r} has no instance {index} (concurrency {concurrency})"
+            )
+        else:
+            indices = [index]
+        namespaces = [Namespace(self._name, i) for i in range(concurrency)]
+        read = partial(self._connection.reading, self._name)
+        return listed(read, namespaces, indices, matching, self._connection.now())
 
 
 def _no_handler(_ctx: Any) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from contextlib import suppress
 from typing import Any
 
@@ -95,12 +95,3 @@ def read_pool_status(txn: Any, name: str, concurrency: int) -> PoolStatus:
         for index in range(concurrency)
     ]
     return pool_status(name, instances)
-
-
-def read_dead_letters(txn: Any, name: str, indices: Iterable[int]) -> list[DeadLetter]:
-    """The dead letters of a pool's instances ``indices``, by instance then sequence."""
-    return [
-        dead_letter_from_record(index, sequence, record)
-        for index in indices
-        for sequence, record in Namespace(name, index).iter_dead_letters(txn)
-    ]
