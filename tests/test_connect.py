@@ -37,6 +37,8 @@ from dopool import (
     StoreFormatError,
     StoreNotFoundError,
 )
+from dopool._instance import InstanceMemory
+from dopool._layout import Namespace
 from dopool._sim.storeview import open_view
 from dopool._watch import WAKE_SOCKET, StoreWatcher
 
@@ -312,6 +314,37 @@ def test_hostile_datagrams_are_ignored(store_path: Path) -> None:
         assert recorder.finished.wait(TIMEOUT)
         assert pool.join(TIMEOUT)
         assert all(s.restarts == 0 for s in pool.status().instances)
+
+
+class _Mailbox:
+    def __init__(self) -> None:
+        self.alarms = 0
+
+    def fire_alarm(self) -> None:
+        self.alarms += 1
+
+
+def test_a_burst_of_wake_ups_sends_one_alarm_until_the_actor_takes_it(tmp_path: Path) -> None:
+    watcher = StoreWatcher(tmp_path, 3600, _no_read)
+    try:
+        mailbox, memory = _Mailbox(), InstanceMemory()
+        watcher.watch("orders", [Namespace("orders", 0)], [memory], [mailbox])  # type: ignore[list-item]
+        for _ in range(3):
+            watcher._wake("orders", 0, again=False)
+        assert mailbox.alarms == 1
+        memory.woken = False  # the actor began to handle it
+        watcher._wake("orders", 0, again=False)
+        watcher._wake("orders", 0, again=True)  # the poll: whatever is on its way
+        watcher._wake("orders", 1, again=True)  # no such instance
+        watcher._wake("emails", 0, again=True)  # no such pool
+        assert mailbox.alarms == 3
+    finally:
+        watcher.close()
+    assert not (tmp_path / WAKE_SOCKET).exists()
+
+
+def _no_read() -> Any:
+    raise AssertionError("no poll in this test")
 
 
 def test_a_socket_file_left_by_a_dead_owner_is_harmless(store_path: Path) -> None:

@@ -224,6 +224,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
 
     # -- processing ----------------------------------------------------------
     def _on_alarm(self, _message: Alarm) -> None:
+        self._memory.woken = False  # a wake-up from now on needs an alarm of its own
         if self._mailbox.closed:
             # A closing runtime starts nothing more (docs/api.md, "runtime.close()"):
             # the slot stays stored, and the next open re-arms it.

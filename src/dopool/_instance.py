@@ -72,7 +72,7 @@ class InstanceMemory:
     for correctness, and a crash forgets it (:meth:`forget`).
     """
 
-    __slots__ = ("handed_off", "meta", "raw", "told_alarm", "turn")
+    __slots__ = ("handed_off", "meta", "raw", "told_alarm", "turn", "woken")
 
     def __init__(self, waiter: Callable[[], Latch] | None = None) -> None:
         # The right to act on the namespace: one thing at a time. Its waiters wait on
@@ -86,6 +86,9 @@ class InstanceMemory:
         # store still holds these, as another process may have written it since
         # (``dopool.connect``); the runtime's watcher wakes an instance whose differ.
         self.raw: bytes | None = None
+        # The runtime's watcher sent an alarm that the actor has not begun to handle: its
+        # transaction will read whatever producers committed before it (``_watch.py``).
+        self.woken = False
         self.told_alarm: float | _Untold | None = None  # what the clock was last told
         self.handed_off: Started | None = None  # an attempt a caller started, for the actor
 

@@ -150,9 +150,6 @@ class StoreWatcher:
         self._interval = poll_interval
         self._read = read
         self._pools: dict[str, _Watched] = {}  # replaced whole, read without a lock
-        # What each instance's ``memory.raw`` was when it was last woken: while it is the
-        # same object, its actor has not run a transaction since, and that alarm will do.
-        self._woken: dict[tuple[str, int], bytes] = {}
         self._socket = self._bind()
         self._stop_read, self._stop_write = os.pipe()
         self._thread = threading.Thread(target=self._run, name="dopool-watch", daemon=True)
@@ -226,17 +223,16 @@ class StoreWatcher:
                 self._wake(*target, again=False)
 
     def _wake(self, pool: str, index: int, *, again: bool) -> None:
-        """Send the instance an alarm, unless one it has not reached yet was sent already
-        (``again`` sends one anyway: the poll found it behind)."""
+        """Send the instance an alarm, unless one it has not begun to handle is on its way:
+        that one's transaction reads what the producer committed before it wrote to us.
+        ``again`` sends one anyway (the poll found the instance behind)."""
         watched = self._pools.get(pool)
         if watched is None or not 0 <= index < len(watched.mailboxes):
             return  # a pool this runtime has not defined waits for one that does
-        raw = watched.memories[index].raw
-        key = (pool, index)
-        if not again and raw is not None and self._woken.get(key) is raw:
+        memory = watched.memories[index]
+        if memory.woken and not again:
             return
-        if raw is not None:
-            self._woken[key] = raw
+        memory.woken = True
         watched.mailboxes[index].fire_alarm()
 
     def _poll(self) -> None:
