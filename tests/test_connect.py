@@ -287,6 +287,20 @@ def _send(path: Path, data: bytes) -> None:
         sock.sendto(data, str(path))
 
 
+def test_a_store_path_too_long_for_a_socket_address_still_gets_wake_ups(tmp_path: Path) -> None:
+    store = tmp_path / ("d" * 120) / "store"
+    _created(store)
+    recorder = Recorder(1)
+    with Runtime(store, poll_interval=3600) as runtime:  # the poll never comes
+        assert runtime._watcher is not None
+        assert runtime._watcher.listening
+        runtime.define("orders", execute=recorder, concurrency=4)
+        with dopool.connect(store) as connection:
+            connection.pool("orders").enqueue("woken")
+        assert recorder.finished.wait(TIMEOUT)
+    assert not (store / WAKE_SOCKET).exists()
+
+
 def test_hostile_datagrams_are_ignored(store_path: Path) -> None:
     _created(store_path)
     recorder = Recorder(1)

@@ -137,6 +137,7 @@ class Connection:
             while self._active:
                 self._cond.wait()
         self._notifier.close()
+        self._clock.close()
         self._shared.release()
 
     # -- what its pools use ------------------------------------------------------------

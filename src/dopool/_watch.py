@@ -53,6 +53,7 @@ WAKE_SOCKET = "wake.sock"
 #: and the most it takes.
 DEFAULT_POLL_INTERVAL = 1.0
 MAX_POLL_INTERVAL = 3600.0
+_MAX_ADDRESS = 107  # bytes of path a socket address holds (108 with its NUL)
 _MAX_DATAGRAM = 128  # a pool name (64) and an index, with room to spare
 _BURST = 256  # datagrams read in a row before the poll's turn is checked again
 
@@ -96,11 +97,38 @@ def parse_wake(data: bytes) -> tuple[str, int] | None:
     return name, int(digits)
 
 
+class _Address:
+    """Where the wake-up socket is: its path, and the address to bind or send to.
+
+    A socket address holds at most 107 bytes of path. A longer one is reached through a
+    descriptor of the store directory, ``/proc/self/fd/<fd>/wake.sock`` (Linux), kept
+    open until :meth:`close`; where that fails too, there is no socket (the poll stays).
+    """
+
+    __slots__ = ("_fd", "address", "path")
+
+    def __init__(self, directory: Path) -> None:
+        self.path = str(directory / WAKE_SOCKET)
+        self.address = self.path
+        self._fd: int | None = None
+        if len(os.fsencode(self.path)) > _MAX_ADDRESS:
+            flags = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
+            with suppress(OSError):
+                self._fd = os.open(directory, flags)
+                self.address = f"/proc/self/fd/{self._fd}/{WAKE_SOCKET}"
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
 class Notifier:
     """A producer's side: send wake-ups to the owner's socket, never blocking, never raising."""
 
     def __init__(self, directory: Path) -> None:
-        self._address = str(directory / WAKE_SOCKET)
+        self._target = _Address(directory)
+        self._address = self._target.address
         self._socket: socket.socket | None = None
         with suppress(OSError):  # no socket: the owner's poll covers every event
             kind = socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
@@ -120,6 +148,7 @@ class Notifier:
         sock, self._socket = self._socket, None
         if sock is not None:
             sock.close()
+        self._target.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +175,7 @@ class StoreWatcher:
         poll_interval: float,
         read: Read,
     ) -> None:
-        self._path = directory / WAKE_SOCKET
+        self._address = _Address(directory)
         self._interval = poll_interval
         self._read = read
         self._pools: dict[str, _Watched] = {}  # replaced whole, read without a lock
@@ -176,7 +205,7 @@ class StoreWatcher:
         The runtime holds the store lock, so no live owner uses a socket found there.
         Anything there that is not a socket is left alone, and then there is none.
         """
-        path = str(self._path)
+        path = self._address.path
         try:
             if stat.S_ISSOCK(os.lstat(path).st_mode):
                 os.unlink(path)
@@ -187,7 +216,7 @@ class StoreWatcher:
         except OSError:
             return None
         try:
-            sock.bind(path)
+            sock.bind(self._address.address)
             sock.setblocking(False)
         except OSError as exc:  # a read-only directory, a path too long, a file in the way
             sock.close()
@@ -263,4 +292,5 @@ class StoreWatcher:
         if self._socket is not None:
             self._socket.close()
             with suppress(OSError):
-                os.unlink(self._path)
+                os.unlink(self._address.path)
+        self._address.close()
