@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 from collections import defaultdict
 from collections.abc import Iterator
@@ -526,6 +527,39 @@ def test_a_closed_connection_refuses_calls(created: Path) -> None:
             call()
         assert (caught.value.pool, caught.value.closed) == ("orders", "connection")
     assert "its connection was closed" in str(caught.value)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_connection_made_before_a_fork_refuses_the_child(created: Path) -> None:
+    code = textwrap.dedent(
+        """
+        import os, sys
+        import dopool
+        connection = dopool.connect(sys.argv[1])
+        pool = connection.pool("orders")
+        child = os.fork()
+        if child == 0:
+            try:
+                pool.enqueue("from the child")
+            except dopool.ConfigurationError as exc:
+                ok = "before a fork" in str(exc)
+                connection.close()  # only marks it closed: the environment is the parent's
+                os._exit(0 if ok else 3)
+            os._exit(4)
+        assert os.waitpid(child, 0)[1] == 0
+        pool.enqueue("from the parent")
+        connection.close()
+        print(dopool.connect(sys.argv[1]).pool("orders").status().enqueued)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(created)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "1"), done.stderr
 
 
 def test_results_and_reads_match_a_worker_pools(created: Path) -> None:

@@ -16,6 +16,7 @@ simulated clock is no place for a producer (docs/deployment.md).
 
 from __future__ import annotations
 
+import os
 import secrets
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -91,6 +92,7 @@ class Connection:
         self._cond = threading.Condition()
         self._active = 0  # calls using the environment, which close() waits for
         self._closed = False
+        self._pid = os.getpid()  # LMDB's environment is this process's: not a forked child's
 
     @property
     def closed(self) -> bool:
@@ -129,13 +131,19 @@ class Connection:
         return ProducerPool(self, name, options)
 
     def close(self) -> None:
-        """Wait for the calls in progress, then close; later calls raise ``PoolClosedError``."""
+        """Wait for the calls in progress, then close; later calls raise ``PoolClosedError``.
+
+        In a child forked from the process that connected, it only marks the connection
+        closed: the environment is the parent's.
+        """
         with self._cond:
             if self._closed:
                 return
             self._closed = True
             while self._active:
                 self._cond.wait()
+        if os.getpid() != self._pid:
+            return
         self._notifier.close()
         self._clock.close()
         self._shared.release()
@@ -143,6 +151,7 @@ class Connection:
     # -- what its pools use ------------------------------------------------------------
     @contextmanager
     def _using(self, pool: str) -> Iterator[Any]:
+        self.check_open(pool)
         with self._cond:
             if self._closed:
                 raise PoolClosedError(pool, closed="connection")
@@ -156,8 +165,15 @@ class Connection:
                     self._cond.notify_all()
 
     def check_open(self, pool: str) -> None:
+        """Refuse a call once closed, or from a child forked after the connection was made
+        (LMDB's environment must not cross a fork: connect again in the child)."""
         if self._closed:
             raise PoolClosedError(pool, closed="connection")
+        if os.getpid() != self._pid:
+            raise ConfigurationError(
+                f"this connection to {str(self.path)!r} was made by process {self._pid}, "
+                "before a fork; call dopool.connect in this process"
+            )
 
     def now(self) -> float:
         return self._clock.now()
