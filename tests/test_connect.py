@@ -339,20 +339,19 @@ class _Mailbox:
         self.alarms += 1
 
 
-def test_a_burst_of_wake_ups_sends_one_alarm_until_the_actor_takes_it(tmp_path: Path) -> None:
+def test_wake_ups_send_one_alarm_until_the_actor_takes_it(tmp_path: Path) -> None:
     watcher = StoreWatcher(tmp_path, 3600, _no_read)
     try:
         mailbox, memory = _Mailbox(), InstanceMemory()
         watcher.watch("orders", [Namespace("orders", 0)], [memory], [mailbox])  # type: ignore[list-item]
         for _ in range(3):
-            watcher._wake("orders", 0, again=False)
+            watcher._wake("orders", 0)  # datagrams, or polls, while the alarm waits
         assert mailbox.alarms == 1
         memory.woken = False  # the actor began to handle it
-        watcher._wake("orders", 0, again=False)
-        watcher._wake("orders", 0, again=True)  # the poll: whatever is on its way
-        watcher._wake("orders", 1, again=True)  # no such instance
-        watcher._wake("emails", 0, again=True)  # no such pool
-        assert mailbox.alarms == 3
+        watcher._wake("orders", 0)
+        watcher._wake("orders", 1)  # no such instance
+        watcher._wake("emails", 0)  # no such pool
+        assert mailbox.alarms == 2
     finally:
         watcher.close()
     assert not (tmp_path / WAKE_SOCKET).exists()

@@ -96,6 +96,7 @@ class InstanceMemory:
         """The instance crashed: its successor starts from the store and settles the attempt."""
         self.meta = None
         self.raw = None
+        self.woken = False  # the alarm it had in hand, if any, goes to the successor
         self.handed_off = None
 
     def take_handed_off(self) -> Started | None:

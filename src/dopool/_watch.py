@@ -249,17 +249,17 @@ class StoreWatcher:
                 return
             target = parse_wake(data)
             if target is not None:
-                self._wake(*target, again=False)
+                self._wake(*target)
 
-    def _wake(self, pool: str, index: int, *, again: bool) -> None:
+    def _wake(self, pool: str, index: int) -> None:
         """Send the instance an alarm, unless one it has not begun to handle is on its way:
-        that one's transaction reads what the producer committed before it wrote to us.
-        ``again`` sends one anyway (the poll found the instance behind)."""
+        that one's transaction reads what was committed before. (So an instance busy in a
+        long handler gets one alarm, not one per datagram or per poll.)"""
         watched = self._pools.get(pool)
         if watched is None or not 0 <= index < len(watched.mailboxes):
             return  # a pool this runtime has not defined waits for one that does
         memory = watched.memories[index]
-        if memory.woken and not again:
+        if memory.woken:
             return
         memory.woken = True
         watched.mailboxes[index].fire_alarm()
@@ -278,7 +278,7 @@ class StoreWatcher:
                 logger.debug("the poll of pool %r failed", pool, exc_info=True)
                 continue
             for index in stale:
-                self._wake(pool, index, again=True)
+                self._wake(pool, index)
 
     def close(self) -> None:
         """Stop the thread, then remove the socket (the store lock is still held)."""
