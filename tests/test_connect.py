@@ -340,7 +340,7 @@ class _Mailbox:
 
 
 def test_wake_ups_send_one_alarm_until_the_actor_takes_it(tmp_path: Path) -> None:
-    watcher = StoreWatcher(tmp_path, 3600, _no_read)
+    watcher = StoreWatcher(tmp_path, 3600, _NoStore())
     try:
         mailbox, memory = _Mailbox(), InstanceMemory()
         watcher.watch("orders", [Namespace("orders", 0)], [memory], [mailbox])  # type: ignore[list-item]
@@ -357,8 +357,12 @@ def test_wake_ups_send_one_alarm_until_the_actor_takes_it(tmp_path: Path) -> Non
     assert not (tmp_path / WAKE_SOCKET).exists()
 
 
-def _no_read() -> Any:
-    raise AssertionError("no poll in this test")
+class _NoStore:
+    def read(self) -> Any:
+        raise AssertionError("no poll in this test")
+
+    def clear_stale_readers(self) -> int:
+        raise AssertionError("no poll in this test")
 
 
 def test_a_socket_file_left_by_a_dead_owner_is_harmless(store_path: Path) -> None:

@@ -134,7 +134,7 @@ class Runtime:
                 self._store.close()
                 raise ConfigurationError(f"cannot open trace file {str(trace)!r}: {exc}") from exc
         self.poll_interval = float(poll_interval)  # the watcher last: nothing above closes it
-        self._watcher = watch_store(self.clock, self.path, self.poll_interval, self._store.read)
+        self._watcher = watch_store(self.clock, self.path, self.poll_interval, self._store)
         self._pid = os.getpid()
         with _open_lock:
             _open.add(self)  # closed at interpreter exit, if not before

@@ -197,6 +197,20 @@ class Store:
         except lmdb.Error as exc:
             raise StorageError(f"read failed: {exc}") from exc
 
+    def clear_stale_readers(self) -> int:
+        """Free the reader slots of processes that died inside a read; how many.
+
+        A process killed while reading (a producer's ``status``, say) leaves its slot
+        behind, and the snapshot it names keeps LMDB from reusing the pages written
+        since: the file would grow for as long as the store stays open. LMDB clears
+        such slots only when asked (``mdb_reader_check``).
+        """
+        try:
+            cleared: int = self._env.reader_check()
+        except lmdb.Error as exc:
+            raise StorageError(f"reader check failed: {exc}") from exc
+        return cleared
+
     def get_pool(self, txn: Txn, name: str) -> int | None:
         """The concurrency a pool was stored with, or None for a pool never defined."""
         return get_pool(txn, name)

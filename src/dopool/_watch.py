@@ -30,11 +30,11 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dopool._errors import ConfigurationError
 from dopool._layout import POOL_NAME
@@ -57,7 +57,13 @@ _MAX_ADDRESS = 107  # bytes of path a socket address holds (108 with its NUL)
 _MAX_DATAGRAM = 128  # a pool name (64) and an index, with room to spare
 _BURST = 256  # datagrams read in a row before the poll's turn is checked again
 
-Read = Callable[[], AbstractContextManager[Any]]  # a read-only snapshot (``Store.read``)
+
+class WatchedStore(Protocol):
+    """What the watcher needs of the runtime's store (:class:`dopool._storage.Store`)."""
+
+    def read(self) -> AbstractContextManager[Any]: ...  # a read-only snapshot
+
+    def clear_stale_readers(self) -> int: ...
 
 
 def check_poll_interval(seconds: object) -> None:
@@ -73,12 +79,12 @@ def check_poll_interval(seconds: object) -> None:
 
 
 def watch_store(
-    clock: Clock, directory: Path, poll_interval: float, read: Read
+    clock: Clock, directory: Path, poll_interval: float, store: WatchedStore
 ) -> StoreWatcher | None:
     """A runtime's watcher, started; None under a clock that does not watch (simulated)."""
     if not clock.watches_store:
         return None
-    return StoreWatcher(directory, poll_interval, read)
+    return StoreWatcher(directory, poll_interval, store)
 
 
 def wake_message(pool: str, index: int) -> bytes:
@@ -166,18 +172,14 @@ class StoreWatcher:
     Args:
         directory: the store directory, where the socket is bound.
         poll_interval: seconds between polls.
-        read: a read-only snapshot of the store (``Store.read``).
+        store: the runtime's store, read by the poll, which also frees the reader
+            slots of processes that died inside a read (``Store.clear_stale_readers``).
     """
 
-    def __init__(
-        self,
-        directory: Path,
-        poll_interval: float,
-        read: Read,
-    ) -> None:
+    def __init__(self, directory: Path, poll_interval: float, store: WatchedStore) -> None:
         self._address = _Address(directory)
         self._interval = poll_interval
-        self._read = read
+        self._store = store
         self._pools: dict[str, _Watched] = {}  # replaced whole, read without a lock
         self._socket = self._bind()
         self._stop_read, self._stop_write = os.pipe()
@@ -265,10 +267,18 @@ class StoreWatcher:
         watched.mailboxes[index].fire_alarm()
 
     def _poll(self) -> None:
-        """Wake every instance whose stored meta is not what its last transaction left."""
+        """Wake every instance whose stored meta is not what its last transaction left;
+        free the reader slots that dead processes left."""
+        try:
+            cleared = self._store.clear_stale_readers()
+        except Exception:  # the store closing under the poll, say: the next one retries
+            logger.debug("the reader check failed", exc_info=True)
+        else:
+            if cleared:
+                logger.info("freed %d reader slot(s) left by processes that died reading", cleared)
         for pool, watched in self._pools.items():
             try:
-                with self._read() as txn:
+                with self._store.read() as txn:
                     stale = [
                         index
                         for index, namespace in enumerate(watched.namespaces)
