@@ -18,18 +18,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dopool._errors import DamagedRecordError
-from dopool._invariants import KeyTally, LinkTally, broken_invariants, broken_links
+from dopool._invariants import (
+    DedupTally,
+    KeyTally,
+    LinkTally,
+    broken_dedup,
+    broken_invariants,
+    broken_links,
+)
 from dopool._layout import (
     FORMAT_VERSION,
     Meta,
     OutboxRecord,
     RecordKind,
+    dedup_digest,
     is_format_key,
     mark_source,
+    parse_dedup_key,
     parse_instance_key,
     pool_name_of,
     read_dead,
+    read_dedup,
     read_event,
+    read_expiry,
     read_format,
     read_link,
     read_meta,
@@ -81,6 +92,7 @@ def check_store(txn: Txn) -> CheckReport:
     problems: list[Problem] = []
     instances: dict[tuple[str, int], _Instance] = {}
     links = LinkTally()
+    dedup = DedupTally()
     pools: dict[str, int] = {}
     version: int | None = None
     has_format = False
@@ -93,13 +105,15 @@ def check_store(txn: Txn) -> CheckReport:
             if parsed is not None:
                 instance = instances.setdefault((parsed.pool, parsed.instance), _Instance())
                 _check_instance_record(
-                    where or "", instance, parsed.kind, key, value, links, problems
+                    where or "", instance, parsed.kind, key, value, links, dedup, problems
                 )
             elif is_format_key(key):
                 has_format = True
                 version = read_format(key, value)
                 if version != FORMAT_VERSION:
                     problems.append(Problem(None, key, f"format version {version} is not mine"))
+            elif (indexed := parse_dedup_key(key)) is not None:
+                _check_dedup_record(indexed.pool, indexed.expiry, key, value, dedup, problems)
             elif (name := pool_name_of(key)) is not None:
                 _check_pool_name(name, key, problems)
                 pools[name] = 0  # until read: a damaged record is reported as that alone
@@ -116,6 +130,11 @@ def check_store(txn: Txn) -> CheckReport:
         problems.extend(_check_instance(pool, index, instance, pools.get(pool)))
         problems.extend(_check_addresses(f"{pool}:{index}", instance, pools))
     problems.extend(Problem(where, None, what) for where, what in broken_links(links))
+    problems.extend(Problem(None, key, what) for _, key, what in broken_dedup(dedup))
+    problems.extend(
+        Problem(None, None, f"dedup keys of pool {pool!r}, which has no pool record")
+        for pool in sorted(dedup.entries.keys() - pools.keys())
+    )
     known = {name: count for name, count in sorted(pools.items()) if count}
     return CheckReport(version, records, known, len(instances), problems)
 
@@ -127,6 +146,7 @@ def _check_instance_record(
     key: bytes,
     value: bytes,
     links: LinkTally,
+    dedup: DedupTally,
     problems: list[Problem],
 ) -> None:
     """Count a record of an instance by its key, then read it (which may raise)."""
@@ -136,7 +156,11 @@ def _check_instance_record(
         instance.meta = read_meta(key, value)
         links.add_meta(where, instance.meta)
     elif kind is RecordKind.EVENT or kind is RecordKind.SCHEDULED:
-        _payload(where, key, read_event(key, value).event, problems)
+        dedup.stored.add(key)  # damaged or not: an entry naming it names a stored event
+        event = read_event(key, value)
+        _payload(where, key, event.event, problems)
+        pool, _, index = where.rpartition(":")
+        dedup.add_event(pool, int(index), key, event.dedup_key)
     elif kind is RecordKind.DEAD_LETTER:
         read_dead(key, value)
     elif kind is RecordKind.OUTBOX:
@@ -145,9 +169,28 @@ def _check_instance_record(
         instance.follow_ups.append((key, record))
         links.add_outbox(where, record)
     else:
-        source = mark_source(key)
+        source = mark_source(key)  # (a damaged event raised before it was counted)
         links.add_mark(where, source, read_link(key, value))
         instance.sources.append((key, source))
+
+
+def _check_dedup_record(
+    pool: str, expiry: bool, key: bytes, value: bytes, dedup: DedupTally, problems: list[Problem]
+) -> None:
+    """Read a dedup index entry or expiry key (which may raise); an entry under another
+    key's digest is a problem."""
+    if expiry:
+        read_expiry(key, value)
+        return
+    try:
+        record = read_dedup(key, value)
+    except DamagedRecordError:
+        dedup.uncertain.add(pool)  # its events cannot be judged
+        raise
+    if key[-16:] != dedup_digest(record.dedup_key):
+        problems.append(Problem(None, key, f"dedup key {record.dedup_key!r} under another digest"))
+        return
+    dedup.add_entry(pool, record)
 
 
 def _check_pool_name(name: str, key: bytes, problems: list[Problem]) -> None:

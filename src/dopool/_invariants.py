@@ -26,6 +26,10 @@ delivery mark for that source) are all in the source's outbox, so none is lost;
 the target accepted none the source did not hand out; and the outbox holds none
 twice, and none the source did not hand out.
 
+And a pool's dedup index against its events (:class:`DedupTally`,
+:func:`broken_dedup`): at most one pending event holds a key, the one its entry
+names, and every entry of an unfinished event names one that is stored.
+
 :func:`read_instance` reads one instance's state in a read transaction into an
 :class:`InstanceState`; :func:`violations` lists what it breaks. ``dopool check``
 (which walks every record itself and counts keys with :class:`KeyTally`), the
@@ -39,8 +43,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dopool._alarm import stalled
+from dopool._errors import DamagedRecordError
 from dopool._layout import (
     MIGRATED_DUE,
+    DedupIndex,
+    DedupRecord,
     Meta,
     Namespace,
     OutboxRecord,
@@ -49,6 +56,7 @@ from dopool._layout import (
     queue_key_due,
     queue_key_priority,
     queue_key_sequence,
+    read_dedup,
     scheduled_key_due,
     started_event,
 )
@@ -316,3 +324,109 @@ def read_links(txn: Txn, pools: dict[str, int]) -> LinkTally:
 def link_violations(tally: LinkTally) -> list[str]:
     """:func:`broken_links` as lines naming the instance, like :func:`violations`."""
     return [f"{where}: {what}" for where, what in broken_links(tally)]
+
+
+# -- dedup keys --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class DedupTally:
+    """A store's dedup index beside the keyed events it holds.
+
+    ``entries``: each pool's index entries by dedup key; ``keyed``: each pending event
+    that holds a key, ``(pool, index, sequence, dedup key, its key)``; ``stored``: the
+    keys of every pending event read; ``uncertain``: pools with a damaged entry.
+    """
+
+    entries: dict[str, dict[str, DedupRecord]] = field(default_factory=dict)
+    keyed: list[tuple[str, int, int, str, bytes]] = field(default_factory=list)
+    stored: set[bytes] = field(default_factory=set)
+    uncertain: set[str] = field(default_factory=set)
+
+    def add_entry(self, pool: str, record: DedupRecord) -> None:
+        self.entries.setdefault(pool, {})[record.dedup_key] = record
+
+    def add_event(self, pool: str, index: int, key: bytes, dedup_key: str | None) -> None:
+        self.stored.add(key)
+        if dedup_key is not None:
+            self.keyed.append((pool, index, queue_key_sequence(key), dedup_key, key))
+
+
+def broken_dedup(tally: DedupTally) -> list[tuple[str, bytes | None, str]]:
+    """What the index and the events break: ``(pool, key, what)``.
+
+    Every unfinished entry names a stored event, every keyed pending event is the one
+    its key's entry names (so no two pending events hold one key), and no pool's key
+    is held twice.
+    """
+    broken: list[tuple[str, bytes | None, str]] = []
+    for pool, entries in sorted(tally.entries.items()):
+        for dedup_key, entry in entries.items():
+            if entry.finished_at is not None:
+                continue
+            ns = Namespace(pool, entry.instance)
+            keys = (
+                ns.queue_key(entry.priority, entry.sequence, entry.due),
+                ns.scheduled_key(entry.priority, entry.sequence, entry.due),
+            )
+            if not any(key in tally.stored for key in keys):
+                broken.append(
+                    (
+                        pool,
+                        None,
+                        f"dedup key {dedup_key!r} names event {entry.sequence} of "
+                        f"{pool}:{entry.instance}, unfinished, which is not stored",
+                    )
+                )
+    held: dict[tuple[str, str], int] = {}
+    for pool, index, sequence, dedup_key, key in tally.keyed:
+        held[pool, dedup_key] = held.get((pool, dedup_key), 0) + 1
+        if pool in tally.uncertain:
+            continue
+        holder = tally.entries.get(pool, {}).get(dedup_key)
+        if (
+            holder is None
+            or holder.finished_at is not None
+            or (holder.instance, holder.sequence) != (index, sequence)
+        ):
+            broken.append(
+                (
+                    pool,
+                    key,
+                    f"event {sequence} of {pool}:{index} holds dedup key {dedup_key!r}, "
+                    "whose index entry does not name it",
+                )
+            )
+    for (pool, dedup_key), count in sorted(held.items()):
+        if count > 1:
+            broken.append((pool, None, f"{count} pending events hold dedup key {dedup_key!r}"))
+    return broken
+
+
+def read_dedup_tally(txn: Txn, pools: dict[str, int]) -> DedupTally:
+    """The dedup index and the pending events of ``pools`` (name -> concurrency), in ``txn``;
+    a damaged event is passed over (it is never run), a damaged entry makes its pool
+    uncertain."""
+    tally = DedupTally()
+    for pool, concurrency in pools.items():
+        for key, raw in DedupIndex(pool).entries(txn):
+            try:
+                tally.add_entry(pool, read_dedup(key, raw))
+            except DamagedRecordError:
+                tally.uncertain.add(pool)
+        for index in range(concurrency):
+            namespace = Namespace(pool, index)
+            for kind, key in namespace.iter_keys(txn):
+                if kind is RecordKind.EVENT or kind is RecordKind.SCHEDULED:
+                    tally.stored.add(key)
+                    try:
+                        event = namespace.get_event(txn, key)
+                    except DamagedRecordError:
+                        continue  # reported as damaged; it never runs
+                    tally.add_event(pool, index, key, None if event is None else event.dedup_key)
+    return tally
+
+
+def dedup_violations(tally: DedupTally) -> list[str]:
+    """:func:`broken_dedup` as lines naming the pool."""
+    return [f"pool {pool}: {what}" for pool, _, what in broken_dedup(tally)]

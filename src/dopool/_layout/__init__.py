@@ -5,8 +5,8 @@
 - :mod:`.limits`: the format version and the limits of a store of that format;
 - :mod:`.keys`: every key, which record it holds, and taking a key apart;
 - :mod:`.records`: the records, their encoding, checksums and field checks;
-- :mod:`.namespace`: an instance's keys and the pool records, read and written in a
-  transaction;
+- :mod:`.namespace`: an instance's keys, the pool records and a pool's dedup index,
+  read and written in a transaction;
 - :mod:`.migrate`: a store of an older format rewritten as this one.
 
 Everything outside this package sees records, namespaces and parsed keys, never a
@@ -16,16 +16,19 @@ key's layout or msgpack, and imports them from here.
 from dopool._layout.keys import (
     FORMAT_KEY,
     MIGRATED_DUE,
+    DedupKey,
     InstanceKey,
     RecordKind,
     dead_letter_sequence,
     decode_due,
+    dedup_digest,
     describe_key,
     encode_due,
     format_1_mark,
     is_format_key,
     mark_source,
     outbox_sequence,
+    parse_dedup_key,
     parse_instance_key,
     pool_key,
     pool_name_of,
@@ -39,6 +42,7 @@ from dopool._layout.keys import (
 from dopool._layout.limits import (
     FORMAT_VERSION,
     MAX_CONCURRENCY,
+    MAX_DEDUP_KEY_BYTES,
     MAX_EVENT_BYTES,
     MAX_PARTITION_KEY_BYTES,
     MIGRATES_FROM,
@@ -48,6 +52,7 @@ from dopool._layout.limits import (
 )
 from dopool._layout.migrate import migrate_store
 from dopool._layout.namespace import (
+    DedupIndex,
     Namespace,
     follow_ups_to,
     get_pool,
@@ -56,6 +61,7 @@ from dopool._layout.namespace import (
 )
 from dopool._layout.records import (
     DeadRecord,
+    DedupRecord,
     EventRecord,
     Meta,
     OutboxRecord,
@@ -64,7 +70,9 @@ from dopool._layout.records import (
     open_sealed,
     pack,
     read_dead,
+    read_dedup,
     read_event,
+    read_expiry,
     read_format,
     read_link,
     read_meta,
@@ -85,6 +93,7 @@ __all__ = [
     "FORMAT_KEY",
     "FORMAT_VERSION",
     "MAX_CONCURRENCY",
+    "MAX_DEDUP_KEY_BYTES",
     "MAX_EVENT_BYTES",
     "MAX_PARTITION_KEY_BYTES",
     "MIGRATED_DUE",
@@ -93,6 +102,9 @@ __all__ = [
     "PRIORITY_MAX",
     "PRIORITY_MIN",
     "DeadRecord",
+    "DedupIndex",
+    "DedupKey",
+    "DedupRecord",
     "EventRecord",
     "InstanceKey",
     "Meta",
@@ -102,6 +114,7 @@ __all__ = [
     "damaged",
     "dead_letter_sequence",
     "decode_due",
+    "dedup_digest",
     "describe_key",
     "encode_due",
     "encode_event",
@@ -114,6 +127,7 @@ __all__ = [
     "open_sealed",
     "outbox_sequence",
     "pack",
+    "parse_dedup_key",
     "parse_instance_key",
     "pool_key",
     "pool_name_of",
@@ -123,7 +137,9 @@ __all__ = [
     "queue_key_priority",
     "queue_key_sequence",
     "read_dead",
+    "read_dedup",
     "read_event",
+    "read_expiry",
     "read_format",
     "read_link",
     "read_meta",

@@ -14,6 +14,8 @@ Keys (all integers big-endian, so LMDB's byte order is numeric order)::
     I <pool>:<index> \\0 s <source pool> \\0 <source:4>
                                           the last follow-up link accepted from a
                                           source instance (of any pool)
+    K <pool> \\0 <digest:16>              a dedup key's index entry (the pool's own)
+    E <pool> \\0 <finished:8> <digest:16> a finished dedup key's expiry, by finish time
 
 ``rank`` is ``2**31 - 1 - priority`` and ``due`` a float's order-preserving
 encoding (:func:`encode_due`), so the first queue key under an instance's prefix is
@@ -27,6 +29,11 @@ sources of two pools would share one; :func:`format_1_mark` reads such a key for
 the migration (:mod:`.migrate`). Format 2's queue keys had no due time
 (``q <rank:4> <seq:8>``); :func:`format_2_queue_key` gives one its format-3 key.
 
+A dedup key (up to 2 KiB) is too long for an LMDB key (511 bytes), so its index
+entry is keyed by its BLAKE2b digest (:func:`dedup_digest`, 16 bytes); the entry
+holds the key itself, and a lookup compares it. The index is the pool's, not an
+instance's: every instance of a pool sees one key space.
+
 This is the only module that spells a key's bytes (``tests/test_layout_structure.py``).
 Its names with a leading underscore are the layout's own: :mod:`.records` and
 :mod:`.namespace` use them, and no module outside :mod:`dopool._layout` does.
@@ -35,6 +42,7 @@ Its names with a leading underscore are the layout's own: :mod:`.records` and
 from __future__ import annotations
 
 import enum
+import hashlib
 import math
 import struct
 from typing import TYPE_CHECKING, NamedTuple
@@ -50,6 +58,9 @@ _INSTANCE_PREFIX = b"I"
 # The tag after an instance's prefix: which kind of record the key holds.
 _META_TAG, _QUEUE_TAG, _DEAD_TAG, _OUTBOX_TAG, _MARK_TAG = b"m", b"q", b"d", b"o", b"s"
 _WAIT_TAG = b"w"  # a scheduled event, not due yet
+_DEDUP_PREFIX = b"K"  # a pool's dedup index: one entry per key
+_EXPIRY_PREFIX = b"E"  # a pool's finished dedup keys, by finish time
+_DIGEST = 16  # the bytes of a dedup key's digest
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _F64 = struct.Struct(">d")
@@ -242,6 +253,51 @@ def format_2_queue_key(key: bytes) -> bytes | None:
     return key[: -_RANK_SEQ.size] + suffix
 
 
+def dedup_digest(dedup_key: str) -> bytes:
+    """The digest that keys a dedup key's index entry (BLAKE2b, 16 bytes)."""
+    return hashlib.blake2b(dedup_key.encode(), digest_size=_DIGEST).digest()
+
+
+def dedup_prefix(pool: str) -> bytes:
+    """The start of every index entry of ``pool``'s dedup keys."""
+    return _DEDUP_PREFIX + pool.encode() + b"\0"
+
+
+def expiry_prefix(pool: str) -> bytes:
+    """The start of every expiry key of ``pool``'s finished dedup keys."""
+    return _EXPIRY_PREFIX + pool.encode() + b"\0"
+
+
+class DedupKey(NamedTuple):
+    """A key of a pool's dedup index or expiry queue, taken apart."""
+
+    pool: str
+    expiry: bool  # an expiry key (else an index entry)
+    digest: bytes
+    finished_at: float | None  # an expiry key's finish time
+
+
+def parse_dedup_key(key: bytes) -> DedupKey | None:
+    """Take a dedup index or expiry key apart; None if it is neither."""
+    prefix = key[:1]
+    if prefix not in (_DEDUP_PREFIX, _EXPIRY_PREFIX):
+        return None
+    name, nul, rest = key[1:].partition(b"\0")
+    pool = name.decode("ascii", errors="replace")
+    if not nul or not POOL_NAME.fullmatch(pool):
+        return None
+    if prefix == _DEDUP_PREFIX:
+        return DedupKey(pool, False, rest, None) if len(rest) == _DIGEST else None
+    if len(rest) != 8 + _DIGEST:
+        return None
+    return DedupKey(pool, True, rest[8:], decode_due(_U64.unpack_from(rest)[0]))
+
+
+def expiry_key(pool: str, finished_at: float, digest: bytes) -> bytes:
+    """The expiry key of a dedup key finished at ``finished_at``: they sort by that time."""
+    return expiry_prefix(pool) + _U64.pack(encode_due(finished_at)) + digest
+
+
 def is_format_key(key: bytes) -> bool:
     return key == FORMAT_KEY
 
@@ -269,6 +325,10 @@ def describe_key(key: bytes) -> str:
         return "format record"
     if key[:1] == _POOL_PREFIX:
         return f"pool record {key[1:].decode(errors='backslashreplace')!r}"
+    dedup = parse_dedup_key(key)
+    if dedup is not None:
+        what = "dedup expiry key" if dedup.expiry else "dedup index entry"
+        return f"{what} of pool {dedup.pool}"
     ident, nul, rest = key[1:].partition(b"\0")
     if key[:1] == _INSTANCE_PREFIX and nul:
         kind = _KIND_OF_TAG.get(rest[:1])

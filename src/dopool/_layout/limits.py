@@ -8,10 +8,10 @@ import re
 #: The version of the store's layout (keys and records). A store records the version
 #: it was created with; a runtime migrates a store of an older version it knows
 #: (:data:`MIGRATES_FROM`) when it opens it, and refuses any other version.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 #: The older versions a runtime migrates in place (``_layout/migrate.py``).
-MIGRATES_FROM = (1, 2)
+MIGRATES_FROM = (1, 2, 3)
 
 #: A pool's name: it is part of the keys of its instances, of the delivery marks of
 #: the instances its follow-ups reach, and of the outbox entries sent to it.
@@ -21,8 +21,9 @@ POOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 #: defined. A stored pool record above it is damaged.
 MAX_CONCURRENCY = 4096
 
-# The largest event and partition key stored, encoded; the range of priorities.
+# The largest event, partition key and dedup key stored, encoded; the range of priorities.
 MAX_EVENT_BYTES = 128 * 1024
 MAX_PARTITION_KEY_BYTES = 2 * 1024
+MAX_DEDUP_KEY_BYTES = 2 * 1024
 PRIORITY_MIN = -(2**31)
 PRIORITY_MAX = 2**31 - 1

@@ -21,6 +21,12 @@ Format 2 → 3: events may be scheduled, and due events run by due time:
 - the meta gains ``scheduled`` (0), ``next_due`` and ``last_due`` (nil), and its
   ``current`` names the started event's new key.
 
+Format 3 → 4: events may carry a dedup key, indexed pool by pool:
+
+- each event record (due or scheduled) and each dead letter gains a last field,
+  ``dedup_key`` (nil: no event of format 3 had one), sealed again under its key;
+- the meta gains ``duplicates`` (0). No index entry is written: there are no keys.
+
 A record that fails the older format's checks is not rewritten (a record that moves
 to a new key moves with its bytes as found): the new format's checks then find it
 damaged, as the old ones would have. The caller commits the transaction, or rolls it
@@ -43,10 +49,12 @@ from dopool._layout.keys import (
 )
 from dopool._layout.namespace import Namespace
 from dopool._layout.records import (
+    _DEAD_LAYOUT_3,
+    _EVENT_LAYOUT_3,
     _META_LAYOUT_2,
+    _META_LAYOUT_3,
     _OUTBOX_LAYOUT,
     Layout,
-    Meta,
     OutboxRecord,
     _laid_out,
     _tally,
@@ -56,7 +64,6 @@ from dopool._layout.records import (
     seal,
     seal_format,
     seal_link,
-    seal_meta,
     seal_outbox,
 )
 
@@ -72,10 +79,11 @@ _OUTBOX_LAYOUT_1: Layout = _OUTBOX_LAYOUT[1:]  # no "pool"
 
 
 def migrate_store(txn: Txn, found: int) -> int:
-    """Rewrite a store of format ``found`` (1 or 2) in ``txn`` as this format; how many
+    """Rewrite a store of format ``found`` (1, 2 or 3) in ``txn`` as this format; how many
     records changed."""
     changed = _from_1(txn) if found == 1 else 0
-    changed += _from_2(txn)
+    changed += _from_2(txn) if found <= 2 else 0
+    changed += _from_3(txn)
     txn.put(FORMAT_KEY, seal_format(FORMAT_KEY))
     return changed
 
@@ -164,10 +172,12 @@ def _meta_2(txn: Txn, key: bytes, value: bytes) -> int:
         fields = _laid_out(key, value, _META_LAYOUT_2)
     except DamagedRecordError:
         return 0
-    meta = Meta(**dict(zip(_META_NAMES_2, fields, strict=True)))
-    if meta.current is not None:
-        meta.current = format_2_queue_key(meta.current) or meta.current  # else damaged
-    txn.put(key, seal_meta(key, meta))
+    current = fields[_META_NAMES_2.index("current")]
+    if current is not None:
+        current = format_2_queue_key(current) or current  # else damaged
+        fields[_META_NAMES_2.index("current")] = current
+    fields += [0, None, None]  # scheduled, next_due, last_due: format 3's layout
+    txn.put(key, seal(key, pack(fields)))  # the next step reads it
     return 1
 
 
@@ -178,3 +188,35 @@ def _event_2(txn: Txn, key: bytes, value: bytes, new_key: bytes) -> None:
         new_value = value  # damaged as found: still damaged under its new key
     txn.delete(key)
     txn.put(new_key, new_value)
+
+
+# -- format 3 to 4 ---------------------------------------------------------------------
+
+
+def _from_3(txn: Txn) -> int:
+    """Rewrite a format-3 store in ``txn`` as format 4; how many records changed."""
+    changed = 0
+    for key in _instance_keys(txn):
+        parsed = parse_instance_key(key)
+        if parsed is None:
+            continue
+        layout = _LAYOUTS_3.get(parsed.kind)
+        if layout is None:
+            continue
+        try:
+            fields = _laid_out(key, txn.get(key), layout)
+        except DamagedRecordError:
+            continue  # damaged as found: format 4's checks find it so too
+        fields.append(0 if parsed.kind is RecordKind.META else None)
+        txn.put(key, seal(key, pack(fields)))
+        changed += 1
+    return changed
+
+
+# The records format 4 added a field to, by kind, with their format-3 layouts.
+_LAYOUTS_3: dict[RecordKind, Layout] = {
+    RecordKind.META: _META_LAYOUT_3,
+    RecordKind.EVENT: _EVENT_LAYOUT_3,
+    RecordKind.SCHEDULED: _EVENT_LAYOUT_3,
+    RecordKind.DEAD_LETTER: _DEAD_LAYOUT_3,
+}

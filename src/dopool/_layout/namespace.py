@@ -31,7 +31,11 @@ from dopool._layout.keys import (
     _valid_suffix,
     dead_letter_sequence,
     decode_due,
+    dedup_digest,
+    dedup_prefix,
     encode_due,
+    expiry_key,
+    expiry_prefix,
     outbox_sequence,
     pool_key,
     pool_name_of,
@@ -39,6 +43,7 @@ from dopool._layout.keys import (
 from dopool._layout.limits import PRIORITY_MAX
 from dopool._layout.records import (
     DeadRecord,
+    DedupRecord,
     EventRecord,
     Meta,
     OutboxRecord,
@@ -46,6 +51,7 @@ from dopool._layout.records import (
     open_sealed,
     pack,
     read_dead,
+    read_dedup,
     read_event,
     read_link,
     read_meta,
@@ -53,7 +59,9 @@ from dopool._layout.records import (
     read_pool,
     seal,
     seal_dead,
+    seal_dedup,
     seal_event,
+    seal_expiry,
     seal_link,
     seal_meta,
     seal_outbox,
@@ -169,6 +177,7 @@ class Namespace:
         partition_key: str | None,
         priority: int,
         due: float,
+        dedup_key: str | None = None,
     ) -> None:
         """Store a new event due at ``due`` from its fields, under the queue key they make.
 
@@ -180,7 +189,8 @@ class Namespace:
             bits = encode_due(due)
             self._due = (due, bits)
         key = self._queue + _RANK_DUE_SEQ.pack(PRIORITY_MAX - priority, bits, sequence)
-        body = pack((event, enqueued_at, partition_key, priority))  # records._EVENT_LAYOUT's order
+        # records._EVENT_LAYOUT's order:
+        body = pack((event, enqueued_at, partition_key, priority, dedup_key))
         txn.put(key, seal(key, body), overwrite=False)
 
     def add_scheduled(
@@ -192,10 +202,11 @@ class Namespace:
         partition_key: str | None,
         priority: int,
         due: float,
+        dedup_key: str | None = None,
     ) -> None:
         """Store a new event that is not due until ``due``, under its scheduled key."""
         key = self.scheduled_key(priority, sequence, due)
-        body = pack((event, enqueued_at, partition_key, priority))  # records._EVENT_LAYOUT's order
+        body = pack((event, enqueued_at, partition_key, priority, dedup_key))
         txn.put(key, seal(key, body), overwrite=False)
 
     def get_event(self, txn: Txn, key: bytes) -> EventRecord | None:
@@ -259,6 +270,37 @@ class Namespace:
 
     def delete_event(self, txn: Txn, key: bytes) -> None:
         txn.delete(key)
+
+    def has_event(self, txn: Txn, priority: int, sequence: int, due: float) -> bool:
+        """Whether event ``sequence`` is stored, due (or started) or scheduled, and reads
+        (a damaged one will never run)."""
+        for key in (
+            self.queue_key(priority, sequence, due),
+            self.scheduled_key(priority, sequence, due),
+        ):
+            try:
+                if self.get_event(txn, key) is not None:
+                    return True
+            except DamagedRecordError:
+                return False
+        return False
+
+    def keyed_events(self, txn: Txn) -> list[tuple[int, str]]:
+        """The sequence and dedup key of every pending event that has one and reads.
+
+        A damaged record is passed over: its key cannot be known (the index entry that
+        names it is found stale when next looked up).
+        """
+        keyed = []
+        for prefix in (self._queue, self._wait):
+            for key, raw in _iter_prefix(txn, prefix, len(prefix) + _RANK_DUE_SEQ.size):
+                try:
+                    dedup_key = read_event(key, raw).dedup_key
+                except DamagedRecordError:
+                    continue
+                if dedup_key is not None:
+                    keyed.append((_U64.unpack_from(key, len(key) - 8)[0], dedup_key))
+        return keyed
 
     def delete_events(self, txn: Txn) -> int:
         """Delete every pending event, due or scheduled; how many."""
@@ -380,6 +422,99 @@ def _dead_or_damaged(key: bytes, raw: bytes) -> DeadRecord:
         return read_dead(key, raw)
     except DamagedRecordError as exc:
         return DeadRecord(raw, f"DamagedRecordError: {exc.reason}", 0, 0.0, 0.0, None, 0, True)
+
+
+# -- a pool's dedup index ---------------------------------------------------------------
+
+
+class DedupIndex:
+    """A pool's dedup keys: one index entry per key, and the finished ones by finish time.
+
+    Methods take an open transaction; the index is the pool's, so every instance's
+    transaction reads and writes the same entries.
+    """
+
+    __slots__ = ("_expiry", "_prefix", "pool")
+
+    def __init__(self, pool: str) -> None:
+        self.pool = pool
+        self._prefix = dedup_prefix(pool)
+        self._expiry = expiry_prefix(pool)
+
+    def entry_key(self, dedup_key: str) -> bytes:
+        return self._prefix + dedup_digest(dedup_key)
+
+    def get(self, txn: Txn, dedup_key: str) -> DedupRecord | None:
+        """The entry of ``dedup_key``, if any.
+
+        Raises:
+            DamagedRecordError: the entry fails its checks, or holds another key.
+        """
+        key = self.entry_key(dedup_key)
+        raw = txn.get(key)
+        if raw is None:
+            return None
+        record = read_dedup(key, raw)
+        if record.dedup_key != dedup_key:
+            raise damaged(key, raw, f"it holds the dedup key {record.dedup_key!r}")
+        return record
+
+    def put(self, txn: Txn, record: DedupRecord) -> None:
+        key = self.entry_key(record.dedup_key)
+        txn.put(key, seal_dedup(key, record))
+
+    def finish(self, txn: Txn, record: DedupRecord, finished_at: float, window: float) -> None:
+        """The entry's event finished: remove the entry (no window), or stamp it and queue
+        its expiry."""
+        key = self.entry_key(record.dedup_key)
+        if window <= 0:
+            txn.delete(key)
+            return
+        txn.put(key, seal_dedup(key, record._replace(finished_at=finished_at)))
+        expiry = expiry_key(self.pool, finished_at, key[len(self._prefix) :])
+        txn.put(expiry, seal_expiry(expiry))
+
+    def sweep(self, txn: Txn, now: float, window: float, limit: int) -> int:
+        """Remove up to ``limit`` entries finished ``window`` seconds or more before
+        ``now``, oldest first; how many expiry keys went.
+
+        An expiry key whose entry was taken over since (by a newer event of its key,
+        or a newer finish) goes alone; a damaged entry is left for ``dopool check``.
+        """
+        done: list[bytes] = []
+        limit_bits = encode_due(now - window)
+        start = len(self._expiry)
+        with txn.cursor() as cursor:
+            found = cursor.set_range(self._expiry)
+            while found and len(done) < limit:
+                key = cursor.key()
+                if not key.startswith(self._expiry) or len(key) != start + 8 + 16:
+                    break
+                bits = _U64.unpack_from(key, start)[0]
+                if bits > limit_bits:
+                    break
+                done.append(bytes(key))
+                found = cursor.next()
+        for expiry in done:
+            entry_key = self._prefix + expiry[start + 8 :]
+            raw = txn.get(entry_key)
+            if raw is not None:
+                try:
+                    record = read_dedup(entry_key, raw)
+                except DamagedRecordError:
+                    record = None
+                finished = decode_due(_U64.unpack_from(expiry, start)[0])
+                if record is not None and record.finished_at == finished:
+                    txn.delete(entry_key)
+            txn.delete(expiry)
+        return len(done)
+
+    def entries(self, txn: Txn) -> Iterator[tuple[bytes, bytes]]:
+        """Every index entry's key and stored value (for checkers)."""
+        return _iter_prefix(txn, self._prefix)
+
+    def count_expiries(self, txn: Txn) -> int:
+        return _count_prefix(txn, self._expiry)
 
 
 def _iter_prefix(

@@ -197,6 +197,7 @@ class EventRecord(NamedTuple):
     enqueued_at: float
     partition_key: str | None
     priority: int
+    dedup_key: str | None = None
 
 
 class DeadRecord(NamedTuple):
@@ -214,6 +215,7 @@ class DeadRecord(NamedTuple):
     partition_key: str | None
     priority: int
     damaged: bool = False
+    dedup_key: str | None = None
 
 
 class OutboxRecord(NamedTuple):
@@ -233,13 +235,16 @@ class OutboxRecord(NamedTuple):
     priority: int
 
 
-_EVENT_LAYOUT: Layout = (
+# Format 3's event and dead-letter layouts (the migration reads them); format 4's add
+# the dedup key.
+_EVENT_LAYOUT_3: Layout = (
     ("event", _blob),
     ("enqueued_at", _time),
     ("partition_key", _text_or_none),
     ("priority", _integer),
 )
-_DEAD_LAYOUT: Layout = (
+_EVENT_LAYOUT: Layout = (*_EVENT_LAYOUT_3, ("dedup_key", _text_or_none))
+_DEAD_LAYOUT_3: Layout = (
     ("event", _blob),
     ("error", _text),
     ("attempts", _count),
@@ -249,6 +254,7 @@ _DEAD_LAYOUT: Layout = (
     ("priority", _integer),
     ("damaged", _flag),
 )
+_DEAD_LAYOUT: Layout = (*_DEAD_LAYOUT_3, ("dedup_key", _text_or_none))
 _OUTBOX_LAYOUT: Layout = (
     ("pool", _pool_name),
     ("target", _count),
@@ -273,8 +279,8 @@ def read_event(key: bytes, value: bytes) -> EventRecord:
             fields = _unpackb(body, raw=False, strict_map_key=False)
         except Exception:
             fields = None
-        if type(fields) is list and len(fields) == 4:
-            event, enqueued_at, partition_key, priority = fields
+        if type(fields) is list and len(fields) == 5:
+            event, enqueued_at, partition_key, priority, dedup_key = fields
             if (
                 type(event) is bytes
                 and type(enqueued_at) is float
@@ -282,8 +288,9 @@ def read_event(key: bytes, value: bytes) -> EventRecord:
                 and (partition_key is None or type(partition_key) is str)
                 and type(priority) is int
                 and -(2**63) <= priority < 2**63
+                and (dedup_key is None or type(dedup_key) is str)
             ):
-                return EventRecord(event, enqueued_at, partition_key, priority)
+                return EventRecord(event, enqueued_at, partition_key, priority, dedup_key)
     _laid_out(key, value, _EVENT_LAYOUT)  # raises, naming what is wrong
     raise damaged(key, value, "fields of the wrong types")  # pragma: no cover
 
@@ -313,6 +320,53 @@ def read_link(key: bytes, value: bytes) -> int:
     if not (type(link) is int and 0 <= link < 2**64):
         raise damaged(key, value, f"link is {link!r}")
     return int(link)
+
+
+class DedupRecord(NamedTuple):
+    """A dedup key's index entry: the event that holds the key, and when it finished.
+
+    ``instance`` and ``sequence`` name the event; ``priority`` and ``due`` are those
+    of its key, so that a lookup finds whether it is still stored (under its queue
+    key or its scheduled key) without a scan. ``position`` is what its enqueue
+    answered. ``finished_at`` is None while the event is unfinished.
+    """
+
+    dedup_key: str
+    instance: int
+    sequence: int
+    position: int
+    priority: int
+    due: float
+    finished_at: float | None = None
+
+
+_DEDUP_LAYOUT: Layout = (
+    ("dedup_key", _text),
+    ("instance", _count),
+    ("sequence", _count),
+    ("position", _count),
+    ("priority", _integer),
+    ("due", _time),
+    ("finished_at", _time_or_none),
+)
+
+
+def seal_dedup(key: bytes, record: DedupRecord) -> bytes:
+    return seal(key, pack(record))
+
+
+def read_dedup(key: bytes, value: bytes) -> DedupRecord:
+    return DedupRecord(*_laid_out(key, value, _DEDUP_LAYOUT))
+
+
+def seal_expiry(key: bytes) -> bytes:
+    """An expiry key's value: an empty array (the key says everything), sealed."""
+    return seal(key, pack(()))
+
+
+def read_expiry(key: bytes, value: bytes) -> None:
+    """Check an expiry key's value."""
+    _fields(key, value, 0)
 
 
 def seal_pool(key: bytes, concurrency: int) -> bytes:
@@ -372,6 +426,7 @@ class Meta:
     # The highest due time any queue key was given: an event due when it is enqueued
     # gets at least this, so it goes behind every event already due (clock steps back).
     last_due: float | None = None
+    duplicates: int = 0  # enqueues answered with an existing event (a dedup key's)
 
 
 # The meta record's fields, in stored order. Independent of the dataclass's field
@@ -398,13 +453,14 @@ _META_LAYOUT_2: Layout = (
     ("alarm_failures", _count),
     ("links", _links),
 )
-# Format 3's: format 2's, then the scheduled events' fields.
-_META_LAYOUT: Layout = (
+# Format 3's: format 2's, then the scheduled events' fields; format 4's, then duplicates.
+_META_LAYOUT_3: Layout = (
     *_META_LAYOUT_2,
     ("scheduled", _count),
     ("next_due", _time_or_none),
     ("last_due", _time_or_none),
 )
+_META_LAYOUT: Layout = (*_META_LAYOUT_3, ("duplicates", _count))
 _META_NAMES = tuple(name for name, _ in _META_LAYOUT)
 _meta_values = attrgetter(*_META_NAMES)  # every field in stored order, in one C call
 
