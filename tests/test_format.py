@@ -1,8 +1,9 @@
-"""The store format: its version record, its pinned layout, the migrations of formats 1
-and 2, and stores that are refused."""
+"""The store format: its version record, its pinned layout, the migrations of formats 1,
+2 and 3, and stores that are refused."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
 from pathlib import Path
@@ -22,11 +23,16 @@ from dopool._layout import (
     FORMAT_VERSION,
     MIGRATED_DUE,
     DeadRecord,
+    DedupIndex,
+    DedupRecord,
     EventRecord,
     Meta,
     Namespace,
     OutboxRecord,
+    dedup_digest,
     pack,
+    parse_dedup_key,
+    read_dedup,
     read_outbox,
     seal,
     seal_event,
@@ -42,7 +48,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 FIXTURE_1 = FIXTURES / "store-v1"  # format 1, written at commit 837caa8 (make_store.py then)
 FIXTURE_1_OUTBOX = FIXTURES / "store-v1-outbox"  # format 1, make_store_v1_outbox.py
 FIXTURE_2 = FIXTURES / "store-v2"  # format 2, written at commit c2aca5a (make_store.py then)
-FIXTURE_3 = FIXTURES / "store-v3"  # format 3, make_store.py
+FIXTURE_3 = FIXTURES / "store-v3"  # format 3, written at commit fa16d78 (make_store.py then)
+FIXTURE_4 = FIXTURES / "store-v4"  # format 4, make_store.py
 # The events the fixtures of formats 1 and 2 (and format 3, at 1000.0) hold pending.
 ID_5 = EventRecord(b"\x82\xa2id\x05\xa4tags\x92\xa1x\xa1y", 1000.0, "bob", 9)
 ID_3 = EventRecord(b"\x82\xa2id\x03\xa4blob\xc4\x02\x00\xff", 1000.0, "alice", 0)
@@ -68,16 +75,104 @@ def records(path: Path) -> dict[bytes, bytes]:
 
 
 def test_the_fixture_of_this_format_is_the_current_version() -> None:
-    assert FORMAT_VERSION == 3
-    assert records(FIXTURE_3)[b"F"] == seal_format(b"F")
+    assert FORMAT_VERSION == 4
+    assert records(FIXTURE_4)[b"F"] == seal_format(b"F")
 
 
-# -- the committed store of format 3 ----------------------------------------------------
+# -- the committed store of format 4 ----------------------------------------------------
 
 
-def test_the_format_3_fixture_decodes_to_exactly_what_was_written(tmp_path: Path) -> None:
-    """A change of layout that misreads stores of format 3 fails here."""
-    store = Store(copy(FIXTURE_3, tmp_path))
+def test_the_format_4_fixture_decodes_to_exactly_what_was_written(tmp_path: Path) -> None:
+    """A change of layout that misreads stores of format 4 fails here: the fixture of
+    format 3 with dedup keys (store-v4, make_store.py)."""
+    store = Store(copy(FIXTURE_4, tmp_path))
+    try:
+        with store.read() as txn:
+            zero, one = Namespace("orders", 0), Namespace("orders", 1)
+            assert zero.load_meta(txn) == Meta(
+                tail=5,
+                pending=2,
+                enqueued=5,
+                succeeded=2,
+                dead_lettered=1,
+                paused=True,
+                outbox_next=1,
+                held_dead_letters=1,
+                priorities={9: 1},
+                links={"orders:1": 1},
+                scheduled=1,
+                next_due=1030.0,
+                last_due=1000.0,
+                duplicates=1,
+            )
+            assert one.load_meta(txn).duplicates == 0
+            assert zero.get_event(txn, zero.queue_key(9, 3, 1000.0)) == ID_5._replace(
+                dedup_key="order-5"
+            )
+            assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
+            assert list(zero.iter_dead_letters(txn)) == [(0, POISON._replace(dedup_key="order-2"))]
+            index = DedupIndex("orders")
+            assert index.get(txn, "order-5") == DedupRecord("order-5", 0, 3, 0, 9, 1000.0)
+            assert index.get(txn, "order-2") == DedupRecord("order-2", 0, 0, 0, 3, 1000.0, 1000.0)
+            assert index.get(txn, "order-1") == DedupRecord("order-1", 1, 0, 0, 0, 1000.0, 1000.0)
+            assert index.count_expiries(txn) == 2
+            report = check_store(txn)
+            assert (report.ok, report.format_version, report.records) == (True, 4, 20)
+    finally:
+        store.close()
+
+
+def test_the_keys_and_records_of_dedup_have_their_documented_bytes() -> None:
+    digest = dedup_digest("k")
+    assert digest == hashlib.blake2b(b"k", digest_size=16).digest()
+    assert DedupIndex("p").entry_key("k") == b"Kp\x00" + digest
+    assert parse_dedup_key(b"Ep\x00" + bytes.fromhex("c08f400000000000") + digest) == (
+        "p",
+        True,
+        digest,
+        1000.0,
+    )
+    key = b"Kp\x00" + digest
+    record = DedupRecord("k", 1, 2, 3, -1, 1.5, None)
+    value = seal(key, pack(record))
+    assert value[4:] == b"\x97\xa1k\x01\x02\x03\xff\xcb?\xf8\x00\x00\x00\x00\x00\x00\xc0"
+    assert read_dedup(key, value) == record
+
+
+def test_the_format_4_fixture_runs_and_keeps_its_dedup_keys(tmp_path: Path) -> None:
+    """Restarted, the index still holds: a pending key is a duplicate until its event
+    has run, and for the pool's window after; then it is free again."""
+    seen: list[object] = []
+    clock = SimulatedClock(1010.0)
+    with Runtime(copy(FIXTURE_4, tmp_path), clock=clock, seed=7) as runtime:
+        pool = runtime.define(
+            "orders", execute=lambda ctx: seen.append(ctx.event), concurrency=2, dedup_window=60.0
+        )
+        runtime.define("invoices", execute=lambda ctx: None)
+        again = pool.enqueue({"id": 5}, partition_key="alice", dedup_key="order-5")
+        assert (again.duplicate, again.event_id, again.position) == (True, "orders:0:3", 0)
+        assert pool.enqueue({"id": 1}, dedup_key="order-1").duplicate  # finished at 1000.0
+        pool.resume()
+        assert pool.join(timeout=10)
+        assert seen.count({"id": 5, "tags": ["x", "y"]}) == 1
+        assert {"id": 5} not in seen
+        assert pool.enqueue({"id": 5}, dedup_key="order-5").duplicate  # in its window
+        clock.advance(61.0)
+        fresh = pool.enqueue({"id": 1}, dedup_key="order-1")
+        assert not fresh.duplicate
+        assert pool.status().duplicates == 4  # the fixture's, and three here
+
+
+# -- format 3, migrated in place when a runtime opens it -----------------------------------
+
+
+def test_the_format_3_fixture_is_migrated_to_exactly_what_was_written(tmp_path: Path) -> None:
+    """store-v3, written by the format-3 code: every record reads as it was written, with
+    no dedup keys and no duplicates counted."""
+    path = copy(FIXTURE_3, tmp_path)
+    before = records(path)
+    assert before[b"F"][4:] == bytes([0x91, 3])
+    store = Store(path)
     try:
         with store.read() as txn:
             zero, one, invoices = (
@@ -136,9 +231,17 @@ def test_the_format_3_fixture_decodes_to_exactly_what_was_written(tmp_path: Path
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 3, 15)
+            assert (report.ok, report.format_version, report.records) == (True, 4, 15)
     finally:
         store.close()
+    after = records(path)
+    changed = sorted(
+        key for key in before.keys() | after.keys() if before.get(key) != after.get(key)
+    )
+    # The format record, every meta, every event (due or scheduled) and the dead letter.
+    rewritten = [key for key in before if key[:1] == b"I" and key.split(b"\x00")[1][:1] in b"mqwd"]
+    assert len(rewritten) == 3 + 4 + 1
+    assert changed == sorted([b"F", *rewritten])
 
 
 def test_the_keys_of_format_3_have_their_documented_bytes() -> None:
@@ -231,20 +334,21 @@ def test_the_format_2_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 3, 14)
+            assert (report.ok, report.format_version, report.records) == (True, 4, 14)
     finally:
         store.close()
     after = records(path)
     changed = sorted(
         key for key in before.keys() | after.keys() if before.get(key) != after.get(key)
     )
-    # The format record, every meta, and each pending event moved to its new key.
+    # The format record, every meta, each pending event moved to its new key, and the
+    # dead letter (format 4's dedup key).
     old_queue = [key for key in before if b"\x00q" in key]
     new_queue = [key for key in after if b"\x00q" in key]
     assert len(old_queue) == len(new_queue) == 3
-    assert changed == sorted(
-        [b"F", b"Iinvoices:0\x00m", b"Iorders:0\x00m", b"Iorders:1\x00m", *old_queue, *new_queue]
-    )
+    metas = [b"Iinvoices:0\x00m", b"Iorders:0\x00m", b"Iorders:1\x00m"]
+    dead = [key for key in before if b"\x00d" in key]
+    assert changed == sorted([b"F", *metas, *dead, *old_queue, *new_queue])
 
 
 def format_2_meta(**fields: object) -> list[object]:
@@ -302,7 +406,7 @@ def write_format_2_store(path: Path) -> dict[int, bytes]:
         txn.put(b"Ph", seal_pool(b"Ph", 1))
         txn.put(prefix + b"m", seal(prefix + b"m", pack(meta)))
         for sequence, key in keys.items():
-            record = EventRecord(pack(sequence), 1.0, None, 5 if sequence == 2 else 0)
+            record = (pack(sequence), 1.0, None, 5 if sequence == 2 else 0)  # format 2's
             value = seal_event(key, record)
             if sequence == 3:
                 value = value[:-1] + bytes([value[-1] ^ 1])  # a flipped bit
@@ -327,7 +431,7 @@ def test_a_format_2_store_built_by_hand_keeps_its_order_and_its_backoff(
     with caplog.at_level(logging.INFO, logger="dopool"):
         runtime = Runtime(path, clock=clock)
     try:
-        assert "migrated from format 2 to 3 (5 records rewritten)" in caplog.text
+        assert "migrated from format 2 to 4 (9 records rewritten)" in caplog.text
         ns = Namespace("h", 0)
         with runtime._store.read() as txn:
             meta = ns.load_meta(txn)
@@ -362,7 +466,7 @@ def test_a_format_2_store_is_refused_read_only(tmp_path: Path) -> None:
     path = copy(FIXTURE_2, tmp_path)
     with pytest.raises(StoreFormatError) as caught, open_view(path):
         pass
-    assert (caught.value.found, caught.value.supported) == (2, 3)
+    assert (caught.value.found, caught.value.supported) == (2, 4)
     assert "migrates it in place" in str(caught.value)
     assert records(path) == records(FIXTURE_2)
 
@@ -461,6 +565,7 @@ def test_the_format_1_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             b"Iorders:1\x00m",
             b"Iorders:1\x00s\x00\x00\x00\x00",
             b"Iorders:1\x00sorders\x00\x00\x00\x00\x00",
+            *[key for key in before if b"\x00d" in key],  # format 4's dedup key
             *old_queue,
             *new_queue,
         ]
@@ -499,7 +604,7 @@ def test_a_format_1_outbox_is_migrated_and_delivered_exactly_once(
     with caplog.at_level(logging.INFO, logger="dopool"):
         runtime = Runtime(path, clock=SimulatedClock(2000.0), seed=7)
     try:
-        assert "migrated from format 1 to 3 (7 records rewritten)" in caplog.text
+        assert "migrated from format 1 to 4 (9 records rewritten)" in caplog.text
         with runtime._store.read() as txn:
             zero, one = Namespace("orders", 0), Namespace("orders", 1)
             assert zero.load_meta(txn).links == {"orders:1": 2}
@@ -526,7 +631,7 @@ def test_a_format_1_store_is_refused_read_only_and_left_as_it_was(tmp_path: Path
     before = (path / "data" / "data.mdb").read_bytes()
     with pytest.raises(StoreFormatError) as caught, open_view(path):
         pass
-    assert (caught.value.found, caught.value.supported) == (1, 3)
+    assert (caught.value.found, caught.value.supported) == (1, 4)
     assert "a Runtime of this version migrates it in place" in str(caught.value)
     assert (path / "data" / "data.mdb").read_bytes() == before
 

@@ -104,7 +104,7 @@ whens = st.sampled_from([None, None, None]) | st.tuples(
 )
 
 
-def when_args(when: tuple[str, float] | None, now: float) -> dict[str, float]:
+def when_args(when: tuple[str, float] | None, now: float) -> dict[str, Any]:
     """``enqueue``'s arguments for ``when``; a negative delay becomes a past not_before."""
     if when is None:
         return {}

@@ -299,7 +299,9 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             meta = self._load_meta(txn)
             machine.finish_attempt(meta)
             if failure is None:
-                machine.succeed(txn, meta, key, attempt, ctx._follow_ups, now, effects)
+                machine.succeed(
+                    txn, meta, key, attempt, ctx._follow_ups, now, effects, record.dedup_key
+                )
             else:
                 machine.fail(txn, meta, key, record, failure, now, effects)
             self._accept(txn, meta, now, effects)

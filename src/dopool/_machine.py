@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from dopool._alarm import delivery_failed, rearm, wake
+from dopool._dedup import Dedup, merge
 from dopool._errors import (
     DamagedRecordError,
     DopoolError,
@@ -85,6 +86,7 @@ class QueueMachine:
     """
 
     __slots__ = (
+        "_dedup",
         "_fault_point",
         "_faults",
         "_follow_ups",
@@ -118,6 +120,7 @@ class QueueMachine:
         self._fault_point = fault_point
         self._listening = listening
         self._ns = Namespace(pool, index)
+        self._dedup = Dedup(pool, options.dedup_window)
         self._follow_ups = FollowUps(
             pool=pool, index=index, namespace=self._ns, route=route, append=self.append
         )
@@ -132,12 +135,24 @@ class QueueMachine:
 
         ``token`` is the caller's (its message). A batch is all or nothing: one
         that would pass ``max_queue_depth`` is refused alone (its answer is the
-        :class:`QueueFullError`).
+        :class:`QueueFullError`), and so is one whose dedup key's index entry is
+        damaged (the :class:`DamagedRecordError`). An item whose dedup key an event
+        holds is not stored: its answer is that event's (:mod:`dopool._dedup`).
         """
         limit = self._options.max_queue_depth
-        for token, items in batches:
+        for token, batch in batches:
+            items, duplicates = batch, None
+            if items and (items[0].dedup_key is not None or (len(items) > 1 and _keyed(items))):
+                try:
+                    duplicates = self._dedup.resolve(txn, items, now)
+                except DamagedRecordError as damage:
+                    logger.error("instance %s: enqueue refused: %s", self._id, damage)
+                    fx.answers.append((token, damage))
+                    continue
+                if duplicates:
+                    items = tuple(item for n, item in enumerate(items) if n not in duplicates)
             incoming = len(items)
-            if limit is not None and meta.pending + incoming > limit:
+            if limit is not None and incoming and meta.pending + incoming > limit:
                 full = QueueFullError(
                     pool=self._pool,
                     instance_index=self._index,
@@ -147,7 +162,11 @@ class QueueMachine:
                 )
                 fx.answers.append((token, full))
                 continue
-            fx.answers.append((token, self.append(txn, meta, items, now, fx)))
+            results = self.append(txn, meta, items, now, fx)
+            if duplicates:
+                results = merge(incoming + len(duplicates), results, duplicates)
+                meta.duplicates += len(duplicates)
+            fx.answers.append((token, results))
             self._fault_point("enqueue", "crash_during_enqueue")
 
     def enqueue(self, txn: Txn, meta: Meta, batches: Batches, now: float, fx: Effects) -> None:
@@ -180,13 +199,19 @@ class QueueMachine:
                 previous, was_waiting = priority, waiting
             sequence = meta.tail
             meta.tail = sequence + 1
+            stored_due = due
             if waiting and at is not None:
                 schedule(ns, txn, meta, sequence, item, at, now)
                 scheduled += 1
+                stored_due = at
             else:
-                ns.add_event(txn, sequence, item.event, now, item.partition_key, priority, due)
+                key = item.dedup_key
+                ns.add_event(txn, sequence, item.event, now, item.partition_key, priority, due, key)
                 counts[priority] = counts.get(priority, 0) + 1
-            results.append(EnqueueResult(sequence, index, ident, position))
+            result = EnqueueResult(sequence, index, ident, position)
+            results.append(result)
+            if item.dedup_key is not None:
+                self._dedup.claim(txn, item.dedup_key, result, priority, stored_due)
             if listening:
                 fx.events.append(self.event("enqueued", now, sequence))
         if scheduled != len(items):
@@ -271,10 +296,14 @@ class QueueMachine:
         follow_ups: list[FollowUp],
         now: float,
         fx: Effects,
+        dedup_key: str | None = None,
     ) -> None:
-        """The current event succeeded: remove it, and store its follow-ups."""
+        """The current event succeeded: remove it (and release its dedup key), and store
+        its follow-ups."""
         self._remove_current(txn, meta, key)
         meta.succeeded += 1
+        if dedup_key is not None:
+            self._dedup.release(txn, dedup_key, self._index, queue_key_sequence(key), now)
         if self._listening():
             fx.events.append(self.event("succeeded", now, queue_key_sequence(key), attempt))
         if follow_ups:
@@ -314,6 +343,8 @@ class QueueMachine:
             now,
             record.partition_key,
             record.priority,
+            False,
+            record.dedup_key,
         )
         self._bury(txn, meta, key, sequence, dead, now, fx)
 
@@ -349,6 +380,8 @@ class QueueMachine:
         meta.held_dead_letters += 1
         meta.dead_lettered += 1
         self._remove_current(txn, meta, key)
+        if dead.dedup_key is not None:
+            self._dedup.release(txn, dead.dedup_key, self._index, sequence, now)
         fx.events.append(self.event("dead_lettered", now, sequence, dead.attempts, dead.error))
         fx.dead.append(dead_letter_from_record(self._index, sequence, dead))
         fx.empty = meta.pending == 0
@@ -404,7 +437,13 @@ class QueueMachine:
         return True
 
     def drain(self, txn: Txn, meta: Meta, now: float, fx: Effects) -> int:
-        """Remove every pending event; how many. Counters, paused and dead letters stay."""
+        """Remove every pending event; how many. Counters, paused and dead letters stay.
+
+        Each one's dedup key is released, as if it had finished now.
+        """
+        keyed = self._ns.keyed_events(txn) if self._dedup.any_claimed(txn) else []
+        for sequence, dedup_key in keyed:
+            self._dedup.release(txn, dedup_key, self._index, sequence, now)
         removed = self._ns.delete_events(txn)
         count = meta.pending
         meta.drained += count
@@ -424,19 +463,35 @@ class QueueMachine:
     def redrive(
         self, txn: Txn, meta: Meta, wanted: frozenset[int] | None, now: float, fx: Effects
     ) -> int:
-        """Re-enqueue dead letters (those ``wanted``, or all) as new events; how many."""
+        """Re-enqueue dead letters (those ``wanted``, or all) as new events; how many.
+
+        A redrive is a new enqueue of the event with its dedup key, checked like any,
+        except that the dead letter's own finish does not count against it: one whose
+        key another event holds is a duplicate, removed and counted, not stored. One
+        whose key's index entry is damaged stays, as a damaged dead letter does.
+        """
         chosen = [  # a damaged one stays where it is, to be inspected and purged
             (sequence, dead)
             for sequence, dead in self._ns.iter_dead_letters(txn)
-            if (wanted is None or sequence in wanted) and not dead.damaged
+            if (wanted is None or sequence in wanted)
+            and not dead.damaged
+            and (dead.dedup_key is None or self._dedup.readable(txn, dead.dedup_key))
         ]
         for sequence, _ in chosen:
             self._ns.pop_dead_letter(txn, sequence)
-        items = tuple(Item(dead.event, dead.partition_key, dead.priority) for _, dead in chosen)
-        meta.held_dead_letters -= len(items)
-        self.append(txn, meta, items, now, fx)
+        batch = tuple(
+            Item(dead.event, dead.partition_key, dead.priority, None, dead.dedup_key)
+            for _, dead in chosen
+        )
+        meta.held_dead_letters -= len(batch)
+        if _keyed(batch):
+            owners = [(self._index, sequence) for sequence, _ in chosen]
+            duplicates = self._dedup.resolve(txn, batch, now, owners)
+            batch = tuple(item for n, item in enumerate(batch) if n not in duplicates)
+            meta.duplicates += len(duplicates)
+        self.append(txn, meta, batch, now, fx)
         rearm(meta, now)
-        return len(items)
+        return len(batch)
 
     def purge(self, txn: Txn, meta: Meta, wanted: frozenset[int] | None) -> int:
         """Delete the dead letters ``wanted`` still stored, or all; how many. No counter changes."""
@@ -480,6 +535,11 @@ class QueueMachine:
     ) -> PoolEvent:
         """A :class:`PoolEvent` of this instance."""
         return PoolEvent(kind, self._pool, self._index, sequence, attempt, time, error)
+
+
+def _keyed(items: tuple[Item, ...]) -> bool:
+    """Whether any of ``items`` has a dedup key."""
+    return any(item.dedup_key is not None for item in items)
 
 
 def _position(meta: Meta, priority: int) -> int:

@@ -96,6 +96,7 @@ class Item(NamedTuple):
     partition_key: str | None
     priority: int
     due: float | None = None  # not to run before this clock time (None: at once)
+    dedup_key: str | None = None  # stored once per pool while it is held (see _dedup)
 
 
 class Message:

@@ -9,6 +9,7 @@ options from it and nowhere else.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Required, TypedDict
@@ -34,6 +35,7 @@ class PoolOptionsDict(TypedDict, total=False):
     on_empty: Callable[[EmptyInfo], Any] | None
     max_queue_depth: int | None
     alarm_retries: int | None
+    dedup_window: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +54,7 @@ class PoolOptions:
     on_empty: Callable[[EmptyInfo], Any] | None = None
     max_queue_depth: int | None = None
     alarm_retries: int | None = None
+    dedup_window: float = 0.0
 
     def __post_init__(self) -> None:
         if not callable(self.execute):
@@ -76,6 +79,17 @@ class PoolOptions:
                 f"alarm_retries must be an int from 0 to {MAX_ALARM_RETRIES} or None, "
                 f"got {retries!r}"
             )
+        window = self.dedup_window
+        if (
+            isinstance(window, bool)
+            or not isinstance(window, int | float)
+            or not math.isfinite(window)
+            or window < 0
+        ):
+            raise ConfigurationError(
+                f"dedup_window must be a finite number of seconds >= 0, got {window!r}"
+            )
+        object.__setattr__(self, "dedup_window", float(window))
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> PoolOptions:

@@ -181,6 +181,7 @@ class WorkerPool:
         priority: int = 0,
         delay: float | timedelta | None = None,
         not_before: float | datetime | None = None,
+        dedup_key: str | None = None,
     ) -> EnqueueResult:
         """Add one event; it is durable when this returns.
 
@@ -191,11 +192,17 @@ class WorkerPool:
             delay: seconds (or a timedelta) from now before it is due.
             not_before: the clock time it is due at: a float of the runtime's clock, or,
                 under a real clock, a timezone-aware datetime. Not with ``delay``.
+            dedup_key: stores the event once per pool: while an event with this key is
+                unfinished, and for the pool's ``dedup_window`` seconds after it
+                finished, an enqueue with the key stores nothing and answers that
+                event's result with ``duplicate=True``.
 
         Raises:
-            EventValidationError: not msgpack-encodable, or rejected by the schema.
+            EventValidationError: not msgpack-encodable, rejected by the schema, or a
+                dedup key that is not a str or is empty.
             ScheduleError: a bad ``delay`` or ``not_before``, or both given.
-            EventTooLargeError: over 128 KiB encoded, or a partition key over 2 KiB.
+            EventTooLargeError: over 128 KiB encoded, or a partition or dedup key over
+                2 KiB.
             QueueFullError: the chosen instance holds ``max_queue_depth`` events.
             PoolClosedError: the runtime is closed.
         """
@@ -203,7 +210,12 @@ class WorkerPool:
         self._refuse_own_instance(None)
         due = None if delay is None and not_before is None else self._due(delay, not_before)
         item = prepare(
-            event, partition_key=partition_key, priority=priority, schema=self._schema, due=due
+            event,
+            partition_key=partition_key,
+            priority=priority,
+            schema=self._schema,
+            due=due,
+            dedup_key=dedup_key,
         )
         return self._route((item,), partition_key)[0]
 
@@ -215,18 +227,26 @@ class WorkerPool:
         priority: int = 0,
         delay: float | timedelta | None = None,
         not_before: float | datetime | None = None,
+        dedup_keys: Iterable[str | None] | None = None,
     ) -> list[EnqueueResult]:
         """Add several events: validate all, then each instance stores its share atomically.
 
         ``partition_key``, ``priority``, ``delay`` and ``not_before`` apply to every
-        event, as in :meth:`enqueue`. If an instance refuses its share, the error's
-        ``stored`` lists what the other instances stored.
+        event, as in :meth:`enqueue`. ``dedup_keys`` holds one dedup key (or None) per
+        event; an event whose key an earlier one of the batch has is its duplicate.
+        If an instance refuses its share, the error's ``stored`` lists what the other
+        instances stored.
         """
         self._check_open()
         self._refuse_own_instance(None)
         due = None if delay is None and not_before is None else self._due(delay, not_before)
         items = prepare_many(
-            events, partition_key=partition_key, priority=priority, schema=self._schema, due=due
+            events,
+            partition_key=partition_key,
+            priority=priority,
+            schema=self._schema,
+            due=due,
+            dedup_keys=dedup_keys,
         )
         if not items:
             return []
@@ -250,8 +270,10 @@ class WorkerPool:
             if stored is None:  # busy, killed or recovering: a message waits its turn
                 stored = self._call(index, partial(Enqueue, items))
             return stored
-        groups = self._router.split(len(items), partition_key)
-        parts = [(index, items[p.start : p.stop : p.step]) for index, p in groups.items()]
+        groups: dict[int, range | list[int]] = dict(self._router.split(len(items), partition_key))
+        if any(item.dedup_key is not None for item in items):
+            groups = _with_repeats(groups, items)
+        parts = [(index, _part(items, p)) for index, p in groups.items()]
         # Parts sent at once would commit in thread order; under a simulated
         # clock each part goes in turn instead, so the run is reproducible, and
         # so they do from an instance's thread (see ``_one_at_a_time``).
@@ -269,7 +291,11 @@ class WorkerPool:
                 failure = failure or exc
                 continue
             positions = groups[index]
-            results[positions.start : positions.stop : positions.step] = stored
+            if isinstance(positions, range):
+                results[positions.start : positions.stop : positions.step] = stored
+            else:
+                for position, result in zip(positions, stored, strict=True):
+                    results[position] = result
         if failure is not None:
             failure.stored = [result for result in results if result is not None]
             raise failure
@@ -495,3 +521,30 @@ class WorkerPool:
     def _check_open(self) -> None:
         if self._context.closed():
             raise PoolClosedError(self.name)
+
+
+def _part(items: tuple[Item, ...], positions: range | list[int]) -> tuple[Item, ...]:
+    if isinstance(positions, range):
+        return items[positions.start : positions.stop : positions.step]
+    return tuple(items[position] for position in positions)
+
+
+def _with_repeats(
+    groups: dict[int, range | list[int]], items: tuple[Item, ...]
+) -> dict[int, range | list[int]]:
+    """The positions each instance takes, an item whose dedup key an earlier one has
+    going to that one's instance: there, in one transaction, it is its duplicate."""
+    where = [0] * len(items)
+    for index, positions in groups.items():
+        for position in positions:
+            where[position] = index
+    first: dict[str, int] = {}
+    parts: dict[int, range | list[int]] = {index: [] for index in groups}
+    for position, item in enumerate(items):
+        key = item.dedup_key
+        if key is not None:
+            where[position] = where[first.setdefault(key, position)]
+        part = parts[where[position]]
+        assert isinstance(part, list)
+        part.append(position)
+    return {index: part for index, part in parts.items() if part}

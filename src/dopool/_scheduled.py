@@ -35,7 +35,9 @@ def schedule(
 
     The caller counts it in ``pending`` and ``scheduled``.
     """
-    ns.add_scheduled(txn, sequence, item.event, now, item.partition_key, item.priority, at)
+    ns.add_scheduled(
+        txn, sequence, item.event, now, item.partition_key, item.priority, at, item.dedup_key
+    )
     if meta.next_due is None or at < meta.next_due:
         meta.next_due = at
 

@@ -49,6 +49,7 @@ def instance_status(
         restarts=meta.restarts,
         crash_streak=crash_streak,
         restart_at=restart_at,
+        duplicates=meta.duplicates,
     )
 
 
@@ -65,6 +66,7 @@ def pool_status(name: str, instances: Sequence[InstanceStatus]) -> PoolStatus:
         dead_lettered=sum(s.dead_lettered for s in instances),
         drained=sum(s.drained for s in instances),
         instances=list(instances),
+        duplicates=sum(s.duplicates for s in instances),
     )
 
 
@@ -85,6 +87,7 @@ def dead_letter_from_record(index: int, sequence: int, dead: DeadRecord) -> Dead
         partition_key=dead.partition_key,
         priority=dead.priority,
         damaged=dead.damaged,
+        dedup_key=dead.dedup_key,
     )
 
 

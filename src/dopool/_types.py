@@ -28,7 +28,9 @@ EventKind = Literal[
 class EnqueueResult:
     """Where an accepted event went. ``position`` 0 means it runs next.
 
-    ``duplicate`` is always False until enqueues take a dedup key.
+    ``duplicate``: the enqueue's dedup key was held, so nothing was stored; the other
+    fields are those of the event that holds it (``position`` as its own enqueue
+    answered it, or 0 once it finished).
     """
 
     sequence: int
@@ -78,6 +80,7 @@ class InstanceStatus:
     restarts: int
     crash_streak: int = 0
     restart_at: float | None = None
+    duplicates: int = 0  # enqueues routed here that a dedup key answered, storing nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +97,7 @@ class PoolStatus:
     dead_lettered: int
     drained: int
     instances: list[InstanceStatus]
+    duplicates: int = 0  # enqueues that a dedup key answered, storing nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +118,7 @@ class DeadLetter:
     partition_key: str | None
     priority: int = 0
     damaged: bool = False
+    dedup_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

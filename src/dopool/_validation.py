@@ -15,6 +15,7 @@ from dopool._errors import (
     ScheduleError,
 )
 from dopool._layout import (
+    MAX_DEDUP_KEY_BYTES,
     MAX_EVENT_BYTES,
     MAX_PARTITION_KEY_BYTES,
     POOL_NAME,
@@ -121,24 +122,13 @@ def prepare(
     schema: Schema | None,
     position: int | None = None,
     due: float | None = None,
+    dedup_key: str | None = None,
 ) -> Item:
     """Validate, transform with the schema, encode and size-check one event."""
     if partition_key is not None:
-        if not isinstance(partition_key, str):
-            raise EventValidationError(
-                f"partition_key must be a str or None, got {type(partition_key).__name__}",
-                position=position,
-            )
-        try:
-            size = len(partition_key.encode("utf-8"))
-        except UnicodeEncodeError as exc:
-            raise EventValidationError(
-                f"partition_key is not valid UTF-8 text ({exc.reason})", position=position
-            ) from exc
-        if size > MAX_PARTITION_KEY_BYTES:
-            raise EventTooLargeError(
-                "partition_key", size=size, limit=MAX_PARTITION_KEY_BYTES, position=position
-            )
+        _check_key("partition_key", partition_key, MAX_PARTITION_KEY_BYTES, position)
+    if dedup_key is not None:
+        _check_key("dedup_key", dedup_key, MAX_DEDUP_KEY_BYTES, position)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise EventValidationError(f"priority must be an int, got {priority!r}", position=position)
     if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
@@ -146,7 +136,26 @@ def prepare(
             f"priority must be within [{PRIORITY_MIN}, {PRIORITY_MAX}], got {priority}",
             position=position,
         )
-    return Item(_encode(event, schema, position), partition_key, priority, due)
+    return Item(_encode(event, schema, position), partition_key, priority, due, dedup_key)
+
+
+def _check_key(argument: str, key: Any, limit: int, position: int | None) -> None:
+    """A partition or dedup key: a str, valid UTF-8, within ``limit`` bytes encoded; a dedup
+    key not empty."""
+    if not isinstance(key, str):
+        raise EventValidationError(
+            f"{argument} must be a str or None, got {type(key).__name__}", position=position
+        )
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise EventValidationError(
+            f"{argument} is not valid UTF-8 text ({exc.reason})", position=position
+        ) from exc
+    if size > limit:
+        raise EventTooLargeError(argument, size=size, limit=limit, position=position)
+    if not size and argument == "dedup_key":
+        raise EventValidationError("dedup_key must not be empty", position=position)
 
 
 def prepare_many(
@@ -156,12 +165,15 @@ def prepare_many(
     priority: int,
     schema: Schema | None,
     due: float | None = None,
+    dedup_keys: Iterable[str | None] | None = None,
 ) -> tuple[Item, ...]:
     """:func:`prepare` for a batch that shares one partition key and priority.
 
     The first event checks them (an error names position 0); the rest are only
     transformed, encoded and size-checked. ``events`` must be an iterable other
     than text, bytes or a mapping, which would iterate characters, ints or keys.
+    ``dedup_keys``, if given, holds one dedup key (or None) per event, each checked
+    (an error names its position).
     """
     name = type(events).__name__
     if isinstance(events, _NOT_A_BATCH):
@@ -179,6 +191,7 @@ def prepare_many(
             f"enqueue_many takes an iterable of events, got {name}"
         ) from None
     items = []
+    keys = None if dedup_keys is None else _keys_of(dedup_keys)
     for position, event in enumerate(iterator):
         if position == 0:
             items.append(
@@ -193,7 +206,31 @@ def prepare_many(
             )
         else:
             items.append(Item(_encode(event, schema, position), partition_key, priority, due))
+    if keys is not None:
+        if len(keys) != len(items):
+            raise EventValidationError(
+                f"dedup_keys holds {len(keys)} keys for {len(items)} events: give one per "
+                "event (None for an event without one)"
+            )
+        for position, key in enumerate(keys):
+            if key is not None:
+                _check_key("dedup_key", key, MAX_DEDUP_KEY_BYTES, position)
+                items[position] = items[position]._replace(dedup_key=key)
     return tuple(items)
+
+
+def _keys_of(dedup_keys: Iterable[str | None]) -> list[str | None]:
+    """``enqueue_many``'s ``dedup_keys`` as a list: an iterable other than one text."""
+    if isinstance(dedup_keys, _NOT_A_BATCH):
+        raise EventValidationError(
+            f"dedup_keys takes one key per event, got a {type(dedup_keys).__name__}"
+        )
+    try:
+        return list(dedup_keys)
+    except TypeError:
+        raise EventValidationError(
+            f"dedup_keys takes one key per event, got {type(dedup_keys).__name__}"
+        ) from None
 
 
 def _encode(event: Any, schema: Schema | None, position: int | None) -> bytes:

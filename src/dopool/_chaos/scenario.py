@@ -60,7 +60,7 @@ DELAYED_ENQUEUES = (0.1, 0.6)  # the range of the share of enqueues such a seed 
 When = tuple[str, float]
 
 
-def when_args(when: When | None, now: float) -> tuple[dict[str, float], float | None]:
+def when_args(when: When | None, now: float) -> tuple[dict[str, Any], float | None]:
     """``enqueue``'s arguments for ``when`` at clock time ``now``, and the due time they
     ask for (the engine's own arithmetic, so the checker can compare it exactly)."""
     if when is None:

@@ -1,0 +1,177 @@
+"""The queue machine's dedup keys. Part of the queue machine (:mod:`dopool._machine`).
+
+An event enqueued with a ``dedup_key`` claims the key in its pool's index (one entry per
+key, the pool's, not an instance's: :class:`~dopool._layout.DedupIndex`) in the
+transaction that stores it. Before an enqueue stores anything, its keyed items are
+looked up in the same transaction: an item whose key names an event that is not
+finished, or one that finished less than the pool's ``dedup_window`` ago, is a
+*duplicate*: nothing is stored for it, and its answer is that event's. Every write
+transaction of a store is serialized (a group commit runs its bodies one after another
+in nested transactions of one), so the second of two enqueues with one key, from any
+instance or thread, sees the first's entry.
+
+When a keyed event finishes (it succeeds, is dead-lettered or drained) its entry is
+removed, or, with a window, stamped with the finish time and queued by it for expiry.
+Each finish then sweeps a few entries whose window has passed (:data:`SWEEP`), oldest
+first: two for each one stamped, so the entries past their window never outnumber the
+finishes that could remove them, and a lookup treats one past its window as absent.
+
+An entry is hostile input like any record: one that fails its checks refuses the
+enqueue that meets it (nothing stored; ``dopool check`` names it); one that names an
+unfinished event no longer stored (its record was damaged and set aside, which cannot
+read its key) is stale, and the key is claimed anew.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from dopool._errors import DamagedRecordError
+from dopool._layout import DedupIndex, DedupRecord, Namespace
+from dopool._messages import Item
+from dopool._storage import Txn
+from dopool._types import EnqueueResult
+
+logger = logging.getLogger("dopool")
+
+#: Entries past their window that each finish of a keyed event removes, at most.
+SWEEP = 2
+
+# A duplicate's answer, by the item's position: the existing event's result, or the
+# position of an earlier item of the same batch that claims the key.
+Duplicates = dict[int, EnqueueResult | int]
+
+
+class Dedup:
+    """A pool's dedup keys as one instance's queue machine uses them."""
+
+    __slots__ = ("_index", "_namespaces", "_pool", "window")
+
+    def __init__(self, pool: str, window: float) -> None:
+        self._pool = pool
+        self._index = DedupIndex(pool)
+        self._namespaces: dict[int, Namespace] = {}
+        self.window = window
+
+    def resolve(
+        self,
+        txn: Txn,
+        items: tuple[Item, ...],
+        now: float,
+        owners: list[tuple[int, int]] | None = None,
+    ) -> Duplicates:
+        """Which of ``items`` are duplicates (see :data:`Duplicates`); reads, writes nothing.
+
+        ``owners`` (a redrive's): each item's dead letter, ``(instance, sequence)``,
+        whose own finish does not make it a duplicate.
+
+        Raises:
+            DamagedRecordError: the entry of one of their keys is damaged.
+        """
+        found: Duplicates = {}
+        claimed: dict[str, int] = {}
+        for position, item in enumerate(items):
+            key = item.dedup_key
+            if key is None:
+                continue
+            earlier = claimed.get(key)
+            if earlier is not None:
+                found[position] = earlier
+                continue
+            owner = None if owners is None else owners[position]
+            existing = self._existing(txn, key, now, owner)
+            if existing is None:
+                claimed[key] = position
+            else:
+                found[position] = existing
+        return found
+
+    def _existing(
+        self, txn: Txn, key: str, now: float, owner: tuple[int, int] | None
+    ) -> EnqueueResult | None:
+        """The result of the event that holds ``key`` now, if one does."""
+        entry = self._index.get(txn, key)
+        if entry is None or (entry.instance, entry.sequence) == owner:
+            return None
+        if entry.finished_at is None:
+            if not self._namespace(entry.instance).has_event(
+                txn, entry.priority, entry.sequence, entry.due
+            ):
+                logger.warning(
+                    "pool %s: dedup key %r named event %d of instance %d, which is not stored "
+                    "(set aside as damaged?): claimed anew",
+                    self._pool,
+                    key,
+                    entry.sequence,
+                    entry.instance,
+                )
+                return None
+            position = entry.position
+        elif now - entry.finished_at < self.window:
+            position = 0  # finished: nothing runs before it any more
+        else:
+            return None  # past its window: as if absent
+        ident = f"{self._pool}:{entry.instance}"
+        return EnqueueResult(entry.sequence, entry.instance, ident, position, True)
+
+    def _namespace(self, index: int) -> Namespace:
+        ns = self._namespaces.get(index)
+        if ns is None:
+            ns = self._namespaces[index] = Namespace(self._pool, index)
+        return ns
+
+    def claim(self, txn: Txn, key: str, result: EnqueueResult, priority: int, due: float) -> None:
+        """The event of ``result`` was stored with ``key``, due at ``due``: it holds the key."""
+        entry = DedupRecord(
+            key, result.instance_index, result.sequence, result.position, priority, due
+        )
+        self._index.put(txn, entry)
+
+    def release(self, txn: Txn, key: str, index: int, sequence: int, now: float) -> None:
+        """Event ``sequence`` of instance ``index``, holding ``key``, finished at ``now``."""
+        try:
+            entry = self._index.get(txn, key)
+        except DamagedRecordError as exc:  # left for ``dopool check``; the outcome commits
+            logger.error("pool %s: the entry of dedup key %r: %s", self._pool, key, exc)
+            entry = None
+        if (
+            entry is not None
+            and entry.finished_at is None
+            and (entry.instance, entry.sequence) == (index, sequence)
+        ):
+            self._index.finish(txn, entry, now, self.window)
+        self._index.sweep(txn, now, self.window, SWEEP)
+
+    def readable(self, txn: Txn, key: str) -> bool:
+        """Whether ``key``'s entry, if any, passes its checks (an error is logged)."""
+        try:
+            self._index.get(txn, key)
+        except DamagedRecordError as exc:
+            logger.error("pool %s: the entry of dedup key %r: %s", self._pool, key, exc)
+            return False
+        return True
+
+    def any_claimed(self, txn: Txn) -> bool:
+        """Whether the pool's index holds any entry (else no stored event has a key)."""
+        return next(iter(self._index.entries(txn)), None) is not None
+
+
+def merge(count: int, stored: list[EnqueueResult], duplicates: Duplicates) -> list[EnqueueResult]:
+    """A batch's answers in its order: ``stored`` for the items stored, in order, and each
+    duplicate's."""
+    results: list[EnqueueResult] = []
+    fresh = iter(stored)
+    for position in range(count):
+        found = duplicates.get(position)
+        if found is None:
+            results.append(next(fresh))
+        elif isinstance(found, int):
+            first = results[found]
+            results.append(
+                EnqueueResult(
+                    first.sequence, first.instance_index, first.instance_id, first.position, True
+                )
+            )
+        else:
+            results.append(found)
+    return results
