@@ -4,6 +4,7 @@ event, or by one finished within the pool's window, stores nothing more (docs/ap
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,8 @@ from dopool._messages import Item
 from dopool._options import PoolOptions
 from dopool._storage import Store
 from dopool.chaos import FaultInjector
+
+ROOT = Path(__file__).parent.parent
 
 
 class Log:
@@ -461,3 +464,20 @@ def test_lmdb_keys_of_the_index_fit_any_key_size(store_path: Path) -> None:
         pool.enqueue("a", dedup_key="x" * 2048)
     with lmdb.open(str(store_path / "data"), readonly=True, lock=False) as env, env.begin() as txn:
         assert max(len(key) for key, _ in txn.cursor()) < 64
+
+
+def test_the_api_reference_example_of_dedup_keys_runs() -> None:
+    api = ROOT / "docs" / "api.md"
+    text = api.read_text(encoding="utf-8")
+    marker = "Under a `SimulatedClock` (this example runs in the tests):"
+    block = re.search(re.escape(marker) + r"\s*```python\n(.*?)```", text, re.DOTALL)
+    assert block is not None
+    exec(compile(block.group(1), str(api), "exec"), {})  # its asserts are the test
+
+
+def test_the_readme_example_enqueues_with_delay_and_dedup_key(tmp_path: Path) -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"## Using it\s*```python\n(.*?)```", text, re.DOTALL)
+    assert block is not None
+    code = block.group(1).replace('Runtime("./data")', f"Runtime({str(tmp_path)!r})")
+    exec(compile(code, "README.md", "exec"), {})  # its asserts are the test
