@@ -65,13 +65,19 @@ def committed(runtime: Runtime) -> AbstractContextManager[Txn]:
     return _readers[runtime]()
 
 
-def submitter(pool: WorkerPool) -> Callable[[Any, str | None], tuple[int, Reply]]:
-    """:func:`submit` for ``pool``, looked up once: ``submitter(pool)(event, partition_key)``
-    (a simulator submits every arrival)."""
+def submitter(pool: WorkerPool) -> Callable[[Any, str | None, str | None], tuple[int, Reply]]:
+    """:func:`submit` for ``pool``, looked up once:
+    ``submitter(pool)(event, partition_key, dedup_key)`` (a simulator submits every
+    arrival; its dedup keys are its own, made valid)."""
     prepare, instances = _prepares[pool], _instances[pool]
 
-    def submit_to_pool(event: Any, partition_key: str | None) -> tuple[int, Reply]:
-        return instances.submit(prepare(event, partition_key, 0), partition_key)
+    def submit_to_pool(
+        event: Any, partition_key: str | None, dedup_key: str | None = None
+    ) -> tuple[int, Reply]:
+        item = prepare(event, partition_key, 0)
+        if dedup_key is not None:
+            item = item._replace(dedup_key=dedup_key)
+        return instances.submit(item, partition_key)
 
     return submit_to_pool
 

@@ -59,7 +59,8 @@ def _render_report(
     summary.add_row(
         "refused",
         f"{result.rejected:,} rejected (queue full) · "
-        f"{result.failed:,} failed enqueues (instance crashed, nothing stored)"
+        + (f"{result.duplicates:,} duplicates (dedup key held) · " if result.duplicates else "")
+        + f"{result.failed:,} failed enqueues (instance crashed, nothing stored)"
         + (f" · {result.waiting:,} enqueues still waiting" if result.waiting else ""),
     )
     instances = len(result.instances)

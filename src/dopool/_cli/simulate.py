@@ -70,6 +70,8 @@ FIELD_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("--service-sigma", "service.sigma", "lognormal shape (std. dev. of the log)"),
     ("--failure-probability", "failure_probability", "chance that an attempt fails"),
     ("--poison-share", "poison_share", "share of events that fail on every attempt"),
+    ("--duplicate-share", "duplicate_share", "share of arrivals repeating a recent dedup key"),
+    ("--dedup-window", "dedup_window", "virtual seconds a finished dedup key stays held"),
     ("--max-attempts", "retry.max_attempts", "attempts per event, the first included"),
     ("--max-queue-depth", "max_queue_depth", "pending events one instance accepts ('none')"),
     ("--duration", "duration", "stop at this virtual time ('none' = run until done)"),

@@ -183,7 +183,9 @@ def _run(
                 event = make_event(arrival, paddings.get(arrival.pool, padding))
             place = None if tracer is None else tracer.arriving(arrival)
             try:
-                index, reply = submitters[arrival.pool](event, arrival.partition_key)
+                index, reply = submitters[arrival.pool](
+                    event, arrival.partition_key, arrival.dedup_key
+                )
             except (EventValidationError, EventTooLargeError) as exc:
                 if app is None:
                     raise
@@ -253,6 +255,7 @@ def _define_pools(scenario: Scenario, runtime: Runtime, lineage: Lineage) -> dic
             ),
             max_queue_depth=design.max_queue_depth,
             alarm_retries=design.alarm_retries,
+            dedup_window=design.dedup_window,
         )
     return collectors
 

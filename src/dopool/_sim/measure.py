@@ -58,6 +58,7 @@ class Answers:
         self.stored: dict[str, int] = dict.fromkeys(concurrency, 0)
         self.offered: dict[str, int] = {}
         self.rejected: dict[str, int] = {}
+        self.duplicates: dict[str, int] = {}  # answered with the event holding their key
         self.failed = 0
         self.waiting: dict[str, int] = {}
         self.sent = 0  # arrivals handed to their pool
@@ -92,6 +93,8 @@ class Answers:
             self.rejected[pool] = self.rejected.get(pool, 0) + 1
         elif isinstance(answered, DopoolError):
             self.failed += 1  # the instance crashed during the enqueue: nothing was stored
+        elif answered.duplicate:  # its dedup key was held: nothing was stored
+            self.duplicates[pool] = self.duplicates.get(pool, 0) + 1
         else:
             index, sequence = answered.instance_index, answered.sequence
             self.stored[pool] += 1
@@ -169,6 +172,7 @@ def measure(
                 offered=answers.offered.get(name, 0),
                 acknowledged=len(arrived),
                 rejected=answers.rejected.get(name, 0),
+                duplicates=answers.duplicates.get(name, 0),
                 enqueued=status.enqueued,
                 succeeded=status.succeeded,
                 dead_lettered=status.dead_lettered,
@@ -249,6 +253,7 @@ def measure(
         offered=answers.sent,
         acknowledged=acknowledged,
         rejected=sum(answers.rejected.values()),
+        duplicates=sum(answers.duplicates.values()),
         failed=answers.failed,
         waiting=waiting,
         succeeded=sum(s.succeeded for s in every),

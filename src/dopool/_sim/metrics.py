@@ -277,6 +277,7 @@ class PoolResult:
     offered: int
     acknowledged: int
     rejected: int
+    duplicates: int
     enqueued: int
     succeeded: int
     dead_lettered: int
@@ -304,6 +305,7 @@ class PoolResult:
             "offered": self.offered,
             "arrivals_enqueued": self.acknowledged,
             "rejected_queue_full": self.rejected,
+            "duplicates": self.duplicates,
             "waiting_enqueue": self.waiting,
             "enqueued": self.enqueued,
             "succeeded": self.succeeded,
@@ -345,8 +347,9 @@ class Result:
     """Everything a run measured. Only virtual-time figures: two runs of the same
     scenario and seed give equal results (and byte-identical JSON).
 
-    ``offered`` arrivals happened; each was ``acknowledged`` (stored), ``rejected``
-    (queue full), ``failed`` (the instance crashed during the enqueue, nothing stored)
+    ``offered`` arrivals happened; each was ``acknowledged`` (stored), a
+    ``duplicate`` (its dedup key was held: nothing stored), ``rejected`` (queue
+    full), ``failed`` (the instance crashed during the enqueue, nothing stored)
     or is still ``waiting`` when a ``duration`` ends the run (its instance is inside a
     handler, and an instance takes no enqueue while its handler runs).
 
@@ -369,6 +372,7 @@ class Result:
     offered: int
     acknowledged: int
     rejected: int
+    duplicates: int
     failed: int
     waiting: int
     succeeded: int
@@ -426,6 +430,7 @@ class Result:
                 "enqueued": self.acknowledged,
                 **({"follow_ups": self.follow_ups} if self.follow_ups else {}),
                 "rejected_queue_full": self.rejected,
+                "duplicates": self.duplicates,
                 "failed_enqueue": self.failed,
                 "waiting_enqueue": self.waiting,
                 "succeeded": self.succeeded,

@@ -47,6 +47,8 @@ POOL_FIELDS = (
     "failure_probability",
     "poison_share",
     "alarm_retries",
+    "duplicate_share",
+    "dedup_window",
 )
 POOL_SECTIONS: dict[str, type[Any]] = {
     "partitions": Partitions,
@@ -96,6 +98,8 @@ class Pool:
     failure_probability: float = 0.0
     poison_share: float = 0.0
     alarm_retries: int | None = None
+    duplicate_share: float = 0.0
+    dedup_window: float = 0.0
     partitions: Partitions = field(default_factory=Partitions)
     service: Service = field(default_factory=Service)
     retry: Retry = field(default_factory=Retry)
@@ -116,6 +120,8 @@ class Pool:
         assign(self, "poison_share", probability("poison_share", self.poison_share))
         if self.alarm_retries is not None:
             number("alarm_retries", self.alarm_retries, integer=True, minimum=0, maximum=1000)
+        assign(self, "duplicate_share", probability("duplicate_share", self.duplicate_share))
+        assign(self, "dedup_window", number("dedup_window", self.dedup_window, minimum=0.0))
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,9 @@ class Scenario:
         poison_share: this share of events fail on every attempt (and are dead-lettered).
         alarm_retries: how often a failed alarm is retried before it is given up until
             the next write (``None``: until it lands, dopool's own policy).
+        duplicate_share: this share of arrivals repeats a recent arrival's dedup key
+            (every arrival then carries one); 0 = no dedup keys.
+        dedup_window: the pool's ``dedup_window``, virtual seconds.
         preset: ``"cloudflare"`` fills in Cloudflare's rules for what the file leaves
             out (:data:`PRESETS`).
         arrivals: the arrival streams, each into one pool.
@@ -129,6 +132,8 @@ class Scenario:
     failure_probability: float = 0.0
     poison_share: float = 0.0
     alarm_retries: int | None = None
+    duplicate_share: float = 0.0
+    dedup_window: float = 0.0
     preset: str | None = None
     arrivals: tuple[Arrivals, ...] = (Arrivals(),)
     partitions: Partitions = field(default_factory=Partitions)

@@ -29,9 +29,10 @@ from dopool._sim.measure import answer
 from dopool._sim.workload import Arrival
 from dopool._types import PoolEvent
 
-#: What became of an arrival: stored, refused (queue full), failed (its instance
+#: What became of an arrival: stored, a duplicate (its dedup key was held: the sequence
+#: is the holding event's), refused (queue full), failed (its instance
 #: crashed during the enqueue, nothing stored), or unanswered when the run stopped.
-OUTCOMES = ("enqueued", "rejected", "failed", "waiting")
+OUTCOMES = ("enqueued", "duplicate", "rejected", "failed", "waiting")
 
 
 def _line(document: dict[str, Any]) -> str:
@@ -66,7 +67,7 @@ class _Arrival:
             outcome = "rejected" if isinstance(answered, QueueFullError) else "failed"
             error = f"{type(answered).__name__}: {answered}"
         else:
-            outcome = "enqueued"
+            outcome = "duplicate" if answered.duplicate else "enqueued"
             sequence = answered.sequence
         return _line(
             {

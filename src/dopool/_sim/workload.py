@@ -44,6 +44,7 @@ class Arrival(NamedTuple):
     poison: bool
     pool: str = POOL
     payload: str | None = None  # the app's function that makes the event
+    dedup_key: str | None = None  # with a pool's duplicate_share: its own, or a recent one's
 
 
 def arrivals(scenario: Scenario, app_pools: Sequence[str] = ()) -> list[Arrival]:
@@ -65,7 +66,7 @@ def arrivals(scenario: Scenario, app_pools: Sequence[str] = ()) -> list[Arrival]
     else:
         defaults = scenario.resolved_pools[0]
         designs = {name: dataclasses.replace(defaults, name=name) for name in app_pools}
-    drafts: list[Iterator[tuple[float, int, str | None, bool, str]]] = []
+    drafts: list[Iterator[tuple[float, int, str | None, bool, str, str | None]]] = []
     payloads: dict[int, str | None] = {}
     for position, stream in enumerate(scenario.arrivals):
         suffix = "" if position == 0 else f"/{position}"
@@ -79,11 +80,12 @@ def arrivals(scenario: Scenario, app_pools: Sequence[str] = ()) -> list[Arrival]
                 random.Random(f"{seed}/keys{suffix}"),
                 random.Random(f"{seed}/poison{suffix}"),
                 random.Random(f"{seed}/keys{suffix}/moved"),
+                random.Random(f"{seed}/dups{suffix}"),
             )
         )
     return [
-        Arrival(at, number, key, poison, pool, payloads[stream])
-        for number, (at, stream, key, poison, pool) in enumerate(heapq.merge(*drafts))
+        Arrival(at, number, key, poison, pool, payloads[stream], dedup)
+        for number, (at, stream, key, poison, pool, dedup) in enumerate(heapq.merge(*drafts))
     ]
 
 
@@ -95,10 +97,12 @@ def _stream(
     keys: random.Random,
     poison: random.Random,
     moved: random.Random,  # keys of records replayed into another pool
-) -> Iterator[tuple[float, int, str | None, bool, str]]:
+    dups: random.Random,  # which arrivals repeat a recent one's dedup key
+) -> Iterator[tuple[float, int, str | None, bool, str, str | None]]:
     entry = designs[spec.pool] if spec.pool is not None else next(iter(designs.values()))
     pickers = {name: key_picker(design) for name, design in designs.items()}
-    for record in records(spec, times):
+    recent: dict[str, list[str]] = {}  # each pool's last RECENT_KEYS dedup keys
+    for count, record in enumerate(records(spec, times)):
         pool = entry
         if record.pool is not None and record.pool != entry.name:
             if record.pool not in designs:
@@ -114,7 +118,26 @@ def _stream(
         if record.partition_key is not None and pool.routing == "partition":
             key = record.partition_key
         share = pool.poison_share
-        yield record.time, position, key, share > 0 and poison.random() < share, pool.name
+        is_poison = share > 0 and poison.random() < share
+        dedup = None
+        if pool.duplicate_share > 0:
+            dedup = _dedup_key(pool, f"{position}/{count}", dups, recent.setdefault(pool.name, []))
+        yield record.time, position, key, is_poison, pool.name, dedup
+
+
+#: How far back a duplicate arrival reaches: one of its pool's last this many keys.
+RECENT_KEYS = 16
+
+
+def _dedup_key(pool: Pool, own: str, dups: random.Random, recent: list[str]) -> str:
+    """An arrival's dedup key: with the pool's ``duplicate_share``, one of the pool's
+    recent keys (a duplicate arrival), else its own, ``own``."""
+    if recent and dups.random() < pool.duplicate_share:
+        return recent[dups.randrange(len(recent))]
+    recent.append(own)
+    if len(recent) > RECENT_KEYS:
+        del recent[0]
+    return own
 
 
 def key_picker(pool: Pool) -> KeyPicker:
