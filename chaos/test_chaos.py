@@ -28,7 +28,7 @@ from dopool import (
 )
 from dopool._chaos import harness as cli
 from dopool._chaos.checker import check_history
-from dopool._chaos.history import Ack, Call, Ev, Exec, History, Resumed
+from dopool._chaos.history import Ack, Call, Dup, Ev, Exec, History, Resumed
 from dopool._chaos.result import Result, replay_command
 from dopool._chaos.runner import Runner, run_seed
 from dopool._chaos.scenario import Scenario, Step, generate, make_event
@@ -37,7 +37,7 @@ from dopool.chaos import FaultPlan
 QUICK_SEEDS = range(300)
 # Seeds whose runs crash, kill, sleep, spawn follow-ups and reopen the runtime, and whose
 # traces are not subject to the enqueue_many race described above.
-DETERMINISM_SEEDS = (38, 81)
+DETERMINISM_SEEDS = (38, 81, 25)  # 25: dedup keys (57 duplicates), crashes during enqueues
 
 
 @pytest.mark.parametrize("seed", QUICK_SEEDS)
@@ -251,6 +251,48 @@ def test_a_stalled_instance_is_woken_in_a_checked_scenario() -> None:
     assert result.succeeded == len(events)
 
 
+def test_dedup_keys_through_crashes_during_enqueue_in_a_checked_scenario() -> None:
+    """Keys repeated while their events are pending, running, dead and finished, with
+    crashes between the index check and the commit, kills and a reopen: the checker finds
+    at most one unfinished event per key after every step, and nothing lost
+    (docs/guarantees.md, "Dedup keys")."""
+    keys = ["a", "a", "b", "c", "a", "b", "c", "c"]
+    events = [make_event(f"e{n}", fail=n % 3, mode="perm") for n in range(24)]
+    for n, event in enumerate(events):
+        event["dedup"] = keys[n % len(keys)]
+    steps = (
+        Step("enqueue", {"events": events[:6]}),
+        Step("enqueue_many", {"events": events[6:12], "pk": None, "prio": 0}),
+        Step("kill", {"index": 0}),
+        Step("advance", {"seconds": 1.0}),
+        Step("enqueue", {"events": events[12:16]}),
+        Step("redrive", {"which": "all"}),
+        Step("reopen", {}),
+        Step("enqueue_many", {"events": events[16:], "pk": "p", "prio": 0}),
+        Step("advance", {"seconds": 3.0}),
+        Step("redrive", {"which": "all"}),
+        Step("join", {}),
+    )
+    faults = FaultPlan(seed=4, crash_during_enqueue=0.3)
+    scenario = Scenario(14, 2, None, faults, None, steps, dedup_window=2.0)
+    result = Runner(scenario).run()
+    assert result.ok, result.report()
+    assert result.crashes > 0
+    assert result.duplicates > 0
+
+
+def test_about_half_the_seeds_key_their_events() -> None:
+    scenarios = [generate(seed) for seed in range(60)]
+    keyed = [
+        s
+        for s in scenarios
+        if any("dedup" in e for step in s.steps for e in step.args.get("events", ()))
+    ]
+    assert 15 < len(keyed) < 45
+    assert {s.dedup_window for s in keyed} == {0.0, 1.0, 5.0}
+    assert all(s.dedup_window == 0.0 for s in scenarios if s not in keyed)
+
+
 # -- the checker can fail -------------------------------------------------------------------
 
 
@@ -378,6 +420,20 @@ def test_checker_accepts_a_stall_that_a_resume_ended(wake: Ev | Resumed) -> None
 def test_checker_catches_a_planted_violation(records: tuple[object, ...], complaint: str) -> None:
     violations = check_history(_history(*records))
     assert any(complaint in violation for violation in violations), violations
+
+
+@pytest.mark.parametrize(("held", "clean"), [("k", True), ("other", False), (None, False)])
+def test_checker_catches_a_duplicate_answered_with_another_keys_event(
+    held: str | None, clean: bool
+) -> None:
+    history = _history(*CLEAN[:3], Dup("c", 0, 0), *CLEAN[3:])
+    history.contents["c"] = {**make_event("c"), "dedup": "k"}
+    if held is not None:
+        history.contents["a"]["dedup"] = held
+    violations = check_history(history)
+    assert (violations == []) == clean, violations
+    if not clean:
+        assert any("was answered as a duplicate of 'a'" in v for v in violations), violations
 
 
 def _two_instances(kids_first: tuple[str, str], arrived: tuple[str, str]) -> History:

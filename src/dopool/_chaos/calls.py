@@ -9,16 +9,19 @@ one row across the scenario's pools (``Scenario.flat``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from dopool import DeadLetter, InstanceCrashedError, QueueFullError, WorkerPool
-from dopool._chaos.history import Ack, Purged, Redriven, Resumed
+from dopool._chaos.history import Ack, Dup, Purged, Redriven, Resumed
 from dopool._chaos.scenario import When, when_args
+from dopool._layout import DedupIndex, DedupRecord
 
 if TYPE_CHECKING:
     from dopool._chaos.clockdriver import ClockDriver
     from dopool._chaos.history import History
     from dopool._chaos.snapshot import InstanceSnapshot
+    from dopool._storage import Txn
 
 
 class Calls(ABC):
@@ -27,6 +30,14 @@ class Calls(ABC):
 
     history: History
     driver: ClockDriver
+
+    @abstractmethod
+    def _committed(self) -> AbstractContextManager[Txn]:
+        """A read transaction of committed storage."""
+
+    @abstractmethod
+    def _dedup_window(self) -> float:
+        """The pools' ``dedup_window``."""
 
     @abstractmethod
     def _flat(self, pool: str, index: int) -> int:
@@ -53,6 +64,9 @@ class Calls(ABC):
         for event in events:
             history.contents[event["id"]] = event
         args, due = when_args(when, self.driver.clock.now())
+        keys = [event.get("dedup") for event in events]
+        if any(keys):
+            args.update({"dedup_keys": keys} if many else {"dedup_key": keys[0]})
         try:
             if many:
                 results = pool.enqueue_many(events, partition_key=pk, priority=prio, **args)
@@ -65,6 +79,9 @@ class Calls(ABC):
             return
         for event, result in zip(events, results, strict=True):
             entry = (self._flat(pool.name, result.instance_index), result.sequence)
+            if result.duplicate:  # nothing stored: the entry holds another event of its key
+                history.add(Dup(event["id"], *entry))
+                continue
             history.name(entry, event["id"], "enqueue's result")
             history.add(Ack(event["id"], *entry, due))
 
@@ -76,6 +93,8 @@ class Calls(ABC):
             return
         snapshots = self._read_store()
         for result in stored:
+            if result.duplicate:  # nothing of it stored (its event is not known here)
+                continue
             inst = self._flat(pool.name, result.instance_index)
             queued = snapshots[inst].queue.get(result.sequence)
             if queued is None or queued[1] is None:
@@ -106,6 +125,8 @@ class Calls(ABC):
         by_entry = self._letters(pool)
         letters = list(by_entry.values())
         chosen = letters if which == "all" else [d for d in letters if d.sequence % 2]
+        holders = self._holders(pool, [d.dedup_key for d in chosen if d.dedup_key is not None])
+        now = self.driver.clock.now()
         try:
             count = pool.redrive(None if which == "all" else chosen)
         except InstanceCrashedError:
@@ -114,11 +135,44 @@ class Calls(ABC):
         finally:
             after = self._letters(pool)
             gone = [entry for entry in by_entry if entry not in after]
-            self.history.add(Redriven(tuple((i, s, _id(by_entry[(i, s)])) for i, s in gone)))
-        if count is not None and count != len(chosen):
-            self.history.problem(f"redrive returned {count}, {len(chosen)} were chosen")
-        if count is not None and count != len(gone):
-            self.history.problem(f"redrive returned {count}, {len(gone)} left the dead letters")
+            dups = [
+                (self._flat(pool.name, index), seq)
+                for index, seq in _redrive_duplicates(
+                    [by_entry[entry] for entry in gone],
+                    holders,
+                    self._pending(pool),
+                    now,
+                    self._dedup_window(),
+                )
+            ]
+            redriven = [entry for entry in gone if entry not in dups]
+            self.history.add(Redriven(tuple((i, s, _id(by_entry[(i, s)])) for i, s in redriven)))
+            self.history.add(Purged(tuple(dups)))  # duplicates of events that hold their keys
+        if count is not None and count != len(chosen) - len(dups):
+            self.history.problem(
+                f"redrive returned {count}, {len(chosen)} were chosen, {len(dups)} duplicates"
+            )
+        if count is not None and count != len(redriven):
+            self.history.problem(f"redrive returned {count}, {len(redriven)} were stored again")
+
+    def _holders(self, pool: WorkerPool, keys: list[str]) -> dict[str, DedupRecord | None]:
+        """Each dedup key's index entry in committed storage, before a redrive."""
+        if not keys:
+            return {}
+        index = DedupIndex(pool.name)
+        with self._committed() as txn:
+            return {key: index.get(txn, key) for key in keys}
+
+    def _pending(self, pool: WorkerPool) -> set[tuple[int, int]]:
+        """The pool's pending events as (index, sequence), from the last snapshot read."""
+        snapshots = self._read_store()
+        first = self._flat(pool.name, 0)
+        return {
+            (number - first, seq)
+            for number, snap in enumerate(snapshots)
+            if first <= number < first + pool.concurrency
+            for seq in snap.queue
+        }
 
     def _purge(self, pool: WorkerPool) -> None:
         letters = self._letters(pool)
@@ -138,6 +192,48 @@ class Calls(ABC):
             pool.resume(index)
         finally:
             self.history.add(Resumed(tuple(self._flat(pool.name, i) for i in chosen)))
+
+
+def _redrive_duplicates(
+    gone: list[DeadLetter],
+    holders: dict[str, DedupRecord | None],
+    pending: set[tuple[int, int]],
+    now: float,
+    window: float,
+) -> list[tuple[int, int]]:
+    """Which dead letters a redrive removed as duplicates (docs/api.md, "Dedup keys"),
+    as (index, sequence): the model of the machine's rule, in the order the instances
+    redrive (by instance, then sequence).
+
+    A key is held against a dead letter by another event that held it before the
+    redrive, unfinished (and still stored before it) or finished within the window,
+    or by a letter redriven before it in the same call.
+    """
+    claimed: set[str] = set()
+    dups = []
+    for dead in sorted(gone, key=lambda d: (d.instance_index, d.sequence)):
+        key = dead.dedup_key
+        if key is None:
+            continue
+        holder = holders.get(key)
+        own = holder is not None and (holder.instance, holder.sequence) == (
+            dead.instance_index,
+            dead.sequence,
+        )
+        held = key in claimed or (
+            holder is not None
+            and not own
+            and (
+                (holder.instance, holder.sequence) in pending
+                if holder.finished_at is None
+                else now - holder.finished_at < window
+            )
+        )
+        if held:
+            dups.append((dead.instance_index, dead.sequence))
+        else:
+            claimed.add(key)
+    return dups
 
 
 def _id(dead: DeadLetter) -> str:

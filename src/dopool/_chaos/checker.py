@@ -35,7 +35,12 @@ docs/guarantees.md wherever one shows (items 1-4 are its guarantees 1-4):
    handed out and its target has not taken are all in the source's outbox
    (:func:`dopool._invariants.link_violations`, after every step), and the
    follow-ups of one source that reach one target take their sequences there in
-   the order their parents succeeded (:meth:`Model.finish`).
+   the order their parents succeeded (:meth:`Model.finish`);
+8. dedup keys — at most one unfinished event of a pool holds a key, the one its
+   index entry names, and no entry names an unfinished event that is not stored
+   (:func:`dopool._invariants.dedup_violations`, after every step); an enqueue
+   answered ``duplicate=True`` stored nothing (it is never acknowledged, so no
+   loss is expected of it) and names an event enqueued with the same key.
 
 A scenario with a second pool numbers both pools' instances in one row
 (``Scenario.flat``), so every check above holds across the two.
@@ -66,16 +71,20 @@ class Model(Replay):
         snapshots: list[InstanceSnapshot],
         *,
         links: Sequence[str] = (),
+        dedup: Sequence[str] = (),
         final: bool = False,
     ) -> None:
         """Check committed storage against itself and against the replay so far.
 
-        ``links``: what the follow-up links between instances break (from storage alone).
+        ``links``: what the follow-up links between instances break; ``dedup``: what
+        the pools' dedup indexes and their events break (both from storage alone).
         """
         for index, (snap, inst) in enumerate(zip(snapshots, self.instances, strict=True)):
             self._compare_instance(index, snap, inst, final)
         for text in links:
             self._bad(f"follow-up links: {text}")
+        for text in dedup:
+            self._bad(f"dedup keys: {text}")
 
     def _compare_instance(
         self, index: int, snap: InstanceSnapshot, inst: _Instance, final: bool
@@ -156,7 +165,21 @@ class Model(Replay):
             elif got < want and idle:
                 self._bad(f"event {ident!r} was enqueued {want} times but ended {got} times")
         self._check_follow_up_order()
+        self._check_duplicates()
         return [*self.history.problems, *self.violations]
+
+    def _check_duplicates(self) -> None:
+        """Each duplicate answer names an event enqueued with its own dedup key."""
+        contents, names = self.history.contents, self.history.names
+        for dup in self.duplicates:
+            held = names.get((dup.inst, dup.seq))
+            want = contents.get(dup.id, {}).get("dedup")
+            got = None if held is None else contents.get(held, {}).get("dedup")
+            if held is not None and (want is None or want != got):
+                self._bad(
+                    f"enqueue of {dup.id!r} (dedup key {want!r}) was answered as a duplicate "
+                    f"of {held!r} at {(dup.inst, dup.seq)}, whose key is {got!r}"
+                )
 
     def _check_follow_up_order(self) -> None:
         """The follow-ups one source sends one target take sequences in their parents' order.

@@ -93,6 +93,7 @@ def _long(seeds: range, jobs: int) -> int:
             "events",
             "acknowledged",
             "scheduled",
+            "duplicates",
             "executions",
             "crashes",
             "restarts",
@@ -109,6 +110,7 @@ def _long(seeds: range, jobs: int) -> int:
         totals["events"] += result.enqueued
         totals["acknowledged"] += result.acknowledged
         totals["scheduled"] += result.scheduled
+        totals["duplicates"] += result.duplicates
         totals["executions"] += result.executions
         totals["crashes"] += result.crashes
         totals["restarts"] += result.restarts
@@ -131,7 +133,8 @@ def _long(seeds: range, jobs: int) -> int:
     print(
         f"chaos summary: {scenarios} scenarios, {totals['events']} events "
         f"({totals['acknowledged']} acknowledged enqueues, {totals['scheduled']} of them "
-        f"scheduled), {totals['executions']} executions, "
+        f"scheduled, {totals['duplicates']} duplicates answered), "
+        f"{totals['executions']} executions, "
         f"{totals['crashes']} crashes, {totals['restarts']} restarts, {totals['reopens']} reopens, "
         f"{totals['violations']} violations in {len(failures)} scenarios, {elapsed:.1f}s"
     )

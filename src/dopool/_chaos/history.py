@@ -51,6 +51,15 @@ class Ack(NamedTuple):
     due: float | None = None
 
 
+class Dup(NamedTuple):
+    """An enqueue of event ``id`` that returned ``duplicate=True``, naming ``(inst, seq)``:
+    nothing was stored, and that entry holds an event of the same dedup key."""
+
+    id: str
+    inst: int
+    seq: int
+
+
 class Call(NamedTuple):
     """The runner starts step ``step`` (``-1``: opening; the last: the final join)."""
 
@@ -87,7 +96,7 @@ class Resumed(NamedTuple):
     insts: tuple[int, ...]
 
 
-Record = Ev | Exec | Ack | Call | Phase | Redriven | Purged | Resumed
+Record = Ev | Exec | Ack | Dup | Call | Phase | Redriven | Purged | Resumed
 
 
 @dataclass

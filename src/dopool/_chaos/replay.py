@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from dopool._chaos.history import (
     Ack,
     Call,
+    Dup,
     Entry,
     Ev,
     Exec,
@@ -74,6 +75,7 @@ class Replay:
         self.instances = [_Instance() for _ in range(history.concurrency)]
         self.entries: dict[Entry, _EntryState] = {}
         self.expected: Counter[str] = Counter()  # id -> times it must end
+        self.duplicates: list[Dup] = []  # enqueues answered with an existing event
         self.violations: list[str] = []
         self._successes: list[tuple[int, tuple[str, ...]]] = []  # (instance, kids), in order
         self.executions = 0
@@ -100,6 +102,8 @@ class Replay:
                 self._exec(record)
             elif isinstance(record, Ack):
                 self._ack(record)
+            elif isinstance(record, Dup):
+                self.duplicates.append(record)
             elif isinstance(record, Phase):
                 self._closing = record.name == "closing"
                 if record.name == "opening":

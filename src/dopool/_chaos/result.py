@@ -20,6 +20,7 @@ class Result:
     enqueued: int = 0  # entries the engine stored: acknowledged, follow-ups, redriven
     acknowledged: int = 0
     scheduled: int = 0  # acknowledged enqueues due later than they were stored
+    duplicates: int = 0  # enqueues answered with an event that holds their dedup key
     executions: int = 0
     crashes: int = 0
     restarts: int = 0

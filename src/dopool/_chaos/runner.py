@@ -28,6 +28,7 @@ import shutil
 import tempfile
 import time
 import traceback
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,13 @@ from dopool._chaos.result import Result
 from dopool._chaos.scenario import POOL, SECOND_POOL, Scenario, Step, generate
 from dopool._chaos.snapshot import InstanceSnapshot, read_store
 from dopool._clock import SimulatedClock
-from dopool._invariants import link_violations, read_links
+from dopool._invariants import (
+    dedup_violations,
+    link_violations,
+    read_dedup_tally,
+    read_links,
+)
+from dopool._storage import Txn
 
 JOIN_TIMEOUT = 60.0  # wall seconds; virtual time is free
 # Under alarm_retries each round's alarm faults may give an instance's alarm up again:
@@ -141,6 +148,7 @@ class Runner(Calls):
             enqueued=sum(i.enqueued for i in instances),
             acknowledged=sum(isinstance(r, Ack) for r in self.history.records),
             scheduled=sum(state.due is not None for state in model.entries.values()),
+            duplicates=len(model.duplicates),
             executions=model.executions,
             crashes=sum(i.crashed for i in instances),
             restarts=sum(i.recovered for i in instances),
@@ -189,6 +197,7 @@ class Runner(Calls):
                 retry=scenario.retry,
                 max_queue_depth=scenario.max_queue_depth,
                 alarm_retries=scenario.alarm_retries,
+                dedup_window=scenario.dedup_window,
             )
         except InstanceCrashedError as exc:
             raise _Stop(
@@ -391,6 +400,13 @@ class Runner(Calls):
                     self.driver.after_crash()
 
     # -- checking -------------------------------------------------------------------------
+    def _committed(self) -> AbstractContextManager[Txn]:
+        assert self.runtime is not None
+        return _ports.committed(self.runtime)
+
+    def _dedup_window(self) -> float:
+        return self.scenario.dedup_window
+
     def _read_store(self) -> list[InstanceSnapshot]:
         """Every instance's committed state, and the events it holds, in one snapshot.
 
@@ -423,8 +439,9 @@ class Runner(Calls):
         snapshots = self._snapshot()
         with _ports.committed(self.runtime) as txn:
             links = link_violations(read_links(txn, self.scenario.pools))
+            dedup = dedup_violations(read_dedup_tally(txn, self.scenario.pools))
         self.model.catch_up()
-        self.model.compare(snapshots, links=links, final=final)
+        self.model.compare(snapshots, links=links, dedup=dedup, final=final)
         for pool in self.pools.values():
             for inst in pool.status().instances:
                 meta = snapshots[self._flat(pool.name, inst.index)].meta

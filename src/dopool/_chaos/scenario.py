@@ -23,6 +23,12 @@ an enqueue step's events, or an ``enqueue_many`` batch, get a ``when`` (see
 :func:`when_args`): a delay of 0 to 8 virtual seconds, or a ``not_before`` up to 2 s
 in the past or 8 s ahead. Those draws come from a generator of their own,
 ``random.Random(f"delays:{seed}")``, so a seed without delays is unchanged too.
+
+About half the seeds give a share of their enqueued events a dedup key
+(:data:`DEDUP_SHARE`), one of a few (:data:`DEDUP_KEYS`), so that keys repeat while
+their events are pending, running, dead or finished, and pick the pools'
+``dedup_window`` (:data:`DEDUP_WINDOWS`). The key rides in the event as ``dedup``.
+Those draws come from ``random.Random(f"dedup:{seed}")``, after all the rest.
 """
 
 from __future__ import annotations
@@ -54,6 +60,10 @@ LIMITED_ALARM_SHARE = 0.3  # the share of scenarios that set one
 FAILING_ALARMS = (0.1, 0.5)  # the range of a raised alarm_error, with a limit
 DELAYED_SHARE = 0.6  # of the seeds, those that delay some enqueues
 DELAYED_ENQUEUES = (0.1, 0.6)  # the range of the share of enqueues such a seed delays
+DEDUP_SHARE = 0.5  # of the seeds, those whose enqueues carry dedup keys
+DEDUP_ENQUEUES = (0.2, 0.8)  # the range of the share of events such a seed keys
+DEDUP_KEYS = tuple(f"d{n}" for n in range(6))
+DEDUP_WINDOWS = (0.0, 0.0, 1.0, 5.0)  # virtual seconds
 
 #: When an enqueue makes its events due: ``("delay", seconds)``, or ``("not_before", s)``
 #: for the clock time ``s`` seconds after the call (before it, if negative).
@@ -83,6 +93,7 @@ EVENT_FIELDS = {
     "prio": "the priority it was enqueued with",
     "poison": "the handler kills its own instance on every attempt",
     "to": "of a follow-up: None for its parent's pool, 'other' for the other pool",
+    "dedup": "the dedup key it was enqueued with (absent: none); follow-ups take none",
 }
 
 
@@ -100,7 +111,7 @@ def make_event(ident: str, **fields: Any) -> dict[str, Any]:
         "poison": False,
         "to": None,
     }
-    unknown = set(fields) - set(content)
+    unknown = set(fields) - set(content) - {"dedup"}
     if unknown:
         raise ValueError(f"unknown event fields {sorted(unknown)}; see EVENT_FIELDS")
     content.update(fields)
@@ -123,6 +134,8 @@ class Step(NamedTuple):
                 extra = f" pk={self.args['pk']} prio={self.args['prio']}"
             into = self.args.get("pool", POOL)
             extra += "" if into == POOL else f" into {into}"
+            keyed = sum("dedup" in event for event in self.args["events"])
+            extra += f" ({keyed} keyed)" if keyed else ""
             when = self.args.get("when")
             if isinstance(when, list):
                 delayed = sum(item is not None for item in when)
@@ -146,6 +159,7 @@ class Scenario:
     steps: tuple[Step, ...] = field(default=())
     alarm_retries: int | None = None
     second: int = 0  # instances of SECOND_POOL; 0: the scenario has one pool
+    dedup_window: float = 0.0  # the pools'
 
     @property
     def max_attempts(self) -> int:
@@ -181,7 +195,8 @@ class Scenario:
             )
         lines = [
             f"seed {self.seed}: concurrency={self.concurrency} retry={self.retry!r} "
-            f"max_queue_depth={self.max_queue_depth} alarm_retries={self.alarm_retries}{second}",
+            f"max_queue_depth={self.max_queue_depth} alarm_retries={self.alarm_retries}"
+            f" dedup_window={self.dedup_window}{second}",
             f"  faults: {faults or 'none'}",
         ]
         lines += [f"  step {n}: {step.describe()}" for n, step in enumerate(self.steps)]
@@ -208,7 +223,15 @@ def generate(seed: int, *, steps: int | None = None) -> Scenario:
     if delays.random() < DELAYED_SHARE:
         share = delays.uniform(*DELAYED_ENQUEUES)
         plan = tuple(_delayed(step, delays, share) for step in plan)
-    return Scenario(seed, concurrency, retry, faults, max_queue_depth, plan, alarm_retries, second)
+    window = 0.0
+    dedup = random.Random(f"dedup:{seed}")
+    if dedup.random() < DEDUP_SHARE:
+        window = dedup.choice(DEDUP_WINDOWS)
+        share = dedup.uniform(*DEDUP_ENQUEUES)
+        plan = tuple(_keyed(step, dedup, share) for step in plan)
+    return Scenario(
+        seed, concurrency, retry, faults, max_queue_depth, plan, alarm_retries, second, window
+    )
 
 
 def _alarm_limit(seed: int, faults: FaultPlan | None) -> tuple[int | None, FaultPlan | None]:
@@ -361,6 +384,17 @@ def _delayed(step: Step, rng: random.Random, share: float) -> Step:
     elif step.kind == "enqueue_many" and rng.random() < share:
         return Step(step.kind, {**step.args, "when": _when(rng)})
     return step
+
+
+def _keyed(step: Step, rng: random.Random, share: float) -> Step:
+    """``step`` with a dedup key on a ``share`` of its events (drawn from ``rng``)."""
+    if step.kind not in ("enqueue", "enqueue_many"):
+        return step
+    events = [
+        {**event, "dedup": rng.choice(DEDUP_KEYS)} if rng.random() < share else event
+        for event in step.args["events"]
+    ]
+    return Step(step.kind, {**step.args, "events": events})
 
 
 def _when(rng: random.Random) -> When:
