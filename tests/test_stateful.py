@@ -5,6 +5,11 @@ each event's due time, runs due events by (priority, due time, sequence), and kn
 which scheduled events the instance has moved into its run queue (``status().scheduled``
 and the positions count on it).
 
+Events may carry a dedup key (one of a few, so that they repeat): the model keeps, per
+key, the event that holds it and when that event finished, and predicts which enqueues
+(and redriven dead letters) are duplicates, and what they answer, through the pool's
+``dedup_window``, kills and reopens.
+
 Each event says how its handler call ends (``{"id", "fail", "mode", "spawn"}``: fail the
 first ``fail`` attempts with a ``ValueError``, a ``RetryAfter`` or a ``PermanentError``,
 or by killing its own instance (``"crash"``: the attempt fails at the next fault point);
@@ -60,7 +65,14 @@ from dopool import (
     SimulatedClock,
     WorkerPool,
 )
-from dopool._invariants import link_violations, read_instance, read_links, violations
+from dopool._invariants import (
+    dedup_violations,
+    link_violations,
+    read_dedup_tally,
+    read_instance,
+    read_links,
+    violations,
+)
 from dopool._layout import (
     PRIORITY_MAX,
     PRIORITY_MIN,
@@ -98,6 +110,8 @@ behaviours = st.fixed_dictionaries(
     }
 )
 indices = st.none() | st.integers(0, CONCURRENCY - 1)
+dedup_keys = st.sampled_from([None, None, None, "x", "y", "z"])
+DEDUP_WINDOW = 2.0  # the pool's dedup_window, virtual seconds
 # When an event is due: at once (None), after a delay, or at a not_before ``now + x``.
 whens = st.sampled_from([None, None, None]) | st.tuples(
     st.sampled_from(["delay", "not_before"]), st.sampled_from([0.0, 0.5, 1.0, 2.5, 7.0, -1.0])
@@ -156,6 +170,7 @@ class Event:
     enqueued_at: float
     due: float
     moved: bool
+    dedup_key: str | None = None
 
     @property
     def spawns(self) -> bool:
@@ -191,6 +206,7 @@ class Instance:
     empties: list[int] = field(default_factory=list)  # ``processed`` at each on_empty
     restarts: int = 0
     crashes: list[tuple[str, float]] = field(default_factory=list)  # crashed/recovered events
+    keys: Keys | None = None  # the pool's dedup keys, told when a keyed event finishes
 
     @property
     def pending(self) -> int:
@@ -211,13 +227,14 @@ class Instance:
         now: float,
         due: float | None = None,
         earlier: int = 0,
+        dedup_key: str | None = None,
     ) -> int:
         """Queue a new event, due at ``due`` (None: now); returns its expected position: the
         due events that run before it. For a scheduled one, also the ``earlier`` ones of
         its batch on this instance (scheduled with it: they run first)."""
         moved = due is None or due <= now
         at = now if moved or due is None else due
-        event = Event(payload, self.enqueued, priority, key, now, at, moved)
+        event = Event(payload, self.enqueued, priority, key, now, at, moved, dedup_key)
         ahead = sum(e.priority >= priority for e in self.queue if e.moved)
         ahead += (self.current is not None) + (0 if moved else earlier)
         self.queue.append(event)
@@ -230,8 +247,10 @@ class Instance:
         for event in self.queue:
             event.moved = event.moved or event.due <= t
 
-    def drain(self) -> int:
+    def drain(self, now: float) -> int:
         count = self.pending
+        for event in [*self.queue, *([self.current] if self.current else [])]:
+            self._finished(event, now)
         self.drained += count
         self.queue.clear()
         self.current = None
@@ -278,6 +297,7 @@ class Instance:
                 error, delay = "ValueError", policy_delay(self.attempt)
             elif self.attempt > event.payload["fail"]:
                 self.succeeded += 1
+                self._finished(event, t)
                 self._settle(event, t)
                 continue
             elif event.payload["mode"] == "crash":
@@ -294,12 +314,17 @@ class Instance:
                 self.dead_lettered += 1
                 self.dead[event.sequence] = Dead(event, self.attempt, t, error, crashed)
                 self.dead_order.append(event.sequence)
+                self._finished(event, t)
                 self._settle(None, t)
             else:
                 self.retry_at = t + delay
         if not self.paused:
             self.look(until)  # the alarm covers the next scheduled event, even in a backoff
         return last
+
+    def _finished(self, event: Event, now: float) -> None:
+        if event.dedup_key is not None and self.keys is not None:
+            self.keys.finished(event.dedup_key, self.index, event.sequence, now)
 
     def _settle(self, succeeded: Event | None, now: float) -> None:
         self.current = None
@@ -313,6 +338,38 @@ class Instance:
             self.empties.append(self.succeeded + self.dead_lettered)
 
 
+@dataclass
+class Holder:
+    """The event that holds a dedup key: where, what its enqueue answered, when it ended."""
+
+    index: int
+    sequence: int
+    position: int
+    finished_at: float | None = None
+
+
+@dataclass
+class Keys:
+    """The pool's dedup keys in the model (docs/api.md, "Dedup keys")."""
+
+    holders: dict[str, Holder] = field(default_factory=dict)
+    duplicates: int = 0
+
+    def held(self, key: str, now: float, owner: tuple[int, int] | None = None) -> Holder | None:
+        """The holder of ``key`` that makes an enqueue of it a duplicate now, if any."""
+        holder = self.holders.get(key)
+        if holder is None or (holder.index, holder.sequence) == owner:
+            return None
+        if holder.finished_at is None or now - holder.finished_at < DEDUP_WINDOW:
+            return holder
+        return None
+
+    def finished(self, key: str, index: int, sequence: int, now: float) -> None:
+        holder = self.holders.get(key)
+        if holder is not None and (holder.index, holder.sequence) == (index, sequence):
+            holder.finished_at = now
+
+
 class PoolMachine(RuleBasedStateMachine):
     """Drives one pool and its model with the same calls, and compares them."""
 
@@ -320,7 +377,8 @@ class PoolMachine(RuleBasedStateMachine):
         super().__init__()
         self.path = Path(tempfile.mkdtemp(prefix="dopool-stateful-"))
         self.clock = SimulatedClock()  # kept across close and reopen: time goes on
-        self.model = [Instance(i) for i in range(CONCURRENCY)]
+        self.keys = Keys()
+        self.model = [Instance(i, keys=self.keys) for i in range(CONCURRENCY)]
         self.next_id = 0
         self.outage = False
         self.log: list[list[Execution]] = [[] for _ in range(CONCURRENCY)]
@@ -349,6 +407,7 @@ class PoolMachine(RuleBasedStateMachine):
             retry=POLICY,
             on_dead_letter=self._on_dead_letter,
             on_empty=self._on_empty,
+            dedup_window=DEDUP_WINDOW,
         )
         runtime.subscribe(self._on_event)
         self.last_keyless = None  # the round-robin position lives in the runtime
@@ -421,9 +480,27 @@ class PoolMachine(RuleBasedStateMachine):
         priority: int,
         due: float | None = None,
         earlier: int = 0,
-    ) -> None:
+        dedup_key: str | None = None,
+        claimed: dict[str, EnqueueResult] | None = None,
+    ) -> bool:
         """Check one EnqueueResult against the model, then add the event to the model
-        (due at ``due``; ``earlier``: of its batch, on its instance, before it)."""
+        (due at ``due``; ``earlier``: of its batch, on its instance, before it); whether it
+        was stored. ``claimed``: the keys earlier events of its batch were stored with."""
+        holder = None if dedup_key is None else self.keys.held(dedup_key, self.clock.now())
+        first = None if claimed is None or dedup_key is None else claimed.get(dedup_key)
+        if first is not None or holder is not None:
+            if first is not None:
+                want = (first.instance_index, first.sequence, first.position)
+            else:
+                assert holder is not None
+                position = holder.position if holder.finished_at is None else 0
+                want = (holder.index, holder.sequence, position)
+            got = (result.instance_index, result.sequence, result.position)
+            assert (result.duplicate, got) == (True, want), "a duplicate answers its holder"
+            if partition_key is None and self.last_keyless is not None:  # routed all the same
+                self.last_keyless = (self.last_keyless + 1) % CONCURRENCY
+            self.keys.duplicates += 1
+            return False
         index = result.instance_index
         if partition_key is not None:
             assert index == stable_hash(partition_key) % CONCURRENCY
@@ -435,8 +512,14 @@ class PoolMachine(RuleBasedStateMachine):
         assert result.instance_id == f"{POOL}:{index}"
         assert result.sequence == instance.enqueued, "sequences are consecutive from 0"
         assert (result.event_id, result.duplicate) == (f"{POOL}:{index}:{result.sequence}", False)
-        position = instance.add(payload, partition_key, priority, self.clock.now(), due, earlier)
+        now = self.clock.now()
+        position = instance.add(payload, partition_key, priority, now, due, earlier, dedup_key)
         assert result.position == position
+        if dedup_key is not None:
+            self.keys.holders[dedup_key] = Holder(index, result.sequence, position)
+            if claimed is not None:
+                claimed[dedup_key] = result
+        return True
 
     def _drive_model(self, until: float) -> float:
         """Run the model up to ``until``; returns the time of the last execution (or now)."""
@@ -464,54 +547,78 @@ class PoolMachine(RuleBasedStateMachine):
         for letter in sorted(letters, key=lambda d: (d.instance_index, d.sequence)):
             instance = self.model[letter.instance_index]
             dead = instance.dead.pop(letter.sequence, None)
-            if dead is not None:  # a stale record (already redriven or purged) is skipped
-                old = dead.event
-                instance.add(old.payload, old.partition_key, old.priority, now)
-                count += 1
+            if dead is None:  # a stale record (already redriven or purged) is skipped
+                continue
+            old, key = dead.event, dead.event.dedup_key
+            owner = (letter.instance_index, letter.sequence)
+            if key is not None and self.keys.held(key, now, owner) is not None:
+                self.keys.duplicates += 1  # removed as the holder's duplicate, not stored
+                continue
+            sequence = instance.enqueued
+            position = instance.add(
+                old.payload, old.partition_key, old.priority, now, dedup_key=key
+            )
+            if key is not None:
+                self.keys.holders[key] = Holder(instance.index, sequence, position)
+            count += 1
         return count
 
     # -- rules -----------------------------------------------------------------
-    @rule(behaviour=behaviours, partition_key=partition_keys, priority=priorities, when=whens)
+    @rule(
+        behaviour=behaviours,
+        partition_key=partition_keys,
+        priority=priorities,
+        when=whens,
+        dedup_key=dedup_keys,
+    )
     def enqueue(
         self,
         behaviour: dict[str, Any],
         partition_key: str | None,
         priority: int,
         when: tuple[str, float] | None,
+        dedup_key: str | None,
     ) -> None:
         payload = self._new_payload(behaviour)
         now = self.clock.now()
         args = when_args(when, now)
-        result = self.pool.enqueue(payload, partition_key=partition_key, priority=priority, **args)
-        self._accept(payload, result, partition_key, priority, due_of(args, now))
+        result = self.pool.enqueue(
+            payload, partition_key=partition_key, priority=priority, dedup_key=dedup_key, **args
+        )
+        self._accept(payload, result, partition_key, priority, due_of(args, now), 0, dedup_key)
 
     @rule(
-        batch=st.lists(behaviours, min_size=1, max_size=5),
+        batch=st.lists(st.tuples(behaviours, dedup_keys), min_size=1, max_size=5),
         partition_key=partition_keys,
         priority=priorities,
         when=whens,
     )
     def enqueue_many(
         self,
-        batch: list[dict[str, Any]],
+        batch: list[tuple[dict[str, Any], str | None]],
         partition_key: str | None,
         priority: int,
         when: tuple[str, float] | None,
     ) -> None:
-        payloads = [self._new_payload(behaviour) for behaviour in batch]
+        payloads = [self._new_payload(behaviour) for behaviour, _ in batch]
+        keys = [key for _, key in batch]
         now = self.clock.now()
         args = when_args(when, now)
+        if any(keys):
+            args["dedup_keys"] = keys
         results = self.pool.enqueue_many(
             payloads, partition_key=partition_key, priority=priority, **args
         )
         assert len(results) == len(payloads)
         earlier = dict.fromkeys(range(CONCURRENCY), 0)  # each instance's share is one batch
-        for payload, result in zip(payloads, results, strict=True):
+        claimed: dict[str, EnqueueResult] = {}
+        for payload, key, result in zip(payloads, keys, results, strict=True):
             index = result.instance_index
-            self._accept(
-                payload, result, partition_key, priority, due_of(args, now), earlier[index]
-            )
-            earlier[index] += 1
+            due = due_of(args, now)
+            if self._accept(
+                payload, result, partition_key, priority, due, earlier[index], key, claimed
+            ):
+                earlier[index] += 1
 
     @rule(index=indices)
     def pause(self, index: int | None) -> None:
@@ -527,7 +634,8 @@ class PoolMachine(RuleBasedStateMachine):
 
     @rule(index=indices)
     def drain(self, index: int | None) -> None:
-        expected = sum(instance.drain() for instance in self._chosen(index))
+        now = self.clock.now()
+        expected = sum(instance.drain(now) for instance in self._chosen(index))
         assert self.pool.drain(index) == expected
         for instance in self._chosen(index):
             assert self.pool.status().instances[instance.index].next_alarm_at is None
@@ -597,7 +705,8 @@ class PoolMachine(RuleBasedStateMachine):
     def redrive_all(self) -> None:
         letters = self._remember_letters()
         expected = self._redriven(letters)
-        assert self.pool.redrive() == expected == len(letters)
+        assert self.pool.redrive() == expected  # all, but the duplicates of held keys
+        assert expected <= len(letters)
 
     @precondition(lambda self: any(instance.dead for instance in self.model))
     @rule(
@@ -693,8 +802,9 @@ class PoolMachine(RuleBasedStateMachine):
                 else:
                     assert got.next_alarm_at == scheduled
         names = ("enqueued", "pending", "scheduled", "processed", "succeeded", "dead_lettered")
-        for name in (*names, "drained"):
+        for name in (*names, "drained", "duplicates"):
             assert getattr(status, name) == sum(getattr(i, name) for i in status.instances)
+        assert status.duplicates == self.keys.duplicates
 
     @invariant()
     def storage_holds_exactly_the_pending_keys(self) -> None:
@@ -705,6 +815,8 @@ class PoolMachine(RuleBasedStateMachine):
                 assert state.pending_keys == instance.pending
                 assert state.dead_letter_keys == len(instance.dead)
                 assert state.outbox_keys == 0
+            # At most one pending event per dedup key, the one its index entry names.
+            assert dedup_violations(read_dedup_tally(txn, {POOL: CONCURRENCY})) == []
 
     @invariant()
     def executions_match_model(self) -> None:
@@ -732,6 +844,7 @@ class PoolMachine(RuleBasedStateMachine):
             assert letter.enqueued_at == dead.event.enqueued_at
             assert letter.partition_key == dead.event.partition_key
             assert letter.priority == dead.event.priority
+            assert letter.dedup_key == dead.event.dedup_key
             assert letter.error.startswith(dead.error + ":"), letter.error
             if dead.crashed:
                 assert "crash" in letter.error, letter.error
