@@ -18,13 +18,19 @@ the call returns. Lines (space separated):
 
     T <id>                              a producer is about to call enqueue(<id>)
     A <id> <index> <sequence>           enqueue(<id>) returned (acknowledged)
+    D <id> <index> <sequence>           enqueue(<id>) returned a duplicate naming that event
     X <id> <index> <sequence> <attempt> the handler is about to return successfully
 
 Event ids are ints, unique across generations: ``GENERATION * 1_000_000 + producer *
 100_000 + k`` with ``k >= 1``. Every id divisible by ``FOLLOW_UP_EVERY`` enqueues the
 follow-up ``-id`` when it succeeds; follow-ups have no follow-ups and never fail. Every
 id divisible by ``DELAYED_EVERY`` is enqueued with ``delay=DELAY``: a kill finds some of
-them scheduled.
+them scheduled. Every id divisible by ``DEDUP_EVERY`` is enqueued with the dedup key
+``k<id>``, and at once again (a retried submission: a duplicate); and each producer of a
+generation after the first starts by submitting again the keyed ids of its predecessor's
+first ``RESUBMITTED`` (acknowledged, cut short by the kill, or never tried), under a
+dedup window that outlasts the test: each is a duplicate of the event stored with its
+key, across the restart, or, if none was, stored now.
 """
 
 from __future__ import annotations
@@ -50,6 +56,9 @@ PRODUCER_STRIDE = 100_000
 FOLLOW_UP_EVERY = 5
 DELAYED_EVERY = 7
 DELAY = 0.05  # seconds
+DEDUP_EVERY = 4
+DEDUP_WINDOW = 3600.0  # seconds: longer than any test
+RESUBMITTED = 40  # the ids (per producer) of the generation before submitted again
 PRODUCER_PAUSE = 0.002  # seconds between two enqueues of one producer: interleave, not flood
 WATCHDOG = 60.0  # a child never outlives this, whatever happens
 DRAIN_TIMEOUT = 45.0
@@ -88,7 +97,18 @@ def define(runtime: Runtime, log: Log) -> WorkerPool:
             ctx.enqueue(-event_id)
         log.line("X", event_id, ctx.instance_index, ctx.sequence, ctx.attempt)
 
-    return runtime.define(POOL, execute=execute, concurrency=CONCURRENCY, retry=RETRY)
+    return runtime.define(
+        POOL, execute=execute, concurrency=CONCURRENCY, retry=RETRY, dedup_window=DEDUP_WINDOW
+    )
+
+
+def submit(pool: WorkerPool, log: Log, event_id: int) -> None:
+    """Enqueue ``event_id`` (with its dedup key, if it has one) and log the answer."""
+    log.line("T", event_id)
+    delay = DELAY if event_id % DELAYED_EVERY == 0 else None
+    key = f"k{event_id}" if event_id % DEDUP_EVERY == 0 else None
+    result = pool.enqueue(event_id, delay=delay, dedup_key=key)
+    log.line("D" if result.duplicate else "A", event_id, result.instance_index, result.sequence)
 
 
 def produce(
@@ -101,11 +121,15 @@ def produce(
 ) -> None:
     pause = threading.Event()  # never set: wait() is a plain real-time pause
     try:
+        if first > GENERATION_STRIDE:  # the same producer's keyed ids, one generation back
+            before = first - GENERATION_STRIDE
+            for event_id in range(before, before + RESUBMITTED):
+                if event_id % DEDUP_EVERY == 0:
+                    submit(pool, log, event_id)
         for event_id in range(first, first + count):
-            log.line("T", event_id)
-            delay = DELAY if event_id % DELAYED_EVERY == 0 else None
-            result = pool.enqueue(event_id, delay=delay)
-            log.line("A", event_id, result.instance_index, result.sequence)
+            submit(pool, log, event_id)
+            if event_id % DEDUP_EVERY == 0:
+                submit(pool, log, event_id)  # again: a duplicate of the one just stored
             acked.set()
             pause.wait(PRODUCER_PAUSE)
     except BaseException:

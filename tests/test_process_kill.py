@@ -3,7 +3,8 @@
 Each run uses a fresh store. A child process (``_kill_child.py``) opens it, defines a
 pool of ``CONCURRENCY`` instances with a retry policy, and enqueues from two producer
 threads while the instances process, some events failing once or twice first, some
-enqueuing a follow-up, and some delayed by 50 ms (so that kills find them scheduled).
+enqueuing a follow-up, some delayed by 50 ms (so that kills find them scheduled), and some
+with a dedup key, submitted twice, and again by the next generation (after the kill).
 The parent SIGKILLs it at a random moment, 1 to 3 times in a row (a restart is sometimes
 killed while it recovers), then starts a last child with the same pool that waits for
 ``pool.join`` and reports the status.
@@ -13,7 +14,8 @@ acknowledged enqueue and each successful execution. From those and the final sta
 test checks the guarantees of docs/guarantees.md: every acknowledged enqueue (and every
 follow-up of a success) ran to success, nothing ran that was never enqueued,
 re-executions are bounded by the executions a kill could interrupt, per-instance order
-held for the events enqueued without a delay, and the counters add up.
+held for the events enqueued without a delay, every duplicate answer named the one event
+stored with its key (before or after a kill), and the counters add up.
 
 ``DOPOOL_KILL_RUNS`` (default 2) sets the runs per durability mode;
 ``DOPOOL_KILL_SEED`` (default 0) picks the seeds. A failure names its mode and seed; the
@@ -44,6 +46,7 @@ _CHILD = runpy.run_path(str(CHILD_SCRIPT))  # its constants, without running it
 CONCURRENCY: int = _CHILD["CONCURRENCY"]
 FOLLOW_UP_EVERY: int = _CHILD["FOLLOW_UP_EVERY"]
 DELAYED_EVERY: int = _CHILD["DELAYED_EVERY"]
+DEDUP_EVERY: int = _CHILD["DEDUP_EVERY"]
 
 RUNS = int(os.environ.get("DOPOOL_KILL_RUNS", "2"))
 BASE_SEED = int(os.environ.get("DOPOOL_KILL_SEED", "0"))
@@ -123,6 +126,7 @@ def _stderr(logs: Path) -> str:
 class Logs:
     tried: set[int] = field(default_factory=set)
     acked: dict[int, tuple[int, int]] = field(default_factory=dict)  # id -> (index, seq)
+    duplicates: list[tuple[int, int, int]] = field(default_factory=list)  # (id, index, seq)
     executed: dict[int, list[tuple[int, int, int, int]]] = field(
         default_factory=lambda: defaultdict(list)
     )  # id -> [(generation, index, sequence, attempt)] in log order
@@ -146,6 +150,9 @@ def _read_logs(logs: Path) -> Logs:
                 event_id, index, sequence = numbers
                 assert event_id not in result.acked, f"{event_id} acknowledged twice"
                 result.acked[event_id] = (index, sequence)
+            elif kind == "D":
+                event_id, index, sequence = numbers
+                result.duplicates.append((event_id, index, sequence))
             elif kind == "X":
                 event_id, index, sequence, attempt = numbers
                 result.executed[event_id].append((generation, index, sequence, attempt))
@@ -215,9 +222,20 @@ def _check(kills: int, report: dict[str, Any], logs: Logs) -> None:
     missing = sorted(e for e in originals if e % FOLLOW_UP_EVERY == 0 and e not in follow_ups)
     assert not missing, f"follow-ups of {missing[:20]} never ran"
 
-    # One id is one event (one instance and sequence): a follow-up is never stored twice.
+    # One id is one event (one instance and sequence): a follow-up is never stored twice,
+    # nor a keyed event however often it was submitted, before and after kills.
     for event_id, runs in executed.items():
         assert len({(i, s) for _, i, s, _ in runs}) == 1, (event_id, runs)
+
+    # Dedup keys: each duplicate answer names the one event stored with its key (acked
+    # before, or stored by an enqueue a kill cut short), which ran there.
+    assert logs.duplicates, "no duplicate answer was logged: nothing was tested"
+    for event_id, index, sequence in logs.duplicates:
+        assert event_id % DEDUP_EVERY == 0, event_id
+        assert acked.get(event_id, (index, sequence)) == (index, sequence), event_id
+        places = {(i, s) for _, i, s, _ in executed[event_id]}
+        assert places == {(index, sequence)}, (event_id, (index, sequence), places)
+    assert status["duplicates"] >= len(logs.duplicates), status
 
     # At-least-once, not more: a success runs again only if a kill beat its commit,
     # which is at most one execution per instance per kill.
