@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from benchmarks import ceiling, connect, e2e, phases, records, simpy_model, simulate
+from benchmarks import ceiling, connect, dedup, e2e, phases, records, simpy_model, simulate
 from benchmarks.__main__ import main
 from benchmarks.harness import Sizes
 
@@ -103,6 +103,19 @@ def test_the_peers_run_beside_dopool_in_the_end_to_end_scenario(
 def test_the_e2e_case_runs_alone(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert e2e.main(["async", "--events", "200", "--dir", str(tmp_path)]) == 0
     assert "events/s" in capsys.readouterr().out
+
+
+def test_the_dedup_benchmark_compares_each_keyed_variant_with_its_plain_one(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert dedup.main(["--events", "60", "--rounds", "1", "--dir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "60 events, 1 rounds, durability=async" in lines[0]
+    rows = {line[2:36].strip(): line for line in lines[1:]}  # names padded to 34
+    assert set(rows) == {name for name, _ in dedup.VARIANTS}
+    assert rows["enqueue, dedup_key"].count("ratio") == 2  # enqueue and process
+    assert rows["enqueue, duplicate"].count("ratio") == 1  # nothing to process
+    assert "ratio" not in rows["enqueue"]
 
 
 def test_the_phases_benchmark_runs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

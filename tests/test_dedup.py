@@ -458,7 +458,7 @@ def test_the_engine_under_a_real_clock_holds_a_key_for_its_window(store_path: Pa
 
 
 def test_lmdb_keys_of_the_index_fit_any_key_size(store_path: Path) -> None:
-    """The index keys by digest: a 2 KiB dedup key is far over LMDB's 511-byte keys."""
+    """A long key is named by its digest: 2 KiB is far over LMDB's 511-byte keys."""
     with Runtime.simulated(store_path) as runtime:
         pool, _ = define(runtime)
         pool.enqueue("a", dedup_key="x" * 2048)

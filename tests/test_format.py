@@ -29,7 +29,6 @@ from dopool._layout import (
     Meta,
     Namespace,
     OutboxRecord,
-    dedup_digest,
     pack,
     parse_dedup_key,
     read_dedup,
@@ -123,20 +122,25 @@ def test_the_format_4_fixture_decodes_to_exactly_what_was_written(tmp_path: Path
 
 
 def test_the_keys_and_records_of_dedup_have_their_documented_bytes() -> None:
-    digest = dedup_digest("k")
-    assert digest == hashlib.blake2b(b"k", digest_size=16).digest()
-    assert DedupIndex("p").entry_key("k") == b"Kp\x00" + digest
-    assert parse_dedup_key(b"Ep\x00" + bytes.fromhex("c08f400000000000") + digest) == (
-        "p",
-        True,
-        digest,
-        1000.0,
-    )
-    key = b"Kp\x00" + digest
+    index = DedupIndex("p")
+    assert index.entry_key("k") == b"Kp\x00k"  # a short key names itself
+    direct = "é" * 127 + "a"  # 255 bytes of UTF-8: the longest named as it is
+    assert index.entry_key(direct) == b"Kp\x00" + direct.encode()
+    long = direct + "a"
+    digest = hashlib.blake2b(long.encode(), digest_size=16).digest()
+    assert index.entry_key(long) == b"Kp\x00\xff" + digest
+    finished = bytes.fromhex("c08f400000000000")  # 1000.0, as a due time is encoded
+    assert parse_dedup_key(b"Ep\x00" + finished + b"k") == ("p", True, b"k", 1000.0)
+    assert parse_dedup_key(b"Kp\x00\xff" + digest) == ("p", False, b"\xff" + digest, None)
+    assert parse_dedup_key(b"Kp\x00\xff" + digest[1:]) is None  # a digest is 16 bytes
+    assert parse_dedup_key(b"Kp\x00\xc3") is None  # not UTF-8
+    assert parse_dedup_key(b"Kp\x00") is None
+    key = b"Kp\x00k"
     record = DedupRecord("k", 1, 2, 3, -1, 1.5, None)
     value = seal(key, pack(record))
     assert value[4:] == b"\x97\xa1k\x01\x02\x03\xff\xcb?\xf8\x00\x00\x00\x00\x00\x00\xc0"
     assert read_dedup(key, value) == record
+    assert read_dedup(key, seal(key, pack([*record[:6], 2.5]))).finished_at == 2.5
 
 
 def test_the_format_4_fixture_runs_and_keeps_its_dedup_keys(tmp_path: Path) -> None:

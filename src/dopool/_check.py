@@ -28,10 +28,10 @@ from dopool._invariants import (
 )
 from dopool._layout import (
     FORMAT_VERSION,
+    DedupIndex,
     Meta,
     OutboxRecord,
     RecordKind,
-    dedup_digest,
     is_format_key,
     mark_source,
     parse_dedup_key,
@@ -178,7 +178,7 @@ def _check_dedup_record(
     pool: str, expiry: bool, key: bytes, value: bytes, dedup: DedupTally, problems: list[Problem]
 ) -> None:
     """Read a dedup index entry or expiry key (which may raise); an entry under another
-    key's digest is a problem."""
+    key's name is a problem."""
     if expiry:
         read_expiry(key, value)
         return
@@ -187,8 +187,8 @@ def _check_dedup_record(
     except DamagedRecordError:
         dedup.uncertain.add(pool)  # its events cannot be judged
         raise
-    if key[-16:] != dedup_digest(record.dedup_key):
-        problems.append(Problem(None, key, f"dedup key {record.dedup_key!r} under another digest"))
+    if key != DedupIndex(pool).entry_key(record.dedup_key):
+        problems.append(Problem(None, key, f"dedup key {record.dedup_key!r} under another name"))
         return
     dedup.add_entry(pool, record)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 
 from dopool._errors import DamagedRecordError
-from dopool._layout import DedupIndex, DedupRecord, Namespace
+from dopool._layout import DedupIndex, Namespace
 from dopool._messages import Item
 from dopool._storage import Txn
 from dopool._types import EnqueueResult
@@ -45,13 +45,18 @@ Duplicates = dict[int, EnqueueResult | int]
 class Dedup:
     """A pool's dedup keys as one instance's queue machine uses them."""
 
-    __slots__ = ("_index", "_namespaces", "_pool", "window")
+    __slots__ = ("_entry_keys", "_index", "_namespaces", "_pool", "_swept", "window")
 
     def __init__(self, pool: str, window: float) -> None:
         self._pool = pool
         self._index = DedupIndex(pool)
+        # The entry keys of the last batch's keys looked up: their claims follow.
+        self._entry_keys: dict[str, bytes] = {}
         self._namespaces: dict[int, Namespace] = {}
         self.window = window
+        # Without a window no finish stamps an entry: once a sweep has found no expiry key
+        # left (from a window this pool had before), the sweeps stop.
+        self._swept = False
 
     def resolve(
         self,
@@ -68,8 +73,17 @@ class Dedup:
         Raises:
             DamagedRecordError: the entry of one of their keys is damaged.
         """
+        if len(items) == 1 and owners is None:  # one enqueue: no batch to look across
+            only = items[0].dedup_key or ""
+            entry_key = self._index.entry_key(only)
+            self._entry_keys = {only: entry_key}
+            if txn.get(entry_key) is None:  # the usual case: the key is free
+                return {}
+            existing = self._existing(txn, only, now, None, entry_key)
+            return {} if existing is None else {0: existing}
         found: Duplicates = {}
         claimed: dict[str, int] = {}
+        entry_keys = self._entry_keys = {}
         for position, item in enumerate(items):
             key = item.dedup_key
             if key is None:
@@ -79,7 +93,8 @@ class Dedup:
                 found[position] = earlier
                 continue
             owner = None if owners is None else owners[position]
-            existing = self._existing(txn, key, now, owner)
+            entry_key = entry_keys[key] = self._index.entry_key(key)
+            existing = self._existing(txn, key, now, owner, entry_key)
             if existing is None:
                 claimed[key] = position
             else:
@@ -87,10 +102,15 @@ class Dedup:
         return found
 
     def _existing(
-        self, txn: Txn, key: str, now: float, owner: tuple[int, int] | None
+        self,
+        txn: Txn,
+        key: str,
+        now: float,
+        owner: tuple[int, int] | None,
+        entry_key: bytes | None = None,
     ) -> EnqueueResult | None:
         """The result of the event that holds ``key`` now, if one does."""
-        entry = self._index.get(txn, key)
+        entry = self._index.get(txn, key, entry_key)
         if entry is None or (entry.instance, entry.sequence) == owner:
             return None
         if entry.finished_at is None:
@@ -120,27 +140,30 @@ class Dedup:
             ns = self._namespaces[index] = Namespace(self._pool, index)
         return ns
 
-    def claim(self, txn: Txn, key: str, result: EnqueueResult, priority: int, due: float) -> None:
-        """The event of ``result`` was stored with ``key``, due at ``due``: it holds the key."""
-        entry = DedupRecord(
-            key, result.instance_index, result.sequence, result.position, priority, due
-        )
-        self._index.put(txn, entry)
+    def claim(
+        self,
+        txn: Txn,
+        key: str,
+        index: int,
+        sequence: int,
+        position: int,
+        priority: int,
+        due: float,
+    ) -> None:
+        """Event ``sequence`` of instance ``index`` (answered ``position``) was stored with
+        ``key``, due at ``due``: it holds the key."""
+        entry_key = self._entry_keys.get(key) or self._index.entry_key(key)
+        self._index.claim(txn, entry_key, key, index, sequence, position, priority, due)
 
     def release(self, txn: Txn, key: str, index: int, sequence: int, now: float) -> None:
         """Event ``sequence`` of instance ``index``, holding ``key``, finished at ``now``."""
         try:
-            entry = self._index.get(txn, key)
+            self._index.finish(txn, key, index, sequence, now, self.window)
         except DamagedRecordError as exc:  # left for ``dopool check``; the outcome commits
             logger.error("pool %s: the entry of dedup key %r: %s", self._pool, key, exc)
-            entry = None
-        if (
-            entry is not None
-            and entry.finished_at is None
-            and (entry.instance, entry.sequence) == (index, sequence)
-        ):
-            self._index.finish(txn, entry, now, self.window)
-        self._index.sweep(txn, now, self.window, SWEEP)
+        if self.window > 0 or not self._swept:
+            swept = self._index.sweep(txn, now, self.window, SWEEP)
+            self._swept = self.window <= 0 and swept < SWEEP
 
     def readable(self, txn: Txn, key: str) -> bool:
         """Whether ``key``'s entry, if any, passes its checks (an error is logged)."""

@@ -208,10 +208,11 @@ class QueueMachine:
                 key = item.dedup_key
                 ns.add_event(txn, sequence, item.event, now, item.partition_key, priority, due, key)
                 counts[priority] = counts.get(priority, 0) + 1
-            result = EnqueueResult(sequence, index, ident, position)
-            results.append(result)
+            results.append(EnqueueResult(sequence, index, ident, position))
             if item.dedup_key is not None:
-                self._dedup.claim(txn, item.dedup_key, result, priority, stored_due)
+                self._dedup.claim(
+                    txn, item.dedup_key, index, sequence, position, priority, stored_due
+                )
             if listening:
                 fx.events.append(self.event("enqueued", now, sequence))
         if scheduled != len(items):

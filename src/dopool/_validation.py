@@ -27,6 +27,8 @@ from dopool._messages import Item
 
 Schema = Callable[[Any], Any]
 
+_ASCII_KEY = MAX_DEDUP_KEY_BYTES  # an ASCII key of this many characters is as many bytes
+
 # Iterable, but as a batch almost always a mistake: characters, ints, or a mapping's keys.
 _NOT_A_BATCH = (str, bytes, bytearray, memoryview, Mapping)
 
@@ -127,7 +129,9 @@ def prepare(
     """Validate, transform with the schema, encode and size-check one event."""
     if partition_key is not None:
         _check_key("partition_key", partition_key, MAX_PARTITION_KEY_BYTES, position)
-    if dedup_key is not None:
+    if dedup_key is not None and not (
+        type(dedup_key) is str and dedup_key.isascii() and 0 < len(dedup_key) <= _ASCII_KEY
+    ):  # (the usual key, ASCII and short, passes without a call)
         _check_key("dedup_key", dedup_key, MAX_DEDUP_KEY_BYTES, position)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise EventValidationError(f"priority must be an int, got {priority!r}", position=position)
@@ -206,17 +210,22 @@ def prepare_many(
             )
         else:
             items.append(Item(_encode(event, schema, position), partition_key, priority, due))
-    if keys is not None:
-        if len(keys) != len(items):
-            raise EventValidationError(
-                f"dedup_keys holds {len(keys)} keys for {len(items)} events: give one per "
-                "event (None for an event without one)"
-            )
-        for position, key in enumerate(keys):
-            if key is not None:
-                _check_key("dedup_key", key, MAX_DEDUP_KEY_BYTES, position)
-                items[position] = items[position]._replace(dedup_key=key)
-    return tuple(items)
+    if keys is None:
+        return tuple(items)
+    if len(keys) != len(items):
+        raise EventValidationError(
+            f"dedup_keys holds {len(keys)} keys for {len(items)} events: give one per "
+            "event (None for an event without one)"
+        )
+    keyed = []
+    for position, (item, key) in enumerate(zip(items, keys, strict=True)):
+        if key is None:
+            keyed.append(item)
+            continue
+        if not (type(key) is str and key.isascii() and 0 < len(key) <= _ASCII_KEY):
+            _check_key("dedup_key", key, MAX_DEDUP_KEY_BYTES, position)
+        keyed.append(Item(item.event, partition_key, priority, due, key))
+    return tuple(keyed)
 
 
 def _keys_of(dedup_keys: Iterable[str | None]) -> list[str | None]:

@@ -14,8 +14,8 @@ Keys (all integers big-endian, so LMDB's byte order is numeric order)::
     I <pool>:<index> \\0 s <source pool> \\0 <source:4>
                                           the last follow-up link accepted from a
                                           source instance (of any pool)
-    K <pool> \\0 <digest:16>              a dedup key's index entry (the pool's own)
-    E <pool> \\0 <finished:8> <digest:16> a finished dedup key's expiry, by finish time
+    K <pool> \\0 <name>                   a dedup key's index entry (the pool's own)
+    E <pool> \\0 <finished:8> <name>      a finished dedup key's expiry, by finish time
 
 ``rank`` is ``2**31 - 1 - priority`` and ``due`` a float's order-preserving
 encoding (:func:`encode_due`), so the first queue key under an instance's prefix is
@@ -29,10 +29,12 @@ sources of two pools would share one; :func:`format_1_mark` reads such a key for
 the migration (:mod:`.migrate`). Format 2's queue keys had no due time
 (``q <rank:4> <seq:8>``); :func:`format_2_queue_key` gives one its format-3 key.
 
-A dedup key (up to 2 KiB) is too long for an LMDB key (511 bytes), so its index
-entry is keyed by its BLAKE2b digest (:func:`dedup_digest`, 16 bytes); the entry
-holds the key itself, and a lookup compares it. The index is the pool's, not an
-instance's: every instance of a pool sees one key space.
+A dedup key's ``name`` in those keys (:func:`dedup_name`) is its UTF-8 bytes, up to
+:data:`DIRECT_NAME` of them; a longer key (up to 2 KiB: too long for an LMDB key, at
+most 511 bytes) is named by ``0xFF`` and its BLAKE2b digest of 16 bytes. UTF-8 never
+holds the byte ``0xFF``, so the two forms cannot meet. The entry holds the key itself,
+and a lookup compares it. The index is the pool's, not an instance's: every instance of
+a pool sees one key space.
 
 This is the only module that spells a key's bytes (``tests/test_layout_structure.py``).
 Its names with a leading underscore are the layout's own: :mod:`.records` and
@@ -60,7 +62,10 @@ _META_TAG, _QUEUE_TAG, _DEAD_TAG, _OUTBOX_TAG, _MARK_TAG = b"m", b"q", b"d", b"o
 _WAIT_TAG = b"w"  # a scheduled event, not due yet
 _DEDUP_PREFIX = b"K"  # a pool's dedup index: one entry per key
 _EXPIRY_PREFIX = b"E"  # a pool's finished dedup keys, by finish time
-_DIGEST = 16  # the bytes of a dedup key's digest
+_DIGEST = 16  # the bytes of a long dedup key's digest
+_DIGESTED = b"\xff"  # the first byte of a digested name: never in UTF-8
+#: The longest dedup key, in UTF-8 bytes, that names its index entry as it is.
+DIRECT_NAME = 255
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _F64 = struct.Struct(">d")
@@ -253,9 +258,26 @@ def format_2_queue_key(key: bytes) -> bytes | None:
     return key[: -_RANK_SEQ.size] + suffix
 
 
-def dedup_digest(dedup_key: str) -> bytes:
-    """The digest that keys a dedup key's index entry (BLAKE2b, 16 bytes)."""
-    return hashlib.blake2b(dedup_key.encode(), digest_size=_DIGEST).digest()
+def dedup_name(dedup_key: str) -> bytes:
+    """What names a dedup key in its index entry's key: its UTF-8 bytes, or for a key over
+    :data:`DIRECT_NAME` bytes, ``0xFF`` and its BLAKE2b digest (16 bytes)."""
+    data = dedup_key.encode()
+    if len(data) <= DIRECT_NAME:
+        return data
+    return _DIGESTED + hashlib.blake2b(data, digest_size=_DIGEST).digest()
+
+
+def _valid_name(name: bytes) -> bool:
+    """Whether ``name`` is what :func:`dedup_name` makes of some key."""
+    if name[:1] == _DIGESTED:
+        return len(name) == 1 + _DIGEST
+    if not 0 < len(name) <= DIRECT_NAME:
+        return False
+    try:
+        name.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def dedup_prefix(pool: str) -> bytes:
@@ -273,7 +295,7 @@ class DedupKey(NamedTuple):
 
     pool: str
     expiry: bool  # an expiry key (else an index entry)
-    digest: bytes
+    name: bytes  # the dedup key's name (see dedup_name)
     finished_at: float | None  # an expiry key's finish time
 
 
@@ -287,15 +309,16 @@ def parse_dedup_key(key: bytes) -> DedupKey | None:
     if not nul or not POOL_NAME.fullmatch(pool):
         return None
     if prefix == _DEDUP_PREFIX:
-        return DedupKey(pool, False, rest, None) if len(rest) == _DIGEST else None
-    if len(rest) != 8 + _DIGEST:
+        return DedupKey(pool, False, rest, None) if _valid_name(rest) else None
+    if len(rest) <= 8 or not _valid_name(rest[8:]):
         return None
     return DedupKey(pool, True, rest[8:], decode_due(_U64.unpack_from(rest)[0]))
 
 
-def expiry_key(pool: str, finished_at: float, digest: bytes) -> bytes:
-    """The expiry key of a dedup key finished at ``finished_at``: they sort by that time."""
-    return expiry_prefix(pool) + _U64.pack(encode_due(finished_at)) + digest
+def expiry_key(pool: str, finished_at: float, name: bytes) -> bytes:
+    """The expiry key of a dedup key (by its name) finished at ``finished_at``: they sort
+    by that time."""
+    return expiry_prefix(pool) + _U64.pack(encode_due(finished_at)) + name
 
 
 def is_format_key(key: bytes) -> bool:

@@ -7,7 +7,9 @@ the keys come from :mod:`.keys`, the values are sealed and checked by :mod:`.rec
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Iterator
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -25,13 +27,14 @@ from dopool._layout.keys import (
     _RANK_DUE_SEQ,
     _U64,
     _WAIT_TAG,
+    DIRECT_NAME,
     RecordKind,
     _mark_source,
     _mark_suffix,
     _valid_suffix,
     dead_letter_sequence,
     decode_due,
-    dedup_digest,
+    dedup_name,
     dedup_prefix,
     encode_due,
     expiry_key,
@@ -66,6 +69,7 @@ from dopool._layout.records import (
     seal_meta,
     seal_outbox,
     seal_pool,
+    unpack,
 )
 
 if TYPE_CHECKING:
@@ -442,15 +446,19 @@ class DedupIndex:
         self._expiry = expiry_prefix(pool)
 
     def entry_key(self, dedup_key: str) -> bytes:
-        return self._prefix + dedup_digest(dedup_key)
+        data = dedup_key.encode()  # dedup_name's direct form written out: the usual one
+        if len(data) <= DIRECT_NAME:
+            return self._prefix + data
+        return self._prefix + dedup_name(dedup_key)
 
-    def get(self, txn: Txn, dedup_key: str) -> DedupRecord | None:
-        """The entry of ``dedup_key``, if any.
+    def get(self, txn: Txn, dedup_key: str, key: bytes | None = None) -> DedupRecord | None:
+        """The entry of ``dedup_key`` (under ``key``, its entry key if known), if any.
 
         Raises:
             DamagedRecordError: the entry fails its checks, or holds another key.
         """
-        key = self.entry_key(dedup_key)
+        if key is None:
+            key = self.entry_key(dedup_key)
         raw = txn.get(key)
         if raw is None:
             return None
@@ -463,16 +471,69 @@ class DedupIndex:
         key = self.entry_key(record.dedup_key)
         txn.put(key, seal_dedup(key, record))
 
-    def finish(self, txn: Txn, record: DedupRecord, finished_at: float, window: float) -> None:
-        """The entry's event finished: remove the entry (no window), or stamp it and queue
-        its expiry."""
-        key = self.entry_key(record.dedup_key)
+    def claim(
+        self,
+        txn: Txn,
+        key: bytes,
+        dedup_key: str,
+        instance: int,
+        sequence: int,
+        position: int,
+        priority: int,
+        due: float,
+    ) -> None:
+        """Write the entry of an unfinished event under ``key`` (its :meth:`entry_key`)
+        from its fields (:meth:`put` without a record built: this runs for every keyed
+        event stored)."""
+        body = pack((dedup_key, instance, sequence, position, priority, due, None))
+        txn.put(key, seal(key, body))
+
+    def finish(
+        self,
+        txn: Txn,
+        dedup_key: str,
+        instance: int,
+        sequence: int,
+        finished_at: float,
+        window: float,
+    ) -> bool:
+        """Event ``sequence`` of ``instance`` finished: if the entry of ``dedup_key`` names
+        it, unfinished, remove the entry (no window), or stamp it and queue its expiry;
+        whether it did.
+
+        Raises:
+            DamagedRecordError: the entry fails its checks.
+        """
+        key = self.entry_key(dedup_key)
+        raw = txn.get(key)
+        if raw is None:
+            return False
+        # Only what is compared is checked here (the checksum, the key, the event); an
+        # entry that does not match that way is read in full, which raises if damaged.
+        fields = None
+        body = raw[4:]
+        if int.from_bytes(raw[:4], "big") == zlib.crc32(body, zlib.crc32(key)):
+            with suppress(Exception):
+                fields = unpack(body)
+        if not (
+            type(fields) is list
+            and len(fields) == 7
+            and fields[0] == dedup_key
+            and type(fields[1]) is int
+            and type(fields[2]) is int
+            and (fields[1], fields[2]) == (instance, sequence)
+            and fields[6] is None
+        ):
+            read_dedup(key, raw)
+            return False  # it names another event, or a finished one
         if window <= 0:
             txn.delete(key)
-            return
-        txn.put(key, seal_dedup(key, record._replace(finished_at=finished_at)))
+            return True
+        fields[6] = finished_at
+        txn.put(key, seal(key, pack(fields)))
         expiry = expiry_key(self.pool, finished_at, key[len(self._prefix) :])
         txn.put(expiry, seal_expiry(expiry))
+        return True
 
     def sweep(self, txn: Txn, now: float, window: float, limit: int) -> int:
         """Remove up to ``limit`` entries finished ``window`` seconds or more before
@@ -488,7 +549,7 @@ class DedupIndex:
             found = cursor.set_range(self._expiry)
             while found and len(done) < limit:
                 key = cursor.key()
-                if not key.startswith(self._expiry) or len(key) != start + 8 + 16:
+                if not key.startswith(self._expiry) or len(key) <= start + 8:
                     break
                 bits = _U64.unpack_from(key, start)[0]
                 if bits > limit_bits:
