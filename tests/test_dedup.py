@@ -13,6 +13,7 @@ from typing import Any
 import lmdb
 import pytest
 
+from cli_support import invoke
 from dopool import (
     ConfigurationError,
     DamagedRecordError,
@@ -481,3 +482,26 @@ def test_the_readme_example_enqueues_with_delay_and_dedup_key(tmp_path: Path) ->
     assert block is not None
     code = block.group(1).replace('Runtime("./data")', f"Runtime({str(tmp_path)!r})")
     exec(compile(code, "README.md", "exec"), {})  # its asserts are the test
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+def test_dopool_status_counts_duplicates_and_redrive_keeps_a_key(store_path: Path) -> None:
+    with Runtime.simulated(store_path, start=5.0) as runtime:
+        pool, _ = define(runtime, dedup_window=60.0)
+        pool.enqueue({"fail": True}, dedup_key="k")
+        assert pool.join(timeout=10)
+        assert pool.enqueue("again", dedup_key="k").duplicate
+    result = invoke("status", str(store_path))
+    assert result.exit_code == 0, result.output
+    assert "1 duplicates" in result.stdout
+    assert invoke("dead-letters", str(store_path), "--pool", "p", "--redrive").exit_code == 0
+    with Runtime.simulated(store_path, start=6.0) as runtime:
+        pool, log = define(runtime)
+        pool.pause()
+        assert pool.enqueue("later", dedup_key="k").duplicate  # the redriven event holds it
+        pool.resume()
+        assert pool.join(timeout=10)
+        assert log.ran == [{"fail": True}]
+        checks_out(runtime)

@@ -53,6 +53,7 @@ def _status_table(item: PoolStatus, waiting: dict[str, int]) -> Table:
             f"{item.enqueued:,} enqueued · {item.pending:,} pending{scheduled} · "
             f"{item.succeeded:,} succeeded · {item.dead_lettered:,} dead-lettered · "
             f"{item.drained:,} drained"
+            + (f" · {item.duplicates:,} duplicates" if item.duplicates else "")
         ),
         title_justify="left",
         box=box.SIMPLE_HEAD,
