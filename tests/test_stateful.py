@@ -861,7 +861,7 @@ def test_an_event_that_crashes_its_instance_every_time_is_dead_lettered() -> Non
         poison = {"fail": 99, "mode": "crash", "spawn": True}
         healthy = {"fail": 0, "mode": "error", "spawn": False}
         machine.enqueue(poison, "alpha", 0, None, None)
-        machine.enqueue_many([healthy, healthy], "alpha", 0, None)
+        machine.enqueue_many([(healthy, None), (healthy, None)], "alpha", 0, None)
         machine.join()
         for check in (
             machine.status_matches_model,
