@@ -8,8 +8,8 @@ from pathlib import Path
 SRC = Path(__file__).parent.parent / "src" / "dopool"
 LAYOUT = SRC / "_layout"
 
-# The format key, the pool and instance prefixes, and the tags of an instance's keys.
-KEY_BYTES = {b"F", b"P", b"I", b"m", b"q", b"w", b"d", b"o", b"s"}
+# The format key, the pool, instance and dedup prefixes, and the tags of an instance's keys.
+KEY_BYTES = {b"F", b"P", b"I", b"K", b"E", b"m", b"q", b"w", b"d", b"o", b"s"}
 
 
 def test_only_the_keys_module_of_the_layout_spells_a_key() -> None:

@@ -101,6 +101,19 @@ class Dedup:
                 found[position] = existing
         return found
 
+    def screen(
+        self, txn: Txn, items: tuple[Item, ...], now: float
+    ) -> tuple[tuple[Item, ...], Duplicates | None]:
+        """The items of a batch to store, and the duplicates (:meth:`resolve`).
+
+        Raises:
+            DamagedRecordError: the entry of one of their keys is damaged.
+        """
+        duplicates = self.resolve(txn, items, now)
+        if not duplicates:
+            return items, None
+        return tuple(item for n, item in enumerate(items) if n not in duplicates), duplicates
+
     def _existing(
         self,
         txn: Txn,
@@ -174,9 +187,19 @@ class Dedup:
             return False
         return True
 
-    def any_claimed(self, txn: Txn) -> bool:
-        """Whether the pool's index holds any entry (else no stored event has a key)."""
-        return next(iter(self._index.entries(txn)), None) is not None
+    def release_pending(self, txn: Txn, ns: Namespace, index: int, now: float) -> None:
+        """Every pending event of instance ``index`` (namespace ``ns``) finishes now (a
+        drain): release their keys. Their records are read only if the pool's index
+        holds any entry (else none has a key)."""
+        if next(iter(self._index.entries(txn)), None) is None:
+            return
+        for sequence, key in ns.keyed_events(txn):
+            self.release(txn, key, index, sequence, now)
+
+
+def keyed(items: tuple[Item, ...]) -> bool:
+    """Whether any of ``items`` has a dedup key."""
+    return any(item.dedup_key is not None for item in items)
 
 
 def merge(count: int, stored: list[EnqueueResult], duplicates: Duplicates) -> list[EnqueueResult]:

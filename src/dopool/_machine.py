@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from dopool._alarm import delivery_failed, rearm, wake
-from dopool._dedup import Dedup, merge
+from dopool._deadletters import DeadLetters
+from dopool._dedup import Dedup, keyed, merge
 from dopool._errors import (
     DamagedRecordError,
     DopoolError,
@@ -44,7 +45,6 @@ from dopool._messages import Item
 from dopool._options import PoolOptions
 from dopool._retry import uniform_draw
 from dopool._scheduled import promote, schedule
-from dopool._status import dead_letter_from_record
 from dopool._storage import Txn
 from dopool._types import DeadLetter, EnqueueResult, EventKind, PoolEvent
 from dopool.chaos import FaultInjector
@@ -86,6 +86,7 @@ class QueueMachine:
     """
 
     __slots__ = (
+        "_dead",
         "_dedup",
         "_fault_point",
         "_faults",
@@ -124,6 +125,15 @@ class QueueMachine:
         self._follow_ups = FollowUps(
             pool=pool, index=index, namespace=self._ns, route=route, append=self.append
         )
+        self._dead = DeadLetters(
+            ident=self._id,
+            index=index,
+            namespace=self._ns,
+            dedup=self._dedup,
+            append=self.append,
+            remove=self._remove_current,
+            event=self.event,
+        )
 
     @property
     def namespace(self) -> Namespace:
@@ -135,22 +145,19 @@ class QueueMachine:
 
         ``token`` is the caller's (its message). A batch is all or nothing: one
         that would pass ``max_queue_depth`` is refused alone (its answer is the
-        :class:`QueueFullError`), and so is one whose dedup key's index entry is
-        damaged (the :class:`DamagedRecordError`). An item whose dedup key an event
-        holds is not stored: its answer is that event's (:mod:`dopool._dedup`).
+        :class:`QueueFullError`), or whose dedup key's entry is damaged; an item whose
+        dedup key an event holds is not stored (:mod:`dopool._dedup`).
         """
         limit = self._options.max_queue_depth
         for token, batch in batches:
             items, duplicates = batch, None
-            if items and (items[0].dedup_key is not None or (len(items) > 1 and _keyed(items))):
+            if items and (items[0].dedup_key is not None or (len(items) > 1 and keyed(items))):
                 try:
-                    duplicates = self._dedup.resolve(txn, items, now)
+                    items, duplicates = self._dedup.screen(txn, items, now)
                 except DamagedRecordError as damage:
                     logger.error("instance %s: enqueue refused: %s", self._id, damage)
                     fx.answers.append((token, damage))
                     continue
-                if duplicates:
-                    items = tuple(item for n, item in enumerate(items) if n not in duplicates)
             incoming = len(items)
             if limit is not None and incoming and meta.pending + incoming > limit:
                 full = QueueFullError(
@@ -266,7 +273,7 @@ class QueueMachine:
                     record = self._ns.get_event(txn, key)
                 break
             except DamagedRecordError as damage:
-                self._set_aside(txn, meta, damage, now, fx)
+                self._dead.set_aside(txn, meta, damage, now, fx)
                 if meta.pending == 0:
                     return None
         if key is None or record is None:
@@ -299,8 +306,7 @@ class QueueMachine:
         fx: Effects,
         dedup_key: str | None = None,
     ) -> None:
-        """The current event succeeded: remove it (and release its dedup key), and store
-        its follow-ups."""
+        """The current event succeeded: remove it, and store its follow-ups."""
         self._remove_current(txn, meta, key)
         meta.succeeded += 1
         if dedup_key is not None:
@@ -347,45 +353,7 @@ class QueueMachine:
             False,
             record.dedup_key,
         )
-        self._bury(txn, meta, key, sequence, dead, now, fx)
-
-    def _set_aside(
-        self, txn: Txn, meta: Meta, damage: DamagedRecordError, now: float, fx: Effects
-    ) -> None:
-        """Dead-letter a pending event whose record is damaged, without decoding it.
-
-        The dead letter keeps the record's bytes as found and is marked
-        ``damaged``, so it is reported and never redriven.
-        """
-        key = damage.key
-        sequence = queue_key_sequence(key)
-        attempts = meta.attempt if meta.current == key else 0
-        error = f"DamagedRecordError: {damage.reason}"
-        priority = queue_key_priority(key)
-        dead = DeadRecord(damage.value, error, attempts, now, now, None, priority, True)
-        logger.error("instance %s: event %d dead-lettered: %s", self._id, sequence, error)
-        self._bury(txn, meta, key, sequence, dead, now, fx)
-
-    def _bury(
-        self,
-        txn: Txn,
-        meta: Meta,
-        key: bytes,
-        sequence: int,
-        dead: DeadRecord,
-        now: float,
-        fx: Effects,
-    ) -> None:
-        """Move the event at ``key`` to the dead letters, in this transaction."""
-        self._ns.put_dead_letter(txn, sequence, dead)
-        meta.held_dead_letters += 1
-        meta.dead_lettered += 1
-        self._remove_current(txn, meta, key)
-        if dead.dedup_key is not None:
-            self._dedup.release(txn, dead.dedup_key, self._index, sequence, now)
-        fx.events.append(self.event("dead_lettered", now, sequence, dead.attempts, dead.error))
-        fx.dead.append(dead_letter_from_record(self._index, sequence, dead))
-        fx.empty = meta.pending == 0
+        self._dead.bury(txn, meta, key, sequence, dead, now, fx)
 
     def _remove_current(self, txn: Txn, meta: Meta, key: bytes) -> None:
         self._ns.delete_event(txn, key)
@@ -412,7 +380,7 @@ class QueueMachine:
             try:
                 record = self._ns.get_event(txn, meta.current)
             except DamagedRecordError as damage:
-                self._set_aside(txn, meta, damage, now, fx)
+                self._dead.set_aside(txn, meta, damage, now, fx)
                 record = None
             if record is not None:
                 crash = DopoolError(f"instance crashed during attempt {meta.attempt}")
@@ -442,9 +410,7 @@ class QueueMachine:
 
         Each one's dedup key is released, as if it had finished now.
         """
-        keyed = self._ns.keyed_events(txn) if self._dedup.any_claimed(txn) else []
-        for sequence, dedup_key in keyed:
-            self._dedup.release(txn, dedup_key, self._index, sequence, now)
+        self._dedup.release_pending(txn, self._ns, self._index, now)
         removed = self._ns.delete_events(txn)
         count = meta.pending
         meta.drained += count
@@ -464,44 +430,13 @@ class QueueMachine:
     def redrive(
         self, txn: Txn, meta: Meta, wanted: frozenset[int] | None, now: float, fx: Effects
     ) -> int:
-        """Re-enqueue dead letters (those ``wanted``, or all) as new events; how many.
-
-        A redrive is a new enqueue of the event with its dedup key, checked like any,
-        except that the dead letter's own finish does not count against it: one whose
-        key another event holds is a duplicate, removed and counted, not stored. One
-        whose key's index entry is damaged stays, as a damaged dead letter does.
-        """
-        chosen = [  # a damaged one stays where it is, to be inspected and purged
-            (sequence, dead)
-            for sequence, dead in self._ns.iter_dead_letters(txn)
-            if (wanted is None or sequence in wanted)
-            and not dead.damaged
-            and (dead.dedup_key is None or self._dedup.readable(txn, dead.dedup_key))
-        ]
-        for sequence, _ in chosen:
-            self._ns.pop_dead_letter(txn, sequence)
-        batch = tuple(
-            Item(dead.event, dead.partition_key, dead.priority, None, dead.dedup_key)
-            for _, dead in chosen
-        )
-        meta.held_dead_letters -= len(batch)
-        if _keyed(batch):
-            owners = [(self._index, sequence) for sequence, _ in chosen]
-            duplicates = self._dedup.resolve(txn, batch, now, owners)
-            batch = tuple(item for n, item in enumerate(batch) if n not in duplicates)
-            meta.duplicates += len(duplicates)
-        self.append(txn, meta, batch, now, fx)
-        rearm(meta, now)
-        return len(batch)
+        """Re-enqueue dead letters (those ``wanted``, or all) as new events; how many
+        (:mod:`dopool._deadletters`)."""
+        return self._dead.redrive(txn, meta, wanted, now, fx)
 
     def purge(self, txn: Txn, meta: Meta, wanted: frozenset[int] | None) -> int:
         """Delete the dead letters ``wanted`` still stored, or all; how many. No counter changes."""
-        if wanted is None:
-            count, meta.held_dead_letters = self._ns.delete_dead_letters(txn), 0
-            return count
-        count = sum(self._ns.pop_dead_letter(txn, sequence) is not None for sequence in wanted)
-        meta.held_dead_letters -= count
-        return count
+        return self._dead.purge(txn, meta, wanted)
 
     # -- follow-ups between instances ------------------------------------------------------
     def deliver(
@@ -536,11 +471,6 @@ class QueueMachine:
     ) -> PoolEvent:
         """A :class:`PoolEvent` of this instance."""
         return PoolEvent(kind, self._pool, self._index, sequence, attempt, time, error)
-
-
-def _keyed(items: tuple[Item, ...]) -> bool:
-    """Whether any of ``items`` has a dedup key."""
-    return any(item.dedup_key is not None for item in items)
 
 
 def _position(meta: Meta, priority: int) -> int:

@@ -76,7 +76,7 @@ def submitter(pool: WorkerPool) -> Callable[[Any, str | None, str | None], tuple
     ) -> tuple[int, Reply]:
         item = prepare(event, partition_key, 0)
         if dedup_key is not None:
-            item = item._replace(dedup_key=dedup_key)
+            item = Item(item.event, item.partition_key, item.priority, item.due, dedup_key)
         return instances.submit(item, partition_key)
 
     return submit_to_pool

@@ -5,14 +5,16 @@
 - :mod:`.limits`: the format version and the limits of a store of that format;
 - :mod:`.keys`: every key, which record it holds, and taking a key apart;
 - :mod:`.records`: the records, their encoding, checksums and field checks;
-- :mod:`.namespace`: an instance's keys, the pool records and a pool's dedup index,
-  read and written in a transaction;
+- :mod:`.namespace`: an instance's keys and the pool records, read and written in a
+  transaction;
+- :mod:`.dedup`: a pool's dedup index, its records read and written in a transaction;
 - :mod:`.migrate`: a store of an older format rewritten as this one.
 
 Everything outside this package sees records, namespaces and parsed keys, never a
 key's layout or msgpack, and imports them from here.
 """
 
+from dopool._layout.dedup import DedupIndex, DedupRecord, read_dedup, read_expiry
 from dopool._layout.keys import (
     FORMAT_KEY,
     MIGRATED_DUE,
@@ -52,7 +54,6 @@ from dopool._layout.limits import (
 )
 from dopool._layout.migrate import migrate_store
 from dopool._layout.namespace import (
-    DedupIndex,
     Namespace,
     follow_ups_to,
     get_pool,
@@ -61,7 +62,6 @@ from dopool._layout.namespace import (
 )
 from dopool._layout.records import (
     DeadRecord,
-    DedupRecord,
     EventRecord,
     Meta,
     OutboxRecord,
@@ -70,9 +70,7 @@ from dopool._layout.records import (
     open_sealed,
     pack,
     read_dead,
-    read_dedup,
     read_event,
-    read_expiry,
     read_format,
     read_link,
     read_meta,

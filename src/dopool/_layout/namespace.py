@@ -7,9 +7,7 @@ the keys come from :mod:`.keys`, the values are sealed and checked by :mod:`.rec
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Iterator
-from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -27,18 +25,13 @@ from dopool._layout.keys import (
     _RANK_DUE_SEQ,
     _U64,
     _WAIT_TAG,
-    DIRECT_NAME,
     RecordKind,
     _mark_source,
     _mark_suffix,
     _valid_suffix,
     dead_letter_sequence,
     decode_due,
-    dedup_name,
-    dedup_prefix,
     encode_due,
-    expiry_key,
-    expiry_prefix,
     outbox_sequence,
     pool_key,
     pool_name_of,
@@ -46,7 +39,6 @@ from dopool._layout.keys import (
 from dopool._layout.limits import PRIORITY_MAX
 from dopool._layout.records import (
     DeadRecord,
-    DedupRecord,
     EventRecord,
     Meta,
     OutboxRecord,
@@ -54,7 +46,6 @@ from dopool._layout.records import (
     open_sealed,
     pack,
     read_dead,
-    read_dedup,
     read_event,
     read_link,
     read_meta,
@@ -62,14 +53,11 @@ from dopool._layout.records import (
     read_pool,
     seal,
     seal_dead,
-    seal_dedup,
     seal_event,
-    seal_expiry,
     seal_link,
     seal_meta,
     seal_outbox,
     seal_pool,
-    unpack,
 )
 
 if TYPE_CHECKING:
@@ -426,156 +414,6 @@ def _dead_or_damaged(key: bytes, raw: bytes) -> DeadRecord:
         return read_dead(key, raw)
     except DamagedRecordError as exc:
         return DeadRecord(raw, f"DamagedRecordError: {exc.reason}", 0, 0.0, 0.0, None, 0, True)
-
-
-# -- a pool's dedup index ---------------------------------------------------------------
-
-
-class DedupIndex:
-    """A pool's dedup keys: one index entry per key, and the finished ones by finish time.
-
-    Methods take an open transaction; the index is the pool's, so every instance's
-    transaction reads and writes the same entries.
-    """
-
-    __slots__ = ("_expiry", "_prefix", "pool")
-
-    def __init__(self, pool: str) -> None:
-        self.pool = pool
-        self._prefix = dedup_prefix(pool)
-        self._expiry = expiry_prefix(pool)
-
-    def entry_key(self, dedup_key: str) -> bytes:
-        data = dedup_key.encode()  # dedup_name's direct form written out: the usual one
-        if len(data) <= DIRECT_NAME:
-            return self._prefix + data
-        return self._prefix + dedup_name(dedup_key)
-
-    def get(self, txn: Txn, dedup_key: str, key: bytes | None = None) -> DedupRecord | None:
-        """The entry of ``dedup_key`` (under ``key``, its entry key if known), if any.
-
-        Raises:
-            DamagedRecordError: the entry fails its checks, or holds another key.
-        """
-        if key is None:
-            key = self.entry_key(dedup_key)
-        raw = txn.get(key)
-        if raw is None:
-            return None
-        record = read_dedup(key, raw)
-        if record.dedup_key != dedup_key:
-            raise damaged(key, raw, f"it holds the dedup key {record.dedup_key!r}")
-        return record
-
-    def put(self, txn: Txn, record: DedupRecord) -> None:
-        key = self.entry_key(record.dedup_key)
-        txn.put(key, seal_dedup(key, record))
-
-    def claim(
-        self,
-        txn: Txn,
-        key: bytes,
-        dedup_key: str,
-        instance: int,
-        sequence: int,
-        position: int,
-        priority: int,
-        due: float,
-    ) -> None:
-        """Write the entry of an unfinished event under ``key`` (its :meth:`entry_key`)
-        from its fields (:meth:`put` without a record built: this runs for every keyed
-        event stored)."""
-        body = pack((dedup_key, instance, sequence, position, priority, due, None))
-        txn.put(key, seal(key, body))
-
-    def finish(
-        self,
-        txn: Txn,
-        dedup_key: str,
-        instance: int,
-        sequence: int,
-        finished_at: float,
-        window: float,
-    ) -> bool:
-        """Event ``sequence`` of ``instance`` finished: if the entry of ``dedup_key`` names
-        it, unfinished, remove the entry (no window), or stamp it and queue its expiry;
-        whether it did.
-
-        Raises:
-            DamagedRecordError: the entry fails its checks.
-        """
-        key = self.entry_key(dedup_key)
-        raw = txn.get(key)
-        if raw is None:
-            return False
-        # Only what is compared is checked here (the checksum, the key, the event); an
-        # entry that does not match that way is read in full, which raises if damaged.
-        fields = None
-        body = raw[4:]
-        if int.from_bytes(raw[:4], "big") == zlib.crc32(body, zlib.crc32(key)):
-            with suppress(Exception):
-                fields = unpack(body)
-        if not (
-            type(fields) is list
-            and len(fields) == 7
-            and fields[0] == dedup_key
-            and type(fields[1]) is int
-            and type(fields[2]) is int
-            and (fields[1], fields[2]) == (instance, sequence)
-            and fields[6] is None
-        ):
-            read_dedup(key, raw)
-            return False  # it names another event, or a finished one
-        if window <= 0:
-            txn.delete(key)
-            return True
-        fields[6] = finished_at
-        txn.put(key, seal(key, pack(fields)))
-        expiry = expiry_key(self.pool, finished_at, key[len(self._prefix) :])
-        txn.put(expiry, seal_expiry(expiry))
-        return True
-
-    def sweep(self, txn: Txn, now: float, window: float, limit: int) -> int:
-        """Remove up to ``limit`` entries finished ``window`` seconds or more before
-        ``now``, oldest first; how many expiry keys went.
-
-        An expiry key whose entry was taken over since (by a newer event of its key,
-        or a newer finish) goes alone; a damaged entry is left for ``dopool check``.
-        """
-        done: list[bytes] = []
-        limit_bits = encode_due(now - window)
-        start = len(self._expiry)
-        with txn.cursor() as cursor:
-            found = cursor.set_range(self._expiry)
-            while found and len(done) < limit:
-                key = cursor.key()
-                if not key.startswith(self._expiry) or len(key) <= start + 8:
-                    break
-                bits = _U64.unpack_from(key, start)[0]
-                if bits > limit_bits:
-                    break
-                done.append(bytes(key))
-                found = cursor.next()
-        for expiry in done:
-            entry_key = self._prefix + expiry[start + 8 :]
-            raw = txn.get(entry_key)
-            if raw is not None:
-                try:
-                    record = read_dedup(entry_key, raw)
-                except DamagedRecordError:
-                    record = None
-                finished = decode_due(_U64.unpack_from(expiry, start)[0])
-                if record is not None and record.finished_at == finished:
-                    txn.delete(entry_key)
-            txn.delete(expiry)
-        return len(done)
-
-    def entries(self, txn: Txn) -> Iterator[tuple[bytes, bytes]]:
-        """Every index entry's key and stored value (for checkers)."""
-        return _iter_prefix(txn, self._prefix)
-
-    def count_expiries(self, txn: Txn) -> int:
-        return _count_prefix(txn, self._expiry)
 
 
 def _iter_prefix(

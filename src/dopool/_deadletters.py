@@ -1,0 +1,140 @@
+"""The dead letters of one instance: an event buried (its attempts ended, or its record is
+damaged), redriven as new events, or purged. Part of the queue machine
+(:mod:`dopool._machine`).
+
+A buried event leaves the queue for the dead letters in the transaction of its last
+outcome, and releases its dedup key. A pending event whose record is damaged is set
+aside without being decoded: its dead letter keeps the bytes as found, is marked
+``damaged``, and is never redriven.
+
+A redrive takes the dead letters asked for (all, or some by sequence) out of the store
+and appends them to the queue as new events, with new sequences, in one transaction.
+A damaged dead letter stays, to be inspected and purged; so does one whose dedup key's
+index entry is damaged. A redrive is a new enqueue with the dead letter's dedup key,
+checked like any (:mod:`dopool._dedup`), except that the dead letter's own finish does
+not hold the key against it: one whose key another event holds is that event's
+duplicate, removed, counted in the meta's ``duplicates``, and not stored.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from dopool._alarm import rearm
+from dopool._dedup import Dedup, keyed
+from dopool._errors import DamagedRecordError
+from dopool._layout import DeadRecord, Meta, Namespace, queue_key_priority, queue_key_sequence
+from dopool._messages import Item
+from dopool._status import dead_letter_from_record
+from dopool._storage import Txn
+from dopool._types import PoolEvent
+
+if TYPE_CHECKING:
+    from dopool._machine import Effects
+
+logger = logging.getLogger("dopool")
+
+# The machine's: append items as new events; remove the current event; make a PoolEvent.
+Append = Callable[[Txn, Meta, tuple[Item, ...], float, "Effects"], object]
+Remove = Callable[[Txn, Meta, bytes], None]
+MakeEvent = Callable[..., PoolEvent]
+
+
+class DeadLetters:
+    """Instance ``index``'s dead letters (see the module docstring)."""
+
+    __slots__ = ("_append", "_dedup", "_event", "_id", "_index", "_ns", "_remove")
+
+    def __init__(
+        self,
+        *,
+        ident: str,
+        index: int,
+        namespace: Namespace,
+        dedup: Dedup,
+        append: Append,
+        remove: Remove,
+        event: MakeEvent,
+    ) -> None:
+        self._id = ident
+        self._index = index
+        self._ns = namespace
+        self._dedup = dedup
+        self._append = append
+        self._remove = remove
+        self._event = event
+
+    def bury(
+        self,
+        txn: Txn,
+        meta: Meta,
+        key: bytes,
+        sequence: int,
+        dead: DeadRecord,
+        now: float,
+        fx: Effects,
+    ) -> None:
+        """Move the event at ``key`` to the dead letters, in this transaction."""
+        self._ns.put_dead_letter(txn, sequence, dead)
+        meta.held_dead_letters += 1
+        meta.dead_lettered += 1
+        self._remove(txn, meta, key)
+        if dead.dedup_key is not None:
+            self._dedup.release(txn, dead.dedup_key, self._index, sequence, now)
+        fx.events.append(self._event("dead_lettered", now, sequence, dead.attempts, dead.error))
+        fx.dead.append(dead_letter_from_record(self._index, sequence, dead))
+        fx.empty = meta.pending == 0
+
+    def set_aside(
+        self, txn: Txn, meta: Meta, damage: DamagedRecordError, now: float, fx: Effects
+    ) -> None:
+        """Dead-letter a pending event whose record is damaged, without decoding it."""
+        key = damage.key
+        sequence = queue_key_sequence(key)
+        attempts = meta.attempt if meta.current == key else 0
+        error = f"DamagedRecordError: {damage.reason}"
+        priority = queue_key_priority(key)
+        dead = DeadRecord(damage.value, error, attempts, now, now, None, priority, True)
+        logger.error("instance %s: event %d dead-lettered: %s", self._id, sequence, error)
+        self.bury(txn, meta, key, sequence, dead, now, fx)
+
+    def redrive(
+        self, txn: Txn, meta: Meta, wanted: frozenset[int] | None, now: float, fx: Effects
+    ) -> int:
+        """Re-enqueue dead letters (those ``wanted``, or all) as new events; how many were
+        stored."""
+        dedup = self._dedup
+        chosen = [
+            (sequence, dead)
+            for sequence, dead in self._ns.iter_dead_letters(txn)
+            if (wanted is None or sequence in wanted)
+            and not dead.damaged
+            and (dead.dedup_key is None or dedup.readable(txn, dead.dedup_key))
+        ]
+        for sequence, _ in chosen:
+            self._ns.pop_dead_letter(txn, sequence)
+        batch = tuple(
+            Item(dead.event, dead.partition_key, dead.priority, None, dead.dedup_key)
+            for _, dead in chosen
+        )
+        meta.held_dead_letters -= len(batch)
+        if keyed(batch):
+            owners = [(self._index, sequence) for sequence, _ in chosen]
+            duplicates = dedup.resolve(txn, batch, now, owners)
+            batch = tuple(item for n, item in enumerate(batch) if n not in duplicates)
+            meta.duplicates += len(duplicates)
+        self._append(txn, meta, batch, now, fx)
+        rearm(meta, now)
+        return len(batch)
+
+    def purge(self, txn: Txn, meta: Meta, wanted: frozenset[int] | None) -> int:
+        """Delete the dead letters ``wanted`` still stored, or all; how many. No counter
+        changes."""
+        if wanted is None:
+            count, meta.held_dead_letters = self._ns.delete_dead_letters(txn), 0
+            return count
+        count = sum(self._ns.pop_dead_letter(txn, sequence) is not None for sequence in wanted)
+        meta.held_dead_letters -= count
+        return count
