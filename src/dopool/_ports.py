@@ -26,8 +26,10 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
+from dopool._messages import Item
+
 if TYPE_CHECKING:
-    from dopool._messages import Control, Item, Reply
+    from dopool._messages import Control, Reply
     from dopool._pool import Instances, WorkerPool
     from dopool._runtime import Runtime
     from dopool._storage import Txn
