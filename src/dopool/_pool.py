@@ -18,7 +18,7 @@ from dopool._layout import Namespace, follow_ups_to
 from dopool._mailbox import Mailbox
 from dopool._messages import Drain, Enqueue, Item, Pause, Purge, Redrive, Reply, Resume
 from dopool._options import PoolOptionsDict
-from dopool._router import Router
+from dopool._router import Router, pick, place
 from dopool._status import instance_status, pool_status
 from dopool._supervisor import Supervisor
 from dopool._types import DeadLetter, EnqueueResult, PoolStatus
@@ -192,31 +192,20 @@ class WorkerPool:
             delay: seconds (or a timedelta) from now before it is due.
             not_before: the clock time it is due at: a float of the runtime's clock, or,
                 under a real clock, a timezone-aware datetime. Not with ``delay``.
-            dedup_key: stores the event once per pool: while an event with this key is
-                unfinished, and for the pool's ``dedup_window`` seconds after it
-                finished, an enqueue with the key stores nothing and answers that
-                event's result with ``duplicate=True``.
+            dedup_key: while an event of the pool with this key is unfinished or finished
+                within ``dedup_window``, store nothing: answer its result, ``duplicate``.
 
         Raises:
-            EventValidationError: not msgpack-encodable, rejected by the schema, or a
-                dedup key that is not a str or is empty.
+            EventValidationError: not msgpack-encodable, rejected by the schema, a bad key.
             ScheduleError: a bad ``delay`` or ``not_before``, or both given.
-            EventTooLargeError: over 128 KiB encoded, or a partition or dedup key over
-                2 KiB.
+            EventTooLargeError: over 128 KiB encoded, or a partition or dedup key over 2 KiB.
             QueueFullError: the chosen instance holds ``max_queue_depth`` events.
             PoolClosedError: the runtime is closed.
         """
         self._check_open()
         self._refuse_own_instance(None)
         due = None if delay is None and not_before is None else self._due(delay, not_before)
-        item = prepare(
-            event,
-            partition_key=partition_key,
-            priority=priority,
-            schema=self._schema,
-            due=due,
-            dedup_key=dedup_key,
-        )
+        item = prepare(event, partition_key, priority, self._schema, due=due, dedup_key=dedup_key)
         return self._route((item,), partition_key)[0]
 
     def enqueue_many(
@@ -232,8 +221,7 @@ class WorkerPool:
         """Add several events: validate all, then each instance stores its share atomically.
 
         ``partition_key``, ``priority``, ``delay`` and ``not_before`` apply to every
-        event, as in :meth:`enqueue`. ``dedup_keys`` holds one dedup key (or None) per
-        event; an event whose key an earlier one of the batch has is its duplicate.
+        event, as in :meth:`enqueue`; ``dedup_keys`` holds one key (or None) per event.
         If an instance refuses its share, the error's ``stored`` lists what the other
         instances stored.
         """
@@ -241,12 +229,7 @@ class WorkerPool:
         self._refuse_own_instance(None)
         due = None if delay is None and not_before is None else self._due(delay, not_before)
         items = prepare_many(
-            events,
-            partition_key=partition_key,
-            priority=priority,
-            schema=self._schema,
-            due=due,
-            dedup_keys=dedup_keys,
+            events, partition_key, priority, self._schema, due=due, dedup_keys=dedup_keys
         )
         if not items:
             return []
@@ -270,10 +253,9 @@ class WorkerPool:
             if stored is None:  # busy, killed or recovering: a message waits its turn
                 stored = self._call(index, partial(Enqueue, items))
             return stored
-        groups: dict[int, range | list[int]] = dict(self._router.split(len(items), partition_key))
-        if any(item.dedup_key is not None for item in items):
-            groups = _with_repeats(groups, items)
-        parts = [(index, _part(items, p)) for index, p in groups.items()]
+        keys = [item.dedup_key for item in items]
+        groups = self._router.split(len(items), partition_key, keys if any(keys) else None)
+        parts = [(index, pick(items, p)) for index, p in groups.items()]
         # Parts sent at once would commit in thread order; under a simulated
         # clock each part goes in turn instead, so the run is reproducible, and
         # so they do from an instance's thread (see ``_one_at_a_time``).
@@ -290,12 +272,7 @@ class WorkerPool:
             except DopoolError as exc:
                 failure = failure or exc
                 continue
-            positions = groups[index]
-            if isinstance(positions, range):
-                results[positions.start : positions.stop : positions.step] = stored
-            else:
-                for position, result in zip(positions, stored, strict=True):
-                    results[position] = result
+            place(results, groups[index], stored)
         if failure is not None:
             failure.stored = [result for result in results if result is not None]
             raise failure
@@ -521,30 +498,3 @@ class WorkerPool:
     def _check_open(self) -> None:
         if self._context.closed():
             raise PoolClosedError(self.name)
-
-
-def _part(items: tuple[Item, ...], positions: range | list[int]) -> tuple[Item, ...]:
-    if isinstance(positions, range):
-        return items[positions.start : positions.stop : positions.step]
-    return tuple(items[position] for position in positions)
-
-
-def _with_repeats(
-    groups: dict[int, range | list[int]], items: tuple[Item, ...]
-) -> dict[int, range | list[int]]:
-    """The positions each instance takes, an item whose dedup key an earlier one has
-    going to that one's instance: there, in one transaction, it is its duplicate."""
-    where = [0] * len(items)
-    for index, positions in groups.items():
-        for position in positions:
-            where[position] = index
-    first: dict[str, int] = {}
-    parts: dict[int, range | list[int]] = {index: [] for index in groups}
-    for position, item in enumerate(items):
-        key = item.dedup_key
-        if key is not None:
-            where[position] = where[first.setdefault(key, position)]
-        part = parts[where[position]]
-        assert isinstance(part, list)
-        part.append(position)
-    return {index: part for index, part in parts.items() if part}

@@ -10,6 +10,14 @@ from __future__ import annotations
 import hashlib
 import itertools
 import threading
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+#: A batch's positions that one instance takes: a range, or a list once dedup keys
+#: have moved some (see :meth:`Router.split`).
+Positions = range | list[int]
 
 
 def stable_hash(partition_key: str) -> int:
@@ -38,10 +46,14 @@ class Router:
         with self._lock:
             return next(self._next) % self.concurrency
 
-    def split(self, count: int, partition_key: str | None) -> dict[int, range]:
+    def split(
+        self, count: int, partition_key: str | None, keys: Sequence[str | None] | None = None
+    ) -> dict[int, Positions]:
         """Positions ``0..count-1`` of a batch grouped by instance, in first-seen order.
 
         Round-robin gives instance ``i`` every ``concurrency``-th position, as a range.
+        With ``keys`` (each position's dedup key, or None), a position whose key an earlier
+        one has goes to that one's instance: there, in one transaction, it is its duplicate.
         """
         if partition_key is not None:
             return {self.choose(partition_key): range(count)}
@@ -50,6 +62,37 @@ class Router:
             # Claim the whole batch's turns at once, so batches from threads never interleave.
             self._next = itertools.count(start + count)
         step = self.concurrency
-        return {
+        groups: dict[int, Positions] = {
             (start + first) % step: range(first, count, step) for first in range(min(step, count))
         }
+        return groups if keys is None else _with_repeats(groups, keys)
+
+
+def _with_repeats(groups: dict[int, Positions], keys: Sequence[str | None]) -> dict[int, Positions]:
+    where = [0] * len(keys)
+    for index, positions in groups.items():
+        for position in positions:
+            where[position] = index
+    first: dict[str, int] = {}
+    parts: dict[int, list[int]] = {index: [] for index in groups}
+    for position, key in enumerate(keys):
+        if key is not None:
+            where[position] = where[first.setdefault(key, position)]
+        parts[where[position]].append(position)
+    return {index: part for index, part in parts.items() if part}
+
+
+def pick(items: Sequence[T], positions: Positions) -> tuple[T, ...]:
+    """The items at ``positions``."""
+    if isinstance(positions, range):
+        return tuple(items[positions.start : positions.stop : positions.step])
+    return tuple(items[position] for position in positions)
+
+
+def place(results: list[Any], positions: Positions, values: Sequence[Any]) -> None:
+    """Put ``values`` at ``positions`` of ``results``."""
+    if isinstance(positions, range):
+        results[positions.start : positions.stop : positions.step] = values
+    else:
+        for position, value in zip(positions, values, strict=True):
+            results[position] = value

@@ -118,10 +118,10 @@ def _finite(argument: str, value: Any, seconds: float) -> float:
 
 def prepare(
     event: Any,
-    *,
     partition_key: str | None,
     priority: int,
     schema: Schema | None,
+    *,
     position: int | None = None,
     due: float | None = None,
     dedup_key: str | None = None,
@@ -164,10 +164,10 @@ def _check_key(argument: str, key: Any, limit: int, position: int | None) -> Non
 
 def prepare_many(
     events: Iterable[Any],
-    *,
     partition_key: str | None,
     priority: int,
     schema: Schema | None,
+    *,
     due: float | None = None,
     dedup_keys: Iterable[str | None] | None = None,
 ) -> tuple[Item, ...]:
