@@ -496,6 +496,9 @@ def test_dopool_status_counts_duplicates_and_redrive_keeps_a_key(store_path: Pat
     result = invoke("status", str(store_path))
     assert result.exit_code == 0, result.output
     assert "1 duplicates" in result.stdout
+    listed = invoke("dead-letters", str(store_path))
+    assert "dedup key k" in listed.stdout, listed.output
+    assert '"dedup_key": "k"' in invoke("dead-letters", str(store_path), "--json").stdout
     assert invoke("dead-letters", str(store_path), "--pool", "p", "--redrive").exit_code == 0
     with Runtime.simulated(store_path, start=6.0) as runtime:
         pool, log = define(runtime)

@@ -157,6 +157,8 @@ def _print_dead_letters(
             shown += 1
             attempts = f"{letter.attempts} attempt" + ("" if letter.attempts == 1 else "s")
             key = "" if letter.partition_key is None else f" · key {_clean(letter.partition_key)}"
+            if letter.dedup_key is not None:
+                key += f" · dedup key {_clean(letter.dedup_key)}"
             out.print()
             out.print(
                 Text(f"{_clean(name)}:{letter.instance_index} #{letter.sequence}", style="bold"),
