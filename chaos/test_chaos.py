@@ -281,6 +281,15 @@ def test_dedup_keys_through_crashes_during_enqueue_in_a_checked_scenario() -> No
     assert result.duplicates > 0
 
 
+def test_a_store_whose_file_ends_in_free_pages_reopens() -> None:
+    """Seed 1686's drain of keyed events frees pages it allocated in the same transaction,
+    which LMDB never writes: the data file ends before them, and the reopen that follows
+    found it "shorter than in use" before the opening check read LMDB's free list."""
+    result = run_seed(1686)
+    assert result.ok, result.report()
+    assert result.reopens >= 2
+
+
 def test_about_half_the_seeds_key_their_events() -> None:
     scenarios = [generate(seed) for seed in range(60)]
     keyed = [

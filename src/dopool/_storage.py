@@ -42,6 +42,7 @@ from dopool._layout import (
     read_format,
     seal_format,
 )
+from dopool._lmdbfile import missing_pages_are_free
 
 # Virtual address space only: LMDB grows the file as pages are used.
 _MAP_SIZE = 1 << 36
@@ -371,17 +372,20 @@ def _check_data_file(path: Path) -> None:
 def _check_opened(env: Any, path: Path, *, create: bool) -> None:
     """Check an opened store: its file holds every page it uses, its format is ours.
 
-    A file shorter than its last page would kill the process with SIGBUS on
-    first read of a missing page. With ``create`` (a runtime's store, which may
-    write), a new, empty store gets the format record, and a store of an older
-    format it knows is migrated in place, in one transaction
-    (:mod:`dopool._layout.migrate`); read-only, such a store is refused like any
-    other. A store without a format record that holds anything is of no known format.
+    A file shorter than its last page in use would kill the process with SIGBUS on
+    first read of a missing page; one whose missing pages are all free is sound. With
+    ``create`` (a runtime's store, which may write), a new, empty store gets the format
+    record, and a store of an older format it knows is migrated in place, in one
+    transaction (:mod:`dopool._layout.migrate`); read-only, such a store is refused like
+    any other. A store without a format record that holds anything is of no known format.
     """
     try:
-        used = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-        size = (path / "data" / "data.mdb").stat().st_size
-        if size < used:
+        page_size = env.stat()["psize"]
+        used = (env.info()["last_pgno"] + 1) * page_size
+        data = path / "data" / "data.mdb"
+        size = data.stat().st_size
+        # Pages past the end may be free ones LMDB never wrote (see _lmdbfile).
+        if size < used and not missing_pages_are_free(str(data), size, page_size):
             raise StoreDamagedError(
                 path=str(path), reason=f"data/data.mdb is {size} bytes, shorter than {used} in use"
             )
