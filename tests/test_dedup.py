@@ -13,6 +13,7 @@ from typing import Any
 import lmdb
 import pytest
 
+import dopool
 from cli_support import invoke
 from dopool import (
     ConfigurationError,
@@ -508,3 +509,27 @@ def test_dopool_status_counts_duplicates_and_redrive_keeps_a_key(store_path: Pat
         assert pool.join(timeout=10)
         assert log.ran == [{"fail": True}]
         checks_out(runtime)
+
+
+# -- producers in other processes (dopool.connect) ------------------------------------------
+
+
+def test_a_producer_checks_the_same_index_as_the_owner(store_path: Path) -> None:
+    """A producer's enqueue and the owner's share one key space (here both in this
+    process, as the store allows), with the window the producer's handle was given."""
+    with Runtime(store_path) as runtime:
+        pool, log = define(runtime, concurrency=2)
+        pool.pause()
+        mine = pool.enqueue("owner's", dedup_key="k")
+        with dopool.connect(store_path) as connection:
+            producer = connection.pool("p", dedup_window=60.0)
+            again = producer.enqueue("producer's", dedup_key="k")
+            assert (again.duplicate, again.event_id) == (True, mine.event_id)
+            theirs = producer.enqueue_many(["a", "b"], dedup_keys=["j", "j"])
+            assert [r.duplicate for r in theirs] == [False, True]
+        assert pool.enqueue("owner's j", dedup_key="j").event_id == theirs[0].event_id
+        assert pool.status().duplicates == 3
+        checks_out(runtime)
+        pool.resume()
+        assert pool.join(timeout=10)
+        assert sorted(log.ran) == ["a", "owner's"]

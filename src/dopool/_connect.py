@@ -41,7 +41,7 @@ from dopool._layout import Namespace, get_pool, pool_records
 from dopool._machine import Effects, QueueMachine
 from dopool._messages import Item
 from dopool._options import PoolOptions, Schema
-from dopool._router import Router
+from dopool._router import Positions, Router, pick, place
 from dopool._status import read_pool_status
 from dopool._storage import Environment, Txn, open_shared
 from dopool._types import DeadLetter, EnqueueResult, PoolStatus
@@ -109,13 +109,18 @@ class Connection:
         self.close()
 
     def pool(
-        self, name: str, *, schema: Schema | None = None, max_queue_depth: int | None = None
+        self,
+        name: str,
+        *,
+        schema: Schema | None = None,
+        max_queue_depth: int | None = None,
+        dedup_window: float = 0.0,
     ) -> ProducerPool:
         """A producer's handle on pool ``name``, which a runtime defined in this store.
 
-        ``schema`` and ``max_queue_depth`` are the pool's ``define`` options of the
-        same names, which the store does not hold: the handle applies what it is
-        given, so pass the owner's to refuse what the owner would.
+        ``schema``, ``max_queue_depth`` and ``dedup_window`` are the pool's ``define``
+        options of the same names, which the store does not hold: the handle applies
+        what it is given, so pass the owner's to refuse what the owner would.
 
         Raises:
             PoolNotFoundError: no runtime ever defined the pool in this store.
@@ -123,7 +128,12 @@ class Connection:
             PoolClosedError: the connection is closed.
         """
         check_pool_name(name)
-        options = PoolOptions(execute=_no_handler, schema=schema, max_queue_depth=max_queue_depth)
+        options = PoolOptions(
+            execute=_no_handler,
+            schema=schema,
+            max_queue_depth=max_queue_depth,
+            dedup_window=dedup_window,
+        )
         with self.reading(name) as txn:
             if get_pool(txn, name) is None:
                 known = sorted(pool_records(txn))
@@ -241,21 +251,20 @@ class ProducerPool:
         priority: int = 0,
         delay: float | timedelta | None = None,
         not_before: float | datetime | None = None,
+        dedup_key: str | None = None,
     ) -> EnqueueResult:
         """Add one event; it is durable when this returns (see ``WorkerPool.enqueue``).
 
         Raises:
-            EventValidationError: not msgpack-encodable, or rejected by the schema.
+            EventValidationError: not msgpack-encodable, rejected by the schema, a bad key.
             ScheduleError: a bad ``delay`` or ``not_before``, or both given.
-            EventTooLargeError: over 128 KiB encoded, or a partition key over 2 KiB.
+            EventTooLargeError: over 128 KiB encoded, or a partition or dedup key over 2 KiB.
             QueueFullError: the chosen instance holds ``max_queue_depth`` events.
             PoolClosedError: the connection is closed.
         """
         self._connection.check_open(self._name)
         due = None if delay is None and not_before is None else self._due(delay, not_before)
-        item = prepare(
-            event, partition_key=partition_key, priority=priority, schema=self._schema, due=due
-        )
+        item = prepare(event, partition_key, priority, self._schema, due=due, dedup_key=dedup_key)
         return self._store((item,), partition_key)[0]
 
     def enqueue_many(
@@ -266,6 +275,7 @@ class ProducerPool:
         priority: int = 0,
         delay: float | timedelta | None = None,
         not_before: float | datetime | None = None,
+        dedup_keys: Iterable[str | None] | None = None,
     ) -> list[EnqueueResult]:
         """Add several events, validated first; each instance's share is stored atomically,
         all in one transaction. If an instance refuses its share, the error's ``stored``
@@ -273,7 +283,7 @@ class ProducerPool:
         self._connection.check_open(self._name)
         due = None if delay is None and not_before is None else self._due(delay, not_before)
         items = prepare_many(
-            events, partition_key=partition_key, priority=priority, schema=self._schema, due=due
+            events, partition_key, priority, self._schema, due=due, dedup_keys=dedup_keys
         )
         if not items:
             return []
@@ -289,18 +299,21 @@ class ProducerPool:
         share as its own runtime would store it; then wake the instances written."""
         now = self._connection.now()
 
-        def body(txn: Txn) -> list[tuple[int, range, list[EnqueueResult] | DopoolError]]:
+        keys = [item.dedup_key for item in items]
+
+        def body(txn: Txn) -> list[tuple[int, Positions, list[EnqueueResult] | DopoolError]]:
             router = self._route(txn)
+            groups: dict[int, Positions]
             if len(items) == 1:
                 groups = {router.choose(partition_key): range(1)}
             else:
-                groups = router.split(len(items), partition_key)
+                groups = router.split(len(items), partition_key, keys if any(keys) else None)
             answers = []
             for index, positions in groups.items():
                 machine = self._machine(index)
                 meta = machine.namespace.load_meta(txn)
                 effects = Effects()
-                share = items[positions.start : positions.stop : positions.step]
+                share = pick(items, positions)
                 machine.enqueue(txn, meta, [(index, share)], now, effects)
                 answer = effects.answers[0][1]
                 if not isinstance(answer, DopoolError):  # a refused share changes nothing
@@ -316,7 +329,7 @@ class ProducerPool:
                 failure = failure or answer
                 continue
             self._connection.notify(self._name, index)
-            results[positions.start : positions.stop : positions.step] = answer
+            place(results, positions, answer)
         if failure is not None:
             if len(items) > 1:
                 failure.stored = [result for result in results if result is not None]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 
 from dopool._errors import DamagedRecordError
-from dopool._layout import DedupIndex, Namespace
+from dopool._layout import DedupIndex, Namespace, event_stored, keyed_events
 from dopool._messages import Item
 from dopool._storage import Txn
 from dopool._types import EnqueueResult
@@ -127,9 +127,8 @@ class Dedup:
         if entry is None or (entry.instance, entry.sequence) == owner:
             return None
         if entry.finished_at is None:
-            if not self._namespace(entry.instance).has_event(
-                txn, entry.priority, entry.sequence, entry.due
-            ):
+            ns = self._namespace(entry.instance)
+            if not event_stored(txn, ns, entry.priority, entry.sequence, entry.due):
                 logger.warning(
                     "pool %s: dedup key %r named event %d of instance %d, which is not stored "
                     "(set aside as damaged?): claimed anew",
@@ -193,7 +192,7 @@ class Dedup:
         holds any entry (else none has a key)."""
         if next(iter(self._index.entries(txn)), None) is None:
             return
-        for sequence, key in ns.keyed_events(txn):
+        for sequence, key in keyed_events(txn, ns):
             self.release(txn, key, index, sequence, now)
 
 

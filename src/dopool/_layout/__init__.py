@@ -14,7 +14,14 @@ Everything outside this package sees records, namespaces and parsed keys, never 
 key's layout or msgpack, and imports them from here.
 """
 
-from dopool._layout.dedup import DedupIndex, DedupRecord, read_dedup, read_expiry
+from dopool._layout.dedup import (
+    DedupIndex,
+    DedupRecord,
+    event_stored,
+    keyed_events,
+    read_dedup,
+    read_expiry,
+)
 from dopool._layout.keys import (
     FORMAT_KEY,
     MIGRATED_DUE,
@@ -116,10 +123,12 @@ __all__ = [
     "describe_key",
     "encode_due",
     "encode_event",
+    "event_stored",
     "follow_ups_to",
     "format_1_mark",
     "get_pool",
     "is_format_key",
+    "keyed_events",
     "mark_source",
     "migrate_store",
     "open_sealed",

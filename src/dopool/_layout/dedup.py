@@ -5,6 +5,8 @@ event that holds the key, and when it finished; and one expiry key per finished 
 ``E <pool> \\0 <finished:8> <name>``, so that the entries past their window are found
 oldest first. The index is the pool's, not an instance's: every instance's transaction
 reads and writes the same entries. ``docs/store-format.md`` documents both records.
+Last, the events that hold keys, read from an instance's namespace: whether one is still
+stored, and every pending one's key (a drain's).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from dopool._layout.keys import (
     encode_due,
     expiry_key,
     expiry_prefix,
+    queue_key_sequence,
 )
-from dopool._layout.namespace import _count_prefix, _iter_prefix
+from dopool._layout.namespace import Namespace, _count_prefix, _iter_prefix
 from dopool._layout.records import (
     Layout,
     _count,
@@ -265,3 +268,35 @@ class DedupIndex:
 
     def count_expiries(self, txn: Txn) -> int:
         return _count_prefix(txn, self._expiry)
+
+
+# -- the events that hold keys ------------------------------------------------------------
+
+
+def event_stored(txn: Txn, ns: Namespace, priority: int, sequence: int, due: float) -> bool:
+    """Whether event ``sequence`` of ``ns`` is stored, due (or started) or scheduled, and
+    reads (a damaged one will never run)."""
+    for key in (ns.queue_key(priority, sequence, due), ns.scheduled_key(priority, sequence, due)):
+        try:
+            if ns.get_event(txn, key) is not None:
+                return True
+        except DamagedRecordError:
+            return False
+    return False
+
+
+def keyed_events(txn: Txn, ns: Namespace) -> list[tuple[int, str]]:
+    """The sequence and dedup key of every pending event of ``ns`` that has one and reads.
+
+    A damaged record is passed over: its key cannot be known (the index entry that names
+    it is found stale when next looked up).
+    """
+    keyed = []
+    for key in [*ns.iter_event_keys(txn), *ns.iter_scheduled_keys(txn)]:
+        try:
+            record = ns.get_event(txn, key)
+        except DamagedRecordError:
+            continue
+        if record is not None and record.dedup_key is not None:
+            keyed.append((queue_key_sequence(key), record.dedup_key))
+    return keyed

@@ -263,37 +263,6 @@ class Namespace:
     def delete_event(self, txn: Txn, key: bytes) -> None:
         txn.delete(key)
 
-    def has_event(self, txn: Txn, priority: int, sequence: int, due: float) -> bool:
-        """Whether event ``sequence`` is stored, due (or started) or scheduled, and reads
-        (a damaged one will never run)."""
-        for key in (
-            self.queue_key(priority, sequence, due),
-            self.scheduled_key(priority, sequence, due),
-        ):
-            try:
-                if self.get_event(txn, key) is not None:
-                    return True
-            except DamagedRecordError:
-                return False
-        return False
-
-    def keyed_events(self, txn: Txn) -> list[tuple[int, str]]:
-        """The sequence and dedup key of every pending event that has one and reads.
-
-        A damaged record is passed over: its key cannot be known (the index entry that
-        names it is found stale when next looked up).
-        """
-        keyed = []
-        for prefix in (self._queue, self._wait):
-            for key, raw in _iter_prefix(txn, prefix, len(prefix) + _RANK_DUE_SEQ.size):
-                try:
-                    dedup_key = read_event(key, raw).dedup_key
-                except DamagedRecordError:
-                    continue
-                if dedup_key is not None:
-                    keyed.append((_U64.unpack_from(key, len(key) - 8)[0], dedup_key))
-        return keyed
-
     def delete_events(self, txn: Txn) -> int:
         """Delete every pending event, due or scheduled; how many."""
         return _delete_prefix(txn, self._queue) + _delete_prefix(txn, self._wait)
