@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -54,10 +55,22 @@ FAULTS = FaultPlan(
 def test_racing_producers_kills_and_faults_lose_nothing(durability: str, tmp_path: Path) -> None:
     lock = threading.Lock()
     trace: dict[int, list[PoolEvent]] = defaultdict(list)  # each instance's events, in order
+    # Each instance's recoveries so far: after RESTARTS_AT_ONCE crashes in a row its
+    # restart waits a backoff, during which an enqueue is refused at once
+    # (InstanceCrashedError); the producer then waits for the next recovery.
+    recovered = threading.Condition()
+    recoveries = [0] * CONCURRENCY
+
+    def _recovered(index: int, seen: list[int]) -> bool:
+        return recoveries[index] > seen[index]
 
     def record(event: PoolEvent) -> None:
         with lock:
             trace[event.instance_index].append(event)
+        if event.kind == "recovered":
+            with recovered:
+                recoveries[event.instance_index] += 1
+                recovered.notify_all()
 
     def handler(ctx: EventContext) -> None:
         pass
@@ -72,11 +85,17 @@ def test_racing_producers_kills_and_faults_lose_nothing(durability: str, tmp_pat
                 key = f"k{producer}.{n % KEYS_PER_PRODUCER}"
                 event = {"producer": producer, "n": n}
                 for _ in range(ENQUEUE_TRIES):  # a crashed enqueue stored nothing: again
+                    with recovered:
+                        seen = list(recoveries)
                     try:
                         acknowledged.append((key, pool.enqueue(event, partition_key=key)))
                         break
-                    except InstanceCrashedError:
-                        continue
+                    except InstanceCrashedError as exc:
+                        index = int(exc.instance_id.rpartition(":")[2])
+                        with recovered:  # the crash's successor (at once, or after a backoff)
+                            assert recovered.wait_for(partial(_recovered, index, seen), TIMEOUT), (
+                                f"instance {index} did not recover"
+                            )
                 else:
                     pytest.fail(f"{event} crashed its instance {ENQUEUE_TRIES} times in a row")
                 if producer == 0 and n % KILL_EVERY == KILL_EVERY - 1:
