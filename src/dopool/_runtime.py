@@ -23,6 +23,7 @@ import pykka
 from dopool import _ports
 from dopool._actor import InstanceActor
 from dopool._clock import Clock, RealClock, SimulatedClock
+from dopool._closing import Closing, Stops
 from dopool._direct import DirectEnqueue
 from dopool._directory import Directory, PoolAddress
 from dopool._errors import (
@@ -379,14 +380,11 @@ class Runtime:
             )
         closing = self._stop_taking_work()
         if closing is not None:
-            self._shut_down(closing, deadline=None)
+            closing.finish(deadline=None)
 
-    def _stop_taking_work(self) -> list[tuple[Mailbox, pykka.ActorRef[Any] | None]] | None:
-        """Mark the runtime closed and its instances' mailboxes too; None if it was closed
-        already.
-
-        Returns each instance with the actor to stop.
-        """
+    def _stop_taking_work(self) -> Closing | None:
+        """Mark the runtime closed and its instances' mailboxes too (the first step of a
+        close; ``dopool worker`` takes it apart); None if it was closed already."""
         with self._lock:
             if self._closed:
                 return None
@@ -395,15 +393,10 @@ class Runtime:
             self._defined.clear()  # the tools' registrations (_ports) end with the pools
         with _open_lock:
             _open.discard(self)
-        return [
-            (supervisor.mailbox, supervisor.close())
-            for supervisors in pools
-            for supervisor in supervisors
-        ]
+        stops = [(sup.mailbox, sup.close()) for supervisors in pools for sup in supervisors]
+        return Closing(stops, self.clock.activity, self._shut_down)
 
-    def _shut_down(
-        self, closing: list[tuple[Mailbox, pykka.ActorRef[Any] | None]], deadline: float | None
-    ) -> None:
+    def _shut_down(self, closing: Stops, deadline: float | None) -> None:
         """Stop the actors, then close the store, the trace and the clock.
 
         Running handlers may finish until ``deadline`` (``time.monotonic()``; None
@@ -434,11 +427,10 @@ class Runtime:
         if abandoned:
             logger.warning(
                 "closing the runtime of %r: instance(s) %s still running after the grace "
-                "period (%g s at exit), or waiting for what nothing will bring; abandoned, "
-                "their attempts count as interrupted when the store is next opened",
+                "period, or waiting for what nothing will bring; abandoned, their attempts "
+                "count as interrupted when the store is next opened",
                 str(self.path),
                 ", ".join(abandoned),
-                EXIT_GRACE if deadline is not None else 0,
             )
         with self._emit_lock:
             if self._trace is not None:
@@ -460,6 +452,11 @@ _open: weakref.WeakSet[Runtime] = weakref.WeakSet()  # every runtime not closed 
 _open_lock = threading.Lock()
 
 
+def begin_close(runtime: Runtime) -> Closing | None:
+    """The first step of ``runtime.close()``, for ``dopool worker``: start nothing more."""
+    return runtime._stop_taking_work()
+
+
 def _close_at_exit() -> None:
     """Close every runtime still open; running handlers share ``EXIT_GRACE`` seconds.
 
@@ -472,11 +469,11 @@ def _close_at_exit() -> None:
     deadline = time.monotonic() + EXIT_GRACE
     # Every runtime stops taking work first, so none starts more while another closes.
     closing = [(runtime, runtime._stop_taking_work()) for runtime in runtimes]
-    for runtime, instances in closing:
-        if instances is None:
+    for runtime, steps in closing:
+        if steps is None:
             continue
         try:
-            runtime._shut_down(instances, deadline)
+            steps.finish(deadline)
         except Exception:
             logger.exception("closing %r at exit failed", runtime)
 
