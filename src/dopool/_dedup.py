@@ -186,14 +186,18 @@ class Dedup:
             return False
         return True
 
-    def release_pending(self, txn: Txn, ns: Namespace, index: int, now: float) -> None:
-        """Every pending event of instance ``index`` (namespace ``ns``) finishes now (a
-        drain): release their keys. Their records are read only if the pool's index
-        holds any entry (else none has a key)."""
+    def release_pending(
+        self, txn: Txn, ns: Namespace, index: int, now: float, keep: int | None = None
+    ) -> None:
+        """Every pending event of instance ``index`` (namespace ``ns``) but event ``keep``
+        (a running attempt's, which a drain keeps) finishes now (a drain): release their
+        keys. Their records are read only if the pool's index holds any entry (else none
+        has a key)."""
         if next(iter(self._index.entries(txn)), None) is None:
             return
         for sequence, key in keyed_events(txn, ns):
-            self.release(txn, key, index, sequence, now)
+            if sequence != keep:
+                self.release(txn, key, index, sequence, now)
 
 
 def keyed(items: tuple[Item, ...]) -> bool:

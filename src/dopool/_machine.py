@@ -22,6 +22,7 @@ from typing import Any
 from dopool._alarm import delivery_failed, rearm, wake
 from dopool._deadletters import DeadLetters
 from dopool._dedup import Dedup, keyed, merge
+from dopool._drain import drain, running_sequence
 from dopool._errors import (
     DamagedRecordError,
     DopoolError,
@@ -406,24 +407,12 @@ class QueueMachine:
         return True
 
     def drain(self, txn: Txn, meta: Meta, now: float, fx: Effects) -> int:
-        """Remove every pending event; how many. Counters, paused and dead letters stay.
-
-        Each one's dedup key is released, as if it had finished now.
-        """
-        self._dedup.release_pending(txn, self._ns, self._index, now)
-        removed = self._ns.delete_events(txn)
-        count = meta.pending
-        meta.drained += count
-        meta.pending = 0
-        meta.priorities = {}
-        meta.scheduled = 0
-        meta.next_due = None
-        meta.current = None
-        meta.attempt = 0
-        meta.retry_at = None
-        rearm(meta, now)
-        if removed != count:
-            raise StorageError(f"instance {self._id}: {count} pending but {removed} keys")
+        """Remove every pending event but a running attempt's (:mod:`dopool._drain`); how
+        many. Each one's dedup key is released, as if it had finished now. Counters but
+        ``pending`` and ``drained``, paused and dead letters stay."""
+        running = running_sequence(meta)
+        self._dedup.release_pending(txn, self._ns, self._index, now, keep=running)
+        count = drain(self._ns, txn, meta, now, self._id)
         fx.events.append(self.event("drained", now))
         return count
 
