@@ -6,10 +6,11 @@ extra). The work is done elsewhere: :mod:`dopool._sim.driver` runs scenarios,
 flags, the rendering, and one rule: an error is one line on stderr
 (``Error: ...``) and a non-zero exit, never a traceback. Exit codes: 0 done,
 1 a failure (an invariant broke, a store is locked or missing), 2 a bad flag
-or scenario.
+or scenario; ``dopool worker`` also exits 3 when it stopped at once, attempts
+interrupted.
 
 One module per command (``simulate``, ``status``, ``dead-letters``, ``check``,
-``chaos``); ``report`` renders a simulate run; the private modules hold what the
+``chaos``, ``worker``); ``report`` renders a simulate run; the private modules hold what the
 commands share: ``_errors``, ``_terminal``, ``_values``, ``_store``.
 """
 
@@ -24,14 +25,14 @@ except ImportError as exc:  # the console script, installed without the ``cli`` 
         "pip install 'dopool[cli]'"
     ) from None
 
-from dopool._cli import chaos, check, dead_letters, simulate, status
+from dopool._cli import chaos, check, dead_letters, simulate, status, worker
 from dopool._cli._errors import _OneLineErrors
 
 
 @click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="dopool", prog_name="dopool")
 def cli() -> None:
-    """Durable Object worker pools: simulate a design, inspect a store."""
+    """Durable Object worker pools: run a worker, simulate a design, inspect a store."""
 
 
 def main() -> None:
@@ -44,3 +45,4 @@ cli.add_command(simulate.simulate)
 cli.add_command(status.status)
 cli.add_command(dead_letters.dead_letters)
 cli.add_command(check.check)
+cli.add_command(worker.worker)

@@ -1,0 +1,121 @@
+"""``dopool worker``: own a store and run its handlers until signalled (:mod:`dopool._worker`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+
+from dopool._cli._errors import CliError
+from dopool._cli._terminal import _clean
+from dopool._errors import StoreLockedError
+from dopool._watch import DEFAULT_POLL_INTERVAL
+from dopool._worker import (
+    DEFAULT_GRACE,
+    EXIT_STOPPED,
+    Stopped,
+    check_grace,
+    leave,
+    open_worker,
+    serve,
+    signals,
+)
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@click.command()
+@click.argument("app", metavar="APP")
+@click.option(
+    "--store", "store", required=True, metavar="PATH", type=click.Path(path_type=Path),
+    help="the store directory (created if missing)",
+)  # fmt: skip
+@click.option(
+    "--durability", type=click.Choice(["sync", "async"]), default="sync", show_default=True,
+    help="sync: fsync each commit; async: survive a crash of the process, not of the OS",
+)  # fmt: skip
+@click.option(
+    "--poll-interval", type=float, default=DEFAULT_POLL_INTERVAL, show_default=True,
+    metavar="SECONDS", help="how often to look for producers' events whose wake-up was lost",
+)  # fmt: skip
+@click.option(
+    "--grace", type=float, default=DEFAULT_GRACE, show_default=True, metavar="SECONDS",
+    help="after SIGTERM or SIGINT, how long running handlers get to finish",
+)  # fmt: skip
+@click.option(
+    "--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True,
+    help="the level of the log lines written to stderr",
+)  # fmt: skip
+def worker(
+    app: str, store: Path, durability: str, poll_interval: float, grace: float, log_level: str
+) -> None:
+    """Run the pools APP defines on the store, in this process, until SIGTERM or SIGINT.
+
+    APP is 'module:function' (the current directory is importable) or
+    'file.py:function': a function that receives a Runtime opened on the store and
+    defines its pools (runtime.define(...)). One worker per store: a second one is
+    refused while the first holds the store lock.
+
+    SIGTERM or SIGINT starts nothing more and gives running handlers --grace seconds;
+    then the store closes, pending events stay stored, and the exit status is 0. A
+    second signal, or the grace running out, stops at once with status 3: the
+    interrupted attempts are settled by the next worker's recovery.
+    """
+    grace = check_grace(grace)
+    logging.basicConfig(
+        level=log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` would: the app's project importable
+    with signals() as wait:
+        try:
+            runtime = open_worker(app, store, durability=durability, poll_interval=poll_interval)
+        except StoreLockedError as exc:
+            raise CliError(
+                f"{_clean(exc)}; one worker per store (several workers on one store come "
+                "with leases, not yet)"
+            ) from None
+        pools = ", ".join(f"{_clean(name)} ({p.concurrency})" for name, p in runtime.pools.items())
+        instances = sum(p.concurrency for p in runtime.pools.values())
+        click.echo(
+            f"dopool worker: store {_clean(runtime.path)}, pools {pools}, {instances} "
+            f"instances, pid {os.getpid()}, durability {durability}",
+        )
+        stopped = serve(runtime, grace, wait, _stopping(grace))
+    click.echo(_summary(stopped))
+    if stopped.exit_code != EXIT_STOPPED:
+        leave(stopped.exit_code)  # abandoned handlers' threads must not hold the exit
+
+
+def _stopping(grace: float) -> Callable[[str, list[str]], None]:
+    def told(signal_name: str, running: list[str]) -> None:
+        which = f": {', '.join(running)}" if running else ""
+        click.echo(
+            f"dopool worker: {signal_name}: starting nothing more; {len(running)} running "
+            f"handler(s){which}, given {grace:g} s to finish (signal again to stop at once)"
+        )
+
+    return told
+
+
+def _summary(stopped: Stopped) -> str:
+    ran = "; ".join(
+        f"{_clean(p.name)}: {p.succeeded:,} succeeded, {p.dead_lettered:,} dead-lettered, "
+        f"{p.pending:,} pending left"
+        for p in stopped.pools
+    )
+    line = f"dopool worker: stopped ({stopped.signal})"
+    if stopped.forced:
+        which = ", ".join(stopped.interrupted) or "none"
+        reason = "the grace ran out" if stopped.forced == "grace" else "a second signal"
+        line += (
+            f" at once, {reason}: attempts interrupted on {which}, settled by the next "
+            "worker's recovery"
+        )
+    return f"{line}; {ran}" if ran else line

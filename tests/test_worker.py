@@ -1,0 +1,192 @@
+"""``dopool worker``: a process that runs a store's handlers, fed by producers in others,
+stopped by SIGTERM or SIGINT within its grace, or at once."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dopool
+from cli_support import assert_one_line_error, invoke
+from worker_support import TESTS, WAIT, Evidence, Worker, starts, workers
+
+
+@pytest.fixture
+def evidence() -> Iterator[Evidence]:
+    found = Evidence()
+    yield found
+    found.close()
+
+
+@pytest.fixture
+def worker() -> Iterator[Callable[..., Worker]]:
+    yield from workers()
+
+
+def _produce(store: Path, producer: int, count: int) -> subprocess.Popen[str]:
+    child = [sys.executable, str(TESTS / "_connect_child.py")]
+    return subprocess.Popen(
+        [*child, "produce", str(store), "jobs", str(producer), str(count)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _acknowledged(proc: subprocess.Popen[str]) -> list[dict[str, Any]]:
+    out, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode == 0, err
+    lines = out.splitlines()
+    assert lines[-1] == "done"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def _checked(store: Path) -> None:
+    result = invoke("check", str(store))
+    assert result.exit_code == 0, result.output
+
+
+def _status(store: Path) -> dopool.PoolStatus:
+    with dopool.connect(store) as connection:
+        return connection.pool("jobs").status()
+
+
+def test_a_worker_runs_what_producers_enqueue_and_stops_gracefully_on_sigterm(
+    store_path: Path, evidence: Evidence, worker: Callable[..., Worker]
+) -> None:
+    """Producers in two processes; a handler running when SIGTERM comes finishes, the
+    process exits 0, what was pending stays stored, and the next worker runs it."""
+    first = worker(store_path, evidence, "--poll-interval", "0.2").ready()
+    producers = [_produce(store_path, p, 40) for p in range(2)]
+    acknowledged = [line for proc in producers for line in _acknowledged(proc)]
+    with dopool.connect(store_path) as connection:
+        jobs = connection.pool("jobs")
+        jobs.enqueue({"p": "gate", "k": 0, "gate": True}, partition_key="gate")
+        behind = [jobs.enqueue({"p": "gate", "k": k}, partition_key="gate") for k in range(1, 11)]
+    evidence.wait_for("the gated handler to start", e="start", p="gate", k=0)
+    first.signal(signal.SIGTERM)
+    assert "starting nothing more" in first.line("SIGTERM")
+    evidence.mark("signalled")
+    evidence.release()  # the running handler finishes within the grace
+    assert first.wait() == 0
+    assert "stopped (SIGTERM)" in first.out[-1]
+    lines = evidence.snapshot()
+    after = lines[[line.get("what") for line in lines].index("signalled") :]
+    assert {"e": "end", "p": "gate", "k": 0} in [
+        {k: line.get(k) for k in ("e", "p", "k")} for line in after
+    ]
+    gate_starts = [line for line in starts(after) if line["p"] == "gate"]
+    assert gate_starts == []  # nothing behind the gate started after the signal
+    status = _status(store_path)
+    assert status.pending >= len(behind)  # still stored
+    _checked(store_path)
+
+    second = worker(store_path, evidence, "--poll-interval", "0.2").ready()
+    expected = {(line["p"], line["k"]) for line in acknowledged} | {("gate", k) for k in range(11)}
+    evidence.wait(
+        lambda lines: expected <= {(x["p"], x["k"]) for x in lines if x["e"] == "end"},
+        "every acknowledged event to run",
+    )
+    assert second.stop() == 0
+    ran = starts(evidence.snapshot())
+    counts: dict[tuple[Any, Any], int] = defaultdict(int)
+    for line in ran:
+        counts[(line["p"], line["k"])] += 1
+    assert set(counts) == expected
+    assert set(counts.values()) == {1}  # exactly once: nothing was interrupted
+    by_partition: dict[tuple[Any, Any], list[int]] = defaultdict(list)
+    for line in ran:
+        key = "gate" if line["p"] == "gate" else None
+        if line["p"] != "gate" and line["k"] % 3 == 1:  # _connect_child's keyed events
+            key = f"key-{line['k'] % 5}"
+        if key is not None:
+            by_partition[(line["p"], key)].append(line["k"])
+    assert by_partition
+    for ks in by_partition.values():
+        assert ks == sorted(ks)
+    status = _status(store_path)
+    assert (status.pending, status.succeeded) == (0, len(expected))
+    _checked(store_path)
+
+
+@pytest.mark.parametrize("how", ["grace", "second signal"])
+def test_a_handler_that_never_returns_cannot_hold_the_worker(
+    store_path: Path, evidence: Evidence, worker: Callable[..., Worker], how: str
+) -> None:
+    """The grace running out, or a second signal, stops the worker at once (status 3);
+    the interrupted attempt counts, and the next worker's recovery settles it."""
+    grace = "0.5" if how == "grace" else "600"
+    first = worker(store_path, evidence, "--grace", grace).ready()
+    with dopool.connect(store_path) as connection:
+        connection.pool("jobs").enqueue({"p": "hang", "k": 0, "hang": True})
+    evidence.wait_for("the handler to start", e="start", p="hang")
+    first.signal(signal.SIGTERM)
+    first.line("SIGTERM")
+    if how == "second signal":
+        first.signal(signal.SIGINT)
+    assert first.wait() == 3  # the bounded wait is the test: no hang past the grace
+    assert "at once" in first.out[-1]
+    assert "jobs:" in first.out[-1]
+    status = _status(store_path)
+    assert status.pending == 1
+    _checked(store_path)
+
+    second = worker(store_path, evidence).ready()
+    evidence.wait_for("the retry to succeed", e="end", p="hang", attempt=2)
+    assert second.stop() == 0
+    attempts = [line["attempt"] for line in starts(evidence.snapshot()) if line["p"] == "hang"]
+    assert attempts == [1, 2]  # the interrupted attempt counted
+    status = _status(store_path)
+    assert (status.pending, status.succeeded) == (0, 1)
+    _checked(store_path)
+
+
+def test_a_second_worker_on_the_store_is_refused_naming_the_holder(
+    store_path: Path, evidence: Evidence, worker: Callable[..., Worker]
+) -> None:
+    first = worker(store_path, evidence).ready()
+    second = worker(store_path, evidence)
+    assert second.wait() == 1
+    error = second.stderr.strip().splitlines()
+    assert len(error) == 1, error
+    assert error[0].startswith("Error: ")
+    assert str(first.proc.pid) in error[0]
+    assert "one worker per store" in error[0]
+    assert first.stop() == 0
+
+
+@pytest.mark.parametrize(
+    ("app", "words"),
+    [
+        ("no_such_module_here:app", ["names no importable module"]),
+        ("_worker_app:not_a_function", ["has no function"]),
+        ("_worker_app:missing", ["has no function"]),
+        ("no-colon", ["module:function"]),
+        ("_worker_app:raises", ["RuntimeError", "the app is broken"]),
+        ("_worker_app:defines_nothing", ["defined no pool"]),
+    ],
+)
+def test_a_broken_app_is_one_line_and_stores_nothing(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch, app: str, words: list[str]
+) -> None:
+    monkeypatch.syspath_prepend(str(TESTS))
+    result = invoke("worker", app, "--store", str(store_path))
+    assert_one_line_error(result, 1, f"app {app!r}", *words)
+    assert not store_path.exists()
+
+
+def test_bad_options_are_one_line(store_path: Path) -> None:
+    result = invoke("worker", "_worker_app:app", "--store", str(store_path), "--grace", "-1")
+    assert_one_line_error(result, 1, "grace")
+    result = invoke("worker", "_worker_app:app")
+    assert_one_line_error(result, 2, "--store")
+    assert not store_path.exists()

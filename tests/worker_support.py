@@ -1,0 +1,177 @@
+"""What the tests of ``dopool worker`` and live control share: a worker process and the
+evidence its handlers write (``tests/_worker_app.py``), waited on, never slept for."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+TESTS = Path(__file__).parent
+WAIT = 30.0  # the longest any wait here takes before the test fails
+
+
+class Evidence:
+    """The JSON lines the worker's handlers and subscriber write to a pipe, in order.
+
+    The test holds the pipe's write end too, to put its own marks among them.
+    """
+
+    def __init__(self) -> None:
+        self._read, self.fd = os.pipe()
+        self.gate_read, self._gate_write = os.pipe()
+        self.lines: list[dict[str, Any]] = []
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._collect, daemon=True)
+        self._thread.start()
+
+    def _collect(self) -> None:
+        with os.fdopen(self._read, "rb") as pipe:
+            for raw in pipe:
+                with self._cond:
+                    self.lines.append(json.loads(raw))
+                    self._cond.notify_all()
+
+    def mark(self, what: str) -> None:
+        os.write(self.fd, (json.dumps({"e": "mark", "what": what}) + "\n").encode())
+
+    def release(self, count: int = 1) -> None:
+        """Let ``count`` gated handlers return."""
+        os.write(self._gate_write, b"x" * count)
+
+    def wait(self, predicate: Callable[[list[dict[str, Any]]], bool], what: str) -> None:
+        with self._cond:
+            if not self._cond.wait_for(lambda: predicate(self.lines), WAIT):
+                raise AssertionError(f"waited {WAIT} s for {what}; saw {self.lines[-20:]}")
+
+    def wait_for(self, what: str, **fields: Any) -> dict[str, Any]:
+        """The first line with ``fields``, once it came."""
+        found: list[dict[str, Any]] = []
+
+        def seen(lines: list[dict[str, Any]]) -> bool:
+            found[:] = [line for line in lines if _matches(line, fields)][:1]
+            return bool(found)
+
+        self.wait(seen, what)
+        return found[0]
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self._cond:
+            return list(self.lines)
+
+    def close(self) -> None:
+        for fd in (self.fd, self.gate_read, self._gate_write):
+            os.close(fd)
+        self._thread.join(WAIT)
+
+
+def _matches(line: dict[str, Any], fields: dict[str, Any]) -> bool:
+    return all(line.get(name) == value for name, value in fields.items())
+
+
+def starts(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [line for line in lines if line["e"] == "start"]
+
+
+class Worker:
+    """A ``dopool worker _worker_app:APP`` process, its stdout read line by line."""
+
+    def __init__(
+        self, store: Path, evidence: Evidence, *args: str, app: str = "app", concurrency: int = 2
+    ) -> None:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+            "WORKER_LOG_FD": str(evidence.fd),
+            "WORKER_GATE_FD": str(evidence.gate_read),
+            "WORKER_CONCURRENCY": str(concurrency),
+        }
+        command = [sys.executable, "-m", "dopool", "worker", f"_worker_app:{app}"]
+        self.proc = subprocess.Popen(
+            [*command, "--store", str(store), "--log-level", "warning", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            pass_fds=(evidence.fd, evidence.gate_read),
+        )
+        self.stdout: queue.Queue[str] = queue.Queue()
+        self.out: list[str] = []
+        self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True)
+        self._reader.start()
+
+    def _read(self, stream: IO[str] | None) -> None:
+        assert stream is not None
+        for line in stream:
+            self.stdout.put(line.rstrip("\n"))
+
+    def line(self, containing: str) -> str:
+        """The next stdout line that contains ``containing`` (earlier ones are kept)."""
+        while True:
+            try:
+                line = self.stdout.get(timeout=WAIT)
+            except queue.Empty:
+                raise AssertionError(f"no line with {containing!r}; saw {self.out}") from None
+            self.out.append(line)
+            if containing in line:
+                return line
+
+    def ready(self) -> Worker:
+        self.line("dopool worker: store")
+        return self
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(signum)
+
+    def wait(self) -> int:
+        """Its exit status (the test fails if it does not exit within ``WAIT``)."""
+        try:
+            code = self.proc.wait(WAIT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError("the worker did not exit") from None
+        self._reader.join(WAIT)
+        while not self.stdout.empty():
+            self.out.append(self.stdout.get())
+        return code
+
+    def stop(self) -> int:
+        """SIGTERM, and its exit status."""
+        self.signal()
+        return self.wait()
+
+    @property
+    def stderr(self) -> str:
+        assert self.proc.stderr is not None
+        return self.proc.stderr.read()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def workers() -> Iterator[Callable[..., Worker]]:
+    """A fixture's body: start workers; every one is killed at the end if still running."""
+    started: list[Worker] = []
+
+    def start(*args: Any, **kwargs: Any) -> Worker:
+        worker = Worker(*args, **kwargs)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.kill()
