@@ -355,16 +355,7 @@ class ProducerPool:
     def _machine(self, index: int) -> QueueMachine:
         machine = self._machines.get(index)
         if machine is None:
-            machine = self._machines[index] = QueueMachine(
-                pool=self._name,
-                index=index,
-                options=self._options,
-                seed=None,  # no retries here
-                route=_no_route,  # nor follow-ups
-                faults=FaultInjector(None, self._name, index),
-                fault_point=_no_fault,
-                listening=_not_listening,  # no pool events: nobody subscribes here
-            )
+            machine = self._machines[index] = producer_machine(self._name, index, self._options)
         return machine
 
     # -- reading committed state -------------------------------------------------------
@@ -403,6 +394,21 @@ class ProducerPool:
         namespaces = [Namespace(self._name, i) for i in range(concurrency)]
         read = partial(self._connection.reading, self._name)
         return listed(read, namespaces, indices, matching, self._connection.now())
+
+
+def producer_machine(pool: str, index: int, options: PoolOptions) -> QueueMachine:
+    """The queue machine of instance ``index`` of ``pool``, for transactions made outside
+    its owner: no retries, follow-ups, faults nor pool events (nobody subscribes here)."""
+    return QueueMachine(
+        pool=pool,
+        index=index,
+        options=options,
+        seed=None,
+        route=_no_route,
+        faults=FaultInjector(None, pool, index),
+        fault_point=_no_fault,
+        listening=_not_listening,
+    )
 
 
 def _no_handler(_ctx: Any) -> None:

@@ -10,7 +10,8 @@ or scenario; ``dopool worker`` also exits 3 when it stopped at once, attempts
 interrupted.
 
 One module per command (``simulate``, ``status``, ``dead-letters``, ``check``,
-``chaos``, ``worker``); ``report`` renders a simulate run; the private modules hold what the
+``chaos``, ``worker``; ``control`` has ``pause``, ``resume`` and ``drain``); ``report``
+renders a simulate run; the private modules hold what the
 commands share: ``_errors``, ``_terminal``, ``_values``, ``_store``.
 """
 
@@ -25,7 +26,7 @@ except ImportError as exc:  # the console script, installed without the ``cli`` 
         "pip install 'dopool[cli]'"
     ) from None
 
-from dopool._cli import chaos, check, dead_letters, simulate, status, worker
+from dopool._cli import chaos, check, control, dead_letters, simulate, status, worker
 from dopool._cli._errors import _OneLineErrors
 
 
@@ -46,3 +47,6 @@ cli.add_command(status.status)
 cli.add_command(dead_letters.dead_letters)
 cli.add_command(check.check)
 cli.add_command(worker.worker)
+cli.add_command(control.pause)
+cli.add_command(control.resume)
+cli.add_command(control.drain)

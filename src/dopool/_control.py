@@ -1,0 +1,112 @@
+"""Live control from another process: pause, resume or drain a store's instances.
+
+``dopool pause``, ``resume`` and ``drain`` act on a store whether or not a runtime
+owns it. Each instance's change is the queue machine's own transition
+(:meth:`QueueMachine.set_paused`, :meth:`QueueMachine.drain`), made in one LMDB
+write transaction of a :class:`~dopool.Connection`, like a producer's enqueue:
+LMDB serialises it with the owner's transactions, so it lands in order with the
+instance's other changes, and it is durable when the call returns. Then the owner
+is woken (:mod:`dopool._watch`), whose next transaction on the instance reads the
+changed meta anew (its cached one no longer matches the stored bytes).
+
+What the owner keeps in memory needs nothing more. Every start of an attempt is
+decided inside one of its write transactions from the meta as committed, so none
+starts on an instance paused before (an attempt already running finishes, and its
+outcome starts nothing after it). An alarm the owner set for an older slot fires,
+reads the meta and does only what it says. A resume sets the slot due now, and
+the wake-up (or, if lost, the poll) has the owner start the due work at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from dopool._connect import Connection, producer_machine
+from dopool._errors import ConfigurationError
+from dopool._layout import get_pool
+from dopool._machine import Effects
+from dopool._options import PoolOptions
+from dopool._storage import Txn
+
+Verb = Literal["pause", "resume", "drain"]
+VERBS: tuple[Verb, ...] = ("pause", "resume", "drain")
+
+
+@dataclass(frozen=True, slots=True)
+class Changed:
+    """What one instance's transaction did.
+
+    Attributes:
+        index: the instance.
+        changed: whether its stored state changed (a pause of a paused one does not).
+        drained: events a drain removed (0 for pause and resume).
+        kept_running: a drain kept the event whose attempt was running.
+    """
+
+    index: int
+    changed: bool
+    drained: int = 0
+    kept_running: bool = False
+
+
+def control(
+    connection: Connection, pool: str, verb: Verb, index: int | None = None
+) -> list[Changed]:
+    """Pause, resume or drain ``pool``'s instance ``index`` (all when None) of the store.
+
+    One transaction for all of them, durable when this returns; then the owner, if
+    one listens, is told to wake each instance changed.
+
+    Raises:
+        PoolNotFoundError: no runtime ever defined the pool in this store.
+        ConfigurationError: a bad verb, or an index of no instance.
+        PoolClosedError: the connection is closed.
+    """
+    if verb not in VERBS:
+        raise ConfigurationError(f"verb must be one of {', '.join(VERBS)}, got {verb!r}")
+    connection.pool(pool)  # PoolNotFoundError if never defined
+    options = PoolOptions(execute=_no_handler)
+    now = connection.now()
+
+    def body(txn: Txn) -> list[Changed]:
+        concurrency = get_pool(txn, pool) or 0
+        indices = _chosen(pool, concurrency, index)
+        answers = []
+        for i in indices:
+            machine = producer_machine(pool, i, options)
+            meta = machine.namespace.load_meta(txn)
+            effects = Effects()  # its events are the owner's to publish: none here
+            if verb == "drain":
+                running = meta.running and meta.current is not None
+                drained = machine.drain(txn, meta, now, effects)
+                changed = Changed(i, True, drained, kept_running=running)
+            else:
+                changed = Changed(i, machine.set_paused(meta, verb == "pause", now, effects))
+            if changed.changed:
+                machine.namespace.save_meta(txn, meta)
+            answers.append(changed)
+        return answers
+
+    answers = connection.write(pool, body)
+    for answer in answers:
+        if answer.changed:
+            connection.notify(pool, answer.index)
+    return answers
+
+
+def _chosen(pool: str, concurrency: int, index: int | None) -> Sequence[int]:
+    if index is None:
+        return range(concurrency)
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise ConfigurationError(f"instance index must be an int, got {index!r}")
+    if not 0 <= index < concurrency:
+        raise ConfigurationError(
+            f"pool {pool!r} has no instance {index} (concurrency {concurrency})"
+        )
+    return [index]
+
+
+def _no_handler(_ctx: object) -> None:
+    raise AssertionError("live control runs no handler")  # pragma: no cover
