@@ -384,6 +384,33 @@ def test_drain_redrive_and_purge(store: Store) -> None:
     assert (purged, rig.meta.held_dead_letters, rig.meta.dead_lettered) == (1, 0, 2)
 
 
+@pytest.mark.parametrize("outcome", ["succeed", "fail", "recover"])
+def test_a_drain_under_a_running_attempt_keeps_its_event_for_the_outcome(
+    store: Store, outcome: str
+) -> None:
+    """``dopool drain`` commits from another process while the owner runs a handler:
+    the running event stays, and its outcome (or, the owner dead, recovery) settles it."""
+    rig = Rig(store, retry=None)
+    rig.enqueue("running", "b", priority=3)
+    rig.enqueue("c")
+    rig.machine.rearm(rig.meta, 0.0)
+    key, *_ = rig.start(now=0.0)
+    count, fx = rig.step(lambda txn, meta, fx: rig.machine.drain(txn, meta, 1.0, fx))
+    meta = rig.meta
+    assert (count, kinds(fx), meta.drained, meta.pending) == (2, ["drained"], 2, 1)
+    assert (meta.current, meta.running, meta.attempt, meta.priorities) == (key, True, 1, {3: 1})
+    assert rig.broken() == []
+    if outcome == "succeed":
+        rig.succeed(now=2.0)
+    elif outcome == "fail":
+        rig.fail(ValueError("x"), now=2.0)  # no retry policy: dead-lettered
+    else:
+        rig.step(lambda txn, meta, fx: rig.machine.recover(txn, meta, 1, 2.0, fx))
+    assert (meta.pending, meta.current, meta.succeeded + meta.dead_lettered) == (0, None, 1)
+    assert meta.enqueued == meta.succeeded + meta.dead_lettered + meta.drained
+    assert rig.broken() == []
+
+
 def test_purge_deletes_only_the_wanted_sequences_still_stored(store: Store) -> None:
     rig = Rig(store)
     rig.enqueue("a", "b", "c")
