@@ -11,7 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from benchmarks import ceiling, connect, dedup, e2e, phases, records, simpy_model, simulate
+from benchmarks import (
+    ceiling,
+    connect,
+    dedup,
+    deploy,
+    e2e,
+    phases,
+    records,
+    simpy_model,
+    simulate,
+)
 from benchmarks.__main__ import main
 from benchmarks.harness import Sizes
 
@@ -123,6 +133,18 @@ def test_the_phases_benchmark_runs(capsys: pytest.CaptureFixture[str], tmp_path:
     out = capsys.readouterr().out
     assert "enqueue" in out
     assert "process" in out
+
+
+def test_the_deployment_benchmark_runs_each_system_in_processes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Producer processes, a dopool worker process, the peers' consumer processes: tiny."""
+    options = ["--events", "40", "--producers", "2", "--concurrency", "2"]
+    assert deploy.main([*options, "--modes", "async", "--dir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert [line.split()[1] for line in lines] == list(deploy.SYSTEMS)
+    assert all("events/s" in line and "x SqliteHuey" in line for line in lines)
+    assert list(tmp_path.iterdir()) == []  # every store removed
 
 
 def test_the_connect_benchmark_measures_wake_ups_and_polls(
