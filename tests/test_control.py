@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from cli_support import assert_one_line_error, invoke
-from worker_support import Evidence, Worker, starts, workers
 
 import dopool
+from cli_support import assert_one_line_error, invoke
 from dopool import Runtime
+from worker_support import Evidence, Worker, starts, workers
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ def _checked(store: Path) -> None:
     assert result.exit_code == 0, result.output
 
 
-def _enqueue(store: Path, *events: dict[str, object]) -> list[int]:
+def _enqueue(store: Path, *events: dict[str, Any]) -> list[int]:
     with dopool.connect(store) as connection:
         jobs = connection.pool("jobs")
         return [jobs.enqueue(event, partition_key="one").sequence for event in events]
@@ -115,9 +116,7 @@ def test_control_with_no_owner_is_stored_and_the_next_owner_obeys_it(
         for k in range(6):
             jobs.enqueue({"p": "n", "k": k})  # round-robin: 3 each
     assert _cli("resume", str(store_path), "--pool", "jobs") == ["resumed jobs:0..1"]
-    assert _cli("pause", str(store_path), "--pool", "jobs", "--instance", "1") == [
-        "paused jobs:1"
-    ]
+    assert _cli("pause", str(store_path), "--pool", "jobs", "--instance", "1") == ["paused jobs:1"]
     assert _cli("pause", str(store_path), "--pool", "jobs") == [
         "paused jobs:0",
         "jobs:1: already paused, unchanged",

@@ -190,3 +190,14 @@ def test_bad_options_are_one_line(store_path: Path) -> None:
     result = invoke("worker", "_worker_app:app")
     assert_one_line_error(result, 2, "--store")
     assert not store_path.exists()
+
+
+def test_an_idle_worker_stops_at_once_with_status_0_even_with_no_grace(
+    store_path: Path, evidence: Evidence, worker: Callable[..., Worker]
+) -> None:
+    first = worker(store_path, evidence, "--grace", "0").ready()
+    assert first.stop() == 0
+    assert (
+        first.out[-1]
+        == "dopool worker: stopped (SIGTERM); jobs: 0 succeeded, 0 dead-lettered, 0 pending left"
+    )

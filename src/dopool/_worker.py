@@ -154,8 +154,12 @@ def serve(
         return stopped
     told(stopped.signal, closing.running())
     deadline = time.monotonic() + grace
-    _when_quiet(closing, wait.write)
-    got = wait(deadline)
+    got: int | None = _QUIET
+    if not closing.wait(0):  # some handler runs: wait for it, a second signal, or the end
+        _when_quiet(closing, wait.write)
+        got = wait(deadline)
+        if got is None and closing.wait(0):  # done just as the grace ran out
+            got = _QUIET
     if got is None:
         stopped.forced = "grace"
     elif got != _QUIET:
