@@ -10,6 +10,7 @@ import pytest
 
 from dopool import PermanentError, RetryAfter, RetryPolicy
 from dopool._alarm import ALARM_RETRY_MAX
+from dopool._dedup import Dedup
 from dopool._errors import QueueFullError
 from dopool._followups import FollowUp
 from dopool._invariants import read_instance, violations
@@ -391,7 +392,8 @@ def test_a_drain_under_a_running_attempt_keeps_its_event_for_the_outcome(
     """``dopool drain`` commits from another process while the owner runs a handler:
     the running event stays, and its outcome (or, the owner dead, recovery) settles it."""
     rig = Rig(store, retry=None)
-    rig.enqueue("running", "b", priority=3)
+    keyed = tuple(Item(pack(e), None, 3, None, f"key-{e}") for e in ("running", "b"))
+    rig.step(lambda txn, meta, fx: rig.machine.accept(txn, meta, [("t", keyed)], 0.0, fx))
     rig.enqueue("c")
     rig.machine.rearm(rig.meta, 0.0)
     key, *_ = rig.start(now=0.0)
@@ -400,6 +402,9 @@ def test_a_drain_under_a_running_attempt_keeps_its_event_for_the_outcome(
     assert (count, kinds(fx), meta.drained, meta.pending) == (2, ["drained"], 2, 1)
     assert (meta.current, meta.running, meta.attempt, meta.priorities) == (key, True, 1, {3: 1})
     assert rig.broken() == []
+    again = tuple(Item(pack(e), None, 3, None, f"key-{e}") for e in ("running", "b"))
+    with store.read() as txn:  # the running event still holds its key; the drained, none
+        assert list(Dedup("p", 0.0).resolve(txn, again, 1.0)) == [0]
     if outcome == "succeed":
         rig.succeed(now=2.0)
     elif outcome == "fail":
