@@ -149,3 +149,23 @@ def test_control_errors_are_one_line(store_path: Path, tmp_path: Path) -> None:
     assert_one_line_error(result, 1, "missing")
     result = invoke("pause", str(store_path))
     assert_one_line_error(result, 2, "--pool")
+
+
+@pytest.mark.parametrize("window", [0.0, 3600.0])
+def test_a_drain_releases_dedup_keys_as_the_owners_window_says(
+    store_path: Path, window: float
+) -> None:
+    """The window is not stored: the drained keys are stamped, not removed, so the owner's
+    window (here the producer's, as the owner would pass it) decides whether a key is held."""
+    with Runtime(store_path) as runtime:
+        runtime.define("jobs", execute=_no_handler, concurrency=1, dedup_window=window).pause()
+    with dopool.connect(store_path) as connection:
+        jobs = connection.pool("jobs", dedup_window=window)
+        jobs.enqueue({"k": 0}, dedup_key="a")
+        assert jobs.enqueue({"k": 1}, dedup_key="a").duplicate
+        assert _cli("drain", str(store_path), "--pool", "jobs") == ["drained 1 events from jobs:0"]
+        again = jobs.enqueue({"k": 2}, dedup_key="a")
+    assert again.duplicate is (window > 0)
+    status = _status(store_path)
+    assert (status.drained, status.pending) == (1, 0 if window else 1)
+    _checked(store_path)

@@ -9,6 +9,9 @@ instance's other changes, and it is durable when the call returns. Then the owne
 is woken (:mod:`dopool._watch`), whose next transaction on the instance reads the
 changed meta anew (its cached one no longer matches the stored bytes).
 
+A drained event's dedup key is released as the owner's own drain releases it, stamped
+with the drain's time (:data:`STAMP_WINDOW`).
+
 What the owner keeps in memory needs nothing more. Every start of an attempt is
 decided inside one of its write transactions from the meta as committed, so none
 starts on an instance paused before (an attempt already running finishes, and its
@@ -31,6 +34,11 @@ from dopool._options import PoolOptions
 from dopool._storage import Txn
 
 Verb = Literal["pause", "resume", "drain"]
+#: The dedup window a drain here releases keys with. The owner's is not stored, so the
+#: drained events' keys are stamped with their finish rather than removed (what a window
+#: of 0 does): the owner's lookups then hold each for its own window, whatever it is, and
+#: its sweeps remove them after. This window only keeps this drain from sweeping any.
+STAMP_WINDOW = 1e9
 VERBS: tuple[Verb, ...] = ("pause", "resume", "drain")
 
 
@@ -67,7 +75,7 @@ def control(
     if verb not in VERBS:
         raise ConfigurationError(f"verb must be one of {', '.join(VERBS)}, got {verb!r}")
     connection.pool(pool)  # PoolNotFoundError if never defined
-    options = PoolOptions(execute=_no_handler)
+    options = PoolOptions(execute=_no_handler, dedup_window=STAMP_WINDOW)
     now = connection.now()
 
     def body(txn: Txn) -> list[Changed]:
