@@ -67,18 +67,23 @@ def committed(runtime: Runtime) -> AbstractContextManager[Txn]:
     return _readers[runtime]()
 
 
-def submitter(pool: WorkerPool) -> Callable[[Any, str | None, str | None], tuple[int, Reply]]:
+def submitter(
+    pool: WorkerPool,
+) -> Callable[[Any, str | None, str | None, float | None], tuple[int, Reply]]:
     """:func:`submit` for ``pool``, looked up once:
-    ``submitter(pool)(event, partition_key, dedup_key)`` (a simulator submits every
-    arrival; its dedup keys are its own, made valid)."""
+    ``submitter(pool)(event, partition_key, dedup_key, due)`` (a simulator submits every
+    arrival; its dedup keys are its own, made valid, and ``due`` a finite clock time)."""
     prepare, instances = _prepares[pool], _instances[pool]
 
     def submit_to_pool(
-        event: Any, partition_key: str | None, dedup_key: str | None = None
+        event: Any,
+        partition_key: str | None,
+        dedup_key: str | None = None,
+        due: float | None = None,
     ) -> tuple[int, Reply]:
         item = prepare(event, partition_key, 0)
-        if dedup_key is not None:
-            item = Item(item.event, item.partition_key, item.priority, item.due, dedup_key)
+        if dedup_key is not None or due is not None:
+            item = Item(item.event, item.partition_key, item.priority, due, dedup_key)
         return instances.submit(item, partition_key)
 
     return submit_to_pool

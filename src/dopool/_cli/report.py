@@ -51,7 +51,9 @@ def _render_report(
     summary.add_column()
     summary.add_row(
         "events",
-        f"{result.offered:,} offered · {result.acknowledged:,} enqueued · "
+        f"{result.offered:,} offered · {result.acknowledged:,} enqueued"
+        + (f" ({result.delayed:,} delayed)" if result.delayed else "")
+        + " · "
         + (f"{result.follow_ups:,} follow-ups · " if result.follow_ups else "")
         + f"{result.succeeded:,} succeeded · {result.dead_lettered:,} dead-lettered · "
         f"{result.pending:,} pending · {result.lost:,} lost",
@@ -83,7 +85,8 @@ def _render_report(
         if latency.censored
         else (f"{latency.count:,} events")
     )
-    summary.add_row("latency", f"{_percentiles(latency)}  (arrival to success, virtual, {counted})")
+    start = "arrival, or end of its delay," if result.delayed else "arrival"
+    summary.add_row("latency", f"{_percentiles(latency)}  ({start} to success, virtual, {counted})")
     if latency.censored:
         summary.add_row("unfinished", _unfinished(result), style="yellow")
     requests = result.requests

@@ -72,6 +72,8 @@ FIELD_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("--poison-share", "poison_share", "share of events that fail on every attempt"),
     ("--duplicate-share", "duplicate_share", "share of arrivals repeating a recent dedup key"),
     ("--dedup-window", "dedup_window", "virtual seconds a finished dedup key stays held"),
+    ("--delayed-share", "delayed_share", "share of arrivals enqueued with --delay"),
+    ("--delay", "delay", "virtual seconds a delayed arrival waits before it is due"),
     ("--max-attempts", "retry.max_attempts", "attempts per event, the first included"),
     ("--max-queue-depth", "max_queue_depth", "pending events one instance accepts ('none')"),
     ("--duration", "duration", "stop at this virtual time ('none' = run until done)"),

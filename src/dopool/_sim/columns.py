@@ -50,6 +50,14 @@ class Times(Mapping[Key, float]):
         """Set the event's time (replacing one it had)."""
         put(self.columns[key[0]], key[1], time, nan)
 
+    def overlaid(self, other: Times) -> Times:
+        """A copy of these times, each replaced by ``other``'s where it has one."""
+        merged = Times(len(self.columns))
+        merged.columns = [array("d", column) for column in self.columns]
+        for key, time in other.items():
+            merged.put(key, time)
+        return merged
+
     def __getitem__(self, key: Key) -> float:
         index, sequence = key
         if index < 0 or sequence < 0:

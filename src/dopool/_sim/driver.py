@@ -183,8 +183,9 @@ def _run(
                 event = make_event(arrival, paddings.get(arrival.pool, padding))
             place = None if tracer is None else tracer.arriving(arrival)
             try:
+                due = None if arrival.delay is None else arrival.time + arrival.delay
                 index, reply = submitters[arrival.pool](
-                    event, arrival.partition_key, arrival.dedup_key
+                    event, arrival.partition_key, arrival.dedup_key, due
                 )
             except (EventValidationError, EventTooLargeError) as exc:
                 if app is None:
@@ -239,7 +240,7 @@ def _define_pools(scenario: Scenario, runtime: Runtime, lineage: Lineage) -> dic
     designs = {pool.name: pool for pool in scenario.resolved_pools}
     collectors: dict[str, Collector] = {}
     for name, design in designs.items():
-        collectors[name] = Collector(name, design.instances)
+        collectors[name] = Collector(name, design.instances, delays=design.delayed_share > 0)
         runtime.subscribe(collectors[name])
         spec = design.retry
         runtime.define(

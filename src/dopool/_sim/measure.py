@@ -22,6 +22,7 @@ from dopool._sim.metrics import (
     Requests,
     Result,
 )
+from dopool._sim.order import check_delayed_order
 from dopool._sim.scenario import Scenario
 from dopool._sim.workload import Arrival, Lineage
 from dopool._types import EnqueueResult, PoolStatus
@@ -59,6 +60,8 @@ class Answers:
         self.offered: dict[str, int] = {}
         self.rejected: dict[str, int] = {}
         self.duplicates: dict[str, int] = {}  # answered with the event holding their key
+        self.delayed: dict[str, int] = {}  # stored with a delay
+        self._due_at: dict[str, Times] = {}  # when each delayed one became due
         self.failed = 0
         self.waiting: dict[str, int] = {}
         self.sent = 0  # arrivals handed to their pool
@@ -100,6 +103,25 @@ class Answers:
             self.stored[pool] += 1
             put(self.arrived_at[pool].columns[index], sequence, arrival.time, nan)
             put(self.request_of[pool].columns[index], sequence, arrival.event_id, -1)
+            if arrival.delay is not None:
+                self.delayed[pool] = self.delayed.get(pool, 0) + 1
+                due_at = self._due_at.get(pool)
+                if due_at is None:
+                    due_at = self._due_at[pool] = Times(len(self.arrived_at[pool].columns))
+                due_at.put((index, sequence), arrival.time + arrival.delay)
+
+    def due_times(self, pool: str) -> Times:
+        """When each delayed arrival stored into ``pool`` became due (none: empty)."""
+        due_at = self._due_at.get(pool)
+        return Times(len(self.arrived_at[pool].columns)) if due_at is None else due_at
+
+    def starts(self, pool: str) -> Times:
+        """When each stored arrival into ``pool`` was due: its arrival, or for a delayed
+        one the end of its delay. Latencies run from there, so that a delay the scenario
+        asked for does not count as time spent waiting for an instance."""
+        due_at = self._due_at.get(pool)
+        arrived = self.arrived_at[pool]
+        return arrived if due_at is None else arrived.overlaid(due_at)
 
 
 # Replies waiting to be read, at most: an enqueue's reply comes within a step or,
@@ -130,10 +152,10 @@ def measure(
     statuses = {name: pool.status() for name, pool in pools.items()}
     for name, pool in pools.items():
         collector, status = collectors[name], statuses[name]
-        arrived = answers.arrived_at[name]
-        handed = partial(_handed, name, arrived=arrived, collectors=collectors, lineage=lineage)
+        arrived, due = answers.arrived_at[name], answers.starts(name)
+        handed = partial(_handed, name, arrived=due, collectors=collectors, lineage=lineage)
         mine = [  # in the order of the successes; an arrival's own time first
-            end - (start if (start := arrived.get(key)) is not None else handed(key))
+            end - (start if (start := due.get(key)) is not None else handed(key))
             for key, end in collector.successes()
         ]
         latencies.extend(mine)
@@ -173,6 +195,7 @@ def measure(
                 acknowledged=len(arrived),
                 rejected=answers.rejected.get(name, 0),
                 duplicates=answers.duplicates.get(name, 0),
+                delayed=answers.delayed.get(name, 0),
                 enqueued=status.enqueued,
                 succeeded=status.succeeded,
                 dead_lettered=status.dead_lettered,
@@ -193,6 +216,9 @@ def measure(
         spawned = sum(s.enqueued for s in statuses.values()) + outbox - acknowledged
     lost = acknowledged + spawned - settled - outbox
     follow_ups = scenario.app is None and any(p.follow_ups for p in scenario.resolved_pools)
+    for name, collector in collectors.items():
+        if collector.delays:
+            check_delayed_order(collector, answers.due_times(name))
     invariants = [
         _no_loss(acknowledged, spawned, statuses.values(), outbox, lost, missing),
         Invariant(
@@ -205,7 +231,12 @@ def measure(
             "order",
             not any(c.order_violations for c in collectors.values()),
             "; ".join(v for c in collectors.values() for v in c.order_violations)
-            or "every instance started its events in sequence, one at a time",
+            or (
+                "every instance started its events in sequence, one at a time"
+                if not any(c.delays for c in collectors.values())
+                else "every instance started its events by due time, then sequence, one at "
+                "a time, and none before it was due"
+            ),
         ),
         Invariant(
             "counters",
@@ -254,6 +285,7 @@ def measure(
         acknowledged=acknowledged,
         rejected=sum(answers.rejected.values()),
         duplicates=sum(answers.duplicates.values()),
+        delayed=sum(answers.delayed.values()),
         failed=answers.failed,
         waiting=waiting,
         succeeded=sum(s.succeeded for s in every),
@@ -368,7 +400,7 @@ def _requests(
     """Each stored arrival's request: done when every event it caused has succeeded."""
     arrived: dict[int, float] = {}  # each stored arrival's time, by its request (event id)
     for name, requests in answers.request_of.items():
-        times = answers.arrived_at[name]
+        times = answers.starts(name)
         for key, ident in requests.items():
             arrived[ident] = times[key]
     created = dict.fromkeys(arrived, 1)

@@ -45,6 +45,10 @@ class InstanceTrack:
     changed_at: array[float] = field(default_factory=lambda: array("d", (0.0,)))
     depths: array[int] = field(default_factory=lambda: array("q", (0,)))
     stalled: tuple[float, int] | None = None  # since when, and the events it held then
+    # Each event's sequence as its first attempt started, in that order; kept only for a
+    # pool with delayed arrivals, whose order is checked at the end (``delayed_order``).
+    first_starts: array[int] = field(default_factory=lambda: array("q"))
+    first_started_at: array[float] = field(default_factory=lambda: array("d"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +80,11 @@ _WAKING = ("enqueued", "resumed", "drained")
 class Collector:
     """Follows a pool's events; see the module docstring."""
 
-    def __init__(self, pool: str, instances: int) -> None:
+    def __init__(self, pool: str, instances: int, *, delays: bool = False) -> None:
         self.pool = pool
+        # With delayed arrivals an instance starts its events by due time, not by
+        # sequence: the order is checked at the end, once the due times are known.
+        self.delays = delays
         self.tracks = [InstanceTrack() for _ in range(instances)]
         # Per event, as columns (dopool._sim.columns): a run keeps them to its end.
         self.enqueued_at = Times(instances)
@@ -161,17 +168,20 @@ class Collector:
         track.started += 1
         succeeded = self._succeeded[index]
         if sequence < len(succeeded) and not isnan(succeeded[sequence]):
-            _note(
+            note(
                 self.repeat_violations,
                 f"{self.pool}:{index} started #{sequence} again after its success",
             )
         if track.current is not None and track.current != sequence:
-            _note(
+            note(
                 self.order_violations,
                 f"{self.pool}:{index} started #{sequence} while #{track.current} was unfinished",
             )
+        elif track.current is None and self.delays:
+            track.first_starts.append(sequence)
+            track.first_started_at.append(time)
         elif track.current is None and track.queue and track.queue[0] != sequence:
-            _note(
+            note(
                 self.order_violations,
                 f"{self.pool}:{index} started #{sequence} before #{track.queue[0]}",
             )
@@ -189,7 +199,7 @@ class Collector:
         if success:
             succeeded = self._succeeded[index]
             if sequence < len(succeeded) and not isnan(succeeded[sequence]):
-                _note(self.repeat_violations, f"{self.pool}:{index} succeeded #{sequence} twice")
+                note(self.repeat_violations, f"{self.pool}:{index} succeeded #{sequence} twice")
             else:  # the first success is the one kept
                 put(succeeded, sequence, time, nan)
                 self._success_index.append(index)
@@ -217,7 +227,7 @@ class Collector:
         return {(i, s) for i, track in enumerate(self.tracks) for s in track.queue}
 
 
-def _note(violations: list[str], text: str) -> None:
+def note(violations: list[str], text: str) -> None:
     if len(violations) < MAX_VIOLATIONS:
         violations.append(text)
 
@@ -287,6 +297,7 @@ class PoolResult:
     latency: Latency
     instances: list[InstanceResult]
     waiting: int = 0
+    delayed: int = 0  # arrivals stored with a delay (delayed_share)
     # For plots only; not part of the JSON document.
     latencies: list[float] = field(default_factory=list, repr=False, compare=False)
 
@@ -306,6 +317,7 @@ class PoolResult:
             "arrivals_enqueued": self.acknowledged,
             "rejected_queue_full": self.rejected,
             "duplicates": self.duplicates,
+            **({"delayed": self.delayed} if self.delayed else {}),
             "waiting_enqueue": self.waiting,
             "enqueued": self.enqueued,
             "succeeded": self.succeeded,
@@ -399,6 +411,7 @@ class Result:
     outbox: int
     not_arrived: int
     # For plots only; not part of the JSON document.
+    delayed: int = field(default=0, kw_only=True)  # arrivals stored with a delay
     depth_series: list[Steps] = field(repr=False, compare=False)  # per instance
     latencies: list[float] = field(repr=False, compare=False)
 
@@ -431,6 +444,7 @@ class Result:
                 **({"follow_ups": self.follow_ups} if self.follow_ups else {}),
                 "rejected_queue_full": self.rejected,
                 "duplicates": self.duplicates,
+                **({"delayed": self.delayed} if self.delayed else {}),
                 "failed_enqueue": self.failed,
                 "waiting_enqueue": self.waiting,
                 "succeeded": self.succeeded,

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from dopool._errors import ConfigurationError
+from dopool._errors import MAX_DELAY, ConfigurationError
 from dopool._sim.checks import ScenarioError, assign, choice, number, probability
 from dopool._sim.sections import (
     MAX_INSTANCES,
@@ -49,6 +49,8 @@ POOL_FIELDS = (
     "alarm_retries",
     "duplicate_share",
     "dedup_window",
+    "delayed_share",
+    "delay",
 )
 POOL_SECTIONS: dict[str, type[Any]] = {
     "partitions": Partitions,
@@ -100,6 +102,8 @@ class Pool:
     alarm_retries: int | None = None
     duplicate_share: float = 0.0
     dedup_window: float = 0.0
+    delayed_share: float = 0.0
+    delay: float = 0.0
     partitions: Partitions = field(default_factory=Partitions)
     service: Service = field(default_factory=Service)
     retry: Retry = field(default_factory=Retry)
@@ -122,6 +126,11 @@ class Pool:
             number("alarm_retries", self.alarm_retries, integer=True, minimum=0, maximum=1000)
         assign(self, "duplicate_share", probability("duplicate_share", self.duplicate_share))
         assign(self, "dedup_window", number("dedup_window", self.dedup_window, minimum=0.0))
+        assign(self, "delayed_share", probability("delayed_share", self.delayed_share))
+        delay = number("delay", self.delay, minimum=0.0, maximum=MAX_DELAY)
+        if self.delayed_share > 0 and delay <= 0:
+            raise ScenarioError("delay", "must be > 0 when delayed_share is set")
+        assign(self, "delay", delay)
 
 
 @dataclass(frozen=True)

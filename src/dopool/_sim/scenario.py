@@ -110,6 +110,8 @@ class Scenario:
         duplicate_share: this share of arrivals repeats a recent arrival's dedup key
             (every arrival then carries one); 0 = no dedup keys.
         dedup_window: the pool's ``dedup_window``, virtual seconds.
+        delayed_share: this share of arrivals is enqueued with ``delay`` (0 = none).
+        delay: the virtual seconds a delayed arrival waits before it is due.
         preset: ``"cloudflare"`` fills in Cloudflare's rules for what the file leaves
             out (:data:`PRESETS`).
         arrivals: the arrival streams, each into one pool.
@@ -134,6 +136,8 @@ class Scenario:
     alarm_retries: int | None = None
     duplicate_share: float = 0.0
     dedup_window: float = 0.0
+    delayed_share: float = 0.0
+    delay: float = 0.0
     preset: str | None = None
     arrivals: tuple[Arrivals, ...] = (Arrivals(),)
     partitions: Partitions = field(default_factory=Partitions)

@@ -78,6 +78,7 @@ class _Arrival:
                 "time": arrival.time,
                 "event_id": arrival.event_id,
                 "partition_key": arrival.partition_key,
+                **({"delay": arrival.delay} if arrival.delay is not None else {}),
                 "outcome": outcome,
                 "error": error,
             }

@@ -45,6 +45,7 @@ class Arrival(NamedTuple):
     pool: str = POOL
     payload: str | None = None  # the app's function that makes the event
     dedup_key: str | None = None  # with a pool's duplicate_share: its own, or a recent one's
+    delay: float | None = None  # with a pool's delayed_share: its delay, virtual seconds
 
 
 def arrivals(scenario: Scenario, app_pools: Sequence[str] = ()) -> list[Arrival]:
@@ -66,7 +67,7 @@ def arrivals(scenario: Scenario, app_pools: Sequence[str] = ()) -> list[Arrival]
     else:
         defaults = scenario.resolved_pools[0]
         designs = {name: dataclasses.replace(defaults, name=name) for name in app_pools}
-    drafts: list[Iterator[tuple[float, int, str | None, bool, str, str | None]]] = []
+    drafts: list[Iterator[Draft]] = []
     payloads: dict[int, str | None] = {}
     for position, stream in enumerate(scenario.arrivals):
         suffix = "" if position == 0 else f"/{position}"
@@ -81,12 +82,17 @@ def arrivals(scenario: Scenario, app_pools: Sequence[str] = ()) -> list[Arrival]
                 random.Random(f"{seed}/poison{suffix}"),
                 random.Random(f"{seed}/keys{suffix}/moved"),
                 random.Random(f"{seed}/dups{suffix}"),
+                random.Random(f"{seed}/delays{suffix}"),
             )
         )
     return [
-        Arrival(at, number, key, poison, pool, payloads[stream], dedup)
-        for number, (at, stream, key, poison, pool, dedup) in enumerate(heapq.merge(*drafts))
+        Arrival(at, number, key, poison, pool, payloads[stream], dedup, delay)
+        for number, (at, stream, key, poison, pool, dedup, delay) in enumerate(heapq.merge(*drafts))
     ]
+
+
+# An arrival before its number: time, stream, key, poison, pool, dedup key, delay.
+Draft = tuple[float, int, str | None, bool, str, str | None, float | None]
 
 
 def _stream(
@@ -98,7 +104,8 @@ def _stream(
     poison: random.Random,
     moved: random.Random,  # keys of records replayed into another pool
     dups: random.Random,  # which arrivals repeat a recent one's dedup key
-) -> Iterator[tuple[float, int, str | None, bool, str, str | None]]:
+    delays: random.Random,  # which arrivals are delayed
+) -> Iterator[Draft]:
     entry = designs[spec.pool] if spec.pool is not None else next(iter(designs.values()))
     pickers = {name: key_picker(design) for name, design in designs.items()}
     recent: dict[str, list[str]] = {}  # each pool's last RECENT_KEYS dedup keys
@@ -122,7 +129,10 @@ def _stream(
         dedup = None
         if pool.duplicate_share > 0:
             dedup = _dedup_key(pool, f"{position}/{count}", dups, recent.setdefault(pool.name, []))
-        yield record.time, position, key, is_poison, pool.name, dedup
+        delay = (
+            pool.delay if pool.delayed_share > 0 and delays.random() < pool.delayed_share else None
+        )
+        yield record.time, position, key, is_poison, pool.name, dedup, delay
 
 
 #: How far back a duplicate arrival reaches: one of its pool's last this many keys.
