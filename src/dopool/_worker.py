@@ -178,6 +178,10 @@ class Signals:
     def __init__(self) -> None:
         self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
+    @property
+    def write_end(self) -> int:
+        return self._write
+
     def write(self, code: int) -> None:
         with suppress(OSError):  # full (a storm of signals): one in it is enough
             os.write(self._write, bytes([code]))
@@ -201,19 +205,28 @@ class Signals:
 @contextmanager
 def signals() -> Iterator[Signals]:
     """SIGTERM and SIGINT write their number to a pipe while this lasts: one that comes
-    while the app loads is kept for :func:`serve`."""
+    while the app loads is kept for :func:`serve`.
+
+    The interpreter's own signal handler writes it (``signal.set_wakeup_fd``), at once,
+    whichever thread the signal lands on: a handler written in Python would run only
+    when the main thread next runs Python code, and it may be blocked in ``select``
+    on this very pipe while an actor's thread took the signal. The Python handlers
+    installed here only keep the signals from ending the process.
+    """
     wait = Signals()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        wait.write(signum)
-
-    previous = {signum: signal.signal(signum, on_signal) for signum in SIGNALS}
+    previous = {signum: signal.signal(signum, _ignored) for signum in SIGNALS}
+    old_fd = signal.set_wakeup_fd(wait.write_end, warn_on_full_buffer=False)
     try:
         yield wait
     finally:
+        signal.set_wakeup_fd(old_fd)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         wait.close()
+
+
+def _ignored(_signum: int, _frame: FrameType | None) -> None:
+    """Keep a signal from ending the process: the wake-up fd has told :func:`serve`."""
 
 
 def _when_quiet(closing: Closing, write: Callable[[int], None]) -> None:
