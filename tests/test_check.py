@@ -19,7 +19,7 @@ from dopool._check import check_store
 from dopool._layout import Meta, Namespace, OutboxRecord, pack, seal_pool
 from dopool._storage import Txn
 
-FIXTURE = Path(__file__).parent / "fixtures" / "store-v4"  # tests/fixtures/make_store.py
+FIXTURE = Path(__file__).parent / "fixtures" / "store-v5"  # tests/fixtures/make_store.py
 QUEUED = Namespace("orders", 1).queue_key(-2, 4, 1000.0)  # a pending event of the fixture
 INVOICES = Namespace("invoices", 0)  # holds a follow-up for orders:1, link 0, in its outbox
 
@@ -47,7 +47,7 @@ def problems(path: Path) -> list[str]:
 def test_a_sound_store_checks_out(store: Path) -> None:
     result = invoke("check", str(store))
     assert result.exit_code == 0, result.output
-    assert "format 4, 20 records, 3 instances; pools: invoices (1), orders (2)" in result.stdout
+    assert "format 5, 38 records, 3 instances; pools: invoices (1), orders (2)" in result.stdout
     assert "ok: every record and every counter checks out" in result.stdout
 
 
@@ -81,6 +81,8 @@ def test_counters_that_do_not_add_up_are_reported(store: Path) -> None:
         txn.delete(QUEUED)
     assert problems(store) == [
         "orders:1: meta counts 2 pending events, the store holds 1",
+        # its index entry stays, naming no event
+        "orders:1: 0 pending events without an index entry, 1 entries of no pending event",
         "orders:1: meta counts {0: 1, -2: 1} per priority, the keys {0: 1}",
     ]
 
@@ -147,7 +149,7 @@ def test_check_store_reads_a_snapshot_in_one_pass(store: Path) -> None:
     with lmdb.open(str(store / "data"), readonly=True, lock=False) as env, env.begin() as txn:
         report = check_store(txn)
     assert report.ok
-    assert (report.format_version, report.records, report.instances) == (4, 20, 3)
+    assert (report.format_version, report.records, report.instances) == (5, 38, 3)
     assert report.pools == {"invoices": 1, "orders": 2}
 
 

@@ -1,5 +1,5 @@
-"""The store format: its version record, its pinned layout, the migrations of formats 1,
-2 and 3, and stores that are refused."""
+"""The store format: its version record, its pinned layout, the migrations of formats 1
+to 4, and stores that are refused."""
 
 from __future__ import annotations
 
@@ -25,13 +25,18 @@ from dopool._layout import (
     DeadRecord,
     DedupIndex,
     DedupRecord,
+    EventIndex,
     EventRecord,
+    FinishedRecord,
+    Located,
     Meta,
     Namespace,
     OutboxRecord,
+    RecordKind,
     pack,
     parse_dedup_key,
     read_dedup,
+    read_lifecycle,
     read_outbox,
     seal,
     seal_event,
@@ -48,7 +53,8 @@ FIXTURE_1 = FIXTURES / "store-v1"  # format 1, written at commit 837caa8 (make_s
 FIXTURE_1_OUTBOX = FIXTURES / "store-v1-outbox"  # format 1, make_store_v1_outbox.py
 FIXTURE_2 = FIXTURES / "store-v2"  # format 2, written at commit c2aca5a (make_store.py then)
 FIXTURE_3 = FIXTURES / "store-v3"  # format 3, written at commit fa16d78 (make_store.py then)
-FIXTURE_4 = FIXTURES / "store-v4"  # format 4, make_store.py
+FIXTURE_4 = FIXTURES / "store-v4"  # format 4, written at commit 9270e60 (make_store.py then)
+FIXTURE_5 = FIXTURES / "store-v5"  # format 5, make_store.py
 # The events the fixtures of formats 1 and 2 (and format 3, at 1000.0) hold pending.
 ID_5 = EventRecord(b"\x82\xa2id\x05\xa4tags\x92\xa1x\xa1y", 1000.0, "bob", 9)
 ID_3 = EventRecord(b"\x82\xa2id\x03\xa4blob\xc4\x02\x00\xff", 1000.0, "alice", 0)
@@ -74,17 +80,25 @@ def records(path: Path) -> dict[bytes, bytes]:
 
 
 def test_the_fixture_of_this_format_is_the_current_version() -> None:
-    assert FORMAT_VERSION == 4
-    assert records(FIXTURE_4)[b"F"] == seal_format(b"F")
+    assert FORMAT_VERSION == 5
+    assert records(FIXTURE_5)[b"F"] == seal_format(b"F")
 
 
-# -- the committed store of format 4 ----------------------------------------------------
+def entries(path: Path) -> list[bytes]:
+    """The event index entries a store holds."""
+    return sorted(key for key in records(path) if key[:1] == b"I" and b"\x00x" in key)
 
 
-def test_the_format_4_fixture_decodes_to_exactly_what_was_written(tmp_path: Path) -> None:
-    """A change of layout that misreads stores of format 4 fails here: the fixture of
-    format 3 with dedup keys (store-v4, make_store.py)."""
-    store = Store(copy(FIXTURE_4, tmp_path))
+# -- format 4, migrated in place when a runtime opens it -----------------------------------
+
+
+def test_the_format_4_fixture_is_migrated_to_exactly_what_was_written(tmp_path: Path) -> None:
+    """store-v4, written by the format-4 code: every record reads as it was written, the
+    metas with format 5's counters at 0, and each pending event gets its index entry."""
+    path = copy(FIXTURE_4, tmp_path)
+    before = records(path)
+    assert before[b"F"][4:] == bytes([0x91, 4])
+    store = Store(path)
     try:
         with store.read() as txn:
             zero, one = Namespace("orders", 0), Namespace("orders", 1)
@@ -116,9 +130,94 @@ def test_the_format_4_fixture_decodes_to_exactly_what_was_written(tmp_path: Path
             assert index.get(txn, "order-1") == DedupRecord("order-1", 1, 0, 0, 0, 1000.0, 1000.0)
             assert index.count_expiries(txn) == 2
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 4, 20)
+            assert (report.ok, report.format_version, report.records) == (True, 5, 24)
+            indexed = EventIndex(zero)
+            assert [indexed.locate(txn, n) for n in (3, 4, 0)] == [
+                Located(zero.queue_key(9, 3, 1000.0), False),
+                Located(zero.scheduled_key(2, 4, 1030.0), True),
+                None,  # dead-lettered
+            ]
     finally:
         store.close()
+    after = records(path)
+    changed = sorted(
+        key for key in before.keys() | after.keys() if before.get(key) != after.get(key)
+    )
+    metas = [key for key in before if key[:1] == b"I" and key.endswith(b"\x00m")]
+    assert len(metas) == 3
+    assert len(entries(path)) == 4  # the pending events: two on each instance of orders
+    assert changed == sorted([b"F", *metas, *entries(path)])
+
+
+# -- the committed store of format 5 ----------------------------------------------------
+
+
+def test_the_format_5_fixture_decodes_to_exactly_what_was_written(tmp_path: Path) -> None:
+    """A change of layout that misreads stores of format 5 fails here: the fixture of
+    format 4 with an event index, remembered finished events and a cancelled event
+    (store-v5, make_store.py)."""
+    store = Store(copy(FIXTURE_5, tmp_path))
+    try:
+        with store.read() as txn:
+            zero, one = Namespace("orders", 0), Namespace("orders", 1)
+            assert zero.load_meta(txn) == Meta(
+                tail=6,
+                pending=2,
+                enqueued=6,
+                succeeded=2,
+                dead_lettered=1,
+                paused=True,
+                outbox_next=1,
+                held_dead_letters=1,
+                priorities={9: 1},
+                links={"orders:1": 1},
+                scheduled=1,
+                next_due=1030.0,
+                last_due=1000.0,
+                duplicates=1,
+                cancelled=1,
+                remembered=4,
+                last_started=1000.0,
+            )
+            assert one.load_meta(txn).remembered == 3
+            events = EventIndex(zero)
+            assert events.entries(txn) == [3, 4]
+            assert events.finished(txn, 5) == FinishedRecord(
+                "cancelled", 0, 1000.0, 1000.0, None, 1000.0, None, "bob", 0, None
+            )
+            assert events.finished(txn, 0) == FinishedRecord(
+                "dead_lettered",
+                1,
+                1000.0,
+                1000.0,
+                1000.0,
+                1000.0,
+                "PermanentError: poisoned",
+                "bob",
+                3,
+                "order-2",
+            )
+            assert zero.get_event(txn, zero.queue_key(9, 3, 1000.0)) == ID_5._replace(
+                dedup_key="order-5"
+            )
+            assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
+            report = check_store(txn)
+            assert (report.ok, report.format_version, report.records) == (True, 5, 38)
+    finally:
+        store.close()
+
+
+def test_the_keys_and_records_of_the_event_index_have_their_documented_bytes() -> None:
+    ns = Namespace("p", 0)
+    store_key = ns.queue_key(5, 7, 1.5)
+    entry = b"Ip:0\x00x" + (7).to_bytes(8, "big")
+    value = seal(entry, pack((store_key[-20:-8],)))
+    assert value[4:] == b"\x91\xc4\x0c\x7f\xff\xff\xfa\xbf\xf8\x00\x00\x00\x00\x00\x00"
+    record = FinishedRecord("succeeded", 1, 1.0, 1.5, 2.0, 2.5, None, None, -1, "k")
+    key = b"Ip:0\x00f" + (7).to_bytes(8, "big")
+    assert seal(key, pack(record))[4:10] == b"\x9a\xa9succ"
+    expiry = b"Ip:0\x00e" + bytes.fromhex("c004000000000000") + (7).to_bytes(8, "big")  # 2.5
+    read_lifecycle(RecordKind.FORGET, expiry, seal(expiry, pack(())))
 
 
 def test_the_keys_and_records_of_dedup_have_their_documented_bytes() -> None:
@@ -235,17 +334,19 @@ def test_the_format_3_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 4, 15)
+            assert (report.ok, report.format_version, report.records) == (True, 5, 19)
     finally:
         store.close()
     after = records(path)
     changed = sorted(
         key for key in before.keys() | after.keys() if before.get(key) != after.get(key)
     )
-    # The format record, every meta, every event (due or scheduled) and the dead letter.
+    # The format record, every meta, every event (due or scheduled) and the dead letter,
+    # and an index entry for each event.
     rewritten = [key for key in before if key[:1] == b"I" and key.split(b"\x00")[1][:1] in b"mqwd"]
     assert len(rewritten) == 3 + 4 + 1
-    assert changed == sorted([b"F", *rewritten])
+    assert len(entries(path)) == 4
+    assert changed == sorted([b"F", *rewritten, *entries(path)])
 
 
 def test_the_keys_of_format_3_have_their_documented_bytes() -> None:
@@ -338,21 +439,22 @@ def test_the_format_2_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 4, 14)
+            assert (report.ok, report.format_version, report.records) == (True, 5, 17)
     finally:
         store.close()
     after = records(path)
     changed = sorted(
         key for key in before.keys() | after.keys() if before.get(key) != after.get(key)
     )
-    # The format record, every meta, each pending event moved to its new key, and the
-    # dead letter (format 4's dedup key).
+    # The format record, every meta, each pending event moved to its new key and
+    # indexed, and the dead letter (format 4's dedup key).
     old_queue = [key for key in before if b"\x00q" in key]
     new_queue = [key for key in after if b"\x00q" in key]
     assert len(old_queue) == len(new_queue) == 3
     metas = [b"Iinvoices:0\x00m", b"Iorders:0\x00m", b"Iorders:1\x00m"]
     dead = [key for key in before if b"\x00d" in key]
-    assert changed == sorted([b"F", *metas, *dead, *old_queue, *new_queue])
+    assert len(entries(path)) == 3
+    assert changed == sorted([b"F", *metas, *dead, *old_queue, *new_queue, *entries(path)])
 
 
 def format_2_meta(**fields: object) -> list[object]:
@@ -435,7 +537,8 @@ def test_a_format_2_store_built_by_hand_keeps_its_order_and_its_backoff(
     with caplog.at_level(logging.INFO, logger="dopool"):
         runtime = Runtime(path, clock=clock)
     try:
-        assert "migrated from format 2 to 4 (9 records rewritten)" in caplog.text
+        # 9 to format 4; its meta again, and an index entry for each of 4 events
+        assert "migrated from format 2 to 5 (14 records rewritten)" in caplog.text
         ns = Namespace("h", 0)
         with runtime._store.read() as txn:
             meta = ns.load_meta(txn)
@@ -470,7 +573,7 @@ def test_a_format_2_store_is_refused_read_only(tmp_path: Path) -> None:
     path = copy(FIXTURE_2, tmp_path)
     with pytest.raises(StoreFormatError) as caught, open_view(path):
         pass
-    assert (caught.value.found, caught.value.supported) == (2, 4)
+    assert (caught.value.found, caught.value.supported) == (2, 5)
     assert "migrates it in place" in str(caught.value)
     assert records(path) == records(FIXTURE_2)
 
@@ -572,6 +675,7 @@ def test_the_format_1_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             *[key for key in before if b"\x00d" in key],  # format 4's dedup key
             *old_queue,
             *new_queue,
+            *entries(path),
         ]
     )
 
@@ -608,7 +712,8 @@ def test_a_format_1_outbox_is_migrated_and_delivered_exactly_once(
     with caplog.at_level(logging.INFO, logger="dopool"):
         runtime = Runtime(path, clock=SimulatedClock(2000.0), seed=7)
     try:
-        assert "migrated from format 1 to 4 (9 records rewritten)" in caplog.text
+        # 9 to format 4, and both metas again (no event is pending)
+        assert "migrated from format 1 to 5 (11 records rewritten)" in caplog.text
         with runtime._store.read() as txn:
             zero, one = Namespace("orders", 0), Namespace("orders", 1)
             assert zero.load_meta(txn).links == {"orders:1": 2}
@@ -635,7 +740,7 @@ def test_a_format_1_store_is_refused_read_only_and_left_as_it_was(tmp_path: Path
     before = (path / "data" / "data.mdb").read_bytes()
     with pytest.raises(StoreFormatError) as caught, open_view(path):
         pass
-    assert (caught.value.found, caught.value.supported) == (1, 4)
+    assert (caught.value.found, caught.value.supported) == (1, 5)
     assert "a Runtime of this version migrates it in place" in str(caught.value)
     assert (path / "data" / "data.mdb").read_bytes() == before
 

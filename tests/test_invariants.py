@@ -121,7 +121,7 @@ def stalled_while_running(txn: Txn, meta: Meta) -> None:
 @pytest.mark.parametrize(
     ("damage", "expected"),
     [
-        (unbalanced, "enqueued 6 != succeeded + dead_lettered + drained + pending = 5"),
+        (unbalanced, "enqueued 6 != succeeded + dead_lettered + drained + cancelled + pending = 5"),
         (pending_not_the_keys, "meta counts 4 pending events, the store holds 3"),
         (dead_letters_not_the_keys, "meta counts 2 dead letters, the store holds 1"),
         (outbox_not_the_keys, "meta counts 1 outbox entries, the store holds 0"),
@@ -186,6 +186,6 @@ def test_the_lines_name_the_instance_and_the_bare_list_does_not(store: Store) ->
     assert state.name == "p:0"
     assert broken_invariants(state) == [
         "meta counts 0 dead letters, the store holds 1",
-        "enqueued 9 != succeeded + dead_lettered + drained + pending = 5",
+        "enqueued 9 != succeeded + dead_lettered + drained + cancelled + pending = 5",
     ]
     assert violations(state) == [f"p:0: {line}" for line in broken_invariants(state)]

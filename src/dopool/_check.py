@@ -42,6 +42,7 @@ from dopool._layout import (
     read_event,
     read_expiry,
     read_format,
+    read_lifecycle,
     read_link,
     read_meta,
     read_outbox,
@@ -168,10 +169,15 @@ def _check_instance_record(
         _payload(where, key, record.event, problems)
         instance.follow_ups.append((key, record))
         links.add_outbox(where, record)
+    elif kind in _LIFECYCLE:
+        read_lifecycle(kind, key, value)
     else:
         source = mark_source(key)  # (a damaged event raised before it was counted)
         links.add_mark(where, source, read_link(key, value))
         instance.sources.append((key, source))
+
+
+_LIFECYCLE = (RecordKind.INDEX, RecordKind.FINISHED, RecordKind.FORGET)
 
 
 def _check_dedup_record(

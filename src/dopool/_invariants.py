@@ -3,7 +3,10 @@
 An instance's meta record keeps counters that its keys must bear out. Every
 committed transaction leaves them balanced, so any snapshot of the store must:
 
-- ``enqueued = succeeded + dead_lettered + drained + pending``;
+- ``enqueued = succeeded + dead_lettered + drained + cancelled + pending``, and
+  ``expired <= dead_lettered`` (an expired event is dead-lettered);
+- every pending event has an event index entry, and every entry names a pending
+  event; the meta's ``remembered`` is the number of remembered finished events;
 - the meta's ``pending``, ``held_dead_letters`` and ``outbox`` equal the number of
   queue and scheduled, dead-letter and outbox keys, and its ``scheduled`` the number
   of scheduled keys;
@@ -79,6 +82,9 @@ class InstanceState:
     priorities: dict[int, int]  # queue keys per priority, in key order
     last_sequence: int  # the highest sequence of a queue or dead-letter key; -1 if none
     started_has_record: bool  # the started event's queue key exists (True if none started)
+    unindexed: int = 0  # pending events without an index entry
+    stray_entries: int = 0  # index entries that name no pending event
+    remembered_keys: int = 0  # remembered finished events
 
     @property
     def name(self) -> str:
@@ -98,6 +104,9 @@ class KeyTally:
     dead_letters: int = 0
     outbox: int = 0
     last_sequence: int = -1
+    sequences: set[int] = field(default_factory=set)  # of the pending events
+    entries: set[int] = field(default_factory=set)  # of the index entries
+    remembered: int = 0
 
     def add(self, kind: RecordKind, key: bytes) -> None:
         """Count ``key``, a key of ``kind`` (the meta and delivery marks count for nothing)."""
@@ -107,8 +116,10 @@ class KeyTally:
             self.priorities[priority] = self.priorities.get(priority, 0) + 1
             self.last_sequence = max(self.last_sequence, queue_key_sequence(key))
             self.last_queue_due = max(self.last_queue_due, queue_key_due(key))
+            self.sequences.add(queue_key_sequence(key))
         elif kind is RecordKind.SCHEDULED:
             self.scheduled += 1
+            self.sequences.add(queue_key_sequence(key))
             due = scheduled_key_due(key)
             self.first_due = due if self.first_due is None else min(self.first_due, due)
             self.last_sequence = max(self.last_sequence, queue_key_sequence(key))
@@ -117,6 +128,10 @@ class KeyTally:
             self.last_sequence = max(self.last_sequence, dead_letter_sequence(key))
         elif kind is RecordKind.OUTBOX:
             self.outbox += 1
+        elif kind is RecordKind.INDEX:
+            self.entries.add(queue_key_sequence(key))  # its key ends with the sequence
+        elif kind is RecordKind.FINISHED:
+            self.remembered += 1
 
     @property
     def empty(self) -> bool:
@@ -138,6 +153,9 @@ class KeyTally:
             priorities=dict(self.priorities),
             last_sequence=self.last_sequence,
             started_has_record=meta.current is None or meta.current in self.queue,
+            unindexed=len(self.sequences - self.entries),
+            stray_entries=len(self.entries - self.sequences),
+            remembered_keys=self.remembered,
         )
 
 
@@ -169,14 +187,23 @@ def broken_invariants(state: InstanceState) -> list[str]:
         ("scheduled events", meta.scheduled, state.scheduled_keys),
         ("dead letters", meta.held_dead_letters, state.dead_letter_keys),
         ("outbox entries", meta.outbox, state.outbox_keys),
+        ("remembered events", meta.remembered, state.remembered_keys),
     )
     for what, recorded, keys in counts:
         if recorded != keys:
             broken.append(f"meta counts {recorded} {what}, the store holds {keys}")
-    total = meta.succeeded + meta.dead_lettered + meta.drained + meta.pending
+    total = meta.succeeded + meta.dead_lettered + meta.drained + meta.cancelled + meta.pending
     if meta.enqueued != total:
         broken.append(
-            f"enqueued {meta.enqueued} != succeeded + dead_lettered + drained + pending = {total}"
+            f"enqueued {meta.enqueued} != succeeded + dead_lettered + drained + cancelled "
+            f"+ pending = {total}"
+        )
+    if meta.expired > meta.dead_lettered:
+        broken.append(f"expired {meta.expired} > dead_lettered {meta.dead_lettered}")
+    if state.unindexed or state.stray_entries:
+        broken.append(
+            f"{state.unindexed} pending events without an index entry, "
+            f"{state.stray_entries} entries of no pending event"
         )
     if meta.priorities != state.priorities:
         broken.append(f"meta counts {meta.priorities} per priority, the keys {state.priorities}")

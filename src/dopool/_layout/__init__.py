@@ -8,6 +8,7 @@
 - :mod:`.namespace`: an instance's keys and the pool records, read and written in a
   transaction;
 - :mod:`.dedup`: a pool's dedup index, its records read and written in a transaction;
+- :mod:`.events`: an instance's event index and remembered finished events;
 - :mod:`.migrate`: a store of an older format rewritten as this one.
 
 Everything outside this package sees records, namespaces and parsed keys, never a
@@ -21,6 +22,13 @@ from dopool._layout.dedup import (
     keyed_events,
     read_dedup,
     read_expiry,
+)
+from dopool._layout.events import (
+    FINISHED_STATES,
+    EventIndex,
+    FinishedRecord,
+    Located,
+    read_lifecycle,
 )
 from dopool._layout.keys import (
     FORMAT_KEY,
@@ -95,6 +103,7 @@ from dopool._layout.records import (
 )
 
 __all__ = [
+    "FINISHED_STATES",
     "FORMAT_KEY",
     "FORMAT_VERSION",
     "MAX_CONCURRENCY",
@@ -110,8 +119,11 @@ __all__ = [
     "DedupIndex",
     "DedupKey",
     "DedupRecord",
+    "EventIndex",
     "EventRecord",
+    "FinishedRecord",
     "InstanceKey",
+    "Located",
     "Meta",
     "Namespace",
     "OutboxRecord",
@@ -148,6 +160,7 @@ __all__ = [
     "read_event",
     "read_expiry",
     "read_format",
+    "read_lifecycle",
     "read_link",
     "read_meta",
     "read_outbox",

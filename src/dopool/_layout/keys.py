@@ -14,6 +14,12 @@ Keys (all integers big-endian, so LMDB's byte order is numeric order)::
     I <pool>:<index> \\0 s <source pool> \\0 <source:4>
                                           the last follow-up link accepted from a
                                           source instance (of any pool)
+    I <pool>:<index> \\0 x <seq:8>          an unfinished event's index entry: its key's
+                                          rank and due, so its key is found from its
+                                          sequence alone
+    I <pool>:<index> \\0 f <seq:8>          a finished event, remembered (keep_finished)
+    I <pool>:<index> \\0 e <finished:8> <seq:8>
+                                          when a remembered event finished: its expiry
     K <pool> \\0 <name>                   a dedup key's index entry (the pool's own)
     E <pool> \\0 <finished:8> <name>      a finished dedup key's expiry, by finish time
 
@@ -60,6 +66,8 @@ _INSTANCE_PREFIX = b"I"
 # The tag after an instance's prefix: which kind of record the key holds.
 _META_TAG, _QUEUE_TAG, _DEAD_TAG, _OUTBOX_TAG, _MARK_TAG = b"m", b"q", b"d", b"o", b"s"
 _WAIT_TAG = b"w"  # a scheduled event, not due yet
+# An unfinished event's index entry, a remembered finished event, and its expiry:
+_INDEX_TAG, _FINISHED_TAG, _FORGET_TAG = b"x", b"f", b"e"
 _DEDUP_PREFIX = b"K"  # a pool's dedup index: one entry per key
 _EXPIRY_PREFIX = b"E"  # a pool's finished dedup keys, by finish time
 _DIGEST = 16  # the bytes of a long dedup key's digest
@@ -72,6 +80,7 @@ _F64 = struct.Struct(">d")
 _RANK_SEQ = struct.Struct(">IQ")  # format 2's queue key suffix (the migration reads it)
 _RANK_DUE_SEQ = struct.Struct(">IQQ")  # a queue key's suffix
 _DUE_RANK_SEQ = struct.Struct(">QIQ")  # a scheduled key's suffix
+_DUE_SEQ = struct.Struct(">QQ")  # a remembered event's expiry key's suffix
 _SIGN = 1 << 63
 _ALL = (1 << 64) - 1
 
@@ -147,6 +156,9 @@ class RecordKind(enum.Enum):
     DEAD_LETTER = "dead letter"
     OUTBOX = "outbox entry"
     DELIVERY_MARK = "delivery mark"
+    INDEX = "event index entry"
+    FINISHED = "finished event record"
+    FORGET = "finished event's expiry"
 
 
 _KIND_OF_TAG = {
@@ -156,6 +168,9 @@ _KIND_OF_TAG = {
     _DEAD_TAG: RecordKind.DEAD_LETTER,
     _OUTBOX_TAG: RecordKind.OUTBOX,
     _MARK_TAG: RecordKind.DELIVERY_MARK,
+    _INDEX_TAG: RecordKind.INDEX,
+    _FINISHED_TAG: RecordKind.FINISHED,
+    _FORGET_TAG: RecordKind.FORGET,
 }
 # The length of the suffix after each tag of an instance's namespace; a delivery
 # mark's varies with its source's pool name (see ``_valid_suffix``).
@@ -165,6 +180,9 @@ _SUFFIX_LENGTHS = {
     _WAIT_TAG: _DUE_RANK_SEQ.size,
     _DEAD_TAG: 8,
     _OUTBOX_TAG: 8,
+    _INDEX_TAG: 8,
+    _FINISHED_TAG: 8,
+    _FORGET_TAG: _DUE_SEQ.size,
 }
 
 

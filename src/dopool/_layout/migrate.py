@@ -27,6 +27,12 @@ Format 3 → 4: events may carry a dedup key, indexed pool by pool:
   ``dedup_key`` (nil: no event of format 3 had one), sealed again under its key;
 - the meta gains ``duplicates`` (0). No index entry is written: there are no keys.
 
+Format 4 → 5: an event is found by its id, and finished ones are remembered:
+
+- each pending event, due or scheduled, gets its event index entry (``x <seq:8>``);
+- the meta gains ``cancelled``, ``expired``, ``remembered`` (0), ``last_error`` and
+  ``last_started`` (nil). No finished event is remembered: none was.
+
 A record that fails the older format's checks is not rewritten (a record that moves
 to a new key moves with its bytes as found): the new format's checks then find it
 damaged, as the old ones would have. The caller commits the transaction, or rolls it
@@ -38,6 +44,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dopool._errors import DamagedRecordError
+from dopool._layout.events import EventIndex
 from dopool._layout.keys import (
     _INSTANCE_PREFIX,
     FORMAT_KEY,
@@ -53,6 +60,7 @@ from dopool._layout.records import (
     _EVENT_LAYOUT_3,
     _META_LAYOUT_2,
     _META_LAYOUT_3,
+    _META_LAYOUT_4,
     _OUTBOX_LAYOUT,
     Layout,
     OutboxRecord,
@@ -79,11 +87,12 @@ _OUTBOX_LAYOUT_1: Layout = _OUTBOX_LAYOUT[1:]  # no "pool"
 
 
 def migrate_store(txn: Txn, found: int) -> int:
-    """Rewrite a store of format ``found`` (1, 2 or 3) in ``txn`` as this format; how many
+    """Rewrite a store of format ``found`` (1 to 4) in ``txn`` as this format; how many
     records changed."""
     changed = _from_1(txn) if found == 1 else 0
     changed += _from_2(txn) if found <= 2 else 0
-    changed += _from_3(txn)
+    changed += _from_3(txn) if found <= 3 else 0
+    changed += _from_4(txn)
     txn.put(FORMAT_KEY, seal_format(FORMAT_KEY))
     return changed
 
@@ -220,3 +229,29 @@ _LAYOUTS_3: dict[RecordKind, Layout] = {
     RecordKind.SCHEDULED: _EVENT_LAYOUT_3,
     RecordKind.DEAD_LETTER: _DEAD_LAYOUT_3,
 }
+
+
+# -- format 4 to 5 ---------------------------------------------------------------------
+
+
+def _from_4(txn: Txn) -> int:
+    """Rewrite a format-4 store in ``txn`` as format 5; how many records changed or were
+    written (index entries included)."""
+    changed = 0
+    for key in _instance_keys(txn):
+        parsed = parse_instance_key(key)
+        if parsed is None:
+            continue
+        if parsed.kind is RecordKind.META:
+            try:
+                fields = _laid_out(key, txn.get(key), _META_LAYOUT_4)
+            except DamagedRecordError:
+                continue  # damaged as found: format 5's checks find it so too
+            fields += [0, 0, 0, None, None]  # cancelled, expired, remembered, last_*
+            txn.put(key, seal(key, pack(fields)))
+            changed += 1
+        elif parsed.kind is RecordKind.EVENT or parsed.kind is RecordKind.SCHEDULED:
+            # A damaged record is indexed too: its key is sound, and it is found damaged.
+            EventIndex(Namespace(parsed.pool, parsed.instance)).put_entry(txn, key)
+            changed += 1
+    return changed

@@ -15,6 +15,7 @@ from dopool._errors import DamagedRecordError
 from dopool._layout.keys import (
     _DEAD_TAG,
     _DUE_RANK_SEQ,
+    _INDEX_TAG,
     _INSTANCE_PREFIX,
     _KIND_OF_TAG,
     _MARK_TAG,
@@ -87,6 +88,7 @@ class Namespace:
     __slots__ = (
         "_dead",
         "_due",
+        "_entries",
         "_marks",
         "_meta",
         "_outbox",
@@ -101,6 +103,7 @@ class Namespace:
         self._meta = self.prefix + _META_TAG
         self._queue = self.prefix + _QUEUE_TAG
         self._wait = self.prefix + _WAIT_TAG
+        self._entries = self.prefix + _INDEX_TAG  # the event index (see .events)
         self._due = (math.nan, 0)  # the last due time encoded, and its encoding
         self._dead = self.prefix + _DEAD_TAG
         self._outbox = self.prefix + _OUTBOX_TAG
@@ -157,7 +160,8 @@ class Namespace:
         return self._wait + _DUE_RANK_SEQ.pack(self._encoded(due), rank, sequence)
 
     def put_event(self, txn: Txn, key: bytes, record: EventRecord) -> None:
-        """Store a pending event under its queue or scheduled key."""
+        """Store a pending event under its queue or scheduled key (not indexed: tests
+        build queues with it)."""
         txn.put(key, seal_event(key, record), overwrite=False)
 
     def add_event(
@@ -171,7 +175,8 @@ class Namespace:
         due: float,
         dedup_key: str | None = None,
     ) -> None:
-        """Store a new event due at ``due`` from its fields, under the queue key they make.
+        """Store a new event due at ``due`` from its fields, under the queue key they make,
+        and its index entry (:mod:`.events`).
 
         :meth:`put_event` and :meth:`queue_key` in one call, with no record built:
         this runs for every event enqueued.
@@ -180,10 +185,13 @@ class Namespace:
         if last != due:
             bits = encode_due(due)
             self._due = (due, bits)
-        key = self._queue + _RANK_DUE_SEQ.pack(PRIORITY_MAX - priority, bits, sequence)
+        suffix = _RANK_DUE_SEQ.pack(PRIORITY_MAX - priority, bits, sequence)
+        key = self._queue + suffix
         # records._EVENT_LAYOUT's order:
         body = pack((event, enqueued_at, partition_key, priority, dedup_key))
         txn.put(key, seal(key, body), overwrite=False)
+        entry = self._entries + suffix[12:]  # events.seal_entry written out
+        txn.put(entry, seal(entry, pack((suffix[:12],))))
 
     def add_scheduled(
         self,
@@ -200,6 +208,8 @@ class Namespace:
         key = self.scheduled_key(priority, sequence, due)
         body = pack((event, enqueued_at, partition_key, priority, dedup_key))
         txn.put(key, seal(key, body), overwrite=False)
+        entry = self._entries + key[-8:]  # the entry holds rank then due (.events)
+        txn.put(entry, seal(entry, pack((key[-12:-8] + key[-20:-12],))))
 
     def get_event(self, txn: Txn, key: bytes) -> EventRecord | None:
         raw = txn.get(key)
@@ -261,10 +271,13 @@ class Namespace:
         return promoted
 
     def delete_event(self, txn: Txn, key: bytes) -> None:
+        """Delete a pending event and its index entry."""
         txn.delete(key)
+        txn.delete(self._entries + key[-8:])
 
     def delete_events(self, txn: Txn) -> int:
-        """Delete every pending event, due or scheduled; how many."""
+        """Delete every pending event, due or scheduled, and the index; how many events."""
+        _delete_prefix(txn, self._entries)
         return _delete_prefix(txn, self._queue) + _delete_prefix(txn, self._wait)
 
     def iter_event_keys(self, txn: Txn) -> Iterator[bytes]:

@@ -380,6 +380,11 @@ class Meta:
     # gets at least this, so it goes behind every event already due (clock steps back).
     last_due: float | None = None
     duplicates: int = 0  # enqueues answered with an existing event (a dedup key's)
+    cancelled: int = 0  # events cancelled before they ran to an outcome
+    expired: int = 0  # of ``dead_lettered``, the events not started within their ttl
+    remembered: int = 0  # finished events remembered (``f`` keys), for keep_finished
+    last_error: str | None = None  # the current event's last failure, while in backoff
+    last_started: float | None = None  # when the current event's last attempt started
 
 
 # The meta record's fields, in stored order. Independent of the dataclass's field
@@ -413,7 +418,16 @@ _META_LAYOUT_3: Layout = (
     ("next_due", _time_or_none),
     ("last_due", _time_or_none),
 )
-_META_LAYOUT: Layout = (*_META_LAYOUT_3, ("duplicates", _count))
+_META_LAYOUT_4: Layout = (*_META_LAYOUT_3, ("duplicates", _count))
+# Format 5's: format 4's, then the event index's and the lifecycle's fields.
+_META_LAYOUT: Layout = (
+    *_META_LAYOUT_4,
+    ("cancelled", _count),
+    ("expired", _count),
+    ("remembered", _count),
+    ("last_error", _text_or_none),
+    ("last_started", _time_or_none),
+)
 _META_NAMES = tuple(name for name, _ in _META_LAYOUT)
 _meta_values = attrgetter(*_META_NAMES)  # every field in stored order, in one C call
 
@@ -432,4 +446,6 @@ def read_meta(key: bytes, value: bytes) -> Meta:
         raise damaged(key, value, f"current is {current!r}")
     if (meta.next_due is None) != (meta.scheduled == 0) or meta.scheduled > meta.pending:
         raise damaged(key, value, f"{meta.scheduled} scheduled, next due {meta.next_due!r}")
+    if meta.expired > meta.dead_lettered:
+        raise damaged(key, value, f"{meta.expired} expired of {meta.dead_lettered} dead")
     return meta
