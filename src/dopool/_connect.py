@@ -38,13 +38,14 @@ from dopool._errors import (
 )
 from dopool._filters import FilterOptions, Filters, listed
 from dopool._layout import Namespace, get_pool, pool_records
+from dopool._lifecycle import lookup, parse_event_id
 from dopool._machine import Effects, QueueMachine
 from dopool._messages import Item
 from dopool._options import PoolOptions, Schema
 from dopool._router import Positions, Router, pick, place
 from dopool._status import read_pool_status
 from dopool._storage import Environment, Txn, open_shared
-from dopool._types import DeadLetter, EnqueueResult, PoolStatus
+from dopool._types import DeadLetter, EnqueueResult, EventInfo, PoolStatus
 from dopool._validation import check_path, check_pool_name, due_time, prepare, prepare_many
 from dopool._watch import Notifier
 from dopool.chaos import FaultInjector
@@ -115,12 +116,14 @@ class Connection:
         schema: Schema | None = None,
         max_queue_depth: int | None = None,
         dedup_window: float = 0.0,
+        keep_finished: float = 0.0,
     ) -> ProducerPool:
         """A producer's handle on pool ``name``, which a runtime defined in this store.
 
-        ``schema``, ``max_queue_depth`` and ``dedup_window`` are the pool's ``define``
-        options of the same names, which the store does not hold: the handle applies
-        what it is given, so pass the owner's to refuse what the owner would.
+        ``schema``, ``max_queue_depth``, ``dedup_window`` and ``keep_finished`` are the
+        pool's ``define`` options of the same names, which the store does not hold: the
+        handle applies what it is given, so pass the owner's to refuse what the owner
+        would (and to forget finished events when it does).
 
         Raises:
             PoolNotFoundError: no runtime ever defined the pool in this store.
@@ -133,6 +136,7 @@ class Connection:
             schema=schema,
             max_queue_depth=max_queue_depth,
             dedup_window=dedup_window,
+            keep_finished=keep_finished,
         )
         with self.reading(name) as txn:
             if get_pool(txn, name) is None:
@@ -366,6 +370,23 @@ class ProducerPool:
             if concurrency is None:
                 self._not_found(txn)
             return read_pool_status(txn, self._name, concurrency)
+
+    def event(self, event_id: str) -> EventInfo | None:
+        """An event by its id, as committed: as ``WorkerPool.event``, finished events kept
+        for the ``keep_finished`` this handle was given (on the wall clock).
+
+        Raises:
+            EventIdError: not an event id of this pool.
+            DamagedRecordError: the event's stored record is damaged.
+        """
+        with self._connection.reading(self._name) as txn:
+            concurrency = get_pool(txn, self._name)
+            if concurrency is None:
+                self._not_found(txn)
+            index, sequence = parse_event_id(event_id, self._name, concurrency)
+            ns = Namespace(self._name, index)
+            keep, now = self._options.keep_finished, self._connection.now()
+            return lookup(txn, ns, ns.load_meta(txn), self._name, index, sequence, keep, now)
 
     def dead_letters(
         self, index: int | None = None, **filters: Unpack[FilterOptions]

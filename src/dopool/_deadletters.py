@@ -29,7 +29,7 @@ from dopool._layout import DeadRecord, Meta, Namespace, queue_key_priority, queu
 from dopool._messages import Item
 from dopool._status import dead_letter_from_record
 from dopool._storage import Txn
-from dopool._types import PoolEvent
+from dopool._types import EventState, PoolEvent
 
 if TYPE_CHECKING:
     from dopool._machine import Effects
@@ -38,7 +38,8 @@ logger = logging.getLogger("dopool")
 
 # The machine's: append items as new events; remove the current event; make a PoolEvent.
 Append = Callable[[Txn, Meta, tuple[Item, ...], float, "Effects"], object]
-Remove = Callable[[Txn, Meta, bytes], None]
+# Removes a finished event: key, its final state, its error, the time.
+Remove = Callable[[Txn, Meta, bytes, EventState, str | None, float], None]
 MakeEvent = Callable[..., PoolEvent]
 
 
@@ -80,7 +81,7 @@ class DeadLetters:
         self._ns.put_dead_letter(txn, sequence, dead)
         meta.held_dead_letters += 1
         meta.dead_lettered += 1
-        self._remove(txn, meta, key)
+        self._remove(txn, meta, key, "dead_lettered", dead.error, now)
         if dead.dedup_key is not None:
             self._dedup.release(txn, dead.dedup_key, self._index, sequence, now)
         fx.events.append(self._event("dead_lettered", now, sequence, dead.attempts, dead.error))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dopool._alarm import rearm
 from dopool._errors import StorageError
-from dopool._layout import Meta, Namespace, queue_key_priority, queue_key_sequence
+from dopool._layout import EventIndex, Meta, Namespace, queue_key_priority, queue_key_sequence
 from dopool._storage import Txn
 
 
@@ -39,6 +39,7 @@ def drain(ns: Namespace, txn: Txn, meta: Meta, now: float, instance: str) -> int
     meta.next_due = None
     if running is not None and kept is not None:  # back under its own key, as it was
         ns.put_event(txn, running, kept)
+        EventIndex(ns).put_entry(txn, running)  # and in the index, which the drain emptied
         meta.pending = 1
         meta.priorities = {queue_key_priority(running): 1}
     else:
@@ -47,6 +48,7 @@ def drain(ns: Namespace, txn: Txn, meta: Meta, now: float, instance: str) -> int
         meta.current = None
         meta.attempt = 0
         meta.retry_at = None
+        meta.last_error = None
     drained = count - meta.pending
     meta.drained += drained
     rearm(meta, now)

@@ -7,7 +7,8 @@ Every exception derives from :class:`DopoolError`::
     │   ├── DeadlockError      a call between instances that would wait in a cycle
     │   ├── FilterError        a bad dead-letter filter, or a ``where`` predicate that raised
     │   ├── StoreNotFoundError ``dopool.connect`` (or a CLI command): the path holds no store
-    │   └── PoolNotFoundError  ``connection.pool``: the store has no such pool
+    │   ├── PoolNotFoundError  ``connection.pool``: the store has no such pool
+    │   └── EventIdError       ``event``/``cancel``: not an event id of this pool
     ├── EventValidationError   not msgpack-encodable, or rejected by the pool's schema
     │   └── ScheduleError      a ``delay`` or ``not_before`` that names no due time
     ├── EventTooLargeError     encoded event over 128 KiB, partition key over 2 KiB
@@ -138,6 +139,22 @@ class PoolNotFoundError(ConfigurationError):
             f"store {path!r} has no pool {pool!r} (pools: {listed}); a runtime that owns the "
             "store defines it"
         )
+
+
+class EventIdError(ConfigurationError):
+    """An event id that is malformed, or names another pool or an instance it does not have.
+
+    Attributes:
+        event_id: the id given.
+        pool: the pool asked.
+        reason: what is wrong with it.
+    """
+
+    def __init__(self, *, event_id: object, pool: str, reason: str) -> None:
+        self.event_id = event_id
+        self.pool = pool
+        self.reason = reason
+        super().__init__(f"{event_id!r} is not an event id of pool {pool!r}: {reason}")
 
 
 class EventValidationError(DopoolError):

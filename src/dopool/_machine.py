@@ -40,14 +40,15 @@ from dopool._layout import (
     OutboxRecord,
     queue_key_priority,
     queue_key_sequence,
-    started_event,
 )
+from dopool._lifecycle import Lifecycle
 from dopool._messages import Item
 from dopool._options import PoolOptions
 from dopool._retry import uniform_draw
 from dopool._scheduled import promote, schedule
+from dopool._status import position as _position
 from dopool._storage import Txn
-from dopool._types import DeadLetter, EnqueueResult, EventKind, PoolEvent
+from dopool._types import DeadLetter, EnqueueResult, EventKind, EventState, PoolEvent
 from dopool.chaos import FaultInjector
 
 logger = logging.getLogger("dopool")
@@ -94,6 +95,7 @@ class QueueMachine:
         "_follow_ups",
         "_id",
         "_index",
+        "_life",
         "_listening",
         "_ns",
         "_options",
@@ -132,9 +134,10 @@ class QueueMachine:
             namespace=self._ns,
             dedup=self._dedup,
             append=self.append,
-            remove=self._remove_current,
+            remove=self._finish,
             event=self.event,
         )
+        self._life = Lifecycle(self._ns, index, options.keep_finished, self._dedup, self.event)
 
     @property
     def namespace(self) -> Namespace:
@@ -283,7 +286,7 @@ class QueueMachine:
         meta.attempt += 1
         meta.running = True
         meta.retry_at = None
-        meta.started_at = now
+        meta.started_at = meta.last_started = now
         return key, record, meta.attempt, now
 
     def rearm(self, meta: Meta, now: float) -> None:
@@ -308,7 +311,7 @@ class QueueMachine:
         dedup_key: str | None = None,
     ) -> None:
         """The current event succeeded: remove it, and store its follow-ups."""
-        self._remove_current(txn, meta, key)
+        self._finish(txn, meta, key, "succeeded", None, now)
         meta.succeeded += 1
         if dedup_key is not None:
             self._dedup.release(txn, dedup_key, self._index, queue_key_sequence(key), now)
@@ -341,6 +344,7 @@ class QueueMachine:
                 draw = uniform_draw(self._seed, self._pool, self._index, sequence, attempt)
                 delay = options.retry.delay(attempt, draw)
             meta.retry_at = now + delay
+            meta.last_error = error
             fx.events.append(self.event("retry_scheduled", now, sequence, attempt, error))
             return
         dead = DeadRecord(
@@ -356,7 +360,16 @@ class QueueMachine:
         )
         self._dead.bury(txn, meta, key, sequence, dead, now, fx)
 
+    def _finish(
+        self, txn: Txn, meta: Meta, key: bytes, state: EventState, error: str | None, now: float
+    ) -> None:
+        """Remove the event at ``key``, which finishes now as ``state`` (remembered, if the
+        pool keeps finished events: :mod:`dopool._lifecycle`)."""
+        self._life.finished(txn, meta, key, state, error, now)
+        self._remove_current(txn, meta, key)
+
     def _remove_current(self, txn: Txn, meta: Meta, key: bytes) -> None:
+        """Take a due event out of the queue: the current one, or (cancelled) another."""
         self._ns.delete_event(txn, key)
         priority = queue_key_priority(key)
         remaining = meta.priorities[priority] - 1
@@ -365,9 +378,11 @@ class QueueMachine:
         else:
             del meta.priorities[priority]
         meta.pending -= 1
-        meta.current = None
-        meta.attempt = 0
-        meta.retry_at = None
+        if key == meta.current:
+            meta.current = None
+            meta.attempt = 0
+            meta.retry_at = None
+            meta.last_error = None
 
     # -- recovery ----------------------------------------------------------------------
     def recover(self, txn: Txn, meta: Meta, restarts: int, now: float, fx: Effects) -> None:
@@ -408,13 +423,20 @@ class QueueMachine:
 
     def drain(self, txn: Txn, meta: Meta, now: float, fx: Effects) -> int:
         """Remove every pending event but a running attempt's (:mod:`dopool._drain`); how
-        many. Each one's dedup key is released, as if it had finished now. Counters but
-        ``pending`` and ``drained``, paused and dead letters stay."""
+        many. Each one's dedup key is released, and it is remembered (``keep_finished``),
+        as if it had finished now. Counters but ``pending`` and ``drained``, paused and
+        dead letters stay."""
         running = running_sequence(meta)
+        self._life.drained(txn, meta, now, keep=running)
         self._dedup.release_pending(txn, self._ns, self._index, now, keep=running)
         count = drain(self._ns, txn, meta, now, self._id)
         fx.events.append(self.event("drained", now))
         return count
+
+    def cancel(self, txn: Txn, meta: Meta, sequence: int, now: float, fx: Effects) -> bool:
+        """Cancel event ``sequence`` unless it is running or finished; whether it was
+        (:mod:`dopool._lifecycle`). Its head of line is freed if it waited in backoff."""
+        return self._life.cancel(txn, meta, sequence, now, self._remove_current, fx.events)
 
     def redrive(
         self, txn: Txn, meta: Meta, wanted: frozenset[int] | None, now: float, fx: Effects
@@ -460,21 +482,3 @@ class QueueMachine:
     ) -> PoolEvent:
         """A :class:`PoolEvent` of this instance."""
         return PoolEvent(kind, self._pool, self._index, sequence, attempt, time, error)
-
-
-def _position(meta: Meta, priority: int) -> int:
-    """How many events due now will run before a new one of ``priority``.
-
-    Exact for an event due now; for a scheduled one a lower bound (these run before
-    it, and others may fall due or arrive ahead of it meanwhile).
-    """
-    counts = meta.priorities
-    if not counts:
-        return 0  # nothing pending
-    if len(counts) == 1 and priority in counts:
-        return counts[priority]  # all pending are of this level, the started one too
-    ahead = sum(count for level, count in counts.items() if level >= priority)
-    started = started_event(meta)  # (priority, sequence)
-    if started is not None and started[0] < priority:
-        ahead += 1  # the started event keeps its place whatever its priority
-    return ahead

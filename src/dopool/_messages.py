@@ -249,3 +249,14 @@ class Purge(Control):
 
     def apply(self, machine: QueueMachine, txn: Txn, meta: Meta, now: float, fx: Effects) -> int:
         return machine.purge(txn, meta, self.sequences)
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel(Control):
+    """Cancel event ``sequence`` unless it is running or finished, answering whether it was."""
+
+    sequence: int
+    reply: Reply
+
+    def apply(self, machine: QueueMachine, txn: Txn, meta: Meta, now: float, fx: Effects) -> bool:
+        return machine.cancel(txn, meta, self.sequence, now, fx)

@@ -36,6 +36,7 @@ class PoolOptionsDict(TypedDict, total=False):
     max_queue_depth: int | None
     alarm_retries: int | None
     dedup_window: float
+    keep_finished: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,6 +56,7 @@ class PoolOptions:
     max_queue_depth: int | None = None
     alarm_retries: int | None = None
     dedup_window: float = 0.0
+    keep_finished: float = 0.0  # seconds a finished event stays known to ``event()``
 
     def __post_init__(self) -> None:
         if not callable(self.execute):
@@ -79,17 +81,18 @@ class PoolOptions:
                 f"alarm_retries must be an int from 0 to {MAX_ALARM_RETRIES} or None, "
                 f"got {retries!r}"
             )
-        window = self.dedup_window
-        if (
-            isinstance(window, bool)
-            or not isinstance(window, int | float)
-            or not math.isfinite(window)
-            or window < 0
-        ):
-            raise ConfigurationError(
-                f"dedup_window must be a finite number of seconds >= 0, got {window!r}"
-            )
-        object.__setattr__(self, "dedup_window", float(window))
+        for label in ("dedup_window", "keep_finished"):
+            window = getattr(self, label)
+            if (
+                isinstance(window, bool)
+                or not isinstance(window, int | float)
+                or not math.isfinite(window)
+                or window < 0
+            ):
+                raise ConfigurationError(
+                    f"{label} must be a finite number of seconds >= 0, got {window!r}"
+                )
+            object.__setattr__(self, label, float(window))
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> PoolOptions:

@@ -14,14 +14,14 @@ from dopool._direct import DirectEnqueue
 from dopool._errors import ConfigurationError, DopoolError, InstanceCrashedError, PoolClosedError
 from dopool._filters import FilterOptions, Filters, by_instance, chosen, listed
 from dopool._instance import PoolSpec
+from dopool._instances import Instances
 from dopool._layout import Namespace, follow_ups_to
-from dopool._mailbox import Mailbox
-from dopool._messages import Drain, Enqueue, Item, Pause, Purge, Redrive, Reply, Resume
+from dopool._lifecycle import lookup, parse_event_id
+from dopool._messages import Cancel, Drain, Enqueue, Item, Pause, Purge, Redrive, Reply, Resume
 from dopool._options import PoolOptionsDict
-from dopool._router import Router, pick, place
+from dopool._router import pick, place
 from dopool._status import instance_status, pool_status
-from dopool._supervisor import Supervisor
-from dopool._types import DeadLetter, EnqueueResult, PoolStatus
+from dopool._types import DeadLetter, EnqueueResult, EventInfo, PoolStatus
 from dopool._validation import due_time, prepare, prepare_many
 from dopool._waits import acting
 
@@ -65,54 +65,6 @@ class PoolContext:
     waits: WaitGraph
     closed: Callable[[], bool]
     handler_running: Callable[[], tuple[str, int] | None]
-
-
-class Instances:
-    """A pool's instances by index, and how an event is routed to one: where messages go.
-
-    Its runtime keeps it (``Runtime.kill`` finds an instance through it), its pool
-    sends through it, and so do the tools (:mod:`dopool._ports`). Nothing here waits.
-    """
-
-    __slots__ = ("mailboxes", "name", "router", "supervisors")
-
-    def __init__(self, name: str, supervisors: list[Supervisor], router: Router) -> None:
-        self.name = name
-        self.supervisors = supervisors
-        self.mailboxes: list[Mailbox] = [supervisor.mailbox for supervisor in supervisors]
-        self.router = router
-
-    def check(self, index: int) -> int:
-        """``index``, if the pool has such an instance.
-
-        Raises:
-            ConfigurationError: not an int, or out of range.
-        """
-        if isinstance(index, bool) or not isinstance(index, int):
-            raise ConfigurationError(f"instance index must be an int, got {index!r}")
-        concurrency = len(self.mailboxes)
-        if not 0 <= index < concurrency:
-            raise ConfigurationError(
-                f"pool {self.name!r} has no instance {index} (concurrency {concurrency})"
-            )
-        return index
-
-    def supervisor(self, index: int) -> Supervisor:
-        """Instance ``index``'s supervisor (checked as :meth:`check` does)."""
-        return self.supervisors[self.check(index)]
-
-    def send(self, index: int, message: Callable[[Reply], Any]) -> Reply:
-        """Send instance ``index`` ``message(reply)``; returns the reply, not awaited."""
-        mailbox = self.mailboxes[index]
-        reply = mailbox.reply()
-        mailbox.send(message(reply))
-        return reply
-
-    def submit(self, item: Item, partition_key: str | None) -> tuple[int, Reply]:
-        """Send one event to the instance it routes to: that instance's index, and the
-        reply, which answers a result list."""
-        index = self.router.choose(partition_key)
-        return index, self.send(index, partial(Enqueue, (item,)))
 
 
 class WorkerPool:
@@ -291,6 +243,21 @@ class WorkerPool:
         """Remove every pending event and clear the alarm; returns how many were removed."""
         return sum(self._each(index, Drain))
 
+    def cancel(self, event_id: str) -> bool:
+        """Cancel an event that has not started, or waits in backoff; whether it was.
+
+        False for an event that is running (its handler is not interrupted), finished
+        or unknown. One transaction on the event's instance, which it is counted in
+        (``cancelled``); a retry's backoff cancelled lets the next event start.
+
+        Raises:
+            EventIdError: not an event id of this pool.
+        """
+        self._check_open()
+        index, sequence = parse_event_id(event_id, self.name, self.concurrency)
+        self._refuse_own_instance(index)
+        return bool(self._send_each([(index, partial(Cancel, sequence))])[0])
+
     def redrive(
         self,
         dead_letters: Iterable[DeadLetter] | None = None,
@@ -413,6 +380,21 @@ class WorkerPool:
                 for i, ns in enumerate(self._namespaces)
             ]
         return pool_status(self.name, instances)
+
+    def event(self, event_id: str) -> EventInfo | None:
+        """An event by its id (``EnqueueResult.event_id``), from committed storage; None
+        if it is unknown, or finished more than the pool's ``keep_finished`` ago.
+
+        Raises:
+            EventIdError: not an event id of this pool.
+            DamagedRecordError: the event's stored record is damaged.
+        """
+        self._check_open()
+        index, sequence = parse_event_id(event_id, self.name, self.concurrency)
+        keep, now = self._spec.options.keep_finished, self._context.clock.now()
+        with self._context.read() as txn:
+            ns = self._namespaces[index]
+            return lookup(txn, ns, ns.load_meta(txn), self.name, index, sequence, keep, now)
 
     def dead_letters(
         self, index: int | None = None, **filters: Unpack[FilterOptions]

@@ -29,8 +29,9 @@ from weakref import WeakKeyDictionary
 from dopool._messages import Item
 
 if TYPE_CHECKING:
+    from dopool._instances import Instances
     from dopool._messages import Control, Reply
-    from dopool._pool import Instances, WorkerPool
+    from dopool._pool import WorkerPool
     from dopool._runtime import Runtime
     from dopool._storage import Txn
 

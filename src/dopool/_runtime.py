@@ -26,17 +26,14 @@ from dopool._clock import Clock, RealClock, SimulatedClock
 from dopool._closing import Closing, Stops
 from dopool._direct import DirectEnqueue
 from dopool._directory import Directory, PoolAddress
-from dopool._errors import (
-    ConfigurationError,
-    PoolClosedError,
-    SimulationStalledError,
-)
+from dopool._errors import ConfigurationError, PoolClosedError, SimulationStalledError
 from dopool._instance import InstanceEnv, InstanceMemory, PoolSpec
+from dopool._instances import Instances
 from dopool._layout import Namespace, follow_ups_to
 from dopool._mailbox import Mailbox
 from dopool._messages import Item
 from dopool._options import PoolOptions, PoolOptionsDict
-from dopool._pool import Instances, PoolContext, WorkerPool, provide_default_runtime
+from dopool._pool import PoolContext, WorkerPool, provide_default_runtime
 from dopool._router import Router
 from dopool._storage import Store
 from dopool._supervisor import KillFlag, Supervisor, recover_first

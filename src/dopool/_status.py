@@ -50,6 +50,8 @@ def instance_status(
         crash_streak=crash_streak,
         restart_at=restart_at,
         duplicates=meta.duplicates,
+        cancelled=meta.cancelled,
+        expired=meta.expired,
     )
 
 
@@ -67,6 +69,8 @@ def pool_status(name: str, instances: Sequence[InstanceStatus]) -> PoolStatus:
         drained=sum(s.drained for s in instances),
         instances=list(instances),
         duplicates=sum(s.duplicates for s in instances),
+        cancelled=sum(s.cancelled for s in instances),
+        expired=sum(s.expired for s in instances),
     )
 
 
@@ -98,3 +102,21 @@ def read_pool_status(txn: Any, name: str, concurrency: int) -> PoolStatus:
         for index in range(concurrency)
     ]
     return pool_status(name, instances)
+
+
+def position(meta: Meta, priority: int) -> int:
+    """How many events due now will run before a new one of ``priority``.
+
+    Exact for an event due now; for a scheduled one a lower bound (these run before
+    it, and others may fall due or arrive ahead of it meanwhile).
+    """
+    counts = meta.priorities
+    if not counts:
+        return 0  # nothing pending
+    if len(counts) == 1 and priority in counts:
+        return counts[priority]  # all pending are of this level, the started one too
+    ahead = sum(count for level, count in counts.items() if level >= priority)
+    started = started_event(meta)  # (priority, sequence)
+    if started is not None and started[0] < priority:
+        ahead += 1  # the started event keeps its place whatever its priority
+    return ahead

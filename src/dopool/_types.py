@@ -21,6 +21,20 @@ EventKind = Literal[
     "resumed",
     "drained",
     "empty",
+    "cancelled",
+]
+
+#: An event's state, as :class:`EventInfo` reports it (docs/api.md's order of checks).
+EventState = Literal[
+    "scheduled",
+    "pending",
+    "running",
+    "backoff",
+    "succeeded",
+    "dead_lettered",
+    "cancelled",
+    "expired",
+    "drained",
 ]
 
 
@@ -81,6 +95,8 @@ class InstanceStatus:
     crash_streak: int = 0
     restart_at: float | None = None
     duplicates: int = 0  # enqueues routed here that a dedup key answered, storing nothing
+    cancelled: int = 0
+    expired: int = 0  # of ``dead_lettered``, the events not started within their ttl
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +114,8 @@ class PoolStatus:
     drained: int
     instances: list[InstanceStatus]
     duplicates: int = 0  # enqueues that a dedup key answered, storing nothing
+    cancelled: int = 0
+    expired: int = 0  # of ``dead_lettered``, the events not started within their ttl
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +137,33 @@ class DeadLetter:
     priority: int = 0
     damaged: bool = False
     dedup_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EventInfo:
+    """One event, from committed storage (``pool.event``): unfinished, or finished and
+    remembered (``keep_finished``), or dead-lettered and still held.
+
+    ``due`` is when it was due to start (None for a dead letter not remembered);
+    ``started_at`` when its last attempt started; ``retry_at`` when a retry in backoff
+    is due; ``error`` its last failure; ``attempts`` the attempts started.
+    """
+
+    event_id: str
+    pool: str
+    instance_index: int
+    sequence: int
+    state: EventState
+    attempts: int
+    enqueued_at: float
+    due: float | None
+    started_at: float | None
+    finished_at: float | None
+    retry_at: float | None
+    error: str | None
+    partition_key: str | None
+    priority: int
+    dedup_key: str | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,8 +51,9 @@ def _status_table(item: PoolStatus, waiting: dict[str, int]) -> Table:
         title=Text(
             f"pool {_clean(item.name)} · {item.concurrency} instances · "
             f"{item.enqueued:,} enqueued · {item.pending:,} pending{scheduled} · "
-            f"{item.succeeded:,} succeeded · {item.dead_lettered:,} dead-lettered · "
-            f"{item.drained:,} drained"
+            f"{item.succeeded:,} succeeded · {item.dead_lettered:,} dead-lettered"
+            + (f" ({item.expired:,} expired)" if item.expired else "")
+            + f" · {item.drained:,} drained · {item.cancelled:,} cancelled"
             + (f" · {item.duplicates:,} duplicates" if item.duplicates else "")
         ),
         title_justify="left",
@@ -60,7 +61,16 @@ def _status_table(item: PoolStatus, waiting: dict[str, int]) -> Table:
     )
     table.add_column("instance", no_wrap=True)
     table.add_column("state")
-    for name in ("pending", "scheduled", "enqueued", "succeeded", "dead", "drained", "restarts"):
+    for name in (
+        "pending",
+        "scheduled",
+        "enqueued",
+        "succeeded",
+        "dead",
+        "drained",
+        "cancelled",
+        "restarts",
+    ):
         table.add_column(name, justify="right")
     table.add_column("current", justify="right")
     table.add_column("next alarm", no_wrap=True)
@@ -82,6 +92,7 @@ def _status_table(item: PoolStatus, waiting: dict[str, int]) -> Table:
             f"{s.succeeded:,}",
             f"{s.dead_lettered:,}",
             f"{s.drained:,}",
+            f"{s.cancelled:,}",
             f"{s.restarts:,}",
             current,
             _when(s.next_alarm_at),

@@ -1,0 +1,61 @@
+"""A pool's instances by index, and where its messages go (:class:`Instances`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from dopool._errors import ConfigurationError
+from dopool._mailbox import Mailbox
+from dopool._messages import Enqueue, Item, Reply
+from dopool._router import Router
+from dopool._supervisor import Supervisor
+
+
+class Instances:
+    """A pool's instances by index, and how an event is routed to one: where messages go.
+
+    Its runtime keeps it (``Runtime.kill`` finds an instance through it), its pool
+    sends through it, and so do the tools (:mod:`dopool._ports`). Nothing here waits.
+    """
+
+    __slots__ = ("mailboxes", "name", "router", "supervisors")
+
+    def __init__(self, name: str, supervisors: list[Supervisor], router: Router) -> None:
+        self.name = name
+        self.supervisors = supervisors
+        self.mailboxes: list[Mailbox] = [supervisor.mailbox for supervisor in supervisors]
+        self.router = router
+
+    def check(self, index: int) -> int:
+        """``index``, if the pool has such an instance.
+
+        Raises:
+            ConfigurationError: not an int, or out of range.
+        """
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise ConfigurationError(f"instance index must be an int, got {index!r}")
+        concurrency = len(self.mailboxes)
+        if not 0 <= index < concurrency:
+            raise ConfigurationError(
+                f"pool {self.name!r} has no instance {index} (concurrency {concurrency})"
+            )
+        return index
+
+    def supervisor(self, index: int) -> Supervisor:
+        """Instance ``index``'s supervisor (checked as :meth:`check` does)."""
+        return self.supervisors[self.check(index)]
+
+    def send(self, index: int, message: Callable[[Reply], Any]) -> Reply:
+        """Send instance ``index`` ``message(reply)``; returns the reply, not awaited."""
+        mailbox = self.mailboxes[index]
+        reply = mailbox.reply()
+        mailbox.send(message(reply))
+        return reply
+
+    def submit(self, item: Item, partition_key: str | None) -> tuple[int, Reply]:
+        """Send one event to the instance it routes to: that instance's index, and the
+        reply, which answers a result list."""
+        index = self.router.choose(partition_key)
+        return index, self.send(index, partial(Enqueue, (item,)))
