@@ -459,7 +459,7 @@ def test_a_store_a_runtime_must_migrate_is_refused_as_dopool_status_does(tmp_pat
     shutil.copytree(FIXTURES / "store-v2", store)
     with pytest.raises(StoreFormatError) as caught:
         dopool.connect(store)
-    assert (caught.value.found, caught.value.supported) == (2, 4)
+    assert (caught.value.found, caught.value.supported) == (2, 5)
     assert "migrates it" in str(caught.value)
 
 

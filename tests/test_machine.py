@@ -326,7 +326,9 @@ def test_a_stall_survives_recovery_a_pause_and_a_refused_enqueue(store: Store) -
     fx = Effects()
     assert rig.machine.set_paused(rig.meta, True, now, fx)
     assert (rig.meta.alarm, rig.meta.alarm_failures) == (None, 3)  # paused, and still stalled
-    rig.step(lambda txn, meta, fx: rig.machine.redrive(txn, meta, None, now, fx))  # none
+    rig.step(
+        lambda txn, meta, fx: rig.machine.dead_letters.redrive(txn, meta, None, now, fx)
+    )  # none
     assert rig.meta.alarm_failures == 3
     assert rig.broken() == []
     assert rig.machine.set_paused(rig.meta, False, now + 5, fx)  # the resume wakes it
@@ -376,12 +378,14 @@ def test_drain_redrive_and_purge(store: Store) -> None:
     rig.fail(ValueError("x"), now=0.0)  # "a" dead-lettered
     count, fx = rig.step(lambda txn, meta, fx: rig.machine.drain(txn, meta, 1.0, fx))
     assert (count, kinds(fx), rig.meta.drained, rig.meta.alarm) == (2, ["drained"], 2, None)
-    count, fx = rig.step(lambda txn, meta, fx: rig.machine.redrive(txn, meta, None, 2.0, fx))
+    count, fx = rig.step(
+        lambda txn, meta, fx: rig.machine.dead_letters.redrive(txn, meta, None, 2.0, fx)
+    )
     assert (count, rig.meta.pending, rig.meta.held_dead_letters, rig.meta.tail) == (1, 1, 0, 4)
     assert rig.broken() == []
     rig.start(now=2.0)
     rig.fail(ValueError("x"), now=2.0)
-    purged, _ = rig.step(lambda txn, meta, fx: rig.machine.purge(txn, meta, None))
+    purged, _ = rig.step(lambda txn, meta, fx: rig.machine.dead_letters.purge(txn, meta, None))
     assert (purged, rig.meta.held_dead_letters, rig.meta.dead_lettered) == (1, 0, 2)
 
 
@@ -424,11 +428,11 @@ def test_purge_deletes_only_the_wanted_sequences_still_stored(store: Store) -> N
         rig.start(now=0.0)
         rig.fail(ValueError("x"), now=0.0)  # dead letters 0, 1, 2
     wanted = frozenset({0, 2, 7})  # 7 was never a dead letter
-    purged, fx = rig.step(lambda txn, meta, fx: rig.machine.purge(txn, meta, wanted))
+    purged, fx = rig.step(lambda txn, meta, fx: rig.machine.dead_letters.purge(txn, meta, wanted))
     assert (purged, rig.meta.held_dead_letters, rig.meta.dead_lettered) == (2, 1, 3)
     assert fx.events == []
     assert rig.broken() == []
-    again, _ = rig.step(lambda txn, meta, fx: rig.machine.purge(txn, meta, wanted))
+    again, _ = rig.step(lambda txn, meta, fx: rig.machine.dead_letters.purge(txn, meta, wanted))
     assert (again, rig.meta.held_dead_letters) == (0, 1)
 
 

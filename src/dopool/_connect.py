@@ -46,7 +46,14 @@ from dopool._router import Positions, Router, pick, place
 from dopool._status import read_pool_status
 from dopool._storage import Environment, Txn, open_shared
 from dopool._types import DeadLetter, EnqueueResult, EventInfo, PoolStatus
-from dopool._validation import check_path, check_pool_name, due_time, prepare, prepare_many
+from dopool._validation import (
+    check_path,
+    check_pool_name,
+    due_time,
+    prepare,
+    prepare_many,
+    with_ttl,
+)
 from dopool._watch import Notifier
 from dopool.chaos import FaultInjector
 
@@ -256,12 +263,14 @@ class ProducerPool:
         delay: float | timedelta | None = None,
         not_before: float | datetime | None = None,
         dedup_key: str | None = None,
+        ttl: float | timedelta | None = None,
     ) -> EnqueueResult:
         """Add one event; it is durable when this returns (see ``WorkerPool.enqueue``).
 
         Raises:
             EventValidationError: not msgpack-encodable, rejected by the schema, a bad key.
-            ScheduleError: a bad ``delay`` or ``not_before``, or both given.
+            ScheduleError: a bad ``delay``, ``not_before`` or ``ttl``, or delay and
+                not_before both given.
             EventTooLargeError: over 128 KiB encoded, or a partition or dedup key over 2 KiB.
             QueueFullError: the chosen instance holds ``max_queue_depth`` events.
             PoolClosedError: the connection is closed.
@@ -269,7 +278,8 @@ class ProducerPool:
         self._connection.check_open(self._name)
         due = None if delay is None and not_before is None else self._due(delay, not_before)
         item = prepare(event, partition_key, priority, self._schema, due=due, dedup_key=dedup_key)
-        return self._store((item,), partition_key)[0]
+        items = with_ttl((item,), ttl, due, self._connection.now())
+        return self._store(items, partition_key)[0]
 
     def enqueue_many(
         self,
@@ -280,6 +290,7 @@ class ProducerPool:
         delay: float | timedelta | None = None,
         not_before: float | datetime | None = None,
         dedup_keys: Iterable[str | None] | None = None,
+        ttl: float | timedelta | None = None,
     ) -> list[EnqueueResult]:
         """Add several events, validated first; each instance's share is stored atomically,
         all in one transaction. If an instance refuses its share, the error's ``stored``
@@ -291,7 +302,7 @@ class ProducerPool:
         )
         if not items:
             return []
-        return self._store(items, partition_key)
+        return self._store(with_ttl(items, ttl, due, self._connection.now()), partition_key)
 
     def _due(
         self, delay: float | timedelta | None, not_before: float | datetime | None

@@ -13,7 +13,11 @@ A damaged dead letter stays, to be inspected and purged; so does one whose dedup
 index entry is damaged. A redrive is a new enqueue with the dead letter's dedup key,
 checked like any (:mod:`dopool._dedup`), except that the dead letter's own finish does
 not hold the key against it: one whose key another event holds is that event's
-duplicate, removed, counted in the meta's ``duplicates``, and not stored.
+duplicate, removed, counted in the meta's ``duplicates``, and not stored. A redriven
+event has no ttl.
+
+An event not started within its ttl is *expired* when it would start: buried with an
+error that says so, counted in the meta's ``expired`` as well as ``dead_lettered``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,15 @@ from typing import TYPE_CHECKING
 from dopool._alarm import rearm
 from dopool._dedup import Dedup, keyed
 from dopool._errors import DamagedRecordError
-from dopool._layout import DeadRecord, Meta, Namespace, queue_key_priority, queue_key_sequence
+from dopool._layout import (
+    DeadRecord,
+    EventRecord,
+    Meta,
+    Namespace,
+    queue_key_priority,
+    queue_key_sequence,
+)
+from dopool._lifecycle import EXPIRED
 from dopool._messages import Item
 from dopool._status import dead_letter_from_record
 from dopool._storage import Txn
@@ -76,12 +88,13 @@ class DeadLetters:
         dead: DeadRecord,
         now: float,
         fx: Effects,
+        state: EventState = "dead_lettered",
     ) -> None:
         """Move the event at ``key`` to the dead letters, in this transaction."""
         self._ns.put_dead_letter(txn, sequence, dead)
         meta.held_dead_letters += 1
         meta.dead_lettered += 1
-        self._remove(txn, meta, key, "dead_lettered", dead.error, now)
+        self._remove(txn, meta, key, state, dead.error, now)
         if dead.dedup_key is not None:
             self._dedup.release(txn, dead.dedup_key, self._index, sequence, now)
         fx.events.append(self._event("dead_lettered", now, sequence, dead.attempts, dead.error))
@@ -100,6 +113,27 @@ class DeadLetters:
         dead = DeadRecord(damage.value, error, attempts, now, now, None, priority, True)
         logger.error("instance %s: event %d dead-lettered: %s", self._id, sequence, error)
         self.bury(txn, meta, key, sequence, dead, now, fx)
+
+    def expire(
+        self, txn: Txn, meta: Meta, key: bytes, record: EventRecord, now: float, fx: Effects
+    ) -> None:
+        """Dead-letter an event not started within its ttl, instead of starting it."""
+        assert record.expires_at is not None
+        ttl = record.expires_at - record.enqueued_at
+        error = f"{EXPIRED}not started within its ttl of {ttl:g} s (by {record.expires_at:.3f})"
+        dead = DeadRecord(
+            record.event,
+            error,
+            0,
+            record.enqueued_at,
+            now,
+            record.partition_key,
+            record.priority,
+            False,
+            record.dedup_key,
+        )
+        meta.expired += 1
+        self.bury(txn, meta, key, queue_key_sequence(key), dead, now, fx, "expired")
 
     def redrive(
         self, txn: Txn, meta: Meta, wanted: frozenset[int] | None, now: float, fx: Effects

@@ -10,7 +10,7 @@ Every exception derives from :class:`DopoolError`::
     │   ├── PoolNotFoundError  ``connection.pool``: the store has no such pool
     │   └── EventIdError       ``event``/``cancel``: not an event id of this pool
     ├── EventValidationError   not msgpack-encodable, or rejected by the pool's schema
-    │   └── ScheduleError      a ``delay`` or ``not_before`` that names no due time
+    │   └── ScheduleError      a ``delay`` or ``not_before`` that names no due time, a bad ``ttl``
     ├── EventTooLargeError     encoded event over 128 KiB, partition key over 2 KiB
     ├── QueueFullError         an instance already holds ``max_queue_depth`` events
     ├── StoreLockedError       another runtime holds the store directory

@@ -17,6 +17,7 @@ from dopool._errors import DamagedRecordError, EventIdError
 from dopool._layout import (
     FINISHED_STATES,
     EventIndex,
+    EventRecord,
     FinishedRecord,
     Located,
     Meta,
@@ -32,6 +33,10 @@ from dopool._storage import Txn
 from dopool._types import EventInfo, EventKind, EventState, PoolEvent
 
 MakeEvent = Callable[..., PoolEvent]
+
+#: How an expired event's dead letter's error begins (a handler's failure begins with
+#: its exception's type name, never this).
+EXPIRED = "expired: "
 
 
 def parse_event_id(event_id: object, pool: str, concurrency: int) -> tuple[int, int]:
@@ -128,7 +133,7 @@ def lookup(
         pool,
         index,
         sequence,
-        "dead_lettered",
+        "expired" if dead.error.startswith(EXPIRED) else "dead_lettered",
         dead.attempts,
         dead.enqueued_at,
         None,
@@ -221,6 +226,11 @@ class Lifecycle:
         )
         self._events.remember(txn, queue_key_sequence(key), remembered)
         meta.remembered += 1
+
+    @staticmethod
+    def expired(record: EventRecord, now: float) -> bool:
+        """Whether an event about to start for the first time is past its ttl."""
+        return record.expires_at is not None and now >= record.expires_at
 
     def drained(self, txn: Txn, meta: Meta, now: float, keep: int | None = None) -> None:
         """Every pending event but ``keep`` (a running attempt's) is drained now: remember

@@ -143,6 +143,11 @@ class QueueMachine:
     def namespace(self) -> Namespace:
         return self._ns
 
+    @property
+    def dead_letters(self) -> DeadLetters:
+        """Redrives and purges (:mod:`dopool._deadletters`)."""
+        return self._dead
+
     # -- enqueue -----------------------------------------------------------------
     def accept(self, txn: Txn, meta: Meta, batches: Batches, now: float, fx: Effects) -> None:
         """Append each batch that fits; ``fx.answers`` gets ``(token, answer)`` for each.
@@ -216,8 +221,11 @@ class QueueMachine:
                 scheduled += 1
                 stored_due = at
             else:
-                key = item.dedup_key
-                ns.add_event(txn, sequence, item.event, now, item.partition_key, priority, due, key)
+                key, ttl = item.dedup_key, item.ttl
+                expires = None if ttl is None else now + ttl
+                ns.add_event(
+                    txn, sequence, item.event, now, item.partition_key, priority, due, key, expires
+                )
                 counts[priority] = counts.get(priority, 0) + 1
             results.append(EnqueueResult(sequence, index, ident, position))
             if item.dedup_key is not None:
@@ -272,6 +280,12 @@ class QueueMachine:
                 if meta.current is None:
                     first = self._ns.first_event(txn)
                     key, record = (None, None) if first is None else first
+                    if first is not None and self._life.expired(first[1], now):  # first start
+                        self._dead.expire(txn, meta, *first, now, fx)
+                        if meta.pending == meta.scheduled:
+                            rearm(meta, now)
+                            return None
+                        continue
                 else:
                     key = meta.current
                     record = self._ns.get_event(txn, key)
@@ -437,17 +451,6 @@ class QueueMachine:
         """Cancel event ``sequence`` unless it is running or finished; whether it was
         (:mod:`dopool._lifecycle`). Its head of line is freed if it waited in backoff."""
         return self._life.cancel(txn, meta, sequence, now, self._remove_current, fx.events)
-
-    def redrive(
-        self, txn: Txn, meta: Meta, wanted: frozenset[int] | None, now: float, fx: Effects
-    ) -> int:
-        """Re-enqueue dead letters (those ``wanted``, or all) as new events; how many
-        (:mod:`dopool._deadletters`)."""
-        return self._dead.redrive(txn, meta, wanted, now, fx)
-
-    def purge(self, txn: Txn, meta: Meta, wanted: frozenset[int] | None) -> int:
-        """Delete the dead letters ``wanted`` still stored, or all; how many. No counter changes."""
-        return self._dead.purge(txn, meta, wanted)
 
     # -- follow-ups between instances ------------------------------------------------------
     def deliver(

@@ -97,6 +97,7 @@ class Item(NamedTuple):
     priority: int
     due: float | None = None  # not to run before this clock time (None: at once)
     dedup_key: str | None = None  # stored once per pool while it is held (see _dedup)
+    ttl: float | None = None  # seconds from its enqueue to start it in, or it expires
 
 
 class Message:
@@ -237,7 +238,7 @@ class Redrive(Control):
     reply: Reply
 
     def apply(self, machine: QueueMachine, txn: Txn, meta: Meta, now: float, fx: Effects) -> int:
-        return machine.redrive(txn, meta, self.sequences, now, fx)
+        return machine.dead_letters.redrive(txn, meta, self.sequences, now, fx)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +249,7 @@ class Purge(Control):
     reply: Reply
 
     def apply(self, machine: QueueMachine, txn: Txn, meta: Meta, now: float, fx: Effects) -> int:
-        return machine.purge(txn, meta, self.sequences)
+        return machine.dead_letters.purge(txn, meta, self.sequences)
 
 
 @dataclass(frozen=True, slots=True)

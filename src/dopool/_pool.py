@@ -22,7 +22,7 @@ from dopool._options import PoolOptionsDict
 from dopool._router import pick, place
 from dopool._status import instance_status, pool_status
 from dopool._types import DeadLetter, EnqueueResult, EventInfo, PoolStatus
-from dopool._validation import due_time, prepare, prepare_many
+from dopool._validation import due_time, prepare, prepare_many, with_ttl
 from dopool._waits import acting
 
 if TYPE_CHECKING:
@@ -134,6 +134,7 @@ class WorkerPool:
         delay: float | timedelta | None = None,
         not_before: float | datetime | None = None,
         dedup_key: str | None = None,
+        ttl: float | timedelta | None = None,
     ) -> EnqueueResult:
         """Add one event; it is durable when this returns.
 
@@ -146,10 +147,13 @@ class WorkerPool:
                 under a real clock, a timezone-aware datetime. Not with ``delay``.
             dedup_key: while an event of the pool with this key is unfinished or finished
                 within ``dedup_window``, store nothing: answer its result, ``duplicate``.
+            ttl: seconds (or a timedelta) from its enqueue: not started by then, it is
+                dead-lettered as expired instead of run. Longer than the delay.
 
         Raises:
             EventValidationError: not msgpack-encodable, rejected by the schema, a bad key.
-            ScheduleError: a bad ``delay`` or ``not_before``, or both given.
+            ScheduleError: a bad ``delay``, ``not_before`` or ``ttl``, or delay and
+                not_before both given.
             EventTooLargeError: over 128 KiB encoded, or a partition or dedup key over 2 KiB.
             QueueFullError: the chosen instance holds ``max_queue_depth`` events.
             PoolClosedError: the runtime is closed.
@@ -158,7 +162,10 @@ class WorkerPool:
         self._refuse_own_instance(None)
         due = None if delay is None and not_before is None else self._due(delay, not_before)
         item = prepare(event, partition_key, priority, self._schema, due=due, dedup_key=dedup_key)
-        return self._route((item,), partition_key)[0]
+        if ttl is None:
+            return self._route((item,), partition_key)[0]
+        items = with_ttl((item,), ttl, due, self._context.clock.now())
+        return self._route(items, partition_key)[0]
 
     def enqueue_many(
         self,
@@ -169,11 +176,12 @@ class WorkerPool:
         delay: float | timedelta | None = None,
         not_before: float | datetime | None = None,
         dedup_keys: Iterable[str | None] | None = None,
+        ttl: float | timedelta | None = None,
     ) -> list[EnqueueResult]:
         """Add several events: validate all, then each instance stores its share atomically.
 
-        ``partition_key``, ``priority``, ``delay`` and ``not_before`` apply to every
-        event, as in :meth:`enqueue`; ``dedup_keys`` holds one key (or None) per event.
+        ``partition_key``, ``priority``, ``delay``, ``not_before`` and ``ttl`` apply to
+        every event, as in :meth:`enqueue`; ``dedup_keys`` holds one key (or None) per event.
         If an instance refuses its share, the error's ``stored`` lists what the other
         instances stored.
         """
@@ -185,6 +193,8 @@ class WorkerPool:
         )
         if not items:
             return []
+        if ttl is not None:
+            items = with_ttl(items, ttl, due, self._context.clock.now())
         return self._route(items, partition_key)
 
     def _due(

@@ -35,8 +35,17 @@ def schedule(
 
     The caller counts it in ``pending`` and ``scheduled``.
     """
+    expires = None if item.ttl is None else now + item.ttl
     ns.add_scheduled(
-        txn, sequence, item.event, now, item.partition_key, item.priority, at, item.dedup_key
+        txn,
+        sequence,
+        item.event,
+        now,
+        item.partition_key,
+        item.priority,
+        at,
+        item.dedup_key,
+        expires,
     )
     if meta.next_due is None or at < meta.next_due:
         meta.next_due = at

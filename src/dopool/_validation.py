@@ -94,6 +94,27 @@ def due_time(
     return _finite("not_before", not_before, _number("not_before", not_before))
 
 
+def with_ttl(
+    items: tuple[Item, ...], ttl: float | timedelta | None, due: float | None, now: float
+) -> tuple[Item, ...]:
+    """``items`` with a ``ttl`` (seconds from the enqueue to start within), checked.
+
+    Raises:
+        ScheduleError: not seconds > 0, not finite, or not past the events' due time
+            (a ttl counts from the enqueue: the event would expire before it is due).
+    """
+    if ttl is None:
+        return items
+    seconds = _seconds("ttl", ttl)
+    if seconds <= 0:
+        raise ScheduleError("ttl", ttl, "a ttl is seconds > 0")
+    if due is not None and now + seconds <= due:
+        raise ScheduleError(
+            "ttl", ttl, "it counts from the enqueue, and would end before the event is due"
+        )
+    return tuple(item._replace(ttl=seconds) for item in items)
+
+
 def _seconds(argument: str, value: Any) -> float:
     if isinstance(value, timedelta):
         return _finite(argument, value, value.total_seconds())
@@ -101,7 +122,7 @@ def _seconds(argument: str, value: Any) -> float:
 
 
 def _number(argument: str, value: Any) -> float:
-    what = "seconds or a timedelta" if argument == "delay" else "a clock time or a datetime"
+    what = "a clock time or a datetime" if argument == "not_before" else "seconds or a timedelta"
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ScheduleError(argument, value, f"not {what}")
     try:

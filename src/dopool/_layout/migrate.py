@@ -29,7 +29,9 @@ Format 3 → 4: events may carry a dedup key, indexed pool by pool:
 
 Format 4 → 5: an event is found by its id, and finished ones are remembered:
 
-- each pending event, due or scheduled, gets its event index entry (``x <seq:8>``);
+- each pending event, due or scheduled, gets its event index entry (``x <seq:8>``),
+  and its record gains a last field, ``expires_at`` (nil: no event of format 4 had a
+  ttl), sealed again under its key;
 - the meta gains ``cancelled``, ``expired``, ``remembered`` (0), ``last_error`` and
   ``last_started`` (nil). No finished event is remembered: none was.
 
@@ -58,6 +60,7 @@ from dopool._layout.namespace import Namespace
 from dopool._layout.records import (
     _DEAD_LAYOUT_3,
     _EVENT_LAYOUT_3,
+    _EVENT_LAYOUT_4,
     _META_LAYOUT_2,
     _META_LAYOUT_3,
     _META_LAYOUT_4,
@@ -253,5 +256,11 @@ def _from_4(txn: Txn) -> int:
         elif parsed.kind is RecordKind.EVENT or parsed.kind is RecordKind.SCHEDULED:
             # A damaged record is indexed too: its key is sound, and it is found damaged.
             EventIndex(Namespace(parsed.pool, parsed.instance)).put_entry(txn, key)
+            changed += 1
+            try:
+                fields = _laid_out(key, txn.get(key), _EVENT_LAYOUT_4)
+            except DamagedRecordError:
+                continue  # damaged as found: format 5's checks find it so too
+            txn.put(key, seal(key, pack([*fields, None])))  # expires_at
             changed += 1
     return changed

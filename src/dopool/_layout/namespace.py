@@ -174,6 +174,7 @@ class Namespace:
         priority: int,
         due: float,
         dedup_key: str | None = None,
+        expires_at: float | None = None,
     ) -> None:
         """Store a new event due at ``due`` from its fields, under the queue key they make,
         and its index entry (:mod:`.events`).
@@ -188,7 +189,7 @@ class Namespace:
         suffix = _RANK_DUE_SEQ.pack(PRIORITY_MAX - priority, bits, sequence)
         key = self._queue + suffix
         # records._EVENT_LAYOUT's order:
-        body = pack((event, enqueued_at, partition_key, priority, dedup_key))
+        body = pack((event, enqueued_at, partition_key, priority, dedup_key, expires_at))
         txn.put(key, seal(key, body), overwrite=False)
         entry = self._entries + suffix[12:]  # events.seal_entry written out
         txn.put(entry, seal(entry, pack((suffix[:12],))))
@@ -203,10 +204,11 @@ class Namespace:
         priority: int,
         due: float,
         dedup_key: str | None = None,
+        expires_at: float | None = None,
     ) -> None:
         """Store a new event that is not due until ``due``, under its scheduled key."""
         key = self.scheduled_key(priority, sequence, due)
-        body = pack((event, enqueued_at, partition_key, priority, dedup_key))
+        body = pack((event, enqueued_at, partition_key, priority, dedup_key, expires_at))
         txn.put(key, seal(key, body), overwrite=False)
         entry = self._entries + key[-8:]  # the entry holds rank then due (.events)
         txn.put(entry, seal(entry, pack((key[-12:-8] + key[-20:-12],))))

@@ -198,6 +198,7 @@ class EventRecord(NamedTuple):
     partition_key: str | None
     priority: int
     dedup_key: str | None = None
+    expires_at: float | None = None  # not started by then (its ttl), it expires
 
 
 class DeadRecord(NamedTuple):
@@ -243,7 +244,8 @@ _EVENT_LAYOUT_3: Layout = (
     ("partition_key", _text_or_none),
     ("priority", _integer),
 )
-_EVENT_LAYOUT: Layout = (*_EVENT_LAYOUT_3, ("dedup_key", _text_or_none))
+_EVENT_LAYOUT_4: Layout = (*_EVENT_LAYOUT_3, ("dedup_key", _text_or_none))
+_EVENT_LAYOUT: Layout = (*_EVENT_LAYOUT_4, ("expires_at", _time_or_none))  # format 5
 _DEAD_LAYOUT_3: Layout = (
     ("event", _blob),
     ("error", _text),
@@ -279,8 +281,8 @@ def read_event(key: bytes, value: bytes) -> EventRecord:
             fields = _unpackb(body, raw=False, strict_map_key=False)
         except Exception:
             fields = None
-        if type(fields) is list and len(fields) == 5:
-            event, enqueued_at, partition_key, priority, dedup_key = fields
+        if type(fields) is list and len(fields) == 6:
+            event, enqueued_at, partition_key, priority, dedup_key, expires_at = fields
             if (
                 type(event) is bytes
                 and type(enqueued_at) is float
@@ -289,8 +291,11 @@ def read_event(key: bytes, value: bytes) -> EventRecord:
                 and type(priority) is int
                 and -(2**63) <= priority < 2**63
                 and (dedup_key is None or type(dedup_key) is str)
+                and (
+                    expires_at is None or (type(expires_at) is float and math.isfinite(expires_at))
+                )
             ):
-                return EventRecord(event, enqueued_at, partition_key, priority, dedup_key)
+                return EventRecord(*fields)
     _laid_out(key, value, _EVENT_LAYOUT)  # raises, naming what is wrong
     raise damaged(key, value, "fields of the wrong types")  # pragma: no cover
 
