@@ -62,6 +62,7 @@ from dopool import (
     RetryAfter,
     RetryPolicy,
     Runtime,
+    ScheduleError,
     SimulatedClock,
     WorkerPool,
 )
@@ -111,6 +112,7 @@ behaviours = st.fixed_dictionaries(
 )
 indices = st.none() | st.integers(0, CONCURRENCY - 1)
 dedup_keys = st.sampled_from([None, None, None, "x", "y", "z"])
+ttls = st.sampled_from([None, None, None, 0.5, 2.0, 5.0])  # virtual seconds
 DEDUP_WINDOW = 2.0  # the pool's dedup_window, virtual seconds
 # When an event is due: at once (None), after a delay, or at a not_before ``now + x``.
 whens = st.sampled_from([None, None, None]) | st.tuples(
@@ -171,6 +173,7 @@ class Event:
     due: float
     moved: bool
     dedup_key: str | None = None
+    expires_at: float | None = None  # its ttl's end: not started by then, it expires
 
     @property
     def spawns(self) -> bool:
@@ -200,6 +203,8 @@ class Instance:
     succeeded: int = 0
     dead_lettered: int = 0
     drained: int = 0
+    cancelled: int = 0
+    expired: int = 0
     dead: dict[int, Dead] = field(default_factory=dict)
     executions: list[Execution] = field(default_factory=list)
     dead_order: list[int] = field(default_factory=list)  # sequences, as dead-lettered
@@ -228,13 +233,15 @@ class Instance:
         due: float | None = None,
         earlier: int = 0,
         dedup_key: str | None = None,
+        ttl: float | None = None,
     ) -> int:
         """Queue a new event, due at ``due`` (None: now); returns its expected position: the
         due events that run before it. For a scheduled one, also the ``earlier`` ones of
         its batch on this instance (scheduled with it: they run first)."""
         moved = due is None or due <= now
         at = now if moved or due is None else due
-        event = Event(payload, self.enqueued, priority, key, now, at, moved, dedup_key)
+        expires = None if ttl is None else now + ttl
+        event = Event(payload, self.enqueued, priority, key, now, at, moved, dedup_key, expires)
         ahead = sum(e.priority >= priority for e in self.queue if e.moved)
         ahead += (self.current is not None) + (0 if moved else earlier)
         self.queue.append(event)
@@ -258,6 +265,33 @@ class Instance:
         self.retry_at = None
         return count
 
+    def cancel(self, sequence: int, now: float) -> bool:
+        """Cancel event ``sequence`` if it waits (scheduled, due, or in backoff)."""
+        if self.current is not None and self.current.sequence == sequence:
+            event = self.current
+            self.current, self.attempt, self.retry_at = None, 0, None  # the line moves on
+        else:
+            found = [e for e in self.queue if e.sequence == sequence]
+            if not found:
+                return False
+            event = found[0]
+            self.queue.remove(event)
+        self.cancelled += 1
+        self._finished(event, now)
+        return True
+
+    def state_of(self, sequence: int) -> str | None:
+        """What ``pool.event`` says of event ``sequence`` (the pool keeps no finished one)."""
+        if self.current is not None and self.current.sequence == sequence:
+            return "backoff" if self.retry_at is not None else "pending"
+        for event in self.queue:
+            if event.sequence == sequence:
+                return "pending" if event.moved else "scheduled"
+        dead = self.dead.get(sequence)
+        if dead is not None:
+            return "expired" if dead.error == "expired" else "dead_lettered"
+        return None
+
     def crash(self, now: float) -> None:
         """The instance crashes and the supervisor restarts it at once (no virtual time)."""
         self.restarts += 1
@@ -276,7 +310,16 @@ class Instance:
             self.look(t)
             if self.current is None:
                 first = next(i for i, e in enumerate(self.queue) if e.moved)  # the first due
-                self.current = self.queue.pop(first)
+                event = self.queue.pop(first)
+                if event.expires_at is not None and t >= event.expires_at:
+                    self.dead_lettered += 1  # expired, never run: its first start only
+                    self.expired += 1
+                    self.dead[event.sequence] = Dead(event, 0, t, "expired")
+                    self.dead_order.append(event.sequence)
+                    self._finished(event, t)
+                    self._settle(None, t)
+                    continue
+                self.current = event
             event = self.current
             self.attempt += 1
             self.retry_at = None
@@ -482,6 +525,7 @@ class PoolMachine(RuleBasedStateMachine):
         earlier: int = 0,
         dedup_key: str | None = None,
         claimed: dict[str, EnqueueResult] | None = None,
+        ttl: float | None = None,
     ) -> bool:
         """Check one EnqueueResult against the model, then add the event to the model
         (due at ``due``; ``earlier``: of its batch, on its instance, before it); whether it
@@ -513,7 +557,7 @@ class PoolMachine(RuleBasedStateMachine):
         assert result.sequence == instance.enqueued, "sequences are consecutive from 0"
         assert (result.event_id, result.duplicate) == (f"{POOL}:{index}:{result.sequence}", False)
         now = self.clock.now()
-        position = instance.add(payload, partition_key, priority, now, due, earlier, dedup_key)
+        position = instance.add(payload, partition_key, priority, now, due, earlier, dedup_key, ttl)
         assert result.position == position
         if dedup_key is not None:
             self.keys.holders[dedup_key] = Holder(index, result.sequence, position)
@@ -570,6 +614,7 @@ class PoolMachine(RuleBasedStateMachine):
         priority=priorities,
         when=whens,
         dedup_key=dedup_keys,
+        ttl=ttls,
     )
     def enqueue(
         self,
@@ -578,14 +623,35 @@ class PoolMachine(RuleBasedStateMachine):
         priority: int,
         when: tuple[str, float] | None,
         dedup_key: str | None,
+        ttl: float | None = None,
     ) -> None:
         payload = self._new_payload(behaviour)
         now = self.clock.now()
         args = when_args(when, now)
+        due = due_of(args, now)
+        if ttl is not None and due is not None and now + ttl <= due:
+            with pytest.raises(ScheduleError):  # it would expire before it is due
+                self.pool.enqueue(payload, ttl=ttl, **args)
+            ttl = None
         result = self.pool.enqueue(
-            payload, partition_key=partition_key, priority=priority, dedup_key=dedup_key, **args
+            payload,
+            partition_key=partition_key,
+            priority=priority,
+            dedup_key=dedup_key,
+            ttl=ttl,
+            **args,
         )
-        self._accept(payload, result, partition_key, priority, due_of(args, now), 0, dedup_key)
+        self._accept(payload, result, partition_key, priority, due, 0, dedup_key, None, ttl)
+
+    @rule(index=st.integers(0, CONCURRENCY - 1), back=st.integers(0, 6))
+    def cancel(self, index: int, back: int) -> None:
+        """Cancel one of the instance's last events (or one never enqueued): scheduled,
+        due or in backoff, it is cancelled; else nothing changes."""
+        instance = self.model[index]
+        sequence = instance.enqueued - 1 - back + 2  # the two past the tail: unknown ids
+        expected = sequence >= 0 and instance.cancel(sequence, self.clock.now())
+        if sequence >= 0:
+            assert self.pool.cancel(f"{POOL}:{index}:{sequence}") is expected
 
     @rule(
         batch=st.lists(st.tuples(behaviours, dedup_keys), min_size=1, max_size=5),
@@ -770,8 +836,10 @@ class PoolMachine(RuleBasedStateMachine):
         now = self.clock.now()
         assert (status.name, status.concurrency) == (POOL, CONCURRENCY)
         for got, want in zip(status.instances, self.model, strict=True):
-            assert got.enqueued == got.succeeded + got.dead_lettered + got.drained + got.pending
+            finished = got.succeeded + got.dead_lettered + got.drained + got.cancelled
+            assert got.enqueued == finished + got.pending
             assert got.processed == got.succeeded + got.dead_lettered
+            assert (got.cancelled, got.expired) == (want.cancelled, want.expired), want.index
             assert (got.enqueued, got.pending, got.succeeded, got.dead_lettered, got.drained) == (
                 want.enqueued,
                 want.pending,
@@ -802,7 +870,7 @@ class PoolMachine(RuleBasedStateMachine):
                 else:
                     assert got.next_alarm_at == scheduled
         names = ("enqueued", "pending", "scheduled", "processed", "succeeded", "dead_lettered")
-        for name in (*names, "drained", "duplicates"):
+        for name in (*names, "drained", "duplicates", "cancelled", "expired"):
             assert getattr(status, name) == sum(getattr(i, name) for i in status.instances)
         assert status.duplicates == self.keys.duplicates
 
@@ -817,6 +885,14 @@ class PoolMachine(RuleBasedStateMachine):
                 assert state.outbox_keys == 0
             # At most one pending event per dedup key, the one its index entry names.
             assert dedup_violations(read_dedup_tally(txn, {POOL: CONCURRENCY})) == []
+
+    @invariant()
+    def lookups_match_model(self) -> None:
+        for instance in self.model:
+            for sequence in range(max(0, instance.enqueued - 8), instance.enqueued + 1):
+                info = self.pool.event(f"{POOL}:{instance.index}:{sequence}")
+                state = None if info is None else info.state
+                assert state == instance.state_of(sequence), (instance.index, sequence)
 
     @invariant()
     def executions_match_model(self) -> None:
