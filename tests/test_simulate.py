@@ -604,7 +604,9 @@ def test_the_counters_invariant_reports_the_stores_broken_invariants() -> None:
             meta.enqueued += 1
             namespace.save_meta(txn, meta)
         _, problems = _store_checks(runtime, pool, collector)
-    assert problems == ["sim:1: enqueued 3 != succeeded + dead_lettered + drained + pending = 2"]
+    assert problems == [
+        "sim:1: enqueued 3 != succeeded + dead_lettered + drained + cancelled + pending = 2"
+    ]
 
 
 # -- stores from outside --------------------------------------------------------------------

@@ -240,8 +240,8 @@ def broken_invariants(state: InstanceState) -> list[str]:
 def violations(state: InstanceState) -> list[str]:
     """Every invariant ``state`` breaks, each a line naming the instance.
 
-    For example ``"p:0: enqueued 5 != succeeded + dead_lettered + drained + pending = 4"``;
-    an empty list if the instance balances.
+    For example ``"p:0: enqueued 5 != succeeded + dead_lettered + drained + cancelled +
+    pending = 4"``; an empty list if the instance balances.
     """
     return [f"{state.name}: {what}" for what in broken_invariants(state)]
 

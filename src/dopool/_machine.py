@@ -450,7 +450,9 @@ class QueueMachine:
     def cancel(self, txn: Txn, meta: Meta, sequence: int, now: float, fx: Effects) -> bool:
         """Cancel event ``sequence`` unless it is running or finished; whether it was
         (:mod:`dopool._lifecycle`). Its head of line is freed if it waited in backoff."""
-        return self._life.cancel(txn, meta, sequence, now, self._remove_current, fx.events)
+        cancelled = self._life.cancel(txn, meta, sequence, now, self._remove_current, fx.events)
+        self._fault_point("cancel", "crash_during_cancel")  # all written, nothing committed
+        return cancelled
 
     # -- follow-ups between instances ------------------------------------------------------
     def deliver(

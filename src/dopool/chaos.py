@@ -30,6 +30,8 @@ class FaultPlan:
             after a backoff (2 s, doubling, capped at 60 s) and never dropped, unless
             the pool sets ``alarm_retries`` (then it is given up after that many).
         storage_error: a write transaction fails and is rolled back; the instance crashes.
+        crash_during_cancel: crash while a cancel is written, before it commits (the
+            caller gets ``InstanceCrashedError``; nothing is cancelled).
     """
 
     seed: int | str = 0
@@ -38,6 +40,7 @@ class FaultPlan:
     crash_during_enqueue: float = 0.0
     alarm_error: float = 0.0
     storage_error: float = 0.0
+    crash_during_cancel: float = 0.0
 
     def __post_init__(self) -> None:
         for spec in fields(self):

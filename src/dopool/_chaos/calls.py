@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from dopool import DeadLetter, InstanceCrashedError, QueueFullError, WorkerPool
-from dopool._chaos.history import Ack, Dup, Purged, Redriven, Resumed
+from dopool._chaos.history import Ack, Cancelled, Dup, Purged, Redriven, Resumed
 from dopool._chaos.scenario import When, when_args
 from dopool._layout import DedupIndex, DedupRecord
 
@@ -30,6 +30,7 @@ class Calls(ABC):
 
     history: History
     driver: ClockDriver
+    enqueued: list[tuple[str, int, int]]  # (pool, index, sequence) of each acknowledged event
 
     @abstractmethod
     def _committed(self) -> AbstractContextManager[Txn]:
@@ -59,6 +60,7 @@ class Calls(ABC):
         prio: int,
         many: bool,
         when: When | None = None,
+        ttl: float | None = None,
     ) -> None:
         history = self.history
         for event in events:
@@ -67,6 +69,11 @@ class Calls(ABC):
         keys = [event.get("dedup") for event in events]
         if any(keys):
             args.update({"dedup_keys": keys} if many else {"dedup_key": keys[0]})
+        ttl = ttl if many else events[0].get("ttl")
+        if ttl is not None and due is not None and self.driver.clock.now() + ttl <= due:
+            ttl = None  # it would end before the event is due: refused
+        if ttl is not None:
+            args["ttl"] = ttl
         try:
             if many:
                 results = pool.enqueue_many(events, partition_key=pk, priority=prio, **args)
@@ -75,7 +82,7 @@ class Calls(ABC):
         except (InstanceCrashedError, QueueFullError) as exc:
             if isinstance(exc, InstanceCrashedError):
                 self.driver.after_crash()
-            self._acknowledge_stored(pool, list(exc.stored), due)
+            self._acknowledge_stored(pool, list(exc.stored), due, ttl)
             return
         for event, result in zip(events, results, strict=True):
             entry = (self._flat(pool.name, result.instance_index), result.sequence)
@@ -83,10 +90,15 @@ class Calls(ABC):
                 history.add(Dup(event["id"], *entry))
                 continue
             history.name(entry, event["id"], "enqueue's result")
-            history.add(Ack(event["id"], *entry, due))
+            history.add(Ack(event["id"], *entry, due, ttl))
+            self.enqueued.append((pool.name, result.instance_index, result.sequence))
 
     def _acknowledge_stored(
-        self, pool: WorkerPool, stored: list[Any], due: float | None = None
+        self,
+        pool: WorkerPool,
+        stored: list[Any],
+        due: float | None = None,
+        ttl: float | None = None,
     ) -> None:
         """A batch failed part-way: acknowledge the parts its error says were stored."""
         if not stored:
@@ -102,7 +114,16 @@ class Calls(ABC):
                 continue
             entry = (inst, result.sequence)
             self.history.name(entry, queued[1], "storage")
-            self.history.add(Ack(queued[1], *entry, due))
+            self.history.add(Ack(queued[1], *entry, due, ttl))
+
+    def _cancel(self, pool: WorkerPool, back: int) -> None:
+        """Cancel one of the last events enqueued into ``pool`` (running, finished or not)."""
+        mine = [(index, seq) for name, index, seq in self.enqueued if name == pool.name]
+        if len(mine) <= back:
+            return
+        index, seq = mine[-1 - back]
+        answer = pool.cancel(f"{pool.name}:{index}:{seq}")  # a crash raises: nothing answered
+        self.history.add(Cancelled(self._flat(pool.name, index), seq, answer))
 
     def _drain(self, pool: WorkerPool, index: int | None) -> None:
         before = self._snapshot()

@@ -8,7 +8,9 @@ storage after every step) and reports a violation of the contract in
 docs/guarantees.md wherever one shows (items 1-4 are its guarantees 1-4):
 
 1. no loss — every acknowledged event, every follow-up of a succeeded attempt and
-   every redriven dead letter ends succeeded, dead-lettered or drained, exactly once;
+   every redriven dead letter ends succeeded, dead-lettered (expired: unstarted, past
+   its ttl, and never started after it), drained or cancelled (never while running; a
+   cancel answers True exactly when it cancelled), exactly once;
 2. at-least-once without spurious re-execution — an attempt is settled as failed
    only if its handler raised or the instance crashed during it; a success needs
    a handler that returned and no crash; nothing runs after it settled for good;
@@ -19,7 +21,7 @@ docs/guarantees.md wherever one shows (items 1-4 are its guarantees 1-4):
    lower sequence); a scheduled event never starts before its due time; sequences
    are consecutive from 0;
 4. counters — the storage invariants of :mod:`dopool._invariants` (``enqueued =
-   succeeded + dead_lettered + drained + pending``, the meta's counts equal to its
+   succeeded + dead_lettered + drained + cancelled + pending``, the meta's counts equal to its
    keys, every sequence below ``tail``, the started event stored), every
    counter equal to the replay's tally, ``tail`` equal to the sequences handed out,
    and ``restarts`` equal to the crashes outside ``close()`` whose restart a
@@ -116,6 +118,8 @@ class Model(Replay):
             "succeeded": (meta.succeeded, inst.succeeded),
             "dead_lettered": (meta.dead_lettered, inst.dead_lettered),
             "drained": (meta.drained, inst.drained),
+            "cancelled": (meta.cancelled, inst.cancelled),
+            "expired": (meta.expired, inst.expired),
             "restarts": (meta.restarts, inst.restarted),
             "paused": (meta.paused, inst.paused),
         }

@@ -42,13 +42,14 @@ class Ack(NamedTuple):
     """An enqueue that returned: event ``id`` is stored as ``(inst, seq)``.
 
     ``due``: the clock time the enqueue asked it to be due at (a ``delay`` or a
-    ``not_before``), or None: due at once.
+    ``not_before``), or None: due at once. ``ttl``: the enqueue's ttl, or None.
     """
 
     id: str
     inst: int
     seq: int
     due: float | None = None
+    ttl: float | None = None
 
 
 class Dup(NamedTuple):
@@ -96,7 +97,15 @@ class Resumed(NamedTuple):
     insts: tuple[int, ...]
 
 
-Record = Ev | Exec | Ack | Dup | Call | Phase | Redriven | Purged | Resumed
+class Cancelled(NamedTuple):
+    """``cancel`` of entry ``(inst, seq)`` answered ``answer`` (a crash answers nothing)."""
+
+    inst: int
+    seq: int
+    answer: bool
+
+
+Record = Ev | Exec | Ack | Dup | Call | Phase | Redriven | Purged | Resumed | Cancelled
 
 
 @dataclass

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from dopool._chaos.history import (
     Ack,
     Call,
+    Cancelled,
     Dup,
     Entry,
     Ev,
@@ -18,6 +20,7 @@ from dopool._chaos.history import (
     Redriven,
     Resumed,
 )
+from dopool._lifecycle import EXPIRED
 from dopool._supervisor import RESTARTS_AT_ONCE, restart_delay
 
 EPSILON = 1e-9
@@ -45,6 +48,8 @@ class _Instance:
     succeeded: int = 0
     dead_lettered: int = 0
     drained: int = 0
+    cancelled: int = 0
+    expired: int = 0
     crashed: int = 0
     restarted: int = 0  # crashes the supervisor restarted, as recoveries counted them
     unrecorded: int = 0  # crashes outside close() that no recovery has counted yet
@@ -60,6 +65,7 @@ class _EntryState:
     terminal: str | None = None
     retry_due: float | None = None
     due: float | None = None  # scheduled for this time, later than its enqueue
+    ttl: float | None = None  # its enqueue's ttl
 
     @property
     def due_at(self) -> float:
@@ -83,6 +89,7 @@ class Replay:
         self._step = -1
         self._closing = False
         self._seen: set[str] = set()
+        self._unanswered: set[Entry] = set()  # cancelled, the cancel's answer not seen yet
 
     def successes_in_order(self) -> list[tuple[int, tuple[str, ...]]]:
         """Each committed success so far, in commit order: its instance and its follow-ups."""
@@ -117,6 +124,8 @@ class Replay:
             elif isinstance(record, Resumed):
                 for number in record.insts:
                     self.instances[number].stalled = False
+            elif isinstance(record, Cancelled):
+                self._answered(record)
             else:
                 self._purged(record)
 
@@ -144,8 +153,12 @@ class Replay:
             self._given_up(ev, inst)
         elif kind == "started":
             self._started(ev, inst)
+        elif kind == "dead_lettered" and (ev.error or "").startswith(EXPIRED):
+            self._expired(ev, inst)
         elif kind in ("succeeded", "retry_scheduled", "dead_lettered"):
             self._settled(ev, inst)
+        elif kind == "cancelled":
+            self._cancelled(ev, inst)
         elif kind == "crashed":
             inst.crashed += 1
             if not self._closing:  # a closed mailbox starts no successor
@@ -232,6 +245,9 @@ class Replay:
             )
         if ev.attempt != len(state.started) + 1:
             self._bad(f"entry {entry} started attempt {ev.attempt} after {state.started}")
+        ttl = state.ttl
+        if ev.attempt == 1 and ttl is not None and ev.time >= state.enqueued_at + ttl:
+            self._bad(f"entry {entry} started at {ev.time!r}, past its ttl of {ttl}")
         if state.due is not None and ev.time < state.due:
             self._bad(f"entry {entry} started at {ev.time!r}, before it was due at {state.due!r}")
         if ev.attempt == 1 and inst.current is None:
@@ -325,10 +341,49 @@ class Replay:
             self.expected.update(attempt.kids)
             self._successes.append((ev.inst, attempt.kids))
 
-    def _retry_after(self, entry: Entry) -> float:
+    def _content(self, entry: Entry) -> dict[str, Any]:
         ident = self.history.names.get(entry)
-        content = self.history.contents.get(ident, {}) if ident is not None else {}
-        return float(content.get("after", 0.0))
+        return self.history.contents.get(ident, {}) if ident is not None else {}
+
+    def _retry_after(self, entry: Entry) -> float:
+        return float(self._content(entry).get("after", 0.0))
+
+    def _expired(self, ev: Ev, inst: _Instance) -> None:
+        """Dead-lettered unstarted, as expired: never started, and its ttl had passed."""
+        assert ev.seq is not None
+        entry = (ev.inst, ev.seq)
+        state = self.entries.get(entry)
+        ttl = None if state is None else state.ttl
+        if state is None or ttl is None:
+            self._bad(f"entry {entry} expired, but its enqueue gave it no ttl")
+        if state is not None and state.started:
+            self._bad(f"entry {entry} expired after {len(state.started)} attempt(s) started")
+        if state is not None and ttl is not None and ev.time < state.enqueued_at + ttl:
+            self._bad(f"entry {entry} expired at {ev.time!r}, within its ttl of {ttl}")
+        if inst.attempt is not None or ev.attempt != 0:
+            self._bad(f"entry {entry} expired with an attempt running or counted")
+        self._terminal(entry, inst, "expired")
+        inst.dead_lettered += 1
+        inst.expired += 1
+        inst.dead[ev.seq] = 0
+
+    def _cancelled(self, ev: Ev, inst: _Instance) -> None:
+        """Cancelled: waiting (scheduled, due, or its retry in backoff), not running."""
+        assert ev.seq is not None
+        if inst.attempt is not None and inst.attempt.seq == ev.seq:
+            self._bad(f"entry {(ev.inst, ev.seq)} cancelled while its attempt was running")
+        self._terminal((ev.inst, ev.seq), inst, "cancelled")
+        inst.cancelled += 1
+        self._unanswered.add((ev.inst, ev.seq))
+
+    def _answered(self, record: Cancelled) -> None:
+        """A cancel's answer agrees with the events: True exactly when it was cancelled."""
+        entry = (record.inst, record.seq)
+        cancelled = entry in self._unanswered
+        self._unanswered.discard(entry)
+        if record.answer != cancelled:
+            what = "was not" if record.answer else "was"
+            self._bad(f"cancel of {entry} answered {record.answer}, but it {what} cancelled")
 
     def _terminal(self, entry: Entry, inst: _Instance, kind: str) -> None:
         state = self.entries.get(entry)
@@ -357,8 +412,10 @@ class Replay:
         state = self.entries.get(entry)
         if state is None:
             self._bad(f"enqueue of {ack.id} returned {entry}, which was never enqueued")
-        elif ack.due is not None and ack.due > state.enqueued_at:
-            state.due = ack.due  # scheduled: not to start before it
+        else:
+            state.ttl = ack.ttl
+            if ack.due is not None and ack.due > state.enqueued_at:
+                state.due = ack.due  # scheduled: not to start before it
 
     def _redriven(self, record: Redriven) -> None:
         for index, seq, ident in record.entries:

@@ -94,6 +94,7 @@ class Runner(Calls):
         self.scenario = scenario
         self.keep_log = keep_log
         self.history = History(sum(scenario.pools.values()), scenario.retry)
+        self.enqueued: list[tuple[str, int, int]] = []  # for cancel steps (Calls._cancel)
         self.model = Model(self.history)
         self.clock = SimulatedClock()
         self.driver = ClockDriver(self.clock)
@@ -318,7 +319,9 @@ class Runner(Calls):
                     self._enqueue(pool, [event], event["pk"], event["prio"], False, when)
             elif kind == "enqueue_many":
                 events, when = args["events"], args.get("when")
-                self._enqueue(pool, events, args["pk"], args["prio"], True, when)
+                self._enqueue(pool, events, args["pk"], args["prio"], True, when, args.get("ttl"))
+            elif kind == "cancel":
+                self._cancel(pool, args["back"])
             elif kind == "pause":
                 pool.pause(args["index"])
             elif kind == "resume":

@@ -28,7 +28,14 @@ About half the seeds give a share of their enqueued events a dedup key
 (:data:`DEDUP_SHARE`), one of a few (:data:`DEDUP_KEYS`), so that keys repeat while
 their events are pending, running, dead or finished, and pick the pools'
 ``dedup_window`` (:data:`DEDUP_WINDOWS`). The key rides in the event as ``dedup``.
-Those draws come from ``random.Random(f"dedup:{seed}")``, after all the rest.
+Those draws come from ``random.Random(f"dedup:{seed}")``.
+
+About half the seeds give a share of their events a ``ttl`` (:data:`TTLS`: riding in
+the event as ``ttl``, or in an ``enqueue_many`` step's args for its batch) and insert
+``cancel`` steps, each of one of the last events enqueued into the first pool (``back``
+counts from the last), and, with faults, crash some cancels before they commit
+(``crash_during_cancel``). Those draws come from ``random.Random(f"lifecycle:{seed}")``,
+after all the rest.
 """
 
 from __future__ import annotations
@@ -64,6 +71,11 @@ DEDUP_SHARE = 0.5  # of the seeds, those whose enqueues carry dedup keys
 DEDUP_ENQUEUES = (0.2, 0.8)  # the range of the share of events such a seed keys
 DEDUP_KEYS = tuple(f"d{n}" for n in range(6))
 DEDUP_WINDOWS = (0.0, 0.0, 1.0, 5.0)  # virtual seconds
+LIFECYCLE_SHARE = 0.5  # of the seeds, those that give ttls and cancel events
+TTL_EVENTS = (0.1, 0.5)  # the range of the share of events such a seed gives a ttl
+TTLS = (0.5, 1.0, 3.0, 8.0)  # virtual seconds
+CANCEL_STEPS = 0.2  # the chance of a cancel step after each step, in such a seed
+CANCEL_FAULTS = (0.05, 0.3)  # the range of crash_during_cancel, with faults
 
 #: When an enqueue makes its events due: ``("delay", seconds)``, or ``("not_before", s)``
 #: for the clock time ``s`` seconds after the call (before it, if negative).
@@ -183,7 +195,7 @@ class Scenario:
         if self.faults is not None:
             faults = ", ".join(
                 f"{point}={getattr(self.faults, point):.3f}"
-                for point in FAULT_POINTS
+                for point in (*FAULT_POINTS, "crash_during_cancel")
                 if getattr(self.faults, point)
             )
         second = ""
@@ -229,6 +241,12 @@ def generate(seed: int, *, steps: int | None = None) -> Scenario:
         window = dedup.choice(DEDUP_WINDOWS)
         share = dedup.uniform(*DEDUP_ENQUEUES)
         plan = tuple(_keyed(step, dedup, share) for step in plan)
+    lifecycle = random.Random(f"lifecycle:{seed}")
+    if lifecycle.random() < LIFECYCLE_SHARE:
+        plan = _lifecycle(plan, lifecycle, lifecycle.uniform(*TTL_EVENTS))
+        if faults is not None:
+            chance = round(lifecycle.uniform(*CANCEL_FAULTS), 4)
+            faults = replace(faults, crash_during_cancel=chance)
     return Scenario(
         seed, concurrency, retry, faults, max_queue_depth, plan, alarm_retries, second, window
     )
@@ -395,6 +413,25 @@ def _keyed(step: Step, rng: random.Random, share: float) -> Step:
         for event in step.args["events"]
     ]
     return Step(step.kind, {**step.args, "events": events})
+
+
+def _lifecycle(plan: tuple[Step, ...], rng: random.Random, share: float) -> tuple[Step, ...]:
+    """``plan`` with a ``ttl`` on a ``share`` of its events, and cancel steps inserted."""
+    steps = []
+    for drawn in plan:
+        step = drawn
+        if step.kind == "enqueue":
+            events = [
+                {**event, "ttl": rng.choice(TTLS)} if rng.random() < share else event
+                for event in step.args["events"]
+            ]
+            step = Step(step.kind, {**step.args, "events": events})
+        elif step.kind == "enqueue_many" and rng.random() < share:
+            step = Step(step.kind, {**step.args, "ttl": rng.choice(TTLS)})
+        steps.append(step)
+        if rng.random() < CANCEL_STEPS:
+            steps.append(Step("cancel", {"back": rng.randrange(8)}))
+    return tuple(steps)
 
 
 def _when(rng: random.Random) -> When:
