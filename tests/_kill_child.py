@@ -19,6 +19,8 @@ the call returns. Lines (space separated):
     T <id>                              a producer is about to call enqueue(<id>)
     A <id> <index> <sequence>           enqueue(<id>) returned (acknowledged)
     D <id> <index> <sequence>           enqueue(<id>) returned a duplicate naming that event
+    K <id>                              a producer is about to call cancel(<id>'s event id)
+    C <id> <answer>                     cancel returned its answer (1: cancelled, 0: not)
     X <id> <index> <sequence> <attempt> the handler is about to return successfully
 
 Event ids are ints, unique across generations: ``GENERATION * 1_000_000 + producer *
@@ -30,7 +32,11 @@ them scheduled. Every id divisible by ``DEDUP_EVERY`` is enqueued with the dedup
 generation after the first starts by submitting again the keyed ids of its predecessor's
 first ``RESUBMITTED`` (acknowledged, cut short by the kill, or never tried), under a
 dedup window that outlasts the test: each is a duplicate of the event stored with its
-key, across the restart, or, if none was, stored now.
+key, across the restart, or, if none was, stored now. Of the ids without a dedup key,
+every one divisible by ``CANCEL_EVERY`` is enqueued ``CANCEL_DELAY`` ahead and cancelled
+at once (a kill may fall between the two, or between the cancel's commit and its log
+line), and every one divisible by ``TTL_EVERY`` and not delayed gets a ``ttl`` of
+``TTL``: busy instances let some expire (dead-lettered as expired, never run).
 """
 
 from __future__ import annotations
@@ -58,6 +64,10 @@ DELAYED_EVERY = 7
 DELAY = 0.05  # seconds
 DEDUP_EVERY = 4
 DEDUP_WINDOW = 3600.0  # seconds: longer than any test
+CANCEL_EVERY = 11
+CANCEL_DELAY = 1.0  # seconds: still scheduled when the producer cancels it
+TTL_EVERY = 13
+TTL = 0.01  # seconds
 RESUBMITTED = 40  # the ids (per producer) of the generation before submitted again
 PRODUCER_PAUSE = 0.002  # seconds between two enqueues of one producer: interleave, not flood
 WATCHDOG = 60.0  # a child never outlives this, whatever happens
@@ -103,12 +113,20 @@ def define(runtime: Runtime, log: Log) -> WorkerPool:
 
 
 def submit(pool: WorkerPool, log: Log, event_id: int) -> None:
-    """Enqueue ``event_id`` (with its dedup key, if it has one) and log the answer."""
+    """Enqueue ``event_id`` (with its dedup key, delay and ttl, if it has them) and log the
+    answer; cancel it at once if it is one to cancel."""
     log.line("T", event_id)
+    keyed = event_id % DEDUP_EVERY == 0
+    cancelled = event_id % CANCEL_EVERY == 0 and not keyed
     delay = DELAY if event_id % DELAYED_EVERY == 0 else None
-    key = f"k{event_id}" if event_id % DEDUP_EVERY == 0 else None
-    result = pool.enqueue(event_id, delay=delay, dedup_key=key)
+    delay = CANCEL_DELAY if cancelled else delay
+    key = f"k{event_id}" if keyed else None
+    ttl = TTL if event_id % TTL_EVERY == 0 and not keyed and delay is None else None
+    result = pool.enqueue(event_id, delay=delay, dedup_key=key, ttl=ttl)
     log.line("D" if result.duplicate else "A", event_id, result.instance_index, result.sequence)
+    if cancelled:
+        log.line("K", event_id)
+        log.line("C", event_id, int(pool.cancel(result.event_id)))
 
 
 def produce(
