@@ -17,6 +17,7 @@ from benchmarks import (
     dedup,
     deploy,
     e2e,
+    events,
     phases,
     records,
     simpy_model,
@@ -126,6 +127,20 @@ def test_the_dedup_benchmark_compares_each_keyed_variant_with_its_plain_one(
     assert rows["enqueue, dedup_key"].count("ratio") == 2  # enqueue and process
     assert rows["enqueue, duplicate"].count("ratio") == 1  # nothing to process
     assert "ratio" not in rows["enqueue"]
+
+
+def test_the_events_benchmark_measures_the_current_tree_and_a_baseline(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    src = Path(events.__file__).resolve().parent.parent / "src"
+    argv = ["--events", "20", "--rounds", "1", "--dir", str(tmp_path), "--baseline", str(src)]
+    assert events.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "20 events, 1 rounds, durability=async" in lines[0]
+    rows = {line[2:30].strip(): line for line in lines[1:]}
+    assert set(rows) == {*events.SHARED, *events.MINE}
+    assert all("ratio" in rows[name] for name in events.SHARED)
+    assert not any("ratio" in rows[name] for name in events.MINE)
 
 
 def test_the_phases_benchmark_runs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

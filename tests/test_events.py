@@ -307,7 +307,7 @@ def test_a_drained_event_is_remembered_as_drained(sim: Runtime) -> None:
 
 
 def entry_key(sequence: int) -> bytes:
-    return Namespace("p", 0).prefix + b"x" + sequence.to_bytes(8, "big")
+    return Namespace("p", 0).prefix + b"n" + sequence.to_bytes(8, "big")
 
 
 @pytest.mark.parametrize("damage", ["flipped", "another entry's value", "names no event"])

@@ -86,7 +86,7 @@ def test_the_fixture_of_this_format_is_the_current_version() -> None:
 
 def entries(path: Path) -> list[bytes]:
     """The event index entries a store holds."""
-    return sorted(key for key in records(path) if key[:1] == b"I" and b"\x00x" in key)
+    return sorted(key for key in records(path) if key[:1] == b"I" and b"\x00n" in key)
 
 
 # -- format 4, migrated in place when a runtime opens it -----------------------------------
@@ -211,7 +211,7 @@ def test_the_format_5_fixture_decodes_to_exactly_what_was_written(tmp_path: Path
 def test_the_keys_and_records_of_the_event_index_have_their_documented_bytes() -> None:
     ns = Namespace("p", 0)
     store_key = ns.queue_key(5, 7, 1.5)
-    entry = b"Ip:0\x00x" + (7).to_bytes(8, "big")
+    entry = b"Ip:0\x00n" + (7).to_bytes(8, "big")
     value = seal(entry, pack((store_key[-20:-8],)))
     assert value[4:] == b"\x91\xc4\x0c\x7f\xff\xff\xfa\xbf\xf8\x00\x00\x00\x00\x00\x00"
     record = FinishedRecord("succeeded", 1, 1.0, 1.5, 2.0, 2.5, None, None, -1, "k")

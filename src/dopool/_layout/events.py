@@ -1,7 +1,7 @@
 """An instance's event index and its remembered finished events, read and written in a
 transaction.
 
-Every unfinished event has an index entry, ``x <seq:8>``, holding its key's rank and due
+Every unfinished event has an index entry, ``n <seq:8>``, holding its key's rank and due
 time: both keys the event can have (its queue key, or its scheduled key until it falls
 due) are built from it and the sequence, so an event is found from its id without a
 scan. :class:`~.namespace.Namespace` writes an entry with each event and deletes it with

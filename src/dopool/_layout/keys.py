@@ -14,7 +14,7 @@ Keys (all integers big-endian, so LMDB's byte order is numeric order)::
     I <pool>:<index> \\0 s <source pool> \\0 <source:4>
                                           the last follow-up link accepted from a
                                           source instance (of any pool)
-    I <pool>:<index> \\0 x <seq:8>          an unfinished event's index entry: its key's
+    I <pool>:<index> \\0 n <seq:8>          an unfinished event's index entry: its key's
                                           rank and due, so its key is found from its
                                           sequence alone
     I <pool>:<index> \\0 f <seq:8>          a finished event, remembered (keep_finished)
@@ -67,7 +67,7 @@ _INSTANCE_PREFIX = b"I"
 _META_TAG, _QUEUE_TAG, _DEAD_TAG, _OUTBOX_TAG, _MARK_TAG = b"m", b"q", b"d", b"o", b"s"
 _WAIT_TAG = b"w"  # a scheduled event, not due yet
 # An unfinished event's index entry, a remembered finished event, and its expiry:
-_INDEX_TAG, _FINISHED_TAG, _FORGET_TAG = b"x", b"f", b"e"
+_INDEX_TAG, _FINISHED_TAG, _FORGET_TAG = b"n", b"f", b"e"
 _DEDUP_PREFIX = b"K"  # a pool's dedup index: one entry per key
 _EXPIRY_PREFIX = b"E"  # a pool's finished dedup keys, by finish time
 _DIGEST = 16  # the bytes of a long dedup key's digest

@@ -29,7 +29,7 @@ Format 3 → 4: events may carry a dedup key, indexed pool by pool:
 
 Format 4 → 5: an event is found by its id, and finished ones are remembered:
 
-- each pending event, due or scheduled, gets its event index entry (``x <seq:8>``),
+- each pending event, due or scheduled, gets its event index entry (``n <seq:8>``),
   and its record gains a last field, ``expires_at`` (nil: no event of format 4 had a
   ttl), sealed again under its key;
 - the meta gains ``cancelled``, ``expired``, ``remembered`` (0), ``last_error`` and

@@ -65,6 +65,10 @@ if TYPE_CHECKING:
     from dopool._storage import Txn
 
 
+# An event index entry's body before its 12 bytes: msgpack's array of 1, bin of 12.
+_ENTRY = b"\x91\xc4\x0c"
+
+
 @dataclass(slots=True)
 class Promoted:
     """What :meth:`Namespace.promote` moved: each event's priority, in due order; the due
@@ -191,8 +195,8 @@ class Namespace:
         # records._EVENT_LAYOUT's order:
         body = pack((event, enqueued_at, partition_key, priority, dedup_key, expires_at))
         txn.put(key, seal(key, body), overwrite=False)
-        entry = self._entries + suffix[12:]  # events.seal_entry written out
-        txn.put(entry, seal(entry, pack((suffix[:12],))))
+        entry = self._entries + suffix[12:]  # events.seal_entry written out:
+        txn.put(entry, seal(entry, _ENTRY + suffix[:12]))  # pack((rank:4 due:8,))
 
     def add_scheduled(
         self,
@@ -211,7 +215,7 @@ class Namespace:
         body = pack((event, enqueued_at, partition_key, priority, dedup_key, expires_at))
         txn.put(key, seal(key, body), overwrite=False)
         entry = self._entries + key[-8:]  # the entry holds rank then due (.events)
-        txn.put(entry, seal(entry, pack((key[-12:-8] + key[-20:-12],))))
+        txn.put(entry, seal(entry, _ENTRY + key[-12:-8] + key[-20:-12]))
 
     def get_event(self, txn: Txn, key: bytes) -> EventRecord | None:
         raw = txn.get(key)
