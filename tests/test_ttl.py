@@ -3,6 +3,7 @@ expired instead of run (docs/api.md, "enqueue"; docs/guarantees.md, "No loss")."
 
 from __future__ import annotations
 
+import json
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from cli_support import invoke
 from dopool import (
     DeadLetter,
     EventContext,
@@ -154,3 +156,21 @@ def test_a_ttl_expires_in_real_time(store_path: Path) -> None:
         assert pool.join(timeout=10)
         assert ran == ["blocker"]
         assert pool.status().expired == 1
+
+
+def test_dopool_status_counts_cancelled_and_expired(store_path: Path) -> None:
+    with Runtime.simulated(store_path) as runtime:
+        pool, _, _ = define(runtime)
+        pool.pause()
+        pool.enqueue("late", ttl=1)
+        pool.cancel(pool.enqueue("cancelled").event_id)
+        clock_of(runtime).advance(2.0)
+        pool.resume()
+        assert pool.join(timeout=10)
+    result = invoke("status", str(store_path))
+    assert result.exit_code == 0, result.output
+    assert "1 dead-lettered (1 expired) · 0 drained · 1 cancelled" in result.stdout
+    document = json.loads(invoke("status", str(store_path), "--json").stdout)
+    (status,) = document["pools"]
+    assert (status["cancelled"], status["expired"], status["dead_lettered"]) == (1, 1, 1)
+    assert invoke("check", str(store_path)).exit_code == 0

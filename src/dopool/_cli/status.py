@@ -53,7 +53,8 @@ def _status_table(item: PoolStatus, waiting: dict[str, int]) -> Table:
             f"{item.enqueued:,} enqueued · {item.pending:,} pending{scheduled} · "
             f"{item.succeeded:,} succeeded · {item.dead_lettered:,} dead-lettered"
             + (f" ({item.expired:,} expired)" if item.expired else "")
-            + f" · {item.drained:,} drained · {item.cancelled:,} cancelled"
+            + f" · {item.drained:,} drained"
+            + (f" · {item.cancelled:,} cancelled" if item.cancelled else "")
             + (f" · {item.duplicates:,} duplicates" if item.duplicates else "")
         ),
         title_justify="left",
@@ -61,16 +62,7 @@ def _status_table(item: PoolStatus, waiting: dict[str, int]) -> Table:
     )
     table.add_column("instance", no_wrap=True)
     table.add_column("state")
-    for name in (
-        "pending",
-        "scheduled",
-        "enqueued",
-        "succeeded",
-        "dead",
-        "drained",
-        "cancelled",
-        "restarts",
-    ):
+    for name in ("pending", "scheduled", "enqueued", "succeeded", "dead", "drained", "restarts"):
         table.add_column(name, justify="right")
     table.add_column("current", justify="right")
     table.add_column("next alarm", no_wrap=True)
@@ -92,7 +84,6 @@ def _status_table(item: PoolStatus, waiting: dict[str, int]) -> Table:
             f"{s.succeeded:,}",
             f"{s.dead_lettered:,}",
             f"{s.drained:,}",
-            f"{s.cancelled:,}",
             f"{s.restarts:,}",
             current,
             _when(s.next_alarm_at),
