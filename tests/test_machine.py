@@ -466,3 +466,19 @@ def test_the_first_damaged_event_is_set_aside_and_the_next_one_starts(store: Sto
     assert started is not None
     assert started[1].event == pack("b")
     assert [(dead.sequence, dead.damaged) for dead in fx.dead] == [(0, True)]
+
+
+def test_cancel_leaves_a_running_attempt_and_crashes_before_its_commit(store: Store) -> None:
+    """A running event is not cancelled (its outcome settles it); a cancel's fault point
+    comes after its writes, so a crash there rolls all of them back."""
+    rig = Rig(store)
+    rig.enqueue("running", "waiting")
+    assert rig.start(0.0) is not None  # sequence 0 runs
+    cancelled, fx = rig.step(lambda txn, meta, fx: rig.machine.cancel(txn, meta, 0, 0.0, fx))
+    assert (cancelled, fx.events, rig.meta.running) == (False, [], True)
+    rig.points.clear()
+    cancelled, fx = rig.step(lambda txn, meta, fx: rig.machine.cancel(txn, meta, 1, 0.0, fx))
+    assert cancelled
+    assert [event.kind for event in fx.events] == ["cancelled"]
+    assert rig.points == ["cancel"]  # after the writes, before the commit
+    assert (rig.meta.pending, rig.meta.cancelled) == (1, 1)
