@@ -2,8 +2,13 @@
 
     dopool chaos --seeds 5000 [--start N] [--jobs J]   # run seeds N .. N+4999
     dopool chaos --seed S [--trace FILE] [--verbose]  # replay one seed exactly
+    dopool chaos --processes --seeds 40 [--start N] [--jobs J]  # real processes
+    dopool chaos --processes --seed S [--keep]        # one seed's plan again
 
-(``python -m chaos`` in the repository is the same.)
+(``python -m chaos`` in the repository is the same.) ``--processes`` runs the
+multi-process mode (:mod:`dopool._chaos.procs`): producer processes, a ``dopool
+worker`` SIGKILLed and restarted; a replay runs the same plan, not the same
+interleavings.
 
 Prints a progress line now and then and a summary of scenarios, events,
 executions, crashes, restarts and violations. Exits 1 if any scenario broke an
@@ -19,6 +24,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from dopool._chaos.procs import seed as procs
+from dopool._chaos.procs.plan import draw as draw_plan
 from dopool._chaos.result import Result, replay_command
 from dopool._chaos.runner import run_seed, run_seed_quietly
 from dopool._chaos.scenario import generate
@@ -38,14 +45,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--verbose", action="store_true", help="with --seed: print the scenario and its history"
     )
+    parser.add_argument(
+        "--processes",
+        action="store_true",
+        help="the multi-process mode: producer processes and a dopool worker, SIGKILLed",
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="with --processes --seed: keep the run's directory"
+    )
     args = parser.parse_args(argv)
+    if args.processes and args.trace is not None:
+        parser.error("--trace is for the in-process mode (--processes keeps records instead)")
+    if args.keep and not (args.processes and args.seed is not None):
+        parser.error("--keep needs --processes --seed")
     if args.seed is not None:
+        if args.processes:
+            return _replay_processes(args.seed, keep=args.keep, verbose=args.verbose)
         return _replay(args.seed, args.trace, verbose=args.verbose)
     if args.trace is not None:
         parser.error("--trace needs --seed")
     if args.seeds < 1 or args.jobs < 1:
         parser.error("--seeds and --jobs must be at least 1")
-    return _long(range(args.start, args.start + args.seeds), args.jobs)
+    return _long(range(args.start, args.start + args.seeds), args.jobs, processes=args.processes)
+
+
+def _replay_processes(seed: int, *, keep: bool, verbose: bool) -> int:
+    if verbose:
+        print(draw_plan(seed).describe())
+    result = procs.run_seed(seed, keep=keep)
+    if verbose:
+        print("the runner did: " + " ".join(result.log))
+    print(_one_line(result))
+    if result.kept:
+        print(f"kept: {result.kept}")
+    if not result.ok:
+        print(result.report())
+        return 1
+    return 0
 
 
 def _replay(seed: int, trace: Path | None, *, verbose: bool) -> int:
@@ -66,6 +102,13 @@ def _replay(seed: int, trace: Path | None, *, verbose: bool) -> int:
 
 
 def _one_line(result: Result) -> str:
+    if result.processes:
+        return (
+            f"seed {result.seed}: {result.acknowledged} events stored, {result.duplicates} "
+            f"duplicates answered, {result.executions} executions, {result.crashes} SIGKILLs, "
+            f"{result.restarts} restarts, {result.wall_time:.2f} wall s: "
+            + ("ok" if result.ok else f"{len(result.violations)} violation(s)")
+        )
     return (
         f"seed {result.seed}: {result.steps} steps, {result.enqueued} events, "
         f"{result.executions} executions, {result.crashes} crashes, {result.restarts} restarts, "
@@ -75,18 +118,21 @@ def _one_line(result: Result) -> str:
     )
 
 
-def _results(seeds: range, jobs: int) -> Iterator[Result]:
+def _results(seeds: range, jobs: int, *, processes: bool) -> Iterator[Result]:
     if jobs == 1:
         for seed in seeds:
-            yield run_seed(seed)
+            yield procs.run_seed(seed) if processes else run_seed(seed)
         return
     # spawn, not fork: the parent may hold actor threads and LMDB handles.
     context = multiprocessing.get_context("spawn")
     with context.Pool(jobs) as workers:
-        yield from workers.imap(run_seed_quietly, seeds, chunksize=8)
+        if processes:
+            yield from workers.imap(procs.run_seed_quietly, seeds, chunksize=1)
+        else:
+            yield from workers.imap(run_seed_quietly, seeds, chunksize=8)
 
 
-def _long(seeds: range, jobs: int) -> int:
+def _long(seeds: range, jobs: int, *, processes: bool = False) -> int:
     started = last = time.perf_counter()
     totals = dict.fromkeys(
         (
@@ -104,8 +150,12 @@ def _long(seeds: range, jobs: int) -> int:
     )
     failures: list[Result] = []
     scenarios = 0
-    print(f"chaos: seeds {seeds.start}..{seeds.stop - 1} ({len(seeds)} scenarios, {jobs} job(s))")
-    for result in _results(seeds, jobs):
+    mode = ", processes" if processes else ""
+    print(
+        f"chaos: seeds {seeds.start}..{seeds.stop - 1} ({len(seeds)} scenarios, {jobs} job(s)"
+        f"{mode})"
+    )
+    for result in _results(seeds, jobs, processes=processes):
         scenarios += 1
         totals["events"] += result.enqueued
         totals["acknowledged"] += result.acknowledged
@@ -118,9 +168,9 @@ def _long(seeds: range, jobs: int) -> int:
         totals["violations"] += len(result.violations)
         if not result.ok:
             failures.append(result)
-            print(
-                f"FAIL seed {result.seed}: {result.violations[0]}  [{replay_command(result.seed)}]"
-            )
+            replay = replay_command(result.seed, processes=processes)
+            kept = f" (kept: {result.kept})" if result.kept else ""
+            print(f"FAIL seed {result.seed}: {result.violations[0]}  [{replay}]{kept}")
         now = time.perf_counter()
         if now - last >= PROGRESS_EVERY:
             last = now
@@ -141,7 +191,7 @@ def _long(seeds: range, jobs: int) -> int:
     if failures:
         print("replay each failing seed with:")
         for result in failures:
-            print(f"  {replay_command(result.seed)}")
+            print(f"  {replay_command(result.seed, processes=processes)}")
         return 1
     return 0
 

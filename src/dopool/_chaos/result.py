@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-def replay_command(seed: int) -> str:
-    """The one-line command that runs ``seed`` again, exactly."""
-    return f"dopool chaos --seed {seed}"
+def replay_command(seed: int, *, processes: bool = False) -> str:
+    """The one-line command that runs ``seed`` again: exactly, or with ``processes`` (the
+    multi-process mode) its plan again, not its interleavings."""
+    return f"dopool chaos --processes --seed {seed}" if processes else f"dopool chaos --seed {seed}"
 
 
 @dataclass
@@ -33,6 +34,8 @@ class Result:
     idle: bool = False
     trace: bytes = b""  # the runtimes' JSON-lines traces, one incarnation after another
     log: list[str] = field(default_factory=list)  # the history, one record per line
+    processes: bool = False  # a seed of the multi-process mode
+    kept: str | None = None  # the directory a failing multi-process run left to inspect
 
     @property
     def ok(self) -> bool:
@@ -42,8 +45,10 @@ class Result:
         """A failure report: the seed, the replay command, then each violation."""
         lines = [
             f"chaos seed {self.seed}: {len(self.violations)} invariant violation(s)",
-            f"replay: {replay_command(self.seed)}",
+            f"replay: {replay_command(self.seed, processes=self.processes)}",
         ]
+        if self.kept:
+            lines.append(f"kept: {self.kept} (the store, and every process's records)")
         lines += [f"  - {violation}" for violation in self.violations[:30]]
         if len(self.violations) > 30:
             lines.append(f"  ... and {len(self.violations) - 30} more")

@@ -1,0 +1,62 @@
+"""The app ``dopool worker dopool._chaos.procs.app:define`` runs in a multi-process chaos run.
+
+It defines the plan's pool (:mod:`.plan`, drawn from ``DOPOOL_CHAOS_SEED``), whose
+handler does what the plan says of each event (fail, fail for good, take a while)
+and records each attempt's start and end in ``DOPOOL_CHAOS_RECORD``
+(:mod:`.records`). It writes one byte to the pipe ``DOPOOL_CHAOS_FD`` once the pool is
+defined (``R``) and one per attempt started (``S``, or ``L`` for a slow one): the
+runner counts the latter as progress, and waits for the former before it starts the
+producers.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from dopool._chaos.procs.plan import POOL, RETRY, Behaviour, draw
+from dopool._chaos.procs.records import Record
+from dopool._context import EventContext
+from dopool._errors import PermanentError
+from dopool._runtime import Runtime
+
+READY = b"R"
+STARTED = b"S"
+SLOW = b"L"  # a slow attempt started: a kill now interrupts it
+
+
+class PlannedFailure(RuntimeError):
+    """A failure the plan asked for."""
+
+
+def define(runtime: Runtime) -> None:
+    plan = draw(int(os.environ["DOPOOL_CHAOS_SEED"]))
+    record = Record(os.environ["DOPOOL_CHAOS_RECORD"])
+    pipe = int(os.environ["DOPOOL_CHAOS_FD"])
+    behaviours = plan.behaviours
+    idle = threading.Event()  # never set: a slow handler waits on it, in real time
+
+    def handle(ctx: EventContext) -> None:
+        ident = ctx.event["id"]
+        where = (ident, ctx.instance_index, ctx.sequence, ctx.attempt)
+        behaviour = behaviours.get(ident, Behaviour())
+        record.line("S", *where)
+        os.write(pipe, SLOW if behaviour.slow else STARTED)
+        if behaviour.slow:
+            idle.wait(behaviour.slow)
+        if behaviour.mode == "perm":
+            record.line("E", *where, "perm")
+            raise PermanentError("planned: fails for good")
+        if behaviour.mode == "always" or ctx.attempt <= behaviour.fails:
+            record.line("E", *where, "fail")
+            raise PlannedFailure(f"planned failure of attempt {ctx.attempt}")
+        record.line("E", *where, "ok")
+
+    runtime.define(
+        POOL,
+        execute=handle,
+        concurrency=plan.concurrency,
+        retry=RETRY,
+        dedup_window=plan.dedup_window,
+    )
+    os.write(pipe, READY)

@@ -1,0 +1,132 @@
+"""What the processes of a multi-process chaos run record, and reading it back.
+
+Each process appends whole lines to files of its own with one ``os.write`` on an
+``O_APPEND`` descriptor: a line is in the kernel's page cache when the call returns,
+so it survives a SIGKILL of its writer (the run does not crash the OS). A line a
+kill cut short has no newline, and is ignored.
+
+``producer-<p>.log``, by producer process ``p``::
+
+    T <id>                                   about to send the event (tried)
+    A <id> <instance> <sequence> <0|1>       its enqueue returned: stored, or a duplicate
+    R <id> <error>                           its enqueue raised (nothing stored)
+
+``worker-<g>.log``, by the ``g``-th worker process (the handler), and the runner::
+
+    S <id> <instance> <sequence> <attempt>            the handler started
+    E <id> <instance> <sequence> <attempt> <outcome>  it is about to return (ok) or raise
+    M <pause|resume|paused>                           the runner's marks: a pause returned,
+                                                      a resume about to start, a worker
+                                                      started while paused
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class Record:
+    """An append-only file of lines, each written whole."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def line(self, *fields: object) -> None:
+        os.write(self._fd, (" ".join(str(f) for f in fields) + "\n").encode())
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def producer_log(root: Path, producer: int) -> Path:
+    return root / f"producer-{producer}.log"
+
+
+def worker_log(root: Path, generation: int) -> Path:
+    return root / f"worker-{generation}.log"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What one enqueue answered: the event it stored, or the one holding its key."""
+
+    producer: int
+    instance: int
+    sequence: int
+    duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One handler call, as the worker's lines tell it: ``outcome`` None if it never
+    reached its end line (its process was killed first)."""
+
+    generation: int
+    ident: str
+    instance: int
+    sequence: int
+    number: int
+    outcome: str | None
+
+
+@dataclass
+class Records:
+    """Everything a run's files say."""
+
+    tried: set[str] = field(default_factory=set)
+    answers: dict[str, Answer] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+    attempts: list[Attempt] = field(default_factory=list)  # in generation, then line order
+    # Per generation, the lines in order, as (kind, fields): what the pause check reads.
+    timelines: dict[int, list[tuple[str, list[str]]]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # lines that make no sense
+
+
+def _lines(path: Path) -> list[list[str]]:
+    if not path.exists():
+        return []
+    text = path.read_text()
+    return [line.split() for line in text.split("\n")[:-1] if line]
+
+
+def read(root: Path, producers: int, generations: int) -> Records:
+    found = Records()
+    for p in range(producers):
+        for fields in _lines(producer_log(root, p)):
+            kind, ident, *rest = fields
+            if kind == "T":
+                found.tried.add(ident)
+            elif kind == "A":
+                if ident in found.answers:
+                    found.problems.append(f"producer {p}: {ident} answered twice")
+                instance, sequence, dup = (int(x) for x in rest)
+                found.answers[ident] = Answer(p, instance, sequence, bool(dup))
+            elif kind == "R":
+                found.refused[ident] = " ".join(rest)
+            else:
+                found.problems.append(f"producer {p}: a line of no known kind: {fields}")
+    for g in range(generations):
+        timeline = found.timelines[g] = []
+        open_attempts: dict[tuple[int, int, int], int] = {}  # -> index in attempts
+        for fields in _lines(worker_log(root, g)):
+            kind, *rest = fields
+            timeline.append((kind, rest))
+            if kind == "S":
+                ident, instance, sequence, number = rest[0], *(int(x) for x in rest[1:4])
+                open_attempts[(instance, sequence, number)] = len(found.attempts)
+                found.attempts.append(Attempt(g, ident, instance, sequence, number, None))
+            elif kind == "E":
+                key = (int(rest[1]), int(rest[2]), int(rest[3]))
+                at = open_attempts.pop(key, None)
+                if at is None:
+                    found.problems.append(f"worker {g}: an end with no start: {fields}")
+                    continue
+                started = found.attempts[at]
+                found.attempts[at] = Attempt(
+                    g, started.ident, started.instance, started.sequence, started.number, rest[4]
+                )
+            elif kind != "M":
+                found.problems.append(f"worker {g}: a line of no known kind: {fields}")
+    return found

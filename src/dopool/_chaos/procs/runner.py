@@ -1,0 +1,302 @@
+"""One seed of the multi-process mode: its processes started, driven and stopped, then checked.
+
+The runner starts a ``dopool worker`` (the app :mod:`.app`), waits for it to define
+the pool, starts the producers (:mod:`.producer`) and counts the run's progress as
+they report it through pipes: acknowledged enqueues, and attempts started. When
+progress reaches an action of the plan, it takes it (a SIGKILL, a SIGTERM, a
+restart, ``dopool pause`` or ``resume``); once the producers are done, if nothing
+moves for :data:`IDLE` seconds (a pause, no worker up, nothing left to run), it takes
+the next one at once. At the
+end it resumes, starts a last worker if none runs, waits until the store holds no
+unfinished event, stops that worker with SIGTERM and hands everything to
+:mod:`.checker`. Every process it started is killed on the way out, whatever happened.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from dopool._chaos.procs.app import READY, SLOW, STARTED
+from dopool._chaos.procs.plan import POOL, Action, Plan
+from dopool._chaos.procs.records import Record, worker_log
+from dopool._connect import connect
+
+APP = "dopool._chaos.procs.app:define"
+IDLE = 0.25  # wall seconds without progress before the next action is taken anyway
+WAIT = 30.0  # the longest any one wait takes before the run is reported stuck
+DEADLINE = 120.0  # the longest a whole run takes
+GRACE = 10.0  # a worker's --grace: far above any handler's time
+POLL = 0.1  # a worker's --poll-interval: a lost wake-up costs this much
+
+
+class Stuck(Exception):
+    """The run could not go on: a process did not start, answer or finish in time."""
+
+
+@dataclass
+class Generation:
+    """One worker process and how it ended: ``"killed"`` (SIGKILL), ``"stopped"``
+    (SIGTERM), or None while it runs; ``code`` its exit status."""
+
+    number: int
+    proc: subprocess.Popen[bytes]
+    ready_after: int  # workers ready before it: it is ready once more are
+    ended: str | None = None
+    code: int | None = None
+
+
+@dataclass
+class Progress:
+    acknowledged: int = 0
+    started: int = 0
+    ready: int = 0  # workers that defined the pool
+    slow_at: int = -1  # the progress when a slow attempt's start was last read
+
+    @property
+    def total(self) -> int:
+        return self.acknowledged + self.started
+
+
+class Processes:
+    """The processes of one run, and what they report."""
+
+    def __init__(self, plan: Plan, root: Path) -> None:
+        self.plan = plan
+        self.root = root
+        self.store = root / "store"
+        self.generations: list[Generation] = []
+        self.producers: list[subprocess.Popen[bytes]] = []
+        self.producer_codes: dict[int, int] = {}
+        self.progress = Progress()
+        self.paused = False
+        self.done: list[str] = []  # what the runner did, in order: "kill@37", ...
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._read, selectors.EVENT_READ, -1)
+        self._started = time.monotonic()
+
+    # -- the worker --------------------------------------------------------------------
+    @property
+    def worker(self) -> Generation | None:
+        last = self.generations[-1] if self.generations else None
+        return last if last is not None and last.ended is None else None
+
+    def start_worker(self) -> None:
+        number = len(self.generations)
+        self._drain()  # the last worker's bytes: all in the pipe, as it exited
+        log = worker_log(self.root, number)
+        if self.paused:  # the checker holds this worker to the pause from its first line
+            mark = Record(log)
+            mark.line("M", "paused")
+            mark.close()
+        env = {
+            **os.environ,
+            "DOPOOL_CHAOS_SEED": str(self.plan.seed),
+            "DOPOOL_CHAOS_RECORD": str(log),
+            "DOPOOL_CHAOS_FD": str(self._write),
+        }
+        command = [sys.executable, "-m", "dopool", "worker", APP, "--store", str(self.store)]
+        options = ["--durability", self.plan.durability, "--poll-interval", str(POLL)]
+        options += ["--grace", str(GRACE), "--log-level", "error"]
+        with (
+            (self.root / f"worker-{number}.out").open("wb") as out,
+            (self.root / f"worker-{number}.err").open("wb") as err,
+        ):
+            proc = subprocess.Popen(
+                [*command, *options],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env=env,
+                pass_fds=(self._write,),
+            )
+        self.generations.append(Generation(number, proc, self.progress.ready))
+
+    def stop_worker(self, how: str) -> None:
+        """SIGKILL (``"killed"``) or SIGTERM (``"stopped"``) the worker, and reap it."""
+        worker = self.worker
+        assert worker is not None
+        if how == "stopped":  # SIGTERM before its handlers are set would kill it: wait
+            self.wait_ready(worker.ready_after + 1)
+        worker.proc.send_signal(signal.SIGKILL if how == "killed" else signal.SIGTERM)
+        worker.code = _wait(worker.proc, f"worker {worker.number} to exit")
+        worker.ended = how
+
+    def control(self, verb: str) -> None:
+        """``dopool pause|resume STORE --pool POOL``, marked in the worker's record."""
+        worker = self.worker
+        if verb == "resume":
+            self.paused = False
+            if worker is not None:
+                self._mark(worker, "resume")
+        command = [sys.executable, "-m", "dopool", verb, str(self.store), "--pool", POOL]
+        done = subprocess.run(
+            command, stdin=subprocess.DEVNULL, capture_output=True, timeout=WAIT, check=False
+        )
+        if done.returncode != 0:
+            raise Stuck(f"dopool {verb} exited {done.returncode}: {done.stderr.decode()[-500:]}")
+        if verb == "pause":
+            self.paused = True
+            if worker is not None:
+                self._mark(worker, "pause")
+
+    def _mark(self, worker: Generation, what: str) -> None:
+        mark = Record(worker_log(self.root, worker.number))
+        mark.line("M", what)
+        mark.close()
+
+    # -- the producers -----------------------------------------------------------------
+    def start_producers(self) -> None:
+        module = "dopool._chaos.procs.producer"
+        for p in range(self.plan.producers):
+            args = [str(self.store), str(self.plan.seed), str(p), str(self.root)]
+            with (self.root / f"producer-{p}.err").open("wb") as err:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", module, *args],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                )
+            assert proc.stdout is not None
+            self._selector.register(proc.stdout, selectors.EVENT_READ, p)
+            self.producers.append(proc)
+
+    @property
+    def producing(self) -> bool:
+        return len(self.producer_codes) < len(self.producers)
+
+    # -- progress ----------------------------------------------------------------------
+    def pump(self, timeout: float) -> bool:
+        """Read what the processes reported within ``timeout`` seconds; whether any did."""
+        if time.monotonic() - self._started > DEADLINE:
+            raise Stuck(f"the run took over {DEADLINE:g} s")
+        moved = False
+        for key, _ in self._selector.select(timeout):
+            fd = key.fd
+            chunk = os.read(fd, 65536)
+            if key.data == -1:
+                self._count(chunk)
+            elif chunk:
+                self.progress.acknowledged += len(chunk)
+            else:  # a producer's stdout closed: it is done
+                proc = self.producers[key.data]
+                self._selector.unregister(key.fileobj)
+                assert proc.stdout is not None
+                proc.stdout.close()
+                self.producer_codes[key.data] = _wait(proc, f"producer {key.data} to exit")
+            moved = True
+        return moved
+
+    def _count(self, chunk: bytes) -> None:
+        """What the workers wrote to the pipe."""
+        self.progress.started += chunk.count(STARTED) + chunk.count(SLOW)
+        self.progress.ready += chunk.count(READY)
+        if SLOW in chunk:
+            self.progress.slow_at = self.progress.total
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self._read, 65536)
+            except BlockingIOError:
+                return
+            self._count(chunk)
+
+    def wait_ready(self, count: int) -> None:
+        """Until ``count`` workers have defined the pool (some killed before may not have)."""
+        deadline = time.monotonic() + WAIT
+        while self.progress.ready < count:
+            worker = self.worker
+            if worker is not None and worker.proc.poll() is not None:
+                raise Stuck(f"worker {worker.number} exited {worker.proc.returncode} at start")
+            if time.monotonic() > deadline:
+                raise Stuck("the worker did not define its pool")
+            self.pump(IDLE)
+
+    def close(self) -> None:
+        """Kill whatever still runs, and close the pipes."""
+        for proc in [g.proc for g in self.generations] + self.producers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        self._selector.close()
+        os.close(self._read)
+        os.close(self._write)
+
+
+def _wait(proc: subprocess.Popen[bytes], what: str) -> int:
+    try:
+        return proc.wait(WAIT)
+    except subprocess.TimeoutExpired:
+        raise Stuck(f"waited {WAIT:g} s for {what}") from None
+
+
+def drive(processes: Processes) -> None:
+    """Start the run, take the plan's actions as progress reaches them, let the producers
+    finish."""
+    processes.start_worker()
+    processes.wait_ready(1)
+    processes.start_producers()
+    actions = list(processes.plan.actions)
+    while actions or processes.producing:
+        while actions and _due(actions[0], processes.progress):
+            take(processes, actions.pop(0))
+        if not processes.pump(IDLE) and actions and not processes.producing:
+            # Nothing moves, and only the worker could move it: paused, down, or idle.
+            take(processes, actions.pop(0))
+
+
+def _due(action: Action, progress: Progress) -> bool:
+    if action.mid:  # a slow attempt started past its point, and runs as it is taken
+        return progress.slow_at >= action.at
+    return progress.total >= action.at
+
+
+def take(processes: Processes, action: Action) -> None:
+    """One action, skipped if it does not apply (a stop with no worker up, a start with one)."""
+    up = processes.worker is not None
+    if action.verb in ("kill", "term") and up:
+        processes.stop_worker("killed" if action.verb == "kill" else "stopped")
+    elif action.verb == "start" and not up:
+        processes.start_worker()
+    elif action.verb in ("pause", "resume"):
+        processes.control(action.verb)
+    else:
+        return
+    mid = "-mid" if action.mid and processes.progress.slow_at >= action.at else ""
+    processes.done.append(f"{action.verb}{mid}@{processes.progress.total}")
+
+
+def finish(processes: Processes) -> None:
+    """Resume, have a worker up, wait until the store holds no unfinished event (as long as
+    progress goes on), and stop that worker with SIGTERM."""
+    if processes.paused:
+        take(processes, Action(0, "resume"))
+    if processes.worker is None:
+        take(processes, Action(0, "start"))
+    with connect(processes.store, durability="async") as connection:
+        pool = connection.pool(POOL)
+        deadline = time.monotonic() + WAIT
+        while True:
+            status = pool.status()
+            if not status.pending and all(i.current_sequence is None for i in status.instances):
+                break
+            worker = processes.worker
+            if worker is not None and worker.proc.poll() is not None:
+                raise Stuck(f"worker {worker.number} exited {worker.proc.returncode} by itself")
+            if processes.pump(POLL):
+                deadline = time.monotonic() + WAIT
+            elif time.monotonic() > deadline:
+                raise Stuck(f"{status.pending} events still pending after {WAIT:g} s idle")
+    processes.stop_worker("stopped")
+    processes.done.append("stop (the last worker)")

@@ -1,0 +1,111 @@
+"""One seed of the multi-process mode, start to end: :func:`run_seed`.
+
+The run lives in a temporary directory: the store, every process's records and
+output. It is removed when the seed passes, and kept, its path in the result,
+when it fails.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from dopool._chaos.procs import checker, records
+from dopool._chaos.procs.plan import POOL, draw
+from dopool._chaos.procs.runner import Processes, Stuck, drive, finish
+from dopool._chaos.result import Result
+from dopool._connect import connect
+from dopool._sim.storeview import open_view
+
+
+def run_seed(seed: int, *, root: Path | None = None, keep: bool = False) -> Result:
+    """Run ``seed``'s plan with real processes and check it; ``keep`` keeps the directory
+    even when the seed passes."""
+    plan = draw(seed)
+    where = root or Path(tempfile.mkdtemp(prefix=f"dopool-chaos-{seed}-"))
+    where.mkdir(parents=True, exist_ok=True)
+    result = Result(seed=seed, violations=[], processes=True)
+    started = time.perf_counter()
+    processes = Processes(plan, where)
+    try:
+        try:
+            drive(processes)
+            finish(processes)
+        finally:
+            processes.close()
+    except Stuck as exc:
+        result.violations.append(f"stuck: {exc}; done: {' '.join(processes.done)}")
+        result.violations += _stderr(where)
+    else:
+        found = records.read(where, plan.producers, len(processes.generations))
+        ending = _ending(processes)
+        result.violations += checker.check(plan, found, ending)
+        _tally(result, found, ending)
+        delayed = {
+            i for stream in plan.streams for s in stream if s.delay is not None for i in s.ids
+        }
+        result.scheduled = sum(
+            1 for i, a in found.answers.items() if i in delayed and not a.duplicate
+        )
+    result.steps = len(processes.done)
+    result.log = processes.done
+    result.wall_time = time.perf_counter() - started
+    if result.ok and not keep:
+        shutil.rmtree(where, ignore_errors=True)
+    else:
+        result.kept = str(where)
+    return result
+
+
+def run_seed_quietly(seed: int) -> Result:
+    """:func:`run_seed` for a pool of worker processes (picklable by name)."""
+    return run_seed(seed)
+
+
+def _ending(processes: Processes) -> checker.Ending:
+    # One environment at a time: LMDB must not be opened twice by one process.
+    with connect(processes.store, durability="async") as connection:
+        pool = connection.pool(POOL)
+        status, dead_letters = pool.status(), pool.dead_letters()
+    with open_view(processes.store) as view:
+        report = view.check()
+    problems = [f"{p.instance or 'store'}: {p.what}" for p in report.problems]
+    errors = {
+        path.name: path.read_text(errors="replace")[-2000:]
+        for path in sorted(processes.root.glob("*.err"))
+        if "Traceback" in path.read_text(errors="replace")
+    }
+    gens = processes.generations
+    return checker.Ending(
+        status=status,
+        dead_letters=dead_letters,
+        problems=problems,
+        killed={g.number for g in gens if g.ended == "killed"},
+        worker_codes={g.number: g.code or 0 for g in gens if g.ended == "stopped"},
+        producer_codes=dict(processes.producer_codes),
+        errors=errors,
+    )
+
+
+def _stderr(where: Path) -> list[str]:
+    """The last lines each process wrote to stderr, if any."""
+    tails = []
+    for path in sorted(where.glob("*.err")):
+        lines = path.read_text(errors="replace").strip().splitlines()
+        if lines:
+            tails.append(f"{path.name}: {' | '.join(lines[-3:])}")
+    return tails
+
+
+def _tally(result: Result, found: records.Records, ending: checker.Ending) -> None:
+    answers = found.answers.values()
+    result.acknowledged = sum(1 for a in answers if not a.duplicate)
+    result.duplicates = sum(1 for a in answers if a.duplicate)
+    result.enqueued = ending.status.enqueued
+    result.executions = len(found.attempts)
+    result.crashes = len(ending.killed)
+    result.restarts = len(found.timelines) - 1
+    result.succeeded = ending.status.succeeded
+    result.dead_lettered = ending.status.dead_lettered
