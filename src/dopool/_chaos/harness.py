@@ -127,7 +127,7 @@ def _results(seeds: range, jobs: int, *, processes: bool) -> Iterator[Result]:
     context = multiprocessing.get_context("spawn")
     with context.Pool(jobs) as workers:
         if processes:
-            yield from workers.imap(procs.run_seed_quietly, seeds, chunksize=1)
+            yield from workers.imap(procs.run_seed, seeds, chunksize=1)
         else:
             yield from workers.imap(run_seed_quietly, seeds, chunksize=8)
 

@@ -11,7 +11,10 @@ producers.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
 import threading
 
 from dopool._chaos.procs.plan import POOL, RETRY, Behaviour, draw
@@ -23,6 +26,7 @@ from dopool._runtime import Runtime
 READY = b"R"
 STARTED = b"S"
 SLOW = b"L"  # a slow attempt started: a kill now interrupts it
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 class PlannedFailure(RuntimeError):
@@ -30,6 +34,7 @@ class PlannedFailure(RuntimeError):
 
 
 def define(runtime: Runtime) -> None:
+    _die_with(int(os.environ["DOPOOL_CHAOS_PARENT"]))
     plan = draw(int(os.environ["DOPOOL_CHAOS_SEED"]))
     record = Record(os.environ["DOPOOL_CHAOS_RECORD"])
     pipe = int(os.environ["DOPOOL_CHAOS_FD"])
@@ -60,3 +65,14 @@ def define(runtime: Runtime) -> None:
         dedup_window=plan.dedup_window,
     )
     os.write(pipe, READY)
+
+
+def _die_with(parent: int) -> None:
+    """SIGKILL this worker if the runner dies (Linux): a worker never exits on its own,
+    and the runner kills it on every other way out."""
+    if sys.platform != "linux":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the call
+        os.kill(os.getpid(), signal.SIGKILL)

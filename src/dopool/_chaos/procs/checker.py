@@ -8,6 +8,7 @@ problems. Each check names the guarantee of docs/guarantees.md it stands for.
 
 from __future__ import annotations
 
+import signal
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -25,7 +26,7 @@ class Ending:
     dead_letters: list[DeadLetter]
     problems: list[str]  # dopool check's
     killed: set[int]  # worker generations SIGKILLed
-    worker_codes: dict[int, int]  # exit statuses of those stopped with SIGTERM
+    worker_codes: dict[int, int]  # exit statuses, by generation
     producer_codes: dict[int, int]
     errors: dict[str, str] = field(default_factory=dict)  # stderr with a traceback, by file
 
@@ -53,11 +54,11 @@ def check(plan: Plan, records: Records, ending: Ending) -> list[str]:
 
 def _processes(ending: Ending) -> list[str]:
     out = [f"producer {p} exited {code}" for p, code in ending.producer_codes.items() if code != 0]
-    out += [
-        f"worker {g} exited {code} after SIGTERM (0: every handler finished)"
-        for g, code in ending.worker_codes.items()
-        if code != 0
-    ]
+    for g, code in ending.worker_codes.items():
+        if g in ending.killed and code != -signal.SIGKILL:
+            out.append(f"worker {g} exited {code} before its SIGKILL")
+        elif g not in ending.killed and code != 0:
+            out.append(f"worker {g} exited {code} after SIGTERM (0: every handler finished)")
     out += [f"{name}: {text}" for name, text in ending.errors.items()]
     return out
 

@@ -102,6 +102,8 @@ class Processes:
             "DOPOOL_CHAOS_SEED": str(self.plan.seed),
             "DOPOOL_CHAOS_RECORD": str(log),
             "DOPOOL_CHAOS_FD": str(self._write),
+            "PYTHONUNBUFFERED": "1",  # its lines in its .out file even if it is killed
+            "DOPOOL_CHAOS_PARENT": str(os.getpid()),
         }
         command = [sys.executable, "-m", "dopool", "worker", APP, "--store", str(self.store)]
         options = ["--durability", self.plan.durability, "--poll-interval", str(POLL)]

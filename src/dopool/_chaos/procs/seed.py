@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 
 from dopool._chaos.procs import checker, records
-from dopool._chaos.procs.plan import POOL, draw
+from dopool._chaos.procs.plan import POOL, Plan, draw
 from dopool._chaos.procs.runner import Processes, Stuck, drive, finish
 from dopool._chaos.result import Result
 from dopool._connect import connect
+from dopool._errors import DopoolError
 from dopool._sim.storeview import open_view
 
 
@@ -40,15 +41,13 @@ def run_seed(seed: int, *, root: Path | None = None, keep: bool = False) -> Resu
         result.violations += _stderr(where)
     else:
         found = records.read(where, plan.producers, len(processes.generations))
-        ending = _ending(processes)
-        result.violations += checker.check(plan, found, ending)
-        _tally(result, found, ending)
-        delayed = {
-            i for stream in plan.streams for s in stream if s.delay is not None for i in s.ids
-        }
-        result.scheduled = sum(
-            1 for i, a in found.answers.items() if i in delayed and not a.duplicate
-        )
+        try:
+            ending = _ending(processes)
+        except DopoolError as exc:  # the store cannot even be read: that is the finding
+            result.violations.append(f"the store at the end: {type(exc).__name__}: {exc}")
+        else:
+            result.violations += checker.check(plan, found, ending)
+            _tally(result, plan, found, ending)
     result.steps = len(processes.done)
     result.log = processes.done
     result.wall_time = time.perf_counter() - started
@@ -57,11 +56,6 @@ def run_seed(seed: int, *, root: Path | None = None, keep: bool = False) -> Resu
     else:
         result.kept = str(where)
     return result
-
-
-def run_seed_quietly(seed: int) -> Result:
-    """:func:`run_seed` for a pool of worker processes (picklable by name)."""
-    return run_seed(seed)
 
 
 def _ending(processes: Processes) -> checker.Ending:
@@ -83,7 +77,7 @@ def _ending(processes: Processes) -> checker.Ending:
         dead_letters=dead_letters,
         problems=problems,
         killed={g.number for g in gens if g.ended == "killed"},
-        worker_codes={g.number: g.code or 0 for g in gens if g.ended == "stopped"},
+        worker_codes={g.number: g.code for g in gens if g.code is not None},
         producer_codes=dict(processes.producer_codes),
         errors=errors,
     )
@@ -99,8 +93,10 @@ def _stderr(where: Path) -> list[str]:
     return tails
 
 
-def _tally(result: Result, found: records.Records, ending: checker.Ending) -> None:
+def _tally(result: Result, plan: Plan, found: records.Records, ending: checker.Ending) -> None:
+    delayed = {i for stream in plan.streams for s in stream if s.delay is not None for i in s.ids}
     answers = found.answers.values()
+    result.scheduled = sum(1 for i, a in found.answers.items() if i in delayed and not a.duplicate)
     result.acknowledged = sum(1 for a in answers if not a.duplicate)
     result.duplicates = sum(1 for a in answers if a.duplicate)
     result.enqueued = ending.status.enqueued
