@@ -12,6 +12,7 @@ producers.
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import signal
 import sys
@@ -27,6 +28,7 @@ READY = b"R"
 STARTED = b"S"
 SLOW = b"L"  # a slow attempt started: a kill now interrupts it
 PR_SET_PDEATHSIG = 1  # prctl(2)
+DUMP = signal.SIGUSR1  # every thread's stack to stderr: what the runner sends a stuck run
 
 
 class PlannedFailure(RuntimeError):
@@ -35,6 +37,7 @@ class PlannedFailure(RuntimeError):
 
 def define(runtime: Runtime) -> None:
     _die_with(int(os.environ["DOPOOL_CHAOS_PARENT"]))
+    faulthandler.register(DUMP, all_threads=True)  # a stuck run's stacks, in worker-<g>.err
     plan = draw(int(os.environ["DOPOOL_CHAOS_SEED"]))
     record = Record(os.environ["DOPOOL_CHAOS_RECORD"])
     pipe = int(os.environ["DOPOOL_CHAOS_FD"])

@@ -13,10 +13,12 @@ is recorded and ends the process with its traceback.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 from pathlib import Path
 
+from dopool._chaos.procs.app import DUMP
 from dopool._chaos.procs.plan import POOL, Send, draw
 from dopool._chaos.procs.records import Record, producer_log
 from dopool._connect import ProducerPool, connect
@@ -69,5 +71,6 @@ def _send(pool: ProducerPool, send: Send) -> list[EnqueueResult]:
 
 
 if __name__ == "__main__":
+    faulthandler.register(DUMP, all_threads=True)  # a stuck run's stacks, in its .err file
     store, seed, producer, root = sys.argv[1:5]
     produce(Path(store), int(seed), int(producer), Path(root))

@@ -20,10 +20,11 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from dopool._chaos.procs.app import READY, SLOW, STARTED
+from dopool._chaos.procs.app import DUMP, READY, SLOW, STARTED
 from dopool._chaos.procs.plan import POOL, Action, Plan
 from dopool._chaos.procs.records import Record, worker_log
 from dopool._connect import connect
@@ -34,6 +35,7 @@ WAIT = 30.0  # the longest any one wait takes before the run is reported stuck
 DEADLINE = 120.0  # the longest a whole run takes
 GRACE = 10.0  # a worker's --grace: far above any handler's time
 POLL = 0.1  # a worker's --poll-interval: a lost wake-up costs this much
+DUMP_TIME = 0.5  # seconds a stuck run's processes get to write their stacks
 
 
 class Stuck(Exception):
@@ -223,9 +225,19 @@ class Processes:
                 raise Stuck("the worker did not define its pool")
             self.pump(IDLE)
 
-    def close(self) -> None:
-        """Kill whatever still runs, and close the pipes."""
-        for proc in [g.proc for g in self.generations] + self.producers:
+    def close(self, *, dump: bool = False) -> None:
+        """Kill whatever still runs, and close the pipes; with ``dump``, first have each
+        live process write its threads' stacks to its ``.err`` file (a stuck run)."""
+        procs = [g.proc for g in self.generations] + self.producers
+        if dump:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(DUMP)
+            deadline = time.monotonic() + DUMP_TIME
+            for proc in procs:
+                with suppress(subprocess.TimeoutExpired):  # it should not exit: it dumps
+                    proc.wait(max(0.0, deadline - time.monotonic()))
+        for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()

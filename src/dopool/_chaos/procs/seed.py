@@ -31,15 +31,18 @@ def run_seed(seed: int, *, root: Path | None = None, keep: bool = False) -> Resu
     started = time.perf_counter()
     processes = Processes(plan, where)
     try:
-        try:
-            drive(processes)
-            finish(processes)
-        finally:
-            processes.close()
+        drive(processes)
+        finish(processes)
     except Stuck as exc:
         result.violations.append(f"stuck: {exc}; done: {' '.join(processes.done)}")
         result.violations += _stderr(where)
+        processes.close(dump=True)
+        result.violations.append("the stacks of the processes left running: *.err")
+    except BaseException:
+        processes.close()
+        raise
     else:
+        processes.close()
         found = records.read(where, plan.producers, len(processes.generations))
         try:
             ending = _ending(processes)
