@@ -225,12 +225,16 @@ def _counters(
     status = ending.status
     dead = sum(1 for ident in stored.values() if plan.behaviours.get(ident, Behaviour()).dead)
     duplicates = sum(1 for answer in records.answers.values() if answer.duplicate)
-    books = status.succeeded + status.dead_lettered + status.drained + status.pending
+    books = (
+        status.succeeded + status.dead_lettered + status.drained + status.cancelled + status.pending
+    )
     expected = {
         "enqueued": (status.enqueued, len(stored)),
-        "succeeded + dead_lettered + drained + pending": (books, status.enqueued),
+        "succeeded + dead_lettered + drained + cancelled + pending": (books, status.enqueued),
         "pending": (status.pending, 0),
-        "drained": (status.drained, 0),
+        "drained": (status.drained, 0),  # the plan drains, cancels and expires nothing
+        "cancelled": (status.cancelled, 0),
+        "expired": (status.expired, 0),
         "dead_lettered": (status.dead_lettered, dead),
         "dead letters stored": (len(ending.dead_letters), dead),
         "succeeded": (status.succeeded, len(stored) - dead),
