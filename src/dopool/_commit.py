@@ -10,6 +10,10 @@ of these committers, chosen by durability and by how the runtime's actors run:
 - :class:`SoleCommit` (the greenlet backend, either durability): each body its
   own transaction, with nobody to take turns with.
 
+The first two take the store's writer lock around each commit, which keeps other
+processes' writers apart (:mod:`dopool._writerlock`); a simulated runtime's store
+has none.
+
 All three raise LMDB's errors as :class:`StorageError`, roll back a body that
 raises alone, and return a body's result only once its commit is made.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar, cast
 
 import lmdb
@@ -74,8 +79,14 @@ class GroupCommit:
     for the disk; :class:`OwnCommit` serves ``"async"``.
     """
 
-    def __init__(self, env: Any, latch: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self,
+        env: Any,
+        latch: Callable[[], Any] | None = None,
+        writer: AbstractContextManager[None] | None = None,
+    ) -> None:
         self._env = env
+        self._writer = writer or nullcontext()  # the store's, across processes
         self._latch = latch or closed_lock
         self._cond = threading.Condition(threading.Lock())
         self._queue: list[_Job] = []
@@ -140,7 +151,7 @@ class GroupCommit:
         self.groups += 1
         self.bodies += len(group)
         try:
-            with self._env.begin(write=True) as txn:
+            with self._writer, self._env.begin(write=True) as txn:
                 if len(group) == 1:  # nothing to isolate it from: no nested transaction
                     group[0].value = group[0].body(txn)
                 else:
@@ -172,8 +183,14 @@ class OwnCommit:
     waiter wakes, so one busy instance could keep the others from committing.
     """
 
-    def __init__(self, env: Any, latch: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self,
+        env: Any,
+        latch: Callable[[], Any] | None = None,
+        writer: AbstractContextManager[None] | None = None,
+    ) -> None:
         self._env = env
+        self._writer = writer or nullcontext()  # the store's, across processes
         self._turn = Turn(latch)
         self._closed = False
         self.groups = 0  # commits made, for the benchmarks
@@ -187,7 +204,7 @@ class OwnCommit:
                 raise StoreClosedError()
             self.groups += 1
             self.bodies += 1
-            with self._env.begin(write=True) as txn:
+            with self._writer, self._env.begin(write=True) as txn:
                 return body(txn)
         except lmdb.Error as exc:
             raise _storage_error(exc) from exc

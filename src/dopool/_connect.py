@@ -204,7 +204,7 @@ class Connection:
         says) when this returns; one that raises is rolled back."""
         with self._using(pool) as env:
             try:
-                with env.begin(write=True) as txn:
+                with self._shared.writer, env.begin(write=True) as txn:
                     result = body(txn)
             except lmdb.Error as exc:
                 raise StorageError(f"write failed and was rolled back: {exc}") from exc

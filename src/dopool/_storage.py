@@ -43,6 +43,7 @@ from dopool._layout import (
     seal_format,
 )
 from dopool._lmdbfile import missing_pages_are_free
+from dopool._writerlock import WriterLock
 
 # Virtual address space only: LMDB grows the file as pages are used.
 _MAP_SIZE = 1 << 36
@@ -156,12 +157,13 @@ class Store:
         self._closed = False
         self._close_lock = threading.Lock()
         self._group: GroupCommit | OwnCommit | SoleCommit
-        if one_thread:  # no group to gather, nobody to take turns with
+        writer = self._shared.writer
+        if one_thread:  # no group to gather, nobody to take turns with (nor writer lock)
             self._group = SoleCommit(self._env)
         elif sync:
-            self._group = GroupCommit(self._env, latch)
+            self._group = GroupCommit(self._env, latch, writer)
         else:
-            self._group = OwnCommit(self._env, latch)
+            self._group = OwnCommit(self._env, latch, writer)
 
     def transact(self, body: Callable[[Txn], T]) -> T:
         """Run ``body(txn)`` atomically and return its result once it is durable.
@@ -184,7 +186,7 @@ class Store:
     def write(self) -> Iterator[Txn]:
         """One atomic write transaction on the calling thread, outside group commit."""
         try:
-            with self._env.begin(write=True) as txn:
+            with self._shared.writer, self._env.begin(write=True) as txn:
                 yield txn
         except lmdb.Error as exc:
             raise StorageError(f"write failed and was rolled back: {exc}") from exc
@@ -241,10 +243,11 @@ class Environment:
     opened with the first opener's durability and closed by the last to release it.
     """
 
-    __slots__ = ("_key", "env", "sync", "users")
+    __slots__ = ("_key", "env", "sync", "users", "writer")
 
-    def __init__(self, env: Any, key: tuple[int, str], sync: bool) -> None:
+    def __init__(self, env: Any, key: tuple[int, str], sync: bool, writer: WriterLock) -> None:
         self.env = env
+        self.writer = writer  # taken around every write transaction (_writerlock)
         self._key = key
         self.sync = sync  # whether its commits are fsynced (LMDB's flags, fixed at open)
         self.users = 0
@@ -265,7 +268,8 @@ class Environment:
         with _environments_lock:
             shared = _environments.get(key)
             if shared is None:
-                shared = cls(_open_env(path, sync=sync, create=create), key, sync)
+                env, writer = _open_env(path, sync=sync, create=create)
+                shared = cls(env, key, sync, writer)
                 _environments[key] = shared
             elif create and shared.sync != sync:
                 mode = "sync" if shared.sync else "async"
@@ -285,6 +289,7 @@ class Environment:
                 return
             del _environments[self._key]
         self.env.close()
+        self.writer.close()
 
 
 # Every environment open in this process, by pid (a forked child opens its own) and path.
@@ -292,8 +297,13 @@ _environments: dict[tuple[int, str], Environment] = {}
 _environments_lock = threading.Lock()
 
 
-def _open_env(path: Path, *, sync: bool, create: bool) -> Any:
-    """Open and check the store's LMDB environment (read-write); see :func:`_check_opened`."""
+def _open_env(path: Path, *, sync: bool, create: bool) -> tuple[Any, WriterLock]:
+    """Open and check the store's LMDB environment (read-write), and its writer lock;
+    see :func:`_check_opened`."""
+    try:
+        writer = WriterLock(path)
+    except OSError as exc:
+        raise StorageError(f"cannot open store {str(path)!r}: {exc}") from exc
     try:
         env = lmdb.open(
             str(path / "data"),
@@ -307,13 +317,15 @@ def _open_env(path: Path, *, sync: bool, create: bool) -> Any:
             max_spare_txns=16,
         )
     except (lmdb.Error, OSError) as exc:
+        writer.close()
         raise StorageError(f"cannot open store {str(path)!r}: {exc}") from exc
     try:
-        _check_opened(env, path, create=create)
+        _check_opened(env, path, create=create, writer=writer)
     except BaseException:
         env.close()
+        writer.close()
         raise
-    return env
+    return env, writer
 
 
 def open_shared(path: str | os.PathLike[str], *, sync: bool) -> Environment:
@@ -369,7 +381,7 @@ def _check_data_file(path: Path) -> None:
         raise StoreDamagedError(path=str(path), reason="data/data.mdb is empty")
 
 
-def _check_opened(env: Any, path: Path, *, create: bool) -> None:
+def _check_opened(env: Any, path: Path, *, create: bool, writer: WriterLock | None = None) -> None:
     """Check an opened store: its file holds every page it uses, its format is ours.
 
     A file shorter than its last page in use would kill the process with SIGBUS on
@@ -401,7 +413,8 @@ def _check_opened(env: Any, path: Path, *, create: bool) -> None:
                 raise StoreFormatError(
                     path=str(path), found=found, supported=FORMAT_VERSION, migrates=known
                 )
-            with env.begin(write=True) as txn:  # one transaction: all of it, or nothing
+            assert writer is not None  # create: a read-write environment
+            with writer, env.begin(write=True) as txn:  # one transaction: all, or nothing
                 changed = migrate_store(txn, found)
             logger.info(
                 "store %r migrated from format %d to %d (%d records rewritten)",
@@ -414,7 +427,8 @@ def _check_opened(env: Any, path: Path, *, create: bool) -> None:
         if entries:
             raise StoreFormatError(path=str(path), found=None, supported=FORMAT_VERSION)
         if create:
-            with env.begin(write=True) as txn:
+            assert writer is not None
+            with writer, env.begin(write=True) as txn:
                 txn.put(FORMAT_KEY, seal_format(FORMAT_KEY))
     except (lmdb.Error, OSError) as exc:
         raise StorageError(f"cannot open store {str(path)!r}: {exc}") from exc
