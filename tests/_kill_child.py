@@ -112,14 +112,26 @@ def define(runtime: Runtime, log: Log) -> WorkerPool:
     )
 
 
+def to_cancel(event_id: int) -> bool:
+    """Whether ``event_id`` is enqueued ``CANCEL_DELAY`` ahead, then cancelled (a kill
+    between the two lets it run, late)."""
+    return event_id % CANCEL_EVERY == 0 and event_id % DEDUP_EVERY != 0
+
+
+def delay_of(event_id: int) -> float | None:
+    """The delay ``event_id`` is enqueued with, if any: it then runs by its due time."""
+    if to_cancel(event_id):
+        return CANCEL_DELAY
+    return DELAY if event_id % DELAYED_EVERY == 0 else None
+
+
 def submit(pool: WorkerPool, log: Log, event_id: int) -> None:
     """Enqueue ``event_id`` (with its dedup key, delay and ttl, if it has them) and log the
     answer; cancel it at once if it is one to cancel."""
     log.line("T", event_id)
     keyed = event_id % DEDUP_EVERY == 0
-    cancelled = event_id % CANCEL_EVERY == 0 and not keyed
-    delay = DELAY if event_id % DELAYED_EVERY == 0 else None
-    delay = CANCEL_DELAY if cancelled else delay
+    cancelled = to_cancel(event_id)
+    delay = delay_of(event_id)
     key = f"k{event_id}" if keyed else None
     ttl = TTL if event_id % TTL_EVERY == 0 and not keyed and delay is None else None
     result = pool.enqueue(event_id, delay=delay, dedup_key=key, ttl=ttl)

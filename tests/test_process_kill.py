@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ CHILD_SCRIPT = Path(__file__).with_name("_kill_child.py")
 _CHILD = runpy.run_path(str(CHILD_SCRIPT))  # its constants, without running it
 CONCURRENCY: int = _CHILD["CONCURRENCY"]
 FOLLOW_UP_EVERY: int = _CHILD["FOLLOW_UP_EVERY"]
-DELAYED_EVERY: int = _CHILD["DELAYED_EVERY"]
+delay_of: Callable[[int], float | None] = _CHILD["delay_of"]
 DEDUP_EVERY: int = _CHILD["DEDUP_EVERY"]
 TTL_EVERY: int = _CHILD["TTL_EVERY"]
 
@@ -166,7 +167,8 @@ def _read_logs(logs: Path) -> Logs:
             elif kind == "X":
                 event_id, index, sequence, attempt = numbers
                 result.executed[event_id].append((generation, index, sequence, attempt))
-                if event_id <= 0 or event_id % DELAYED_EVERY:  # a delayed one runs by due time
+                # A delayed one (a cancel a kill cut off included) runs by due time.
+                if event_id <= 0 or delay_of(event_id) is None:
                     result.order[index].append(sequence)
             else:
                 raise AssertionError(f"{path.name}: unexpected line {line!r}")
