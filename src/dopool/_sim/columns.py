@@ -21,9 +21,10 @@ from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from itertools import repeat
 from math import isnan, nan
-from typing import Any
+from typing import Any, TypeVar
 
 Key = tuple[int, int]  # (instance index, sequence)
+V = TypeVar("V", float, int)
 
 
 def put(column: array[Any], sequence: int, value: float, absent: float) -> None:
@@ -38,17 +39,73 @@ def put(column: array[Any], sequence: int, value: float, absent: float) -> None:
         column.append(value)
 
 
-class Times(Mapping[Key, float]):
-    """A time per event (a time is never NaN: NaN marks none)."""
+class _Column(Mapping[Key, V]):
+    """A figure per event, read as a mapping; :meth:`_absent` says which values mark
+    none. Subclasses give the array's type code and the marker."""
 
     __slots__ = ("columns",)
+    _code: str
+    _marker: float
 
     def __init__(self, instances: int) -> None:
-        self.columns = [array("d") for _ in range(instances)]
+        self.columns: list[array[Any]] = [array(self._code) for _ in range(instances)]
+
+    @staticmethod
+    def _absent(value: Any) -> bool:
+        raise NotImplementedError
+
+    def _put(self, key: Key, value: float) -> None:
+        put(self.columns[key[0]], key[1], value, self._marker)
+
+    def __getitem__(self, key: Key) -> V:
+        index, sequence = key
+        if index < 0 or sequence < 0:
+            raise KeyError(key)
+        try:
+            value: V = self.columns[index][sequence]
+        except IndexError:
+            raise KeyError(key) from None
+        if self._absent(value):
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        try:
+            self[key]  # type: ignore[index]
+        except (KeyError, TypeError, ValueError):
+            return False
+        return True
+
+    def __iter__(self) -> Iterator[Key]:
+        for key, _ in self.items():
+            yield key
+
+    def __len__(self) -> int:
+        """How many events have a value: a count over the columns, not a stored size."""
+        return sum(1 for _ in self.items())
+
+    def items(self) -> Iterator[tuple[Key, V]]:  # type: ignore[override]
+        """``(key, value)`` by instance, then sequence: one pass, no lookups."""
+        absent = self._absent
+        for index, column in enumerate(self.columns):
+            for sequence, value in enumerate(column):
+                if not absent(value):
+                    yield (index, sequence), value
+
+
+class Times(_Column[float]):
+    """A time per event (a time is never NaN: NaN marks none)."""
+
+    __slots__ = ()
+    _code, _marker = "d", nan
+
+    @staticmethod
+    def _absent(value: Any) -> bool:
+        return isnan(value)
 
     def put(self, key: Key, time: float) -> None:
         """Set the event's time (replacing one it had)."""
-        put(self.columns[key[0]], key[1], time, nan)
+        self._put(key, time)
 
     def overlaid(self, other: Times) -> Times:
         """A copy of these times, each replaced by ``other``'s where it has one."""
@@ -58,88 +115,22 @@ class Times(Mapping[Key, float]):
             merged.put(key, time)
         return merged
 
-    def __getitem__(self, key: Key) -> float:
-        index, sequence = key
-        if index < 0 or sequence < 0:
-            raise KeyError(key)
-        try:
-            time = self.columns[index][sequence]
-        except IndexError:
-            raise KeyError(key) from None
-        if isnan(time):
-            raise KeyError(key)
-        return time
 
-    def __contains__(self, key: object) -> bool:
-        try:
-            self[key]  # type: ignore[index]
-        except (KeyError, TypeError, ValueError):
-            return False
-        return True
+class Numbers(_Column[int]):
+    """A number >= 0 per event (an attempt, a request id); -1 marks none."""
 
-    def __iter__(self) -> Iterator[Key]:
-        for key, _ in self.items():
-            yield key
+    __slots__ = ()
+    _code, _marker = "q", -1
 
-    def __len__(self) -> int:
-        """How many events have a time: a count over the columns, not a stored size."""
-        return sum(1 for _ in self.items())
-
-    def items(self) -> Iterator[tuple[Key, float]]:  # type: ignore[override]
-        """``(key, time)`` by instance, then sequence: one pass, no lookups."""
-        for index, column in enumerate(self.columns):
-            for sequence, time in enumerate(column):
-                if not isnan(time):
-                    yield (index, sequence), time
-
-
-class Numbers(Mapping[Key, int]):
-    """A number ≥ 0 per event (an attempt, a request id); -1 marks none."""
-
-    __slots__ = ("columns",)
-
-    def __init__(self, instances: int) -> None:
-        self.columns = [array("q") for _ in range(instances)]
+    @staticmethod
+    def _absent(value: Any) -> bool:
+        return bool(value < 0)
 
     def put(self, key: Key, number: int) -> None:
         """Set the event's number (replacing one it had)."""
         if number < 0:
             raise ValueError(f"a column holds numbers >= 0, not {number}")
-        put(self.columns[key[0]], key[1], number, -1)
-
-    def __getitem__(self, key: Key) -> int:
-        index, sequence = key
-        if index < 0 or sequence < 0:
-            raise KeyError(key)
-        try:
-            number = self.columns[index][sequence]
-        except IndexError:
-            raise KeyError(key) from None
-        if number < 0:
-            raise KeyError(key)
-        return number
-
-    def __contains__(self, key: object) -> bool:
-        try:
-            self[key]  # type: ignore[index]
-        except (KeyError, TypeError, ValueError):
-            return False
-        return True
-
-    def __iter__(self) -> Iterator[Key]:
-        for key, _ in self.items():
-            yield key
-
-    def __len__(self) -> int:
-        """How many events have a number: a count over the columns."""
-        return sum(1 for _ in self.items())
-
-    def items(self) -> Iterator[tuple[Key, int]]:  # type: ignore[override]
-        """``(key, number)`` by instance, then sequence."""
-        for index, column in enumerate(self.columns):
-            for sequence, number in enumerate(column):
-                if number >= 0:
-                    yield (index, sequence), number
+        self._put(key, number)
 
 
 class Marks:
