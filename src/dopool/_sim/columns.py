@@ -17,6 +17,7 @@ the arrays themselves (``columns``) and writes them with :func:`put`.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from itertools import repeat
@@ -51,8 +52,9 @@ class _Column(Mapping[Key, V]):
         self.columns: list[array[Any]] = [array(self._code) for _ in range(instances)]
 
     @staticmethod
+    @abstractmethod
     def _absent(value: Any) -> bool:
-        raise NotImplementedError
+        """Whether ``value`` is the marker of no figure."""
 
     def _put(self, key: Key, value: float) -> None:
         put(self.columns[key[0]], key[1], value, self._marker)
