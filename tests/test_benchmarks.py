@@ -18,6 +18,7 @@ from benchmarks import (
     deploy,
     e2e,
     events,
+    lateness,
     phases,
     records,
     simpy_model,
@@ -170,6 +171,16 @@ def test_the_connect_benchmark_measures_wake_ups_and_polls(
     out = capsys.readouterr().out
     assert "wake-up        3 events" in out
     assert "poll only      2 events" in out
+
+
+def test_the_lateness_benchmark_measures_delayed_and_immediate_events(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    options = ["--samples", "5", "--low", "0.01", "--high", "0.02", "--durability", "async"]
+    assert lateness.main(options) == 0
+    out = capsys.readouterr().out
+    assert "delayed        5 events" in out
+    assert "immediate      5 events" in out
 
 
 def _benchmark(routing: str) -> Scenario:
