@@ -4,7 +4,8 @@ One instance, paused, so each enqueue is stored from the caller's thread; then t
 resumes and processes them all with a no-op handler. Each round does every variant on a
 fresh store, in turn, so the variants share the machine's state: plain events; events
 with unique dedup keys (no window, then a 60 s window, where each finish stamps its
-entry); the same events enqueued again (every one a duplicate); and ``enqueue_many``
+entry); the same events enqueued again (every one a duplicate); events enqueued with a
+60 s delay (scheduled; not processed: the pool would wait for them); and ``enqueue_many``
 of 100 events, plain and keyed. It prints the median and range of each over the rounds,
 and each keyed variant's ratio to its plain one (medians, wall time per event)::
 
@@ -35,6 +36,7 @@ VARIANTS = (
     ("enqueue, dedup_key", "enqueue"),
     ("enqueue, dedup_key, window 60 s", "enqueue"),
     ("enqueue, duplicate", "enqueue"),
+    ("enqueue, delay 60 s", "enqueue"),
     ("enqueue_many", None),
     ("enqueue_many, dedup_keys", "enqueue_many"),
 )
@@ -46,7 +48,7 @@ def no_op(_ctx: EventContext) -> None:
 
 def _one(directory: Path, durability: str, count: int, variant: str) -> tuple[float, float | None]:
     """Seconds per event to enqueue ``count`` events as ``variant`` says, then to process
-    them (None for duplicates, which store nothing)."""
+    them (None for duplicates, which store nothing, and for delayed events, not yet due)."""
     window = 60.0 if "window" in variant else 0.0
     store = directory / "store"
     shutil.rmtree(store, ignore_errors=True)
@@ -61,7 +63,7 @@ def _one(directory: Path, durability: str, count: int, variant: str) -> tuple[fl
         start = time.perf_counter()
         send()
         enqueued = time.perf_counter()
-        if variant == "enqueue, duplicate":
+        if variant in ("enqueue, duplicate", "enqueue, delay 60 s"):
             return (enqueued - start) / count, None
         pool.resume()
         if not pool.join(timeout=600):
@@ -88,6 +90,13 @@ def _sender(pool: WorkerPool, variant: str, event: object, keys: list[str]) -> C
                 pool.enqueue(event)
 
         return plain
+    if variant == "enqueue, delay 60 s":
+
+        def delayed() -> None:
+            for _ in range(count):
+                pool.enqueue(event, delay=60)
+
+        return delayed
 
     def keyed_one() -> None:
         for key in keys:
