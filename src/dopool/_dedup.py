@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 
 from dopool._errors import DamagedRecordError
-from dopool._layout import DedupIndex, Namespace, event_stored, keyed_events
+from dopool._layout import DedupClaim, DedupIndex, Namespace, event_stored, keyed_events
 from dopool._messages import Item
 from dopool._storage import Txn
 from dopool._types import EnqueueResult
@@ -73,17 +73,14 @@ class Dedup:
         Raises:
             DamagedRecordError: the entry of one of their keys is damaged.
         """
-        if len(items) == 1 and owners is None:  # one enqueue: no batch to look across
-            only = items[0].dedup_key or ""
-            entry_key = self._index.entry_key(only)
-            self._entry_keys = {only: entry_key}
-            if txn.get(entry_key) is None:  # the usual case: the key is free
-                return {}
-            existing = self._existing(txn, only, now, None, entry_key)
-            return {} if existing is None else {0: existing}
+        entry_keys = self._entry_keys = {}
+        for item in items:
+            key = item.dedup_key
+            if key is not None and key not in entry_keys:
+                entry_keys[key] = self._index.entry_key(key)
+        held = self._index.held(txn, entry_keys.values())  # usually none of them
         found: Duplicates = {}
         claimed: dict[str, int] = {}
-        entry_keys = self._entry_keys = {}
         for position, item in enumerate(items):
             key = item.dedup_key
             if key is None:
@@ -92,9 +89,11 @@ class Dedup:
             if earlier is not None:
                 found[position] = earlier
                 continue
-            owner = None if owners is None else owners[position]
-            entry_key = entry_keys[key] = self._index.entry_key(key)
-            existing = self._existing(txn, key, now, owner, entry_key)
+            entry_key = entry_keys[key]
+            existing = None
+            if entry_key in held:
+                owner = None if owners is None else owners[position]
+                existing = self._existing(txn, key, now, owner, entry_key)
             if existing is None:
                 claimed[key] = position
             else:
@@ -109,6 +108,14 @@ class Dedup:
         Raises:
             DamagedRecordError: the entry of one of their keys is damaged.
         """
+        only = items[0].dedup_key
+        if len(items) == 1 and only is not None:  # one enqueue: no batch to look across
+            entry_key = self._index.entry_key(only)
+            self._entry_keys = {only: entry_key}
+            if txn.get(entry_key) is None:  # the usual case: the key is free
+                return items, None
+            existing = self._existing(txn, only, now, None, entry_key)
+            return (items, None) if existing is None else ((), {0: existing})
         duplicates = self.resolve(txn, items, now)
         if not duplicates:
             return items, None
@@ -152,20 +159,13 @@ class Dedup:
             ns = self._namespaces[index] = Namespace(self._pool, index)
         return ns
 
-    def claim(
-        self,
-        txn: Txn,
-        key: str,
-        index: int,
-        sequence: int,
-        position: int,
-        priority: int,
-        due: float,
-    ) -> None:
-        """Event ``sequence`` of instance ``index`` (answered ``position``) was stored with
-        ``key``, due at ``due``: it holds the key."""
-        entry_key = self._entry_keys.get(key) or self._index.entry_key(key)
-        self._index.claim(txn, entry_key, key, index, sequence, position, priority, due)
+    def entry_key(self, key: str) -> bytes:
+        """The entry key of ``key`` (remembered from the last lookup, the usual case)."""
+        return self._entry_keys.get(key) or self._index.entry_key(key)
+
+    def claim(self, txn: Txn, claims: list[DedupClaim]) -> None:
+        """The events of ``claims``, just stored, hold their keys."""
+        self._index.claim(txn, claims)
 
     def release(self, txn: Txn, key: str, index: int, sequence: int, now: float) -> None:
         """Event ``sequence`` of instance ``index``, holding ``key``, finished at ``now``."""

@@ -34,6 +34,7 @@ from dopool._errors import (
 from dopool._followups import FollowUp, FollowUps
 from dopool._layout import (
     DeadRecord,
+    DedupClaim,
     EventRecord,
     Meta,
     Namespace,
@@ -199,6 +200,8 @@ class QueueMachine:
         results = []
         listening = self._listening()
         ns, index, ident, counts = self._ns, self._index, self._id, meta.priorities
+        dedup = self._dedup
+        claims: list[DedupClaim] = []  # written together, after the events
         # Due now, and never before an event already due (a clock stepped back: _scheduled).
         due = now if meta.last_due is None or meta.last_due < now else meta.last_due
         previous: int | None = None
@@ -229,11 +232,14 @@ class QueueMachine:
                 counts[priority] = counts.get(priority, 0) + 1
             results.append(EnqueueResult(sequence, index, ident, position))
             if item.dedup_key is not None:
-                self._dedup.claim(
-                    txn, item.dedup_key, index, sequence, position, priority, stored_due
+                entry_key = dedup.entry_key(item.dedup_key)
+                claims.append(
+                    (entry_key, item.dedup_key, index, sequence, position, priority, stored_due)
                 )
             if listening:
                 fx.events.append(self.event("enqueued", now, sequence))
+        if claims:
+            dedup.claim(txn, claims)
         if scheduled != len(items):
             meta.last_due = due
         meta.scheduled += scheduled

@@ -16,6 +16,7 @@ key's layout or msgpack, and imports them from here.
 """
 
 from dopool._layout.dedup import (
+    DedupClaim,
     DedupIndex,
     DedupRecord,
     event_stored,
@@ -116,6 +117,7 @@ __all__ = [
     "PRIORITY_MAX",
     "PRIORITY_MIN",
     "DeadRecord",
+    "DedupClaim",
     "DedupIndex",
     "DedupKey",
     "DedupRecord",

@@ -12,7 +12,7 @@ stored, and every pending one's key (a drain's).
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import suppress
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -122,6 +122,10 @@ def read_expiry(key: bytes, value: bytes) -> None:
 
 # -- the index ------------------------------------------------------------------------------
 
+#: An unfinished event's claim of its key: its entry key (:meth:`DedupIndex.entry_key`),
+#: then its entry's fields but ``finished_at``.
+DedupClaim = tuple[bytes, str, int, int, int, int, float]
+
 
 class DedupIndex:
     """A pool's dedup keys: one index entry per key, and the finished ones by finish time.
@@ -163,22 +167,26 @@ class DedupIndex:
         key = self.entry_key(record.dedup_key)
         txn.put(key, seal_dedup(key, record))
 
-    def claim(
-        self,
-        txn: Txn,
-        key: bytes,
-        dedup_key: str,
-        instance: int,
-        sequence: int,
-        position: int,
-        priority: int,
-        due: float,
-    ) -> None:
-        """Write the entry of an unfinished event under ``key`` (its :meth:`entry_key`)
-        from its fields (:meth:`put` without a record built: this runs for every keyed
-        event stored)."""
-        body = pack((dedup_key, instance, sequence, position, priority, due, None))
-        txn.put(key, seal(key, body))
+    def held(self, txn: Txn, keys: Iterable[bytes]) -> set[bytes]:
+        """Which of the entry keys ``keys`` have an entry (one call into LMDB for all)."""
+        with txn.cursor() as cursor:
+            return {key for key, _ in cursor.getmulti(keys)}
+
+    def claim(self, txn: Txn, claims: list[DedupClaim]) -> None:
+        """Write the entries of unfinished events from their fields (:meth:`put` without
+        records built: this runs for every keyed event stored); a batch's in key order,
+        through one cursor."""
+        if len(claims) == 1:
+            key, dedup_key, instance, sequence, position, priority, due = claims[0]
+            body = pack((dedup_key, instance, sequence, position, priority, due, None))
+            txn.put(key, seal(key, body))
+            return
+        entries = sorted(
+            (key, seal(key, pack((dedup_key, instance, sequence, position, priority, due, None))))
+            for key, dedup_key, instance, sequence, position, priority, due in claims
+        )
+        with txn.cursor() as cursor:
+            cursor.putmulti(entries)
 
     def finish(
         self,
