@@ -29,6 +29,10 @@ Schema = Callable[[Any], Any]
 
 _ASCII_KEY = MAX_DEDUP_KEY_BYTES  # an ASCII key of this many characters is as many bytes
 
+# A delay (int or float seconds) at least this long takes the general checks, as does one
+# of another type: an int may be past a float's range.
+_LONG_DELAY = 1e300
+
 # Iterable, but as a batch almost always a mistake: characters, ints, or a mapping's keys.
 _NOT_A_BATCH = (str, bytes, bytearray, memoryview, Mapping)
 
@@ -74,6 +78,8 @@ def due_time(
     if not_before is None:
         if delay is None:
             return None
+        if (type(delay) is int or type(delay) is float) and 0 <= delay < _LONG_DELAY:
+            return _finite("delay", delay, now() + delay)  # the usual delay, checked at once
         seconds = _seconds("delay", delay)
         if seconds < 0:
             raise ScheduleError("delay", delay, "a delay is seconds >= 0")
