@@ -69,6 +69,11 @@ class Router:
 
 
 def _with_repeats(groups: dict[int, Positions], keys: Sequence[str | None]) -> dict[int, Positions]:
+    if len(groups) == 1:
+        return groups  # one instance takes the whole batch, repeats and all
+    named = [key for key in keys if key is not None]
+    if len(set(named)) == len(named):
+        return groups  # no key repeats (the usual case): round-robin stands
     where = [0] * len(keys)
     for index, positions in groups.items():
         for position in positions:
