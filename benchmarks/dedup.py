@@ -6,8 +6,9 @@ fresh store, in turn, so the variants share the machine's state: plain events; e
 with unique dedup keys (no window, then a 60 s window, where each finish stamps its
 entry); the same events enqueued again (every one a duplicate); events enqueued with a
 60 s delay (scheduled; not processed: the pool would wait for them); and ``enqueue_many``
-of 100 events, plain and keyed. It prints the median and range of each over the rounds,
-and each keyed variant's ratio to its plain one (medians, wall time per event)::
+of 100 events, plain and keyed. It prints the median and range of each over the rounds
+(wall time per event), and each variant's ratio to its plain one: the median and range
+of the rounds' ratios::
 
     python -m benchmarks.dedup                     # async durability, 20,000 events, 5 rounds
     python -m benchmarks.dedup --durability sync --events 2000
@@ -147,7 +148,10 @@ def _figure(values: list[float]) -> str:
 
 
 def _ratio(values: list[float], plain: list[float]) -> str:
-    return f"{statistics.median(values) / statistics.median(plain):.3f}"
+    """The median of the rounds' ratios, and their range: each round's variants ran in turn,
+    so a round's ratio is steadier than its figures while the machine drifts."""
+    ratios = [value / base for value, base in zip(values, plain, strict=True)]
+    return f"{statistics.median(ratios):.3f} ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
 if __name__ == "__main__":
