@@ -334,6 +334,21 @@ def test_a_damaged_entry_refuses_its_key_alone_and_is_reported(sim: Runtime) -> 
     assert log.ran == ["a", "c"]
 
 
+def test_a_damaged_entry_refuses_a_batch_that_names_its_key(sim: Runtime) -> None:
+    pool, _ = define(sim)
+    pool.pause()
+    pool.enqueue_many(["a", "b"], dedup_keys=["j", "k"])
+    entry_key = _damage_entry(sim, "k")
+    with pytest.raises(DamagedRecordError) as caught:
+        pool.enqueue_many(["c", "d", "e"], dedup_keys=["new", "j", "k"])
+    assert caught.value.key == entry_key
+    assert pool.status().pending == 2  # nothing of the batch was stored
+    assert [r.duplicate for r in pool.enqueue_many(["f", "g"], dedup_keys=["new", "j"])] == [
+        False,
+        True,
+    ]
+
+
 def test_an_entry_naming_a_damaged_event_is_claimed_anew(sim: Runtime) -> None:
     pool, log = define(sim)
     pool.pause()

@@ -106,3 +106,13 @@ def test_partition_keys_spread_roughly_uniformly() -> None:
     counts = Counter(router.choose(f"key-{n}") for n in range(1000))
     assert set(counts) == {0, 1, 2, 3}
     assert all(170 <= count <= 330 for count in counts.values()), counts
+
+
+def test_dedup_keys_move_only_a_repeat_to_its_first_ones_instance() -> None:
+    def split(concurrency: int, keys: list[str | None]) -> dict[int, list[int]]:
+        groups = Router(concurrency).split(len(keys), None, keys)
+        return {index: list(positions) for index, positions in groups.items()}
+
+    assert split(2, ["a", "b", None, "d", "c"]) == {0: [0, 2, 4], 1: [1, 3]}  # round-robin
+    assert split(2, ["a", "b", None, "a", "c"]) == {0: [0, 2, 3, 4], 1: [1]}
+    assert split(1, ["a", "a", None]) == {0: [0, 1, 2]}
