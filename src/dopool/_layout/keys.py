@@ -22,6 +22,8 @@ Keys (all integers big-endian, so LMDB's byte order is numeric order)::
                                           when a remembered event finished: its expiry
     K <pool> \\0 <name>                   a dedup key's index entry (the pool's own)
     E <pool> \\0 <finished:8> <name>      a finished dedup key's expiry, by finish time
+    L <pool> \\0 <index:4>                an instance's lease: the worker serving it
+    W <owner>                             a live worker's presence (its owner id)
 
 ``rank`` is ``2**31 - 1 - priority`` and ``due`` a float's order-preserving
 encoding (:func:`encode_due`), so the first queue key under an instance's prefix is
@@ -70,6 +72,8 @@ _WAIT_TAG = b"w"  # a scheduled event, not due yet
 _INDEX_TAG, _FINISHED_TAG, _FORGET_TAG = b"n", b"f", b"e"
 _DEDUP_PREFIX = b"K"  # a pool's dedup index: one entry per key
 _EXPIRY_PREFIX = b"E"  # a pool's finished dedup keys, by finish time
+_LEASE_PREFIX = b"L"  # an instance's lease
+_PRESENCE_PREFIX = b"W"  # a worker's presence
 _DIGEST = 16  # the bytes of a long dedup key's digest
 _DIGESTED = b"\xff"  # the first byte of a digested name: never in UTF-8
 #: The longest dedup key, in UTF-8 bytes, that names its index entry as it is.
@@ -357,6 +361,59 @@ def pool_name_of(key: bytes) -> str | None:
         return None
 
 
+# -- leases and presences ---------------------------------------------------------
+
+#: The longest owner id (a worker's, in its lease and presence keys), in ASCII bytes.
+MAX_OWNER = 200
+
+
+def lease_key(pool: str, index: int) -> bytes:
+    """The key of instance ``index`` of ``pool``'s lease."""
+    return _LEASE_PREFIX + pool.encode() + b"\0" + _U32.pack(index)
+
+
+def lease_prefix() -> bytes:
+    """The prefix every lease key starts with."""
+    return _LEASE_PREFIX
+
+
+def parse_lease_key(key: bytes) -> tuple[str, int] | None:
+    """The ``(pool, index)`` a lease key names; None if ``key`` is not one."""
+    if key[:1] != _LEASE_PREFIX:
+        return None
+    pool, nul, index = key[1:].partition(b"\0")
+    if not nul or len(index) != _U32.size:
+        return None
+    name = pool.decode("ascii", errors="replace")
+    if not POOL_NAME.fullmatch(name):
+        return None
+    return name, _U32.unpack(index)[0]
+
+
+def valid_owner(owner: str) -> bool:
+    """Whether ``owner`` may name a worker: printable ASCII, no space, 1 to MAX_OWNER."""
+    printable = owner.isascii() and owner.isprintable() and " " not in owner
+    return 0 < len(owner) <= MAX_OWNER and printable
+
+
+def presence_key(owner: str) -> bytes:
+    """The key of a worker's presence record."""
+    return _PRESENCE_PREFIX + owner.encode()
+
+
+def presence_prefix() -> bytes:
+    """The prefix every presence key starts with."""
+    return _PRESENCE_PREFIX
+
+
+def presence_owner(key: bytes) -> str | None:
+    """The owner id a presence key names; None if ``key`` is not one."""
+    if key[:1] != _PRESENCE_PREFIX:
+        return None
+    owner = key[1:].decode("ascii", errors="replace")
+    return owner if valid_owner(owner) else None
+
+
 # -- keys in words -------------------------------------------------------------------
 
 
@@ -366,6 +423,12 @@ def describe_key(key: bytes) -> str:
         return "format record"
     if key[:1] == _POOL_PREFIX:
         return f"pool record {key[1:].decode(errors='backslashreplace')!r}"
+    lease = parse_lease_key(key)
+    if lease is not None:
+        return f"lease of instance {lease[0]}:{lease[1]}"
+    owner = presence_owner(key)
+    if owner is not None:
+        return f"presence of worker {owner}"
     dedup = parse_dedup_key(key)
     if dedup is not None:
         what = "dedup expiry key" if dedup.expiry else "dedup index entry"

@@ -1,0 +1,134 @@
+"""The store's leases and presences, read and written in a transaction.
+
+An instance's lease names the worker serving it (:class:`LeaseRecord`); a worker's
+presence says it is alive (:class:`PresenceRecord`). What they mean, and who writes
+them when, is :mod:`dopool._lease`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+from dopool._layout.keys import (
+    lease_key,
+    lease_prefix,
+    parse_lease_key,
+    presence_key,
+    presence_owner,
+    presence_prefix,
+)
+from dopool._layout.namespace import _iter_prefix
+from dopool._layout.records import (
+    Layout,
+    _count,
+    _laid_out,
+    _text,
+    _time,
+    damaged,
+    pack,
+    seal,
+)
+
+Txn = Any
+
+
+class LeaseRecord(NamedTuple):
+    """Which worker serves an instance, until when (docs/deployment.md, "Leases").
+
+    ``owner`` is the worker's id (unique per process), ``epoch`` counts the takeovers
+    of the instance, ``expires_at`` is wall-clock epoch seconds.
+    """
+
+    owner: str
+    pid: int
+    host: str
+    epoch: int
+    expires_at: float
+
+
+_LEASE_LAYOUT: Layout = (
+    ("owner", _text),
+    ("pid", _count),
+    ("host", _text),
+    ("epoch", _count),
+    ("expires_at", _time),
+)
+
+
+def seal_lease(key: bytes, record: LeaseRecord) -> bytes:
+    return seal(key, pack(list(record)))
+
+
+def read_lease(key: bytes, value: bytes) -> LeaseRecord:
+    return LeaseRecord(*_laid_out(key, value, _LEASE_LAYOUT))
+
+
+class PresenceRecord(NamedTuple):
+    """A live worker: its process, and until when it counts as live (epoch seconds)."""
+
+    pid: int
+    host: str
+    expires_at: float
+
+
+_PRESENCE_LAYOUT: Layout = (("pid", _count), ("host", _text), ("expires_at", _time))
+
+
+def seal_presence(key: bytes, record: PresenceRecord) -> bytes:
+    return seal(key, pack(list(record)))
+
+
+def read_presence(key: bytes, value: bytes) -> PresenceRecord:
+    return PresenceRecord(*_laid_out(key, value, _PRESENCE_LAYOUT))
+
+
+def get_lease(txn: Txn, pool: str, index: int) -> LeaseRecord | None:
+    """Instance ``index`` of ``pool``'s lease, or None if nobody holds one."""
+    key = lease_key(pool, index)
+    raw = txn.get(key)
+    return None if raw is None else read_lease(key, raw)
+
+
+def put_lease(txn: Txn, pool: str, index: int, record: LeaseRecord) -> None:
+    key = lease_key(pool, index)
+    txn.put(key, seal_lease(key, record))
+
+
+def delete_lease(txn: Txn, pool: str, index: int) -> None:
+    txn.delete(lease_key(pool, index))
+
+
+def all_leases(txn: Txn) -> Iterator[tuple[str, int, LeaseRecord]]:
+    """Every lease in the store: ``(pool, index, record)``, by pool and index.
+
+    Raises:
+        DamagedRecordError: a lease key or record fails its checks.
+    """
+    for key, raw in _iter_prefix(txn, lease_prefix()):
+        where = parse_lease_key(key)
+        if where is None:
+            raise damaged(key, raw, "the lease key names no instance")
+        yield where[0], where[1], read_lease(key, raw)
+
+
+def put_presence(txn: Txn, owner: str, record: PresenceRecord) -> None:
+    key = presence_key(owner)
+    txn.put(key, seal_presence(key, record))
+
+
+def delete_presence(txn: Txn, owner: str) -> None:
+    txn.delete(presence_key(owner))
+
+
+def all_presences(txn: Txn) -> Iterator[tuple[str, PresenceRecord]]:
+    """Every worker's presence: ``(owner, record)``.
+
+    Raises:
+        DamagedRecordError: a presence key or record fails its checks.
+    """
+    for key, raw in _iter_prefix(txn, presence_prefix()):
+        owner = presence_owner(key)
+        if owner is None:
+            raise damaged(key, raw, "the presence key names no worker")
+        yield owner, read_presence(key, raw)
