@@ -1062,7 +1062,8 @@ def test_a_crafted_lock_holder_is_one_inert_line(tmp_path: Path) -> None:
         lock.write("pid 1\x1b]0;pwned\x07\nError: fake second line")
         lock.flush()
         result = invoke("dead-letters", str(store), "--purge")
-    assert_one_line_error(result, 1, "is locked by pid 1\\x1b]0;pwned\\x07\\nError: fake")
+    # One holder per line of the file: shown joined by "; ", each escaped.
+    assert_one_line_error(result, 1, "is locked by pid 1\\x1b]0;pwned\\x07; Error: fake")
     assert_inert(result.stderr)
 
 

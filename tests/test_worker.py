@@ -153,15 +153,22 @@ def test_a_handler_that_never_returns_cannot_hold_the_worker(
 def test_a_second_worker_on_the_store_is_refused_naming_the_holder(
     store_path: Path, evidence: Evidence, worker: Callable[..., Worker]
 ) -> None:
-    first = worker(store_path, evidence).ready()
-    second = worker(store_path, evidence)
+    first = worker(store_path, evidence, "--exclusive").ready()
+    second = worker(store_path, evidence)  # shared, beside an exclusive one: refused
     assert second.wait() == 1
     error = second.stderr.strip().splitlines()
     assert len(error) == 1, error
     assert error[0].startswith("Error: ")
     assert str(first.proc.pid) in error[0]
-    assert "one worker per store" in error[0]
+    assert "another worker or runtime owns it exclusively" in error[0]
     assert first.stop() == 0
+    shared = worker(store_path, evidence).ready()
+    exclusive = worker(store_path, evidence, "--exclusive")  # beside a shared one: refused
+    assert exclusive.wait() == 1
+    said = exclusive.stderr
+    assert f"pid {shared.proc.pid} on" in said
+    assert "(shared)" in said
+    assert shared.stop() == 0
 
 
 @pytest.mark.parametrize(

@@ -36,18 +36,23 @@ from dopool._layout import (
     mark_source,
     parse_dedup_key,
     parse_instance_key,
+    parse_lease_key,
     pool_name_of,
+    presence_owner,
     read_dead,
     read_dedup,
     read_event,
     read_expiry,
     read_format,
+    read_lease,
     read_lifecycle,
     read_link,
     read_meta,
     read_outbox,
     read_pool,
+    read_presence,
     unpack,
+    valid_owner,
 )
 from dopool._storage import Txn
 from dopool._validation import check_pool_name
@@ -98,6 +103,7 @@ def check_store(txn: Txn) -> CheckReport:
     version: int | None = None
     has_format = False
     records = 0
+    leases: dict[tuple[str, int], bytes] = {}
     for key, value in txn.cursor():
         records += 1
         parsed = parse_instance_key(key)
@@ -115,6 +121,11 @@ def check_store(txn: Txn) -> CheckReport:
                     problems.append(Problem(None, key, f"format version {version} is not mine"))
             elif (indexed := parse_dedup_key(key)) is not None:
                 _check_dedup_record(indexed.pool, indexed.expiry, key, value, dedup, problems)
+            elif (leased := parse_lease_key(key)) is not None:
+                leases[leased] = key
+                _check_owner(read_lease(key, value).owner, key, problems)
+            elif presence_owner(key) is not None:
+                read_presence(key, value)
             elif (name := pool_name_of(key)) is not None:
                 _check_pool_name(name, key, problems)
                 pools[name] = 0  # until read: a damaged record is reported as that alone
@@ -136,8 +147,18 @@ def check_store(txn: Txn) -> CheckReport:
         Problem(None, None, f"dedup keys of pool {pool!r}, which has no pool record")
         for pool in sorted(dedup.entries.keys() - pools.keys())
     )
+    problems.extend(
+        Problem(None, key, f"a lease of {pool}:{index}, which no pool record has")
+        for (pool, index), key in sorted(leases.items())
+        if not index < pools.get(pool, 0)
+    )
     known = {name: count for name, count in sorted(pools.items()) if count}
     return CheckReport(version, records, known, len(instances), problems)
+
+
+def _check_owner(owner: str, key: bytes, problems: list[Problem]) -> None:
+    if not valid_owner(owner):
+        problems.append(Problem(None, key, f"a lease naming no worker ({owner!r})"))
 
 
 def _check_instance_record(

@@ -20,7 +20,7 @@ import os
 import secrets
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -38,6 +38,7 @@ from dopool._errors import (
 )
 from dopool._filters import FilterOptions, Filters, listed
 from dopool._layout import Namespace, get_pool, pool_records
+from dopool._leases import lease_owner
 from dopool._lifecycle import lookup, parse_event_id
 from dopool._machine import Effects, QueueMachine
 from dopool._messages import Item
@@ -226,8 +227,16 @@ class Connection:
                 raise StorageError(f"read failed: {exc}") from exc
 
     def notify(self, pool: str, index: int) -> None:
-        """Tell the owning runtime, if one listens, to wake an instance."""
-        self._notifier.wake(pool, index)
+        """Tell the worker serving an instance (its lease says which), if one listens, to
+        wake it."""
+        owner = None
+        with suppress(DopoolError), self.reading(pool) as txn:
+            owner = lease_owner(txn, pool, index)
+        self.wake(pool, index, owner)
+
+    def wake(self, pool: str, index: int, owner: str | None) -> None:
+        """Tell worker ``owner`` (None: whoever listens on ``wake.sock``) to wake an instance."""
+        self._notifier.wake(pool, index, owner)
 
 
 class ProducerPool:
@@ -316,7 +325,9 @@ class ProducerPool:
 
         keys = [item.dedup_key for item in items]
 
-        def body(txn: Txn) -> list[tuple[int, Positions, list[EnqueueResult] | DopoolError]]:
+        def body(
+            txn: Txn,
+        ) -> list[tuple[int, Positions, list[EnqueueResult] | DopoolError, str | None]]:
             router = self._route(txn)
             groups: dict[int, Positions]
             if len(items) == 1:
@@ -333,17 +344,18 @@ class ProducerPool:
                 answer = effects.answers[0][1]
                 if not isinstance(answer, DopoolError):  # a refused share changes nothing
                     machine.namespace.save_meta(txn, meta)
-                answers.append((index, positions, answer))
+                owner = lease_owner(txn, self._name, index)  # whom to wake
+                answers.append((index, positions, answer, owner))
             return answers
 
         answers = self._connection.write(self._name, body)
         results: list[Any] = [None] * len(items)
         failure: DopoolError | None = None
-        for index, positions, answer in answers:
+        for index, positions, answer, owner in answers:
             if isinstance(answer, DopoolError):
                 failure = failure or answer
                 continue
-            self._connection.notify(self._name, index)
+            self._connection.wake(self._name, index, owner)
             place(results, positions, answer)
         if failure is not None:
             if len(items) > 1:

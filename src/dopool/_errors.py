@@ -21,6 +21,7 @@ Every exception derives from :class:`DopoolError`::
     │   ├── DamagedRecordError a stored record failed its checksum or its layout
     │   └── StoreClosedError   a write after the store closed (an abandoned handler's)
     ├── InstanceCrashedError   the instance died while the call was waiting on it
+    ├── NotLeasedError         a shared worker's call to an instance another worker serves
     ├── SimulationStalledError a wait under virtual time that nothing can end
     ├── PermanentError         raised by a handler: dead-letter this event now
     └── RetryAfter             raised by a handler: retry after exactly ``seconds``
@@ -322,6 +323,21 @@ class InstanceCrashedError(DopoolError):
     def __init__(self, instance_id: str) -> None:
         self.instance_id = instance_id
         super().__init__(f"instance {instance_id} crashed before answering")
+
+
+class NotLeasedError(DopoolError):
+    """A call to an instance that another worker process serves (a shared runtime's).
+
+    Attributes:
+        instance_id: the instance, ``"pool:index"``.
+    """
+
+    def __init__(self, instance_id: str) -> None:
+        self.instance_id = instance_id
+        super().__init__(
+            f"instance {instance_id} is served by another worker process (it holds its "
+            "lease); enqueue into it with dopool.connect, or call the worker serving it"
+        )
 
 
 class SimulationStalledError(DopoolError):

@@ -122,10 +122,17 @@ class InstanceEnv:
     supervisors: list[Supervisor]
     memories: list[InstanceMemory]
     faults: list[FaultInjector]
+    # A shared runtime's fencing check (``LeaseBook.holds``): whether the store's lease
+    # of (pool, index) is still this worker's; None where no other worker can write.
+    holds: Callable[[Txn, str, int], bool] | None = None
 
 
 class UndecodableEventError(PermanentError):
     """A stored event does not decode: it is dead-lettered without running the handler."""
+
+
+class _LeaseLost(Exception):
+    """The instance's lease names another worker now: its transaction must not commit."""
 
 
 class Crash(Exception):
@@ -198,16 +205,30 @@ class InstanceShell:
         from it instead of decoding it again (if the store still holds its bytes).
         """
 
+        holds, pool, index = self._env.holds, self._spec.name, self._index
+
         def guarded(txn: Txn) -> T:
+            # Fencing: checked in the transaction, so no other worker can have taken
+            # the lease between the check and the commit (LMDB serialises writers).
+            if holds is not None and not holds(txn, pool, index):
+                raise _LeaseLost
             result = body(txn)
             self._fault_point("storage_write", "storage_error")
             return result
 
         try:
             result = self._store.transact(guarded)
-        except BaseException:
+        except BaseException as exc:
             # Rolled back: the store still holds the meta before it (``memory.raw``).
             self._saved = self._raw = None
+            if isinstance(exc, _LeaseLost):
+                logger.warning(
+                    "instance %s: its lease was taken over by another worker; nothing of "
+                    "this transaction committed, and the instance stops here",
+                    self._id,
+                )
+                self._supervisor.close(vacant=True)  # no successor: the lease's holder serves it
+                raise Crash("lease lost") from None
             raise
         saved, self._saved = self._saved, None
         raw, self._raw = self._raw, None

@@ -7,9 +7,11 @@ from functools import partial
 from typing import Any
 
 from dopool._errors import ConfigurationError
+from dopool._layout import Namespace, follow_ups_to
 from dopool._mailbox import Mailbox
 from dopool._messages import Enqueue, Item, Reply
 from dopool._router import Router
+from dopool._storage import Store
 from dopool._supervisor import Supervisor
 
 
@@ -59,3 +61,35 @@ class Instances:
         reply, which answers a result list."""
         index = self.router.choose(partition_key)
         return index, self.send(index, partial(Enqueue, (item,)))
+
+
+def record_concurrency(store: Store, name: str, concurrency: int) -> None:
+    """Store the pool's concurrency, refusing a change while old instances hold work,
+    or while any pool's outbox holds follow-ups routed to its old instances."""
+    with store.write() as txn:
+        previous = store.get_pool(txn, name)
+        if previous == concurrency:
+            return
+        if previous is not None:
+            for index in range(previous):
+                meta = Namespace(name, index).load_meta(txn)
+                held = meta.held_dead_letters
+                if meta.pending or meta.outbox or held:
+                    raise ConfigurationError(
+                        f"pool {name!r} was stored with concurrency {previous}; changing it "
+                        f"to {concurrency} would move instance {index}'s {meta.pending} "
+                        f"pending events, {meta.outbox} follow-ups and {held} "
+                        "dead letters to other partitions. Drain and purge it first, or "
+                        f"keep concurrency={previous}"
+                    )
+            incoming = follow_ups_to(txn, name)
+            if incoming:
+                where = ", ".join(f"{count} in {ident}'s" for ident, count in incoming.items())
+                raise ConfigurationError(
+                    f"pool {name!r} was stored with concurrency {previous}; changing it to "
+                    f"{concurrency} would deliver follow-ups routed to its old instances "
+                    f"({where} outbox) to other partitions, or to none. Define it with "
+                    f"concurrency={previous} until they are delivered (join the pools "
+                    "that hold them), then change it"
+                )
+        store.put_pool(txn, name, concurrency)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pykka
 
 from dopool._activity import Activity
-from dopool._errors import DopoolError, InstanceCrashedError, PoolClosedError
+from dopool._errors import DopoolError, InstanceCrashedError, NotLeasedError, PoolClosedError
 from dopool._inbox import Inbox
 from dopool._messages import Alarm, Reply
 
@@ -37,6 +37,7 @@ class Mailbox:
         "_latch",
         "_lock",
         "_ref",
+        "_vacant",
         "key",
         "order",
         "pool",
@@ -64,6 +65,8 @@ class Mailbox:
         # While no actor is behind the address: the messages for the next one, in
         # order, each counted as sent.
         self._kept: list[Any] | None = None
+        # No actor here because another worker serves the instance (``vacate``).
+        self._vacant = False
 
     def reply(self) -> Reply:
         """A reply for a call to this actor, to send with the call and wait on."""
@@ -79,6 +82,29 @@ class Mailbox:
         """Put the first actor behind the address."""
         with self._lock:
             self._ref = ref
+            self._vacant = False
+
+    @property
+    def vacant(self) -> bool:
+        """Whether no actor is here because another worker serves the instance."""
+        return self._vacant
+
+    def vacate(self) -> None:
+        """No actor here until :meth:`attach`: a caller's message fails with
+        :class:`NotLeasedError`, the engine's are dropped (the store holds what they
+        stand for, and the worker serving the instance reads it)."""
+        with self._lock:
+            self._closed = False
+            self._ref = None
+            self._vacant = True
+
+    def reopen(self) -> None:
+        """Take messages again after :meth:`close`, for an actor :meth:`attach` puts here."""
+        with self._lock:
+            self._closed = False
+            self._vacant = False
+            self._ref = None
+            self._kept = None
 
     def send(self, message: Any) -> bool:
         """Queue ``message`` for the actor; False (and the reply failed) if it cannot take it."""
@@ -94,7 +120,8 @@ class Mailbox:
                     return True
             elif not self._closed and self._kept is not None:
                 return self._keep(self._kept, message)
-        fail_reply(message, PoolClosedError(self.pool))
+            vacant = self._vacant
+        fail_reply(message, NotLeasedError(self.key) if vacant else PoolClosedError(self.pool))
         return False
 
     def _keep(self, kept: list[Any], message: Any) -> bool:
@@ -184,14 +211,16 @@ class Mailbox:
                 ref.tell(message)
             return True
 
-    def close(self) -> pykka.ActorRef[Any] | None:
-        """Refuse every later message; returns the actor to stop.
+    def close(self, *, vacant: bool = False) -> pykka.ActorRef[Any] | None:
+        """Refuse every later message; returns the actor to stop. ``vacant``: because
+        another worker serves the instance now (a caller is told so).
 
         Messages kept for a successor are dropped: storage holds what they
         stand for.
         """
         with self._lock:
             self._closed = True
+            self._vacant = self._vacant or vacant
             kept, self._kept = self._kept, None
             if kept is not None:
                 self._activity.done(self.key, len(kept))

@@ -28,15 +28,17 @@ from dopool._direct import DirectEnqueue
 from dopool._directory import Directory, PoolAddress
 from dopool._errors import ConfigurationError, PoolClosedError, SimulationStalledError
 from dopool._instance import InstanceEnv, InstanceMemory, PoolSpec
-from dopool._instances import Instances
-from dopool._layout import Namespace, follow_ups_to
+from dopool._instances import Instances, record_concurrency
+from dopool._keeper import check_shared, keep_leases, serve_pool
+from dopool._layout import Namespace
+from dopool._leases import DEFAULT_LEASE_TTL, check_lease_ttl
 from dopool._mailbox import Mailbox
 from dopool._messages import Item
 from dopool._options import PoolOptions, PoolOptionsDict
 from dopool._pool import PoolContext, WorkerPool, provide_default_runtime
 from dopool._router import Router
 from dopool._storage import Store
-from dopool._supervisor import KillFlag, Supervisor, recover_first
+from dopool._supervisor import KillFlag, Supervisor
 from dopool._types import PoolEvent
 from dopool._validation import check_path, check_pool_name, prepare
 from dopool._waits import WaitGraph
@@ -65,9 +67,13 @@ class Runtime:
         trace: a file path to write every :class:`PoolEvent` to, as JSON lines.
         poll_interval: under a real clock, seconds between looks at the store for what
             producers (``dopool.connect``) committed and whose wake-up was lost.
+        shared: open the store as one of several worker processes (real clock only):
+            each serves the instances whose leases it holds.
+        lease_ttl: under a real clock, seconds a lease lasts unless renewed.
 
     Raises:
-        StoreLockedError: another runtime holds ``path``.
+        StoreLockedError: another runtime holds ``path`` (any, or an exclusive one if
+            ``shared``).
         ConfigurationError: a bad option.
     """
 
@@ -81,9 +87,12 @@ class Runtime:
         faults: FaultPlan | None = None,
         trace: str | os.PathLike[str] | None = None,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
+        shared: bool = False,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
     ) -> None:
         check_path(path)
         check_poll_interval(poll_interval)
+        self.lease_ttl = check_lease_ttl(lease_ttl)
         _check_seed(seed)
         if durability not in DURABILITY_MODES:
             raise ConfigurationError(f"durability must be 'sync' or 'async', got {durability!r}")
@@ -94,13 +103,16 @@ class Runtime:
         self.faults = faults
         self._owns_clock = clock is None
         self.clock: Clock = RealClock() if clock is None else clock
+        self.shared = check_shared(shared, self.clock)
         # seed=None means "not reproducible": draw one, so jitter still varies run to run.
         self.seed = secrets.randbits(64) if seed is None else seed
         self.durability = durability
         backend = self.clock.backend
         waiter = backend.waiter("the store")  # a writer waiting for another
         one_thread = backend.runner is not None
-        self._store = Store(path, durability=durability, latch=waiter, one_thread=one_thread)
+        self._store = Store(
+            path, durability=durability, latch=waiter, one_thread=one_thread, shared=shared
+        )
         self.path = self._store.path
         self._lock = threading.RLock()
         self._emit_lock = threading.Lock()
@@ -132,7 +144,9 @@ class Runtime:
                 self._store.close()
                 raise ConfigurationError(f"cannot open trace file {str(trace)!r}: {exc}") from exc
         self.poll_interval = float(poll_interval)  # the watcher last: nothing above closes it
-        self._watcher = watch_store(self.clock, self.path, self.poll_interval, self._store)
+        self._keeper = keep_leases(self.clock, self._store, self.lease_ttl, shared=shared)
+        owner = None if self._keeper is None or not shared else self._keeper.book.worker.owner
+        self._watcher = watch_store(self.clock, self.path, self.poll_interval, self._store, owner)
         self._pid = os.getpid()
         with _open_lock:
             _open.add(self)  # closed at interpreter exit, if not before
@@ -254,7 +268,7 @@ class Runtime:
                 raise PoolClosedError(name)
             if name in self._pools:
                 raise ConfigurationError(f"pool {name!r} is already defined in this runtime")
-            self._record_concurrency(name, concurrency)
+            record_concurrency(self._store, name, concurrency)
             schema = options.schema
 
             def prepare_follow_up(event: Any, partition_key: str | None, priority: int) -> Item:
@@ -296,14 +310,11 @@ class Runtime:
                     for index in range(concurrency)
                 ],
                 faults=[FaultInjector(self.faults, name, index) for index in range(concurrency)],
+                holds=self._keeper.book.holds if self.shared and self._keeper else None,
             )
-            for supervisor in supervisors:
-                supervisor.start()
             self._supervisors.append(supervisors)
             try:
-                # One instance at a time, so a simulated run's trace is deterministic.
-                for supervisor in supervisors:
-                    recover_first(supervisor)
+                serve_pool(self._keeper, name, supervisors, env.memories)
             except BaseException:  # e.g. a damaged record: stop what was started, raise
                 self._supervisors.remove(supervisors)
                 for supervisor in supervisors:
@@ -324,38 +335,6 @@ class Runtime:
                 namespaces = [Namespace(name, index) for index in range(concurrency)]
                 self._watcher.watch(name, namespaces, env.memories, mailboxes)
             return pool
-
-    def _record_concurrency(self, name: str, concurrency: int) -> None:
-        """Store the pool's concurrency, refusing a change while old instances hold work,
-        or while any pool's outbox holds follow-ups routed to its old instances."""
-        store = self._store
-        with store.write() as txn:
-            previous = store.get_pool(txn, name)
-            if previous == concurrency:
-                return
-            if previous is not None:
-                for index in range(previous):
-                    meta = Namespace(name, index).load_meta(txn)
-                    held = meta.held_dead_letters
-                    if meta.pending or meta.outbox or held:
-                        raise ConfigurationError(
-                            f"pool {name!r} was stored with concurrency {previous}; changing it "
-                            f"to {concurrency} would move instance {index}'s {meta.pending} "
-                            f"pending events, {meta.outbox} follow-ups and {held} "
-                            "dead letters to other partitions. Drain and purge it first, or "
-                            f"keep concurrency={previous}"
-                        )
-                incoming = follow_ups_to(txn, name)
-                if incoming:
-                    where = ", ".join(f"{count} in {ident}'s" for ident, count in incoming.items())
-                    raise ConfigurationError(
-                        f"pool {name!r} was stored with concurrency {previous}; changing it to "
-                        f"{concurrency} would deliver follow-ups routed to its old instances "
-                        f"({where} outbox) to other partitions, or to none. Define it with "
-                        f"concurrency={previous} until they are delivered (join the pools "
-                        "that hold them), then change it"
-                    )
-            store.put_pool(txn, name, concurrency)
 
     def close(self) -> None:
         """Stop every actor gracefully (a running handler finishes), then close the store.
@@ -388,6 +367,8 @@ class Runtime:
             self._closed = True
             pools, self._supervisors = self._supervisors, []
             self._defined.clear()  # the tools' registrations (_ports) end with the pools
+            if self._keeper is not None:  # no lease taken starts an instance now
+                self._keeper.stop_serving()
         with _open_lock:
             _open.discard(self)
         stops = [(sup.mailbox, sup.close()) for supervisors in pools for sup in supervisors]
@@ -419,15 +400,17 @@ class Runtime:
                 try:
                     stop.get(timeout=timeout)
                 except (pykka.Timeout, SimulationStalledError):  # the latter: for ever
-                    abandoned.append(mailbox.key)
+                    abandoned.append(mailbox)
             self.clock.set_alarm(mailbox, None)
+        if self._keeper is not None:  # others take the leases now; the abandoned expire
+            self._keeper.close(keep=[mailbox.order for mailbox in abandoned])
         if abandoned:
             logger.warning(
                 "closing the runtime of %r: instance(s) %s still running after the grace "
                 "period, or waiting for what nothing will bring; abandoned, their attempts "
                 "count as interrupted when the store is next opened",
                 str(self.path),
-                ", ".join(abandoned),
+                ", ".join(mailbox.key for mailbox in abandoned),
             )
         with self._emit_lock:
             if self._trace is not None:

@@ -8,16 +8,11 @@ errors are mapped to :class:`StorageError` here.
 
 from __future__ import annotations
 
-import datetime as _dt
-import errno
-import fcntl
 import logging
 import os
-import socket
-import stat
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,7 +24,6 @@ from dopool._errors import (
     StorageError,
     StoreDamagedError,
     StoreFormatError,
-    StoreLockedError,
     StoreNotFoundError,
 )
 from dopool._layout import (
@@ -43,6 +37,7 @@ from dopool._layout import (
     seal_format,
 )
 from dopool._lmdbfile import missing_pages_are_free
+from dopool._storelock import StoreLock
 from dopool._writerlock import WriterLock
 
 # Virtual address space only: LMDB grows the file as pages are used.
@@ -55,76 +50,8 @@ Txn = Any  # an lmdb.Transaction; lmdb ships no type hints
 T = TypeVar("T")
 
 
-class _StoreLock:
-    """An exclusive ``flock`` on ``<path>/lock``; the file names the holder.
-
-    ``flock`` locks belong to an open file description, so a second runtime in
-    the same process conflicts exactly like one in another process. Every
-    ``OSError`` becomes a :class:`StorageError`, except a held lock.
-    """
-
-    def __init__(self, directory: Path) -> None:
-        self._file = directory / "lock"
-        where = str(self._file)
-        # O_NOFOLLOW: a planted symlink must not get its target truncated (or created).
-        # O_NONBLOCK: a planted FIFO must not block the open; no effect on a regular file.
-        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
-        try:
-            fd = os.open(self._file, flags, 0o644)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP and self._file.is_symlink():
-                raise StorageError(
-                    f"lock file {where!r} is a symbolic link; dopool does not follow it"
-                ) from exc
-            raise StorageError(f"cannot open lock file {where!r}: {_reason(exc)}") from exc
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise StorageError(f"lock file {where!r} is not a regular file")
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
-                    raise StorageError(f"cannot lock store {str(directory)!r}: {exc}") from exc
-                raise StoreLockedError(path=str(directory), holder=_holder(fd)) from None
-            started = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-            text = f"pid {os.getpid()} on {socket.gethostname()} since {started}"
-            try:
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, text.encode(), 0)
-            except OSError as exc:
-                raise StorageError(f"cannot write lock file {where!r}: {_reason(exc)}") from exc
-        except BaseException:
-            os.close(fd)  # releases the flock, if taken
-            raise
-        self._fd: int | None = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            with suppress(OSError):  # a stale holder text is harmless: the flock decides
-                os.ftruncate(self._fd, 0)
-            os.close(self._fd)  # closing the descriptor releases the flock
-            self._fd = None
-
-
-def _reason(exc: OSError) -> str:
-    return exc.strerror or str(exc)
-
-
-def _holder(fd: int) -> str:
-    """Who holds the lock, as its holder wrote it in the file."""
-    try:
-        text = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
-    except OSError:
-        text = ""
-    if not text:
-        return "another runtime"
-    if text.startswith(f"pid {os.getpid()} "):
-        return f"{text} (this process)"
-    return text
-
-
 class Store:
-    """One LMDB environment in a directory, locked for one runtime at a time.
+    """One LMDB environment in a directory, locked for one runtime, or shared by workers.
 
     ``durability="sync"`` fsyncs every commit; ``"async"`` leaves commits in the
     OS page cache, which survives a crash of the process but not of the OS.
@@ -137,15 +64,17 @@ class Store:
         durability: str = "sync",
         latch: Any = None,
         one_thread: bool = False,
+        shared: bool = False,
     ) -> None:
         """``latch``: what a writer waiting for another waits on (``Backend.waiter``);
-        ``one_thread``: every writer runs on one thread (the greenlet backend)."""
+        ``one_thread``: every writer runs on one thread (the greenlet backend);
+        ``shared``: take the store lock shared, as one of several workers."""
         self.path = Path(path)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StorageError(f"cannot create store directory {str(self.path)!r}: {exc}") from exc
-        self._lock = _StoreLock(self.path)
+        self._lock = StoreLock(self.path, shared=shared)
         sync = durability == "sync"
         try:
             _check_data_file(self.path)

@@ -124,6 +124,22 @@ class Supervisor:
         """Start the first incarnation."""
         self.mailbox.attach(self._start(self._kill))
 
+    def reopen(self) -> None:
+        """Make a closed (or never started) instance startable again, as new: a shared
+        runtime's instance whose lease it takes (:mod:`dopool._keeper`)."""
+        with self._lock:
+            self.mailbox.reopen()
+            self._kill = KillFlag()
+            self.kill_reason = None
+            self._recovering = False
+            self._unrecorded = 0
+            self.crash_streak = 0
+
+    def vacate(self) -> None:
+        """Leave the address without an actor, refusing callers: not served here."""
+        with self._lock:
+            self.mailbox.vacate()
+
     @property
     def kill_flag(self) -> KillFlag:
         """Set when the current incarnation must crash at its next fault point."""
@@ -161,7 +177,8 @@ class Supervisor:
         Not while it is killed or recovering, so that a call made after ``kill``
         returned still comes after the crash and the recovery; nor once closed.
         """
-        return not (self.mailbox.closed or self._recovering or self._kill.raised)
+        mailbox = self.mailbox
+        return not (mailbox.closed or mailbox.vacant or self._recovering or self._kill.raised)
 
     def handled(self, message: Any) -> None:
         """The actor handled ``message`` without crashing (called with the turn held)."""
@@ -230,10 +247,11 @@ class Supervisor:
             self._waiting = None
             self.mailbox.reattach(partial(self._start, self._kill))
 
-    def close(self) -> pykka.ActorRef[Any] | None:
-        """Close the mailbox; returns the actor to stop. A waiting restart never happens."""
+    def close(self, *, vacant: bool = False) -> pykka.ActorRef[Any] | None:
+        """Close the mailbox; returns the actor to stop. A waiting restart never happens.
+        ``vacant``: another worker serves the instance now (see ``Mailbox.close``)."""
         with self._lock:
-            ref = self.mailbox.close()
+            ref = self.mailbox.close(vacant=vacant)
             waiting, self._waiting = self._waiting, None
         if waiting is not None:
             self._clock.set_alarm(waiting, None)
@@ -249,8 +267,9 @@ def ends_crash_streak(message: Any) -> bool:
     return type(message) not in (Recover, Kill)
 
 
-def recover_first(supervisor: Supervisor) -> None:
-    """Run an instance's first recovery and wait for it.
+def recover_first(supervisor: Supervisor, restarts: int = 0) -> None:
+    """Run an instance's first recovery and wait for it; ``restarts`` to count with it
+    (an instance taken over from a worker whose lease expired counts one).
 
     If that recovery crashes, the supervisor restarts the instance and its
     successor recovers first thing; asking again waits for that (a recovery
@@ -258,9 +277,13 @@ def recover_first(supervisor: Supervisor) -> None:
     a backoff, the instance is left to its supervisor: under a simulated clock
     nobody would drive the clock to the restart.
     """
+    if restarts:
+        with supervisor._lock:
+            supervisor._unrecorded += restarts
     while True:
         reply = supervisor.mailbox.reply()
-        supervisor.mailbox.send(Recover(reply))
+        supervisor.mailbox.send(Recover(reply, restarts=restarts))
+        restarts = 0  # a crashed recovery's successor counts them (``crashed``)
         try:
             reply.get()
         except InstanceCrashedError:

@@ -5,10 +5,13 @@ from another process; the instance's actor, in the runtime that owns the store,
 does not know until it is told. Two ways tell it:
 
 - **The wake-up socket.** The owning runtime binds a UNIX datagram socket,
-  ``<store>/wake.sock``, and a daemon thread reads it. After each commit a
-  producer sends one datagram per instance it wrote, ``<pool> NUL <index>``,
-  from a non-blocking socket, and never waits nor fails for it: with no owner, a
-  dead owner's socket file or a full buffer, the datagram is dropped.
+  ``<store>/wake.sock`` (an exclusive runtime's) or ``<store>/wake/<owner>.sock``
+  (a shared worker's, named by its owner id), and a daemon thread reads it. After
+  each commit a producer sends one datagram per instance it wrote, ``<pool> NUL
+  <index>``, to the socket of the worker the instance's lease names (else, or if
+  that one is not there, to ``wake.sock``), from a non-blocking socket, and never
+  waits nor fails for it: with no owner, a dead owner's socket file or a full
+  buffer, the datagram is dropped.
 - **The poll.** Every ``poll_interval`` seconds the same thread compares each
   defined instance's stored meta with the bytes its last transaction left
   (``InstanceMemory.raw``) and wakes those another process changed. A lost
@@ -47,14 +50,17 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("dopool")
 
-#: The wake-up socket's name in the store directory.
+#: The wake-up socket's name in the store directory (an exclusive runtime's).
 WAKE_SOCKET = "wake.sock"
+#: The directory of shared workers' wake-up sockets, ``<owner>.sock`` each.
+WAKE_DIRECTORY = "wake"
 #: Seconds between a real-clock runtime's polls of its store (``Runtime(poll_interval=)``),
 #: and the most it takes.
 DEFAULT_POLL_INTERVAL = 1.0
 MAX_POLL_INTERVAL = 3600.0
 _MAX_ADDRESS = 107  # bytes of path a socket address holds (108 with its NUL)
 _MAX_DATAGRAM = 128  # a pool name (64) and an index, with room to spare
+_MAX_WORKERS = 64  # shared workers' socket addresses a producer keeps
 _BURST = 256  # datagrams read in a row before the poll's turn is checked again
 
 
@@ -78,13 +84,24 @@ def check_poll_interval(seconds: object) -> None:
         )
 
 
+def worker_socket(owner: str) -> str:
+    """A shared worker's wake-up socket, relative to the store directory."""
+    return f"{WAKE_DIRECTORY}/{owner}.sock"
+
+
 def watch_store(
-    clock: Clock, directory: Path, poll_interval: float, store: WatchedStore
+    clock: Clock,
+    directory: Path,
+    poll_interval: float,
+    store: WatchedStore,
+    owner: str | None = None,
 ) -> StoreWatcher | None:
-    """A runtime's watcher, started; None under a clock that does not watch (simulated)."""
+    """A runtime's watcher, started; None under a clock that does not watch (simulated).
+    ``owner``: a shared worker's id, whose socket it binds (else ``wake.sock``)."""
     if not clock.watches_store:
         return None
-    return StoreWatcher(directory, poll_interval, store)
+    name = WAKE_SOCKET if owner is None else worker_socket(owner)
+    return StoreWatcher(directory, poll_interval, store, name)
 
 
 def wake_message(pool: str, index: int) -> bytes:
@@ -113,15 +130,15 @@ class _Address:
 
     __slots__ = ("_fd", "address", "path")
 
-    def __init__(self, directory: Path) -> None:
-        self.path = str(directory / WAKE_SOCKET)
+    def __init__(self, directory: Path, name: str = WAKE_SOCKET) -> None:
+        self.path = str(directory / name)
         self.address = self.path
         self._fd: int | None = None
         if len(os.fsencode(self.path)) > _MAX_ADDRESS:
             flags = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
             with suppress(OSError):
                 self._fd = os.open(directory, flags)
-                self.address = f"/proc/self/fd/{self._fd}/{WAKE_SOCKET}"
+                self.address = f"/proc/self/fd/{self._fd}/{name}"
 
     def close(self) -> None:
         fd, self._fd = self._fd, None
@@ -133,28 +150,55 @@ class Notifier:
     """A producer's side: send wake-ups to the owner's socket, never blocking, never raising."""
 
     def __init__(self, directory: Path) -> None:
+        self._directory = directory
         self._target = _Address(directory)
         self._address = self._target.address
+        self._workers: dict[str, _Address] = {}  # shared workers' sockets, by owner id
         self._socket: socket.socket | None = None
         with suppress(OSError):  # no socket: the owner's poll covers every event
             kind = socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
             self._socket = socket.socket(socket.AF_UNIX, kind)
 
-    def wake(self, pool: str, index: int) -> None:
-        """Ask the owner to wake one instance; silently nothing if it cannot hear."""
+    def wake(self, pool: str, index: int, owner: str | None = None) -> None:
+        """Ask the owner to wake one instance; silently nothing if it cannot hear.
+
+        ``owner``: the worker the instance's lease names, tried first; ``wake.sock``
+        (an exclusive runtime's) if there is none, or if its socket is not there.
+        """
         sock = self._socket
         if sock is None:
             return
+        message = wake_message(pool, index)
+        if owner is not None:
+            target = self._workers.get(owner)
+            if target is None:
+                if len(self._workers) >= _MAX_WORKERS:  # owners come and go: forget them
+                    self._forget_workers()
+                target = self._workers[owner] = _Address(self._directory, worker_socket(owner))
+            try:
+                sock.sendto(message, target.address)
+            except (FileNotFoundError, ConnectionRefusedError):
+                pass  # an exclusive runtime's lease: it listens on wake.sock
+            except OSError:
+                return  # a full buffer, say: the poll delivers
+            else:
+                return
         # No owner (ENOENT), a dead owner's file (ECONNREFUSED), a full buffer (EAGAIN),
         # a path too long for a socket address, a closed socket: the poll delivers.
         with suppress(OSError):
-            sock.sendto(wake_message(pool, index), self._address)
+            sock.sendto(message, self._address)
+
+    def _forget_workers(self) -> None:
+        workers, self._workers = self._workers, {}
+        for address in workers.values():
+            address.close()
 
     def close(self) -> None:
         sock, self._socket = self._socket, None
         if sock is not None:
             sock.close()
         self._target.close()
+        self._forget_workers()
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,8 +220,15 @@ class StoreWatcher:
             slots of processes that died inside a read (``Store.clear_stale_readers``).
     """
 
-    def __init__(self, directory: Path, poll_interval: float, store: WatchedStore) -> None:
-        self._address = _Address(directory)
+    def __init__(
+        self,
+        directory: Path,
+        poll_interval: float,
+        store: WatchedStore,
+        name: str = WAKE_SOCKET,
+    ) -> None:
+        """``name``: the socket's path in ``directory``."""
+        self._address = _Address(directory, name)
         self._interval = poll_interval
         self._store = store
         self._pools: dict[str, _Watched] = {}  # replaced whole, read without a lock
@@ -204,10 +255,13 @@ class StoreWatcher:
     def _bind(self) -> socket.socket | None:
         """Bind the wake-up socket, replacing one a dead owner left; None if it cannot be.
 
-        The runtime holds the store lock, so no live owner uses a socket found there.
+        The runtime holds the store lock exclusively, or the name is its own owner id,
+        so no live owner uses a socket found there.
         Anything there that is not a socket is left alone, and then there is none.
         """
         path = self._address.path
+        with suppress(OSError):  # a shared worker's: in wake/ (if that fails, the bind says)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
         try:
             if stat.S_ISSOCK(os.lstat(path).st_mode):
                 os.unlink(path)

@@ -39,6 +39,7 @@ from typing import NoReturn
 from dopool._closing import Closing
 from dopool._connect import connect
 from dopool._errors import ConfigurationError, DopoolError
+from dopool._leases import DEFAULT_LEASE_TTL
 from dopool._runtime import Runtime, begin_close
 from dopool._sim.app import AppError, load_app
 from dopool._sim.checks import ScenarioError
@@ -95,9 +96,17 @@ class Started:
 
 
 def open_worker(
-    app: str, store: str | os.PathLike[str], *, durability: str, poll_interval: float
+    app: str,
+    store: str | os.PathLike[str],
+    *,
+    durability: str,
+    poll_interval: float,
+    shared: bool = True,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
 ) -> Runtime:
     """Load ``app``, open a real-clock runtime on ``store`` and have the app define its pools.
+
+    ``shared``: as one of several workers, each serving the instances it leases.
 
     Nothing is stored if the app cannot be loaded; a store this call created is removed
     again if the app raises or defines no pool.
@@ -113,7 +122,13 @@ def open_worker(
         raise AppError(app, exc.problem) from None
     path = Path(store)
     created = not path.exists()
-    runtime = Runtime(path, durability=durability, poll_interval=poll_interval)
+    runtime = Runtime(
+        path,
+        durability=durability,
+        poll_interval=poll_interval,
+        shared=shared,
+        lease_ttl=lease_ttl,
+    )
     try:
         loaded.define_pools(runtime)
         if not runtime.pools:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import click
 from rich import box
@@ -13,6 +14,8 @@ from rich.text import Text
 from dopool._cli._store import _chosen_pools, _when
 from dopool._cli._terminal import _clean, _console
 from dopool._cli._values import JSON_TAGS, _json_text
+from dopool._clock import RealClock
+from dopool._layout import LeaseRecord
 from dopool._sim.storeview import open_view
 from dopool._types import PoolStatus
 
@@ -30,9 +33,18 @@ def status(path: Path, pool_name: str | None, as_json: bool) -> None:
         pools = _chosen_pools(view, pool_name)
         statuses = [view.status(name, count) for name, count in sorted(pools.items())]
         incoming = [view.follow_ups_to(status.name) for status in statuses]
+        leases = view.leases()
+    now = RealClock().now()
     if as_json:
         documents = [
-            {**dataclasses.asdict(status), "follow_ups_in_outboxes": waiting}
+            {
+                **dataclasses.asdict(status),
+                "follow_ups_in_outboxes": waiting,
+                "leases": {
+                    str(s.index): _lease_json(leases.get((status.name, s.index)), now)
+                    for s in status.instances
+                },
+            }
             for status, waiting in zip(statuses, incoming, strict=True)
         ]
         click.echo(_json_text({"store": str(path), "pools": documents}))
@@ -42,10 +54,31 @@ def status(path: Path, pool_name: str | None, as_json: bool) -> None:
         out.print(Text(f"store {_clean(path)}: no pools"))
         return
     for item, waiting in zip(statuses, incoming, strict=True):
-        out.print(_status_table(item, waiting))
+        served = {index: record for (pool, index), record in leases.items() if pool == item.name}
+        out.print(_status_table(item, waiting, served, now))
 
 
-def _status_table(item: PoolStatus, waiting: dict[str, int]) -> Table:
+def _lease_json(record: LeaseRecord | None, now: float) -> dict[str, Any] | None:
+    """An instance's lease for ``--json``: its owner, and seconds until it expires."""
+    if record is None:
+        return None
+    return {**record._asdict(), "expires_in": round(record.expires_at - now, 3)}
+
+
+def _lease_text(record: LeaseRecord | None, now: float) -> Text:
+    """Who serves an instance: ``pid P on HOST`` and how long its lease has left."""
+    if record is None:
+        return Text("-", style="dim")
+    left = record.expires_at - now
+    who = f"pid {record.pid} on {_clean(record.host)}"
+    if left <= 0:
+        return Text(f"{who}, expired {-left:,.0f} s ago", style="red")
+    return Text(f"{who}, {left:,.0f} s left")
+
+
+def _status_table(
+    item: PoolStatus, waiting: dict[str, int], leases: dict[int, LeaseRecord], now: float
+) -> Table:
     scheduled = f" ({item.scheduled:,} scheduled)" if item.scheduled else ""
     table = Table(
         title=Text(
@@ -66,6 +99,8 @@ def _status_table(item: PoolStatus, waiting: dict[str, int]) -> Table:
         table.add_column(name, justify="right")
     table.add_column("current", justify="right")
     table.add_column("next alarm", no_wrap=True)
+    if leases:  # a store no worker leased keeps its columns
+        table.add_column("lease")
     styles = {
         "paused": "yellow",
         "processing": "green",
@@ -87,6 +122,7 @@ def _status_table(item: PoolStatus, waiting: dict[str, int]) -> Table:
             f"{s.restarts:,}",
             current,
             _when(s.next_alarm_at),
+            *([_lease_text(leases.get(s.index), now)] if leases else []),
         )
     if waiting:  # follow-ups for this pool, committed, not in its queues yet
         places = ", ".join(f"{_clean(ident)} ({count:,})" for ident, count in waiting.items())

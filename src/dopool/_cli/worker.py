@@ -13,6 +13,7 @@ import click
 from dopool._cli._errors import CliError
 from dopool._cli._terminal import _clean
 from dopool._errors import StoreLockedError
+from dopool._leases import DEFAULT_LEASE_TTL
 from dopool._watch import DEFAULT_POLL_INTERVAL
 from dopool._worker import (
     DEFAULT_GRACE,
@@ -43,6 +44,14 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
     metavar="SECONDS", help="how often to look for producers' events whose wake-up was lost",
 )  # fmt: skip
 @click.option(
+    "--lease-ttl", type=float, default=DEFAULT_LEASE_TTL, show_default=True, metavar="SECONDS",
+    help="how long an instance's lease outlives this worker's last renewal (renewed every third)",
+)  # fmt: skip
+@click.option(
+    "--exclusive", is_flag=True,
+    help="own the store alone (the store lock exclusive), serving every instance",
+)  # fmt: skip
+@click.option(
     "--grace", type=float, default=DEFAULT_GRACE, show_default=True, metavar="SECONDS",
     help="after SIGTERM or SIGINT, how long running handlers get to finish",
 )  # fmt: skip
@@ -51,14 +60,22 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
     help="the level of the log lines written to stderr",
 )  # fmt: skip
 def worker(
-    app: str, store: Path, durability: str, poll_interval: float, grace: float, log_level: str
+    app: str,
+    store: Path,
+    durability: str,
+    poll_interval: float,
+    lease_ttl: float,
+    exclusive: bool,
+    grace: float,
+    log_level: str,
 ) -> None:
     """Run the pools APP defines on the store, in this process, until SIGTERM or SIGINT.
 
     APP is 'module:function' (the current directory is importable) or
     'file.py:function': a function that receives a Runtime opened on the store and
-    defines its pools (runtime.define(...)). One worker per store: a second one is
-    refused while the first holds the store lock.
+    defines its pools (runtime.define(...)). Several workers may serve one store:
+    each leases a fair share of the instances, renews its leases every third of
+    --lease-ttl, and takes over those of a worker that died once they expire.
 
     SIGTERM or SIGINT starts nothing more and gives running handlers --grace seconds;
     then the store closes, pending events stay stored, and the exit status is 0. A
@@ -75,17 +92,23 @@ def worker(
         sys.path.insert(0, os.getcwd())  # as `python -m` would: the app's project importable
     with signals() as wait:
         try:
-            runtime = open_worker(app, store, durability=durability, poll_interval=poll_interval)
+            runtime = open_worker(
+                app,
+                store,
+                durability=durability,
+                poll_interval=poll_interval,
+                shared=not exclusive,
+                lease_ttl=lease_ttl,
+            )
         except StoreLockedError as exc:
-            raise CliError(
-                f"{_clean(exc)}; one worker per store (several workers on one store come "
-                "with leases, not yet)"
-            ) from None
+            why = "runs" if exclusive else "owns it exclusively"
+            raise CliError(f"{_clean(exc)}; another worker or runtime {why}") from None
         pools = ", ".join(f"{_clean(name)} ({p.concurrency})" for name, p in runtime.pools.items())
         instances = sum(p.concurrency for p in runtime.pools.values())
         click.echo(
             f"dopool worker: store {_clean(runtime.path)}, pools {pools}, {instances} "
-            f"instances, pid {os.getpid()}, durability {durability}",
+            f"instances, pid {os.getpid()}, durability {durability}, "
+            + ("exclusive" if exclusive else f"shared, lease ttl {lease_ttl:g} s"),
         )
         stopped = serve(runtime, grace, wait, _stopping(grace))
     click.echo(_summary(stopped))

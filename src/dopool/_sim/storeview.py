@@ -39,7 +39,7 @@ from dopool._clock import RealClock, SimulatedClock
 from dopool._context import EventContext
 from dopool._errors import ConfigurationError, StorageError
 from dopool._filters import Filters, listed
-from dopool._layout import Namespace, follow_ups_to, pool_records
+from dopool._layout import LeaseRecord, Namespace, all_leases, follow_ups_to, pool_records
 from dopool._runtime import Runtime
 from dopool._status import read_pool_status
 from dopool._storage import check_store_path, open_readonly
@@ -75,6 +75,11 @@ class StoreView:
         """Every pool the store knows, by name, with its stored concurrency."""
         with self._read() as txn:
             return pool_records(txn)
+
+    def leases(self) -> dict[tuple[str, int], LeaseRecord]:
+        """Every instance's lease, by ``(pool, index)``: which worker serves it, until when."""
+        with self._read() as txn:
+            return {(pool, index): record for pool, index, record in all_leases(txn)}
 
     def status(self, name: str, concurrency: int) -> PoolStatus:
         """The same figures as ``pool.status()``, read from committed state."""

@@ -1,0 +1,263 @@
+"""Leases: which worker process serves which instance, decided in the store.
+
+Several worker processes may serve one store (``Runtime(path, shared=True)``); each
+instance is served by the one whose **lease** names it (``L <pool>:<index>`` →
+owner id, pid, host, epoch, expires_at), and each live worker keeps a **presence**
+record (``W <owner>`` → pid, host, expires_at) so that workers can count each other.
+Times are wall-clock epoch seconds; a lease lasts ``ttl`` seconds from its last
+renewal. This module is the bookkeeping, sans I/O: :class:`LeaseBook` takes a write
+transaction and the time, and says what changed; :mod:`dopool._keeper` runs it on a
+thread and starts and stops the instances it names.
+
+At each renewal a worker (one transaction, under the store's writer lock):
+
+1. writes its presence, and counts the live workers (presences not expired);
+2. extends each lease it holds, if the record still names it and its epoch;
+   one that names another (taken over while this worker hung) is **lost**;
+3. per pool, with ``fair = ceil(concurrency / live workers)``: holding more than
+   ``fair``, it names the excess to **release** (its instances stop gracefully,
+   then :meth:`LeaseBook.release` deletes the lease); holding fewer, it **takes**
+   free leases and expired ones, up to ``fair``. A lease taken over from another
+   worker after it expired gets ``epoch + 1``, and its instance's recovery counts a
+   restart.
+
+An exclusive runtime (the default ``Runtime(path)``) holds the store's exclusive lock,
+so no other worker lives: it takes every lease of its pools at once, stale ones too.
+
+**Fencing**: every write transaction of a shared worker's instance first checks
+(:meth:`LeaseBook.holds`) that the lease still names this worker and the epoch it
+took; if not, the transaction commits nothing and the instance stops here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import socket
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dopool._errors import ConfigurationError, DamagedRecordError
+from dopool._layout import (
+    LeaseRecord,
+    PresenceRecord,
+    all_presences,
+    delete_lease,
+    delete_presence,
+    get_lease,
+    put_lease,
+    put_presence,
+)
+
+Txn = Any
+
+#: Seconds a lease lasts after its last renewal (``Runtime(lease_ttl=)``,
+#: ``dopool worker --lease-ttl``); a worker renews every third of it.
+DEFAULT_LEASE_TTL = 10.0
+MAX_LEASE_TTL = 3600.0
+#: Renewals per ttl.
+RENEWALS = 3
+
+
+def check_lease_ttl(seconds: object) -> float:
+    """``seconds`` as a float, if it is a lease ttl: > 0 and <= ``MAX_LEASE_TTL``.
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not 0 < seconds <= MAX_LEASE_TTL
+    ):
+        raise ConfigurationError(
+            f"lease_ttl must be seconds > 0 and <= {MAX_LEASE_TTL:g}, got {seconds!r}"
+        )
+    return float(seconds)
+
+
+def new_owner_id() -> str:
+    """A worker's id, unique per process: its host, its pid and a random part."""
+    host = "".join(c if (c.isascii() and c.isalnum()) or c in "-._" else "_" for c in _host())
+    return f"{host[:64] or 'host'}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _host() -> str:
+    return socket.gethostname()
+
+
+def lease_owner(txn: Txn, pool: str, index: int) -> str | None:
+    """The owner id ``pool:index``'s lease names, for a wake-up; None if none (or damaged:
+    ``dopool check`` reports it, and the poll wakes the instance)."""
+    try:
+        record = get_lease(txn, pool, index)
+    except DamagedRecordError:
+        return None
+    return None if record is None else record.owner
+
+
+Where = tuple[str, int]  # (pool, index)
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """A lease taken at a renewal: its instance starts here, recovering from the store."""
+
+    pool: str
+    index: int
+    epoch: int
+    expired: bool  # taken over from another worker whose lease expired: count a restart
+
+
+@dataclass(slots=True)
+class Renewal:
+    """What a renewal changed: leases taken, lost, and to release."""
+
+    taken: list[Taken] = field(default_factory=list)
+    lost: list[Where] = field(default_factory=list)
+    release: list[Where] = field(default_factory=list)
+    live: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """Who this worker is, as its records name it."""
+
+    owner: str
+    pid: int
+    host: str
+
+    @classmethod
+    def this_process(cls) -> Worker:
+        return cls(new_owner_id(), os.getpid(), _host())
+
+
+class LeaseBook:
+    """This worker's leases: what it holds (and each one's epoch), decided in transactions.
+
+    ``exclusive``: the runtime holds the store exclusively, so it takes every lease
+    of its pools whoever's record is there. Its methods run in a write transaction
+    the caller gives; :meth:`holds` may run on any thread (it reads a dict).
+    """
+
+    def __init__(self, worker: Worker, ttl: float, *, exclusive: bool) -> None:
+        self.worker = worker
+        self.ttl = ttl
+        self.exclusive = exclusive
+        self._pools: dict[str, int] = {}  # concurrency, by pool
+        self._held: dict[Where, int] = {}  # epoch, by instance; replaced whole
+        self._releasing: set[Where] = set()
+        self._lock = threading.Lock()
+
+    def add_pool(self, pool: str, concurrency: int) -> None:
+        with self._lock:
+            self._pools[pool] = concurrency
+
+    @property
+    def held(self) -> dict[Where, int]:
+        """The leases held, by instance: each one's epoch."""
+        return self._held
+
+    def restore(self, held: dict[Where, int]) -> None:
+        """A renewal's transaction rolled back: the leases held are ``held`` again."""
+        with self._lock:
+            self._held = held
+
+    def holds(self, txn: Txn, pool: str, index: int) -> bool:
+        """Whether the store's lease of ``pool:index`` names this worker at the epoch it took.
+
+        An expired lease nobody took yet still does: its renewal extends it.
+        """
+        epoch = self._held.get((pool, index))
+        if epoch is None:
+            return False
+        record = get_lease(txn, pool, index)
+        return record is not None and record.owner == self.worker.owner and record.epoch == epoch
+
+    def renew(self, txn: Txn, now: float) -> Renewal:
+        """One renewal at wall-clock ``now`` (see the module's docstring)."""
+        with self._lock:
+            return self._renew(txn, now)
+
+    def _renew(self, txn: Txn, now: float) -> Renewal:
+        me = self.worker
+        until = now + self.ttl
+        put_presence(txn, me.owner, PresenceRecord(me.pid, me.host, until))
+        live = 1
+        for owner, presence in list(all_presences(txn)):
+            if owner == me.owner:
+                continue
+            if presence.expires_at > now:
+                live += 1
+            else:  # a dead (or hung) worker's: it writes it again if it wakes
+                delete_presence(txn, owner)
+        renewal = Renewal(live=live)
+        held = dict(self._held)
+        for (pool, index), epoch in sorted(held.items()):
+            if self.holds(txn, pool, index):
+                put_lease(txn, pool, index, LeaseRecord(me.owner, me.pid, me.host, epoch, until))
+            else:
+                renewal.lost.append((pool, index))
+                del held[(pool, index)]
+                self._releasing.discard((pool, index))
+        for pool, concurrency in sorted(self._pools.items()):
+            fair = concurrency if self.exclusive else math.ceil(concurrency / live)
+            mine = sorted(index for p, index in held if p == pool)
+            staying = [i for i in mine if (pool, i) not in self._releasing]
+            if len(staying) > fair:
+                for index in staying[fair:]:
+                    self._releasing.add((pool, index))
+                    renewal.release.append((pool, index))
+                continue
+            wanted = fair - len(mine)
+            for index in range(concurrency):
+                if wanted <= 0:
+                    break
+                if (pool, index) in held:
+                    continue
+                taken = self._take(txn, pool, index, now, until)
+                if taken is not None:
+                    held[(pool, index)] = taken.epoch
+                    renewal.taken.append(taken)
+                    wanted -= 1
+        self._held = held
+        return renewal
+
+    def _take(self, txn: Txn, pool: str, index: int, now: float, until: float) -> Taken | None:
+        """Take ``pool:index``'s lease if it is free or expired (any, if exclusive)."""
+        me = self.worker
+        record = get_lease(txn, pool, index)
+        if record is None:
+            epoch, expired = 1, False
+        elif self.exclusive:
+            epoch, expired = record.epoch + 1, False
+        elif record.expires_at <= now:
+            epoch, expired = record.epoch + 1, record.owner != me.owner
+        else:
+            return None
+        put_lease(txn, pool, index, LeaseRecord(me.owner, me.pid, me.host, epoch, until))
+        return Taken(pool, index, epoch, expired)
+
+    def release(self, txn: Txn, pool: str, index: int) -> None:
+        """Give up ``pool:index``'s lease (its instance has stopped): deleted if still ours."""
+        with self._lock:
+            if self.holds(txn, pool, index):
+                delete_lease(txn, pool, index)
+            held = dict(self._held)
+            held.pop((pool, index), None)
+            self._held = held
+            self._releasing.discard((pool, index))
+
+    def leave(self, txn: Txn, keep: Iterable[Where] = ()) -> None:
+        """Delete every lease held but those in ``keep`` (left to expire), and the presence."""
+        kept = set(keep)
+        with self._lock:
+            for pool, index in sorted(self._held):
+                if (pool, index) not in kept and self.holds(txn, pool, index):
+                    delete_lease(txn, pool, index)
+            self._held = {where: e for where, e in self._held.items() if where in kept}
+            self._releasing.clear()
+            delete_presence(txn, self.worker.owner)

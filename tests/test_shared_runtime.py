@@ -1,0 +1,239 @@
+"""Shared runtimes: several workers serving one store, each the instances it leases.
+
+Two ``Runtime(path, shared=True)`` in this process stand for two worker processes
+(each has its own store lock descriptor, owner id, keeper and wake-up socket); the
+real-process tests are ``tests/test_lease_processes.py``. Nothing here sleeps to wait
+for the engine: it waits for a condition, with a timeout.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dopool
+from dopool import (
+    ConfigurationError,
+    EventContext,
+    InstanceCrashedError,
+    NotLeasedError,
+    Runtime,
+    SimulatedClock,
+    StoreLockedError,
+)
+from dopool._layout import LeaseRecord, Namespace, all_leases, get_lease, put_lease
+from dopool._sim.storeview import open_view
+
+WAIT = 30.0
+TTL = 0.6  # renewed every 0.2 s
+
+
+def until(predicate: Callable[[], bool], what: str) -> None:
+    """Wait for ``predicate`` (checked every 20 ms), at most ``WAIT`` seconds."""
+    pause = threading.Event()
+    for _ in range(int(WAIT / 0.02)):
+        if predicate():
+            return
+        pause.wait(0.02)
+    raise AssertionError(f"waited {WAIT} s for {what}")
+
+
+class Ran:
+    """What the handlers ran, in order, in both runtimes: (runtime, index, sequence)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.log: list[tuple[str, int, int]] = []
+
+    def handler(self, who: str) -> Callable[[EventContext], None]:
+        def run(ctx: EventContext) -> None:
+            with self.lock:
+                self.log.append((who, ctx.instance_index, ctx.sequence))
+
+        return run
+
+
+def _shared(path: Path, who: str, ran: Ran, **options: Any) -> Runtime:
+    options = {"lease_ttl": TTL, **options}
+    runtime = Runtime(path, shared=True, poll_interval=0.05, **options)
+    runtime.define("jobs", execute=ran.handler(who), concurrency=4)
+    return runtime
+
+
+def _held(runtime: Runtime) -> set[int]:
+    keeper = runtime._keeper
+    assert keeper is not None
+    return {index for _, index in keeper.book.held}
+
+
+def _leases(where: Path | Runtime) -> dict[int, LeaseRecord]:
+    """The store's leases, read through an open runtime's store (LMDB opens a store once
+    per process), or from a closed store's path."""
+    if isinstance(where, Runtime):
+        with where._store.read() as txn:
+            return {index: record for _, index, record in all_leases(txn)}
+    with open_view(where) as view:
+        return {index: record for (_, index), record in view.leases().items()}
+
+
+def _metas(runtime: Runtime) -> list[Any]:
+    with runtime._store.read() as txn:
+        return [Namespace("jobs", index).load_meta(txn) for index in range(4)]
+
+
+@pytest.fixture
+def ran() -> Ran:
+    return Ran()
+
+
+@pytest.fixture
+def opened() -> Iterator[list[Runtime]]:
+    runtimes: list[Runtime] = []
+    yield runtimes
+    for runtime in runtimes:
+        runtime.close()
+
+
+def test_shared_needs_a_real_clock(store_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="shared=True needs a real clock"):
+        Runtime(store_path, shared=True, clock=SimulatedClock())
+    with pytest.raises(ConfigurationError, match="shared must be True or False"):
+        Runtime(store_path, shared="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="lease_ttl"):
+        Runtime(store_path, lease_ttl=0)
+
+
+def test_exclusive_and_shared_runtimes_exclude_each_other(store_path: Path) -> None:
+    with Runtime(store_path), pytest.raises(StoreLockedError, match="this process"):
+        Runtime(store_path, shared=True)
+    first = Runtime(store_path, shared=True)
+    second = Runtime(store_path, shared=True)  # shared workers coexist
+    try:
+        with pytest.raises(StoreLockedError) as refused:
+            Runtime(store_path)
+        assert refused.value.holder.count("(shared) (this process)") == 2
+    finally:
+        first.close()
+        second.close()
+    Runtime(store_path).close()  # and once they are gone, an exclusive one opens
+
+
+def test_an_exclusive_runtime_leases_every_instance_and_removes_them_at_close(
+    store_path: Path, ran: Ran
+) -> None:
+    runtime = Runtime(store_path)
+    runtime.define("jobs", execute=ran.handler("x"), concurrency=3)
+    leases = _leases(runtime)
+    keeper = runtime._keeper
+    assert keeper is not None
+    assert sorted(leases) == [0, 1, 2]
+    assert {record.owner for record in leases.values()} == {keeper.book.worker.owner}
+    runtime.close()
+    assert _leases(store_path) == {}
+    with Runtime.simulated(store_path) as simulated:  # a simulated one leases nothing
+        simulated.define("jobs", execute=ran.handler("s"), concurrency=3)
+        assert _leases(simulated) == {}
+
+
+def test_two_shared_runtimes_split_the_instances_and_serve_producers_in_order(
+    store_path: Path, ran: Ran, opened: list[Runtime]
+) -> None:
+    a = _shared(store_path, "a", ran)
+    opened.append(a)
+    assert _held(a) == {0, 1, 2, 3}  # alone: every instance
+    b = _shared(store_path, "b", ran)
+    opened.append(b)
+    until(lambda: len(_held(a)) == 2 and len(_held(b)) == 2, "a fair split")
+    until(lambda: len({r.owner for r in _leases(a).values()}) == 2, "the split committed")
+    assert _held(a) | _held(b) == {0, 1, 2, 3}
+    with pytest.raises(NotLeasedError, match="served by another worker"):
+        a.pools["jobs"].pause(min(_held(b)))  # a caller's message to an instance not here
+    with dopool.connect(store_path) as connection:
+        producer = connection.pool("jobs")
+        for number in range(80):
+            producer.enqueue({"n": number}, partition_key=f"k{number % 8}")
+        until(lambda: producer.status().succeeded == 80, "80 successes")
+    by_index: dict[int, list[int]] = defaultdict(list)
+    who: dict[int, set[str]] = defaultdict(set)
+    for runtime, index, sequence in ran.log:
+        by_index[index].append(sequence)
+        who[index].add(runtime)
+    assert sum(map(len, by_index.values())) == 80  # each once
+    for index, sequences in by_index.items():
+        assert sequences == sorted(sequences), f"instance {index} out of order"
+        assert who[index] == {"a" if index in _held(a) else "b"}
+
+
+def test_a_graceful_close_hands_the_instances_over_at_once_without_a_restart(
+    store_path: Path, ran: Ran, opened: list[Runtime]
+) -> None:
+    a = _shared(store_path, "a", ran, lease_ttl=30.0)  # expiry would take 30 s
+    b = _shared(store_path, "b", ran, lease_ttl=30.0)
+    opened.append(b)
+    a.close()  # deletes its leases: b's next renewal (10 s) takes them; force it now
+    keeper = b._keeper
+    assert keeper is not None
+    with keeper._lock:
+        keeper._renew_now()
+    assert _held(b) == {0, 1, 2, 3}
+    assert [record.epoch for record in _leases(b).values()] == [1, 1, 1, 1]
+    assert [meta.restarts for meta in _metas(b)] == [0, 0, 0, 0]
+
+
+def test_a_hung_worker_loses_its_leases_and_commits_nothing_more(
+    store_path: Path, ran: Ran, opened: list[Runtime]
+) -> None:
+    a = _shared(store_path, "a", ran)
+    opened.append(a)
+    keeper_a = a._keeper
+    assert keeper_a is not None
+    keeper_a._stop.set()  # a stops renewing, as a hung (SIGSTOPped) worker would
+    keeper_a._thread.join()
+    b = _shared(store_path, "b", ran)
+    opened.append(b)
+    owner_b = b._keeper.book.worker.owner if b._keeper else ""
+    until(
+        lambda: {record.owner for record in _leases(b).values()} == {owner_b},
+        "b taking every expired lease over",
+    )
+    assert {record.epoch for record in _leases(b).values()} == {2}
+    # Taken after expiry: each recovery counts a restart.
+    until(lambda: [meta.restarts for meta in _metas(b)] == [1, 1, 1, 1], "b's recoveries")
+    before = [meta.enqueued for meta in _metas(b)]
+    # a's instances, where they still run, have every transaction fenced off.
+    with pytest.raises((InstanceCrashedError, NotLeasedError)):
+        a.pools["jobs"].enqueue({"late": True}, partition_key="x")
+    assert [meta.enqueued for meta in _metas(b)] == before  # nothing committed
+    until(lambda: a.pools["jobs"]._mailboxes[0].closed, "a's instance stopping")
+
+
+def test_an_instance_whose_lease_names_another_worker_commits_nothing(
+    store_path: Path, opened: list[Runtime]
+) -> None:
+    started, go = threading.Event(), threading.Event()
+
+    def gated(_ctx: EventContext) -> None:
+        started.set()
+        go.wait(WAIT)
+
+    a = Runtime(store_path, shared=True, lease_ttl=30.0)  # no renewal during the test
+    opened.append(a)
+    pool = a.pools.get("jobs") or a.define("jobs", execute=gated, concurrency=4)
+    index = pool.enqueue({"first": True}, partition_key="p").instance_index
+    assert started.wait(WAIT)
+    with a._store.write() as txn:  # another worker took it over (a planted record)
+        record = get_lease(txn, "jobs", index)
+        assert record is not None
+        put_lease(txn, "jobs", index, record._replace(owner="someone-else", epoch=9))
+    go.set()  # the handler returns: its outcome's transaction is fenced off
+    until(lambda: pool._mailboxes[index].closed, "the instance stopping")
+    with pytest.raises(NotLeasedError, match=f"jobs:{index} is served by another worker"):
+        pool.enqueue({"second": True}, partition_key="p")
+    meta = _metas(a)[index]
+    assert (meta.enqueued, meta.succeeded, meta.pending) == (1, 0, 1)  # its success lost
+    assert meta.current is not None  # the attempt stays started: the holder's recovery
