@@ -8,7 +8,9 @@ pipe whose write end is ``WORKER_LOG_FD``: ``{"e": "start"|"end", "p", "k", "ind
 
 An event is a dict: ``gate: true`` makes the handler read one byte from the pipe
 ``WORKER_GATE_FD`` before it returns (the test lets it go); ``hang: true`` makes its
-first attempt never return.
+first attempt never return; ``gate_first: true`` gates the first attempt alone, and
+``rerun_seconds: S`` makes every later attempt take S seconds. Every line names the
+worker's ``pid``; with ``WORKER_HANDLER_SECONDS`` set, each attempt takes that long.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ not_a_function = 42
 
 
 def _log(line: dict[str, Any]) -> None:
+    line = {**line, "pid": os.getpid()}
     os.write(int(os.environ["WORKER_LOG_FD"]), (json.dumps(line) + "\n").encode())
 
 
@@ -37,10 +40,15 @@ def handle(ctx: EventContext) -> None:
         "attempt": ctx.attempt,
     }
     _log({"e": "start", **what})
-    if event.get("gate"):
+    if event.get("gate") or (event.get("gate_first") and ctx.attempt == 1):
         os.read(int(os.environ["WORKER_GATE_FD"]), 1)
+    if event.get("rerun_seconds") and ctx.attempt > 1:
+        threading.Event().wait(event["rerun_seconds"])  # a rerun's work takes this long
     if event.get("hang") and ctx.attempt == 1:
         threading.Event().wait()  # never returns
+    work = float(os.environ.get("WORKER_HANDLER_SECONDS", "0"))
+    if work:
+        threading.Event().wait(work)
     _log({"e": "end", **what})
 
 

@@ -3,10 +3,7 @@ stopped by SIGTERM or SIGINT within its grace, or at once."""
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
-import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +13,7 @@ import pytest
 
 import dopool
 from cli_support import assert_one_line_error, invoke
-from worker_support import TESTS, WAIT, Evidence, Worker, starts, workers
+from worker_support import TESTS, Evidence, Worker, acknowledged, produce, starts, workers
 
 
 @pytest.fixture
@@ -29,25 +26,6 @@ def evidence() -> Iterator[Evidence]:
 @pytest.fixture
 def worker() -> Iterator[Callable[..., Worker]]:
     yield from workers()
-
-
-def _produce(store: Path, producer: int, count: int) -> subprocess.Popen[str]:
-    child = [sys.executable, str(TESTS / "_connect_child.py")]
-    return subprocess.Popen(
-        [*child, "produce", str(store), "jobs", str(producer), str(count)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _acknowledged(proc: subprocess.Popen[str]) -> list[dict[str, Any]]:
-    out, err = proc.communicate(timeout=WAIT)
-    assert proc.returncode == 0, err
-    lines = out.splitlines()
-    assert lines[-1] == "done"
-    return [json.loads(line) for line in lines[:-1]]
 
 
 def _checked(store: Path) -> None:
@@ -66,8 +44,8 @@ def test_a_worker_runs_what_producers_enqueue_and_stops_gracefully_on_sigterm(
     """Producers in two processes; a handler running when SIGTERM comes finishes, the
     process exits 0, what was pending stays stored, and the next worker runs it."""
     first = worker(store_path, evidence, "--poll-interval", "0.2").ready()
-    producers = [_produce(store_path, p, 40) for p in range(2)]
-    acknowledged = [line for proc in producers for line in _acknowledged(proc)]
+    producers = [produce(store_path, p, 40) for p in range(2)]
+    acknowledged = [line for proc in producers for line in acknowledged(proc)]
     with dopool.connect(store_path) as connection:
         jobs = connection.pool("jobs")
         jobs.enqueue({"p": "gate", "k": 0, "gate": True}, partition_key="gate")

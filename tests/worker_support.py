@@ -84,14 +84,22 @@ class Worker:
     """A ``dopool worker _worker_app:APP`` process, its stdout read line by line."""
 
     def __init__(
-        self, store: Path, evidence: Evidence, *args: str, app: str = "app", concurrency: int = 2
+        self,
+        store: Path,
+        evidence: Evidence,
+        *args: str,
+        app: str = "app",
+        concurrency: int = 2,
+        work: float = 0.0,
     ) -> None:
+        """``work``: the seconds each attempt of the app's handler takes."""
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
             "WORKER_LOG_FD": str(evidence.fd),
             "WORKER_GATE_FD": str(evidence.gate_read),
             "WORKER_CONCURRENCY": str(concurrency),
+            "WORKER_HANDLER_SECONDS": str(work),
         }
         command = [sys.executable, "-m", "dopool", "worker", f"_worker_app:{app}"]
         self.proc = subprocess.Popen(
@@ -175,3 +183,25 @@ def workers() -> Iterator[Callable[..., Worker]]:
     yield start
     for worker in started:
         worker.kill()
+
+
+def produce(store: Path, producer: int, count: int) -> subprocess.Popen[str]:
+    """A producer process (``_connect_child.py produce``) enqueueing ``count`` events
+    into pool ``jobs``."""
+    child = [sys.executable, str(TESTS / "_connect_child.py")]
+    return subprocess.Popen(
+        [*child, "produce", str(store), "jobs", str(producer), str(count)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def acknowledged(proc: subprocess.Popen[str]) -> list[dict[str, Any]]:
+    """A producer's acknowledged events, once it has finished (it must succeed)."""
+    out, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode == 0, err
+    lines = out.splitlines()
+    assert lines[-1] == "done"
+    return [json.loads(line) for line in lines[:-1]]

@@ -66,14 +66,14 @@ def _lease_json(record: LeaseRecord | None, now: float) -> dict[str, Any] | None
 
 
 def _lease_text(record: LeaseRecord | None, now: float) -> Text:
-    """Who serves an instance: ``pid P on HOST`` and how long its lease has left."""
+    """Who serves an instance, ``PID@HOST``, and how long its lease has left."""
     if record is None:
         return Text("-", style="dim")
     left = record.expires_at - now
-    who = f"pid {record.pid} on {_clean(record.host)}"
+    who = f"{record.pid}@{_clean(record.host)}"
     if left <= 0:
-        return Text(f"{who}, expired {-left:,.0f} s ago", style="red")
-    return Text(f"{who}, {left:,.0f} s left")
+        return Text(f"{who} expired {-left:,.0f}s ago", style="red")
+    return Text(f"{who} {left:,.0f}s")
 
 
 def _status_table(
@@ -100,7 +100,7 @@ def _status_table(
     table.add_column("current", justify="right")
     table.add_column("next alarm", no_wrap=True)
     if leases:  # a store no worker leased keeps its columns
-        table.add_column("lease")
+        table.add_column("lease", no_wrap=True)  # pid@host, seconds left
     styles = {
         "paused": "yellow",
         "processing": "green",
