@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import dopool
+from cli_support import invoke
 from dopool import (
     ConfigurationError,
     EventContext,
@@ -237,3 +238,29 @@ def test_an_instance_whose_lease_names_another_worker_commits_nothing(
     meta = _metas(a)[index]
     assert (meta.enqueued, meta.succeeded, meta.pending) == (1, 0, 1)  # its success lost
     assert meta.current is not None  # the attempt stays started: the holder's recovery
+
+
+def test_a_producer_wakes_the_shared_worker_its_lease_names_through_its_socket(
+    store_path: Path, opened: list[Runtime]
+) -> None:
+    ran = threading.Event()
+    # No poll within the test: only the wake-up socket can start the event.
+    a = Runtime(store_path, shared=True, poll_interval=3600)
+    opened.append(a)
+    a.define("jobs", execute=lambda _ctx: ran.set(), concurrency=2)
+    keeper = a._keeper
+    assert keeper is not None
+    socket_file = store_path / "wake" / f"{keeper.book.worker.owner}.sock"
+    assert socket_file.is_socket()
+    assert not (store_path / "wake.sock").exists()  # an exclusive runtime's only
+    with dopool.connect(store_path) as connection:
+        connection.pool("jobs").enqueue({"x": 1})
+        assert ran.wait(WAIT)
+        ran.clear()
+        assert invoke("pause", str(store_path), "--pool", "jobs").exit_code == 0
+        connection.pool("jobs").enqueue({"x": 2})
+        assert not ran.is_set()  # paused: stored, not started (no wait: nothing runs it)
+        assert invoke("resume", str(store_path), "--pool", "jobs").exit_code == 0
+        assert ran.wait(WAIT)  # the resume woke the lease's owner
+    a.close()
+    assert not socket_file.exists()
