@@ -27,6 +27,7 @@ from dopool._types import InstanceStatus, PoolStatus
 
 # 24: dedup keys held all run, a pause, kills mid-attempt; 35: keys freed as their events
 # end, a kill and a restart while paused, two instances; 8: a SIGTERM, four producers.
+# All three run two workers, and kill each (takeovers once the leases expire).
 SEEDS = (24, 35, 8)
 
 
@@ -58,6 +59,11 @@ def test_a_plan_is_a_function_of_the_seed_and_the_seeds_cover_the_mode() -> None
     assert {p.producers for p in plans} == {2, 3, 4}
     assert {p.concurrency for p in plans} == {1, 2, 3}
     assert {p.dedup_window for p in plans} == {0.0, 3600.0}
+    assert {p.workers for p in plans} == {1, 2}
+    assert all(draw(seed).workers == 2 for seed in SEEDS)
+    seconds = [a for p in plans for a in p.actions if a.chain == 1]
+    assert {a.verb for a in seconds} == {"kill", "start"}
+    assert all(p.workers == 2 for p in plans if any(a.chain for a in p.actions))
     sends = [send for p in plans for stream in p.streams for send in stream]
     assert any(send.batch for send in sends)
     assert any(send.delay is not None for send in sends)
@@ -196,6 +202,24 @@ def test_a_success_repeated_is_interrupted_only_in_a_killed_worker() -> None:
     assert check(PLAN, _records(*again), _ending(killed={0})) == []
     violations = check(PLAN, _records(*again), _ending())
     assert any("0.0 ran again (attempt 2) after its ok" in v for v in violations), violations
+
+
+def test_with_two_workers_a_rerun_is_judged_by_when_the_kill_came() -> None:
+    """Two workers' generations do not follow each other: worker 1 reruns 0.0 after
+    worker 0, its own generation lower, was killed (the starts and the kill stamped)."""
+    again = (
+        Attempt(1, "0.0", 0, 0, 1, None, at=10),
+        Attempt(0, "0.0", 0, 0, 3, "ok", at=30),  # attempt 2 died unrecorded in worker 1
+        Attempt(0, "0.1", 0, 1, 1, "fail", at=40),
+        Attempt(0, "0.1", 0, 1, 2, "ok", at=50),
+    )
+    killed = _ending(killed={1})
+    killed.kill_times = {1: 20}
+    assert check(PLAN, _records(*again), killed) == []
+    late = _ending(killed={1})
+    late.kill_times = {1: 35}  # the kill came after the rerun: attempt 2 is unexplained
+    violations = check(PLAN, _records(*again), late)
+    assert any("0.0: attempt 3 after 1, none killed" in v for v in violations), violations
 
 
 @pytest.mark.parametrize(

@@ -3,10 +3,11 @@
 It defines the plan's pool (:mod:`.plan`, drawn from ``DOPOOL_CHAOS_SEED``), whose
 handler does what the plan says of each event (fail, fail for good, take a while)
 and records each attempt's start and end in ``DOPOOL_CHAOS_RECORD``
-(:mod:`.records`). It writes one byte to the pipe ``DOPOOL_CHAOS_FD`` once the pool is
-defined (``R``) and one per attempt started (``S``, or ``L`` for a slow one): the
-runner counts the latter as progress, and waits for the former before it starts the
-producers.
+(:mod:`.records`), each start stamped with the system's monotonic clock, which orders
+the attempts of two workers. It writes one byte to the pipe ``DOPOOL_CHAOS_FD`` once
+the pool is defined (``R``, or ``Q`` from the second worker) and one per attempt
+started (``S``, or ``L`` for a slow one): the runner counts the latter as progress,
+and waits for the former before it starts the producers.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from dopool._chaos.procs.plan import POOL, RETRY, Behaviour, draw
 from dopool._chaos.procs.records import Record
@@ -25,6 +27,7 @@ from dopool._errors import PermanentError
 from dopool._runtime import Runtime
 
 READY = b"R"
+READY_SECOND = b"Q"  # the second worker's (plan.workers == 2)
 STARTED = b"S"
 SLOW = b"L"  # a slow attempt started: a kill now interrupts it
 PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -48,7 +51,7 @@ def define(runtime: Runtime) -> None:
         ident = ctx.event["id"]
         where = (ident, ctx.instance_index, ctx.sequence, ctx.attempt)
         behaviour = behaviours.get(ident, Behaviour())
-        record.line("S", *where)
+        record.line("S", *where, time.monotonic_ns())
         os.write(pipe, SLOW if behaviour.slow else STARTED)
         if behaviour.slow:
             idle.wait(behaviour.slow)
@@ -67,7 +70,7 @@ def define(runtime: Runtime) -> None:
         retry=RETRY,
         dedup_window=plan.dedup_window,
     )
-    os.write(pipe, READY)
+    os.write(pipe, READY_SECOND if os.environ.get("DOPOOL_CHAOS_CHAIN") == "1" else READY)
 
 
 def _die_with(parent: int) -> None:

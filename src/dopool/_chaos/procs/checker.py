@@ -29,6 +29,9 @@ class Ending:
     worker_codes: dict[int, int]  # exit statuses, by generation
     producer_codes: dict[int, int]
     errors: dict[str, str] = field(default_factory=dict)  # stderr with a traceback, by file
+    # When each SIGKILL was sent (the system's monotonic clock, ns), by generation: with
+    # two workers, generations do not follow each other, times do.
+    kill_times: dict[int, int] = field(default_factory=dict)
 
 
 def check(plan: Plan, records: Records, ending: Ending) -> list[str]:
@@ -44,7 +47,7 @@ def check(plan: Plan, records: Records, ending: Ending) -> list[str]:
     out += _processes(ending)
     stored = _stored(plan, records, keys, out)
     _ends(plan, records, ending, stored, out)
-    _attempts(plan, records, ending.killed, stored, out)
+    _attempts(plan, records, ending, stored, out)
     _order(records, sends, stored, out)
     _pauses(records, out)
     _counters(plan, records, ending, stored, out)
@@ -130,12 +133,25 @@ def _ends(
 def _attempts(
     plan: Plan,
     records: Records,
-    killed: set[int],
+    ending: Ending,
     stored: dict[tuple[int, int], str],
     out: list[str],
 ) -> None:
     """At-least-once (guarantee 2): an event runs again only after a failed attempt or
     one its worker's SIGKILL interrupted; nothing runs that was not stored."""
+    killed, times = ending.killed, sorted(ending.kill_times.values())
+
+    def cut(a: Attempt | None, b: Attempt) -> bool:
+        """Whether a SIGKILL came between ``a`` (None: the start) and ``b``: by time where
+        the starts and the kills are stamped (two workers' generations do not follow each
+        other), else by generation (one worker at a time)."""
+        if b.at and times:
+            start = -1 if a is None else a.at
+            return any(start <= t < b.at for t in times)
+        if a is None:
+            return any(g <= b.generation for g in killed)
+        return any(a.generation <= g < b.generation for g in killed)
+
     runs: dict[tuple[int, int], list[Attempt]] = defaultdict(list)
     for attempt in records.attempts:
         where = (attempt.instance, attempt.sequence)
@@ -146,15 +162,15 @@ def _attempts(
             out.append(f"{attempt.ident} attempt {attempt.number} never ended, unkilled")
     for where, attempts in runs.items():
         first = attempts[0]
-        if first.number > 1 and not any(g <= first.generation for g in killed):
+        if first.number > 1 and not cut(None, first):
             out.append(f"{first.ident} at {where}: its first attempt is {first.number}")
         for a, b in pairwise(attempts):
-            cut = any(a.generation <= g < b.generation for g in killed)
+            killed_between = cut(a, b)
             if b.number <= a.number:
                 out.append(f"{a.ident}: attempt {b.number} after attempt {a.number}")
-            elif a.outcome in ("ok", "perm") and not cut:
+            elif a.outcome in ("ok", "perm") and not killed_between:
                 out.append(f"{a.ident} ran again (attempt {b.number}) after its {a.outcome}")
-            elif b.number > a.number + 1 and not cut:
+            elif b.number > a.number + 1 and not killed_between:
                 out.append(f"{a.ident}: attempt {b.number} after {a.number}, none killed")
         behaviour = plan.behaviours.get(first.ident, Behaviour())
         most = MAX_ATTEMPTS if behaviour.mode == "always" else behaviour.fails + len(killed) + 1

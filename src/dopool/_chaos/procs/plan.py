@@ -1,10 +1,17 @@
-"""One seed's multi-process scenario: the pool, each producer's stream, the worker's fate.
+"""One seed's multi-process scenario: the pool, each producer's stream, the workers' fate.
 
 Everything here is drawn from the seed alone, so the worker's app, each producer
 process and the checker draw the same :class:`Plan` from the seed they are given.
 The actions on the worker (SIGKILL, SIGTERM, a restart, a live pause and resume)
 are placed on the run's *progress*: acknowledged enqueues plus attempts started,
 counted by the runner as the processes report them, never on wall time.
+
+Half the seeds run a second worker beside the first (``workers == 2``): two ``dopool
+worker`` processes share the store, each serving the instances it leases, and the
+second has kills and restarts of its own (chain 1), so that one worker takes the
+other's instances over once their leases expire. What a second worker does is drawn
+from a random generator of its own, so every seed's first worker, producers and
+behaviours are what they were before there could be a second.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ MAX_ATTEMPTS = 8
 MAX_KILLS = 3
 RETRY = RetryPolicy(max_attempts=MAX_ATTEMPTS, initial_delay=0.01, multiplier=2.0, max_delay=0.04)
 DEDUP_WINDOWS = (0.0, 3600.0)  # a key freed once its event ends; held for the whole run
+LEASE_TTL = 0.6  # the workers' --lease-ttl: a killed worker's instances move this soon
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +74,7 @@ class Action:
     at: int
     verb: str
     mid: bool = False
+    chain: int = 0  # which worker: the first (0) or the second (1) and their restarts
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +86,7 @@ class Plan:
     streams: tuple[tuple[Send, ...], ...]  # one per producer process
     behaviours: dict[str, Behaviour]  # by event id; absent: succeeds at once
     actions: tuple[Action, ...]
+    workers: int = 1  # worker processes serving the store at once (leases between them)
 
     @property
     def producers(self) -> int:
@@ -87,12 +97,15 @@ class Plan:
         return sum(len(send.ids) for stream in self.streams for send in stream)
 
     def describe(self) -> str:
-        verbs = " ".join(f"{a.verb}{'-mid' if a.mid else ''}@{a.at}" for a in self.actions)
+        verbs = " ".join(
+            f"{a.verb}{'-mid' if a.mid else ''}{'/2' if a.chain else ''}@{a.at}"
+            for a in self.actions
+        )
         keyed = sum(1 for s in self.streams for send in s for k in send.dedup_keys if k)
         return (
             f"seed {self.seed}: pool {POOL!r} of {self.concurrency}, {self.producers} producers, "
             f"{self.events} events ({keyed} keyed, window {self.dedup_window:g} s), "
-            f"durability {self.durability}; worker: {verbs}"
+            f"durability {self.durability}; {self.workers} worker(s): {verbs}"
         )
 
 
@@ -127,15 +140,35 @@ def draw(seed: int) -> Plan:
                     behaviours[ident] = behaviour
         streams.append(tuple(stream))
     events = sum(len(s.ids) for stream in streams for s in stream)
+    durability = rng.choice(("sync", "async"))
+    window = rng.choice(DEDUP_WINDOWS) if keyed else 0.0
+    actions = _actions(rng, 2 * events)
+    second = random.Random(f"dopool-procs-second:{seed}")
+    workers = 2 if second.random() < 0.5 else 1
+    if workers == 2:
+        actions = tuple(sorted((*actions, *_second(second, 2 * events)), key=lambda a: a.at))
     return Plan(
         seed=seed,
         concurrency=concurrency,
-        durability=rng.choice(("sync", "async")),
-        dedup_window=rng.choice(DEDUP_WINDOWS) if keyed else 0.0,
+        durability=durability,
+        dedup_window=window,
         streams=tuple(streams),
         behaviours=behaviours,
-        actions=_actions(rng, 2 * events),
+        actions=actions,
+        workers=workers,
     )
+
+
+def _second(rng: random.Random, progress: int) -> list[Action]:
+    """The second worker's fate: 1-2 SIGKILLs (the first worker takes its instances over
+    once their leases expire), each restarted after some more progress or never."""
+    actions = []
+    for _ in range(rng.randint(1, 2)):
+        at = rng.randint(progress // 10, progress * 8 // 10)
+        actions.append(Action(at, "kill", mid=rng.random() < 0.5, chain=1))
+        if rng.random() < 0.7:
+            actions.append(Action(at + rng.randint(1, max(2, progress // 8)), "start", chain=1))
+    return actions
 
 
 def _behaviour(rng: random.Random) -> Behaviour:

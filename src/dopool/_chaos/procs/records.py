@@ -13,7 +13,8 @@ kill cut short has no newline, and is ignored.
 
 ``worker-<g>.log``, by the ``g``-th worker process (the handler), and the runner::
 
-    S <id> <instance> <sequence> <attempt>            the handler started
+    S <id> <instance> <sequence> <attempt> <ns>       the handler started (``ns``: the
+                                                      system's monotonic clock)
     E <id> <instance> <sequence> <attempt> <outcome>  it is about to return (ok) or raise
     M <pause|resume|paused>                           the runner's marks: a pause returned,
                                                       a resume about to start, a worker
@@ -69,6 +70,7 @@ class Attempt:
     sequence: int
     number: int
     outcome: str | None
+    at: int = 0  # when it started: the system's monotonic clock, in ns (0: not known)
 
 
 @dataclass
@@ -78,7 +80,8 @@ class Records:
     tried: set[str] = field(default_factory=set)
     answers: dict[str, Answer] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
-    attempts: list[Attempt] = field(default_factory=list)  # in generation, then line order
+    # In the order they started (their stamps; among equal ones, generation then line).
+    attempts: list[Attempt] = field(default_factory=list)
     # Per generation, the lines in order, as (kind, fields): what the pause check reads.
     timelines: dict[int, list[tuple[str, list[str]]]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # lines that make no sense
@@ -115,8 +118,9 @@ def read(root: Path, producers: int, generations: int) -> Records:
             timeline.append((kind, rest))
             if kind == "S":
                 ident, instance, sequence, number = rest[0], *(int(x) for x in rest[1:4])
+                stamp = int(rest[4]) if len(rest) > 4 else 0
                 open_attempts[(instance, sequence, number)] = len(found.attempts)
-                found.attempts.append(Attempt(g, ident, instance, sequence, number, None))
+                found.attempts.append(Attempt(g, ident, instance, sequence, number, None, stamp))
             elif kind == "E":
                 key = (int(rest[1]), int(rest[2]), int(rest[3]))
                 at = open_attempts.pop(key, None)
@@ -125,8 +129,15 @@ def read(root: Path, producers: int, generations: int) -> Records:
                     continue
                 started = found.attempts[at]
                 found.attempts[at] = Attempt(
-                    g, started.ident, started.instance, started.sequence, started.number, rest[4]
+                    g,
+                    started.ident,
+                    started.instance,
+                    started.sequence,
+                    started.number,
+                    rest[4],
+                    started.at,
                 )
             elif kind != "M":
                 found.problems.append(f"worker {g}: a line of no known kind: {fields}")
+    found.attempts.sort(key=lambda attempt: attempt.at)  # stable: one worker, line order
     return found

@@ -1,6 +1,8 @@
 """One seed of the multi-process mode: its processes started, driven and stopped, then checked.
 
-The runner starts a ``dopool worker`` (the app :mod:`.app`), waits for it to define
+The runner starts a ``dopool worker`` (the app :mod:`.app`), and with a plan of two
+workers a second one beside it (each a *chain*: a worker and its restarts; both open
+the store shared, with a short ``--lease-ttl``), waits for them to define
 the pool, starts the producers (:mod:`.producer`) and counts the run's progress as
 they report it through pipes: acknowledged enqueues, and attempts started. When
 progress reaches an action of the plan, it takes it (a SIGKILL, a SIGTERM, a
@@ -24,8 +26,8 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from dopool._chaos.procs.app import DUMP, READY, SLOW, STARTED
-from dopool._chaos.procs.plan import POOL, Action, Plan
+from dopool._chaos.procs.app import DUMP, READY, READY_SECOND, SLOW, STARTED
+from dopool._chaos.procs.plan import LEASE_TTL, POOL, Action, Plan
 from dopool._chaos.procs.records import Record, worker_log
 from dopool._connect import connect
 
@@ -49,16 +51,19 @@ class Generation:
 
     number: int
     proc: subprocess.Popen[bytes]
-    ready_after: int  # workers ready before it: it is ready once more are
+    ready_after: int  # its chain's workers ready before it: it is ready once more are
+    chain: int = 0
     ended: str | None = None
     code: int | None = None
+    killed_at: int | None = None  # the system's monotonic clock (ns) once it was killed
 
 
 @dataclass
 class Progress:
     acknowledged: int = 0
     started: int = 0
-    ready: int = 0  # workers that defined the pool
+    ready: int = 0  # workers of the first chain that defined the pool
+    ready_second: int = 0  # and of the second
     slow_at: int = -1  # the progress when a slow attempt's start was last read
 
     @property
@@ -88,10 +93,18 @@ class Processes:
     # -- the worker --------------------------------------------------------------------
     @property
     def worker(self) -> Generation | None:
-        last = self.generations[-1] if self.generations else None
+        return self.worker_of(0)
+
+    def worker_of(self, chain: int) -> Generation | None:
+        """The chain's worker still running, if any."""
+        mine = [g for g in self.generations if g.chain == chain]
+        last = mine[-1] if mine else None
         return last if last is not None and last.ended is None else None
 
-    def start_worker(self) -> None:
+    def ready_count(self, chain: int) -> int:
+        return self.progress.ready_second if chain else self.progress.ready
+
+    def start_worker(self, chain: int = 0) -> None:
         number = len(self.generations)
         self._drain()  # the last worker's bytes: all in the pipe, as it exited
         log = worker_log(self.root, number)
@@ -106,9 +119,11 @@ class Processes:
             "DOPOOL_CHAOS_FD": str(self._write),
             "PYTHONUNBUFFERED": "1",  # its lines in its .out file even if it is killed
             "DOPOOL_CHAOS_PARENT": str(os.getpid()),
+            "DOPOOL_CHAOS_CHAIN": str(chain),
         }
         command = [sys.executable, "-m", "dopool", "worker", APP, "--store", str(self.store)]
         options = ["--durability", self.plan.durability, "--poll-interval", str(POLL)]
+        options += ["--lease-ttl", str(LEASE_TTL)]
         options += ["--grace", str(GRACE), "--log-level", "error"]
         with (
             (self.root / f"worker-{number}.out").open("wb") as out,
@@ -122,24 +137,26 @@ class Processes:
                 env=env,
                 pass_fds=(self._write,),
             )
-        self.generations.append(Generation(number, proc, self.progress.ready))
+        self.generations.append(Generation(number, proc, self.ready_count(chain), chain))
 
-    def stop_worker(self, how: str) -> None:
-        """SIGKILL (``"killed"``) or SIGTERM (``"stopped"``) the worker, and reap it."""
-        worker = self.worker
+    def stop_worker(self, how: str, chain: int = 0) -> None:
+        """SIGKILL (``"killed"``) or SIGTERM (``"stopped"``) the chain's worker, and reap it."""
+        worker = self.worker_of(chain)
         assert worker is not None
         if how == "stopped":  # SIGTERM before its handlers are set would kill it: wait
-            self.wait_ready(worker.ready_after + 1)
+            self.wait_ready(worker.ready_after + 1, chain)
         worker.proc.send_signal(signal.SIGKILL if how == "killed" else signal.SIGTERM)
         worker.code = _wait(worker.proc, f"worker {worker.number} to exit")
         worker.ended = how
+        if how == "killed":  # every attempt it started began before this
+            worker.killed_at = time.monotonic_ns()
 
     def control(self, verb: str) -> None:
-        """``dopool pause|resume STORE --pool POOL``, marked in the worker's record."""
-        worker = self.worker
+        """``dopool pause|resume STORE --pool POOL``, marked in the workers' records."""
+        workers = [w for w in (self.worker_of(0), self.worker_of(1)) if w is not None]
         if verb == "resume":
             self.paused = False
-            if worker is not None:
+            for worker in workers:
                 self._mark(worker, "resume")
         command = [sys.executable, "-m", "dopool", verb, str(self.store), "--pool", POOL]
         done = subprocess.run(
@@ -149,7 +166,7 @@ class Processes:
             raise Stuck(f"dopool {verb} exited {done.returncode}: {done.stderr.decode()[-500:]}")
         if verb == "pause":
             self.paused = True
-            if worker is not None:
+            for worker in workers:
                 self._mark(worker, "pause")
 
     def _mark(self, worker: Generation, what: str) -> None:
@@ -203,6 +220,7 @@ class Processes:
         """What the workers wrote to the pipe."""
         self.progress.started += chunk.count(STARTED) + chunk.count(SLOW)
         self.progress.ready += chunk.count(READY)
+        self.progress.ready_second += chunk.count(READY_SECOND)
         if SLOW in chunk:
             self.progress.slow_at = self.progress.total
 
@@ -214,11 +232,12 @@ class Processes:
                 return
             self._count(chunk)
 
-    def wait_ready(self, count: int) -> None:
-        """Until ``count`` workers have defined the pool (some killed before may not have)."""
+    def wait_ready(self, count: int, chain: int = 0) -> None:
+        """Until ``count`` workers of the chain have defined the pool (some killed before may
+        not have)."""
         deadline = time.monotonic() + WAIT
-        while self.progress.ready < count:
-            worker = self.worker
+        while self.ready_count(chain) < count:
+            worker = self.worker_of(chain)
             if worker is not None and worker.proc.poll() is not None:
                 raise Stuck(f"worker {worker.number} exited {worker.proc.returncode} at start")
             if time.monotonic() > deadline:
@@ -260,6 +279,9 @@ def drive(processes: Processes) -> None:
     finish."""
     processes.start_worker()
     processes.wait_ready(1)
+    if processes.plan.workers == 2:
+        processes.start_worker(chain=1)
+        processes.wait_ready(1, chain=1)
     processes.start_producers()
     actions = list(processes.plan.actions)
     while actions or processes.producing:
@@ -278,17 +300,19 @@ def _due(action: Action, progress: Progress) -> bool:
 
 def take(processes: Processes, action: Action) -> None:
     """One action, skipped if it does not apply (a stop with no worker up, a start with one)."""
-    up = processes.worker is not None
+    up = processes.worker_of(action.chain) is not None
     if action.verb in ("kill", "term") and up:
-        processes.stop_worker("killed" if action.verb == "kill" else "stopped")
+        how = "killed" if action.verb == "kill" else "stopped"
+        processes.stop_worker(how, action.chain)
     elif action.verb == "start" and not up:
-        processes.start_worker()
+        processes.start_worker(action.chain)
     elif action.verb in ("pause", "resume"):
         processes.control(action.verb)
     else:
         return
     mid = "-mid" if action.mid and processes.progress.slow_at >= action.at else ""
-    processes.done.append(f"{action.verb}{mid}@{processes.progress.total}")
+    second = "/2" if action.chain else ""
+    processes.done.append(f"{action.verb}{mid}{second}@{processes.progress.total}")
 
 
 def finish(processes: Processes) -> None:
@@ -305,12 +329,16 @@ def finish(processes: Processes) -> None:
             status = pool.status()
             if not status.pending and all(i.current_sequence is None for i in status.instances):
                 break
-            worker = processes.worker
-            if worker is not None and worker.proc.poll() is not None:
-                raise Stuck(f"worker {worker.number} exited {worker.proc.returncode} by itself")
+            for worker in (processes.worker_of(0), processes.worker_of(1)):
+                if worker is not None and worker.proc.poll() is not None:
+                    code = worker.proc.returncode
+                    raise Stuck(f"worker {worker.number} exited {code} by itself")
             if processes.pump(POLL):
                 deadline = time.monotonic() + WAIT
             elif time.monotonic() > deadline:
                 raise Stuck(f"{status.pending} events still pending after {WAIT:g} s idle")
+    if processes.worker_of(1) is not None:
+        processes.stop_worker("stopped", chain=1)
+        processes.done.append("stop (the second worker)")
     processes.stop_worker("stopped")
     processes.done.append("stop (the last worker)")

@@ -80,6 +80,7 @@ def _ending(processes: Processes) -> checker.Ending:
         dead_letters=dead_letters,
         problems=problems,
         killed={g.number for g in gens if g.ended == "killed"},
+        kill_times={g.number: g.killed_at for g in gens if g.killed_at is not None},
         worker_codes={g.number: g.code for g in gens if g.code is not None},
         producer_codes=dict(processes.producer_codes),
         errors=errors,
