@@ -6,7 +6,9 @@ one at a time; the handlers run in one more process. Each system, same disk, sam
 - **dopool**: ``dopool worker benchmarks.deploy:app --store S --durability MODE`` (one
   pool, ``Sizes.concurrency`` instances, a handler that does nothing), producers with
   ``dopool.connect(S, durability=MODE)``. The end is seen by reading the pool's
-  ``succeeded`` from the store (``status()``) every millisecond.
+  ``succeeded`` from the store (``status()``) every millisecond. With ``--workers N``,
+  N worker processes share the store (``--lease-ttl 1``), and the producers are
+  released once every worker holds its share of the instances.
 - **SqliteHuey**: its consumer process (``Consumer.run``, as ``huey_consumer`` runs it,
   ``Sizes.concurrency`` thread workers, the polling of :mod:`benchmarks.peers`),
   producers calling the task; ``fsync`` for sync, no fsync for async. The consumer
@@ -22,6 +24,7 @@ mode. Nothing here asserts on timings. Example::
 
     python -m benchmarks.deploy                       # sync and async, 20,000 events
     python -m benchmarks.deploy --events 2000 --modes async --rounds 3
+    python -m benchmarks.deploy --workers 2 --systems dopool  # two dopool workers
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from typing import IO, Any
 import dopool
 from benchmarks.harness import TIMEOUT, Sizes, make_event, peer_missing, rate
 from benchmarks.peers import HUEY_POLL, PERSIST_QUEUE_CLEAR_EVERY, PERSIST_QUEUE_GET_TIMEOUT
+from dopool._layout import all_leases
 
 POOL = "bench"
 SYSTEMS = ("dopool", "SqliteHuey", "persist-queue")
@@ -189,15 +193,21 @@ def _module(*args: object) -> list[str]:
     return [sys.executable, "-m", "benchmarks.deploy", *map(str, args)]
 
 
-def run_once(system: str, mode: str, sizes: Sizes, directory: Path) -> float:
+def run_once(system: str, mode: str, sizes: Sizes, directory: Path, workers: int = 1) -> float:
     """Events per second from the producers' release to the last event's run."""
     env = {"DEPLOY_EXPECT": str(sizes.events), "DEPLOY_CONCURRENCY": str(sizes.concurrency)}
     store = directory / f"{system}-{mode}"
+    others: list[_Child] = []  # dopool's workers beside the first
     if system == "dopool":
         command = [sys.executable, "-m", "dopool", "worker", "benchmarks.deploy:app"]
         command += ["--store", str(store), "--durability", mode, "--log-level", "warning"]
+        command += ["--lease-ttl", "1"]
         owner = _Child(command, env)
         owner.wait_for("dopool worker: store")
+        others = [_Child(command, env) for _ in range(workers - 1)]
+        for other in others:
+            other.wait_for("dopool worker: store")
+        _wait_split(store, 1 + len(others), sizes.concurrency)
     else:
         store = store.with_suffix(".db")
         owner = _Child(_module("--consume", system, store, mode, sizes.concurrency), env)
@@ -222,10 +232,24 @@ def run_once(system: str, mode: str, sizes: Sizes, directory: Path) -> float:
         failed = False
     finally:
         codes = [child.stop(signalled=failed) for child in producers]
+        codes += [other.stop() for other in others]
         codes.append(owner.stop(signalled=failed or system != "persist-queue"))
     if any(codes):
         raise RuntimeError(f"{system} {mode}: a process exited with {codes}")
     return rate(sizes.events, finished - start)
+
+
+def _wait_split(store: Path, workers: int, concurrency: int) -> None:
+    """Until ``workers`` worker processes each hold a lease (one holds them all at first)."""
+    deadline = time.perf_counter() + TIMEOUT
+    with dopool.connect(store, durability="async") as connection:
+        while time.perf_counter() < deadline:
+            with connection.reading(POOL) as txn:
+                leases = [record for _, _, record in all_leases(txn)]
+            if len(leases) == concurrency and len({r.owner for r in leases}) == workers:
+                return
+            time.sleep(0.01)
+    raise RuntimeError(f"{workers} dopool workers did not share the instances in {TIMEOUT:g} s")
 
 
 def _wait_succeeded(store: Path, events: int) -> float:
@@ -244,20 +268,26 @@ def _wait_succeeded(store: Path, events: int) -> float:
 
 
 def measure(
-    sizes: Sizes, modes: Sequence[str], rounds: int, directory: Path
+    sizes: Sizes,
+    modes: Sequence[str],
+    rounds: int,
+    directory: Path,
+    workers: int = 1,
+    only: Sequence[str] = SYSTEMS,
 ) -> dict[tuple[str, str], list[float]]:
     """Each installed system's events/s per mode, ``rounds`` runs each, interleaved."""
     systems = [
         s
         for s in SYSTEMS
-        if not peer_missing({"SqliteHuey": "huey", "persist-queue": "persistqueue"}.get(s, "os"))
+        if s in only
+        and not peer_missing({"SqliteHuey": "huey", "persist-queue": "persistqueue"}.get(s, "os"))
     ]
     figures: dict[tuple[str, str], list[float]] = {}
     for _ in range(rounds):
         for mode in modes:
             for system in systems:
                 with tempfile.TemporaryDirectory(prefix="deploy-", dir=directory) as work:
-                    value = run_once(system, mode, sizes, Path(work))
+                    value = run_once(system, mode, sizes, Path(work), workers)
                 figures.setdefault((system, mode), []).append(value)
     return figures
 
@@ -280,6 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=Sizes().concurrency)
     parser.add_argument("--modes", default="sync,async", help="sync, async or both")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=1, help="dopool worker processes")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="which systems to run")
     parser.add_argument("--dir", type=Path, default=None, help="where to make the stores")
     parser.add_argument("--produce", nargs=6, help=argparse.SUPPRESS)
     parser.add_argument("--consume", nargs=4, help=argparse.SUPPRESS)
@@ -295,10 +327,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = Sizes(events=args.events, producers=args.producers, concurrency=args.concurrency)
     modes = [mode for mode in args.modes.split(",") if mode]
     print(
-        f"{sizes.events:,} events, {sizes.producers} producer processes, 1 worker process "
-        f"({sizes.concurrency} instances or threads), {args.rounds} round(s)"
+        f"{sizes.events:,} events, {sizes.producers} producer processes, {args.workers} dopool "
+        f"worker process(es) and 1 of each peer ({sizes.concurrency} instances or threads), "
+        f"{args.rounds} round(s)"
     )
-    for line in report(measure(sizes, modes, args.rounds, args.dir or Path(tempfile.gettempdir()))):
+    where = args.dir or Path(tempfile.gettempdir())
+    systems = [s for s in args.systems.split(",") if s]
+    for line in report(measure(sizes, modes, args.rounds, where, args.workers, systems)):
         print(line)
     return 0
 

@@ -240,3 +240,15 @@ def test_the_simulator_benchmark_reports_simpy_beside_dopool(
     assert agreement["dopool"]["count"] == agreement["simpy"]["count"] == 2_000
     assert "SimPy" in capsys.readouterr().out
     assert "simpy_events_per_wall_second" not in json.loads(alone.read_text(encoding="utf-8"))
+
+
+def test_the_deployment_benchmark_runs_two_dopool_workers(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    options = ["--events", "40", "--producers", "2", "--concurrency", "2", "--workers", "2"]
+    argv = [*options, "--systems", "dopool", "--modes", "async", "--dir", str(tmp_path)]
+    assert deploy.main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "2 dopool worker process(es)" in out[0]
+    assert [line.split()[1] for line in out[1:]] == ["dopool"]
+    assert list(tmp_path.iterdir()) == []

@@ -202,3 +202,11 @@ def test_a_damaged_lease_is_reported_and_wakes_nobody(store: Store) -> None:
     with store.read() as txn, pytest.raises(DamagedRecordError, match="pid"):
         get_lease(txn, "jobs", 1)
     assert PresenceRecord(1, "h", T0).expires_at == T0
+
+
+def test_an_instance_still_stopping_here_is_not_taken_again(store: Store) -> None:
+    a = _book("a")
+    with store.write() as txn:
+        taken = a.renew(txn, T0, busy=frozenset({("jobs", 1)}))
+    assert [t.index for t in taken.taken] == [0, 2, 3]
+    assert [t.index for t in _renew(store, a, T0 + 1).taken] == [1]  # once it has stopped

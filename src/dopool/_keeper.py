@@ -65,6 +65,9 @@ class LeaseKeeper:
         self._lock = threading.Lock()  # one renewal (and what it starts) at a time
         self._stop = threading.Event()
         self._serving = True  # False once the runtime closes: nothing more starts
+        # Instances whose actor is stopping here: not taken again until it has stopped,
+        # so that an instance never has two actors in this process.
+        self._stopping: set[Where] = set()
         self._thread = threading.Thread(target=self._run, name="dopool-leases", daemon=True)
         self._started = False
 
@@ -79,7 +82,12 @@ class LeaseKeeper:
             if pool is not None:
                 self._pools[name] = pool
             self.book.add_pool(name, concurrency)
-            self._renew_now()
+            try:
+                self._renew_now()
+            except BaseException:  # the pool is not defined: take none of its leases
+                self._pools.pop(name, None)
+                self.book.remove_pool(name)
+                raise
             if not self._started:
                 self._started = True
                 self._thread.start()
@@ -101,7 +109,7 @@ class LeaseKeeper:
         before = self.book.held
         try:
             with self._store.write() as txn:
-                renewal = self.book.renew(txn, now)
+                renewal = self.book.renew(txn, now, frozenset(self._stopping))
         except BaseException:
             self.book.restore(before)  # rolled back: what it held before, it still holds
             raise
@@ -147,6 +155,10 @@ class LeaseKeeper:
             return
         supervisor = pool.supervisors[index]
         ref = supervisor.close(vacant=not release)
+        where = (name, index)
+        if where in self._stopping:  # a stop on its way already (lost while released)
+            return
+        self._stopping.add(where)
 
         def stop() -> None:
             if ref is not None:
@@ -166,6 +178,7 @@ class LeaseKeeper:
                         logger.info("released the lease of %s:%d (fair share)", name, index)
                 if self._serving:
                     supervisor.vacate()
+                self._stopping.discard(where)
 
         threading.Thread(target=stop, name=f"dopool-release-{name}:{index}", daemon=True).start()
 

@@ -156,6 +156,11 @@ class LeaseBook:
         with self._lock:
             self._pools[pool] = concurrency
 
+    def remove_pool(self, pool: str) -> None:
+        """Take no lease of ``pool`` any more (its definition failed)."""
+        with self._lock:
+            self._pools.pop(pool, None)
+
     @property
     def held(self) -> dict[Where, int]:
         """The leases held, by instance: each one's epoch."""
@@ -177,12 +182,13 @@ class LeaseBook:
         record = get_lease(txn, pool, index)
         return record is not None and record.owner == self.worker.owner and record.epoch == epoch
 
-    def renew(self, txn: Txn, now: float) -> Renewal:
-        """One renewal at wall-clock ``now`` (see the module's docstring)."""
+    def renew(self, txn: Txn, now: float, busy: frozenset[Where] = frozenset()) -> Renewal:
+        """One renewal at wall-clock ``now`` (see the module's docstring). ``busy``: the
+        instances not to take now (still stopping here since this worker lost them)."""
         with self._lock:
-            return self._renew(txn, now)
+            return self._renew(txn, now, busy)
 
-    def _renew(self, txn: Txn, now: float) -> Renewal:
+    def _renew(self, txn: Txn, now: float, busy: frozenset[Where]) -> Renewal:
         me = self.worker
         until = now + self.ttl
         put_presence(txn, me.owner, PresenceRecord(me.pid, me.host, until))
@@ -216,7 +222,7 @@ class LeaseBook:
             for index in range(concurrency):
                 if wanted <= 0:
                     break
-                if (pool, index) in held:
+                if (pool, index) in held or (pool, index) in busy:
                     continue
                 taken = self._take(txn, pool, index, now, until)
                 if taken is not None:
