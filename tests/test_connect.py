@@ -39,7 +39,7 @@ from dopool import (
     StoreNotFoundError,
 )
 from dopool._instance import InstanceMemory
-from dopool._layout import Namespace
+from dopool._layout import FORMAT_VERSION, Namespace
 from dopool._sim.storeview import open_view
 from dopool._watch import WAKE_SOCKET, StoreWatcher
 
@@ -459,7 +459,7 @@ def test_a_store_a_runtime_must_migrate_is_refused_as_dopool_status_does(tmp_pat
     shutil.copytree(FIXTURES / "store-v2", store)
     with pytest.raises(StoreFormatError) as caught:
         dopool.connect(store)
-    assert (caught.value.found, caught.value.supported) == (2, 5)
+    assert (caught.value.found, caught.value.supported) == (2, FORMAT_VERSION)
     assert "migrates it" in str(caught.value)
 
 

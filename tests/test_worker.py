@@ -45,7 +45,7 @@ def test_a_worker_runs_what_producers_enqueue_and_stops_gracefully_on_sigterm(
     process exits 0, what was pending stays stored, and the next worker runs it."""
     first = worker(store_path, evidence, "--poll-interval", "0.2").ready()
     producers = [produce(store_path, p, 40) for p in range(2)]
-    acknowledged = [line for proc in producers for line in acknowledged(proc)]
+    answered = [line for proc in producers for line in acknowledged(proc)]
     with dopool.connect(store_path) as connection:
         jobs = connection.pool("jobs")
         jobs.enqueue({"p": "gate", "k": 0, "gate": True}, partition_key="gate")
@@ -69,7 +69,7 @@ def test_a_worker_runs_what_producers_enqueue_and_stops_gracefully_on_sigterm(
     _checked(store_path)
 
     second = worker(store_path, evidence, "--poll-interval", "0.2").ready()
-    expected = {(line["p"], line["k"]) for line in acknowledged} | {("gate", k) for k in range(11)}
+    expected = {(line["p"], line["k"]) for line in answered} | {("gate", k) for k in range(11)}
     evidence.wait(
         lambda lines: expected <= {(x["p"], x["k"]) for x in lines if x["e"] == "end"},
         "every acknowledged event to run",

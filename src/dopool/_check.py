@@ -150,7 +150,8 @@ def check_store(txn: Txn) -> CheckReport:
     problems.extend(
         Problem(None, key, f"a lease of {pool}:{index}, which no pool record has")
         for (pool, index), key in sorted(leases.items())
-        if not index < pools.get(pool, 0)
+        # (a pool record found damaged, concurrency 0 here, is reported as that alone)
+        if pool not in pools or 0 < pools[pool] <= index
     )
     known = {name: count for name, count in sorted(pools.items()) if count}
     return CheckReport(version, records, known, len(instances), problems)

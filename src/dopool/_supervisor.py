@@ -251,7 +251,7 @@ class Supervisor:
         """Close the mailbox; returns the actor to stop. A waiting restart never happens.
         ``vacant``: another worker serves the instance now (see ``Mailbox.close``)."""
         with self._lock:
-            ref = self.mailbox.close(vacant=vacant)
+            ref = self.mailbox.close(vacant=True) if vacant else self.mailbox.close()
             waiting, self._waiting = self._waiting, None
         if waiting is not None:
             self._clock.set_alarm(waiting, None)
