@@ -106,7 +106,7 @@ class LeaseKeeper:
     def _renew_now(self) -> None:
         """One renewal, then start, stop and release what it says (the lock held)."""
         now = self._clock.now()
-        before = self.book.held
+        before = self.book.snapshot()
         try:
             with self._store.write() as txn:
                 renewal = self.book.renew(txn, now, frozenset(self._stopping))

@@ -26,7 +26,9 @@ so no other worker lives: it takes every lease of its pools at once, stale ones 
 
 **Fencing**: every write transaction of a shared worker's instance first checks
 (:meth:`LeaseBook.holds`) that the lease still names this worker and the epoch it
-took; if not, the transaction commits nothing and the instance stops here.
+took; if not, the transaction commits nothing and the instance stops here. The check
+compares the stored record's bytes with those this worker last wrote (no decoding):
+only this worker rewrites its own lease, and any other writer's record differs.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import socket
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from dopool._errors import ConfigurationError, DamagedRecordError
 from dopool._layout import (
@@ -48,6 +50,7 @@ from dopool._layout import (
     delete_lease,
     delete_presence,
     get_lease,
+    lease_key,
     put_lease,
     put_presence,
 )
@@ -122,6 +125,17 @@ class Renewal:
     live: int = 1
 
 
+class _Held(NamedTuple):
+    """A lease this worker holds: its epoch, its key, and its bytes as last written here."""
+
+    epoch: int
+    key: bytes
+    sealed: bytes
+
+
+Held = dict[Where, _Held]  # replaced whole, never changed in place: a snapshot
+
+
 @dataclass(frozen=True, slots=True)
 class Worker:
     """Who this worker is, as its records name it."""
@@ -148,7 +162,7 @@ class LeaseBook:
         self.ttl = ttl
         self.exclusive = exclusive
         self._pools: dict[str, int] = {}  # concurrency, by pool
-        self._held: dict[Where, int] = {}  # epoch, by instance; replaced whole
+        self._held: Held = {}
         self._releasing: set[Where] = set()
         self._lock = threading.Lock()
 
@@ -164,9 +178,13 @@ class LeaseBook:
     @property
     def held(self) -> dict[Where, int]:
         """The leases held, by instance: each one's epoch."""
+        return {where: lease.epoch for where, lease in self._held.items()}
+
+    def snapshot(self) -> Held:
+        """What is held now, for :meth:`restore`."""
         return self._held
 
-    def restore(self, held: dict[Where, int]) -> None:
+    def restore(self, held: Held) -> None:
         """A renewal's transaction rolled back: the leases held are ``held`` again."""
         with self._lock:
             self._held = held
@@ -176,11 +194,8 @@ class LeaseBook:
 
         An expired lease nobody took yet still does: its renewal extends it.
         """
-        epoch = self._held.get((pool, index))
-        if epoch is None:
-            return False
-        record = get_lease(txn, pool, index)
-        return record is not None and record.owner == self.worker.owner and record.epoch == epoch
+        lease = self._held.get((pool, index))
+        return lease is not None and txn.get(lease.key) == lease.sealed
 
     def renew(self, txn: Txn, now: float, busy: frozenset[Where] = frozenset()) -> Renewal:
         """One renewal at wall-clock ``now`` (see the module's docstring). ``busy``: the
@@ -202,9 +217,10 @@ class LeaseBook:
                 delete_presence(txn, owner)
         renewal = Renewal(live=live)
         held = dict(self._held)
-        for (pool, index), epoch in sorted(held.items()):
+        for (pool, index), lease in sorted(held.items()):
             if self.holds(txn, pool, index):
-                put_lease(txn, pool, index, LeaseRecord(me.owner, me.pid, me.host, epoch, until))
+                record = LeaseRecord(me.owner, me.pid, me.host, lease.epoch, until)
+                held[(pool, index)] = lease._replace(sealed=put_lease(txn, pool, index, record))
             else:
                 renewal.lost.append((pool, index))
                 del held[(pool, index)]
@@ -226,13 +242,15 @@ class LeaseBook:
                     continue
                 taken = self._take(txn, pool, index, now, until)
                 if taken is not None:
-                    held[(pool, index)] = taken.epoch
-                    renewal.taken.append(taken)
+                    held[(pool, index)] = taken[1]
+                    renewal.taken.append(taken[0])
                     wanted -= 1
         self._held = held
         return renewal
 
-    def _take(self, txn: Txn, pool: str, index: int, now: float, until: float) -> Taken | None:
+    def _take(
+        self, txn: Txn, pool: str, index: int, now: float, until: float
+    ) -> tuple[Taken, _Held] | None:
         """Take ``pool:index``'s lease if it is free or expired (any, if exclusive)."""
         me = self.worker
         record = get_lease(txn, pool, index)
@@ -244,8 +262,9 @@ class LeaseBook:
             epoch, expired = record.epoch + 1, record.owner != me.owner
         else:
             return None
-        put_lease(txn, pool, index, LeaseRecord(me.owner, me.pid, me.host, epoch, until))
-        return Taken(pool, index, epoch, expired)
+        record = LeaseRecord(me.owner, me.pid, me.host, epoch, until)
+        sealed = put_lease(txn, pool, index, record)
+        return Taken(pool, index, epoch, expired), _Held(epoch, lease_key(pool, index), sealed)
 
     def release(self, txn: Txn, pool: str, index: int) -> None:
         """Give up ``pool:index``'s lease (its instance has stopped): deleted if still ours."""
@@ -264,6 +283,6 @@ class LeaseBook:
             for pool, index in sorted(self._held):
                 if (pool, index) not in kept and self.holds(txn, pool, index):
                     delete_lease(txn, pool, index)
-            self._held = {where: e for where, e in self._held.items() if where in kept}
+            self._held = {where: h for where, h in self._held.items() if where in kept}
             self._releasing.clear()
             delete_presence(txn, self.worker.owner)

@@ -90,9 +90,12 @@ def get_lease(txn: Txn, pool: str, index: int) -> LeaseRecord | None:
     return None if raw is None else read_lease(key, raw)
 
 
-def put_lease(txn: Txn, pool: str, index: int, record: LeaseRecord) -> None:
+def put_lease(txn: Txn, pool: str, index: int, record: LeaseRecord) -> bytes:
+    """Write ``pool:index``'s lease; returns its stored bytes."""
     key = lease_key(pool, index)
-    txn.put(key, seal_lease(key, record))
+    sealed = seal_lease(key, record)
+    txn.put(key, sealed)
+    return sealed
 
 
 def delete_lease(txn: Txn, pool: str, index: int) -> None:
