@@ -367,8 +367,8 @@ class Runtime:
             self._closed = True
             pools, self._supervisors = self._supervisors, []
             self._defined.clear()  # the tools' registrations (_ports) end with the pools
-            if self._keeper is not None:  # no lease taken starts an instance now
-                self._keeper.stop_serving()
+        if self._keeper is not None:  # no lease taken starts an instance now (not under
+            self._keeper.stop_serving()  # the lock: a recovery it waits for may emit)
         with _open_lock:
             _open.discard(self)
         stops = [(sup.mailbox, sup.close()) for supervisors in pools for sup in supervisors]
