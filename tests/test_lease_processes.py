@@ -114,6 +114,11 @@ def test_four_producers_two_workers_one_killed_the_other_takes_its_instances_ove
     done = status(store_path)
     assert (done.pending, done.dead_lettered, done.enqueued) == (0, 0, 600)
     assert set(served_by(store_path).values()) == {survivor.proc.pid}  # took them over
+    sockets = store_path / "wake"
+    assert list(sockets.glob(f"*-{survivor.proc.pid}-*.sock"))
+    until(  # the dead worker's wake-up socket removed with its presence
+        lambda: not list(sockets.glob(f"*-{victim.proc.pid}-*.sock")), "the victim's socket gone"
+    )
     # Each taken over after its lease expired: recovered as after a crash, a restart.
     assert [count for index, count in enumerate(restarts(store_path)) if index in killed_on] == [
         1,

@@ -20,14 +20,17 @@ starts every instance itself; its keeper only writes and renews their leases.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Iterable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dopool._errors import ConfigurationError
 from dopool._leases import RENEWALS, LeaseBook, Taken, Where, Worker
 from dopool._supervisor import Supervisor, recover_first
+from dopool._watch import worker_socket
 
 if TYPE_CHECKING:
     from dopool._clock import Clock
@@ -125,6 +128,15 @@ class LeaseKeeper:
             self._retire(*where, release=True)
         for taken in renewal.taken:
             self._start(taken)
+        for owner, presence in renewal.gone:
+            self._forget(owner, presence.pid, presence.host)
+
+    def _forget(self, owner: str, pid: int, host: str) -> None:
+        """Remove the wake-up socket a dead worker of this host left (a hung one keeps it)."""
+        if host != self.book.worker.host or _alive(pid):
+            return
+        with suppress(OSError):
+            os.unlink(self._store.path / worker_socket(owner))
 
     def _start(self, taken: Taken) -> None:
         pool = self._pools.get(taken.pool)
@@ -245,3 +257,13 @@ def serve_pool(
     # One instance at a time, so a simulated run's trace is deterministic.
     for supervisor in supervisors:
         recover_first(supervisor)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True

@@ -123,6 +123,7 @@ class Renewal:
     lost: list[Where] = field(default_factory=list)
     release: list[Where] = field(default_factory=list)
     live: int = 1
+    gone: list[tuple[str, PresenceRecord]] = field(default_factory=list)  # presences deleted
 
 
 class _Held(NamedTuple):
@@ -208,6 +209,7 @@ class LeaseBook:
         until = now + self.ttl
         put_presence(txn, me.owner, PresenceRecord(me.pid, me.host, until))
         live = 1
+        gone = []
         for owner, presence in list(all_presences(txn)):
             if owner == me.owner:
                 continue
@@ -215,7 +217,8 @@ class LeaseBook:
                 live += 1
             else:  # a dead (or hung) worker's: it writes it again if it wakes
                 delete_presence(txn, owner)
-        renewal = Renewal(live=live)
+                gone.append((owner, presence))
+        renewal = Renewal(live=live, gone=gone)
         held = dict(self._held)
         for (pool, index), lease in sorted(held.items()):
             if self.holds(txn, pool, index):
