@@ -28,6 +28,7 @@ from dopool import (
     StoreLockedError,
 )
 from dopool._layout import LeaseRecord, Namespace, all_leases, get_lease, put_lease
+from dopool._leases import LeaseBook
 from dopool._sim.storeview import open_view
 
 WAIT = 30.0
@@ -80,6 +81,17 @@ def _leases(where: Path | Runtime) -> dict[int, LeaseRecord]:
             return {index: record for _, index, record in all_leases(txn)}
     with open_view(where) as view:
         return {index: record for (_, index), record in view.leases().items()}
+
+
+def _book(runtime: Runtime) -> LeaseBook:
+    assert runtime._keeper is not None
+    return runtime._keeper.book
+
+
+def _leases_of(runtime: Runtime) -> list[tuple[str, int]]:
+    """Every lease the store holds, as (pool, index)."""
+    with runtime._store.read() as txn:
+        return [(pool, index) for pool, index, _ in all_leases(txn)]
 
 
 def _metas(runtime: Runtime) -> list[Any]:
@@ -264,3 +276,55 @@ def test_a_producer_wakes_the_shared_worker_its_lease_names_through_its_socket(
         assert ran.wait(WAIT)  # the resume woke the lease's owner
     a.close()
     assert not socket_file.exists()
+
+
+def test_follow_ups_reach_instances_the_other_worker_serves(
+    store_path: Path, opened: list[Runtime]
+) -> None:
+    """A pipeline across two workers: each stage-1 event sends a follow-up into its own
+    pool (another partition) and one into stage 2; about half of them go to instances the
+    other worker serves, delivered from this worker's outbox in one transaction."""
+    finals: list[tuple[str, int, Any]] = []
+    lock = threading.Lock()
+
+    def first(ctx: EventContext) -> None:
+        n = ctx.event["n"]
+        if not ctx.event.get("again"):
+            ctx.enqueue({"n": n, "again": True}, partition_key=f"again-{n}")
+        ctx.enqueue(
+            {"n": n, "again": ctx.event.get("again", False)}, partition_key=f"s-{n}", pool="second"
+        )
+
+    def make_second(who: str) -> Callable[[EventContext], None]:
+        def second(ctx: EventContext) -> None:
+            with lock:
+                finals.append((who, ctx.instance_index, (ctx.event["n"], ctx.event["again"])))
+
+        return second
+
+    runtimes = []
+    for who in ("a", "b"):
+        runtime = Runtime(store_path, shared=True, lease_ttl=TTL, poll_interval=3600)
+        opened.append(runtime)
+        runtime.define("first", execute=first, concurrency=2)
+        runtime.define("second", execute=make_second(who), concurrency=2)
+        runtimes.append(runtime)
+    a, b = runtimes
+    until(
+        lambda: [len(_book(r).held) for r in (a, b)] == [2, 2] and len(_leases_of(a)) == 4,
+        "each worker holding one instance of each pool",
+    )
+    with dopool.connect(store_path) as connection:
+        for n in range(40):
+            connection.pool("first").enqueue({"n": n}, partition_key=f"p-{n}")
+    until(lambda: len(finals) == 80, "every follow-up's run")  # no poll: wake-ups only
+    assert sorted(value for _, _, value in finals) == sorted(
+        (n, again) for n in range(40) for again in (False, True)
+    )  # each once
+    assert {who for who, _, _ in finals} == {"a", "b"}
+
+    def outboxes() -> list[int]:
+        with a._store.read() as txn:
+            return [Namespace("first", i).load_meta(txn).outbox for i in range(2)]
+
+    until(lambda: outboxes() == [0, 0], "every delivery acknowledged")  # (local acks: async)

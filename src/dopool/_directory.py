@@ -28,6 +28,7 @@ from dopool._clock import Clock
 from dopool._errors import ConfigurationError
 from dopool._mailbox import Mailbox
 from dopool._messages import Item, Resend
+from dopool._options import PoolOptions
 from dopool._pool import WorkerPool
 
 
@@ -43,6 +44,8 @@ class PoolAddress:
         mailboxes: its instances' addresses, by index.
         handle: the :class:`~dopool.WorkerPool` that ``define`` returned for it, weakly:
             what its instances hold must not keep it alive (see :mod:`dopool._ports`).
+        options: its options (a follow-up delivered into an instance that another
+            worker process serves is stored with them, as a producer stores an event).
     """
 
     name: str
@@ -50,6 +53,7 @@ class PoolAddress:
     route: Callable[[str | None], int]
     mailboxes: Sequence[Mailbox]
     handle: weakref.ref[WorkerPool]
+    options: PoolOptions
 
 
 class Directory:

@@ -17,12 +17,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from dopool._backend import Latch, Local
 from dopool._clock import Clock
+from dopool._connect import producer_machine
 from dopool._errors import (
+    DamagedRecordError,
     DopoolError,
     InstanceCrashedError,
     PermanentError,
 )
 from dopool._layout import Meta, OutboxRecord
+from dopool._leases import lease_owner
 from dopool._machine import Effects, QueueMachine, Started
 from dopool._mailbox import Mailbox, fail_reply
 from dopool._messages import (
@@ -125,6 +128,8 @@ class InstanceEnv:
     # A shared runtime's fencing check (``LeaseBook.holds``): whether the store's lease
     # of (pool, index) is still this worker's; None where no other worker can write.
     holds: Callable[[Txn, str, int], bool] | None = None
+    # A shared runtime's wake-up of the worker serving an instance: (pool, index, owner).
+    wake: Callable[[str, int, str | None], None] | None = None
 
 
 class UndecodableEventError(PermanentError):
@@ -379,8 +384,72 @@ class InstanceShell:
             )
             return
         target = mailboxes[record.target]
+        if target.vacant and self._env.holds is not None:  # another worker serves it
+            self._deliver_across(oseq, record)
+            return
         deliver = Deliver(self._spec.name, self._index, oseq, record)
         self._clock.deliver(target.order, partial(target.send, deliver))
+
+    def _deliver_across(self, oseq: int, record: OutboxRecord) -> None:
+        """Deliver a follow-up into an instance another worker process serves, in one
+        transaction of this instance: the target's side of the delivery as a producer
+        makes an enqueue (its meta read anew, the link order checked), and this side's
+        acknowledgement. Links this target has not had yet, waiting earlier in the
+        outbox (sent to the target's actor here before another worker took it over),
+        go first, in order. Then the worker serving the target is woken."""
+        if record.pool == self._spec.name:
+            options = self._spec.options
+        else:
+            address = self._env.directory.get(record.pool)
+            if address is None:
+                return
+            options = address.options
+        target = producer_machine(record.pool, record.target, options)
+        source, index, now = self._spec.name, self._index, self._clock.now()
+
+        def body(txn: Txn) -> str | None:
+            tmeta = target.namespace.load_meta(txn)
+            expected = target.namespace.last_delivered(txn, source, index) + 1
+            pending = [(oseq, record)]  # a duplicate (link < expected): acknowledged
+            if record.link >= expected:
+                pending = sorted(
+                    (
+                        (seq, entry)
+                        for seq, entry in self._ns.iter_outbox(txn)
+                        if isinstance(entry, OutboxRecord)
+                        and (entry.pool, entry.target) == (record.pool, record.target)
+                        and expected <= entry.link <= record.link
+                    ),
+                    key=lambda item: item[1].link,
+                )
+            taken = []
+            for seq, entry in pending:
+                if entry.link > target.deliver(txn, tmeta, source, index, entry, now, Effects()):
+                    break  # a link missing from the outbox: the target takes none after it
+                taken.append(seq)
+            if any(entry.link >= expected for _, entry in pending):
+                target.namespace.save_meta(txn, tmeta)
+            meta = self._load_meta(txn)
+            for seq in taken:
+                if self._machine.delivered(txn, seq):
+                    meta.outbox -= 1
+            self._save_meta(txn, meta)
+            return lease_owner(txn, record.pool, record.target)
+
+        try:
+            owner = self._transact(body)
+        except DamagedRecordError as damage:  # the target's mark, say: the entry stays
+            logger.error(
+                "instance %s: follow-up %d for %s:%d not delivered: %s",
+                self._id,
+                oseq,
+                record.pool,
+                record.target,
+                damage,
+            )
+            return
+        if self._env.wake is not None:
+            self._env.wake(record.pool, record.target, owner)
 
     def mailbox_of(self, pool: str, index: int) -> Mailbox | None:
         """Instance ``index`` of ``pool``'s address (this pool, or another defined one)."""

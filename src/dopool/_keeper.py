@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from dopool._errors import ConfigurationError
 from dopool._leases import RENEWALS, LeaseBook, Taken, Where, Worker
 from dopool._supervisor import Supervisor, recover_first
-from dopool._watch import worker_socket
+from dopool._watch import Notifier, worker_socket
 
 if TYPE_CHECKING:
     from dopool._clock import Clock
@@ -73,6 +73,13 @@ class LeaseKeeper:
         self._stopping: set[Where] = set()
         self._thread = threading.Thread(target=self._run, name="dopool-leases", daemon=True)
         self._started = False
+        # Wakes the worker serving an instance this runtime delivered a follow-up into.
+        self._notifier = Notifier(store.path) if self.shared else None
+
+    def wake(self, pool: str, index: int, owner: str | None) -> None:
+        """Tell the worker serving ``pool:index`` (``owner``) to wake it; never raises."""
+        if self._notifier is not None:
+            self._notifier.wake(pool, index, owner)
 
     @property
     def shared(self) -> bool:
@@ -166,7 +173,9 @@ class LeaseKeeper:
         if pool is None:
             return
         supervisor = pool.supervisors[index]
-        ref = supervisor.close(vacant=not release)
+        # Vacant at once: a caller is told another worker serves it, and a follow-up for it
+        # is delivered into its namespace (its actor here may still finish a handler).
+        ref = supervisor.close(vacant=True)
         where = (name, index)
         if where in self._stopping:  # a stop on its way already (lost while released)
             return
@@ -205,6 +214,8 @@ class LeaseKeeper:
         self._stop.set()
         if self._started:
             self._thread.join()
+        if self._notifier is not None:
+            self._notifier.close()
         with self._lock:
             try:
                 with self._store.write() as txn:

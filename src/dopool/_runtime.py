@@ -311,6 +311,7 @@ class Runtime:
                 ],
                 faults=[FaultInjector(self.faults, name, index) for index in range(concurrency)],
                 holds=self._keeper.book.holds if self.shared and self._keeper else None,
+                wake=self._keeper.wake if self.shared and self._keeper else None,
             )
             self._supervisors.append(supervisors)
             try:
@@ -329,7 +330,9 @@ class Runtime:
             self._pools[name] = instances
             self._defined[name] = pool
             # Now follow-ups may go to it; those other instances held for it are resent.
-            address = PoolAddress(name, spec.prepare, router.choose, mailboxes, weakref.ref(pool))
+            address = PoolAddress(
+                name, spec.prepare, router.choose, mailboxes, weakref.ref(pool), options
+            )
             self._directory.add(address)
             if self._watcher is not None:
                 namespaces = [Namespace(name, index) for index in range(concurrency)]
