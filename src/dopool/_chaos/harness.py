@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--processes",
         action="store_true",
-        help="the multi-process mode: producer processes and a dopool worker, SIGKILLed",
+        help="the multi-process mode: producer processes and dopool workers, SIGKILLed",
     )
     parser.add_argument(
         "--keep", action="store_true", help="with --processes --seed: keep the run's directory"

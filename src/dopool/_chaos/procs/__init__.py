@@ -7,5 +7,6 @@ Each seed draws a :mod:`.plan`: a store, an app (:mod:`.app`, run by real
 the run's progress. Every process records what it did in append-only files
 (:mod:`.records`); :mod:`.runner` drives the processes, and :mod:`.checker` checks
 the records and the store against docs/guarantees.md once a last worker has
-finished everything. One worker runs at a time: several come with leases.
+finished everything. Half the seeds run a second worker beside the first, sharing the
+store with leases, each killed and restarted on its own.
 """
