@@ -16,10 +16,21 @@ import pytest
 from cli_support import invoke
 from dopool import EventContext, Runtime
 from dopool._check import check_store
-from dopool._layout import Meta, Namespace, OutboxRecord, pack, seal_pool
+from dopool._layout import (
+    LeaseRecord,
+    Meta,
+    Namespace,
+    OutboxRecord,
+    PresenceRecord,
+    lease_key,
+    pack,
+    put_lease,
+    put_presence,
+    seal_pool,
+)
 from dopool._storage import Txn
 
-FIXTURE = Path(__file__).parent / "fixtures" / "store-v5"  # tests/fixtures/make_store.py
+FIXTURE = Path(__file__).parent / "fixtures" / "store-v6"  # tests/fixtures/make_store.py
 QUEUED = Namespace("orders", 1).queue_key(-2, 4, 1000.0)  # a pending event of the fixture
 INVOICES = Namespace("invoices", 0)  # holds a follow-up for orders:1, link 0, in its outbox
 
@@ -47,7 +58,7 @@ def problems(path: Path) -> list[str]:
 def test_a_sound_store_checks_out(store: Path) -> None:
     result = invoke("check", str(store))
     assert result.exit_code == 0, result.output
-    assert "format 5, 38 records, 3 instances; pools: invoices (1), orders (2)" in result.stdout
+    assert "format 6, 40 records, 3 instances; pools: invoices (1), orders (2)" in result.stdout
     assert "ok: every record and every counter checks out" in result.stdout
 
 
@@ -149,7 +160,7 @@ def test_check_store_reads_a_snapshot_in_one_pass(store: Path) -> None:
     with lmdb.open(str(store / "data"), readonly=True, lock=False) as env, env.begin() as txn:
         report = check_store(txn)
     assert report.ok
-    assert (report.format_version, report.records, report.instances) == (5, 38, 3)
+    assert (report.format_version, report.records, report.instances) == (6, 40, 3)
     assert report.pools == {"invoices": 1, "orders": 2}
 
 
@@ -264,3 +275,19 @@ def test_status_shows_the_follow_ups_on_their_way_to_each_pool(store: Path) -> N
     document = json.loads(invoke("status", str(store), "--json").stdout)
     waiting = {pool["name"]: pool["follow_ups_in_outboxes"] for pool in document["pools"]}
     assert waiting == {"invoices": {}, "orders": {"invoices:0": 1}}
+
+
+def test_leases_and_presences_are_checked(store: Path) -> None:
+    with edit(store) as txn:
+        put_lease(txn, "ghost", 0, LeaseRecord("w-1-a", 1, "h", 1, 1000.0))  # no such pool
+        put_lease(txn, "orders", 2, LeaseRecord("w-1-a", 1, "h", 1, 1000.0))  # of 2
+        put_lease(txn, "orders", 1, LeaseRecord("two words", 1, "h", 1, 1000.0))
+        txn.put(lease_key("invoices", 0), b"\0\0\0\0junk")
+        txn.put(b"Wbad-presence", b"\0\0\0\0junk")
+        put_presence(txn, "w-1-a", PresenceRecord(1, "h", 1000.0))  # sound
+    found = problems(store)
+    assert any("a lease of ghost:0, which no pool record has" in p for p in found), found
+    assert any("a lease of orders:2, which no pool record has" in p for p in found), found
+    assert any("a lease naming no worker ('two words')" in p for p in found), found
+    assert sum("damaged: checksum mismatch" in p for p in found) == 2, found
+    assert len(found) == 5, found

@@ -28,11 +28,17 @@ from dopool._layout import (
     EventIndex,
     EventRecord,
     FinishedRecord,
+    LeaseRecord,
     Located,
     Meta,
     Namespace,
     OutboxRecord,
+    PresenceRecord,
     RecordKind,
+    all_leases,
+    all_presences,
+    lease_key,
+    open_sealed,
     pack,
     parse_dedup_key,
     read_dedup,
@@ -54,7 +60,9 @@ FIXTURE_1_OUTBOX = FIXTURES / "store-v1-outbox"  # format 1, make_store_v1_outbo
 FIXTURE_2 = FIXTURES / "store-v2"  # format 2, written at commit c2aca5a (make_store.py then)
 FIXTURE_3 = FIXTURES / "store-v3"  # format 3, written at commit fa16d78 (make_store.py then)
 FIXTURE_4 = FIXTURES / "store-v4"  # format 4, written at commit 9270e60 (make_store.py then)
-FIXTURE_5 = FIXTURES / "store-v5"  # format 5, make_store.py
+FIXTURE_5 = FIXTURES / "store-v5"  # format 5, written at commit 5f125b8 (make_store.py then)
+FIXTURE_6 = FIXTURES / "store-v6"  # format 6, make_store.py
+OWNER = "host-4121-0a1b2c3d"  # the worker store-v6's lease and presence name
 # The events the fixtures of formats 1 and 2 (and format 3, at 1000.0) hold pending.
 ID_5 = EventRecord(b"\x82\xa2id\x05\xa4tags\x92\xa1x\xa1y", 1000.0, "bob", 9)
 ID_3 = EventRecord(b"\x82\xa2id\x03\xa4blob\xc4\x02\x00\xff", 1000.0, "alice", 0)
@@ -80,8 +88,8 @@ def records(path: Path) -> dict[bytes, bytes]:
 
 
 def test_the_fixture_of_this_format_is_the_current_version() -> None:
-    assert FORMAT_VERSION == 5
-    assert records(FIXTURE_5)[b"F"] == seal_format(b"F")
+    assert FORMAT_VERSION == 6
+    assert records(FIXTURE_6)[b"F"] == seal_format(b"F")
 
 
 def entries(path: Path) -> list[bytes]:
@@ -130,7 +138,7 @@ def test_the_format_4_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert index.get(txn, "order-1") == DedupRecord("order-1", 1, 0, 0, 0, 1000.0, 1000.0)
             assert index.count_expiries(txn) == 2
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 5, 24)
+            assert (report.ok, report.format_version, report.records) == (True, 6, 24)
             indexed = EventIndex(zero)
             assert [indexed.locate(txn, n) for n in (3, 4, 0)] == [
                 Located(zero.queue_key(9, 3, 1000.0), False),
@@ -150,14 +158,55 @@ def test_the_format_4_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
     assert changed == sorted([b"F", *metas, *events, *entries(path)])  # events: expires_at
 
 
-# -- the committed store of format 5 ----------------------------------------------------
+# -- format 5, migrated in place when a runtime opens it -----------------------------------
 
 
-def test_the_format_5_fixture_decodes_to_exactly_what_was_written(tmp_path: Path) -> None:
-    """A change of layout that misreads stores of format 5 fails here: the fixture of
-    format 4 with an event index, remembered finished events and a cancelled event
-    (store-v5, make_store.py)."""
-    store = Store(copy(FIXTURE_5, tmp_path))
+def test_the_format_5_fixture_is_migrated_by_its_format_record_alone(tmp_path: Path) -> None:
+    """store-v5, written by the format-5 code: format 6 adds leases and presences, of
+    which a store of format 5 has none, so only the format record changes, and every
+    record reads as it was written."""
+    path = copy(FIXTURE_5, tmp_path)
+    before = records(path)
+    assert before[b"F"][4:] == bytes([0x91, 5])
+    _the_fixture_of_format_5_reads_as_written(path, records=38)
+    after = records(path)
+    changed = sorted(
+        key for key in before.keys() | after.keys() if before.get(key) != after.get(key)
+    )
+    assert changed == [b"F"]
+
+
+# -- the committed store of format 6 ----------------------------------------------------
+
+
+def test_the_format_6_fixture_decodes_to_exactly_what_was_written(tmp_path: Path) -> None:
+    """A change of layout that misreads stores of format 6 fails here: the fixture of
+    format 5 with a lease and a presence (store-v6, make_store.py)."""
+    path = copy(FIXTURE_6, tmp_path)
+    _the_fixture_of_format_5_reads_as_written(path, records=40)
+    store = Store(path)
+    try:
+        with store.read() as txn:
+            assert list(all_leases(txn)) == [
+                ("orders", 0, LeaseRecord(OWNER, 4121, "host", 2, 1030.0))
+            ]
+            assert list(all_presences(txn)) == [(OWNER, PresenceRecord(4121, "host", 1030.0))]
+    finally:
+        store.close()
+
+
+def test_the_keys_and_records_of_leases_have_their_documented_bytes() -> None:
+    assert lease_key("orders", 1) == b"Lorders\x00\x00\x00\x00\x01"
+    lease = records(FIXTURE_6)[lease_key("orders", 0)]
+    assert open_sealed(lease_key("orders", 0), lease) == pack([OWNER, 4121, "host", 2, 1030.0])
+    presence = records(FIXTURE_6)[b"W" + OWNER.encode()]
+    assert open_sealed(b"W" + OWNER.encode(), presence) == pack([4121, "host", 1030.0])
+
+
+def _the_fixture_of_format_5_reads_as_written(path: Path, *, records: int) -> None:
+    """What make_store.py's format-5 part wrote: an event index, remembered finished
+    events and a cancelled event, over format 4's records."""
+    store = Store(path)
     try:
         with store.read() as txn:
             zero, one = Namespace("orders", 0), Namespace("orders", 1)
@@ -203,7 +252,7 @@ def test_the_format_5_fixture_decodes_to_exactly_what_was_written(tmp_path: Path
             )
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 5, 38)
+            assert (report.ok, report.format_version, report.records) == (True, 6, records)
     finally:
         store.close()
 
@@ -335,7 +384,7 @@ def test_the_format_3_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 5, 19)
+            assert (report.ok, report.format_version, report.records) == (True, 6, 19)
     finally:
         store.close()
     after = records(path)
@@ -440,7 +489,7 @@ def test_the_format_2_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 5, 17)
+            assert (report.ok, report.format_version, report.records) == (True, 6, 17)
     finally:
         store.close()
     after = records(path)
@@ -540,7 +589,7 @@ def test_a_format_2_store_built_by_hand_keeps_its_order_and_its_backoff(
     try:
         # 9 to format 4; its meta again, an index entry for each of 4 events, and the 3
         # sound ones rewritten (expires_at)
-        assert "migrated from format 2 to 5 (17 records rewritten)" in caplog.text
+        assert "migrated from format 2 to 6 (17 records rewritten)" in caplog.text
         ns = Namespace("h", 0)
         with runtime._store.read() as txn:
             meta = ns.load_meta(txn)
@@ -575,7 +624,7 @@ def test_a_format_2_store_is_refused_read_only(tmp_path: Path) -> None:
     path = copy(FIXTURE_2, tmp_path)
     with pytest.raises(StoreFormatError) as caught, open_view(path):
         pass
-    assert (caught.value.found, caught.value.supported) == (2, 5)
+    assert (caught.value.found, caught.value.supported) == (2, FORMAT_VERSION)
     assert "migrates it in place" in str(caught.value)
     assert records(path) == records(FIXTURE_2)
 
@@ -715,7 +764,7 @@ def test_a_format_1_outbox_is_migrated_and_delivered_exactly_once(
         runtime = Runtime(path, clock=SimulatedClock(2000.0), seed=7)
     try:
         # 9 to format 4, and both metas again (no event is pending)
-        assert "migrated from format 1 to 5 (11 records rewritten)" in caplog.text
+        assert "migrated from format 1 to 6 (11 records rewritten)" in caplog.text
         with runtime._store.read() as txn:
             zero, one = Namespace("orders", 0), Namespace("orders", 1)
             assert zero.load_meta(txn).links == {"orders:1": 2}
@@ -742,7 +791,7 @@ def test_a_format_1_store_is_refused_read_only_and_left_as_it_was(tmp_path: Path
     before = (path / "data" / "data.mdb").read_bytes()
     with pytest.raises(StoreFormatError) as caught, open_view(path):
         pass
-    assert (caught.value.found, caught.value.supported) == (1, 5)
+    assert (caught.value.found, caught.value.supported) == (1, FORMAT_VERSION)
     assert "a Runtime of this version migrates it in place" in str(caught.value)
     assert (path / "data" / "data.mdb").read_bytes() == before
 

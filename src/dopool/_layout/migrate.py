@@ -35,6 +35,10 @@ Format 4 → 5: an event is found by its id, and finished ones are remembered:
 - the meta gains ``cancelled``, ``expired``, ``remembered`` (0), ``last_error`` and
   ``last_started`` (nil). No finished event is remembered: none was.
 
+Format 5 → 6: several workers may serve a store, by leases (``L <pool>:<index>``) and
+presence records (``W <owner>``): a store of format 5 has none, so only the format
+record changes.
+
 A record that fails the older format's checks is not rewritten (a record that moves
 to a new key moves with its bytes as found): the new format's checks then find it
 damaged, as the old ones would have. The caller commits the transaction, or rolls it
@@ -90,12 +94,12 @@ _OUTBOX_LAYOUT_1: Layout = _OUTBOX_LAYOUT[1:]  # no "pool"
 
 
 def migrate_store(txn: Txn, found: int) -> int:
-    """Rewrite a store of format ``found`` (1 to 4) in ``txn`` as this format; how many
-    records changed."""
+    """Rewrite a store of format ``found`` (1 to 5) in ``txn`` as this format; how many
+    records changed (format 5 to 6 changes none but the format record)."""
     changed = _from_1(txn) if found == 1 else 0
     changed += _from_2(txn) if found <= 2 else 0
     changed += _from_3(txn) if found <= 3 else 0
-    changed += _from_4(txn)
+    changed += _from_4(txn) if found <= 4 else 0
     txn.put(FORMAT_KEY, seal_format(FORMAT_KEY))
     return changed
 
