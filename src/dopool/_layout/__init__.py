@@ -10,6 +10,7 @@
 - :mod:`.dedup`: a pool's dedup index, its records read and written in a transaction;
 - :mod:`.events`: an instance's event index and remembered finished events;
 - :mod:`.leases`: the workers' leases and presences, read and written in a transaction;
+- :mod:`.schedules`: a pool's recurring schedules, in instance 0's namespace;
 - :mod:`.migrate`: a store of an older format rewritten as this one.
 
 Everything outside this package sees records, namespaces and parsed keys, never a
@@ -43,6 +44,7 @@ from dopool._layout.keys import (
     dedup_name,
     describe_key,
     encode_due,
+    fire_time,
     format_1_mark,
     is_format_key,
     lease_key,
@@ -57,6 +59,7 @@ from dopool._layout.keys import (
     queue_key_due,
     queue_key_priority,
     queue_key_sequence,
+    schedule_name,
     scheduled_key_due,
     scheduled_key_priority,
     started_event,
@@ -120,6 +123,7 @@ from dopool._layout.records import (
     seal_pool,
     unpack,
 )
+from dopool._layout.schedules import ScheduleBook, ScheduleRecord, read_fire, read_schedule
 
 __all__ = [
     "FINISHED_STATES",
@@ -152,6 +156,8 @@ __all__ = [
     "RecordKind",
     "all_leases",
     "all_presences",
+    "ScheduleBook",
+    "ScheduleRecord",
     "damaged",
     "dead_letter_sequence",
     "decode_due",
@@ -162,6 +168,7 @@ __all__ = [
     "encode_due",
     "encode_event",
     "event_stored",
+    "fire_time",
     "follow_ups_to",
     "format_1_mark",
     "get_lease",
@@ -191,6 +198,7 @@ __all__ = [
     "read_dedup",
     "read_event",
     "read_expiry",
+    "read_fire",
     "read_format",
     "read_lease",
     "read_lifecycle",
@@ -199,6 +207,8 @@ __all__ = [
     "read_outbox",
     "read_pool",
     "read_presence",
+    "read_schedule",
+    "schedule_name",
     "scheduled_key_due",
     "scheduled_key_priority",
     "seal",

@@ -20,6 +20,8 @@ Keys (all integers big-endian, so LMDB's byte order is numeric order)::
     I <pool>:<index> \\0 f <seq:8>          a finished event, remembered (keep_finished)
     I <pool>:<index> \\0 e <finished:8> <seq:8>
                                           when a remembered event finished: its expiry
+    I <pool>:0 \\0 r <name>               a recurring schedule (instance 0's only)
+    I <pool>:0 \\0 t <at:8> <name>        a schedule's next fire time, by time
     K <pool> \\0 <name>                   a dedup key's index entry (the pool's own)
     E <pool> \\0 <finished:8> <name>      a finished dedup key's expiry, by finish time
     L <pool> \\0 <index:4>                an instance's lease: the worker serving it
@@ -43,6 +45,10 @@ most 511 bytes) is named by ``0xFF`` and its BLAKE2b digest of 16 bytes. UTF-8 n
 holds the byte ``0xFF``, so the two forms cannot meet. The entry holds the key itself,
 and a lookup compares it. The index is the pool's, not an instance's: every instance of
 a pool sees one key space.
+
+A schedule's ``name`` in its keys (:func:`schedule_name`) follows the same rule as a
+dedup key's: its UTF-8 bytes up to :data:`DIRECT_NAME` of them, else ``0xFF`` and a
+BLAKE2b digest; the record holds the full name.
 
 This is the only module that spells a key's bytes (``tests/test_layout_structure.py``).
 Its names with a leading underscore are the layout's own: :mod:`.records` and
@@ -70,6 +76,8 @@ _META_TAG, _QUEUE_TAG, _DEAD_TAG, _OUTBOX_TAG, _MARK_TAG = b"m", b"q", b"d", b"o
 _WAIT_TAG = b"w"  # a scheduled event, not due yet
 # An unfinished event's index entry, a remembered finished event, and its expiry:
 _INDEX_TAG, _FINISHED_TAG, _FORGET_TAG = b"n", b"f", b"e"
+# A recurring schedule's record, and its next fire time (both in instance 0's namespace):
+_RECURRING_TAG, _FIRE_TAG = b"r", b"t"
 _DEDUP_PREFIX = b"K"  # a pool's dedup index: one entry per key
 _EXPIRY_PREFIX = b"E"  # a pool's finished dedup keys, by finish time
 _LEASE_PREFIX = b"L"  # an instance's lease
@@ -163,6 +171,8 @@ class RecordKind(enum.Enum):
     INDEX = "event index entry"
     FINISHED = "finished event record"
     FORGET = "finished event's expiry"
+    SCHEDULE = "schedule record"
+    FIRE = "schedule's fire time"
 
 
 _KIND_OF_TAG = {
@@ -175,6 +185,8 @@ _KIND_OF_TAG = {
     _INDEX_TAG: RecordKind.INDEX,
     _FINISHED_TAG: RecordKind.FINISHED,
     _FORGET_TAG: RecordKind.FORGET,
+    _RECURRING_TAG: RecordKind.SCHEDULE,
+    _FIRE_TAG: RecordKind.FIRE,
 }
 # The length of the suffix after each tag of an instance's namespace; a delivery
 # mark's varies with its source's pool name (see ``_valid_suffix``).
@@ -210,6 +222,10 @@ def _valid_suffix(tag: bytes, suffix: bytes) -> bool:
     """Whether ``suffix`` is what the layout puts after ``tag`` in an instance's key."""
     if tag == _MARK_TAG:
         return _mark_source(suffix) is not None
+    if tag == _RECURRING_TAG:
+        return _valid_name(suffix)
+    if tag == _FIRE_TAG:
+        return len(suffix) > 8 and _valid_name(suffix[8:])
     return _SUFFIX_LENGTHS.get(tag) == len(suffix)
 
 
@@ -287,6 +303,16 @@ def dedup_name(dedup_key: str) -> bytes:
     if len(data) <= DIRECT_NAME:
         return data
     return _DIGESTED + hashlib.blake2b(data, digest_size=_DIGEST).digest()
+
+
+def schedule_name(name: str) -> bytes:
+    """What names a schedule in its keys: :func:`dedup_name`'s rule."""
+    return dedup_name(name)
+
+
+def fire_time(suffix: bytes) -> tuple[float, bytes]:
+    """The time and the schedule's name a fire key's suffix (after its tag) holds."""
+    return decode_due(_U64.unpack_from(suffix)[0]), suffix[8:]
 
 
 def _valid_name(name: bytes) -> bool:

@@ -39,6 +39,12 @@ Format 5 → 6: several workers may serve a store, by leases (``L <pool>:<index>
 presence records (``W <owner>``): a store of format 5 has none, so only the format
 record changes.
 
+Format 6 → 7: a pool may hold recurring schedules, and a follow-up may be delayed:
+
+- the meta gains ``schedules`` (0) and ``next_fire`` (nil): no pool had a schedule;
+- each outbox entry gains a last field, ``due`` (nil: due when delivered), sealed
+  again under its key.
+
 A record that fails the older format's checks is not rewritten (a record that moves
 to a new key moves with its bytes as found): the new format's checks then find it
 damaged, as the old ones would have. The caller commits the transaction, or rolls it
@@ -68,9 +74,9 @@ from dopool._layout.records import (
     _META_LAYOUT_2,
     _META_LAYOUT_3,
     _META_LAYOUT_4,
-    _OUTBOX_LAYOUT,
+    _META_LAYOUT_6,
+    _OUTBOX_LAYOUT_6,
     Layout,
-    OutboxRecord,
     _laid_out,
     _tally,
     open_sealed,
@@ -79,7 +85,6 @@ from dopool._layout.records import (
     seal,
     seal_format,
     seal_link,
-    seal_outbox,
 )
 
 if TYPE_CHECKING:
@@ -90,16 +95,17 @@ _META_LAYOUT_1: Layout = tuple(
     (name, _tally if name == "links" else check) for name, check in _META_LAYOUT_2
 )
 _META_NAMES_2 = tuple(name for name, _ in _META_LAYOUT_2)
-_OUTBOX_LAYOUT_1: Layout = _OUTBOX_LAYOUT[1:]  # no "pool"
+_OUTBOX_LAYOUT_1: Layout = _OUTBOX_LAYOUT_6[1:]  # no "pool"
 
 
 def migrate_store(txn: Txn, found: int) -> int:
-    """Rewrite a store of format ``found`` (1 to 5) in ``txn`` as this format; how many
+    """Rewrite a store of format ``found`` (1 to 6) in ``txn`` as this format; how many
     records changed (format 5 to 6 changes none but the format record)."""
     changed = _from_1(txn) if found == 1 else 0
     changed += _from_2(txn) if found <= 2 else 0
     changed += _from_3(txn) if found <= 3 else 0
     changed += _from_4(txn) if found <= 4 else 0
+    changed += _from_6(txn)
     txn.put(FORMAT_KEY, seal_format(FORMAT_KEY))
     return changed
 
@@ -152,7 +158,7 @@ def _outbox_1(txn: Txn, key: bytes, value: bytes, pool: str) -> int:
         fields = _laid_out(key, value, _OUTBOX_LAYOUT_1)
     except DamagedRecordError:
         return 0
-    txn.put(key, seal_outbox(key, OutboxRecord(pool, *fields)))
+    txn.put(key, seal(key, pack([pool, *fields])))  # format 2's layout: later steps read it
     return 1
 
 
@@ -268,3 +274,33 @@ def _from_4(txn: Txn) -> int:
             txn.put(key, seal(key, pack([*fields, None])))  # expires_at
             changed += 1
     return changed
+
+
+# -- format 6 to 7 (5 to 6 changed no record) ---------------------------------------------
+
+
+def _from_6(txn: Txn) -> int:
+    """Rewrite a format-6 (or 5) store in ``txn`` as format 7; how many records changed."""
+    changed = 0
+    for key in _instance_keys(txn):
+        parsed = parse_instance_key(key)
+        if parsed is None:
+            continue
+        layout = _LAYOUTS_6.get(parsed.kind)
+        if layout is None:
+            continue
+        try:
+            fields = _laid_out(key, txn.get(key), layout)
+        except DamagedRecordError:
+            continue  # damaged as found: format 7's checks find it so too
+        fields += [0, None] if parsed.kind is RecordKind.META else [None]
+        txn.put(key, seal(key, pack(fields)))
+        changed += 1
+    return changed
+
+
+# The records format 7 added fields to, by kind, with their format-6 layouts.
+_LAYOUTS_6: dict[RecordKind, Layout] = {
+    RecordKind.META: _META_LAYOUT_6,
+    RecordKind.OUTBOX: _OUTBOX_LAYOUT_6,
+}

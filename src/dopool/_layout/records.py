@@ -234,6 +234,7 @@ class OutboxRecord(NamedTuple):
     enqueued_at: float
     partition_key: str | None
     priority: int
+    due: float | None = None  # a delayed follow-up's due time (None: due when delivered)
 
 
 # Format 3's event and dead-letter layouts (the migration reads them); format 4's add
@@ -257,7 +258,7 @@ _DEAD_LAYOUT_3: Layout = (
     ("damaged", _flag),
 )
 _DEAD_LAYOUT: Layout = (*_DEAD_LAYOUT_3, ("dedup_key", _text_or_none))
-_OUTBOX_LAYOUT: Layout = (
+_OUTBOX_LAYOUT_6: Layout = (  # formats 2 to 6
     ("pool", _pool_name),
     ("target", _count),
     ("link", _count),
@@ -266,6 +267,7 @@ _OUTBOX_LAYOUT: Layout = (
     ("partition_key", _text_or_none),
     ("priority", _integer),
 )
+_OUTBOX_LAYOUT: Layout = (*_OUTBOX_LAYOUT_6, ("due", _time_or_none))  # format 7
 
 
 def seal_event(key: bytes, record: EventRecord | tuple[Any, ...]) -> bytes:
@@ -390,6 +392,8 @@ class Meta:
     remembered: int = 0  # finished events remembered (``f`` keys), for keep_finished
     last_error: str | None = None  # the current event's last failure, while in backoff
     last_started: float | None = None  # when the current event's last attempt started
+    schedules: int = 0  # recurring schedules stored (``r`` keys: instance 0's only)
+    next_fire: float | None = None  # the earliest fire time among them (the first ``t`` key)
 
 
 # The meta record's fields, in stored order. Independent of the dataclass's field
@@ -424,8 +428,9 @@ _META_LAYOUT_3: Layout = (
     ("last_due", _time_or_none),
 )
 _META_LAYOUT_4: Layout = (*_META_LAYOUT_3, ("duplicates", _count))
-# Format 5's: format 4's, then the event index's and the lifecycle's fields.
-_META_LAYOUT: Layout = (
+# Format 5's (and 6's: leases added no field): format 4's, then the event index's and the
+# lifecycle's fields.
+_META_LAYOUT_6: Layout = (
     *_META_LAYOUT_4,
     ("cancelled", _count),
     ("expired", _count),
@@ -433,6 +438,8 @@ _META_LAYOUT: Layout = (
     ("last_error", _text_or_none),
     ("last_started", _time_or_none),
 )
+# Format 7's: format 6's, then the recurring schedules' fields.
+_META_LAYOUT: Layout = (*_META_LAYOUT_6, ("schedules", _count), ("next_fire", _time_or_none))
 _META_NAMES = tuple(name for name, _ in _META_LAYOUT)
 _meta_values = attrgetter(*_META_NAMES)  # every field in stored order, in one C call
 
@@ -453,4 +460,6 @@ def read_meta(key: bytes, value: bytes) -> Meta:
         raise damaged(key, value, f"{meta.scheduled} scheduled, next due {meta.next_due!r}")
     if meta.expired > meta.dead_lettered:
         raise damaged(key, value, f"{meta.expired} expired of {meta.dead_lettered} dead")
+    if meta.next_fire is not None and not meta.schedules:
+        raise damaged(key, value, f"no schedule, next fire {meta.next_fire!r}")
     return meta
