@@ -23,6 +23,7 @@ from dopool._errors import (
     PoolNotFoundError,
     QueueFullError,
     RetryAfter,
+    ScheduleDefinitionError,
     ScheduleError,
     SimulationStalledError,
     StorageError,
@@ -42,6 +43,7 @@ from dopool._types import (
     InstanceStatus,
     PoolEvent,
     PoolStatus,
+    ScheduleInfo,
 )
 
 __all__ = [
@@ -73,7 +75,9 @@ __all__ = [
     "RetryAfter",
     "RetryPolicy",
     "Runtime",
+    "ScheduleDefinitionError",
     "ScheduleError",
+    "ScheduleInfo",
     "SimulatedClock",
     "SimulationStalledError",
     "StorageError",

@@ -42,17 +42,18 @@ _MAX_DOUBLINGS = 32
 
 def rearm(meta: Meta, now: float) -> None:
     """Point the alarm slot where the committed state needs it: at the instance's earliest
-    due work, its next start or its next scheduled event (:mod:`dopool._scheduled`).
+    due work, its next start, its next scheduled event (:mod:`dopool._scheduled`) or
+    its next schedule fire (instance 0's: :mod:`dopool._recurring`).
 
-    A paused instance has no alarm: it starts nothing, and moves the scheduled events
-    that fell due meanwhile when it next looks for work. A stalled instance stays so,
-    paused or not, and through a recovery: only :func:`wake` (a write) or an empty
-    queue ends a stall.
+    A paused instance has no alarm: it starts nothing, fires nothing, and moves the
+    scheduled events that fell due meanwhile when it next looks for work. A stalled
+    instance stays so, paused or not, and through a recovery: only :func:`wake` (a
+    write) or an empty queue ends a stall.
     """
     if meta.paused or meta.pending == 0:
         if meta.pending == 0 or not stalled(meta):
             meta.alarm_failures = 0
-        meta.alarm = None
+        meta.alarm = None if meta.paused else meta.next_fire
         return
     if stalled(meta):
         return
@@ -66,6 +67,8 @@ def rearm(meta: Meta, now: float) -> None:
         due = now
     if meta.next_due is not None and meta.next_due < due:
         due = meta.next_due
+    if meta.next_fire is not None and meta.next_fire < due:
+        due = meta.next_fire
     if meta.alarm_failures and meta.alarm is not None:
         due = max(due, meta.alarm)  # nor is a failing alarm's backoff
     meta.alarm = due

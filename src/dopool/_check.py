@@ -32,6 +32,7 @@ from dopool._layout import (
     Meta,
     OutboxRecord,
     RecordKind,
+    fire_time,
     is_format_key,
     mark_source,
     parse_dedup_key,
@@ -43,6 +44,7 @@ from dopool._layout import (
     read_dedup,
     read_event,
     read_expiry,
+    read_fire,
     read_format,
     read_lease,
     read_lifecycle,
@@ -51,6 +53,7 @@ from dopool._layout import (
     read_outbox,
     read_pool,
     read_presence,
+    read_schedule,
     unpack,
     valid_owner,
 )
@@ -91,6 +94,8 @@ class _Instance:
     keys: KeyTally = field(default_factory=KeyTally)
     follow_ups: list[tuple[bytes, OutboxRecord]] = field(default_factory=list)
     sources: list[tuple[bytes, tuple[str, int]]] = field(default_factory=list)  # its marks'
+    schedules: dict[bytes, tuple[bytes, float | None]] = field(default_factory=dict)  # by name
+    fires: list[tuple[float, bytes, bytes]] = field(default_factory=list)  # at, name, key
 
 
 def check_store(txn: Txn) -> CheckReport:
@@ -193,6 +198,16 @@ def _check_instance_record(
         links.add_outbox(where, record)
     elif kind in _LIFECYCLE:
         read_lifecycle(kind, key, value)
+    elif kind is RecordKind.SCHEDULE:
+        name = key[key.index(b"\0") + 2 :]
+        instance.schedules[name] = (key, None)  # counted even if damaged: reported so
+        schedule = read_schedule(key, value)
+        _payload(where, key, schedule.event, problems)
+        instance.schedules[name] = (key, schedule.next_at)
+    elif kind is RecordKind.FIRE:
+        at, name = fire_time(key[key.index(b"\0") + 2 :])
+        instance.fires.append((at, name, key))
+        read_fire(key, value)
     else:
         source = mark_source(key)  # (a damaged event raised before it was counted)
         links.add_mark(where, source, read_link(key, value))
@@ -258,7 +273,32 @@ def _check_instance(
         return problems  # or a damaged one, reported already
     for what in broken_invariants(found.keys.state(pool, index, meta)):
         problem(what, found.meta_key)
+    for what, key in _broken_schedules(index, meta, found):
+        problem(what, key)
     return problems
+
+
+def _broken_schedules(index: int, meta: Meta, found: _Instance) -> list[tuple[str, bytes | None]]:
+    """The schedules' records and fire keys against each other and the meta: each fire key
+    names a record with that next fire time, each record that fires has its fire key,
+    ``schedules`` counts the records and ``next_fire`` is the first fire key's time."""
+    broken: list[tuple[str, bytes | None]] = []
+    if index and (found.schedules or found.fires):
+        broken.append(("schedules outside instance 0", None))
+    if meta.schedules != len(found.schedules):
+        broken.append((f"{meta.schedules} schedules, {len(found.schedules)} records", None))
+    first = min((at for at, _, _ in found.fires), default=None)
+    if meta.next_fire != first:
+        broken.append((f"next fire {meta.next_fire!r}, first fire key at {first!r}", None))
+    fired = {(name, at) for at, name, _ in found.fires}
+    for at, name, key in found.fires:
+        stored = found.schedules.get(name)
+        if stored is None or (stored[1] is not None and stored[1] != at):
+            broken.append((f"a fire key at {at!r} of no schedule that fires then", key))
+    for name, (key, next_at) in found.schedules.items():
+        if next_at is not None and (name, next_at) not in fired:
+            broken.append((f"a schedule without its fire key at {next_at!r}", key))
+    return broken
 
 
 def _holds_anything(found: _Instance) -> bool:

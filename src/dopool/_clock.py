@@ -61,8 +61,12 @@ class Clock(ABC):
         """The current time in seconds."""
 
     @abstractmethod
-    def set_alarm(self, target: AlarmTarget, at: float | None) -> None:
-        """Replace ``target``'s alarm with one at ``at`` (absolute), or clear it (None)."""
+    def set_alarm(self, target: AlarmTarget, at: float | None, *, recurring: bool = False) -> None:
+        """Replace ``target``'s alarm with one at ``at`` (absolute), or clear it (None).
+
+        ``recurring``: the alarm is only for a recurring schedule's next fire; such alarms
+        never keep a simulated clock from being idle (:meth:`SimulatedClock.run_until_idle`).
+        """
 
     @abstractmethod
     def deliver(self, order: tuple[str, int], send: Callable[[], object]) -> None:
@@ -149,7 +153,7 @@ class RealClock(Clock):
     def now(self) -> float:
         return time.time()
 
-    def set_alarm(self, target: AlarmTarget, at: float | None) -> None:
+    def set_alarm(self, target: AlarmTarget, at: float | None, *, recurring: bool = False) -> None:
         with self._cond:
             self._slots.pop(id(target), None)
             if at is not None and at > time.time():
@@ -245,6 +249,11 @@ class SimulatedClock(Clock):
         self._lock = threading.Lock()
         self._heap: list[tuple[float, str, int, int, int, object]] = []
         self._slots: dict[int, int] = {}
+        # The targets whose live alarm is only a schedule's next fire, and how many items
+        # but alarms (deliveries, callbacks, wake-ups) the heap holds: idle is when every
+        # live item is one of those alarms.
+        self._recurring: set[int] = set()
+        self._others = 0
         self._tickets = itertools.count()
         self._driver = threading.Lock()
         self._driving = False  # True while someone drives the clock
@@ -301,13 +310,16 @@ class SimulatedClock(Clock):
     def now(self) -> float:
         return self._now
 
-    def set_alarm(self, target: AlarmTarget, at: float | None) -> None:
+    def set_alarm(self, target: AlarmTarget, at: float | None, *, recurring: bool = False) -> None:
         with self._lock:
             self._slots.pop(id(target), None)
+            self._recurring.discard(id(target))
             if at is None:
                 return
             ticket = next(self._tickets)
             self._slots[id(target)] = ticket
+            if recurring:
+                self._recurring.add(id(target))
             pool, index = target.order
             heapq.heappush(self._heap, (max(at, self._now), pool, index, ticket, _ALARM, target))
 
@@ -315,6 +327,7 @@ class SimulatedClock(Clock):
         with self._lock:
             ticket = next(self._tickets)
             heapq.heappush(self._heap, (self._now, *order, ticket, _DELIVERY, send))
+            self._others += 1
 
     def call_at(self, time: float, callback: Callable[[], object]) -> None:
         """Run ``callback`` in the driving thread when virtual time reaches ``time``.
@@ -325,7 +338,10 @@ class SimulatedClock(Clock):
         """
         with self._lock:
             ticket = next(self._tickets)
-            heapq.heappush(self._heap, (max(time, self._now), "", -1, ticket, _CALL, callback))
+            heapq.heappush(
+                self._heap, (max(float(time), self._now), "", -1, ticket, _CALL, callback)
+            )
+            self._others += 1
 
     def sleep(self, seconds: float, key: Hashable) -> None:
         if seconds <= 0:
@@ -335,6 +351,7 @@ class SimulatedClock(Clock):
         with self._lock:
             ticket = next(self._tickets)
             heapq.heappush(self._heap, (at, "", 0, ticket, _WAKE, (key, wake)))
+            self._others += 1
         self.activity.sleep_begin(key)
         wake.acquire()
 
@@ -356,6 +373,7 @@ class SimulatedClock(Clock):
 
     def run_until(self, time: float) -> None:
         """Fire everything due up to the absolute time ``time``, then stand there."""
+        time = float(time)  # an int would reach stored records as one (a float field)
         self._take_driver()
         try:
             while self._step(time, None):
@@ -365,11 +383,15 @@ class SimulatedClock(Clock):
             self._release_driver()
 
     def run_until_idle(self, max_time: float | None = None) -> None:
-        """Jump from one scheduled time to the next until nothing is left (or ``max_time``)."""
+        """Jump from one scheduled time to the next until nothing is left (or ``max_time``).
+
+        Recurring schedules' fires are not left to do: with nothing else scheduled, and
+        nothing in flight, the system is idle (``run_until`` and ``advance`` fire them).
+        """
         limit = math.inf if max_time is None else max_time
         self._take_driver()
         try:
-            while self._step(limit, None):
+            while self._step(limit, None, idle=True):
                 pass
         finally:
             self._release_driver()
@@ -387,8 +409,13 @@ class SimulatedClock(Clock):
             self._release_driver()
 
     def progress(self, generation: int, deadline: float | None) -> bool:
-        """Fire the next scheduled item; False if nothing is scheduled (nothing can move)."""
-        return self.step(deadline=deadline)
+        """Fire the next scheduled item; False if nothing is scheduled (nothing can move)
+        but recurring schedules' fires, which ``join`` does not wait for."""
+        self._take_driver()
+        try:
+            return self._step(math.inf, deadline, idle=True)
+        finally:
+            self._release_driver()
 
     def drive_while(self, busy: Callable[[], bool], deadline: float | None) -> None:
         """Step while ``busy()``: a handler asleep in virtual time wakes only if time moves.
@@ -401,16 +428,23 @@ class SimulatedClock(Clock):
         except (TimeoutError, SimulationStalledError):  # the latter: they wait for ever
             pass
 
-    def _step(self, limit: float, deadline: float | None) -> bool:
+    def _step(self, limit: float, deadline: float | None, *, idle: bool = False) -> bool:
+        """Fire the next item due by ``limit``; with ``idle``, none when only recurring
+        schedules' alarms are left."""
         self._wait_quiet(deadline)
         with self._lock:
             self._drop_stale()
             heap = self._heap
-            if heap and heap[0][0] <= limit:
+            if idle and heap and not self._others and len(self._slots) == len(self._recurring):
+                kind = None
+            elif heap and heap[0][0] <= limit:
                 at, _, _, _, kind, payload = heapq.heappop(heap)
                 self._now = max(self._now, at)
                 if kind == _ALARM:
                     del self._slots[id(payload)]
+                    self._recurring.discard(id(payload))
+                else:
+                    self._others -= 1
             elif heap:
                 return False
             else:

@@ -37,16 +37,18 @@ from dopool._errors import (
     StorageError,
 )
 from dopool._filters import FilterOptions, Filters, listed
-from dopool._layout import Namespace, get_pool, pool_records
+from dopool._layout import Meta, Namespace, get_pool, pool_records
 from dopool._leases import lease_owner
 from dopool._lifecycle import lookup, parse_event_id
 from dopool._machine import Effects, QueueMachine
 from dopool._messages import Item
 from dopool._options import PoolOptions, Schema
+from dopool._recurring import Recurring
 from dopool._router import Positions, Router, pick, place
+from dopool._schedules import ScheduleOptions, definition, read_schedules, schedule_info
 from dopool._status import read_pool_status
 from dopool._storage import Environment, Txn, open_shared
-from dopool._types import DeadLetter, EnqueueResult, EventInfo, PoolStatus
+from dopool._types import DeadLetter, EnqueueResult, EventInfo, PoolStatus, ScheduleInfo
 from dopool._validation import (
     check_path,
     check_pool_name,
@@ -363,6 +365,37 @@ class ProducerPool:
             raise failure
         return results
 
+    def schedule(self, name: str, event: Any, **options: Unpack[ScheduleOptions]) -> ScheduleInfo:
+        """Define a recurring schedule, as ``WorkerPool.schedule`` does."""
+        spec = definition(name, event, options, self._schema)
+        return schedule_info(self._schedules_write(lambda r, t, m, now: r.define(t, m, spec, now)))
+
+    def unschedule(self, name: str) -> bool:
+        """Remove the recurring schedule ``name``; whether there was one."""
+        return bool(self._schedules_write(lambda r, t, m, now: r.remove(t, m, name, now)))
+
+    def _schedules_write(self, change: Callable[[Recurring, Txn, Meta, float], T]) -> T:
+        """Instance 0's schedules changed in one write transaction; then its owner woken."""
+        now = self._connection.now()
+
+        def body(txn: Txn) -> T:
+            self._route(txn)  # PoolNotFoundError for a store replaced
+            machine = self._machine(0)
+            meta = machine.namespace.load_meta(txn)
+            result = change(machine.recurring, txn, meta, now)
+            machine.namespace.save_meta(txn, meta)
+            return result
+
+        result = self._connection.write(self._name, body)  # (PoolClosedError if closed)
+        self._connection.notify(self._name, 0)
+        return result
+
+    def schedules(self) -> list[ScheduleInfo]:
+        """The recurring schedules as committed, sorted by name."""
+        with self._connection.reading(self._name) as txn:
+            self._route(txn)  # PoolNotFoundError for a store replaced
+            return read_schedules(txn, self._name)
+
     def _route(self, txn: Txn) -> Router:
         """The router for the pool's concurrency as stored now (a runtime may change it
         while the pool holds nothing). Round-robin starts at a random instance, so that
@@ -389,9 +422,7 @@ class ProducerPool:
     def status(self) -> PoolStatus:
         """Counters and state as committed (no restart state: that is the owner's memory)."""
         with self._connection.reading(self._name) as txn:
-            concurrency = get_pool(txn, self._name)
-            if concurrency is None:
-                self._not_found(txn)
+            concurrency = self._route(txn).concurrency  # PoolNotFoundError if none
             return read_pool_status(txn, self._name, concurrency)
 
     def event(self, event_id: str) -> EventInfo | None:
@@ -403,9 +434,7 @@ class ProducerPool:
             DamagedRecordError: the event's stored record is damaged.
         """
         with self._connection.reading(self._name) as txn:
-            concurrency = get_pool(txn, self._name)
-            if concurrency is None:
-                self._not_found(txn)
+            concurrency = self._route(txn).concurrency  # PoolNotFoundError if none
             index, sequence = parse_event_id(event_id, self._name, concurrency)
             ns = Namespace(self._name, index)
             keep, now = self._options.keep_finished, self._connection.now()
@@ -422,9 +451,7 @@ class ProducerPool:
         """
         matching = Filters.of(filters)
         with self._connection.reading(self._name) as txn:
-            concurrency = get_pool(txn, self._name)
-            if concurrency is None:
-                self._not_found(txn)
+            concurrency = self._route(txn).concurrency  # PoolNotFoundError if none
         if index is None:
             indices: Iterable[int] = range(concurrency)
         elif isinstance(index, bool) or not isinstance(index, int):

@@ -8,7 +8,8 @@ Every exception derives from :class:`DopoolError`::
     │   ├── FilterError        a bad dead-letter filter, or a ``where`` predicate that raised
     │   ├── StoreNotFoundError ``dopool.connect`` (or a CLI command): the path holds no store
     │   ├── PoolNotFoundError  ``connection.pool``: the store has no such pool
-    │   └── EventIdError       ``event``/``cancel``: not an event id of this pool
+    │   ├── EventIdError       ``event``/``cancel``: not an event id of this pool
+    │   └── ScheduleDefinitionError a recurring schedule's bad name, ``every`` or ``cron``
     ├── EventValidationError   not msgpack-encodable, or rejected by the pool's schema
     │   └── ScheduleError      a ``delay`` or ``not_before`` that names no due time, a bad ``ttl``
     ├── EventTooLargeError     encoded event over 128 KiB, partition key over 2 KiB
@@ -156,6 +157,24 @@ class EventIdError(ConfigurationError):
         self.pool = pool
         self.reason = reason
         super().__init__(f"{event_id!r} is not an event id of pool {pool!r}: {reason}")
+
+
+class ScheduleDefinitionError(ConfigurationError):
+    """A recurring schedule that cannot be defined (``pool.schedule``); nothing was stored.
+
+    Attributes:
+        schedule: the schedule's name as given.
+        argument: the argument at fault (``name``, ``every``, ``cron``).
+        value: its value.
+        reason: what is wrong with it.
+    """
+
+    def __init__(self, *, schedule: object, argument: str, value: object, reason: str) -> None:
+        self.schedule = schedule
+        self.argument = argument
+        self.value = value
+        self.reason = reason
+        super().__init__(f"schedule {schedule!r}: {argument}={value!r}: {reason}")
 
 
 class EventValidationError(DopoolError):

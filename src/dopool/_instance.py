@@ -75,7 +75,7 @@ class InstanceMemory:
     for correctness, and a crash forgets it (:meth:`forget`).
     """
 
-    __slots__ = ("handed_off", "meta", "raw", "told_alarm", "turn", "woken")
+    __slots__ = ("handed_off", "meta", "raw", "told_alarm", "told_recurring", "turn", "woken")
 
     def __init__(self, waiter: Callable[[], Latch] | None = None) -> None:
         # The right to act on the namespace: one thing at a time. Its waiters wait on
@@ -93,6 +93,7 @@ class InstanceMemory:
         # transaction will read whatever producers committed before it (``_watch.py``).
         self.woken = False
         self.told_alarm: float | _Untold | None = None  # what the clock was last told
+        self.told_recurring = False  # and whether it was only a schedule's next fire
         self.handed_off: Started | None = None  # an attempt a caller started, for the actor
 
     def forget(self) -> None:
@@ -306,13 +307,17 @@ class InstanceShell:
 
     def _sync_alarm(self, meta: Meta) -> None:
         memory = self._memory
-        if meta.alarm != memory.told_alarm:
+        # Only a schedule's next fire (instance 0's): it keeps no simulated clock busy.
+        recurring = not meta.pending and meta.alarm is not None and meta.alarm == meta.next_fire
+        if meta.alarm != memory.told_alarm or recurring != memory.told_recurring:
             memory.told_alarm = meta.alarm
-            self._clock.set_alarm(self._mailbox, meta.alarm)
+            memory.told_recurring = recurring
+            self._clock.set_alarm(self._mailbox, meta.alarm, recurring=recurring)
 
     def _publish(self, meta: Meta, effects: Effects) -> None:
         """Tell the clock, callers, subscribers, callbacks and other instances what committed."""
-        if meta.alarm != self._memory.told_alarm:  # (``_sync_alarm``'s test: most agree)
+        # (``_sync_alarm``'s test: most agree, and have no schedule)
+        if meta.alarm != self._memory.told_alarm or meta.next_fire is not None:
             self._sync_alarm(meta)
         self._taken = []
         emit = self._env.emit

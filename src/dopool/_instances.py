@@ -1,10 +1,13 @@
-"""A pool's instances by index, and where its messages go (:class:`Instances`)."""
+"""A pool's instances by index, and where its messages go (:class:`Instances`); its stored
+concurrency (:func:`record_concurrency`); what a pool uses of its runtime (:class:`PoolContext`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dopool._errors import ConfigurationError
 from dopool._layout import Namespace, follow_ups_to
@@ -13,6 +16,12 @@ from dopool._messages import Enqueue, Item, Reply
 from dopool._router import Router
 from dopool._storage import Store
 from dopool._supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from dopool._backend import Local
+    from dopool._clock import Clock
+    from dopool._storage import Txn
+    from dopool._waits import WaitGraph
 
 
 class Instances:
@@ -93,3 +102,28 @@ def record_concurrency(store: Store, name: str, concurrency: int) -> None:
                     "that hold them), then change it"
                 )
         store.put_pool(txn, name, concurrency)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolContext:
+    """What a pool uses of the runtime that defines it; one per runtime, shared by its pools.
+
+    Attributes:
+        read: a read-only snapshot of committed state (a context manager yielding the
+            read transaction); never waits for writers.
+        clock: the runtime's clock.
+        in_handler: the thread-local naming the instance a thread acts for (see
+            :func:`dopool._waits.acting`).
+        waits: the runtime's wait-for graph, where a call from an instance's thread
+            records its wait.
+        closed: whether the runtime is closed.
+        handler_running: ``(pool, index)`` if the calling thread is that instance's,
+            inside a message (``Runtime.handler_running``).
+    """
+
+    read: Callable[[], AbstractContextManager[Txn]]
+    clock: Clock
+    in_handler: Local
+    waits: WaitGraph
+    closed: Callable[[], bool]
+    handler_running: Callable[[], tuple[str, int] | None]

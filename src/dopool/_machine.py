@@ -45,6 +45,7 @@ from dopool._layout import (
 from dopool._lifecycle import Lifecycle
 from dopool._messages import Item
 from dopool._options import PoolOptions
+from dopool._recurring import Recurring
 from dopool._retry import uniform_draw
 from dopool._scheduled import promote, schedule
 from dopool._status import position as _position
@@ -76,7 +77,8 @@ class Effects:
 
 
 class QueueMachine:
-    """The transitions of one instance's queue (see the module docstring).
+    """The transitions of one instance's queue (see the module docstring); ``recurring``
+    holds those of its pool's schedules (instance 0's: :mod:`dopool._recurring`).
 
     Args:
         pool, index: whose queue.
@@ -102,6 +104,7 @@ class QueueMachine:
         "_options",
         "_pool",
         "_seed",
+        "recurring",
     )
 
     def __init__(
@@ -139,6 +142,7 @@ class QueueMachine:
             event=self.event,
         )
         self._life = Lifecycle(self._ns, index, options.keep_finished, self._dedup, self.event)
+        self.recurring = Recurring(self._ns, self._follow_ups.commit, fault_point)
 
     @property
     def namespace(self) -> Namespace:
@@ -266,6 +270,8 @@ class QueueMachine:
                 fx.events.append(self.event("alarm_given_up", now, error=gave_up))
             return None
         meta.alarm_failures = 0
+        if meta.next_fire is not None and not meta.paused:  # instance 0's schedules
+            self.recurring.fire_due(txn, meta, now, fx)
         return self._start_attempt(txn, meta, now, fx)
 
     def _start_attempt(self, txn: Txn, meta: Meta, now: float, fx: Effects) -> Started | None:
@@ -299,6 +305,7 @@ class QueueMachine:
             except DamagedRecordError as damage:
                 self._dead.set_aside(txn, meta, damage, now, fx)
                 if meta.pending == 0:
+                    rearm(meta, now)  # a schedule's next fire, if any
                     return None
         if key is None or record is None:
             raise StorageError(f"instance {self._id}: {meta.pending} pending but no event key")
@@ -309,9 +316,7 @@ class QueueMachine:
         meta.started_at = meta.last_started = now
         return key, record, meta.attempt, now
 
-    def rearm(self, meta: Meta, now: float) -> None:
-        """Point the alarm slot where the committed state needs it (see ``_alarm.rearm``)."""
-        rearm(meta, now)
+    rearm = staticmethod(rearm)  # the alarm slot where the state needs it (``_alarm.rearm``)
 
     # -- outcomes ----------------------------------------------------------------------
     def finish_attempt(self, meta: Meta) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from dopool._backend import closed_lock
-from dopool._layout import Meta, OutboxRecord
+from dopool._layout import Meta, OutboxRecord, ScheduleRecord
 
 if TYPE_CHECKING:
     from dopool._backend import Latch
@@ -98,6 +98,7 @@ class Item(NamedTuple):
     due: float | None = None  # not to run before this clock time (None: at once)
     dedup_key: str | None = None  # stored once per pool while it is held (see _dedup)
     ttl: float | None = None  # seconds from its enqueue to start it in, or it expires
+    delay: float | None = None  # a follow-up's: seconds after its outcome commits (then ``due``)
 
 
 class Message:
@@ -261,3 +262,27 @@ class Cancel(Control):
 
     def apply(self, machine: QueueMachine, txn: Txn, meta: Meta, now: float, fx: Effects) -> bool:
         return machine.cancel(txn, meta, self.sequence, now, fx)
+
+
+@dataclass(frozen=True, slots=True)
+class DefineSchedule(Control):
+    """Store a recurring schedule (instance 0's), answering the record stored."""
+
+    spec: ScheduleRecord
+    reply: Reply
+
+    def apply(
+        self, machine: QueueMachine, txn: Txn, meta: Meta, now: float, fx: Effects
+    ) -> ScheduleRecord:
+        return machine.recurring.define(txn, meta, self.spec, now)
+
+
+@dataclass(frozen=True, slots=True)
+class Unschedule(Control):
+    """Remove a recurring schedule (instance 0's), answering whether there was one."""
+
+    name: str
+    reply: Reply
+
+    def apply(self, machine: QueueMachine, txn: Txn, meta: Meta, now: float, fx: Effects) -> bool:
+        return machine.recurring.remove(txn, meta, self.name, now)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, Unpack
@@ -14,23 +13,33 @@ from dopool._direct import DirectEnqueue
 from dopool._errors import ConfigurationError, DopoolError, InstanceCrashedError, PoolClosedError
 from dopool._filters import FilterOptions, Filters, by_instance, chosen, listed
 from dopool._instance import PoolSpec
-from dopool._instances import Instances
+from dopool._instances import Instances, PoolContext
 from dopool._layout import Namespace, follow_ups_to
 from dopool._lifecycle import lookup, parse_event_id
-from dopool._messages import Cancel, Drain, Enqueue, Item, Pause, Purge, Redrive, Reply, Resume
+from dopool._messages import (
+    Cancel,
+    DefineSchedule,
+    Drain,
+    Enqueue,
+    Item,
+    Pause,
+    Purge,
+    Redrive,
+    Reply,
+    Resume,
+    Unschedule,
+)
 from dopool._options import PoolOptionsDict
 from dopool._router import pick, place
+from dopool._schedules import ScheduleOptions, definition, read_schedules, schedule_info
 from dopool._status import instance_status, pool_status
-from dopool._types import DeadLetter, EnqueueResult, EventInfo, PoolStatus
+from dopool._types import DeadLetter, EnqueueResult, EventInfo, PoolStatus, ScheduleInfo
 from dopool._validation import due_time, prepare, prepare_many, with_ttl
 from dopool._waits import acting
 
 if TYPE_CHECKING:
-    from dopool._backend import Local
-    from dopool._clock import Clock
     from dopool._runtime import Runtime
     from dopool._storage import Txn
-    from dopool._waits import WaitGraph
 
 # What makes the process default runtime, for ``define(runtime=None)``: registered
 # by dopool._runtime (see ``provide_default_runtime``), which imports this module.
@@ -42,36 +51,9 @@ def provide_default_runtime(factory: Callable[[], Runtime]) -> None:
     _default_runtime[:] = [factory]
 
 
-@dataclass(frozen=True, slots=True)
-class PoolContext:
-    """What a pool uses of the runtime that defines it; one per runtime, shared by its pools.
-
-    Attributes:
-        read: a read-only snapshot of committed state (a context manager yielding the
-            read transaction); never waits for writers.
-        clock: the runtime's clock.
-        in_handler: the thread-local naming the instance a thread acts for (see
-            :func:`dopool._waits.acting`).
-        waits: the runtime's wait-for graph, where a call from an instance's thread
-            records its wait.
-        closed: whether the runtime is closed.
-        handler_running: ``(pool, index)`` if the calling thread is that instance's,
-            inside a message (``Runtime.handler_running``).
-    """
-
-    read: Callable[[], AbstractContextManager[Txn]]
-    clock: Clock
-    in_handler: Local
-    waits: WaitGraph
-    closed: Callable[[], bool]
-    handler_running: Callable[[], tuple[str, int] | None]
-
-
 class WorkerPool:
-    """A named pool of ``concurrency`` instances sharing one handler.
-
-    Create one with :meth:`WorkerPool.define` or :meth:`Runtime.define`.
-    """
+    """A named pool of ``concurrency`` instances sharing one handler; create one with
+    :meth:`WorkerPool.define` or :meth:`Runtime.define`."""
 
     def __init__(
         self,
@@ -267,6 +249,32 @@ class WorkerPool:
         index, sequence = parse_event_id(event_id, self.name, self.concurrency)
         self._refuse_own_instance(index)
         return bool(self._send_each([(index, partial(Cancel, sequence))])[0])
+
+    # -- recurring schedules ----------------------------------------------------------
+    def schedule(self, name: str, event: Any, **options: Unpack[ScheduleOptions]) -> ScheduleInfo:
+        """Define a recurring schedule (``every`` seconds, or ``cron``: 5 fields, UTC), durable
+        when this returns; instance 0 stores it and enqueues ``event`` at each fire. The same
+        definition again changes nothing (docs/api.md, "Recurring schedules").
+
+        Raises:
+            ScheduleDefinitionError: a bad name, ``every`` or ``cron``; both or neither.
+            EventValidationError, EventTooLargeError: the event, as ``enqueue``'s."""
+        self._check_open()
+        self._refuse_own_instance(0)
+        spec = definition(name, event, options, self._schema)
+        return schedule_info(self._send_each([(0, partial(DefineSchedule, spec))])[0])
+
+    def unschedule(self, name: str) -> bool:
+        """Remove the recurring schedule ``name``; whether there was one."""
+        self._check_open()
+        self._refuse_own_instance(0)
+        return bool(self._send_each([(0, partial(Unschedule, name))])[0])
+
+    def schedules(self) -> list[ScheduleInfo]:
+        """The recurring schedules as committed, by name; never waits for an instance."""
+        self._check_open()
+        with self._context.read() as txn:
+            return read_schedules(txn, self.name)
 
     def redrive(
         self,

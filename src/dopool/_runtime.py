@@ -28,14 +28,14 @@ from dopool._direct import DirectEnqueue
 from dopool._directory import Directory, PoolAddress
 from dopool._errors import ConfigurationError, PoolClosedError, SimulationStalledError
 from dopool._instance import InstanceEnv, InstanceMemory, PoolSpec
-from dopool._instances import Instances, record_concurrency
+from dopool._instances import Instances, PoolContext, record_concurrency
 from dopool._keeper import check_shared, keep_leases, serve_pool
 from dopool._layout import Namespace
 from dopool._leases import DEFAULT_LEASE_TTL, check_lease_ttl
 from dopool._mailbox import Mailbox
 from dopool._messages import Item
 from dopool._options import PoolOptions, PoolOptionsDict
-from dopool._pool import PoolContext, WorkerPool, provide_default_runtime
+from dopool._pool import WorkerPool, provide_default_runtime
 from dopool._router import Router
 from dopool._storage import Store
 from dopool._supervisor import KillFlag, Supervisor

@@ -52,6 +52,7 @@ def instance_status(
         duplicates=meta.duplicates,
         cancelled=meta.cancelled,
         expired=meta.expired,
+        schedules=meta.schedules,
     )
 
 
@@ -71,6 +72,7 @@ def pool_status(name: str, instances: Sequence[InstanceStatus]) -> PoolStatus:
         duplicates=sum(s.duplicates for s in instances),
         cancelled=sum(s.cancelled for s in instances),
         expired=sum(s.expired for s in instances),
+        schedules=sum(s.schedules for s in instances),
     )
 
 

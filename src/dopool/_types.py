@@ -97,6 +97,7 @@ class InstanceStatus:
     duplicates: int = 0  # enqueues routed here that a dedup key answered, storing nothing
     cancelled: int = 0
     expired: int = 0  # of ``dead_lettered``, the events not started within their ttl
+    schedules: int = 0  # recurring schedules stored here (instance 0's only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +117,31 @@ class PoolStatus:
     duplicates: int = 0  # enqueues that a dedup key answered, storing nothing
     cancelled: int = 0
     expired: int = 0  # of ``dead_lettered``, the events not started within their ttl
+    schedules: int = 0  # recurring schedules (``pool.schedules()``)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleInfo:
+    """A recurring schedule, as committed (``pool.schedule``, ``pool.schedules``).
+
+    Exactly one of ``every`` (seconds) and ``cron`` (a 5-field expression, UTC) is set.
+    ``next_at`` is the next fire time on the runtime's clock (None: a cron expression
+    with no time left); ``fired`` counts the occurrences enqueued, ``coalesced`` the
+    fire times that passed while it could not fire (folded into the next occurrence);
+    ``last_fired_at`` is when the last occurrence was enqueued. ``event`` is the stored
+    bytes when they do not decode.
+    """
+
+    name: str
+    event: Any
+    every: float | None
+    cron: str | None
+    partition_key: str | None
+    priority: int
+    next_at: float | None
+    fired: int
+    last_fired_at: float | None
+    coalesced: int = 0
 
 
 @dataclass(frozen=True, slots=True)

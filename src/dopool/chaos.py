@@ -32,6 +32,9 @@ class FaultPlan:
         storage_error: a write transaction fails and is rolled back; the instance crashes.
         crash_during_cancel: crash while a cancel is written, before it commits (the
             caller gets ``InstanceCrashedError``; nothing is cancelled).
+        crash_during_fire: crash while instance 0 writes a schedule's fire, before it
+            commits (neither the occurrence nor the next fire time is stored: the
+            restarted instance fires it again).
     """
 
     seed: int | str = 0
@@ -41,6 +44,7 @@ class FaultPlan:
     alarm_error: float = 0.0
     storage_error: float = 0.0
     crash_during_cancel: float = 0.0
+    crash_during_fire: float = 0.0
 
     def __post_init__(self) -> None:
         for spec in fields(self):

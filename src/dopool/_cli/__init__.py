@@ -9,7 +9,7 @@ flags, the rendering, and one rule: an error is one line on stderr
 or scenario; ``dopool worker`` also exits 3 when it stopped at once, attempts
 interrupted.
 
-One module per command (``simulate``, ``status``, ``dead-letters``, ``check``,
+One module per command (``simulate``, ``status``, ``dead-letters``, ``schedules``, ``check``,
 ``chaos``, ``worker``; ``control`` has ``pause``, ``resume`` and ``drain``); ``report``
 renders a simulate run; the private modules hold what the
 commands share: ``_errors``, ``_terminal``, ``_values``, ``_store``.
@@ -26,7 +26,16 @@ except ImportError as exc:  # the console script, installed without the ``cli`` 
         "pip install 'dopool[cli]'"
     ) from None
 
-from dopool._cli import chaos, check, control, dead_letters, simulate, status, worker
+from dopool._cli import (
+    chaos,
+    check,
+    control,
+    dead_letters,
+    schedules,
+    simulate,
+    status,
+    worker,
+)
 from dopool._cli._errors import _OneLineErrors
 
 
@@ -45,6 +54,7 @@ cli.add_command(chaos.chaos)
 cli.add_command(simulate.simulate)
 cli.add_command(status.status)
 cli.add_command(dead_letters.dead_letters)
+cli.add_command(schedules.schedules)
 cli.add_command(check.check)
 cli.add_command(worker.worker)
 cli.add_command(control.pause)

@@ -89,6 +89,7 @@ def _status_table(
             + f" · {item.drained:,} drained"
             + (f" · {item.cancelled:,} cancelled" if item.cancelled else "")
             + (f" · {item.duplicates:,} duplicates" if item.duplicates else "")
+            + (f" · {item.schedules:,} schedules" if item.schedules else "")
         ),
         title_justify="left",
         box=box.SIMPLE_HEAD,

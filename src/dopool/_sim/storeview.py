@@ -41,9 +41,10 @@ from dopool._errors import ConfigurationError, StorageError
 from dopool._filters import Filters, listed
 from dopool._layout import LeaseRecord, Namespace, all_leases, follow_ups_to, pool_records
 from dopool._runtime import Runtime
+from dopool._schedules import read_schedules
 from dopool._status import read_pool_status
 from dopool._storage import check_store_path, open_readonly
-from dopool._types import DeadLetter, PoolStatus
+from dopool._types import DeadLetter, PoolStatus, ScheduleInfo
 
 _ANY = Filters()
 #: Which dead letters to act on: one instance's (an index) or every instance's (None),
@@ -100,6 +101,11 @@ class StoreView:
         indices = range(concurrency) if index is None else [index]
         with self._read() as txn:
             return sum(Namespace(name, i).count_dead_letters(txn) for i in indices)
+
+    def schedules(self, name: str) -> list[ScheduleInfo]:
+        """The pool's recurring schedules, sorted by name."""
+        with self._read() as txn:
+            return read_schedules(txn, name)
 
     def follow_ups_to(self, name: str) -> dict[str, int]:
         """The follow-ups for pool ``name`` still in an outbox, counted by instance id."""
