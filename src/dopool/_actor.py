@@ -282,6 +282,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             _prepare=self._spec.prepare,
             _sleep=self._sleep_in_handler,
             _target=self._resolve,
+            _wall=self._clock.wall,
         )
         if failure is None:
             try:

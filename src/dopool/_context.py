@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from dopool._followups import FollowUp, Target
 from dopool._messages import Item
+from dopool._validation import due_time
 
 if TYPE_CHECKING:
     from dopool._pool import WorkerPool
@@ -40,6 +42,7 @@ class EventContext:
     # The pool ``ctx.enqueue(pool=...)`` names, or None for this one (raises if none).
     _target: Callable[[object], Target | None] = field(repr=False)
     _follow_ups: list[FollowUp] = field(default_factory=list, repr=False)
+    _wall: bool = field(default=False, repr=False)  # the clock reads wall time
 
     @property
     def is_retry(self) -> bool:
@@ -51,6 +54,8 @@ class EventContext:
         *,
         partition_key: str | None = None,
         priority: int = 0,
+        delay: float | timedelta | None = None,
+        not_before: float | datetime | None = None,
         pool: str | WorkerPool | None = None,
     ) -> None:
         """Add a follow-up event to this pool, or to ``pool`` (a name or a
@@ -60,19 +65,29 @@ class EventContext:
         transaction that completes this event, and is discarded if this attempt
         fails. It is routed by that pool's router when it commits. Follow-ups are
         delivered at least once and are never refused by ``max_queue_depth``.
+        ``delay`` counts from the commit of this event's success (that transaction's
+        clock time); ``not_before`` is a clock time, as ``WorkerPool.enqueue``'s. It is
+        due then, wherever it is delivered; delivered later, it is due at once.
 
         Raises:
             ConfigurationError: ``pool`` is not defined in this runtime, or is a
                 WorkerPool of another runtime.
-            EventValidationError, EventTooLargeError: as ``WorkerPool.enqueue``.
+            EventValidationError, EventTooLargeError, ScheduleError: as ``WorkerPool.enqueue``.
         """
-        if pool is None:
-            self._follow_ups.append((self._prepare(event, partition_key, priority), None))
-            return
-        target = self._target(pool)
+        later = delay is not None or not_before is not None
+        due = due_time(delay, not_before, now=_zero, wall=self._wall) if later else None
+        target = None if pool is None else self._target(pool)
         prepare = self._prepare if target is None else target.prepare
-        self._follow_ups.append((prepare(event, partition_key, priority), target))
+        item = prepare(event, partition_key, priority)
+        if due is not None:  # a delay: seconds from the commit, which sets the due time
+            item = item._replace(delay=due) if delay is not None else item._replace(due=due)
+        self._follow_ups.append((item, target))
 
     def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` of clock time: real time, or virtual under a simulated clock."""
         self._sleep(seconds)
+
+
+def _zero() -> float:
+    """The time a follow-up's delay counts from, until its commit gives the real one."""
+    return 0.0

@@ -1,7 +1,9 @@
 """The follow-ups of one instance: where each goes when its parent's outcome commits, and
 which deliveries it takes. Part of the queue machine (:mod:`dopool._machine`).
 
-A handler's follow-ups (``ctx.enqueue``) commit with its success. One for this
+A handler's follow-ups (``ctx.enqueue``) commit with its success; a delayed one's due
+time is that commit's time plus its delay, and travels with it (it is scheduled where
+it lands, or due at once if delivered after its time). One for this
 pool that routes to this instance is appended to its queue at once. Any other,
 for another instance of this pool or for an instance of another pool, is parked
 in the outbox with the next *link* from this instance to that target (``meta.links``,
@@ -86,7 +88,9 @@ class FollowUps:
         Each is routed now, by its pool's router. ``fx.deliveries`` gets the parked
         ones, to deliver once the transaction has committed.
         """
-        for item, target in follow_ups:
+        for made, target in follow_ups:
+            # A delay counts from this commit.
+            item = made if made.delay is None else made._replace(due=now + made.delay, delay=None)
             if target is None:
                 pool, index = self._pool, self._route(item.partition_key)
                 if index == self._index:
@@ -103,7 +107,7 @@ class FollowUps:
             link = meta.links.get(ident, 0)
             meta.links[ident] = link + 1
             record = OutboxRecord(
-                pool, index, link, item.event, now, item.partition_key, item.priority
+                pool, index, link, item.event, now, item.partition_key, item.priority, item.due
             )
             self._ns.put_outbox(txn, oseq, record)
             fx.deliveries.append((oseq, record))
@@ -140,7 +144,7 @@ class FollowUps:
         """
         expected = self._ns.last_delivered(txn, source_pool, source) + 1
         if record.link == expected:
-            item = Item(record.event, record.partition_key, record.priority)
+            item = Item(record.event, record.partition_key, record.priority, record.due)
             self._append(txn, meta, (item,), now, fx)
             self._ns.set_delivered(txn, source_pool, source, record.link)
         return expected
