@@ -30,7 +30,7 @@ from dopool._layout import (
 )
 from dopool._storage import Txn
 
-FIXTURE = Path(__file__).parent / "fixtures" / "store-v6"  # tests/fixtures/make_store.py
+FIXTURE = Path(__file__).parent / "fixtures" / "store-v7"  # tests/fixtures/make_store.py
 QUEUED = Namespace("orders", 1).queue_key(-2, 4, 1000.0)  # a pending event of the fixture
 INVOICES = Namespace("invoices", 0)  # holds a follow-up for orders:1, link 0, in its outbox
 
@@ -58,7 +58,7 @@ def problems(path: Path) -> list[str]:
 def test_a_sound_store_checks_out(store: Path) -> None:
     result = invoke("check", str(store))
     assert result.exit_code == 0, result.output
-    assert "format 6, 40 records, 3 instances; pools: invoices (1), orders (2)" in result.stdout
+    assert "format 7, 46 records, 3 instances; pools: invoices (1), orders (2)" in result.stdout
     assert "ok: every record and every counter checks out" in result.stdout
 
 
@@ -160,7 +160,7 @@ def test_check_store_reads_a_snapshot_in_one_pass(store: Path) -> None:
     with lmdb.open(str(store / "data"), readonly=True, lock=False) as env, env.begin() as txn:
         report = check_store(txn)
     assert report.ok
-    assert (report.format_version, report.records, report.instances) == (6, 40, 3)
+    assert (report.format_version, report.records, report.instances) == (7, 46, 3)
     assert report.pools == {"invoices": 1, "orders": 2}
 
 

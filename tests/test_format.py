@@ -35,6 +35,8 @@ from dopool._layout import (
     OutboxRecord,
     PresenceRecord,
     RecordKind,
+    ScheduleBook,
+    ScheduleRecord,
     all_leases,
     all_presences,
     lease_key,
@@ -61,12 +63,15 @@ FIXTURE_2 = FIXTURES / "store-v2"  # format 2, written at commit c2aca5a (make_s
 FIXTURE_3 = FIXTURES / "store-v3"  # format 3, written at commit fa16d78 (make_store.py then)
 FIXTURE_4 = FIXTURES / "store-v4"  # format 4, written at commit 9270e60 (make_store.py then)
 FIXTURE_5 = FIXTURES / "store-v5"  # format 5, written at commit 5f125b8 (make_store.py then)
-FIXTURE_6 = FIXTURES / "store-v6"  # format 6, make_store.py
-OWNER = "host-4121-0a1b2c3d"  # the worker store-v6's lease and presence name
+FIXTURE_6 = FIXTURES / "store-v6"  # format 6, written at commit a59b992 (make_store.py then)
+FIXTURE_7 = FIXTURES / "store-v7"  # format 7, make_store.py
+OWNER = "host-4121-0a1b2c3d"  # the worker the lease and presence of store-v6 and v7 name
 # The events the fixtures of formats 1 and 2 (and format 3, at 1000.0) hold pending.
 ID_5 = EventRecord(b"\x82\xa2id\x05\xa4tags\x92\xa1x\xa1y", 1000.0, "bob", 9)
 ID_3 = EventRecord(b"\x82\xa2id\x03\xa4blob\xc4\x02\x00\xff", 1000.0, "alice", 0)
 ID_4 = EventRecord(b"\x81\xa2id\x04", 1000.0, "alice", -2)
+# The follow-up invoices:0 holds for orders:1 in the fixtures of formats 5 to 7.
+REFUND_9 = OutboxRecord("orders", 1, 0, b"\x81\xa9refund_of\t", 1000.0, "alice", 1)
 POISON = DeadRecord(
     b"\x82\xa2id\x02\xa6poison\xc3", "PermanentError: poisoned", 1, 1000.0, 1000.0, "bob", 3, False
 )
@@ -88,8 +93,13 @@ def records(path: Path) -> dict[bytes, bytes]:
 
 
 def test_the_fixture_of_this_format_is_the_current_version() -> None:
-    assert FORMAT_VERSION == 6
-    assert records(FIXTURE_6)[b"F"] == seal_format(b"F")
+    assert FORMAT_VERSION == 7
+    assert records(FIXTURE_7)[b"F"] == seal_format(b"F")
+
+
+def outbox(found: dict[bytes, bytes]) -> list[bytes]:
+    """The outbox entries among a store's records."""
+    return [key for key in found if key[:1] == b"I" and key.split(b"\x00")[1][:1] == b"o"]
 
 
 def entries(path: Path) -> list[bytes]:
@@ -138,7 +148,7 @@ def test_the_format_4_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert index.get(txn, "order-1") == DedupRecord("order-1", 1, 0, 0, 0, 1000.0, 1000.0)
             assert index.count_expiries(txn) == 2
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 6, 24)
+            assert (report.ok, report.format_version, report.records) == (True, 7, 24)
             indexed = EventIndex(zero)
             assert [indexed.locate(txn, n) for n in (3, 4, 0)] == [
                 Located(zero.queue_key(9, 3, 1000.0), False),
@@ -155,34 +165,35 @@ def test_the_format_4_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
     events = [key for key in before if key[:1] == b"I" and key.split(b"\x00")[1][:1] in b"qw"]
     assert (len(metas), len(events)) == (3, 4)  # two pending events on each of orders
     assert len(entries(path)) == 4
-    assert changed == sorted([b"F", *metas, *events, *entries(path)])  # events: expires_at
+    # events: expires_at; the outbox entry: format 7's due
+    assert changed == sorted([b"F", *metas, *events, *entries(path), *outbox(before)])
 
 
 # -- format 5, migrated in place when a runtime opens it -----------------------------------
 
 
-def test_the_format_5_fixture_is_migrated_by_its_format_record_alone(tmp_path: Path) -> None:
+def test_the_format_5_fixture_is_migrated_to_exactly_what_was_written(tmp_path: Path) -> None:
     """store-v5, written by the format-5 code: format 6 adds leases and presences, of
-    which a store of format 5 has none, so only the format record changes, and every
-    record reads as it was written."""
+    which a store of format 5 has none; format 7 gives each meta its schedules' fields and
+    the outbox entry its due time. So only the format record, the metas and the outbox
+    entry change, and every record reads as it was written."""
     path = copy(FIXTURE_5, tmp_path)
     before = records(path)
     assert before[b"F"][4:] == bytes([0x91, 5])
     _the_fixture_of_format_5_reads_as_written(path, records=38)
-    after = records(path)
-    changed = sorted(
-        key for key in before.keys() | after.keys() if before.get(key) != after.get(key)
-    )
-    assert changed == [b"F"]
+    _only_metas_and_the_outbox_changed(before, records(path))
 
 
-# -- the committed store of format 6 ----------------------------------------------------
+# -- format 6, migrated in place when a runtime opens it -----------------------------------
 
 
-def test_the_format_6_fixture_decodes_to_exactly_what_was_written(tmp_path: Path) -> None:
-    """A change of layout that misreads stores of format 6 fails here: the fixture of
-    format 5 with a lease and a presence (store-v6, make_store.py)."""
+def test_the_format_6_fixture_is_migrated_to_exactly_what_was_written(tmp_path: Path) -> None:
+    """store-v6, written by the format-6 code (a lease and a presence over format 5's
+    records): the metas gain no schedule, the outbox entry is due when delivered, the lease
+    and the presence stay as they were."""
     path = copy(FIXTURE_6, tmp_path)
+    before = records(path)
+    assert before[b"F"][4:] == bytes([0x91, 6])
     _the_fixture_of_format_5_reads_as_written(path, records=40)
     store = Store(path)
     try:
@@ -191,6 +202,64 @@ def test_the_format_6_fixture_decodes_to_exactly_what_was_written(tmp_path: Path
                 ("orders", 0, LeaseRecord(OWNER, 4121, "host", 2, 1030.0))
             ]
             assert list(all_presences(txn)) == [(OWNER, PresenceRecord(4121, "host", 1030.0))]
+    finally:
+        store.close()
+    _only_metas_and_the_outbox_changed(before, records(path))
+
+
+def _only_metas_and_the_outbox_changed(
+    before: dict[bytes, bytes], after: dict[bytes, bytes]
+) -> None:
+    changed = sorted(
+        key for key in before.keys() | after.keys() if before.get(key) != after.get(key)
+    )
+    metas = [key for key in before if key[:1] == b"I" and key.endswith(b"\x00m")]
+    assert len(metas) == 3
+    assert len(outbox(before)) == 1
+    assert changed == sorted([b"F", *metas, *outbox(before)])
+
+
+# -- the committed store of format 7 ----------------------------------------------------
+
+
+def test_the_format_7_fixture_decodes_to_exactly_what_was_written(tmp_path: Path) -> None:
+    """A change of layout that misreads stores of format 7 fails here: the fixture of
+    format 6 with three recurring schedules (one named by a digest) and a delayed
+    follow-up in an outbox (store-v7, make_store.py)."""
+    store = Store(copy(FIXTURE_7, tmp_path))
+    try:
+        with store.read() as txn:
+            zero = Namespace("orders", 0)
+            meta = zero.load_meta(txn)
+            assert (meta.schedules, meta.next_fire, meta.paused) == (3, 8200.0, True)
+            assert (meta.tail, meta.pending, meta.cancelled, meta.remembered) == (6, 2, 1, 4)
+            assert Namespace("orders", 1).load_meta(txn).schedules == 0
+            book = ScheduleBook(zero)
+            long = "é" * 150
+            assert book.get(txn, "tick") == ScheduleRecord(
+                "tick", b"\x81\xa4tick\xc3", 7200.0, None, "alice", 1, 8200.0
+            )
+            assert book.get(txn, "nightly") == ScheduleRecord(
+                "nightly", b"\x81\xa7nightly\xc3", None, "0 3 * * *", None, 0, 10800.0
+            )
+            assert book.get(txn, long) == ScheduleRecord(
+                long, b"\x91\xa4long", 86400.0, None, None, 0, 87400.0
+            )
+            digest = hashlib.blake2b(long.encode(), digest_size=16).digest()
+            assert book.record_key(long) == zero.prefix + b"r\xff" + digest
+            assert list(book.fires(txn)) == [
+                (8200.0, b"tick"),
+                (10800.0, b"nightly"),
+                (87400.0, book.name_key(long)),
+            ]
+            assert list(Namespace("invoices", 0).iter_outbox(txn)) == [
+                (1, REFUND_9._replace(due=1045.0))
+            ]
+            assert list(all_leases(txn)) == [
+                ("orders", 0, LeaseRecord(OWNER, 4121, "host", 2, 1030.0))
+            ]
+            report = check_store(txn)
+            assert (report.ok, report.format_version, report.records) == (True, 7, 46)
     finally:
         store.close()
 
@@ -252,7 +321,8 @@ def _the_fixture_of_format_5_reads_as_written(path: Path, *, records: int) -> No
             )
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 6, records)
+            assert (report.ok, report.format_version, report.records) == (True, 7, records)
+            assert list(Namespace("invoices", 0).iter_outbox(txn)) == [(1, REFUND_9)]
     finally:
         store.close()
 
@@ -384,7 +454,7 @@ def test_the_format_3_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 6, 19)
+            assert (report.ok, report.format_version, report.records) == (True, 7, 19)
     finally:
         store.close()
     after = records(path)
@@ -392,9 +462,9 @@ def test_the_format_3_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
         key for key in before.keys() | after.keys() if before.get(key) != after.get(key)
     )
     # The format record, every meta, every event (due or scheduled) and the dead letter,
-    # and an index entry for each event.
-    rewritten = [key for key in before if key[:1] == b"I" and key.split(b"\x00")[1][:1] in b"mqwd"]
-    assert len(rewritten) == 3 + 4 + 1
+    # the outbox entry (format 7's due), and an index entry for each event.
+    rewritten = [key for key in before if key[:1] == b"I" and key.split(b"\x00")[1][:1] in b"mqwdo"]
+    assert len(rewritten) == 3 + 4 + 1 + 1
     assert len(entries(path)) == 4
     assert changed == sorted([b"F", *rewritten, *entries(path)])
 
@@ -489,7 +559,7 @@ def test_the_format_2_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 6, 17)
+            assert (report.ok, report.format_version, report.records) == (True, 7, 17)
     finally:
         store.close()
     after = records(path)
@@ -504,7 +574,9 @@ def test_the_format_2_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
     metas = [b"Iinvoices:0\x00m", b"Iorders:0\x00m", b"Iorders:1\x00m"]
     dead = [key for key in before if b"\x00d" in key]
     assert len(entries(path)) == 3
-    assert changed == sorted([b"F", *metas, *dead, *old_queue, *new_queue, *entries(path)])
+    assert changed == sorted(
+        [b"F", *metas, *dead, *old_queue, *new_queue, *entries(path), *outbox(before)]
+    )
 
 
 def format_2_meta(**fields: object) -> list[object]:
@@ -589,7 +661,7 @@ def test_a_format_2_store_built_by_hand_keeps_its_order_and_its_backoff(
     try:
         # 9 to format 4; its meta again, an index entry for each of 4 events, and the 3
         # sound ones rewritten (expires_at)
-        assert "migrated from format 2 to 6 (17 records rewritten)" in caplog.text
+        assert "migrated from format 2 to 7 (18 records rewritten)" in caplog.text
         ns = Namespace("h", 0)
         with runtime._store.read() as txn:
             meta = ns.load_meta(txn)
@@ -655,8 +727,14 @@ def test_an_outbox_record_has_its_documented_layout() -> None:
     key = Namespace("p", 0).prefix + b"o" + (5).to_bytes(8, "big")
     record = OutboxRecord("q", 1, 2, b"\xa1x", 3.5, None, -1)
     value = seal_outbox(key, record)
-    assert value[4:] == b"\x97\xa1q\x01\x02\xc4\x02\xa1x\xcb@\x0c\x00\x00\x00\x00\x00\x00\xc0\xff"
+    assert (
+        value[4:] == b"\x98\xa1q\x01\x02\xc4\x02\xa1x\xcb@\x0c\x00\x00\x00\x00\x00\x00\xc0\xff\xc0"
+    )
     assert read_outbox(key, value) == record
+    delayed = record._replace(due=4.0)  # format 7: a delayed follow-up's due time, last
+    value = seal_outbox(key, delayed)
+    assert value[-10:] == b"\xff\xcb@\x10\x00\x00\x00\x00\x00\x00"
+    assert read_outbox(key, value) == delayed
 
 
 def test_a_delivery_mark_has_its_documented_key(store_path: Path) -> None:
@@ -764,7 +842,7 @@ def test_a_format_1_outbox_is_migrated_and_delivered_exactly_once(
         runtime = Runtime(path, clock=SimulatedClock(2000.0), seed=7)
     try:
         # 9 to format 4, and both metas again (no event is pending)
-        assert "migrated from format 1 to 6 (11 records rewritten)" in caplog.text
+        assert "migrated from format 1 to 7 (14 records rewritten)" in caplog.text
         with runtime._store.read() as txn:
             zero, one = Namespace("orders", 0), Namespace("orders", 1)
             assert zero.load_meta(txn).links == {"orders:1": 2}

@@ -32,7 +32,7 @@ from dopool import (
 from dopool._check import check_store
 from dopool._layout import Namespace, read_dead, read_event, read_meta, read_outbox
 
-FIXTURE = Path(__file__).parent / "fixtures" / "store-v6"
+FIXTURE = Path(__file__).parent / "fixtures" / "store-v7"
 # The fixture's records, by what they are (see tests/fixtures/make_store.py).
 META = Namespace("orders", 1).prefix + b"m"
 QUEUED = Namespace("orders", 1).queue_key(-2, 4, 1000.0)
