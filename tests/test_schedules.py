@@ -224,9 +224,9 @@ def test_join_and_run_until_idle_do_not_wait_for_future_fires(sim: Runtime) -> N
     assert pool.join(timeout=10)  # runs the delayed event, and the fires before it
     assert sim.clock.now() == 25.0
     assert times(seen, "t") == [10.0, 20.0]
-    clock(sim).run_until_idle()  # nothing but fires left: returns at once
+    clock(sim).run_until_idle(max_time=1000.0)  # nothing but fires left: returns at once
     assert sim.clock.now() == 25.0
-    clock(sim).run_until_idle(max_time=1000.0)
+    clock(sim).run_until_idle()  # (bounded first: a bug here fails the test, not hangs it)
     assert sim.clock.now() == 25.0
     clock(sim).advance(10.0)
     assert times(seen, "t") == [10.0, 20.0, 30.0]
