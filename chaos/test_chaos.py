@@ -28,7 +28,7 @@ from dopool import (
 )
 from dopool._chaos import harness as cli
 from dopool._chaos.checker import check_history
-from dopool._chaos.history import Ack, Call, Dup, Ev, Exec, History, Resumed
+from dopool._chaos.history import Ack, Call, Dup, Ev, Exec, Fired, History, Resumed
 from dopool._chaos.result import Result, replay_command
 from dopool._chaos.runner import Runner, run_seed
 from dopool._chaos.scenario import Scenario, Step, generate, make_event
@@ -525,3 +525,67 @@ def test_long_mode_exits_1_and_prints_replay_commands(
     assert "dopool chaos --seed 21" in out
     assert "dopool chaos --seed 20" not in out
     assert cli.main(["--seed", "21"]) == 1
+
+
+def test_about_a_quarter_of_the_seeds_define_schedules() -> None:
+    scenarios = [generate(seed) for seed in range(200)]
+    scheduling = [s for s in scenarios if any(step.kind == "schedule" for step in s.steps)]
+    assert 25 < len(scheduling) < 75
+    assert any(s.faults is not None and s.faults.crash_during_fire for s in scheduling)
+
+
+def test_schedules_through_fire_crashes_kills_a_pause_and_a_reopen_in_a_checked_scenario() -> None:
+    """Two schedules (one fired into instance 0's own queue, one through its outbox), one
+    defined twice; fires crash before their commit, instance 0 is killed, paused (its
+    fires coalesce) and reopened: every occurrence ends once, and every fire time is fired
+    or coalesced once (docs/guarantees.md, "Recurring schedules")."""
+    own = {"name": "own", "every": 1.5, "pk": None, "prio": 0}
+    away = {"name": "away", "every": 2.5, "pk": "k3", "prio": 1}
+    steps = (
+        Step("schedule", own),
+        Step("schedule", away),
+        Step("advance", {"seconds": 6.0}),
+        Step("kill", {"index": 0}),
+        Step("schedule", own),  # the same again: nothing changes
+        Step("advance", {"seconds": 4.0}),
+        Step("pause", {"index": 0}),
+        Step("advance", {"seconds": 9.0}),
+        Step("resume", {"index": 0}),
+        Step("advance", {"seconds": 3.0}),
+        Step("reopen", {}),
+        Step("advance", {"seconds": 5.0}),
+        Step("join", {}),
+    )
+    faults = FaultPlan(seed=4, crash_during_fire=0.3)
+    scenario = Scenario(14, 3, RetryPolicy(), faults, None, steps)
+    runner = Runner(scenario)
+    result = runner.run()
+    assert result.ok, result.report()
+    fired = {r.id: r.occurrences for r in runner.history.records if isinstance(r, Fired)}
+    assert set(fired) == {"sched-own", "sched-away"}
+    assert all(count > 3 for count in fired.values())
+    crashes = [r for r in runner.history.records if isinstance(r, Ev) and r.kind == "crashed"]
+    assert any(r.error == "crash_during_fire" for r in crashes)
+
+
+def test_checker_counts_each_schedules_occurrences() -> None:
+    """An occurrence ended more often than its schedule fired, or fewer, is reported."""
+    content = make_event("sched-s0")
+    history = History(1, None)
+    history.contents["sched-s0"] = content
+    records: list[object] = [Call(0, "advance")]
+    for seq in range(2):
+        history.names[(0, seq)] = "sched-s0"
+        records += [
+            Ev("enqueued", 0, seq, None, float(seq), None),
+            Ev("started", 0, seq, 1, float(seq), None),
+            Exec("sched-s0", 0, seq, 1, float(seq), "ok", ()),
+            Ev("succeeded", 0, seq, 1, float(seq), None),
+        ]
+    for occurrences, complaint in ((2, None), (1, "ended 2 times"), (3, "ended 2 times")):
+        history.records = [*records, Fired("sched-s0", occurrences)]  # type: ignore[list-item]
+        found = check_history(history)
+        if complaint is None:
+            assert found == []
+        else:
+            assert any(complaint in text for text in found), found

@@ -18,9 +18,11 @@ committed transaction leaves them balanced, so any snapshot of the store must:
   running only if an event is started;
 - pending events that may start (not paused, no attempt running) have an alarm
   set, unless the instance gave its alarm up and is marked stalled
-  (``dopool._alarm.stalled``); a stalled instance has events pending and no
-  attempt running; and where the alarm may be set anew (no failed delivery backs
-  it off), it is not later than the next scheduled event's due time.
+  (``dopool._alarm.stalled``); a stalled instance has events pending (or a
+  schedule to fire) and no attempt running; and where the alarm may be set anew (no
+  failed delivery backs it off), it is not later than the next scheduled event's due
+  time, nor than the next fire of a schedule (instance 0's ``next_fire``), which an
+  instance free to fire always has an alarm for.
 
 And between instances, of this pool or another, the follow-up links
 (:class:`LinkTally`, :func:`broken_links`): for each source and target, the links
@@ -220,7 +222,7 @@ def broken_invariants(state: InstanceState) -> list[str]:
     if meta.running and started is None:
         broken.append("an attempt is running, but no event is started")
     if stalled(meta):
-        if meta.pending == 0 or meta.running:
+        if (meta.pending == 0 and meta.next_fire is None) or meta.running:
             broken.append(
                 f"stalled ({meta.alarm_failures} alarm failures, no alarm) with "
                 f"{meta.pending} pending and running={meta.running}"
@@ -234,6 +236,11 @@ def broken_invariants(state: InstanceState) -> list[str]:
         and not (meta.paused or meta.running or meta.alarm_failures)
     ):
         broken.append(f"the alarm at {meta.alarm} is past the next due time {meta.next_due}")
+    if meta.next_fire is not None and not (meta.paused or meta.running or stalled(meta)):
+        if meta.alarm is None:
+            broken.append(f"a schedule fires at {meta.next_fire}, and no alarm is set")
+        elif meta.alarm > meta.next_fire and not meta.alarm_failures:
+            broken.append(f"the alarm at {meta.alarm} is past the next fire {meta.next_fire}")
     return broken
 
 

@@ -102,7 +102,7 @@ class Model(Replay):
             self._bad(f"{where}: {snap.state.pending_keys} queue keys, {len(snap.queue)} events")
         place = started_event(meta)  # (priority, sequence)
         current = None if place is None else place[1]
-        if meta.pending == 0 and meta.alarm is not None:
+        if meta.pending == 0 and meta.alarm is not None and meta.next_fire is None:
             self._bad(f"{where}: nothing pending but the alarm is set at {meta.alarm}")
         if inst.unrecorded and inst.restart_due is None:
             self._bad(f"{where}: {inst.unrecorded} crash(es) and no recovery after them")

@@ -105,7 +105,15 @@ class Cancelled(NamedTuple):
     answer: bool
 
 
-Record = Ev | Exec | Ack | Dup | Call | Phase | Redriven | Purged | Resumed | Cancelled
+class Fired(NamedTuple):
+    """A recurring schedule, removed at the end, had enqueued ``occurrences``, each
+    carrying event ``id``: each must end once."""
+
+    id: str
+    occurrences: int
+
+
+Record = Ev | Exec | Ack | Dup | Call | Phase | Redriven | Purged | Resumed | Cancelled | Fired
 
 
 @dataclass

@@ -14,6 +14,7 @@ from dopool._chaos.history import (
     Entry,
     Ev,
     Exec,
+    Fired,
     History,
     Phase,
     Purged,
@@ -126,6 +127,8 @@ class Replay:
                     self.instances[number].stalled = False
             elif isinstance(record, Cancelled):
                 self._answered(record)
+            elif isinstance(record, Fired):
+                self.expected[record.id] += record.occurrences
             else:
                 self._purged(record)
 
@@ -189,7 +192,9 @@ class Replay:
 
     def _given_up(self, ev: Ev, inst: _Instance) -> None:
         """The instance's alarm failed once more than ``alarm_retries`` allows: it stalls."""
-        if not inst.pending or inst.attempt is not None:
+        # Instance 0 of the first pool may give up an alarm set for a schedule's fire only.
+        fires = ev.inst == 0 and any(name.startswith("sched-") for name in self.history.contents)
+        if (not inst.pending and not fires) or inst.attempt is not None:
             self._bad(
                 f"instance {ev.inst} gave its alarm up with {len(inst.pending)} pending and "
                 f"an attempt {'running' if inst.attempt is not None else 'not running'}"

@@ -41,9 +41,11 @@ from dopool import (
     PoolEvent,
     RetryAfter,
     Runtime,
+    ScheduleInfo,
     WorkerPool,
     _ports,
 )
+from dopool._chaos import recurring
 from dopool._chaos.calls import Calls
 from dopool._chaos.checker import Model
 from dopool._chaos.clockdriver import ClockDriver, _Stop
@@ -104,6 +106,7 @@ class Runner(Calls):
         self._directory = Path(tempfile.mkdtemp(prefix="dopool-chaos-"))
         self._traces: list[Path] = []
         self._unsubscribe: Any = None
+        self._firsts: dict[str, ScheduleInfo] = {}  # each schedule as first defined
 
     @property
     def pool(self) -> WorkerPool | None:
@@ -332,6 +335,8 @@ class Runner(Calls):
                 self._redrive(pool, args["which"])
             elif kind == "purge":
                 self._purge(pool)
+            elif kind == "schedule":
+                recurring.define(pool, args, self.history, self._firsts)
             else:
                 raise ValueError(f"unknown step kind {kind!r}")
         except InstanceCrashedError:
@@ -346,6 +351,8 @@ class Runner(Calls):
         stall an instance again: rounds go on while they make progress.
         """
         self._define_missing()
+        self.driver.settle()  # no handler asleep: the removals message instance 0
+        recurring.settle(self.pools[POOL], self.history, self._firsts, self._unstick)
         rounds = still = processed = 0
         while rounds < FINAL_ROUNDS:
             self.driver.settle()
@@ -374,6 +381,13 @@ class Runner(Calls):
         ]
         self.history.problem(f"the pools never became idle ({'; '.join(states)})")
         return False
+
+    def _unstick(self) -> None:
+        """After a crashed call: its recovery, a clock step (a restart's backoff), and no
+        handler left asleep."""
+        self.driver.after_crash()
+        self.driver.clock.step()
+        self.driver.settle()
 
     def _join_all(self) -> bool:
         """Join every pool, round after round, until a round in which nothing happened.

@@ -36,6 +36,11 @@ the event as ``ttl``, or in an ``enqueue_many`` step's args for its batch) and i
 counts from the last), and, with faults, crash some cancels before they commit
 (``crash_during_cancel``). Those draws come from ``random.Random(f"lifecycle:{seed}")``,
 after all the rest.
+
+About one seed in four (:data:`SCHEDULE_SHARE`) defines recurring schedules on the first
+pool, and with faults half of them crash some fires before they commit
+(``crash_during_fire``): see :mod:`dopool._chaos.recurring`. Those draws come from
+``random.Random(f"schedules:{seed}")``, last.
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ TTL_EVENTS = (0.1, 0.5)  # the range of the share of events such a seed gives a 
 TTLS = (0.5, 1.0, 3.0, 8.0)  # virtual seconds
 CANCEL_STEPS = 0.2  # the chance of a cancel step after each step, in such a seed
 CANCEL_FAULTS = (0.05, 0.3)  # the range of crash_during_cancel, with faults
+SCHEDULE_SHARE = 0.25  # of the seeds, those that define recurring schedules
+SCHEDULE_EVERY = (1.5, 2.5, 4.0)  # virtual seconds
 
 #: When an enqueue makes its events due: ``("delay", seconds)``, or ``("not_before", s)``
 #: for the clock time ``s`` seconds after the call (before it, if negative).
@@ -195,7 +202,7 @@ class Scenario:
         if self.faults is not None:
             faults = ", ".join(
                 f"{point}={getattr(self.faults, point):.3f}"
-                for point in (*FAULT_POINTS, "crash_during_cancel")
+                for point in (*FAULT_POINTS, "crash_during_cancel", "crash_during_fire")
                 if getattr(self.faults, point)
             )
         second = ""
@@ -247,6 +254,11 @@ def generate(seed: int, *, steps: int | None = None) -> Scenario:
         if faults is not None:
             chance = round(lifecycle.uniform(*CANCEL_FAULTS), 4)
             faults = replace(faults, crash_during_cancel=chance)
+    recurring = random.Random(f"schedules:{seed}")
+    if recurring.random() < SCHEDULE_SHARE:
+        plan = _with_schedules(plan, recurring)
+        if faults is not None and recurring.random() < 0.5:
+            faults = replace(faults, crash_during_fire=round(recurring.uniform(0.05, 0.3), 4))
     return Scenario(
         seed, concurrency, retry, faults, max_queue_depth, plan, alarm_retries, second, window
     )
@@ -448,3 +460,18 @@ def _send_across(event: dict[str, Any], rng: random.Random) -> None:
     for kid in event["kids"]:
         kid["to"] = "other" if rng.random() < 0.5 else None
         _send_across(kid, rng)
+
+
+def _with_schedules(plan: tuple[Step, ...], rng: random.Random) -> tuple[Step, ...]:
+    """``plan`` with ``schedule`` steps inserted (drawn from ``rng``)."""
+    steps = list(plan)
+    for number in range(rng.randint(1, 2)):
+        args = {
+            "name": f"s{number}",
+            "every": rng.choice(SCHEDULE_EVERY),
+            "pk": None if rng.random() < 0.5 else rng.choice(PARTITION_KEYS),
+            "prio": rng.choice(PRIORITIES),
+        }
+        for _ in range(1 if rng.random() < 0.7 else 2):  # a second time: nothing changes
+            steps.insert(rng.randint(0, len(steps)), Step("schedule", args))
+    return tuple(steps)
