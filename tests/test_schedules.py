@@ -426,3 +426,28 @@ def test_the_store_checks_out_after_fires_and_removals(tmp_path: Path) -> None:
     finally:
         store.close()
     assert report.ok, report.problems
+
+
+def test_empty_is_not_said_when_a_fire_in_the_same_transaction_refills_the_queue(
+    sim: Runtime,
+) -> None:
+    """The outcome at 12 leaves the queue empty, and the same transaction fires the
+    schedule due since 10: no ``empty`` then, one once the occurrence ran."""
+    empties: list[tuple[float, int]] = []
+    seen: Seen = []
+
+    def handler(ctx: EventContext) -> None:
+        seen.append((sim.clock.now(), ctx.event, ctx.instance_index))
+        if ctx.event == "long":
+            ctx.sleep(7.0)
+
+    pool = sim.define(
+        "p",
+        execute=handler,
+        on_empty=lambda info: empties.append((sim.clock.now(), pool.status().pending)),
+    )
+    pool.schedule("tick", "t", every=10.0)
+    pool.enqueue("long", delay=5.0)
+    clock(sim).run_until(12.0)
+    assert [event for _, event, _ in seen] == ["long", "t"]
+    assert empties == [(12.0, 0)]  # after the occurrence, not after "long"

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -171,3 +172,27 @@ def test_dopool_check_reports_a_fire_key_without_its_schedule(tmp_path: Path) ->
     assert result.exit_code == 1
     assert "a fire key at" in result.stdout
     assert "1 schedules, 0 records" in result.stdout
+
+
+def test_dopool_check_reports_a_schedule_left_without_an_alarm(tmp_path: Path) -> None:
+    from dopool._layout import Namespace
+    from dopool._storage import Store
+
+    store = created(tmp_path / "store")
+    with dopool.connect(store) as connection:
+        connection.pool("jobs").schedule("tick", "t", every=60)
+    ns = Namespace("jobs", 0)
+    opened = Store(store)
+    try:
+
+        def clear(txn: Any) -> None:
+            meta = ns.load_meta(txn)
+            meta.alarm = None
+            ns.save_meta(txn, meta)
+
+        opened.transact(clear)
+    finally:
+        opened.close()
+    result = invoke("check", str(store))
+    assert result.exit_code == 1
+    assert "and no alarm is set" in result.stdout
