@@ -385,8 +385,9 @@ class SimulatedClock(Clock):
     def run_until_idle(self, max_time: float | None = None) -> None:
         """Jump from one scheduled time to the next until nothing is left (or ``max_time``).
 
-        Recurring schedules' fires are not left to do: with nothing else scheduled, and
-        nothing in flight, the system is idle (``run_until`` and ``advance`` fire them).
+        Future fires of recurring schedules are not left to do: with nothing else scheduled,
+        and nothing in flight, the system is idle (``run_until`` and ``advance`` fire them;
+        a fire already due, after a resume say, fires: time does not move for it).
         """
         limit = math.inf if max_time is None else max_time
         self._take_driver()
@@ -430,13 +431,19 @@ class SimulatedClock(Clock):
 
     def _step(self, limit: float, deadline: float | None, *, idle: bool = False) -> bool:
         """Fire the next item due by ``limit``; with ``idle``, none when only recurring
-        schedules' alarms are left."""
+        schedules' alarms are left, all in the future."""
         self._wait_quiet(deadline)
         with self._lock:
             self._drop_stale()
             heap = self._heap
-            if idle and heap and not self._others and len(self._slots) == len(self._recurring):
-                kind = None
+            if (
+                idle
+                and heap
+                and heap[0][0] > self._now
+                and not self._others
+                and len(self._slots) == len(self._recurring)
+            ):
+                kind = None  # only future fires left: idle (a fire due now still fires)
             elif heap and heap[0][0] <= limit:
                 at, _, _, _, kind, payload = heapq.heappop(heap)
                 self._now = max(self._now, at)
