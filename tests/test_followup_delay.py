@@ -200,3 +200,24 @@ def test_a_delayed_follow_up_never_runs_before_its_commit_plus_delay(tmp_path: P
         assert done.wait(timeout=10)
         assert pool.join(timeout=10)
     assert all(at >= returned[0] + 0.2 for at in started), (returned, started)
+
+
+def test_an_int_given_to_run_until_keeps_virtual_time_a_float(sim: Runtime) -> None:
+    """``run_until(100)`` once left the clock at the int 100, and a follow-up parked in the
+    outbox then was stored with an int ``enqueued_at``: a damaged record, dead-lettered
+    when delivered. The clock keeps its time a float."""
+    seen: Seen = []
+
+    def handler(ctx: EventContext) -> None:
+        seen.append((ctx.enqueued_at, ctx.event, ctx.instance_index))
+        if ctx.event == "parent":
+            ctx.enqueue("child", partition_key=key[1])
+
+    pool = sim.define("p", execute=handler, concurrency=2)
+    key = keys_to(pool, sim)
+    clock(sim).run_until(100)
+    assert type(clock(sim).now()) is float
+    pool.enqueue("parent", partition_key=key[0])
+    assert pool.join(timeout=10)
+    assert seen == [(100.0, "parent", 0), (100.0, "child", 1)]
+    assert pool.status().dead_lettered == 0
