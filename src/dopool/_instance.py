@@ -328,7 +328,7 @@ class InstanceShell:
         if self._spec.options.on_dead_letter is not None:
             for dead in effects.dead:
                 _call_hook("on_dead_letter", self._spec.options.on_dead_letter, dead)
-        if effects.empty and not meta.pending:  # (a schedule's fire may have refilled it)
+        if effects.empty:
             now = self._clock.now()
             emit(self._machine.event("empty", now))
             if self._spec.options.on_empty is not None:
