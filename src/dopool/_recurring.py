@@ -13,7 +13,7 @@ Times (docs/guarantees.md, "Recurring schedules"): ``every=S`` fires first at th
 definition's ``now + S``, then ``S`` after the previous fire *time* (no drift); ``cron``
 at each of its times after the definition, read in UTC, the clock's time being seconds
 since 1970-01-01T00:00Z. A fire that comes late (the process was down, instance 0 was
-paused or busy) enqueues one occurrence for every fire time that passed, and the next
+paused or busy) enqueues one occurrence for all the fire times that passed, and the next
 fire time is the first one after now.
 """
 
