@@ -28,6 +28,7 @@ from typing import Any, NoReturn, TypeVar, Unpack
 
 import lmdb
 
+from dopool._across import Share, producer_machine, settle, store_shares
 from dopool._clock import RealClock
 from dopool._errors import (
     ConfigurationError,
@@ -40,11 +41,11 @@ from dopool._filters import FilterOptions, Filters, listed
 from dopool._layout import Meta, Namespace, get_pool, pool_records
 from dopool._leases import lease_owner
 from dopool._lifecycle import lookup, parse_event_id
-from dopool._machine import Effects, QueueMachine
+from dopool._machine import QueueMachine
 from dopool._messages import Item
 from dopool._options import PoolOptions, Schema
 from dopool._recurring import Recurring
-from dopool._router import Positions, Router, pick, place
+from dopool._router import Positions, Router, RoutingTable
 from dopool._schedules import ScheduleOptions, definition, read_schedules, schedule_info
 from dopool._status import read_pool_status
 from dopool._storage import Environment, Txn, open_shared
@@ -58,7 +59,6 @@ from dopool._validation import (
     with_ttl,
 )
 from dopool._watch import Notifier
-from dopool.chaos import FaultInjector
 
 T = TypeVar("T")
 
@@ -254,7 +254,8 @@ class ProducerPool:
         self._name = name
         self._options = options
         self._schema = options.schema
-        self._router: Router | None = None  # for the concurrency read last
+        # For the concurrency read last; its table is replaced, never published to.
+        self._router = Router(0, table=RoutingTable.elsewhere(0))
         self._machines: dict[int, QueueMachine] = {}  # by instance index
 
     @property
@@ -324,41 +325,21 @@ class ProducerPool:
         """One write transaction: route by the stored concurrency, then each instance's
         share as its own runtime would store it; then wake the instances written."""
         now = self._connection.now()
-
         keys = [item.dedup_key for item in items]
 
-        def body(
-            txn: Txn,
-        ) -> list[tuple[int, Positions, list[EnqueueResult] | DopoolError, str | None]]:
-            router = self._route(txn)
+        def body(txn: Txn) -> list[Share]:
+            table = self._table(txn)
             groups: dict[int, Positions]
             if len(items) == 1:
-                groups = {router.choose(partition_key): range(1)}
+                groups = {self._router.choose(partition_key, table): range(1)}
             else:
-                groups = router.split(len(items), partition_key, keys if any(keys) else None)
-            answers = []
-            for index, positions in groups.items():
-                machine = self._machine(index)
-                meta = machine.namespace.load_meta(txn)
-                effects = Effects()
-                share = pick(items, positions)
-                machine.enqueue(txn, meta, [(index, share)], now, effects)
-                answer = effects.answers[0][1]
-                if not isinstance(answer, DopoolError):  # a refused share changes nothing
-                    machine.namespace.save_meta(txn, meta)
-                owner = lease_owner(txn, self._name, index)  # whom to wake
-                answers.append((index, positions, answer, owner))
-            return answers
+                some = keys if any(keys) else None
+                groups = self._router.split(len(items), partition_key, some, table)
+            return store_shares(txn, self._name, self._machine, items, groups, now)
 
-        answers = self._connection.write(self._name, body)
+        shares = self._connection.write(self._name, body)
         results: list[Any] = [None] * len(items)
-        failure: DopoolError | None = None
-        for index, positions, answer, owner in answers:
-            if isinstance(answer, DopoolError):
-                failure = failure or answer
-                continue
-            self._connection.wake(self._name, index, owner)
-            place(results, positions, answer)
+        failure = settle(shares, results, partial(self._connection.wake, self._name))
         if failure is not None:
             if len(items) > 1:
                 failure.stored = [result for result in results if result is not None]
@@ -379,7 +360,7 @@ class ProducerPool:
         now = self._connection.now()
 
         def body(txn: Txn) -> T:
-            self._route(txn)  # PoolNotFoundError for a store replaced
+            self._table(txn)  # PoolNotFoundError for a store replaced
             machine = self._machine(0)
             meta = machine.namespace.load_meta(txn)
             result = change(machine.recurring, txn, meta, now)
@@ -393,20 +374,24 @@ class ProducerPool:
     def schedules(self) -> list[ScheduleInfo]:
         """The recurring schedules as committed, sorted by name."""
         with self._connection.reading(self._name) as txn:
-            self._route(txn)  # PoolNotFoundError for a store replaced
+            self._table(txn)  # PoolNotFoundError for a store replaced
             return read_schedules(txn, self._name)
 
-    def _route(self, txn: Txn) -> Router:
-        """The router for the pool's concurrency as stored now (a runtime may change it
-        while the pool holds nothing). Round-robin starts at a random instance, so that
-        short-lived producers, each enqueuing a few events, spread them evenly."""
+    def _table(self, txn: Txn) -> RoutingTable:
+        """The routing table for the pool's concurrency as stored now (a runtime may
+        change it while the pool holds nothing): no instance is served here, and each
+        one's owner is read from its lease when it is written."""
         concurrency = get_pool(txn, self._name)
         if concurrency is None:  # pool records are never removed: a store replaced
             self._not_found(txn)
-        router = self._router
-        if router is None or router.concurrency != concurrency:
-            router = self._router = Router(concurrency, start=secrets.randbelow(concurrency))
-        return router
+        table = self._router.table
+        if table.concurrency != concurrency:
+            table = RoutingTable.elsewhere(concurrency)
+            # Round-robin starts at a random instance, so that short-lived producers,
+            # each enqueuing a few events, spread them evenly.
+            start = secrets.randbelow(concurrency)
+            self._router = Router(concurrency, start=start, table=table)
+        return table
 
     def _not_found(self, txn: Txn) -> NoReturn:
         known = sorted(pool_records(txn))
@@ -422,7 +407,7 @@ class ProducerPool:
     def status(self) -> PoolStatus:
         """Counters and state as committed (no restart state: that is the owner's memory)."""
         with self._connection.reading(self._name) as txn:
-            concurrency = self._route(txn).concurrency  # PoolNotFoundError if none
+            concurrency = self._table(txn).concurrency  # PoolNotFoundError if none
             return read_pool_status(txn, self._name, concurrency)
 
     def event(self, event_id: str) -> EventInfo | None:
@@ -434,7 +419,7 @@ class ProducerPool:
             DamagedRecordError: the event's stored record is damaged.
         """
         with self._connection.reading(self._name) as txn:
-            concurrency = self._route(txn).concurrency  # PoolNotFoundError if none
+            concurrency = self._table(txn).concurrency  # PoolNotFoundError if none
             index, sequence = parse_event_id(event_id, self._name, concurrency)
             ns = Namespace(self._name, index)
             keep, now = self._options.keep_finished, self._connection.now()
@@ -451,7 +436,7 @@ class ProducerPool:
         """
         matching = Filters.of(filters)
         with self._connection.reading(self._name) as txn:
-            concurrency = self._route(txn).concurrency  # PoolNotFoundError if none
+            concurrency = self._table(txn).concurrency  # PoolNotFoundError if none
         if index is None:
             indices: Iterable[int] = range(concurrency)
         elif isinstance(index, bool) or not isinstance(index, int):
@@ -467,32 +452,5 @@ class ProducerPool:
         return listed(read, namespaces, indices, matching, self._connection.now())
 
 
-def producer_machine(pool: str, index: int, options: PoolOptions) -> QueueMachine:
-    """The queue machine of instance ``index`` of ``pool``, for transactions made outside
-    its owner: no retries, follow-ups, faults nor pool events (nobody subscribes here)."""
-    return QueueMachine(
-        pool=pool,
-        index=index,
-        options=options,
-        seed=None,
-        route=_no_route,
-        faults=FaultInjector(None, pool, index),
-        fault_point=_no_fault,
-        listening=_not_listening,
-    )
-
-
 def _no_handler(_ctx: Any) -> None:
     raise AssertionError("a producer runs no handler")  # pragma: no cover
-
-
-def _no_route(_partition_key: str | None) -> int:
-    raise AssertionError("a producer routes no follow-up")  # pragma: no cover
-
-
-def _no_fault(_point: str, _fault: str | None = None) -> None:
-    """A producer has no fault plan."""
-
-
-def _not_listening() -> bool:
-    return False

@@ -26,7 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from dopool._connect import Connection, producer_machine
+from dopool._across import producer_machine
+from dopool._connect import Connection
 from dopool._errors import ConfigurationError
 from dopool._layout import get_pool
 from dopool._machine import Effects

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from dopool._across import producer_machine
 from dopool._backend import Latch, Local
 from dopool._clock import Clock
-from dopool._connect import producer_machine
 from dopool._errors import (
     DamagedRecordError,
     DopoolError,

@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from dopool._errors import ConfigurationError
+from dopool._across import Away
+from dopool._errors import ConfigurationError, DopoolError, NotLeasedError
 from dopool._layout import Namespace, follow_ups_to
 from dopool._mailbox import Mailbox
 from dopool._messages import Enqueue, Item, Reply
-from dopool._router import Router
+from dopool._placement import Placement
+from dopool._router import Positions, Router, RoutingTable
 from dopool._storage import Store
 from dopool._supervisor import Supervisor
 
@@ -31,13 +33,21 @@ class Instances:
     sends through it, and so do the tools (:mod:`dopool._ports`). Nothing here waits.
     """
 
-    __slots__ = ("mailboxes", "name", "router", "supervisors")
+    __slots__ = ("away", "mailboxes", "name", "placement", "router", "supervisors")
 
-    def __init__(self, name: str, supervisors: list[Supervisor], router: Router) -> None:
+    def __init__(
+        self,
+        name: str,
+        supervisors: list[Supervisor],
+        placement: Placement,
+        away: Away | None = None,
+    ) -> None:
         self.name = name
         self.supervisors = supervisors
         self.mailboxes: list[Mailbox] = [supervisor.mailbox for supervisor in supervisors]
-        self.router = router
+        self.placement = placement  # the pool's router actor
+        self.router: Router = placement.router  # its published table, read by the callers
+        self.away = away  # a shared worker's enqueues into instances others serve
 
     def check(self, index: int) -> int:
         """``index``, if the pool has such an instance.
@@ -64,6 +74,22 @@ class Instances:
         reply = mailbox.reply()
         mailbox.send(message(reply))
         return reply
+
+    def store_away(
+        self,
+        groups: dict[int, Positions],
+        items: tuple[Item, ...],
+        table: RoutingTable,
+        results: list[Any],
+        refused: NotLeasedError | None = None,
+    ) -> DopoolError | None:
+        """Store shares on instances other workers serve (:class:`Away`); the first
+        refused. ``refused``: an instance here said so, the table is stale. Only a shared
+        worker has any: elsewhere, ``refused`` is the answer."""
+        if self.away is None:
+            assert refused is not None, "an exclusive runtime serves every instance here"
+            return refused
+        return self.away.enqueue(items, groups, None if refused else table, results)
 
     def submit(self, item: Item, partition_key: str | None) -> tuple[int, Reply]:
         """Send one event to the instance it routes to: that instance's index, and the

@@ -13,8 +13,13 @@ Then, in a shared runtime:
   and the next renewal of another worker takes it.
 
 An instance not served here is *vacant*: its mailbox has no actor, and a caller's
-message to it fails with :class:`~dopool._errors.NotLeasedError`. An exclusive runtime
+message to it fails with :class:`~dopool._errors.NotLeasedError` (an enqueue is stored
+as a producer stores it instead, see :mod:`dopool._across`). An exclusive runtime
 starts every instance itself; its keeper only writes and renews their leases.
+
+After a renewal that changed what this process serves, or whom a lease names, the
+keeper tells each pool's router actor (:mod:`dopool._placement`), which publishes the
+new routing table; it does not wait for it (a renewal must not be late).
 """
 
 from __future__ import annotations
@@ -28,14 +33,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dopool._errors import ConfigurationError
-from dopool._leases import RENEWALS, LeaseBook, Taken, Where, Worker
+from dopool._leases import RENEWALS, LeaseBook, Taken, Where, Worker, lease_owner
 from dopool._supervisor import Supervisor, recover_first
 from dopool._watch import Notifier, worker_socket
 
 if TYPE_CHECKING:
     from dopool._clock import Clock
     from dopool._instance import InstanceMemory
-    from dopool._storage import Store
+    from dopool._placement import Placement
+    from dopool._storage import Store, Txn
 
 logger = logging.getLogger("dopool")
 
@@ -65,6 +71,8 @@ class LeaseKeeper:
         self._store = store
         self._clock = clock
         self._pools: dict[str, LeasedPool] = {}
+        self._placements: dict[str, Placement] = {}  # each pool's router actor
+        self._told: dict[str, tuple[frozenset[int], tuple[str | None, ...]]] = {}
         self._lock = threading.Lock()  # one renewal (and what it starts) at a time
         self._stop = threading.Event()
         self._serving = True  # False once the runtime closes: nothing more starts
@@ -85,17 +93,28 @@ class LeaseKeeper:
     def shared(self) -> bool:
         return not self.book.exclusive
 
-    def add_pool(self, name: str, pool: LeasedPool | None, concurrency: int) -> None:
+    def add_pool(
+        self,
+        name: str,
+        pool: LeasedPool | None,
+        concurrency: int,
+        placement: Placement | None = None,
+    ) -> None:
         """Serve ``name`` from now on: take its leases (a shared runtime's fair share) and,
-        with ``pool`` (shared), start the instances taken. Starts the thread."""
+        with ``pool`` (shared), start the instances taken; tell ``placement`` (its router
+        actor) where they are served. Starts the thread."""
         with self._lock:
             if pool is not None:
                 self._pools[name] = pool
+            if placement is not None:
+                self._placements[name] = placement
             self.book.add_pool(name, concurrency)
             try:
                 self._renew_now()
             except BaseException:  # the pool is not defined: take none of its leases
                 self._pools.pop(name, None)
+                self._placements.pop(name, None)
+                self._told.pop(name, None)
                 self.book.remove_pool(name)
                 raise
             if not self._started:
@@ -120,6 +139,7 @@ class LeaseKeeper:
         try:
             with self._store.write() as txn:
                 renewal = self.book.renew(txn, now, frozenset(self._stopping))
+                owners = self._owners(txn)
         except BaseException:
             self.book.restore(before)  # rolled back: what it held before, it still holds
             raise
@@ -137,6 +157,32 @@ class LeaseKeeper:
             self._start(taken)
         for owner, presence in renewal.gone:
             self._forget(owner, presence.pid, presence.host)
+        self._place(owners)
+
+    def _owners(self, txn: Txn) -> dict[str, tuple[str | None, ...]]:
+        """Whom each lease of each pool names, read in the renewal's transaction."""
+        return {
+            name: tuple(lease_owner(txn, name, index) for index in range(placement.concurrency))
+            for name, placement in self._placements.items()
+        }
+
+    def _place(self, owners: dict[str, tuple[str | None, ...]]) -> None:
+        """Tell each pool's router actor where its instances are served, if that changed:
+        here, those whose lease this worker holds and whose actor is not stopping (all
+        of them in an exclusive runtime). A tell: the keeper never waits for the actor."""
+        held = self.book.held
+        for name, placement in self._placements.items():
+            every = range(placement.concurrency)
+            if self.shared:
+                here = frozenset(
+                    i for i in every if (name, i) in held and (name, i) not in self._stopping
+                )
+            else:
+                here = frozenset(every)
+            told = (here, owners[name])
+            if self._told.get(name) != told:
+                self._told[name] = told
+                placement.placed(*told)
 
     def _forget(self, owner: str, pid: int, host: str) -> None:
         """Remove the wake-up socket a dead worker of this host left (a hung one keeps it)."""
@@ -253,16 +299,19 @@ def serve_pool(
     name: str,
     supervisors: Sequence[Supervisor],
     memories: Sequence[InstanceMemory],
+    placement: Placement,
 ) -> None:
     """Start a newly defined pool's instances: all of them (an exclusive runtime, whose
-    keeper writes their leases first), or those whose leases a shared one takes."""
+    keeper writes their leases first), or those whose leases a shared one takes; its
+    keeper tells ``placement`` where they are served."""
+    concurrency = len(supervisors)
     if keeper is not None and keeper.shared:
         for supervisor in supervisors:
             supervisor.vacate()
-        keeper.add_pool(name, LeasedPool(supervisors, memories), len(supervisors))
+        keeper.add_pool(name, LeasedPool(supervisors, memories), concurrency, placement)
         return
     if keeper is not None:
-        keeper.add_pool(name, None, len(supervisors))
+        keeper.add_pool(name, None, concurrency, placement)
     for supervisor in supervisors:
         supervisor.start()
     # One instance at a time, so a simulated run's trace is deterministic.

@@ -10,7 +10,13 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Unpack
 
 from dopool._direct import DirectEnqueue
-from dopool._errors import ConfigurationError, DopoolError, InstanceCrashedError, PoolClosedError
+from dopool._errors import (
+    ConfigurationError,
+    DopoolError,
+    InstanceCrashedError,
+    NotLeasedError,
+    PoolClosedError,
+)
 from dopool._filters import FilterOptions, Filters, by_instance, chosen, listed
 from dopool._instance import PoolSpec
 from dopool._instances import Instances, PoolContext
@@ -186,33 +192,44 @@ class WorkerPool:
         return due_time(delay, not_before, now=clock.now, wall=clock.wall)
 
     def _route(self, items: tuple[Item, ...], partition_key: str | None) -> list[EnqueueResult]:
-        """Send each instance its share from this thread, then gather the answers."""
+        """Send each instance its share from this thread, then gather the answers. In a
+        shared worker, the shares of instances others serve are stored as a producer's."""
+        table = self._router.table  # the router actor's, published: read once, no lock
+        results: list[Any] = [None] * len(items)
         if len(items) == 1:  # the common case: stored from this thread, no hop at all
-            index = self._router.choose(partition_key)
-            try:
-                stored = self._direct[index].enqueue(items)
-            except InstanceCrashedError:
-                self._settle_crash()
-                raise
-            if stored is None:  # busy, killed or recovering: a message waits its turn
-                stored = self._call(index, partial(Enqueue, items))
-            return stored
+            index = self._router.choose(partition_key, table)
+            refused: NotLeasedError | None = None
+            if index in table.here:
+                try:
+                    return self._enqueue_here(index, items)
+                except NotLeasedError as exc:  # released since the table was published
+                    refused = exc
+            failure = self._instances.store_away({index: range(1)}, items, table, results, refused)
+            if failure is not None:
+                raise failure
+            return results
         keys = [item.dedup_key for item in items]
-        groups = self._router.split(len(items), partition_key, keys if any(keys) else None)
-        parts = [(index, pick(items, p)) for index, p in groups.items()]
+        groups = self._router.split(len(items), partition_key, keys if any(keys) else None, table)
+        away = {i: p for i, p in groups.items() if i not in table.here}
+        failure = self._instances.store_away(away, items, table, results) if away else None
+        parts = [(index, pick(items, p)) for index, p in groups.items() if index not in away]
         # Parts sent at once would commit in thread order; under a simulated
         # clock each part goes in turn instead, so the run is reproducible, and
         # so they do from an instance's thread (see ``_one_at_a_time``).
         send = self._instances.send
         futures = [] if self._one_at_a_time() else [send(i, partial(Enqueue, p)) for i, p in parts]
-        results: list[Any] = [None] * len(items)
-        failure: DopoolError | None = None
         for number, (index, part) in enumerate(parts):
             try:
                 if futures:
                     stored = self._wait(futures[number])
                 else:
                     stored = self._call(index, partial(Enqueue, part))
+            except NotLeasedError as exc:  # released since the table was published
+                lost = self._instances.store_away(
+                    {index: groups[index]}, items, table, results, exc
+                )
+                failure = failure or lost
+                continue
             except DopoolError as exc:
                 failure = failure or exc
                 continue
@@ -221,6 +238,16 @@ class WorkerPool:
             failure.stored = [result for result in results if result is not None]
             raise failure
         return results
+
+    def _enqueue_here(self, index: int, items: tuple[Item, ...]) -> list[EnqueueResult]:
+        try:
+            stored = self._direct[index].enqueue(items)
+        except InstanceCrashedError:
+            self._settle_crash()
+            raise
+        if stored is None:  # busy, killed or recovering: a message waits its turn
+            stored = self._call(index, partial(Enqueue, items))
+        return stored
 
     # -- control -----------------------------------------------------------------
     def pause(self, index: int | None = None) -> None:

@@ -1,8 +1,14 @@
-"""Choosing an instance for an event.
+"""Choosing an instance for an event, from a pool's routing table.
 
-The router is an object, not an actor: its choice is one hash or one counter
-step, so the caller's own thread makes it and sends straight to the instance.
-A router actor in between would cost every enqueue a second thread hop.
+A :class:`RoutingTable` is an immutable snapshot of a pool's placement: its
+concurrency, and where each instance is served (here, by another worker process,
+or by nobody known). In a runtime, the pool's router actor
+(:mod:`dopool._placement`) is its single writer: it builds each new table and
+publishes it in :attr:`Router.table`, one attribute assignment. Callers read that
+attribute without a lock and route from their own thread, so an enqueue costs no
+hop to the actor. The round-robin cursor is not placement: it stays a counter
+beside the table. A producer (:mod:`dopool._connect`) builds its table from the
+store in each transaction, and routes with the same functions.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import hashlib
 import itertools
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -18,6 +25,39 @@ T = TypeVar("T")
 #: A batch's positions that one instance takes: a range, or a list once dedup keys
 #: have moved some (see :meth:`Router.split`).
 Positions = range | list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingTable:
+    """A pool's placement as one process sees it, at one version.
+
+    Attributes:
+        concurrency: the pool's number of instances.
+        here: the instances this process serves (all of them in an exclusive or
+            simulated runtime; those a shared worker holds the leases of).
+        owners: per instance, the worker id its lease names (whom to wake), or None
+            when none is known.
+        version: how many tables the router actor published before this one.
+    """
+
+    concurrency: int
+    here: frozenset[int]
+    owners: tuple[str | None, ...]
+    version: int = 0
+
+    @classmethod
+    def local(cls, concurrency: int) -> RoutingTable:
+        """Every instance served here (an exclusive or simulated runtime)."""
+        return cls(concurrency, frozenset(range(concurrency)), (None,) * concurrency)
+
+    @classmethod
+    def elsewhere(cls, concurrency: int) -> RoutingTable:
+        """No instance served here, no owner known (a producer; a shared worker at first)."""
+        return cls(concurrency, frozenset(), (None,) * concurrency)
+
+    def owner(self, index: int) -> str | None:
+        """The worker serving instance ``index``, if known."""
+        return self.owners[index]
 
 
 def stable_hash(partition_key: str) -> int:
@@ -31,23 +71,39 @@ def stable_hash(partition_key: str) -> int:
 
 
 class Router:
-    """Round-robin, or ``stable_hash(partition_key) % concurrency``. Thread-safe."""
+    """A pool's published :class:`RoutingTable`, and its round-robin cursor. Thread-safe.
 
-    def __init__(self, concurrency: int, *, start: int = 0) -> None:
-        """``start``: the instance round-robin picks first."""
-        self.concurrency = concurrency
+    Round-robin, or ``stable_hash(partition_key) % concurrency``. Only the pool's
+    router actor assigns :attr:`table`; everyone else reads it.
+    """
+
+    __slots__ = ("_lock", "_next", "table")
+
+    def __init__(self, concurrency: int, *, start: int = 0, table: RoutingTable | None = None):
+        """``start``: the instance round-robin picks first; ``table``: the first table
+        (default: every instance here)."""
+        self.table = RoutingTable.local(concurrency) if table is None else table
         self._next = itertools.count(start)
         self._lock = threading.Lock()
 
-    def choose(self, partition_key: str | None) -> int:
-        """The instance for one event."""
+    @property
+    def concurrency(self) -> int:
+        return self.table.concurrency
+
+    def choose(self, partition_key: str | None, table: RoutingTable | None = None) -> int:
+        """The instance for one event, by ``table`` (default: the one published now)."""
+        concurrency = (self.table if table is None else table).concurrency
         if partition_key is not None:
-            return stable_hash(partition_key) % self.concurrency
+            return stable_hash(partition_key) % concurrency
         with self._lock:
-            return next(self._next) % self.concurrency
+            return next(self._next) % concurrency
 
     def split(
-        self, count: int, partition_key: str | None, keys: Sequence[str | None] | None = None
+        self,
+        count: int,
+        partition_key: str | None,
+        keys: Sequence[str | None] | None = None,
+        table: RoutingTable | None = None,
     ) -> dict[int, Positions]:
         """Positions ``0..count-1`` of a batch grouped by instance, in first-seen order.
 
@@ -55,13 +111,13 @@ class Router:
         With ``keys`` (each position's dedup key, or None), a position whose key an earlier
         one has goes to that one's instance: there, in one transaction, it is its duplicate.
         """
+        step = (self.table if table is None else table).concurrency
         if partition_key is not None:
-            return {self.choose(partition_key): range(count)}
+            return {stable_hash(partition_key) % step: range(count)}
         with self._lock:
             start = next(self._next)
             # Claim the whole batch's turns at once, so batches from threads never interleave.
             self._next = itertools.count(start + count)
-        step = self.concurrency
         groups: dict[int, Positions] = {
             (start + first) % step: range(first, count, step) for first in range(min(step, count))
         }

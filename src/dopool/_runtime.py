@@ -21,6 +21,7 @@ from typing import IO, Any, Unpack
 import pykka
 
 from dopool import _ports
+from dopool._across import Away
 from dopool._actor import InstanceActor
 from dopool._clock import Clock, RealClock, SimulatedClock
 from dopool._closing import Closing, Stops
@@ -35,8 +36,9 @@ from dopool._leases import DEFAULT_LEASE_TTL, check_lease_ttl
 from dopool._mailbox import Mailbox
 from dopool._messages import Item
 from dopool._options import PoolOptions, PoolOptionsDict
+from dopool._placement import Placement
 from dopool._pool import WorkerPool, provide_default_runtime
-from dopool._router import Router
+from dopool._router import Router, RoutingTable
 from dopool._storage import Store
 from dopool._supervisor import KillFlag, Supervisor
 from dopool._types import PoolEvent
@@ -292,8 +294,13 @@ class Runtime:
                 Supervisor(mailbox, self.clock, partial(start, index))
                 for index, mailbox in enumerate(mailboxes)
             ]
-            router = Router(concurrency)
-            instances = Instances(name, supervisors, router)
+            # A shared worker serves none of them until its keeper takes their leases.
+            first = RoutingTable.elsewhere(concurrency) if self.shared else None
+            router = Router(concurrency, table=first)
+            wake = self._keeper.wake if self.shared and self._keeper else None
+            away = None if wake is None else Away(self._store, self.clock, name, options, wake)
+            placement = Placement(name, router, backend)
+            instances = Instances(name, supervisors, placement, away)
             env = InstanceEnv(
                 store=self._store,
                 clock=self.clock,
@@ -311,13 +318,14 @@ class Runtime:
                 ],
                 faults=[FaultInjector(self.faults, name, index) for index in range(concurrency)],
                 holds=self._keeper.book.holds if self.shared and self._keeper else None,
-                wake=self._keeper.wake if self.shared and self._keeper else None,
+                wake=wake,
             )
             self._supervisors.append(supervisors)
             try:
-                serve_pool(self._keeper, name, supervisors, env.memories)
+                serve_pool(self._keeper, name, supervisors, env.memories, placement)
             except BaseException:  # e.g. a damaged record: stop what was started, raise
                 self._supervisors.remove(supervisors)
+                _stopped(placement.stop())
                 for supervisor in supervisors:
                     ref = supervisor.close()
                     if ref is not None:
@@ -407,6 +415,8 @@ class Runtime:
             self.clock.set_alarm(mailbox, None)
         if self._keeper is not None:  # others take the leases now; the abandoned expire
             self._keeper.close(keep=[mailbox.order for mailbox in abandoned])
+        for instances in self._pools.values():  # no keeper tells them anything now
+            _stopped(instances.placement.stop())
         if abandoned:
             logger.warning(
                 "closing the runtime of %r: instance(s) %s still running after the grace "
@@ -424,6 +434,12 @@ class Runtime:
             self.clock.close()
         if self._temporary is not None:
             shutil.rmtree(self._temporary, ignore_errors=True)
+
+
+def _stopped(stop: pykka.Future[Any] | None) -> None:
+    """Wait for a router actor's stop (it has nothing to finish)."""
+    if stop is not None:
+        stop.get(timeout=EXIT_GRACE)
 
 
 def _check_seed(seed: object) -> None:

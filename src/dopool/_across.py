@@ -1,0 +1,154 @@
+"""Enqueues into instances this process does not serve, stored as a producer stores them.
+
+A producer (:mod:`dopool._connect`) has no instance at all; a shared worker has none
+for the instances other workers hold the leases of. Both store an event for such an
+instance the same way: the queue machine's enqueue transition
+(:meth:`QueueMachine.enqueue`) made in the caller's own write transaction, the
+instance's meta read anew from the store; once it is durable, the worker serving the
+instance is woken. Nothing here waits for an actor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from dopool._errors import DopoolError
+from dopool._leases import lease_owner
+from dopool._machine import Effects, QueueMachine
+from dopool._messages import Item
+from dopool._options import PoolOptions
+from dopool._router import Positions, RoutingTable, pick, place
+from dopool._storage import Store, Txn
+from dopool._types import EnqueueResult
+from dopool.chaos import FaultInjector
+
+if TYPE_CHECKING:
+    from dopool._clock import Clock
+
+#: One instance's share of a batch as stored: its index, its positions in the batch,
+#: its results (or the error that refused it, storing nothing) and whom to wake.
+Share = tuple[int, Positions, list[EnqueueResult] | DopoolError, str | None]
+
+
+def store_shares(
+    txn: Txn,
+    pool: str,
+    machine: Callable[[int], QueueMachine],
+    items: tuple[Item, ...],
+    groups: dict[int, Positions],
+    now: float,
+    owners: Callable[[int], str | None] | None = None,
+) -> list[Share]:
+    """Store each instance's share of ``items`` in ``txn``, as its own runtime would.
+
+    ``machine(index)``: instance ``index`` of ``pool``'s queue machine. ``owners(index)``:
+    the worker serving it, if known; otherwise its lease is read in ``txn``.
+    """
+    shares: list[Share] = []
+    for index, positions in groups.items():
+        queue = machine(index)
+        meta = queue.namespace.load_meta(txn)
+        effects = Effects()
+        queue.enqueue(txn, meta, [(index, pick(items, positions))], now, effects)
+        answer = effects.answers[0][1]
+        if not isinstance(answer, DopoolError):  # a refused share changes nothing
+            queue.namespace.save_meta(txn, meta)
+        owner = None if owners is None else owners(index)
+        if owner is None:
+            owner = lease_owner(txn, pool, index)
+        shares.append((index, positions, answer, owner))
+    return shares
+
+
+def settle(
+    shares: list[Share], results: list[Any], wake: Callable[[int, str | None], None]
+) -> DopoolError | None:
+    """Once the shares are durable: wake each instance written, put its results in
+    place; the first refusal, if any."""
+    failure: DopoolError | None = None
+    for index, positions, answer, owner in shares:
+        if isinstance(answer, DopoolError):
+            failure = failure or answer
+            continue
+        wake(index, owner)
+        place(results, positions, answer)
+    return failure
+
+
+class Away:
+    """A shared worker's enqueues into its pool's instances that other workers serve.
+
+    Their shares are stored in one write transaction of the runtime's store, under the
+    store's writer lock, as a producer stores them; each worker serving one is woken,
+    by the owner id the routing table names (read from the lease if it names none).
+    """
+
+    __slots__ = ("_clock", "_machines", "_options", "_pool", "_store", "_wake")
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        pool: str,
+        options: PoolOptions,
+        wake: Callable[[str, int, str | None], None],
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._pool = pool
+        self._options = options
+        self._wake = partial(wake, pool)
+        self._machines: dict[int, QueueMachine] = {}
+
+    def _machine(self, index: int) -> QueueMachine:
+        machine = self._machines.get(index)
+        if machine is None:
+            machine = producer_machine(self._pool, index, self._options)
+            self._machines[index] = machine
+        return machine
+
+    def enqueue(
+        self,
+        items: tuple[Item, ...],
+        groups: dict[int, Positions],
+        table: RoutingTable | None,
+        results: list[Any],
+    ) -> DopoolError | None:
+        """Store each group's items on its instance; their results go in ``results``, at
+        their positions. The first share refused, if any (it stored nothing). ``table``:
+        the one routed by, naming whom to wake; None when it is known to be stale (each
+        owner is read from its lease)."""
+        now = self._clock.now()
+        owners = None if table is None else table.owner
+        with self._store.write() as txn:
+            shares = store_shares(txn, self._pool, self._machine, items, groups, now, owners)
+        return settle(shares, results, self._wake)
+
+
+def producer_machine(pool: str, index: int, options: PoolOptions) -> QueueMachine:
+    """The queue machine of instance ``index`` of ``pool``, for transactions made outside
+    its owner: no retries, follow-ups, faults nor pool events (nobody subscribes here)."""
+    return QueueMachine(
+        pool=pool,
+        index=index,
+        options=options,
+        seed=None,
+        route=_no_route,
+        faults=FaultInjector(None, pool, index),
+        fault_point=_no_fault,
+        listening=_not_listening,
+    )
+
+
+def _no_route(_partition_key: str | None) -> int:
+    raise AssertionError("a producer routes no follow-up")  # pragma: no cover
+
+
+def _no_fault(_point: str, _fault: str | None = None) -> None:
+    """A producer has no fault plan."""
+
+
+def _not_listening() -> bool:
+    return False
