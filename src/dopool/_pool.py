@@ -36,7 +36,7 @@ from dopool._messages import (
     Unschedule,
 )
 from dopool._options import PoolOptionsDict
-from dopool._router import pick, place
+from dopool._router import RoutingTable, pick, place
 from dopool._schedules import ScheduleOptions, definition, read_schedules, schedule_info
 from dopool._status import instance_status, pool_status
 from dopool._types import DeadLetter, EnqueueResult, EventInfo, PoolStatus, ScheduleInfo
@@ -195,19 +195,22 @@ class WorkerPool:
         """Send each instance its share from this thread, then gather the answers. In a
         shared worker, the shares of instances others serve are stored as a producer's."""
         table = self._router.table  # the router actor's, published: read once, no lock
-        results: list[Any] = [None] * len(items)
         if len(items) == 1:  # the common case: stored from this thread, no hop at all
             index = self._router.choose(partition_key, table)
-            refused: NotLeasedError | None = None
-            if index in table.here:
+            if index not in table.here:  # another worker serves it
+                return self._away_one(index, items, table, None)
+            try:
+                stored = self._direct[index].enqueue(items)
+            except InstanceCrashedError:
+                self._settle_crash()
+                raise
+            if stored is None:  # busy, killed or recovering: a message waits its turn
                 try:
-                    return self._enqueue_here(index, items)
-                except NotLeasedError as exc:  # released since the table was published
-                    refused = exc
-            failure = self._instances.store_away({index: range(1)}, items, table, results, refused)
-            if failure is not None:
-                raise failure
-            return results
+                    stored = self._call(index, partial(Enqueue, items))
+                except NotLeasedError as exc:  # vacant since the table was published
+                    return self._away_one(index, items, table, exc)
+            return stored
+        results: list[Any] = [None] * len(items)
         keys = [item.dedup_key for item in items]
         groups = self._router.split(len(items), partition_key, keys if any(keys) else None, table)
         away = {i: p for i, p in groups.items() if i not in table.here}
@@ -239,15 +242,14 @@ class WorkerPool:
             raise failure
         return results
 
-    def _enqueue_here(self, index: int, items: tuple[Item, ...]) -> list[EnqueueResult]:
-        try:
-            stored = self._direct[index].enqueue(items)
-        except InstanceCrashedError:
-            self._settle_crash()
-            raise
-        if stored is None:  # busy, killed or recovering: a message waits its turn
-            stored = self._call(index, partial(Enqueue, items))
-        return stored
+    def _away_one(
+        self, index: int, items: tuple[Item, ...], table: RoutingTable, refused: Any
+    ) -> list[EnqueueResult]:
+        results: list[Any] = [None]
+        failure = self._instances.store_away({index: range(1)}, items, table, results, refused)
+        if failure is not None:
+            raise failure
+        return results
 
     # -- control -----------------------------------------------------------------
     def pause(self, index: int | None = None) -> None:
