@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, Unpack
 
+from dopool._calls import Calls
 from dopool._direct import DirectEnqueue
 from dopool._errors import (
     ConfigurationError,
@@ -41,7 +42,6 @@ from dopool._schedules import ScheduleOptions, definition, read_schedules, sched
 from dopool._status import instance_status, pool_status
 from dopool._types import DeadLetter, EnqueueResult, EventInfo, PoolStatus, ScheduleInfo
 from dopool._validation import due_time, prepare, prepare_many, with_ttl
-from dopool._waits import acting
 
 if TYPE_CHECKING:
     from dopool._runtime import Runtime
@@ -74,6 +74,7 @@ class WorkerPool:
         self._instances = instances
         self._mailboxes = instances.mailboxes
         self._router = instances.router
+        self._calls = Calls(context, instances)
         self._direct = direct
         self._namespaces = [Namespace(spec.name, i) for i in range(spec.options.concurrency)]
 
@@ -202,11 +203,11 @@ class WorkerPool:
             try:
                 stored = self._direct[index].enqueue(items)
             except InstanceCrashedError:
-                self._settle_crash()
+                self._calls.settle_crash()
                 raise
             if stored is None:  # busy, killed or recovering: a message waits its turn
                 try:
-                    stored = self._call(index, partial(Enqueue, items))
+                    stored = self._calls.call(index, partial(Enqueue, items))
                 except NotLeasedError as exc:  # vacant since the table was published
                     return self._away_one(index, items, table, exc)
             return stored
@@ -218,20 +219,20 @@ class WorkerPool:
         parts = [(index, pick(items, p)) for index, p in groups.items() if index not in away]
         # Parts sent at once would commit in thread order; under a simulated
         # clock each part goes in turn instead, so the run is reproducible, and
-        # so they do from an instance's thread (see ``_one_at_a_time``).
+        # so they do from an instance's thread (see ``Calls.one_at_a_time``).
         send = self._instances.send
-        futures = [] if self._one_at_a_time() else [send(i, partial(Enqueue, p)) for i, p in parts]
+        futures = (
+            [] if self._calls.one_at_a_time() else [send(i, partial(Enqueue, p)) for i, p in parts]
+        )
         for number, (index, part) in enumerate(parts):
             try:
                 if futures:
-                    stored = self._wait(futures[number])
+                    stored = self._calls.wait(futures[number])
                 else:
-                    stored = self._call(index, partial(Enqueue, part))
+                    stored = self._calls.call(index, partial(Enqueue, part))
             except NotLeasedError as exc:  # released since the table was published
-                lost = self._instances.store_away(
-                    {index: groups[index]}, items, table, results, exc
-                )
-                failure = failure or lost
+                mine = {index: groups[index]}
+                failure = failure or self._instances.store_away(mine, items, table, results, exc)
                 continue
             except DopoolError as exc:
                 failure = failure or exc
@@ -277,7 +278,7 @@ class WorkerPool:
         self._check_open()
         index, sequence = parse_event_id(event_id, self.name, self.concurrency)
         self._refuse_own_instance(index)
-        return bool(self._send_each([(index, partial(Cancel, sequence))])[0])
+        return bool(self._calls.send_each([(index, partial(Cancel, sequence))])[0])
 
     # -- recurring schedules ----------------------------------------------------------
     def schedule(self, name: str, event: Any, **options: Unpack[ScheduleOptions]) -> ScheduleInfo:
@@ -291,13 +292,13 @@ class WorkerPool:
         self._check_open()
         self._refuse_own_instance(0)
         spec = definition(name, event, options, self._schema)
-        return schedule_info(self._send_each([(0, partial(DefineSchedule, spec))])[0])
+        return schedule_info(self._calls.send_each([(0, partial(DefineSchedule, spec))])[0])
 
     def unschedule(self, name: str) -> bool:
         """Remove the recurring schedule ``name``; whether there was one."""
         self._check_open()
         self._refuse_own_instance(0)
-        return bool(self._send_each([(0, partial(Unschedule, name))])[0])
+        return bool(self._calls.send_each([(0, partial(Unschedule, name))])[0])
 
     def schedules(self) -> list[ScheduleInfo]:
         """The recurring schedules as committed, by name; never waits for an instance."""
@@ -353,7 +354,7 @@ class WorkerPool:
             return sum(self._each(index, partial(verb, None)))
         now = self._context.clock.now()
         picked = chosen(self._read_open, self._namespaces, indices, filters, now, among)
-        return sum(self._send_each([(i, partial(verb, picked[i])) for i in sorted(picked)]))
+        return sum(self._calls.send_each([(i, partial(verb, picked[i])) for i in sorted(picked)]))
 
     def _indices(self, index: int | None) -> range | list[int]:
         """Every instance's index, or ``index`` checked."""
@@ -364,56 +365,7 @@ class WorkerPool:
         self._check_open()
         indices = self._indices(index)
         self._refuse_own_instance(index)
-        return self._send_each([(i, message) for i in indices])
-
-    def _send_each(self, messages: list[tuple[int, Callable[[Reply], Any]]]) -> list[Any]:
-        """Send each instance its message, one after another or all at once; the answers."""
-        if self._one_at_a_time():
-            return [self._call(i, message) for i, message in messages]
-        futures = [self._instances.send(i, message) for i, message in messages]
-        return [future.get() for future in futures]
-
-    def _one_at_a_time(self) -> bool:
-        """Whether a call to several instances must message them one after another.
-
-        Under a simulated clock, so that the run is reproducible; and from an
-        instance's thread, which may wait for one instance at a time only (see
-        ``_call``).
-        """
-        return self._context.clock.orders_calls or bool(acting(self._context.in_handler))
-
-    def _call(self, index: int, message: Callable[[Reply], Any]) -> Any:
-        """Send one instance a message and wait for its answer.
-
-        From an instance's thread, the wait is recorded in the runtime's
-        wait-for graph before the message is sent: if the instance addressed
-        already waits, through a chain of others, for the calling one, the wait
-        would never end, and :class:`DeadlockError` is raised with nothing sent.
-        """
-        waiters = acting(self._context.in_handler)
-        if not waiters:
-            return self._wait(self._instances.send(index, message))
-        reply = self._mailboxes[index].reply()
-        with self._context.waits.waiting(waiters, (self.name, index), reply):
-            self._mailboxes[index].send(message(reply))
-            return self._wait(reply)
-
-    def _wait(self, future: Reply) -> Any:
-        """The answer to a call; under a simulated clock, a crash settles before it is raised.
-
-        The restarted instance recovers on its own thread: waiting for it keeps
-        the next call, and so the trace, in a reproducible order.
-        """
-        try:
-            return future.get()
-        except InstanceCrashedError:
-            self._settle_crash()
-            raise
-
-    def _settle_crash(self) -> None:
-        """Where calls are ordered (a simulated clock), wait for a crashed instance's recovery."""
-        if self._context.handler_running() is None:
-            self._context.clock.settle()
+        return self._calls.send_each([(i, message) for i in indices])
 
     # -- reading committed state -------------------------------------------------
     def status(self) -> PoolStatus:
