@@ -225,3 +225,30 @@ def test_closing_a_runtime_stops_its_router_actors(store_path: Path) -> None:
     assert names <= {thread.name for thread in threading.enumerate()}
     runtime.close()
     assert not names & {thread.name for thread in threading.enumerate()}
+
+
+def test_a_shared_workers_pause_drain_and_resume_reach_the_instances_another_serves(
+    store_path: Path, opened: list[Runtime]
+) -> None:
+    ran = Ran()
+    a = _worker(store_path, "a", ran, opened, poll_interval=3600)
+    b = _worker(store_path, "b", ran, opened, poll_interval=3600)
+    _renew(a)
+    until(lambda: _released(a), "a's excess released")
+    _renew(b)
+    _renew(a)
+    assert _table(a).here == frozenset({0, 1})
+    pool = a.pools["jobs"]
+    pool.pause()  # the whole pool: 0 and 1 by message, 2 and 3 in the store
+    assert [i.state for i in pool.status().instances] == ["paused"] * 4
+    results = pool.enqueue_many([{"n": n} for n in range(8)])
+    assert {result.instance_index for result in results} == {0, 1, 2, 3}
+    assert pool.status().pending == 8  # paused everywhere: nothing started
+    assert pool.drain(3) == 2  # b's instance, from a
+    assert pool.drain() == 6
+    pool.resume()
+    assert [i.state for i in pool.status().instances] == ["idle"] * 4
+    after = pool.enqueue_many([{"m": m} for m in range(4)])
+    until(lambda: pool.status().succeeded == 4, "the events after the resume running")
+    for result in after:
+        assert ran.who_ran(result) == {"a" if result.instance_index < 2 else "b"}

@@ -165,7 +165,7 @@ def test_two_shared_runtimes_split_the_instances_and_serve_producers_in_order(
     until(lambda: len({r.owner for r in _leases(a).values()}) == 2, "the split committed")
     assert _held(a) | _held(b) == {0, 1, 2, 3}
     with pytest.raises(NotLeasedError, match="served by another worker"):
-        a.pools["jobs"].pause(min(_held(b)))  # a caller's message to an instance not here
+        a.pools["jobs"].cancel(f"jobs:{min(_held(b))}:0")  # a call to an instance not here
     with dopool.connect(store_path) as connection:
         producer = connection.pool("jobs")
         for number in range(80):
@@ -252,9 +252,10 @@ def test_an_instance_whose_lease_names_another_worker_commits_nothing(
     go.set()  # the handler returns: its outcome's transaction is fenced off
     until(lambda: pool._mailboxes[index].closed, "the instance stopping")
     # Vacant here now: an enqueue is stored as a producer's, for the lease's holder.
-    assert pool.enqueue({"second": True}, partition_key="p").instance_index == index
+    second = pool.enqueue({"second": True}, partition_key="p")
+    assert second.instance_index == index
     with pytest.raises(NotLeasedError, match=f"jobs:{index} is served by another worker"):
-        pool.pause(index)
+        pool.cancel(second.event_id)
     meta = _metas(a)[index]
     assert (meta.enqueued, meta.succeeded, meta.pending) == (2, 0, 2)  # its success lost
     assert meta.current is not None  # the attempt stays started: the holder's recovery

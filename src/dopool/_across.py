@@ -11,8 +11,9 @@ instance is woken. Nothing here waits for an actor.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from dopool._errors import DopoolError
 from dopool._leases import lease_owner
@@ -26,6 +27,8 @@ from dopool.chaos import FaultInjector
 
 if TYPE_CHECKING:
     from dopool._clock import Clock
+
+Verb = Literal["pause", "resume", "drain"]
 
 #: One instance's share of a batch as stored: its index, its positions in the batch,
 #: its results (or the error that refused it, storing nothing) and whom to wake.
@@ -125,6 +128,52 @@ class Away:
         with self._store.write() as txn:
             shares = store_shares(txn, self._pool, self._machine, items, groups, now, owners)
         return settle(shares, results, self._wake)
+
+    def control(self, verb: Verb, indices: list[int]) -> list[Changed]:
+        """Pause, resume or drain these instances in one transaction (as ``dopool pause``
+        does on a live store), then wake the worker serving each one changed."""
+        now = self._clock.now()
+        with self._store.write() as txn:
+            answers = [transition(txn, self._machine(i), i, verb, now) for i in indices]
+            owners = [lease_owner(txn, self._pool, answer.index) for answer in answers]
+        for answer, owner in zip(answers, owners, strict=True):
+            if answer.changed:
+                self._wake(answer.index, owner)
+        return answers
+
+
+@dataclass(frozen=True, slots=True)
+class Changed:
+    """What one instance's transaction did.
+
+    Attributes:
+        index: the instance.
+        changed: whether its stored state changed (a pause of a paused one does not).
+        drained: events a drain removed (0 for pause and resume).
+        kept_running: a drain kept the event whose attempt was running.
+    """
+
+    index: int
+    changed: bool
+    drained: int = 0
+    kept_running: bool = False
+
+
+def transition(txn: Txn, machine: QueueMachine, index: int, verb: Verb, now: float) -> Changed:
+    """Pause, resume or drain instance ``index`` (``machine``'s) in ``txn``, its meta read
+    anew."""
+    meta = machine.namespace.load_meta(txn)
+    effects = Effects()  # its events are the owner's to publish: none here
+    if verb == "drain":
+        running = meta.running and meta.current is not None
+        drained = machine.drain(txn, meta, now, effects)
+        changed = Changed(index, True, drained, kept_running=running)
+    else:
+        paused = machine.set_paused(meta, verb == "pause", now, effects)
+        changed = Changed(index, paused)
+    if changed.changed:
+        machine.namespace.save_meta(txn, meta)
+    return changed
 
 
 def producer_machine(pool: str, index: int, options: PoolOptions) -> QueueMachine:

@@ -23,41 +23,20 @@ the wake-up (or, if lost, the poll) has the owner start the due work at once.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
 
-from dopool._across import producer_machine
+from dopool._across import Changed, Verb, producer_machine, transition
 from dopool._connect import Connection
 from dopool._errors import ConfigurationError
 from dopool._layout import get_pool
-from dopool._machine import Effects
 from dopool._options import PoolOptions
 from dopool._storage import Txn
 
-Verb = Literal["pause", "resume", "drain"]
 #: The dedup window a drain here releases keys with. The owner's is not stored, so the
 #: drained events' keys are stamped with their finish rather than removed (what a window
 #: of 0 does): the owner's lookups then hold each for its own window, whatever it is, and
 #: its sweeps remove them after. This window only keeps this drain from sweeping any.
 STAMP_WINDOW = 1e9
 VERBS: tuple[Verb, ...] = ("pause", "resume", "drain")
-
-
-@dataclass(frozen=True, slots=True)
-class Changed:
-    """What one instance's transaction did.
-
-    Attributes:
-        index: the instance.
-        changed: whether its stored state changed (a pause of a paused one does not).
-        drained: events a drain removed (0 for pause and resume).
-        kept_running: a drain kept the event whose attempt was running.
-    """
-
-    index: int
-    changed: bool
-    drained: int = 0
-    kept_running: bool = False
 
 
 def control(
@@ -84,18 +63,7 @@ def control(
         indices = _chosen(pool, concurrency, index)
         answers = []
         for i in indices:
-            machine = producer_machine(pool, i, options)
-            meta = machine.namespace.load_meta(txn)
-            effects = Effects()  # its events are the owner's to publish: none here
-            if verb == "drain":
-                running = meta.running and meta.current is not None
-                drained = machine.drain(txn, meta, now, effects)
-                changed = Changed(i, True, drained, kept_running=running)
-            else:
-                changed = Changed(i, machine.set_paused(meta, verb == "pause", now, effects))
-            if changed.changed:
-                machine.namespace.save_meta(txn, meta)
-            answers.append(changed)
+            answers.append(transition(txn, producer_machine(pool, i, options), i, verb, now))
         return answers
 
     answers = connection.write(pool, body)

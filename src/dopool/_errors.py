@@ -22,7 +22,7 @@ Every exception derives from :class:`DopoolError`::
     │   ├── DamagedRecordError a stored record failed its checksum or its layout
     │   └── StoreClosedError   a write after the store closed (an abandoned handler's)
     ├── InstanceCrashedError   the instance died while the call was waiting on it
-    ├── NotLeasedError         a shared worker's control call to an instance another serves
+    ├── NotLeasedError         a shared worker's cancel or redrive on another's instance
     ├── SimulationStalledError a wait under virtual time that nothing can end
     ├── PermanentError         raised by a handler: dead-letter this event now
     └── RetryAfter             raised by a handler: retry after exactly ``seconds``
@@ -345,8 +345,8 @@ class InstanceCrashedError(DopoolError):
 
 
 class NotLeasedError(DopoolError):
-    """A control call to an instance that another worker process serves (a shared
-    runtime's); an enqueue there is stored instead, as a producer's is.
+    """A cancel, redrive or purge on an instance that another worker process serves (a
+    shared runtime's); an enqueue, pause, resume or drain there is made in the store.
 
     Attributes:
         instance_id: the instance, ``"pool:index"``.
@@ -356,7 +356,7 @@ class NotLeasedError(DopoolError):
         self.instance_id = instance_id
         super().__init__(
             f"instance {instance_id} is served by another worker process (it holds its "
-            "lease); act on it with dopool pause|resume|drain, or call the worker serving it"
+            "lease); call the worker serving it, or stop the workers for a redrive or purge"
         )
 
 

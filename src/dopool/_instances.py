@@ -3,13 +3,13 @@ concurrency (:func:`record_concurrency`); what a pool uses of its runtime (:clas
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from dopool._across import Away
+from dopool._across import Away, Verb
 from dopool._errors import ConfigurationError, DopoolError, NotLeasedError
 from dopool._layout import Namespace, follow_ups_to
 from dopool._mailbox import Mailbox
@@ -90,6 +90,23 @@ class Instances:
             assert refused is not None, "an exclusive runtime serves every instance here"
             return refused
         return self.away.enqueue(items, groups, None if refused else table, results)
+
+    def control(self, verb: Verb, indices: Sequence[int], call: Callable[[int], Any]) -> list[Any]:
+        """A shared worker's pause, resume or drain, each instance's answer: those another
+        worker serves changed in the store (:meth:`Away.control`), then those here by
+        ``call(index)``, one at a time (one released since the table was published: in
+        the store too)."""
+        assert self.away is not None, "only a shared worker has instances served elsewhere"
+        away, table = self.away, self.router.table
+        elsewhere = [i for i in indices if i not in table.here]
+        answers = {c.index: c.drained for c in away.control(verb, elsewhere)} if elsewhere else {}
+        for index in indices:
+            if index in table.here:
+                try:
+                    answers[index] = call(index)
+                except NotLeasedError:
+                    answers[index] = away.control(verb, [index])[0].drained
+        return [answers[index] for index in indices]
 
     def submit(self, item: Item, partition_key: str | None) -> tuple[int, Reply]:
         """Send one event to the instance it routes to: that instance's index, and the

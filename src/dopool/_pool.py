@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, Unpack
 
+from dopool._across import Verb
 from dopool._calls import Calls
 from dopool._direct import DirectEnqueue
 from dopool._errors import (
@@ -55,6 +56,10 @@ _default_runtime: list[Callable[[], Runtime]] = []
 def provide_default_runtime(factory: Callable[[], Runtime]) -> None:
     """Register what makes the process default runtime (called once, by its module)."""
     _default_runtime[:] = [factory]
+
+
+#: The control messages a shared worker makes in the store for instances others serve.
+_VERBS: dict[Any, Verb] = {Pause: "pause", Resume: "resume", Drain: "drain"}
 
 
 class WorkerPool:
@@ -365,7 +370,10 @@ class WorkerPool:
         self._check_open()
         indices = self._indices(index)
         self._refuse_own_instance(index)
-        return self._calls.send_each([(i, message) for i in indices])
+        verb = _VERBS.get(message)
+        if verb is None or self._instances.away is None:  # all here (but a shared worker's)
+            return self._calls.send_each([(i, message) for i in indices])
+        return self._instances.control(verb, indices, lambda i: self._calls.call(i, message))
 
     # -- reading committed state -------------------------------------------------
     def status(self) -> PoolStatus:

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import click
 
+from dopool._across import Changed, Verb
 from dopool._cli._terminal import _clean
 from dopool._connect import connect
-from dopool._control import Changed, Verb, control
+from dopool._control import control
 
 DONE = {"pause": "paused", "resume": "resumed", "drain": "drained"}
 ALREADY = {"pause": "already paused", "resume": "not paused"}
