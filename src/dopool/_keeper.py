@@ -14,8 +14,9 @@ Then, in a shared runtime:
 
 An instance not served here is *vacant*: its mailbox has no actor, and a caller's
 message to it fails with :class:`~dopool._errors.NotLeasedError` (an enqueue, pause,
-resume or drain is then made in the store instead, see :mod:`dopool._across`). An exclusive runtime
-starts every instance itself; its keeper only writes and renews their leases.
+resume or drain is then made in the store instead, see :mod:`dopool._across`). An
+exclusive runtime starts every instance itself; its keeper only writes and renews
+their leases.
 
 After a renewal that changed what this process serves, or whom a lease names, the
 keeper tells each pool's router actor (:mod:`dopool._placement`), which publishes the
