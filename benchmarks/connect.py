@@ -31,7 +31,7 @@ from pathlib import Path
 from unittest.mock import patch
 
 import dopool
-from benchmarks.harness import percentile
+from benchmarks.harness import latency_line
 from dopool import EventContext, Runtime
 from dopool._watch import StoreWatcher
 
@@ -89,15 +89,6 @@ def measure(
     return latencies
 
 
-def _line(name: str, latencies: Sequence[float]) -> str:
-    ordered = sorted(latencies)
-    p50, p99 = percentile(ordered, 0.50), percentile(ordered, 0.99)
-    return (
-        f"{name:<10} {len(ordered):>5} events   p50 {p50 * 1e3:8.2f} ms   "
-        f"p99 {p99 * 1e3:8.2f} ms   max {ordered[-1] * 1e3:8.2f} ms"
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.connect", description=__doc__)
     parser.add_argument("--samples", type=int, default=300, help="events with wake-ups")
@@ -116,9 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     poll, durability = args.poll_interval, args.durability
     woken = measure(args.samples, 0.005, 0.015, wake_ups=True, poll=poll, durability=durability)
-    print(_line("wake-up", woken), flush=True)
+    print(latency_line("wake-up", woken), flush=True)
     polled = measure(args.poll_samples, 0.02, 0.2, wake_ups=False, poll=poll, durability=durability)
-    print(_line("poll only", polled))
+    print(latency_line("poll only", polled))
     return 0
 
 

@@ -282,6 +282,18 @@ def percentile(values: Sequence[float], fraction: float) -> float:
     return ordered[rank - 1]
 
 
+def latency_line(name: str, seconds: Sequence[float], *, minimum: bool = False) -> str:
+    """One line of a latency summary in milliseconds: p50, p99 and the maximum, and the
+    minimum first if asked."""
+    ordered = sorted(seconds)
+    low = f"min {ordered[0] * 1e3:7.2f} ms   " if minimum else ""
+    return (
+        f"{name:<10} {len(ordered):>5} events   {low}"
+        f"p50 {percentile(ordered, 0.50) * 1e3:8.2f} ms   "
+        f"p99 {percentile(ordered, 0.99) * 1e3:8.2f} ms   max {ordered[-1] * 1e3:8.2f} ms"
+    )
+
+
 def memory_kib() -> dict[str, int]:
     """This process's resident memory in KiB, from /proc/self/status (Linux only)."""
     gc.collect()

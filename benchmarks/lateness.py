@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.harness import percentile
+from benchmarks.harness import latency_line
 from dopool import EventContext, Runtime
 
 TIMEOUT = 300.0
@@ -61,15 +61,6 @@ def measure(
     return lateness
 
 
-def line(name: str, values: Sequence[float]) -> str:
-    ordered = sorted(values)
-    p50, p99 = percentile(ordered, 0.50), percentile(ordered, 0.99)
-    return (
-        f"{name:<10} {len(ordered):>5} events   min {ordered[0] * 1e3:7.2f} ms   "
-        f"p50 {p50 * 1e3:7.2f} ms   p99 {p99 * 1e3:7.2f} ms   max {ordered[-1] * 1e3:7.2f} ms"
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.lateness", description=__doc__)
     parser.add_argument("--samples", type=int, default=400, help="events of each kind")
@@ -86,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         values = measure(
             args.samples, args.low, args.high, delayed=delayed, durability=args.durability
         )
-        print(line(name, values), flush=True)
+        print(latency_line(name, values, minimum=True), flush=True)
     return 0
 
 
