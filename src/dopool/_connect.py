@@ -30,6 +30,7 @@ import lmdb
 
 from dopool._across import Share, producer_machine, settle, store_shares
 from dopool._clock import RealClock
+from dopool._control import cancel, control
 from dopool._errors import (
     ConfigurationError,
     DopoolError,
@@ -242,10 +243,11 @@ class Connection:
 
 
 class ProducerPool:
-    """A pool of a store, as a producer sees it: enqueue and read, nothing else.
+    """A pool of a store, as a producer sees it: enqueue, control and read.
 
     Enqueues are the owning runtime's enqueue transaction, with the same routing,
-    checks, limits and errors as :class:`WorkerPool`'s. Make one with
+    checks, limits and errors as :class:`WorkerPool`'s; pause, resume, drain and
+    cancel its own transitions (:mod:`dopool._control`). Make one with
     :meth:`Connection.pool`.
     """
 
@@ -402,6 +404,30 @@ class ProducerPool:
         if machine is None:
             machine = self._machines[index] = producer_machine(self._name, index, self._options)
         return machine
+
+    # -- control, from this process (dopool._control) ---------------------------------
+    def pause(self, index: int | None = None) -> None:
+        """Stop starting events on the pool, or on instance ``index``, as ``WorkerPool.pause``."""
+        control(self._connection, self._name, "pause", index)
+
+    def resume(self, index: int | None = None) -> None:
+        """Undo :meth:`pause`; the owner starts the due events at once."""
+        control(self._connection, self._name, "resume", index)
+
+    def drain(self, index: int | None = None) -> int:
+        """Remove every pending event but a running one; returns how many were removed."""
+        return sum(
+            changed.drained for changed in control(self._connection, self._name, "drain", index)
+        )
+
+    def cancel(self, event_id: str) -> bool:
+        """Cancel an event that has not started, or waits in backoff; whether it was (see
+        ``WorkerPool.cancel``; the owner emits no ``cancelled`` pool event for it).
+
+        Raises:
+            EventIdError: not an event id of this pool.
+        """
+        return cancel(self._connection, self._name, event_id)
 
     # -- reading committed state -------------------------------------------------------
     def status(self) -> PoolStatus:

@@ -1,4 +1,4 @@
-"""Live control from another process: pause, resume or drain a store's instances.
+"""Live control from another process: pause, resume and drain, and a producer's cancel.
 
 ``dopool pause``, ``resume`` and ``drain`` act on a store whether or not a runtime
 owns it. Each instance's change is the queue machine's own transition
@@ -9,8 +9,14 @@ instance's other changes, and it is durable when the call returns. Then the owne
 is woken (:mod:`dopool._watch`), whose next transaction on the instance reads the
 changed meta anew (its cached one no longer matches the stored bytes).
 
-A drained event's dedup key is released as the owner's own drain releases it, stamped
-with the drain's time (:data:`STAMP_WINDOW`).
+A producer's :meth:`~dopool.ProducerPool.cancel` is the same: the queue machine's
+:meth:`QueueMachine.cancel`, in one transaction of the connection, then the owner woken.
+An event whose attempt is running is not cancelled: the meta's ``running`` is committed
+before its handler starts, so it is seen here.
+
+A drained or cancelled event's dedup key is released as the owner's own drain releases
+it, stamped with the finish (:data:`STAMP_WINDOW`); a cancelled event is remembered the
+same way, for the owner's ``keep_finished`` (its lookups and sweeps judge the age).
 
 What the owner keeps in memory needs nothing more. Every start of an attempt is
 decided inside one of its write transactions from the meta as committed, so none
@@ -23,18 +29,26 @@ the wake-up (or, if lost, the poll) has the owner start the due work at once.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from dopool._across import Changed, Verb, producer_machine, transition
-from dopool._connect import Connection
-from dopool._errors import ConfigurationError
-from dopool._layout import get_pool
+from dopool._errors import ConfigurationError, PoolNotFoundError
+from dopool._layout import get_pool, pool_records
+from dopool._lifecycle import parse_event_id
+from dopool._machine import Effects
 from dopool._options import PoolOptions
 from dopool._storage import Txn
+
+if TYPE_CHECKING:  # the connection's pools call in here
+    from dopool._connect import Connection
 
 #: The dedup window a drain here releases keys with. The owner's is not stored, so the
 #: drained events' keys are stamped with their finish rather than removed (what a window
 #: of 0 does): the owner's lookups then hold each for its own window, whatever it is, and
 #: its sweeps remove them after. This window only keeps this drain from sweeping any.
+#: A cancel remembers its event with it as ``keep_finished``, for the same reason: the
+#: record's finish is stamped, the owner forgets it after its own ``keep_finished``, and
+#: no record the owner remembers is swept from here.
 STAMP_WINDOW = 1e9
 VERBS: tuple[Verb, ...] = ("pause", "resume", "drain")
 
@@ -71,6 +85,38 @@ def control(
         if answer.changed:
             connection.notify(pool, answer.index)
     return answers
+
+
+def cancel(connection: Connection, pool: str, event_id: str) -> bool:
+    """Cancel event ``event_id`` of ``pool`` unless it is running or finished; whether it
+    was. One transaction, durable when this returns; then the owner is woken.
+
+    Raises:
+        EventIdError: not an event id of this pool.
+        PoolClosedError: the connection is closed.
+    """
+    options = PoolOptions(
+        execute=_no_handler, dedup_window=STAMP_WINDOW, keep_finished=STAMP_WINDOW
+    )
+    now = connection.now()
+
+    def body(txn: Txn) -> tuple[int, bool]:
+        concurrency = get_pool(txn, pool)
+        if concurrency is None:  # pool records are never removed: a store replaced
+            known = sorted(pool_records(txn))
+            raise PoolNotFoundError(path=str(connection.path), pool=pool, known=known)
+        index, sequence = parse_event_id(event_id, pool, concurrency)
+        machine = producer_machine(pool, index, options)
+        meta = machine.namespace.load_meta(txn)
+        cancelled = machine.cancel(txn, meta, sequence, now, Effects())  # no pool event
+        if cancelled:
+            machine.namespace.save_meta(txn, meta)
+        return index, cancelled
+
+    index, cancelled = connection.write(pool, body)
+    if cancelled:
+        connection.notify(pool, index)
+    return cancelled
 
 
 def _chosen(pool: str, concurrency: int, index: int | None) -> Sequence[int]:
