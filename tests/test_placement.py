@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import pytest
 
-from dopool import EventContext, Runtime
+from dopool import EventContext, RetryAfter, RetryPolicy, Runtime
 from dopool._clock import Clock
 from dopool._keeper import LeaseKeeper
 from dopool._router import Router, RoutingTable
@@ -47,6 +47,8 @@ class Ran:
         def run(ctx: EventContext) -> None:
             with self.lock:
                 self.log.append((who, ctx.instance_index, ctx.sequence))
+            if ctx.event == {"stuck": True}:
+                raise RetryAfter(3600)  # in backoff, holding up its instance's next event
 
         return run
 
@@ -81,10 +83,46 @@ def opened() -> Iterator[list[Runtime]]:
         runtime.close()
 
 
+def test_a_shared_workers_cancel_reaches_an_instance_another_serves(
+    store_path: Path, opened: list[Runtime]
+) -> None:
+    ran = Ran()
+    a = _worker(store_path, "a", ran, opened, poll_interval=3600)
+    b = _worker(store_path, "b", ran, opened, poll_interval=3600)
+    _renew(a)
+    until(lambda: _released(a), "a's excess released")
+    _renew(b)
+    _renew(a)
+    assert _table(a).here == frozenset({0, 1})
+    pool = a.pools["jobs"]
+    later = pool.enqueue_many([{"n": n} for n in range(4)], delay=3600)  # one per instance
+    assert {result.instance_index for result in later} == {0, 1, 2, 3}
+    assert all(pool.cancel(result.event_id) for result in later)  # 2 and 3 in the store
+    assert [i.cancelled for i in pool.status().instances] == [1, 1, 1, 1]
+    assert pool.status().pending == 0
+    assert not pool.cancel(later[3].event_id)  # finished (cancelled) already
+    assert b.pools["jobs"].event(later[3].event_id) is None  # keep_finished 0: forgotten
+    # An event of b's in backoff holds up the next; cancelled from a, b is woken (there is
+    # no poll) and runs the next one
+    # (Both enqueued in b, its own instance's: no wake-up of theirs is left to run it.)
+    key, theirs = _key_for(3), b.pools["jobs"]
+    stuck = theirs.enqueue({"stuck": True}, partition_key=key)
+    until(lambda: pool.status().instances[3].state == "backoff", "the stuck event's backoff")
+    after = theirs.enqueue({"x": 1}, partition_key=key)
+    assert pool.cancel(stuck.event_id)
+    until(lambda: ran.who_ran(after) == {"b"}, "b running the event after the cancelled one")
+
+
+def _key_for(index: int) -> str:
+    """A partition key that routes to instance ``index`` of the four."""
+    router = Router(4)
+    return next(f"k{n}" for n in range(1000) if router.choose(f"k{n}") == index)
+
+
 def _worker(path: Path, who: str, ran: Ran, opened: list[Runtime], **options: Any) -> Runtime:
     runtime = Runtime(path, shared=True, **{"lease_ttl": 30.0, **options})
     opened.append(runtime)
-    runtime.define("jobs", execute=ran.handler(who), concurrency=4)
+    runtime.define("jobs", execute=ran.handler(who), concurrency=4, retry=RetryPolicy())
     return runtime
 
 

@@ -22,7 +22,6 @@ from dopool import (
     ConfigurationError,
     EventContext,
     InstanceCrashedError,
-    NotLeasedError,
     Runtime,
     SimulatedClock,
     StoreLockedError,
@@ -164,8 +163,8 @@ def test_two_shared_runtimes_split_the_instances_and_serve_producers_in_order(
     until(lambda: len(_held(a)) == 2 and len(_held(b)) == 2, "a fair split")
     until(lambda: len({r.owner for r in _leases(a).values()}) == 2, "the split committed")
     assert _held(a) | _held(b) == {0, 1, 2, 3}
-    with pytest.raises(NotLeasedError, match="served by another worker"):
-        a.pools["jobs"].cancel(f"jobs:{min(_held(b))}:0")  # a call to an instance not here
+    # A cancel of an instance not here is made in the store: no such event there yet.
+    assert not a.pools["jobs"].cancel(f"jobs:{min(_held(b))}:0")
     with dopool.connect(store_path) as connection:
         producer = connection.pool("jobs")
         for number in range(80):
@@ -254,10 +253,10 @@ def test_an_instance_whose_lease_names_another_worker_commits_nothing(
     # Vacant here now: an enqueue is stored as a producer's, for the lease's holder.
     second = pool.enqueue({"second": True}, partition_key="p")
     assert second.instance_index == index
-    with pytest.raises(NotLeasedError, match=f"jobs:{index} is served by another worker"):
-        pool.cancel(second.event_id)
+    assert pool.cancel(second.event_id)  # in the store too, for the lease's holder
     meta = _metas(a)[index]
-    assert (meta.enqueued, meta.succeeded, meta.pending) == (2, 0, 2)  # its success lost
+    assert (meta.enqueued, meta.succeeded, meta.pending) == (2, 0, 1)  # its success lost
+    assert meta.cancelled == 1
     assert meta.current is not None  # the attempt stays started: the holder's recovery
 
 

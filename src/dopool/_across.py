@@ -141,6 +141,16 @@ class Away:
                 self._wake(answer.index, owner)
         return answers
 
+    def cancel(self, index: int, sequence: int) -> bool:
+        """Cancel event ``sequence`` of instance ``index`` in the store (the owner's own
+        transition, as a producer's cancel makes it), then wake the worker serving it."""
+        with self._store.write() as txn:
+            cancelled = cancel_in(txn, self._machine(index), sequence, self._clock.now())
+            owner = lease_owner(txn, self._pool, index)
+        if cancelled:
+            self._wake(index, owner)
+        return cancelled
+
 
 @dataclass(frozen=True, slots=True)
 class Changed:
@@ -174,6 +184,17 @@ def transition(txn: Txn, machine: QueueMachine, index: int, verb: Verb, now: flo
     if changed.changed:
         machine.namespace.save_meta(txn, meta)
     return changed
+
+
+def cancel_in(txn: Txn, machine: QueueMachine, sequence: int, now: float) -> bool:
+    """Cancel event ``sequence`` of ``machine``'s instance in ``txn``, its meta read anew
+    (unless it is running or finished: its ``running`` flag is committed before its
+    handler starts); whether it was. Its pool event is the owner's to publish: none here."""
+    meta = machine.namespace.load_meta(txn)
+    cancelled = machine.cancel(txn, meta, sequence, now, Effects())
+    if cancelled:
+        machine.namespace.save_meta(txn, meta)
+    return cancelled
 
 
 def producer_machine(pool: str, index: int, options: PoolOptions) -> QueueMachine:

@@ -31,11 +31,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from dopool._across import Changed, Verb, producer_machine, transition
+from dopool._across import Changed, Verb, cancel_in, producer_machine, transition
 from dopool._errors import ConfigurationError, PoolNotFoundError
 from dopool._layout import get_pool, pool_records
 from dopool._lifecycle import parse_event_id
-from dopool._machine import Effects
 from dopool._options import PoolOptions
 from dopool._storage import Txn
 
@@ -106,12 +105,7 @@ def cancel(connection: Connection, pool: str, event_id: str) -> bool:
             known = sorted(pool_records(txn))
             raise PoolNotFoundError(path=str(connection.path), pool=pool, known=known)
         index, sequence = parse_event_id(event_id, pool, concurrency)
-        machine = producer_machine(pool, index, options)
-        meta = machine.namespace.load_meta(txn)
-        cancelled = machine.cancel(txn, meta, sequence, now, Effects())  # no pool event
-        if cancelled:
-            machine.namespace.save_meta(txn, meta)
-        return index, cancelled
+        return index, cancel_in(txn, producer_machine(pool, index, options), sequence, now)
 
     index, cancelled = connection.write(pool, body)
     if cancelled:

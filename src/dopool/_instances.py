@@ -108,6 +108,19 @@ class Instances:
                     answers[index] = away.control(verb, [index])[0].drained
         return [answers[index] for index in indices]
 
+    def cancel(self, index: int, sequence: int, call: Callable[[int], Any]) -> bool:
+        """Cancel event ``sequence`` of instance ``index``: by ``call(index)`` if it is
+        served here, else (a shared worker's, or one released since the table was
+        published) in the store (:meth:`Away.cancel`)."""
+        away = self.away
+        if away is None or index in self.router.table.here:
+            try:
+                return bool(call(index))
+            except NotLeasedError:
+                if away is None:
+                    raise
+        return away.cancel(index, sequence)
+
     def submit(self, item: Item, partition_key: str | None) -> tuple[int, Reply]:
         """Send one event to the instance it routes to: that instance's index, and the
         reply, which answers a result list."""

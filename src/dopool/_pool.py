@@ -283,7 +283,10 @@ class WorkerPool:
         self._check_open()
         index, sequence = parse_event_id(event_id, self.name, self.concurrency)
         self._refuse_own_instance(index)
-        return bool(self._calls.send_each([(index, partial(Cancel, sequence))])[0])
+        send = self._calls.send_each
+        return self._instances.cancel(
+            index, sequence, lambda i: send([(i, partial(Cancel, sequence))])[0]
+        )
 
     # -- recurring schedules ----------------------------------------------------------
     def schedule(self, name: str, event: Any, **options: Unpack[ScheduleOptions]) -> ScheduleInfo:
