@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +24,7 @@ import dopool
 from cli_support import invoke
 from dopool._layout import LeaseRecord, Namespace, all_leases
 from dopool._router import Router
-from worker_support import WAIT, Evidence, Worker, acknowledged, produce, workers
+from worker_support import Evidence, Worker, acknowledged, produce, until, workers
 
 TTL = 1.5  # seconds; renewed every 0.5 s
 RERUN = 2.0  # seconds a rerun of the hung worker's attempt takes, in the other worker
@@ -42,16 +41,6 @@ def evidence() -> Iterator[Evidence]:
 @pytest.fixture
 def worker() -> Iterator[Callable[..., Worker]]:
     yield from workers()
-
-
-def until(predicate: Callable[[], bool], what: str) -> None:
-    """Wait for ``predicate`` (checked every 50 ms), at most ``WAIT`` seconds."""
-    pause = threading.Event()
-    for _ in range(int(WAIT / 0.05)):
-        if predicate():
-            return
-        pause.wait(0.05)
-    raise AssertionError(f"waited {WAIT} s for {what}")
 
 
 def leases(store: Path) -> dict[int, LeaseRecord]:

@@ -22,18 +22,7 @@ from dopool._clock import Clock
 from dopool._keeper import LeaseKeeper
 from dopool._router import Router, RoutingTable
 from dopool._types import EnqueueResult
-
-WAIT = 30.0
-
-
-def until(predicate: Callable[[], bool], what: str) -> None:
-    """Wait for ``predicate`` (checked every 20 ms), at most ``WAIT`` seconds."""
-    pause = threading.Event()
-    for _ in range(int(WAIT / 0.02)):
-        if predicate():
-            return
-        pause.wait(0.02)
-    raise AssertionError(f"waited {WAIT} s for {what}")
+from worker_support import WAIT, until
 
 
 class Ran:

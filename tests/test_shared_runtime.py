@@ -29,19 +29,9 @@ from dopool import (
 from dopool._layout import LeaseRecord, Namespace, all_leases, get_lease, put_lease
 from dopool._leases import LeaseBook
 from dopool._sim.storeview import open_view
+from worker_support import WAIT, until
 
-WAIT = 30.0
 TTL = 0.6  # renewed every 0.2 s
-
-
-def until(predicate: Callable[[], bool], what: str) -> None:
-    """Wait for ``predicate`` (checked every 20 ms), at most ``WAIT`` seconds."""
-    pause = threading.Event()
-    for _ in range(int(WAIT / 0.02)):
-        if predicate():
-            return
-        pause.wait(0.02)
-    raise AssertionError(f"waited {WAIT} s for {what}")
 
 
 class Ran:

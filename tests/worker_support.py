@@ -18,6 +18,16 @@ TESTS = Path(__file__).parent
 WAIT = 30.0  # the longest any wait here takes before the test fails
 
 
+def until(predicate: Callable[[], bool], what: str, every: float = 0.02) -> None:
+    """Wait for ``predicate`` (checked every ``every`` seconds), at most ``WAIT`` seconds."""
+    pause = threading.Event()
+    for _ in range(int(WAIT / every)):
+        if predicate():
+            return
+        pause.wait(every)
+    raise AssertionError(f"waited {WAIT} s for {what}")
+
+
 class Evidence:
     """The JSON lines the worker's handlers and subscriber write to a pipe, in order.
 
