@@ -53,7 +53,7 @@ back if anything raises.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dopool._errors import DamagedRecordError
 from dopool._layout.events import EventIndex
@@ -217,19 +217,28 @@ def _event_2(txn: Txn, key: bytes, value: bytes, new_key: bytes) -> None:
 
 def _from_3(txn: Txn) -> int:
     """Rewrite a format-3 store in ``txn`` as format 4; how many records changed."""
+    return _append_fields(txn, _LAYOUTS_3, meta=[0], other=[None])  # duplicates; dedup_key
+
+
+def _append_fields(
+    txn: Txn, layouts: dict[RecordKind, Layout], meta: list[Any], other: list[Any]
+) -> int:
+    """Append fields to every sound instance record of a kind in ``layouts`` (its layout
+    before): ``meta`` to a meta record, ``other`` to any other; how many changed. A record
+    damaged as found stays as found, and the newer format's checks find it so too."""
     changed = 0
     for key in _instance_keys(txn):
         parsed = parse_instance_key(key)
         if parsed is None:
             continue
-        layout = _LAYOUTS_3.get(parsed.kind)
+        layout = layouts.get(parsed.kind)
         if layout is None:
             continue
         try:
             fields = _laid_out(key, txn.get(key), layout)
         except DamagedRecordError:
-            continue  # damaged as found: format 4's checks find it so too
-        fields.append(0 if parsed.kind is RecordKind.META else None)
+            continue
+        fields += meta if parsed.kind is RecordKind.META else other
         txn.put(key, seal(key, pack(fields)))
         changed += 1
     return changed
@@ -281,22 +290,8 @@ def _from_4(txn: Txn) -> int:
 
 def _from_6(txn: Txn) -> int:
     """Rewrite a format-6 (or 5) store in ``txn`` as format 7; how many records changed."""
-    changed = 0
-    for key in _instance_keys(txn):
-        parsed = parse_instance_key(key)
-        if parsed is None:
-            continue
-        layout = _LAYOUTS_6.get(parsed.kind)
-        if layout is None:
-            continue
-        try:
-            fields = _laid_out(key, txn.get(key), layout)
-        except DamagedRecordError:
-            continue  # damaged as found: format 7's checks find it so too
-        fields += [0, None] if parsed.kind is RecordKind.META else [None]
-        txn.put(key, seal(key, pack(fields)))
-        changed += 1
-    return changed
+    # The meta's schedules and next_fire; an outbox entry's due.
+    return _append_fields(txn, _LAYOUTS_6, meta=[0, None], other=[None])
 
 
 # The records format 7 added fields to, by kind, with their format-6 layouts.
