@@ -76,13 +76,8 @@ def test_a_shared_workers_cancel_reaches_an_instance_another_serves(
     store_path: Path, opened: list[Runtime]
 ) -> None:
     ran = Ran()
-    a = _worker(store_path, "a", ran, opened, poll_interval=3600)
-    b = _worker(store_path, "b", ran, opened, poll_interval=3600)
-    _renew(a)
-    until(lambda: _released(a), "a's excess released")
-    _renew(b)
-    _renew(a)
-    assert _table(a).here == frozenset({0, 1})
+    # No poll within the test: only wake-ups make a worker look at its instances.
+    a, b = _split(store_path, ran, opened, poll_interval=3600)
     pool = a.pools["jobs"]
     later = pool.enqueue_many([{"n": n} for n in range(4)], delay=3600)  # one per instance
     assert {result.instance_index for result in later} == {0, 1, 2, 3}
@@ -113,6 +108,19 @@ def _worker(path: Path, who: str, ran: Ran, opened: list[Runtime], **options: An
     opened.append(runtime)
     runtime.define("jobs", execute=ran.handler(who), concurrency=4, retry=RetryPolicy())
     return runtime
+
+
+def _split(path: Path, ran: Ran, opened: list[Runtime], **options: Any) -> tuple[Runtime, Runtime]:
+    """Two workers on the store, settled: ``a`` serves instances 0 and 1, ``b`` 2 and 3,
+    and each table says so (a renewal of a's, then of b's, then of a's again)."""
+    a = _worker(path, "a", ran, opened, **options)
+    b = _worker(path, "b", ran, opened, **options)
+    _renew(a)
+    until(lambda: _released(a), "a's excess released")
+    _renew(b)
+    _renew(a)
+    assert _table(a).here == frozenset({0, 1})
+    return a, b
 
 
 def _keeper(runtime: Runtime) -> LeaseKeeper:
@@ -192,12 +200,7 @@ def test_only_the_router_actor_writes_the_table(
 
     monkeypatch.setattr(Router, "table", property(slot.__get__, write))
     ran = Ran()
-    a = _worker(store_path, "a", ran, opened)
-    b = _worker(store_path, "b", ran, opened)
-    _renew(a)
-    until(lambda: _released(a), "a's excess released")
-    _renew(b)
-    _renew(a)
+    a, b = _split(store_path, ran, opened)
     assert _table(a).version == 3
     assert _table(b).version == 2
     made = [write for write in writes if write[0] == "__init__"]
@@ -212,13 +215,7 @@ def test_a_shared_workers_enqueue_to_an_instance_another_serves_is_stored_and_ru
 ) -> None:
     ran = Ran()
     # No poll within the test: only the wake-up of the owner the table names starts them.
-    a = _worker(store_path, "a", ran, opened, poll_interval=3600)
-    b = _worker(store_path, "b", ran, opened, poll_interval=3600)
-    _renew(a)
-    until(lambda: _released(a), "a's excess released")
-    _renew(b)
-    _renew(a)
-    assert _table(a).here == frozenset({0, 1})
+    a, b = _split(store_path, ran, opened, poll_interval=3600)
     assert _table(a).owners[2:] == (_owner(b),) * 2
     pool = a.pools["jobs"]
     singles = [pool.enqueue({"n": n}) for n in range(8)]  # round-robin: all four instances
@@ -258,13 +255,8 @@ def test_a_shared_workers_pause_drain_and_resume_reach_the_instances_another_ser
     store_path: Path, opened: list[Runtime]
 ) -> None:
     ran = Ran()
-    a = _worker(store_path, "a", ran, opened, poll_interval=3600)
-    b = _worker(store_path, "b", ran, opened, poll_interval=3600)
-    _renew(a)
-    until(lambda: _released(a), "a's excess released")
-    _renew(b)
-    _renew(a)
-    assert _table(a).here == frozenset({0, 1})
+    # No poll within the test: only wake-ups make a worker look at its instances.
+    a, _ = _split(store_path, ran, opened, poll_interval=3600)
     pool = a.pools["jobs"]
     pool.pause()  # the whole pool: 0 and 1 by message, 2 and 3 in the store
     assert [i.state for i in pool.status().instances] == ["paused"] * 4
