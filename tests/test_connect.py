@@ -376,6 +376,38 @@ def test_wake_ups_send_one_alarm_until_the_actor_takes_it(tmp_path: Path) -> Non
     assert not (tmp_path / WAKE_SOCKET).exists()
 
 
+class _Queued:
+    """A wake-up socket holding ``count`` datagrams, then none (as a non-blocking one)."""
+
+    def __init__(self, count: int) -> None:
+        self.left = count
+
+    def recv(self, _size: int) -> bytes:
+        if not self.left:
+            raise BlockingIOError
+        self.left -= 1
+        return b"orders\x000"
+
+
+@pytest.mark.parametrize("extra", [-1, 0, 5])
+def test_a_run_of_datagrams_as_long_as_the_kernels_queue_polls_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: int
+) -> None:
+    """A producer's wake-up is dropped only when the socket's queue is full: a run of reads
+    that long may have lost one, so the watcher polls then, not a poll interval later."""
+    watcher = StoreWatcher(tmp_path, 3600, _NoStore())
+    try:
+        polls: list[int] = []
+        monkeypatch.setattr(watcher, "_poll", lambda: polls.append(1))
+        limit = watcher._queue_limit
+        watcher._receive(_Queued(limit + extra))  # type: ignore[arg-type]
+        assert len(polls) == (0 if extra < 0 else 1)
+        watcher._receive(_Queued(1))  # type: ignore[arg-type]  # a short run after it: no poll
+        assert len(polls) == (0 if extra < 0 else 1)
+    finally:
+        watcher.close()
+
+
 class _NoStore:
     def read(self) -> Any:
         raise AssertionError("no poll in this test")

@@ -11,7 +11,8 @@ does not know until it is told. Two ways tell it:
   <index>``, to the socket of the worker the instance's lease names (else, or if
   that one is not there, to ``wake.sock``), from a non-blocking socket, and never
   waits nor fails for it: with no owner, a dead owner's socket file or a full
-  buffer, the datagram is dropped.
+  queue, the datagram is dropped. (A full queue is noticed: once the reader has read
+  as many datagrams in a row as the kernel queues, it polls at once.)
 - **The poll.** Every ``poll_interval`` seconds the same thread compares each
   defined instance's stored meta with the bytes its last transaction left
   (``InstanceMemory.raw``) and wakes those another process changed. A lost
@@ -62,6 +63,16 @@ _MAX_ADDRESS = 107  # bytes of path a socket address holds (108 with its NUL)
 _MAX_DATAGRAM = 128  # a pool name (64) and an index, with room to spare
 _MAX_WORKERS = 64  # shared workers' socket addresses a producer keeps
 _BURST = 256  # datagrams read in a row before the poll's turn is checked again
+
+
+def _queue_limit() -> int:
+    """How many datagrams the kernel queues on a UNIX socket before a sender's is refused
+    (a non-blocking one's is then dropped): ``net.unix.max_dgram_qlen``, 10 by default."""
+    try:
+        with open("/proc/sys/net/unix/max_dgram_qlen", encoding="ascii") as limit:
+            return max(1, int(limit.read()))
+    except (OSError, ValueError):
+        return 10
 
 
 class WatchedStore(Protocol):
@@ -233,6 +244,11 @@ class StoreWatcher:
         self._store = store
         self._pools: dict[str, _Watched] = {}  # replaced whole, read without a lock
         self._socket = self._bind()
+        # Datagrams read since the socket was last found empty. A producer's wake-up is
+        # dropped only while the queue is full, so when a run of reads reaches the queue's
+        # limit one may have been: a poll then finds its instance at once.
+        self._queue_limit = _queue_limit()
+        self._unbroken = 0
         self._stop_read, self._stop_write = os.pipe()
         self._thread = threading.Thread(target=self._run, name="dopool-watch", daemon=True)
         self._thread.start()
@@ -301,8 +317,14 @@ class StoreWatcher:
         for _ in range(_BURST):
             try:
                 data = sock.recv(_MAX_DATAGRAM)
-            except OSError:  # none left (EAGAIN), or the socket failed: the poll goes on
+            except BlockingIOError:  # none left
+                unbroken, self._unbroken = self._unbroken, 0
+                if unbroken >= self._queue_limit:  # the queue was full: a wake-up lost?
+                    self._poll()
                 return
+            except OSError:  # the socket failed: the poll goes on
+                return
+            self._unbroken += 1
             target = parse_wake(data)
             if target is not None:
                 self._wake(*target)
