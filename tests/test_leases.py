@@ -20,7 +20,15 @@ from dopool._layout import (
     put_lease,
     seal,
 )
-from dopool._leases import LeaseBook, Renewal, Worker, check_lease_ttl, lease_owner, new_owner_id
+from dopool._leases import (
+    LeaseBook,
+    Renewal,
+    Worker,
+    check_lease_ttl,
+    fair_share,
+    lease_owner,
+    new_owner_id,
+)
 from dopool._storage import Store
 
 TTL = 10.0
@@ -93,13 +101,55 @@ def test_a_second_worker_gets_its_fair_share_once_the_first_releases_its_excess(
     assert [(t.index, t.epoch, t.expired) for t in taken] == [(2, 1, False), (3, 1, False)]
     owners = {index: r.owner for (_, index), r in _leases(store).items()}
     assert owners == {0: "host-1-a", 1: "host-1-a", 2: "host-1-b", 3: "host-1-b"}
-    # Fair share rounds up: 3 instances, 2 live workers (a's and b's presences expired)
-    # -> 2 each at most.
+    # 3 instances, 2 live workers (a's and b's presences expired): shares of 2 and 1.
     c = _book("c", pools={"odd": 3})
     d = _book("d", pools={"odd": 3})
     _renew(store, c, T0 + 100)
     _renew(store, d, T0 + 100)
-    assert _renew(store, c, T0 + 101).release == [("odd", 2)]
+    share = fair_share("odd", 3, 2, sorted(["host-1-c", "host-1-d"]).index("host-1-c"))
+    assert _renew(store, c, T0 + 101).release == [("odd", i) for i in range(share, 3)]
+
+
+def _settle(store: Store, books: list[LeaseBook], now: float) -> float:
+    """Renew each book in turn, releasing what it names, until nothing changes."""
+    for _ in range(10):
+        changed = False
+        for book in books:
+            renewal = _renew(store, book, now)
+            _release(store, book, renewal.release)
+            changed = changed or bool(renewal.taken or renewal.release)
+            now += 0.1
+        if not changed:
+            return now
+    raise AssertionError("the leases did not settle in 10 rounds")
+
+
+def test_three_workers_split_four_instances_two_one_one_and_the_extras_spread_over_pools(
+    store: Store,
+) -> None:
+    pools = {f"p{n}": 4 for n in range(6)}
+    books = [_book(name, pools=pools) for name in "abc"]
+    _settle(store, books, T0)
+    leases = _leases(store)
+    for pool in pools:  # every instance served, each worker 1 or 2 of it
+        served = [
+            sum(1 for (p, _), r in leases.items() if p == pool and r.owner == b.worker.owner)
+            for b in books
+        ]
+        assert sorted(served) == [1, 1, 2], (pool, served)
+    # Over six pools, each worker serves 8 instances: the extra one turns with the pool.
+    assert [len(book.held) for book in books] == [8, 8, 8]
+
+
+@pytest.mark.parametrize("concurrency", [1, 2, 3, 4, 5, 7, 16])
+@pytest.mark.parametrize("live", [1, 2, 3, 5])
+def test_fair_shares_add_up_to_the_pool_and_differ_by_one_at_most(
+    concurrency: int, live: int
+) -> None:
+    for pool in ("jobs", "mail", "x"):
+        shares = [fair_share(pool, concurrency, live, rank) for rank in range(live)]
+        assert sum(shares) == concurrency
+        assert max(shares) - min(shares) <= 1
 
 
 def test_an_expired_lease_is_taken_over_with_the_next_epoch_and_the_old_holder_loses_it(

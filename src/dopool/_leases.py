@@ -14,10 +14,11 @@ At each renewal a worker (one transaction, under the store's writer lock):
 1. writes its presence, and counts the live workers (presences not expired);
 2. extends each lease it holds, if the record still names it and its epoch;
    one that names another (taken over while this worker hung) is **lost**;
-3. per pool, with ``fair = ceil(concurrency / live workers)``: holding more than
-   ``fair``, it names the excess to **release** (its instances stop gracefully,
-   then :meth:`LeaseBook.release` deletes the lease); holding fewer, it **takes**
-   free leases and expired ones, up to ``fair``. A lease taken over from another
+3. per pool, with ``fair`` its share (:func:`fair_share`: the instances split as
+   evenly as they go among the live workers): holding more than ``fair``, it names
+   the excess to **release** (its instances stop gracefully, then
+   :meth:`LeaseBook.release` deletes the lease); holding fewer, it **takes** free
+   leases and expired ones, up to ``fair``. A lease taken over from another
    worker after it expired gets ``epoch + 1``, and its instance's recovery counts a
    restart.
 
@@ -33,7 +34,6 @@ only this worker rewrites its own lease, and any other writer's record differs.
 
 from __future__ import annotations
 
-import math
 import os
 import secrets
 import socket
@@ -54,6 +54,7 @@ from dopool._layout import (
     put_lease,
     put_presence,
 )
+from dopool._router import stable_hash
 
 Txn = Any
 
@@ -208,16 +209,17 @@ class LeaseBook:
         me = self.worker
         until = now + self.ttl
         put_presence(txn, me.owner, PresenceRecord(me.pid, me.host, until))
-        live = 1
+        owners = [me.owner]  # the live workers'
         gone = []
         for owner, presence in list(all_presences(txn)):
             if owner == me.owner:
                 continue
             if presence.expires_at > now:
-                live += 1
+                owners.append(owner)
             else:  # a dead (or hung) worker's: it writes it again if it wakes
                 delete_presence(txn, owner)
                 gone.append((owner, presence))
+        live, rank = len(owners), sorted(owners).index(me.owner)
         renewal = Renewal(live=live, gone=gone)
         held = dict(self._held)
         for (pool, index), lease in sorted(held.items()):
@@ -229,7 +231,7 @@ class LeaseBook:
                 del held[(pool, index)]
                 self._releasing.discard((pool, index))
         for pool, concurrency in sorted(self._pools.items()):
-            fair = concurrency if self.exclusive else math.ceil(concurrency / live)
+            fair = concurrency if self.exclusive else fair_share(pool, concurrency, live, rank)
             mine = sorted(index for p, index in held if p == pool)
             staying = [i for i in mine if (pool, i) not in self._releasing]
             if len(staying) > fair:
@@ -289,3 +291,13 @@ class LeaseBook:
             self._held = {where: h for where, h in self._held.items() if where in kept}
             self._releasing.clear()
             delete_presence(txn, self.worker.owner)
+
+
+def fair_share(pool: str, concurrency: int, live: int, rank: int) -> int:
+    """How many of ``pool``'s instances the live worker ``rank`` (its place among the
+    live workers' owner ids, sorted) aims at: ``concurrency // live``, and one more for
+    ``concurrency % live`` of the workers, so that the shares add up to ``concurrency``
+    (3 workers on 4 instances serve 2, 1 and 1). Which workers take one more turns with
+    the pool (a stable hash of its name), so that over several pools they even out."""
+    base, extra = divmod(concurrency, live)
+    return base + int((rank - stable_hash(pool)) % live < extra)
