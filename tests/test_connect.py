@@ -351,11 +351,13 @@ def test_hostile_datagrams_are_ignored(store_path: Path) -> None:
 
 
 class _Mailbox:
-    def __init__(self) -> None:
+    def __init__(self, *, vacant: bool = False) -> None:
         self.alarms = 0
+        self.vacant = vacant
 
-    def fire_alarm(self) -> None:
+    def fire_alarm(self) -> bool:
         self.alarms += 1
+        return not self.vacant
 
 
 def test_wake_ups_send_one_alarm_until_the_actor_takes_it(tmp_path: Path) -> None:
@@ -374,6 +376,24 @@ def test_wake_ups_send_one_alarm_until_the_actor_takes_it(tmp_path: Path) -> Non
     finally:
         watcher.close()
     assert not (tmp_path / WAKE_SOCKET).exists()
+
+
+def test_a_wake_up_no_actor_took_holds_back_no_later_one(tmp_path: Path) -> None:
+    """A shared worker polls an instance it does not serve yet (the alarm is dropped), then
+    takes its lease: the next wake-up, or poll, must still send an alarm."""
+    watcher = StoreWatcher(tmp_path, 3600, _NoStore())
+    try:
+        mailbox, memory = _Mailbox(vacant=True), InstanceMemory()
+        watcher.watch("orders", [Namespace("orders", 0)], [memory], [mailbox])  # type: ignore[list-item]
+        watcher._wake("orders", 0)
+        assert not memory.woken
+        mailbox.vacant = False  # the lease taken, an actor here
+        watcher._wake("orders", 0)
+        watcher._wake("orders", 0)
+        assert mailbox.alarms == 2
+        assert memory.woken
+    finally:
+        watcher.close()
 
 
 class _Queued:

@@ -37,8 +37,8 @@ class AlarmTarget(Protocol):
         """A stable tie break between equal times: ``(pool, index)``."""
         ...
 
-    def fire_alarm(self) -> None:
-        """Deliver an ``alarm`` message to the instance."""
+    def fire_alarm(self) -> object:
+        """Deliver an ``alarm`` message to the instance (what it returns is not used)."""
         ...
 
 

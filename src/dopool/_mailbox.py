@@ -148,8 +148,9 @@ class Mailbox:
         """Called by the actor when it has handled ``count`` messages."""
         self._activity.done(self.key, count)
 
-    def fire_alarm(self) -> None:
-        self.send(Alarm())
+    def fire_alarm(self) -> bool:
+        """Send the actor an alarm; False if no actor here can take it (see :meth:`send`)."""
+        return self.send(Alarm())
 
     def replace(
         self,

@@ -339,8 +339,12 @@ class StoreWatcher:
         memory = watched.memories[index]
         if memory.woken:
             return
-        memory.woken = True
-        watched.mailboxes[index].fire_alarm()
+        memory.woken = True  # before the send: the actor may begin on it at once
+        if not watched.mailboxes[index].fire_alarm():
+            # Dropped: no actor here (another worker's instance, or one this worker is
+            # only now taking). Marked woken, it would hold back every later wake-up
+            # and poll of an instance the worker serves from the next moment on.
+            memory.woken = False
 
     def _poll(self) -> None:
         """Wake every instance whose stored meta is not what its last transaction left;
