@@ -22,6 +22,8 @@ from dopool import (
     ConfigurationError,
     EventContext,
     InstanceCrashedError,
+    NotLeasedError,
+    PermanentError,
     Runtime,
     SimulatedClock,
     StoreLockedError,
@@ -326,3 +328,35 @@ def test_follow_ups_reach_instances_the_other_worker_serves(
             return [Namespace("first", i).load_meta(txn).outbox for i in range(2)]
 
     until(lambda: outboxes() == [0, 0], "every delivery acknowledged")  # (local acks: async)
+
+
+def _poison(ctx: EventContext) -> None:
+    raise PermanentError("refused")
+
+
+def test_redrive_and_purge_of_another_workers_dead_letters_raise_not_leased(
+    store_path: Path, opened: list[Runtime]
+) -> None:
+    """docs/deployment.md, "What a shared worker does not do (yet)": the error names the
+    instance, and nothing changes; the worker serving it redrives them."""
+    a, b = (Runtime(store_path, shared=True, lease_ttl=TTL, poll_interval=0.05) for _ in "ab")
+    opened.extend([a, b])
+    pools = {
+        runtime: runtime.define("poison", execute=_poison, concurrency=2) for runtime in (a, b)
+    }
+    until(lambda: len(_held(a)) == 1 and len(_held(b)) == 1, "a split")
+    theirs = min(_held(b))
+    for number in range(4):  # round-robin from a: two on b's instance, stored for it
+        pools[a].enqueue({"n": number})
+    until(lambda: pools[a].status().dead_lettered == 4, "4 dead letters")
+    for act in (pools[a].redrive, pools[a].purge_dead_letters):
+        with pytest.raises(NotLeasedError) as raised:
+            act(index=theirs)
+        assert raised.value.instance_id == f"poison:{theirs}"
+        with pytest.raises(NotLeasedError):
+            act()  # the whole pool: refused before a's own instance acts
+        with pytest.raises(NotLeasedError):
+            act(error="refused")  # chosen by a filter: the same
+    assert [len(pools[a].dead_letters(index=i)) for i in range(2)] == [2, 2]
+    assert pools[b].redrive(index=theirs) == 2
+    until(lambda: pools[a].status().dead_lettered == 6, "the redriven ones dead again")

@@ -3,7 +3,7 @@ concurrency (:func:`record_concurrency`); what a pool uses of its runtime (:clas
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
@@ -120,6 +120,17 @@ class Instances:
                 if away is None:
                     raise
         return away.cancel(index, sequence)
+
+    def refuse_elsewhere(self, indices: Iterable[int]) -> None:
+        """Raise NotLeasedError if one of ``indices`` is served by another worker: a shared
+        worker's redrive or purge checks before it sends anything, so that it is refused
+        whole, not after the instances served here have acted."""
+        if self.away is None:
+            return  # every instance is served here
+        here = self.router.table.here
+        for index in sorted(indices):
+            if index not in here:
+                raise NotLeasedError(f"{self.name}:{index}")
 
     def submit(self, item: Item, partition_key: str | None) -> tuple[int, Reply]:
         """Send one event to the instance it routes to: that instance's index, and the

@@ -359,9 +359,11 @@ class WorkerPool:
         for addressed in [index] if among is None or index is not None else among:
             self._refuse_own_instance(addressed)
         if among is None and not filters.given:
+            self._instances.refuse_elsewhere(indices)
             return sum(self._each(index, partial(verb, None)))
         now = self._context.clock.now()
         picked = chosen(self._read_open, self._namespaces, indices, filters, now, among)
+        self._instances.refuse_elsewhere(picked)
         return sum(self._calls.send_each([(i, partial(verb, picked[i])) for i in sorted(picked)]))
 
     def _indices(self, index: int | None) -> range | list[int]:
