@@ -202,8 +202,7 @@ class LeaseKeeper:
             return
         supervisor = pool.supervisors[taken.index]
         pool.memories[taken.index].forget()
-        supervisor.reopen()
-        supervisor.start()
+        supervisor.reopen()  # starts the actor
         logger.info(
             "took the lease of %s:%d (epoch %d%s)",
             taken.pool,

@@ -98,12 +98,14 @@ class Mailbox:
             self._ref = None
             self._vacant = True
 
-    def reopen(self) -> None:
-        """Take messages again after :meth:`close`, for an actor :meth:`attach` puts here."""
+    def reopen(self, ref: pykka.ActorRef[Any]) -> None:
+        """Take messages again after :meth:`close` or :meth:`vacate`, for the actor ``ref``
+        (a shared runtime's, taking the instance's lease): closed or vacant until this
+        returns, served after, with no moment between when a message would be dropped."""
         with self._lock:
             self._closed = False
             self._vacant = False
-            self._ref = None
+            self._ref = ref
             self._kept = None
 
     def send(self, message: Any) -> bool:

@@ -125,15 +125,20 @@ class Supervisor:
         self.mailbox.attach(self._start(self._kill))
 
     def reopen(self) -> None:
-        """Make a closed (or never started) instance startable again, as new: a shared
-        runtime's instance whose lease it takes (:mod:`dopool._keeper`)."""
+        """Start a closed (or never started) instance again, as new: a shared runtime's
+        instance whose lease it takes (:mod:`dopool._keeper`).
+
+        The address goes from vacant to served in one step (``Mailbox.reopen``): a
+        follow-up sent meanwhile is either delivered through the store (vacant) or
+        reaches the new actor, never dropped by an address that is neither.
+        """
         with self._lock:
-            self.mailbox.reopen()
-            self._kill = KillFlag()
+            kill = self._kill = KillFlag()
             self.kill_reason = None
             self._recovering = False
             self._unrecorded = 0
             self.crash_streak = 0
+        self.mailbox.reopen(self._start(kill))
 
     def vacate(self) -> None:
         """Leave the address without an actor, refusing callers: not served here."""
