@@ -360,3 +360,28 @@ def test_redrive_and_purge_of_another_workers_dead_letters_raise_not_leased(
     assert [len(pools[a].dead_letters(index=i)) for i in range(2)] == [2, 2]
     assert pools[b].redrive(index=theirs) == 2
     until(lambda: pools[a].status().dead_lettered == 6, "the redriven ones dead again")
+
+
+def test_a_worker_not_serving_instance_0_defines_and_removes_schedules_in_the_store(
+    store_path: Path, opened: list[Runtime]
+) -> None:
+    """Every worker's app defines its schedules at start-up (docs/deployment.md); in the
+    worker another one's instance 0 is served by, that is instance 0's own transition made
+    in the store, then its owner is woken (the poll is an hour here)."""
+    fired = threading.Event()
+
+    def tick(ctx: EventContext) -> None:
+        fired.set()
+
+    runtimes = [Runtime(store_path, shared=True, lease_ttl=TTL, poll_interval=3600) for _ in "ab"]
+    opened.extend(runtimes)
+    a, b = (runtime.define("ticks", execute=tick, concurrency=2) for runtime in runtimes)
+    until(lambda: len(_held(runtimes[0])) == 1 and len(_held(runtimes[1])) == 1, "a split")
+    other = b if 0 in _held(runtimes[0]) else a
+    assert other.schedule("tick", "tick", every=0.2).name == "tick"
+    assert other.schedule("tick", "tick", every=0.2).every == 0.2  # again: the same one
+    assert fired.wait(WAIT)  # the owner re-armed at once
+    assert [info.name for info in a.schedules()] == ["tick"]
+    assert other.unschedule("tick")
+    assert not other.unschedule("tick")
+    assert b.schedules() == []

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from dopool._errors import DopoolError
 from dopool._leases import lease_owner
 from dopool._machine import Effects, QueueMachine
-from dopool._messages import Item
+from dopool._messages import Control, Item, Reply
 from dopool._options import PoolOptions
 from dopool._router import Positions, RoutingTable, pick, place
 from dopool._storage import Store, Txn
@@ -141,15 +141,18 @@ class Away:
                 self._wake(answer.index, owner)
         return answers
 
-    def cancel(self, index: int, sequence: int) -> bool:
-        """Cancel event ``sequence`` of instance ``index`` in the store (the owner's own
-        transition, as a producer's cancel makes it), then wake the worker serving it."""
+    def apply(self, index: int, message: Callable[[Reply], Control]) -> Any:
+        """Make a control message's transition on instance ``index`` in the store, as a
+        producer makes it (its pool events are the owner's to publish: none here), then
+        wake the worker serving it, whose next transaction reads the meta anew."""
+        machine, control = self._machine(index), message(Reply())
         with self._store.write() as txn:
-            cancelled = cancel_in(txn, self._machine(index), sequence, self._clock.now())
+            meta = machine.namespace.load_meta(txn)
+            result = control.apply(machine, txn, meta, self._clock.now(), Effects())
+            machine.namespace.save_meta(txn, meta)
             owner = lease_owner(txn, self._pool, index)
-        if cancelled:
-            self._wake(index, owner)
-        return cancelled
+        self._wake(index, owner)
+        return result
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dopool._across import Away, Verb
 from dopool._errors import ConfigurationError, DopoolError, NotLeasedError
@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from dopool._clock import Clock
     from dopool._storage import Txn
     from dopool._waits import WaitGraph
+
+T = TypeVar("T")
 
 
 class Instances:
@@ -108,18 +110,18 @@ class Instances:
                     answers[index] = away.control(verb, [index])[0].drained
         return [answers[index] for index in indices]
 
-    def cancel(self, index: int, sequence: int, call: Callable[[int], Any]) -> bool:
-        """Cancel event ``sequence`` of instance ``index``: by ``call(index)`` if it is
-        served here, else (a shared worker's, or one released since the table was
-        published) in the store (:meth:`Away.cancel`)."""
-        away = self.away
-        if away is None or index in self.router.table.here:
+    def either(self, index: int, here: Callable[[int], T], away: Callable[[Away], T]) -> T:
+        """``here(index)`` if instance ``index`` is served here, else ``away(self.away)``:
+        the same change made in the store (a shared worker's, for an instance another
+        worker serves or one released since the table was published)."""
+        elsewhere = self.away
+        if elsewhere is None or index in self.router.table.here:
             try:
-                return bool(call(index))
+                return here(index)
             except NotLeasedError:
-                if away is None:
+                if elsewhere is None:
                     raise
-        return away.cancel(index, sequence)
+        return away(elsewhere)
 
     def refuse_elsewhere(self, indices: Iterable[int]) -> None:
         """Raise NotLeasedError if one of ``indices`` is served by another worker: a shared

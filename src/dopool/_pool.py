@@ -26,6 +26,7 @@ from dopool._layout import Namespace, follow_ups_to
 from dopool._lifecycle import lookup, parse_event_id
 from dopool._messages import (
     Cancel,
+    Control,
     DefineSchedule,
     Drain,
     Enqueue,
@@ -283,10 +284,7 @@ class WorkerPool:
         self._check_open()
         index, sequence = parse_event_id(event_id, self.name, self.concurrency)
         self._refuse_own_instance(index)
-        send = self._calls.send_each
-        return self._instances.cancel(
-            index, sequence, lambda i: send([(i, partial(Cancel, sequence))])[0]
-        )
+        return bool(self._act(index, partial(Cancel, sequence)))
 
     # -- recurring schedules ----------------------------------------------------------
     def schedule(self, name: str, event: Any, **options: Unpack[ScheduleOptions]) -> ScheduleInfo:
@@ -300,13 +298,21 @@ class WorkerPool:
         self._check_open()
         self._refuse_own_instance(0)
         spec = definition(name, event, options, self._schema)
-        return schedule_info(self._calls.send_each([(0, partial(DefineSchedule, spec))])[0])
+        return schedule_info(self._act(0, partial(DefineSchedule, spec)))
 
     def unschedule(self, name: str) -> bool:
         """Remove the recurring schedule ``name``; whether there was one."""
         self._check_open()
         self._refuse_own_instance(0)
-        return bool(self._calls.send_each([(0, partial(Unschedule, name))])[0])
+        return bool(self._act(0, partial(Unschedule, name)))
+
+    def _act(self, index: int, message: Callable[[Reply], Control]) -> Any:
+        """Instance ``index``'s answer to ``message``: from its actor, or, in a shared worker
+        while another worker serves it, the same transition made in the store."""
+        send = self._calls.send_each
+        return self._instances.either(
+            index, lambda i: send([(i, message)])[0], lambda away: away.apply(index, message)
+        )
 
     def schedules(self) -> list[ScheduleInfo]:
         """The recurring schedules as committed, by name; never waits for an instance."""
