@@ -68,6 +68,13 @@ def app(runtime: Runtime) -> None:
     )
 
 
+def scheduled(runtime: Runtime) -> None:
+    """``app``, and a recurring schedule defined at start-up, as an app run by every
+    worker defines its schedules."""
+    app(runtime)
+    runtime.pools["jobs"].schedule("tick", {"p": "tick", "k": 0}, every=3600)
+
+
 def raises(_runtime: Runtime) -> None:
     raise RuntimeError("the app is broken")
 

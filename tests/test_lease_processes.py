@@ -217,3 +217,17 @@ def test_a_graceful_stop_hands_over_at_once_and_status_shows_the_owners(
     assert {record.epoch for record in leases(store_path).values()} == {1}
     assert restarts(store_path) == [0, 0, 0, 0]  # released, not expired: no restart
     assert staying.stop() == 0
+
+
+def test_a_second_worker_whose_app_defines_schedules_starts_beside_the_first(
+    store_path: Path, evidence: Evidence, worker: Callable[..., Worker]
+) -> None:
+    """The second worker's app defines the schedule while the first serves instance 0: the
+    definition is made in the store (the same one: nothing changes), not refused."""
+    first = worker(store_path, evidence, *WORKER_ARGS, app="scheduled", concurrency=4).ready()
+    second = worker(store_path, evidence, *WORKER_ARGS, app="scheduled", concurrency=4).ready()
+    until(lambda: len(set(served_by(store_path).values())) == 2, "a split between the two")
+    with dopool.connect(store_path) as connection:
+        assert [info.name for info in connection.pool("jobs").schedules()] == ["tick"]
+    assert first.stop() == 0
+    assert second.stop() == 0
