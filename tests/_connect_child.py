@@ -40,6 +40,7 @@ def produce(store: str, pool_name: str, producer: int, count: int) -> None:
             kind = k % 3
             if kind == 2:  # a batch of round-robin events
                 ks = list(range(k, min(k + BATCH, count)))
+                key = None
                 events = [{"p": producer, "k": n, "key": None} for n in ks]
                 results = pool.enqueue_many(events)
             else:
@@ -47,7 +48,7 @@ def produce(store: str, pool_name: str, producer: int, count: int) -> None:
                 ks = [k]
                 results = [pool.enqueue({"p": producer, "k": k, "key": key}, partition_key=key)]
             for n, result in zip(ks, results, strict=True):
-                line = {"p": producer, "k": n, "event_id": result.event_id}
+                line = {"p": producer, "k": n, "key": key, "event_id": result.event_id}
                 print(json.dumps({**line, "index": result.instance_index}), flush=True)
             k += len(ks)
     print("done", flush=True)

@@ -81,11 +81,10 @@ def test_a_worker_runs_what_producers_enqueue_and_stops_gracefully_on_sigterm(
         counts[(line["p"], line["k"])] += 1
     assert set(counts) == expected
     assert set(counts.values()) == {1}  # exactly once: nothing was interrupted
+    keys = {(line["p"], line["k"]): line["key"] for line in answered}  # as the producer sent
     by_partition: dict[tuple[Any, Any], list[int]] = defaultdict(list)
     for line in ran:
-        key = "gate" if line["p"] == "gate" else None
-        if line["p"] != "gate" and line["k"] % 3 == 1:  # _connect_child's keyed events
-            key = f"key-{line['k'] % 5}"
+        key = "gate" if line["p"] == "gate" else keys[(line["p"], line["k"])]
         if key is not None:
             by_partition[(line["p"], key)].append(line["k"])
     assert by_partition
