@@ -358,6 +358,8 @@ def test_redrive_and_purge_of_another_workers_dead_letters_raise_not_leased(
         with pytest.raises(NotLeasedError):
             act(error="refused")  # chosen by a filter: the same
     assert [len(pools[a].dead_letters(index=i)) for i in range(2)] == [2, 2]
+    with pytest.raises(NotLeasedError):
+        a.kill("poison", theirs)  # not this process's to crash
     assert pools[b].redrive(index=theirs) == 2
     until(lambda: pools[a].status().dead_lettered == 6, "the redriven ones dead again")
 

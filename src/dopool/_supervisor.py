@@ -20,7 +20,7 @@ from typing import Any
 import pykka
 
 from dopool._clock import Clock
-from dopool._errors import InstanceCrashedError, PoolClosedError
+from dopool._errors import InstanceCrashedError, NotLeasedError, PoolClosedError
 from dopool._inbox import Inbox
 from dopool._mailbox import Mailbox
 from dopool._messages import Kill, Message, Recover
@@ -165,10 +165,13 @@ class Supervisor:
 
         Raises:
             PoolClosedError: the runtime is closing.
+            NotLeasedError: another worker process serves the instance (a shared runtime's).
         """
         with self._lock:
             if self.mailbox.closed:
                 raise PoolClosedError(self.mailbox.pool)
+            if self.mailbox.vacant:  # (not closed: no actor here) another worker serves it
+                raise NotLeasedError(self.mailbox.key)
             if self._waiting is not None:
                 return
             if reason is not None and not self._kill.raised:
