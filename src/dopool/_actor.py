@@ -36,9 +36,9 @@ from dopool._instance import (
     PoolSpec,
     UndecodableEventError,
 )
-from dopool._layout import EventRecord, Meta, queue_key_sequence, unpack
+from dopool._layout import EventRecord, Meta, OutboxRecord, queue_key_sequence, unpack
 from dopool._machine import Effects, Started
-from dopool._mailbox import fail_reply
+from dopool._mailbox import Mailbox, fail_reply
 from dopool._messages import (
     Alarm,
     Control,
@@ -48,6 +48,7 @@ from dopool._messages import (
     HandedOff,
     Kill,
     Recover,
+    Redeliver,
     Resend,
 )
 from dopool._storage import Txn
@@ -79,7 +80,10 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             Kill: self._on_kill,
             HandedOff: self._on_handed_off,
             Resend: self._on_resend,
+            Redeliver: self._on_redeliver,
         }
+        # Sources asked to deliver again (a link went missing), until the link expected comes.
+        self._asked: set[tuple[str, int]] = set()
         self._resolve = partial(env.directory.resolve, own=spec.name)
 
     # pykka's extension points for an actor's inbox, future and loop: the clock's
@@ -395,18 +399,22 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
                 damage.reason,
             )
             return
+        source = self.mailbox_of(source_pool, source_index)
         if record.link > expected:
-            logger.error(
-                "instance %s: follow-up link %d from instance %s:%d arrived before link %d",
+            logger.warning(
+                "instance %s: follow-up link %d from instance %s:%d arrived before link %d; "
+                "asking for them again",
                 self._id,
                 record.link,
                 source_pool,
                 source_index,
                 expected,
             )
+            self._ask_again(source_pool, source_index, source)
             return
+        if record.link == expected:
+            self._asked.discard((source_pool, source_index))
         self._publish(meta, effects)
-        source = self.mailbox_of(source_pool, source_index)
         if source is None:  # not in this runtime: its recovery resends, and is acknowledged
             return
         ack = Delivered(message.oseq)
@@ -420,6 +428,29 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
                 self._save_meta(txn, meta)
 
         self._transact(body)
+
+    def _ask_again(self, pool: str, index: int, source: Mailbox | None) -> None:
+        """Ask the source to deliver its follow-ups for this instance again, once until the
+        link expected comes (each later early link would ask again). A source not served
+        here needs no asking: it delivers through the store, earlier links first."""
+        if source is None or source.vacant or (pool, index) in self._asked:
+            return
+        self._asked.add((pool, index))
+        redeliver = Redeliver(self._spec.name, self._index)
+        self._clock.deliver(source.order, partial(source.send, redeliver))
+
+    def _on_redeliver(self, message: Redeliver) -> None:
+        """A target missed a link: deliver the outbox's follow-ups for it again, in link
+        order (it acknowledges those it has as duplicates). Nothing to commit."""
+        with self._store.read() as txn:
+            entries = [
+                (oseq, entry)
+                for oseq, entry in self._ns.iter_outbox(txn)
+                if isinstance(entry, OutboxRecord)
+                and (entry.pool, entry.target) == (message.pool, message.target)
+            ]
+        for oseq, entry in sorted(entries, key=lambda item: item[1].link):
+            self._deliver(oseq, entry)
 
     def _on_resend(self, message: Resend) -> None:
         """A pool was defined: send the follow-ups held for it (nothing to commit)."""

@@ -13,7 +13,8 @@ A target takes link ``k`` from a source only if it is the next one it expects
 (its delivery mark for that source, keyed by the source's pool and index), so a
 resent duplicate is ignored and nothing is taken out of order; it then
 acknowledges it, and the source drops it from its outbox. Recovery resends the
-whole outbox.
+whole outbox, and so does a source asked again by a target that got a link early
+(``Redeliver``: an earlier one was lost on the way).
 """
 
 from __future__ import annotations

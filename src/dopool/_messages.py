@@ -198,6 +198,17 @@ class Resend(Message):
     pool: str
 
 
+@dataclass(frozen=True, slots=True)
+class Redeliver(Message):
+    """Target → source: a link arrived before the one the target expects (an earlier one
+    went missing): deliver the outbox's follow-ups for instance ``target`` of ``pool``
+    again, in link order."""
+
+    retried_after_crash: ClassVar[bool] = True
+    pool: str
+    target: int
+
+
 # -- control messages: each one transition of the queue machine --------------------------
 
 
