@@ -387,3 +387,20 @@ def test_a_worker_not_serving_instance_0_defines_and_removes_schedules_in_the_st
     assert other.unschedule("tick")
     assert not other.unschedule("tick")
     assert b.schedules() == []
+
+
+def test_a_worker_cannot_change_the_concurrency_other_live_workers_route_by(
+    store_path: Path, ran: Ran, opened: list[Runtime]
+) -> None:
+    """A rolling deploy that changes a pool's concurrency: the new worker is refused while
+    an old one lives (it would route by 4 while producers route by 2, and leave events
+    on instances nobody serves); once the old ones are gone, the change is made."""
+    a = _shared(store_path, "a", ran)  # concurrency 4
+    opened.append(a)
+    b = Runtime(store_path, shared=True, lease_ttl=TTL, poll_interval=0.05)
+    opened.append(b)
+    with pytest.raises(ConfigurationError, match=r"concurrency 4 by other live workers \(pid"):
+        b.define("jobs", execute=ran.handler("b"), concurrency=2)
+    assert a.pools["jobs"].status().concurrency == 4  # nothing changed
+    a.close()  # gracefully: its presence goes with it
+    assert b.define("jobs", execute=ran.handler("b"), concurrency=2).status().concurrency == 2

@@ -141,13 +141,23 @@ class Instances:
         return index, self.send(index, partial(Enqueue, (item,)))
 
 
-def record_concurrency(store: Store, name: str, concurrency: int) -> None:
+def record_concurrency(
+    store: Store, name: str, concurrency: int, others: Callable[[Txn], list[str]] | None = None
+) -> None:
     """Store the pool's concurrency, refusing a change while old instances hold work,
-    or while any pool's outbox holds follow-ups routed to its old instances."""
+    while any pool's outbox holds follow-ups routed to its old instances, or, for a shared
+    worker, while ``others(txn)`` names other live workers (they route by the old one)."""
     with store.write() as txn:
         previous = store.get_pool(txn, name)
         if previous == concurrency:
             return
+        live = [] if previous is None or others is None else others(txn)
+        if live:
+            raise ConfigurationError(
+                f"pool {name!r} is served with concurrency {previous} by other live workers "
+                f"({', '.join(live)}), which route by it; stop them before changing it to "
+                f"{concurrency} (a dead worker's presence expires within its lease ttl)"
+            )
         if previous is not None:
             for index in range(previous):
                 meta = Namespace(name, index).load_meta(txn)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dopool._errors import ConfigurationError
+from dopool._layout import all_presences
 from dopool._leases import RENEWALS, LeaseBook, Taken, Where, Worker, lease_owner
 from dopool._supervisor import Supervisor, recover_first
 from dopool._watch import Notifier, worker_socket
@@ -93,6 +94,15 @@ class LeaseKeeper:
     @property
     def shared(self) -> bool:
         return not self.book.exclusive
+
+    def others(self, txn: Txn) -> list[str]:
+        """The other live workers on the store (presences not expired), for an error."""
+        me, now = self.book.worker.owner, self._clock.now()
+        return [
+            f"pid {presence.pid} on {presence.host}"
+            for owner, presence in all_presences(txn)
+            if owner != me and presence.expires_at > now
+        ]
 
     def add_pool(
         self,

@@ -270,7 +270,8 @@ class Runtime:
                 raise PoolClosedError(name)
             if name in self._pools:
                 raise ConfigurationError(f"pool {name!r} is already defined in this runtime")
-            record_concurrency(self._store, name, concurrency)
+            others = self._keeper.others if self.shared and self._keeper else None
+            record_concurrency(self._store, name, concurrency, others)
             schema = options.schema
 
             def prepare_follow_up(event: Any, partition_key: str | None, priority: int) -> Item:
