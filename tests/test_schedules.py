@@ -161,6 +161,13 @@ def test_following_counts_the_fire_times_that_passed() -> None:
     assert nxt is not None
     assert nxt > 1.0
     assert passed == 8
+    # Where every is below the clock's resolution (here 2 s), the next fire is still after
+    # now (a loop adding every to a time that does not move would never end).
+    huge = ScheduleRecord("h", b"\xc0", 0.001, None, None, 0, 2.0**53)
+    nxt, passed = following(huge, 2.0**53)
+    assert nxt is not None
+    assert nxt > 2.0**53
+    assert passed >= 1
     cron = ScheduleRecord("c", b"\xc0", None, "* * * * *", None, 0, 60.0)
     assert following(cron, 60.0) == (120.0, 1)
     assert following(cron, 600.5) == (660.0, 10)
@@ -322,6 +329,8 @@ def test_the_schema_applies_and_the_event_is_checked_as_an_enqueue(sim: Runtime)
         ("s", {}, "every"),
         ("s", {"every": 1.0, "cron": "* * * * *"}, "every"),
         ("s", {"every": 0}, "every"),
+        ("s", {"every": 0.0009}, "every"),  # below MIN_EVERY: a flood, not a schedule
+        ("s", {"every": timedelta(microseconds=1)}, "every"),
         ("s", {"every": -1.0}, "every"),
         ("s", {"every": float("inf")}, "every"),
         ("s", {"every": True}, "every"),
@@ -466,3 +475,18 @@ def test_run_until_idle_fires_what_is_due_now_and_stops_before_the_next(sim: Run
     assert times(seen, "a") == [0.5]
     assert clock(sim).now() == 0.5
     assert pool.schedules()[0].next_at == 1.0
+
+
+def test_a_schedule_at_times_where_every_is_below_the_clocks_resolution_still_moves() -> None:
+    """At 2**53 s a float moves by 2 s: every=0.001 fires at each representable time, and
+    the clock moves on (the next fire was computed by adding every to a time it did not
+    change, for ever, inside instance 0's transaction)."""
+    start = 2.0**53
+    with Runtime.simulated(start=start) as runtime:
+        fired: list[float] = []
+        pool = runtime.define("p", execute=lambda ctx: fired.append(ctx.enqueued_at))
+        assert pool.schedule("tick", "t", every=0.001).every == 0.001  # the shortest allowed
+        assert isinstance(runtime.clock, SimulatedClock)
+        runtime.clock.run_until(start + 10)
+    assert fired
+    assert fired == sorted(set(fired))  # one occurrence per fire time, each later

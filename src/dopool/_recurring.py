@@ -68,7 +68,7 @@ def cron_after(expression: str, time: float) -> float | None:
 def first_fire(every: float | None, cron: str | None, now: float) -> float | None:
     """A new definition's first fire time."""
     if every is not None:
-        return now + every
+        return max(now + every, math.nextafter(now, math.inf))  # see following()
     assert cron is not None
     return cron_after(cron, now)
 
@@ -82,9 +82,9 @@ def following(record: ScheduleRecord, now: float) -> tuple[float | None, int]:
     if every is not None:
         passed = math.floor((now - at) / every) + 1
         nxt = at + passed * every
-        while nxt <= now:  # the division's rounding
-            passed += 1
-            nxt += every
+        if nxt <= now:  # the division's rounding; or, past ~4.5e12 s, every below the
+            passed += 1  # clock's resolution: the next representable time, never now
+            nxt = max(nxt + every, math.nextafter(now, math.inf))
         return nxt, passed
     assert record.cron is not None
     passed, later = 1, cron_after(record.cron, at)

@@ -69,6 +69,11 @@ def definition(
     return ScheduleRecord(name, item.event, seconds, cron, partition_key, priority, None)
 
 
+#: The shortest ``every``: a schedule firing more often would be a flood of events, not a
+#: schedule (and one below the clock's resolution would fire at one time for ever).
+MIN_EVERY = 0.001
+
+
 def _every(name: str, every: Any) -> float:
     if isinstance(every, timedelta):
         seconds = every.total_seconds()
@@ -81,9 +86,12 @@ def _every(name: str, every: Any) -> float:
             seconds = float(every)
         except OverflowError:
             seconds = math.inf
-    if not (math.isfinite(seconds) and seconds > 0):
+    if not (math.isfinite(seconds) and seconds >= MIN_EVERY):
         raise ScheduleDefinitionError(
-            schedule=name, argument="every", value=every, reason="every is finite seconds > 0"
+            schedule=name,
+            argument="every",
+            value=every,
+            reason=f"every is finite seconds, at least {MIN_EVERY:g}",
         )
     return seconds
 
