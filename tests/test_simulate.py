@@ -22,6 +22,7 @@ from dopool._errors import StoreNotFoundError
 from dopool._layout import Namespace
 from dopool._sim import loading as sc
 from dopool._sim.checks import ScenarioError
+from dopool._sim.columns import Steps
 from dopool._sim.driver import run
 from dopool._sim.figures import figures
 from dopool._sim.latency import Latency, percentile
@@ -587,6 +588,49 @@ def test_the_collector_flags_out_of_order_and_repeated_starts() -> None:
     collector(PoolEvent("started", "other", 0, 5, 1, 0.0))  # other pools are ignored
     assert collector.order_violations[0] == "p:0 started #1 before #0"
     assert len(collector.repeat_violations) == 2
+
+
+def test_the_collector_follows_crashes_dead_letters_drains_and_stalls() -> None:
+    collector = Collector("p", 1)
+    for kind, sequence, time in [
+        ("enqueued", 0, 0.0),
+        ("enqueued", 1, 0.0),
+        ("started", 0, 1.0),
+        ("crashed", None, 2.0),  # busy from 1 to 2
+        ("alarm_given_up", None, 2.0),  # two events held
+        ("resumed", None, 3.0),  # a write: the stall ends
+        ("started", 0, 3.0),
+        ("dead_lettered", 0, 4.0),  # busy from 3 to 4
+        ("alarm_given_up", None, 5.0),  # one held
+        ("alarm_given_up", None, 5.5),  # the same stall
+        ("drained", None, 6.0),  # a write: it ends, and the queue empties
+        ("empty", None, 6.0),  # only counted
+        ("alarm_given_up", None, 6.5),  # none held
+        ("enqueued", 2, 7.0),  # a write: it ends
+    ]:
+        collector(PoolEvent(kind, "p", 0, sequence, None, time))  # type: ignore[arg-type]
+    track = collector.tracks[0]
+    assert [stall.to_json_dict() for stall in collector.stalls] == [
+        {"pool": "p", "instance": 0, "since": 2.0, "until": 3.0, "held": 2},
+        {"pool": "p", "instance": 0, "since": 5.0, "until": 6.0, "held": 1},
+        {"pool": "p", "instance": 0, "since": 6.5, "until": 7.0, "held": 0},
+    ]
+    assert collector.open_stalls() == []
+    assert (track.crashes, track.busy, track.started, track.max_depth) == (1, 2.0, 2, 2)
+    assert list(Steps(track.changed_at, track.depths)) == [
+        (0.0, 0),
+        (0.0, 1),
+        (0.0, 2),
+        (4.0, 1),
+        (6.0, 0),
+        (7.0, 1),
+    ]
+    assert list(track.queue) == [2]
+    assert list(collector.dead) == [(0, 0)]
+    assert dict(collector.succeeded_at) == {}
+    assert collector.counts["alarm_given_up"] == 4
+    assert collector.counts["empty"] == 1
+    assert sum(collector.counts.values()) == 14
 
 
 def test_the_counters_invariant_reports_the_stores_broken_invariants() -> None:
