@@ -22,11 +22,11 @@ from dopool._errors import StoreNotFoundError
 from dopool._layout import Namespace
 from dopool._sim import loading as sc
 from dopool._sim.checks import ScenarioError
-from dopool._sim.columns import Steps
+from dopool._sim.columns import Steps, Times
 from dopool._sim.driver import run
 from dopool._sim.figures import figures
 from dopool._sim.latency import Latency, percentile
-from dopool._sim.measure import _store_checks
+from dopool._sim.measure import _since_handed, _store_checks, _unaccounted
 from dopool._sim.metrics import Collector
 from dopool._sim.scenario import (
     DEFAULT_TOTAL,
@@ -631,6 +631,41 @@ def test_the_collector_follows_crashes_dead_letters_drains_and_stalls() -> None:
     assert collector.counts["alarm_given_up"] == 4
     assert collector.counts["empty"] == 1
     assert sum(collector.counts.values()) == 14
+
+
+def test_the_end_of_a_run_reads_latencies_and_unsettled_events_column_by_column() -> None:
+    collector = Collector("p", 2)
+    for kind, index, sequence, time in [
+        ("enqueued", 0, 0, 1.0),
+        ("enqueued", 0, 1, 1.0),
+        ("enqueued", 0, 2, 1.0),
+        ("enqueued", 0, 3, 1.0),
+        ("enqueued", 1, 0, 1.0),
+        ("started", 1, 0, 1.0),
+        ("succeeded", 1, 0, 4.0),  # told first
+        ("started", 0, 0, 1.0),
+        ("succeeded", 0, 0, 3.0),
+        ("started", 0, 1, 3.0),
+        ("dead_lettered", 0, 1, 3.5),
+        ("enqueued", 0, 6, 1.0),  # a follow-up, say: its success leaves a gap before it
+        ("started", 0, 6, 5.0),
+        ("succeeded", 0, 6, 5.0),
+    ]:
+        collector(PoolEvent(kind, "p", index, sequence, 1, time))  # type: ignore[arg-type]
+    arrived = Times(2)
+    for key in [(0, 0), (0, 1), (0, 3), (0, 5)]:  # (0, 2) unknown, (1, 0) not an arrival
+        arrived.put(key, 0.5)
+    # (0, 2) and (0, 3) are still queued; (0, 5) the collector never saw
+    assert list(_unaccounted(arrived, collector)) == [(0, 5)]
+    handed: list[tuple[int, int]] = []
+
+    def handing(key: tuple[int, int]) -> float:
+        handed.append(key)
+        return 2.0
+
+    latencies = _since_handed(collector, arrived, handing)
+    assert latencies == [4.0 - 2.0, 3.0 - 0.5, 5.0 - 2.0]  # in the order told
+    assert handed == [(1, 0), (0, 6)]  # not arrivals: from their handing
 
 
 def test_the_counters_invariant_reports_the_stores_broken_invariants() -> None:

@@ -105,6 +105,11 @@ class Times(_Column[float]):
     def _absent(value: Any) -> bool:
         return isnan(value)
 
+    def __len__(self) -> int:
+        """How many events have a time: each column's length less its NaNs, counted
+        without a Python call per event."""
+        return sum(len(column) - sum(map(isnan, column)) for column in self.columns)
+
     def put(self, key: Key, time: float) -> None:
         """Set the event's time (replacing one it had)."""
         self._put(key, time)
@@ -116,6 +121,17 @@ class Times(_Column[float]):
         for key, time in other.items():
             merged.put(key, time)
         return merged
+
+
+def differences(ends: Times, starts: Times) -> list[float]:
+    """``ends - starts`` for each event with both, by instance then sequence: column by
+    column (a run measures one per event)."""
+    samples = []
+    for done, began in zip(ends.columns, starts.columns, strict=True):
+        for end, start in zip(done, began, strict=False):
+            if not (isnan(end) or isnan(start)):
+                samples.append(end - start)
+    return samples
 
 
 class Numbers(_Column[int]):

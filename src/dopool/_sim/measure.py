@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from math import isnan, nan
 
@@ -12,7 +12,7 @@ from dopool._invariants import read_instance, violations
 from dopool._messages import Reply
 from dopool._pool import WorkerPool
 from dopool._runtime import Runtime
-from dopool._sim.columns import Key, Numbers, Steps, Times, put
+from dopool._sim.columns import Key, Numbers, Steps, Times, differences, put
 from dopool._sim.latency import Latency
 from dopool._sim.metrics import (
     Collector,
@@ -154,20 +154,10 @@ def measure(
         collector, status = collectors[name], statuses[name]
         arrived, due = answers.arrived_at[name], answers.starts(name)
         handed = partial(_handed, name, arrived=due, collectors=collectors, lineage=lineage)
-        mine = [  # in the order of the successes; an arrival's own time first
-            end - (start if (start := due.get(key)) is not None else handed(key))
-            for key, end in collector.successes()
-        ]
+        mine = _since_handed(collector, due, handed)
         latencies.extend(mine)
-        waits.extend(_latencies(collector.enqueued_at, arrived))
-        queued = collector.pending_keys()
-        missing.extend(  # by instance, then sequence
-            f"{name}:{i}#{s}"
-            for i, s in arrived
-            if (i, s) not in collector.succeeded_at
-            and (i, s) not in collector.dead
-            and (i, s) not in queued
-        )
+        waits.extend(differences(collector.enqueued_at, arrived))
+        missing.extend(f"{name}:{i}#{s}" for i, s in _unaccounted(arrived, collector))
         held, found = _store_checks(runtime, pool, collector)
         outbox += held
         problems.extend(found)
@@ -323,15 +313,28 @@ def measure(
     )
 
 
-def _latencies(ends: Times, starts: Times) -> list[float]:
-    """``ends - starts`` for each event with both, by instance then sequence. Column by
-    column, as this runs once per event of the run."""
+# These two run once per event of the run: column by column, not key by key.
+def _since_handed(collector: Collector, due: Times, handed: Callable[[Key], float]) -> list[float]:
+    """Each success's latency, in their order: from its due time, else from its handing."""
+    starts = due.columns
     samples = []
-    for done, began in zip(ends.columns, starts.columns, strict=True):
-        for end, start in zip(done, began, strict=False):
-            if not (isnan(end) or isnan(start)):
-                samples.append(end - start)
+    for (index, sequence), end in collector.successes():
+        column = starts[index]
+        start = column[sequence] if sequence < len(column) else nan
+        samples.append(end - (handed((index, sequence)) if isnan(start) else start))
     return samples
+
+
+def _unaccounted(arrived: Times, collector: Collector) -> Iterator[Key]:
+    """The stored arrivals the collector saw neither succeed, nor die, nor still queued."""
+    queued, successes = collector.pending_keys(), collector.succeeded_at.columns
+    for index, (column, ends) in enumerate(zip(arrived.columns, successes, strict=True)):
+        for sequence, time in enumerate(column):
+            if isnan(time) or (sequence < len(ends) and not isnan(ends[sequence])):
+                continue
+            key = (index, sequence)
+            if key not in collector.dead and key not in queued:
+                yield key
 
 
 def _alarm_policy(scenario: Scenario) -> str:
@@ -385,6 +388,8 @@ def _handed(
 def _spawned(collectors: Mapping[str, Collector], lineage: Lineage) -> int:
     """Follow-ups committed: those of every attempt that succeeded."""
     spawned = lineage.spawned
+    if not spawned:  # no follow-ups anywhere: no pass over every success
+        return 0
     return sum(
         spawned.get((name, index, sequence, attempt), 0)
         for name, collector in collectors.items()
