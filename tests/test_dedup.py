@@ -22,6 +22,7 @@ from dopool import (
     EventTooLargeError,
     EventValidationError,
     PermanentError,
+    QueueFullError,
     Runtime,
     SimulatedClock,
     WorkerPool,
@@ -183,6 +184,22 @@ def test_a_batch_of_duplicates_only_is_not_refused_by_a_full_queue(sim: Runtime)
     pool.pause()
     first = pool.enqueue("a", dedup_key="k")
     assert [r.event_id for r in pool.enqueue_many(["b"], dedup_keys=["k"])] == [first.event_id]
+
+
+def test_a_keyed_enqueue_into_a_full_queue_is_refused_and_claims_nothing(sim: Runtime) -> None:
+    """One keyed enqueue claims its key as it stores the event: not before the full queue
+    refuses it, so the key stays free."""
+    pool, log = define(sim, max_queue_depth=1)
+    pool.pause()
+    pool.enqueue("a")
+    with pytest.raises(QueueFullError):
+        pool.enqueue("b", dedup_key="k")
+    assert entries(sim) == 0
+    pool.resume()
+    assert pool.join(timeout=10)
+    assert not pool.enqueue("c", dedup_key="k").duplicate
+    assert pool.join(timeout=10)
+    assert log.ran == ["a", "c"]
 
 
 # -- what is refused ------------------------------------------------------------------------

@@ -121,10 +121,27 @@ class DeadLetters:
         assert record.expires_at is not None
         ttl = record.expires_at - record.enqueued_at
         error = f"{EXPIRED}not started within its ttl of {ttl:g} s (by {record.expires_at:.3f})"
+        meta.expired += 1
+        self.bury_event(txn, meta, key, record, error, 0, now, fx, "expired")
+
+    def bury_event(
+        self,
+        txn: Txn,
+        meta: Meta,
+        key: bytes,
+        record: EventRecord,
+        error: str,
+        attempts: int,
+        now: float,
+        fx: Effects,
+        state: EventState = "dead_lettered",
+    ) -> None:
+        """Move the event at ``key``, its record ``record``, to the dead letters after
+        ``attempts``, failed with ``error`` (:meth:`bury`)."""
         dead = DeadRecord(
             record.event,
             error,
-            0,
+            attempts,
             record.enqueued_at,
             now,
             record.partition_key,
@@ -132,8 +149,7 @@ class DeadLetters:
             False,
             record.dedup_key,
         )
-        meta.expired += 1
-        self.bury(txn, meta, key, queue_key_sequence(key), dead, now, fx, "expired")
+        self.bury(txn, meta, key, queue_key_sequence(key), dead, now, fx, state)
 
     def redrive(
         self, txn: Txn, meta: Meta, wanted: frozenset[int] | None, now: float, fx: Effects

@@ -45,11 +45,14 @@ Duplicates = dict[int, EnqueueResult | int]
 class Dedup:
     """A pool's dedup keys as one instance's queue machine uses them."""
 
-    __slots__ = ("_entry_keys", "_index", "_namespaces", "_pool", "_swept", "window")
+    __slots__ = ("_entry_keys", "_index", "_namespaces", "_pool", "_swept", "claim_free", "window")
 
     def __init__(self, pool: str, window: float) -> None:
         self._pool = pool
         self._index = DedupIndex(pool)
+        # One keyed enqueue's claim, which is its lookup too (DedupIndex.claim_free): the
+        # index's own method, so that the hot path makes one call.
+        self.claim_free = self._index.claim_free
         # The entry keys of the last batch's keys looked up: their claims follow.
         self._entry_keys: dict[str, bytes] = {}
         self._namespaces: dict[int, Namespace] = {}
@@ -112,8 +115,6 @@ class Dedup:
         if len(items) == 1 and only is not None:  # one enqueue: no batch to look across
             entry_key = self._index.entry_key(only)
             self._entry_keys = {only: entry_key}
-            if txn.get(entry_key) is None:  # the usual case: the key is free
-                return items, None
             existing = self._existing(txn, only, now, None, entry_key)
             return (items, None) if existing is None else ((), {0: existing})
         duplicates = self.resolve(txn, items, now)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 from dopool._alarm import delivery_failed, rearm, wake
@@ -26,14 +27,11 @@ from dopool._drain import drain, running_sequence
 from dopool._errors import (
     DamagedRecordError,
     DopoolError,
-    PermanentError,
     QueueFullError,
-    RetryAfter,
     StorageError,
 )
 from dopool._followups import FollowUp, FollowUps
 from dopool._layout import (
-    DeadRecord,
     DedupClaim,
     EventRecord,
     Meta,
@@ -46,7 +44,7 @@ from dopool._lifecycle import Lifecycle
 from dopool._messages import Item
 from dopool._options import PoolOptions
 from dopool._recurring import Recurring
-from dopool._retry import uniform_draw
+from dopool._retry import next_delay, uniform_draw
 from dopool._scheduled import promote, schedule
 from dopool._status import position as _position
 from dopool._storage import Txn
@@ -164,29 +162,34 @@ class QueueMachine:
         """
         limit = self._options.max_queue_depth
         for token, batch in batches:
-            items, duplicates = batch, None
-            if items and (items[0].dedup_key is not None or (len(items) > 1 and keyed(items))):
-                try:
-                    items, duplicates = self._dedup.screen(txn, items, now)
-                except DamagedRecordError as damage:
-                    logger.error("instance %s: enqueue refused: %s", self._id, damage)
-                    fx.answers.append((token, damage))
+            results: list[EnqueueResult] = []
+            keyed_one = len(batch) == 1 and batch[0].dedup_key is not None
+            if keyed_one and (limit is None or meta.pending < limit):  # the usual keyed enqueue
+                results = self.append(txn, meta, batch, now, fx, claim_first=True)
+            if not results:  # (one keyed item's are empty if its key is held: looked up here)
+                items, duplicates = batch, None
+                if keyed_one or (len(batch) > 1 and keyed(batch)):
+                    try:
+                        items, duplicates = self._dedup.screen(txn, items, now)
+                    except DamagedRecordError as damage:
+                        logger.error("instance %s: enqueue refused: %s", self._id, damage)
+                        fx.answers.append((token, damage))
+                        continue
+                incoming = len(items)
+                if limit is not None and incoming and meta.pending + incoming > limit:
+                    full = QueueFullError(
+                        pool=self._pool,
+                        instance_index=self._index,
+                        depth=meta.pending,
+                        max_depth=limit,
+                        incoming=incoming,
+                    )
+                    fx.answers.append((token, full))
                     continue
-            incoming = len(items)
-            if limit is not None and incoming and meta.pending + incoming > limit:
-                full = QueueFullError(
-                    pool=self._pool,
-                    instance_index=self._index,
-                    depth=meta.pending,
-                    max_depth=limit,
-                    incoming=incoming,
-                )
-                fx.answers.append((token, full))
-                continue
-            results = self.append(txn, meta, items, now, fx)
-            if duplicates:
-                results = merge(incoming + len(duplicates), results, duplicates)
-                meta.duplicates += len(duplicates)
+                results = self.append(txn, meta, items, now, fx) if items else []
+                if duplicates:
+                    results = merge(incoming + len(duplicates), results, duplicates)
+                    meta.duplicates += len(duplicates)
             fx.answers.append((token, results))
             self._fault_point("enqueue", "crash_during_enqueue")
 
@@ -197,11 +200,22 @@ class QueueMachine:
         rearm(meta, now)
 
     def append(
-        self, txn: Txn, meta: Meta, items: tuple[Item, ...], now: float, fx: Effects
+        self,
+        txn: Txn,
+        meta: Meta,
+        items: tuple[Item, ...],
+        now: float,
+        fx: Effects,
+        claim_first: bool = False,
     ) -> list[EnqueueResult]:
         """Store ``items`` as new pending events, in order; their results. An item due
-        later than ``now`` is scheduled (:mod:`dopool._scheduled`)."""
-        results = []
+        later than ``now`` is scheduled (:mod:`dopool._scheduled`).
+
+        ``claim_first``: one keyed item, not looked up: its claim, written first, is the
+        lookup (``Dedup.claim_free``); if its key has an entry, nothing is written, and
+        the results are empty.
+        """
+        results: list[EnqueueResult] = []
         listening = self._listening()
         ns, index, ident, counts = self._ns, self._index, self._id, meta.priorities
         dedup = self._dedup
@@ -221,25 +235,26 @@ class QueueMachine:
                 position = _position(meta, priority)
                 previous, was_waiting = priority, waiting
             sequence = meta.tail
+            key = item.dedup_key
+            if key is not None:
+                key_due = at if waiting and at is not None else due  # the due time its key has
+                claim = (key, index, sequence, position, priority, key_due)
+                if not claim_first:
+                    claims.append((dedup.entry_key(key), *claim))
+                elif not dedup.claim_free(txn, *claim):
+                    return results  # held: nothing is written (the only item)
             meta.tail = sequence + 1
-            stored_due = due
             if waiting and at is not None:
                 schedule(ns, txn, meta, sequence, item, at, now)
                 scheduled += 1
-                stored_due = at
             else:
-                key, ttl = item.dedup_key, item.ttl
+                ttl = item.ttl
                 expires = None if ttl is None else now + ttl
                 ns.add_event(
                     txn, sequence, item.event, now, item.partition_key, priority, due, key, expires
                 )
                 counts[priority] = counts.get(priority, 0) + 1
             results.append(EnqueueResult(sequence, index, ident, position))
-            if item.dedup_key is not None:
-                entry_key = dedup.entry_key(item.dedup_key)
-                claims.append(
-                    (entry_key, item.dedup_key, index, sequence, position, priority, stored_due)
-                )
             if listening:
                 fx.events.append(self.event("enqueued", now, sequence))
         if claims:
@@ -359,31 +374,15 @@ class QueueMachine:
         """Settle a failed attempt of the current event: schedule a retry or dead-letter it."""
         sequence = queue_key_sequence(key)
         error = f"{type(failure).__name__}: {failure}"
-        attempt = meta.attempt
-        options = self._options
-        if not isinstance(failure, PermanentError) and attempt < options.max_attempts:
-            if isinstance(failure, RetryAfter):
-                delay = failure.seconds
-            else:
-                assert options.retry is not None  # max_attempts > 1 implies a policy
-                draw = uniform_draw(self._seed, self._pool, self._index, sequence, attempt)
-                delay = options.retry.delay(attempt, draw)
-            meta.retry_at = now + delay
-            meta.last_error = error
-            fx.events.append(self.event("retry_scheduled", now, sequence, attempt, error))
+        attempt, options = meta.attempt, self._options
+        draw = partial(uniform_draw, self._seed, self._pool, self._index, sequence, attempt)
+        delay = next_delay(failure, attempt, options.max_attempts, options.retry, draw)
+        if delay is None:
+            self._dead.bury_event(txn, meta, key, record, error, attempt, now, fx)
             return
-        dead = DeadRecord(
-            record.event,
-            error,
-            attempt,
-            record.enqueued_at,
-            now,
-            record.partition_key,
-            record.priority,
-            False,
-            record.dedup_key,
-        )
-        self._dead.bury(txn, meta, key, sequence, dead, now, fx)
+        meta.retry_at = now + delay
+        meta.last_error = error
+        fx.events.append(self.event("retry_scheduled", now, sequence, attempt, error))
 
     def _finish(
         self, txn: Txn, meta: Meta, key: bytes, state: EventState, error: str | None, now: float

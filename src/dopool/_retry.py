@@ -5,10 +5,11 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from dopool._errors import MAX_DELAY, ConfigurationError, _seconds
+from dopool._errors import MAX_DELAY, ConfigurationError, PermanentError, RetryAfter, _seconds
 
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_INITIAL_DELAY = 1.0
@@ -87,6 +88,24 @@ def _number(name: str, value: object) -> float:
         return float(value)
     except OverflowError:  # an int past a float's range
         raise ConfigurationError(f"{name} is too large to be a float") from None
+
+
+def next_delay(
+    failure: BaseException,
+    attempt: int,
+    max_attempts: int,
+    policy: RetryPolicy | None,
+    draw: Callable[[], float],
+) -> float | None:
+    """Seconds from failed attempt ``attempt`` to the next one; None if there is none (a
+    :class:`PermanentError`, or the last attempt failed). A :class:`RetryAfter` names its
+    own delay; else the policy's, its jitter drawn by ``draw``."""
+    if isinstance(failure, PermanentError) or attempt >= max_attempts:
+        return None
+    if isinstance(failure, RetryAfter):
+        return failure.seconds
+    assert policy is not None  # max_attempts > 1 implies a policy
+    return policy.delay(attempt, draw())
 
 
 def uniform_draw(seed: int | str | None, *parts: object) -> float:

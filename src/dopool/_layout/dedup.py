@@ -11,6 +11,7 @@ stored, and every pending one's key (a drain's).
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import suppress
@@ -84,8 +85,8 @@ def seal_dedup(key: bytes, record: DedupRecord) -> bytes:
 
 
 def read_dedup(key: bytes, value: bytes) -> DedupRecord:
-    # The checks of _DEDUP_LAYOUT written out, as read_event's: this runs for every keyed
-    # event that finishes. Anything they refuse goes the general way, which names why.
+    # The checks of _DEDUP_LAYOUT written out, as read_event's: this runs for every
+    # duplicate. Anything they refuse goes the general way, which names why.
     body = value[4:]
     if int.from_bytes(value[:4], "big") == zlib.crc32(body, zlib.crc32(key)):
         try:
@@ -96,12 +97,20 @@ def read_dedup(key: bytes, value: bytes) -> DedupRecord:
             dedup_key, instance, sequence, position, priority, due, finished_at = fields
             if (
                 type(dedup_key) is str
-                and _count(instance)
-                and _count(sequence)
-                and _count(position)
-                and _integer(priority)
-                and _time(due)
-                and (finished_at is None or _time(finished_at))
+                and type(instance) is int
+                and 0 <= instance < 2**63
+                and type(sequence) is int
+                and 0 <= sequence < 2**63
+                and type(position) is int
+                and 0 <= position < 2**63
+                and type(priority) is int
+                and -(2**63) <= priority < 2**63
+                and type(due) is float
+                and math.isfinite(due)
+                and (
+                    finished_at is None
+                    or (type(finished_at) is float and math.isfinite(finished_at))
+                )
             ):
                 return DedupRecord(
                     dedup_key, instance, sequence, position, priority, due, finished_at
@@ -171,6 +180,25 @@ class DedupIndex:
         """Which of the entry keys ``keys`` have an entry (one call into LMDB for all)."""
         with txn.cursor() as cursor:
             return {key for key, _ in cursor.getmulti(keys)}
+
+    def claim_free(
+        self,
+        txn: Txn,
+        dedup_key: str,
+        instance: int,
+        sequence: int,
+        position: int,
+        priority: int,
+        due: float,
+    ) -> bool:
+        """Write the entry of an unfinished event unless ``dedup_key`` has one (whatever it
+        holds); whether it did. One call into LMDB both looks the key up and claims it:
+        this runs for every event enqueued alone with a key."""
+        data = dedup_key.encode()  # entry_key written out
+        key = self._prefix + (data if len(data) <= DIRECT_NAME else dedup_name(dedup_key))
+        body = pack((dedup_key, instance, sequence, position, priority, due, None))
+        added: bool = txn.put(key, seal(key, body), overwrite=False)
+        return added
 
     def claim(self, txn: Txn, claims: list[DedupClaim]) -> None:
         """Write the entries of unfinished events from their fields (:meth:`put` without
@@ -284,13 +312,12 @@ class DedupIndex:
 def event_stored(txn: Txn, ns: Namespace, priority: int, sequence: int, due: float) -> bool:
     """Whether event ``sequence`` of ``ns`` is stored, due (or started) or scheduled, and
     reads (a damaged one will never run)."""
-    for key in (ns.queue_key(priority, sequence, due), ns.scheduled_key(priority, sequence, due)):
-        try:
-            if ns.get_event(txn, key) is not None:
-                return True
-        except DamagedRecordError:
-            return False
-    return False
+    try:
+        if ns.get_event(txn, ns.queue_key(priority, sequence, due)) is not None:
+            return True
+        return ns.get_event(txn, ns.scheduled_key(priority, sequence, due)) is not None
+    except DamagedRecordError:
+        return False
 
 
 def keyed_events(txn: Txn, ns: Namespace) -> list[tuple[int, str]]:
