@@ -28,8 +28,8 @@ from dopool import (
     WorkerPool,
 )
 from dopool._check import check_store
-from dopool._dedup import SWEEP
-from dopool._layout import DedupIndex, Meta, pack
+from dopool._dedup import SWEEP, Dedup
+from dopool._layout import DedupIndex, Meta, pack, read_dedup
 from dopool._machine import Effects, QueueMachine
 from dopool._messages import Item
 from dopool._options import PoolOptions
@@ -318,6 +318,20 @@ def test_entries_past_their_window_are_swept_without_being_reused(sim: Runtime) 
     with sim._store.read() as txn:
         assert DedupIndex("p").count_expiries(txn) == 10
     checks_out(sim)
+
+
+def test_a_finish_reads_no_expiry_key_until_the_oldest_is_past_its_window(store: Store) -> None:
+    """The sweep remembers when the oldest expiry key finished; a clock stepped back (a
+    stamp older than that) lowers it, so that stamp is swept when its own window ends."""
+    dedup, index, env = Dedup("p", 5.0), DedupIndex("p"), store._env
+    with env.begin(write=True) as txn:
+        for sequence, (key, now) in enumerate([("a", 100.0), ("b", 50.0), ("c", 56.0)]):
+            index.claim(txn, [(index.entry_key(key), key, 0, sequence, 0, 0, 0.0)])
+            dedup.release(txn, key, 0, sequence, now)
+        left = {read_dedup(key, value).dedup_key for key, value in index.entries(txn)}
+    assert left == {"a", "c"}  # b's window ended at 55: c's finish swept it
+    with env.begin(write=True) as txn:
+        assert index.sweep(txn, 60.0, 5.0, SWEEP) == (0, 56.0)  # the oldest left: c
 
 
 # -- damaged and stale entries ---------------------------------------------------------------

@@ -45,7 +45,16 @@ Duplicates = dict[int, EnqueueResult | int]
 class Dedup:
     """A pool's dedup keys as one instance's queue machine uses them."""
 
-    __slots__ = ("_entry_keys", "_index", "_namespaces", "_pool", "_swept", "claim_free", "window")
+    __slots__ = (
+        "_entry_keys",
+        "_index",
+        "_namespaces",
+        "_oldest",
+        "_pool",
+        "_swept",
+        "claim_free",
+        "window",
+    )
 
     def __init__(self, pool: str, window: float) -> None:
         self._pool = pool
@@ -60,6 +69,10 @@ class Dedup:
         # Without a window no finish stamps an entry: once a sweep has found no expiry key
         # left (from a window this pool had before), the sweeps stop.
         self._swept = False
+        # With one, when the oldest expiry key finished, as the last sweep read it: until
+        # its window has passed, no other has (the others' finishes came later, from any
+        # instance), and no sweep reads. None: not known; the next finish sweeps.
+        self._oldest: float | None = None
 
     def resolve(
         self,
@@ -170,13 +183,19 @@ class Dedup:
 
     def release(self, txn: Txn, key: str, index: int, sequence: int, now: float) -> None:
         """Event ``sequence`` of instance ``index``, holding ``key``, finished at ``now``."""
+        window, oldest = self.window, self._oldest
         try:
-            self._index.finish(txn, key, index, sequence, now, self.window)
+            stamped = self._index.finish(txn, key, index, sequence, now, window)
         except DamagedRecordError as exc:  # left for ``dopool check``; the outcome commits
             logger.error("pool %s: the entry of dedup key %r: %s", self._pool, key, exc)
-        if self.window > 0 or not self._swept:
-            swept = self._index.sweep(txn, now, self.window, SWEEP)
-            self._swept = self.window <= 0 and swept < SWEEP
+            stamped = False
+        if window > 0:
+            if stamped and oldest is not None and now < oldest:  # a clock stepped back
+                oldest = self._oldest = now
+            if oldest is None or now - window >= oldest:  # (else none is past its window)
+                self._oldest = self._index.sweep(txn, now, window, SWEEP)[1]
+        elif not self._swept:
+            self._swept = self._index.sweep(txn, now, window, SWEEP)[0] < SWEEP
 
     def readable(self, txn: Txn, key: str) -> bool:
         """Whether ``key``'s entry, if any, passes its checks (an error is logged)."""

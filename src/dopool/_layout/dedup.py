@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Iterable, Iterator
-from contextlib import suppress
 from typing import TYPE_CHECKING, NamedTuple
 
 from dopool._errors import DamagedRecordError
@@ -232,7 +231,8 @@ class DedupIndex:
         Raises:
             DamagedRecordError: the entry fails its checks.
         """
-        key = self.entry_key(dedup_key)
+        data = dedup_key.encode()  # entry_key written out: this runs for every keyed finish
+        key = self._prefix + (data if len(data) <= DIRECT_NAME else dedup_name(dedup_key))
         raw = txn.get(key)
         if raw is None:
             return False
@@ -241,8 +241,10 @@ class DedupIndex:
         fields = None
         body = raw[4:]
         if int.from_bytes(raw[:4], "big") == zlib.crc32(body, zlib.crc32(key)):
-            with suppress(Exception):
+            try:
                 fields = unpack(body)
+            except Exception:
+                fields = None
         if not (
             type(fields) is list
             and len(fields) == 7
@@ -263,14 +265,16 @@ class DedupIndex:
         txn.put(expiry, seal_expiry(expiry))
         return True
 
-    def sweep(self, txn: Txn, now: float, window: float, limit: int) -> int:
+    def sweep(self, txn: Txn, now: float, window: float, limit: int) -> tuple[int, float | None]:
         """Remove up to ``limit`` entries finished ``window`` seconds or more before
-        ``now``, oldest first; how many expiry keys went.
+        ``now``, oldest first; how many expiry keys went, and when the oldest one left
+        finished, if the sweep read it (None: none is left, or the limit came first).
 
         An expiry key whose entry was taken over since (by a newer event of its key,
         or a newer finish) goes alone; a damaged entry is left for ``dopool check``.
         """
         done: list[bytes] = []
+        oldest = None
         limit_bits = encode_due(now - window)
         start = len(self._expiry)
         with txn.cursor() as cursor:
@@ -281,6 +285,7 @@ class DedupIndex:
                     break
                 bits = _U64.unpack_from(key, start)[0]
                 if bits > limit_bits:
+                    oldest = decode_due(bits)
                     break
                 done.append(bytes(key))
                 found = cursor.next()
@@ -296,7 +301,7 @@ class DedupIndex:
                 if record is not None and record.finished_at == finished:
                     txn.delete(entry_key)
             txn.delete(expiry)
-        return len(done)
+        return len(done), oldest
 
     def entries(self, txn: Txn) -> Iterator[tuple[bytes, bytes]]:
         """Every index entry's key and stored value (for checkers)."""
