@@ -326,7 +326,7 @@ def test_a_finish_reads_no_expiry_key_until_the_oldest_is_past_its_window(store:
     dedup, index, env = Dedup("p", 5.0), DedupIndex("p"), store._env
     with env.begin(write=True) as txn:
         for sequence, (key, now) in enumerate([("a", 100.0), ("b", 50.0), ("c", 56.0)]):
-            index.claim(txn, [(index.entry_key(key), key, 0, sequence, 0, 0, 0.0)])
+            index.claim(txn, [(key, 0, sequence, 0, 0, 0.0)], {})
             dedup.release(txn, key, 0, sequence, now)
         left = {read_dedup(key, value).dedup_key for key, value in index.entries(txn)}
     assert left == {"a", "c"}  # b's window ended at 55: c's finish swept it

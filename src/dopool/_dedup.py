@@ -89,12 +89,11 @@ class Dedup:
         Raises:
             DamagedRecordError: the entry of one of their keys is damaged.
         """
-        entry_keys = self._entry_keys = {}
-        for item in items:
-            key = item.dedup_key
-            if key is not None and key not in entry_keys:
-                entry_keys[key] = self._index.entry_key(key)
+        keys = [item.dedup_key for item in items if item.dedup_key is not None]
+        entry_keys = self._entry_keys = self._index.entry_keys(keys)
         held = self._index.held(txn, entry_keys.values())  # usually none of them
+        if not held and len(entry_keys) == len(keys):  # and no key repeats: the usual batch
+            return {}
         found: Duplicates = {}
         claimed: dict[str, int] = {}
         for position, item in enumerate(items):
@@ -173,13 +172,10 @@ class Dedup:
             ns = self._namespaces[index] = Namespace(self._pool, index)
         return ns
 
-    def entry_key(self, key: str) -> bytes:
-        """The entry key of ``key`` (remembered from the last lookup, the usual case)."""
-        return self._entry_keys.get(key) or self._index.entry_key(key)
-
     def claim(self, txn: Txn, claims: list[DedupClaim]) -> None:
-        """The events of ``claims``, just stored, hold their keys."""
-        self._index.claim(txn, claims)
+        """The events of ``claims``, just stored, hold their keys (under the entry keys
+        of the last lookup, the usual case)."""
+        self._index.claim(txn, claims, self._entry_keys)
 
     def release(self, txn: Txn, key: str, index: int, sequence: int, now: float) -> None:
         """Event ``sequence`` of instance ``index``, holding ``key``, finished at ``now``."""

@@ -240,7 +240,7 @@ class QueueMachine:
                 key_due = at if waiting and at is not None else due  # the due time its key has
                 claim = (key, index, sequence, position, priority, key_due)
                 if not claim_first:
-                    claims.append((dedup.entry_key(key), *claim))
+                    claims.append(claim)
                 elif not dedup.claim_free(txn, *claim):
                     return results  # held: nothing is written (the only item)
             meta.tail = sequence + 1

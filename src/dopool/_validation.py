@@ -223,20 +223,22 @@ def prepare_many(
         ) from None
     items = []
     keys = None if dedup_keys is None else _keys_of(dedup_keys)
+    given = keys or ()  # each item gets its key as it is built; the keys are checked after
+    count = len(given)
     for position, event in enumerate(iterator):
+        key = given[position] if position < count else None
         if position == 0:
-            items.append(
-                prepare(
-                    event,
-                    partition_key=partition_key,
-                    priority=priority,
-                    schema=schema,
-                    position=0,
-                    due=due,
-                )
+            first = prepare(
+                event,
+                partition_key=partition_key,
+                priority=priority,
+                schema=schema,
+                position=0,
+                due=due,
             )
+            items.append(first if key is None else first._replace(dedup_key=key))
         else:
-            items.append(Item(_encode(event, schema, position), partition_key, priority, due))
+            items.append(Item(_encode(event, schema, position), partition_key, priority, due, key))
     if keys is None:
         return tuple(items)
     if len(keys) != len(items):
@@ -244,15 +246,12 @@ def prepare_many(
             f"dedup_keys holds {len(keys)} keys for {len(items)} events: give one per "
             "event (None for an event without one)"
         )
-    keyed = []
-    for position, (item, key) in enumerate(zip(items, keys, strict=True)):
-        if key is None:
-            keyed.append(item)
-            continue
-        if not (type(key) is str and key.isascii() and 0 < len(key) <= _ASCII_KEY):
+    for position, key in enumerate(keys):
+        if key is not None and not (
+            type(key) is str and key.isascii() and 0 < len(key) <= _ASCII_KEY
+        ):
             _check_key("dedup_key", key, MAX_DEDUP_KEY_BYTES, position)
-        keyed.append(Item(item.event, partition_key, priority, due, key))
-    return tuple(keyed)
+    return tuple(items)
 
 
 def _keys_of(dedup_keys: Iterable[str | None]) -> list[str | None]:

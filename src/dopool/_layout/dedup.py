@@ -40,6 +40,7 @@ from dopool._layout.records import (
     _time_or_none,
     damaged,
     pack,
+    packer,
     seal,
     unpack,
 )
@@ -130,9 +131,8 @@ def read_expiry(key: bytes, value: bytes) -> None:
 
 # -- the index ------------------------------------------------------------------------------
 
-#: An unfinished event's claim of its key: its entry key (:meth:`DedupIndex.entry_key`),
-#: then its entry's fields but ``finished_at``.
-DedupClaim = tuple[bytes, str, int, int, int, int, float]
+#: An unfinished event's claim of its key: its entry's fields but ``finished_at``.
+DedupClaim = tuple[str, int, int, int, int, float]
 
 
 class DedupIndex:
@@ -199,19 +199,31 @@ class DedupIndex:
         added: bool = txn.put(key, seal(key, body), overwrite=False)
         return added
 
-    def claim(self, txn: Txn, claims: list[DedupClaim]) -> None:
+    def entry_keys(self, dedup_keys: Iterable[str]) -> dict[str, bytes]:
+        """The entry key of each of ``dedup_keys`` (:meth:`entry_key`), by key."""
+        prefix, found = self._prefix, {}
+        for dedup_key in dedup_keys:
+            data = dedup_key.encode()  # entry_key written out: this runs for every key
+            found[dedup_key] = prefix + (
+                data if len(data) <= DIRECT_NAME else dedup_name(dedup_key)
+            )
+        return found
+
+    def claim(self, txn: Txn, claims: list[DedupClaim], known: dict[str, bytes]) -> None:
         """Write the entries of unfinished events from their fields (:meth:`put` without
-        records built: this runs for every keyed event stored); a batch's in key order,
-        through one cursor."""
-        if len(claims) == 1:
-            key, dedup_key, instance, sequence, position, priority, due = claims[0]
-            body = pack((dedup_key, instance, sequence, position, priority, due, None))
-            txn.put(key, seal(key, body))
+        records built: this runs for every keyed event stored), each under its entry key
+        in ``known`` if there (else :meth:`entry_key`); a batch's in key order, through
+        one cursor."""
+        entries = []
+        pack_one = packer().pack
+        for dedup_key, instance, sequence, position, priority, due in claims:
+            key = known.get(dedup_key) or self.entry_key(dedup_key)
+            body = pack_one((dedup_key, instance, sequence, position, priority, due, None))
+            entries.append((key, zlib.crc32(body, zlib.crc32(key)).to_bytes(4, "big") + body))
+        if len(entries) == 1:
+            txn.put(*entries[0])
             return
-        entries = sorted(
-            (key, seal(key, pack((dedup_key, instance, sequence, position, priority, due, None))))
-            for key, dedup_key, instance, sequence, position, priority, due in claims
-        )
+        entries.sort()
         with txn.cursor() as cursor:
             cursor.putmulti(entries)
 

@@ -48,6 +48,15 @@ def pack(value: Any) -> bytes:
     return packer.pack(value)  # type: ignore[no-any-return]
 
 
+def packer() -> Any:
+    """This thread's packer (:func:`pack`'s), for a loop that packs many values."""
+    try:
+        return _packers.packer
+    except AttributeError:
+        _packers.packer = msgpack.Packer(use_bin_type=True)
+        return _packers.packer
+
+
 def unpack(data: bytes) -> Any:
     """Decode a msgpack value; maps may have non-str keys."""
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
