@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dopool import ConfigurationError, RetryPolicy
+from dopool import ConfigurationError, PermanentError, RetryAfter, RetryPolicy
 from dopool._errors import MAX_DELAY
-from dopool._retry import uniform_draw
+from dopool._retry import next_delay, uniform_draw
 
 # -- construction ------------------------------------------------------------
 
@@ -250,3 +250,22 @@ def test_uniform_draw_is_roughly_uniform() -> None:
 def test_uniform_draw_is_in_the_unit_interval(seed: int | str | None, parts: list[object]) -> None:
     value = uniform_draw(seed, *parts)
     assert 0.0 <= value < 1.0
+
+
+def test_next_delay_after_a_failure() -> None:
+    """None when no attempt is left; a RetryAfter's own delay; else the policy's, whose
+    jitter is drawn only then."""
+    policy = RetryPolicy(max_attempts=3, initial_delay=1.0, jitter=0.0)
+    draws: list[int] = []
+
+    def draw() -> float:
+        draws.append(1)
+        return 0.5
+
+    assert next_delay(ValueError(), 1, 3, policy, draw) == 1.0
+    assert next_delay(ValueError(), 2, 3, policy, draw) == 2.0
+    assert next_delay(ValueError(), 3, 3, policy, draw) is None  # the last one failed
+    assert next_delay(PermanentError("no"), 1, 3, policy, draw) is None
+    assert next_delay(RetryAfter(7.5), 1, 3, policy, draw) == 7.5
+    assert next_delay(RetryAfter(7.5), 3, 3, policy, draw) is None
+    assert len(draws) == 2

@@ -5,7 +5,10 @@ key, the pool's, not an instance's: :class:`~dopool._layout.DedupIndex`) in the
 transaction that stores it. Before an enqueue stores anything, its keyed items are
 looked up in the same transaction: an item whose key names an event that is not
 finished, or one that finished less than the pool's ``dedup_window`` ago, is a
-*duplicate*: nothing is stored for it, and its answer is that event's. Every write
+*duplicate*: nothing is stored for it, and its answer is that event's. One keyed event
+alone (the usual keyed enqueue) is looked up by its claim: the entry is written only if
+the key has none (:meth:`DedupIndex.claim_free`, one call into LMDB); if it has one,
+nothing is written, and the entry is read and judged as a batch's would be. Every write
 transaction of a store is serialized (a group commit runs its bodies one after another
 in nested transactions of one), so the second of two enqueues with one key, from any
 instance or thread, sees the first's entry.
@@ -14,7 +17,9 @@ When a keyed event finishes (it succeeds, is dead-lettered or drained) its entry
 removed, or, with a window, stamped with the finish time and queued by it for expiry.
 Each finish then sweeps a few entries whose window has passed (:data:`SWEEP`), oldest
 first: two for each one stamped, so the entries past their window never outnumber the
-finishes that could remove them, and a lookup treats one past its window as absent.
+finishes that could remove them, and a lookup treats one past its window as absent. A
+sweep remembers when the oldest entry it left finished: until that one's window has
+passed, no finish reads the expiry keys.
 
 An entry is hostile input like any record: one that fails its checks refuses the
 enqueue that meets it (nothing stored; ``dopool check`` names it); one that names an
