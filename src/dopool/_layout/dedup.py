@@ -196,7 +196,8 @@ class DedupIndex:
         data = dedup_key.encode()  # entry_key written out
         key = self._prefix + (data if len(data) <= DIRECT_NAME else dedup_name(dedup_key))
         body = pack((dedup_key, instance, sequence, position, priority, due, None))
-        added: bool = txn.put(key, seal(key, body), overwrite=False)
+        value = zlib.crc32(body, zlib.crc32(key)).to_bytes(4, "big") + body  # seal's
+        added: bool = txn.put(key, value, overwrite=False)
         return added
 
     def entry_keys(self, dedup_keys: Iterable[str]) -> dict[str, bytes]:
