@@ -128,6 +128,14 @@ def test_the_dedup_benchmark_compares_each_keyed_variant_with_its_plain_one(
     assert rows["enqueue, dedup_key"].count("ratio") == 2  # enqueue and process
     assert rows["enqueue, duplicate"].count("ratio") == 1  # nothing to process
     assert "ratio" not in rows["enqueue"]
+    assert "(wall)" in lines[0]
+
+
+def test_the_dedup_benchmark_counts_cpu_time_if_told(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert dedup.main(["--events", "20", "--rounds", "1", "--dir", str(tmp_path), "--cpu"]) == 0
+    assert "(CPU)" in capsys.readouterr().out.splitlines()[0]
 
 
 def test_the_events_benchmark_measures_the_current_tree_and_a_baseline(
