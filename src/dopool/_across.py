@@ -20,7 +20,7 @@ from dopool._leases import lease_owner
 from dopool._machine import Effects, QueueMachine
 from dopool._messages import Control, Item, Reply
 from dopool._options import PoolOptions
-from dopool._router import Positions, RoutingTable, pick, place
+from dopool._router import Positions, pick, place
 from dopool._storage import Store, Txn
 from dopool._types import EnqueueResult
 from dopool.chaos import FaultInjector
@@ -42,13 +42,10 @@ def store_shares(
     items: tuple[Item, ...],
     groups: dict[int, Positions],
     now: float,
-    owners: Callable[[int], str | None] | None = None,
 ) -> list[Share]:
-    """Store each instance's share of ``items`` in ``txn``, as its own runtime would.
-
-    ``machine(index)``: instance ``index`` of ``pool``'s queue machine. ``owners(index)``:
-    the worker serving it, if known; otherwise its lease is read in ``txn``.
-    """
+    """Store each instance's share of ``items`` in ``txn``, as its own runtime would, and
+    read whom to wake from its lease in ``txn``. ``machine(index)``: instance ``index`` of
+    ``pool``'s queue machine."""
     shares: list[Share] = []
     for index, positions in groups.items():
         queue = machine(index)
@@ -58,10 +55,7 @@ def store_shares(
         answer = effects.answers[0][1]
         if not isinstance(answer, DopoolError):  # a refused share changes nothing
             queue.namespace.save_meta(txn, meta)
-        owner = None if owners is None else owners(index)
-        if owner is None:
-            owner = lease_owner(txn, pool, index)
-        shares.append((index, positions, answer, owner))
+        shares.append((index, positions, answer, lease_owner(txn, pool, index)))
     return shares
 
 
@@ -113,20 +107,16 @@ class Away:
         return machine
 
     def enqueue(
-        self,
-        items: tuple[Item, ...],
-        groups: dict[int, Positions],
-        table: RoutingTable | None,
-        results: list[Any],
+        self, items: tuple[Item, ...], groups: dict[int, Positions], results: list[Any]
     ) -> DopoolError | None:
         """Store each group's items on its instance; their results go in ``results``, at
-        their positions. The first share refused, if any (it stored nothing). ``table``:
-        the one routed by, naming whom to wake; None when it is known to be stale (each
-        owner is read from its lease)."""
+        their positions. The first share refused, if any (it stored nothing). The worker
+        woken for each is the one its lease names in the same transaction, not the
+        routing table's: a table a moment old can name this worker, which just released
+        the instance, and the wake-up would go nowhere until the next poll."""
         now = self._clock.now()
-        owners = None if table is None else table.owner
         with self._store.write() as txn:
-            shares = store_shares(txn, self._pool, self._machine, items, groups, now, owners)
+            shares = store_shares(txn, self._pool, self._machine, items, groups, now)
         return settle(shares, results, self._wake)
 
     def control(self, verb: Verb, indices: list[int]) -> list[Changed]:

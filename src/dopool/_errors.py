@@ -22,7 +22,7 @@ Every exception derives from :class:`DopoolError`::
     │   ├── DamagedRecordError a stored record failed its checksum or its layout
     │   └── StoreClosedError   a write after the store closed (an abandoned handler's)
     ├── InstanceCrashedError   the instance died while the call was waiting on it
-    ├── NotLeasedError         a shared worker's redrive, purge or kill of another's instance
+    ├── NotLeasedError         a shared worker's runtime.kill of another's instance
     ├── SimulationStalledError a wait under virtual time that nothing can end
     ├── PermanentError         raised by a handler: dead-letter this event now
     └── RetryAfter             raised by a handler: retry after exactly ``seconds``
@@ -345,9 +345,9 @@ class InstanceCrashedError(DopoolError):
 
 
 class NotLeasedError(DopoolError):
-    """A redrive, purge or ``runtime.kill`` of an instance that another worker process
-    serves (a shared runtime's); an enqueue, pause, resume, drain, cancel, schedule or
-    unschedule there is made in the store.
+    """A ``runtime.kill`` of an instance that another worker process serves (a shared
+    runtime's); the pool's calls on it (enqueue, pause, cancel, redrive, schedule, ...)
+    are made in the store.
 
     Attributes:
         instance_id: the instance, ``"pool:index"``.
@@ -357,7 +357,7 @@ class NotLeasedError(DopoolError):
         self.instance_id = instance_id
         super().__init__(
             f"instance {instance_id} is served by another worker process (it holds its "
-            "lease); call the worker serving it, or stop the workers for a redrive or purge"
+            "lease): not this process's to crash"
         )
 
 

@@ -3,7 +3,7 @@ concurrency (:func:`record_concurrency`); what a pool uses of its runtime (:clas
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -14,7 +14,7 @@ from dopool._layout import Namespace, follow_ups_to
 from dopool._mailbox import Mailbox
 from dopool._messages import Enqueue, Item, Reply
 from dopool._placement import Placement
-from dopool._router import Positions, Router, RoutingTable
+from dopool._router import Positions, Router
 from dopool._storage import Store
 from dopool._supervisor import Supervisor
 
@@ -80,7 +80,6 @@ class Instances:
         self,
         groups: dict[int, Positions],
         items: tuple[Item, ...],
-        table: RoutingTable,
         results: list[Any],
         refused: NotLeasedError | None = None,
     ) -> DopoolError | None:
@@ -90,7 +89,7 @@ class Instances:
         if self.away is None:
             assert refused is not None, "an exclusive runtime serves every instance here"
             return refused
-        return self.away.enqueue(items, groups, None if refused else table, results)
+        return self.away.enqueue(items, groups, results)
 
     def control(self, verb: Verb, indices: Sequence[int], call: Callable[[int], Any]) -> list[Any]:
         """A shared worker's pause, resume or drain, each instance's answer: those another
@@ -121,17 +120,6 @@ class Instances:
                 if elsewhere is None:
                     raise
         return away(elsewhere)
-
-    def refuse_elsewhere(self, indices: Iterable[int]) -> None:
-        """Raise NotLeasedError if one of ``indices`` is served by another worker: a shared
-        worker's redrive or purge checks before it sends anything, so that it is refused
-        whole, not after the instances served here have acted."""
-        if self.away is None:
-            return  # every instance is served here
-        here = self.router.table.here
-        for index in sorted(indices):
-            if index not in here:
-                raise NotLeasedError(f"{self.name}:{index}")
 
     def submit(self, item: Item, partition_key: str | None) -> tuple[int, Reply]:
         """Send one event to the instance it routes to: that instance's index, and the

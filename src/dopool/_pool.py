@@ -39,7 +39,7 @@ from dopool._messages import (
     Unschedule,
 )
 from dopool._options import PoolOptionsDict
-from dopool._router import RoutingTable, pick, place
+from dopool._router import pick, place
 from dopool._schedules import ScheduleOptions, definition, read_schedules, schedule_info
 from dopool._status import instance_status, pool_status
 from dopool._types import DeadLetter, EnqueueResult, EventInfo, PoolStatus, ScheduleInfo
@@ -205,7 +205,7 @@ class WorkerPool:
         if len(items) == 1:  # the common case: stored from this thread, no hop at all
             index = self._router.choose(partition_key, table)
             if index not in table.here:  # another worker serves it
-                return self._away_one(index, items, table, None)
+                return self._away_one(index, items, None)
             try:
                 stored = self._direct[index].enqueue(items)
             except InstanceCrashedError:
@@ -215,13 +215,13 @@ class WorkerPool:
                 try:
                     stored = self._calls.call(index, partial(Enqueue, items))
                 except NotLeasedError as exc:  # vacant since the table was published
-                    return self._away_one(index, items, table, exc)
+                    return self._away_one(index, items, exc)
             return stored
         results: list[Any] = [None] * len(items)
         keys = [item.dedup_key for item in items]
         groups = self._router.split(len(items), partition_key, keys if any(keys) else None, table)
         away = {i: p for i, p in groups.items() if i not in table.here}
-        failure = self._instances.store_away(away, items, table, results) if away else None
+        failure = self._instances.store_away(away, items, results) if away else None
         parts = [(index, pick(items, p)) for index, p in groups.items() if index not in away]
         # Parts sent at once would commit in thread order; under a simulated
         # clock each part goes in turn instead, so the run is reproducible, and
@@ -238,7 +238,7 @@ class WorkerPool:
                     stored = self._calls.call(index, partial(Enqueue, part))
             except NotLeasedError as exc:  # released since the table was published
                 mine = {index: groups[index]}
-                failure = failure or self._instances.store_away(mine, items, table, results, exc)
+                failure = failure or self._instances.store_away(mine, items, results, exc)
                 continue
             except DopoolError as exc:
                 failure = failure or exc
@@ -249,11 +249,9 @@ class WorkerPool:
             raise failure
         return results
 
-    def _away_one(
-        self, index: int, items: tuple[Item, ...], table: RoutingTable, refused: Any
-    ) -> list[EnqueueResult]:
+    def _away_one(self, index: int, items: tuple[Item, ...], refused: Any) -> list[EnqueueResult]:
         results: list[Any] = [None]
-        failure = self._instances.store_away({index: range(1)}, items, table, results, refused)
+        failure = self._instances.store_away({index: range(1)}, items, results, refused)
         if failure is not None:
             raise failure
         return results
@@ -365,12 +363,14 @@ class WorkerPool:
         for addressed in [index] if among is None or index is not None else among:
             self._refuse_own_instance(addressed)
         if among is None and not filters.given:
-            self._instances.refuse_elsewhere(indices)
-            return sum(self._each(index, partial(verb, None)))
-        now = self._context.clock.now()
-        picked = chosen(self._read_open, self._namespaces, indices, filters, now, among)
-        self._instances.refuse_elsewhere(picked)
-        return sum(self._calls.send_each([(i, partial(verb, picked[i])) for i in sorted(picked)]))
+            messages = {i: partial(verb, None) for i in indices}
+        else:
+            now = self._context.clock.now()
+            picked = chosen(self._read_open, self._namespaces, indices, filters, now, among)
+            messages = {i: partial(verb, picked[i]) for i in sorted(picked)}
+        if self._instances.away is not None:
+            return sum(self._act(i, message) for i, message in messages.items())
+        return sum(self._calls.send_each(list(messages.items())))
 
     def _indices(self, index: int | None) -> range | list[int]:
         """Every instance's index, or ``index`` checked."""
