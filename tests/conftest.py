@@ -1,9 +1,10 @@
-"""Shared fixtures: simulated runtimes on temporary stores, and no actor outlives a test."""
+"""Shared fixtures: simulated runtimes on temporary stores, ``dopool worker`` processes and
+their evidence (``worker_support``), and no actor outlives a test."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pykka
@@ -11,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from dopool import Runtime
+from worker_support import Evidence, Worker, workers
 
 # "fixed" (the default): the same examples every run, so a local run repeats. "explore":
 # new examples every run, from a seed that pytest's header prints (the repository's
@@ -53,3 +55,17 @@ def sim(store_path: Path, request: pytest.FixtureRequest) -> Iterator[Runtime]:
     runtime = Runtime.simulated(store_path, seed=0, backend=request.param)
     yield runtime
     runtime.close()
+
+
+@pytest.fixture
+def evidence() -> Iterator[Evidence]:
+    """What ``dopool worker`` processes' handlers write, in order (``worker_support``)."""
+    found = Evidence()
+    yield found
+    found.close()
+
+
+@pytest.fixture
+def worker() -> Iterator[Callable[..., Worker]]:
+    """Starts ``dopool worker`` processes; each is killed at the end if still running."""
+    yield from workers()

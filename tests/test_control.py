@@ -3,7 +3,7 @@ process, against a running worker and with no owner."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,19 +12,7 @@ import pytest
 import dopool
 from cli_support import assert_one_line_error, invoke
 from dopool import Runtime
-from worker_support import Evidence, Worker, starts, workers
-
-
-@pytest.fixture
-def evidence() -> Iterator[Evidence]:
-    found = Evidence()
-    yield found
-    found.close()
-
-
-@pytest.fixture
-def worker() -> Iterator[Callable[..., Worker]]:
-    yield from workers()
+from worker_support import Evidence, Worker, starts
 
 
 def _cli(*args: str) -> list[str]:

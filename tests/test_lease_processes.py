@@ -14,33 +14,19 @@ from __future__ import annotations
 import json
 import signal
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 import dopool
 from cli_support import invoke
 from dopool._layout import LeaseRecord, Namespace, all_leases
 from dopool._router import Router
-from worker_support import Evidence, Worker, acknowledged, produce, until, workers
+from worker_support import Evidence, Worker, acknowledged, produce, until
 
 TTL = 1.5  # seconds; renewed every 0.5 s
 RERUN = 2.0  # seconds a rerun of the hung worker's attempt takes, in the other worker
 WORKER_ARGS = ("--lease-ttl", str(TTL), "--poll-interval", "0.1", "--grace", "10")
-
-
-@pytest.fixture
-def evidence() -> Iterator[Evidence]:
-    found = Evidence()
-    yield found
-    found.close()
-
-
-@pytest.fixture
-def worker() -> Iterator[Callable[..., Worker]]:
-    yield from workers()
 
 
 def leases(store: Path) -> dict[int, LeaseRecord]:

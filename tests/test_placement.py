@@ -11,43 +11,17 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
-from dopool import EventContext, RetryAfter, RetryPolicy, Runtime
+from dopool import RetryPolicy, Runtime
 from dopool._clock import Clock
 from dopool._keeper import LeaseKeeper
 from dopool._router import Router, RoutingTable
-from dopool._types import EnqueueResult
-from worker_support import WAIT, until
-
-
-class Ran:
-    """What the handlers ran: (runtime, index, sequence)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.log: list[tuple[str, int, int]] = []
-
-    def handler(self, who: str) -> Callable[[EventContext], None]:
-        def run(ctx: EventContext) -> None:
-            with self.lock:
-                self.log.append((who, ctx.instance_index, ctx.sequence))
-            if ctx.event == {"stuck": True}:
-                raise RetryAfter(3600)  # in backoff, holding up its instance's next event
-
-        return run
-
-    def who_ran(self, result: EnqueueResult) -> set[str]:
-        with self.lock:
-            return {
-                who
-                for who, index, sequence in self.log
-                if (index, sequence) == (result.instance_index, result.sequence)
-            }
+from worker_support import WAIT, Ran, until
 
 
 class Ahead:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,21 +15,9 @@ import pytest
 import dopool
 from cli_support import assert_one_line_error, invoke
 from dopool import EventContext, Runtime, ScheduleDefinitionError
-from worker_support import Evidence, Worker, starts, workers
+from worker_support import Evidence, Worker, starts
 
 pytestmark = pytest.mark.threaded
-
-
-@pytest.fixture
-def evidence() -> Iterator[Evidence]:
-    found = Evidence()
-    yield found
-    found.close()
-
-
-@pytest.fixture
-def worker() -> Iterator[Callable[..., Worker]]:
-    yield from workers()
 
 
 def created(path: Path, concurrency: int = 2) -> Path:

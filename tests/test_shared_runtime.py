@@ -31,24 +31,9 @@ from dopool import (
 from dopool._layout import LeaseRecord, Namespace, all_leases, get_lease, put_lease
 from dopool._leases import LeaseBook
 from dopool._sim.storeview import open_view
-from worker_support import WAIT, until
+from worker_support import WAIT, Ran, until
 
 TTL = 0.6  # renewed every 0.2 s
-
-
-class Ran:
-    """What the handlers ran, in order, in both runtimes: (runtime, index, sequence)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.log: list[tuple[str, int, int]] = []
-
-    def handler(self, who: str) -> Callable[[EventContext], None]:
-        def run(ctx: EventContext) -> None:
-            with self.lock:
-                self.log.append((who, ctx.instance_index, ctx.sequence))
-
-        return run
 
 
 def _shared(path: Path, who: str, ran: Ran, **options: Any) -> Runtime:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,19 +13,7 @@ import pytest
 
 import dopool
 from cli_support import assert_one_line_error, invoke
-from worker_support import TESTS, Evidence, Worker, acknowledged, produce, starts, workers
-
-
-@pytest.fixture
-def evidence() -> Iterator[Evidence]:
-    found = Evidence()
-    yield found
-    found.close()
-
-
-@pytest.fixture
-def worker() -> Iterator[Callable[..., Worker]]:
-    yield from workers()
+from worker_support import TESTS, Evidence, Worker, acknowledged, produce, starts
 
 
 def _checked(store: Path) -> None:

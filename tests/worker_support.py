@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from dopool import EnqueueResult, EventContext, RetryAfter
+
 TESTS = Path(__file__).parent
 WAIT = 30.0  # the longest any wait here takes before the test fails
 
@@ -215,3 +217,30 @@ def acknowledged(proc: subprocess.Popen[str]) -> list[dict[str, Any]]:
     lines = out.splitlines()
     assert lines[-1] == "done"
     return [json.loads(line) for line in lines[:-1]]
+
+
+class Ran:
+    """What in-process runtimes' handlers ran, in order: (runtime, index, sequence). An
+    event ``{"stuck": True}`` waits in backoff, holding up its instance's next event."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.log: list[tuple[str, int, int]] = []
+
+    def handler(self, who: str) -> Callable[[EventContext], None]:
+        def run(ctx: EventContext) -> None:
+            with self.lock:
+                self.log.append((who, ctx.instance_index, ctx.sequence))
+            if ctx.event == {"stuck": True}:
+                raise RetryAfter(3600)
+
+        return run
+
+    def who_ran(self, result: EnqueueResult) -> set[str]:
+        """The runtimes that ran the event ``result`` names."""
+        with self.lock:
+            return {
+                who
+                for who, index, sequence in self.log
+                if (index, sequence) == (result.instance_index, result.sequence)
+            }
