@@ -21,7 +21,15 @@ from dopool import (
     SimulatedClock,
 )
 from dopool._check import check_store
-from dopool._layout import EventRecord, Namespace, OutboxRecord, seal_event
+from dopool._layout import (
+    EventRecord,
+    Namespace,
+    OutboxRecord,
+    ScheduleBook,
+    pack,
+    seal,
+    seal_event,
+)
 from dopool._storage import Store, Txn
 
 UNDECODABLE = msgpack.packb({(1, 2): "x"})  # a tuple map key: encodes, never decodes
@@ -331,3 +339,56 @@ def test_an_enqueue_to_an_instance_whose_meta_is_damaged_names_the_record(
             pool.enqueue("x")
         with pytest.raises(DamagedRecordError):
             pool.status()
+
+
+def test_a_follow_up_sealed_with_a_priority_no_enqueue_takes_is_dropped_not_crash_looped(
+    store_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A crafted record with a sound checksum: its priority fits no queue key's rank.
+    Delivered, it would crash its target at every attempt; read, it is damaged."""
+    _pipeline(store_path, ["x"])
+    ns = Namespace("a", 0)
+    with raw_store(store_path) as txn:
+        ns.put_outbox(txn, 7, OutboxRecord("b", 0, 1, b"\xa1y", 1.0, None, 2**40))
+        meta = ns.load_meta(txn)
+        meta.outbox += 1
+        ns.save_meta(txn, meta)
+        [problem] = check_store(txn).problems
+        assert problem.what == f"damaged: field 'priority' is {2**40}"
+    seen = Seen()
+    with caplog.at_level(logging.ERROR, logger="dopool"), Runtime.simulated(store_path) as rt:
+        b = rt.define("b", execute=seen)
+        a = rt.define("a", execute=_relay_to_b)
+        a.enqueue("z")
+        assert a.join(timeout=10)
+        assert b.join(timeout=10)
+        assert "follow-up 7 dropped" in caplog.text
+        assert seen.events == ["z"]
+        assert b.status().instances[0].restarts == 0
+
+
+def test_a_schedule_sealed_with_a_priority_no_enqueue_takes_is_not_fired(
+    store_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with Runtime.simulated(store_path) as rt:
+        pool = rt.define("p", execute=Seen(), concurrency=2)
+        pool.schedule("bad", "b", every=10.0)
+        pool.schedule("good", "g", every=10.0)
+    book = ScheduleBook(Namespace("p", 0))
+    with raw_store(store_path) as txn:
+        key = book.record_key("bad")
+        record = book.get(txn, "bad")
+        assert record is not None
+        txn.put(key, seal(key, pack(record._replace(priority=-(2**40)))))
+    seen = Seen()
+    with caplog.at_level(logging.ERROR, logger="dopool"), Runtime.simulated(store_path) as rt:
+        pool = rt.define("p", execute=seen, concurrency=2)
+        clock = rt.clock
+        assert isinstance(clock, SimulatedClock)
+        clock.run_until(25.0)
+        assert seen.events == ["g", "g"]
+        assert "a schedule is not fired" in caplog.text
+        with pytest.raises(DamagedRecordError) as caught:
+            pool.schedules()
+        assert caught.value.key == key
+        assert [s.restarts for s in pool.status().instances] == [0, 0]

@@ -29,7 +29,7 @@ from dopool import (
 )
 from dopool._check import check_store
 from dopool._dedup import SWEEP, Dedup
-from dopool._layout import DedupIndex, Meta, pack, read_dedup
+from dopool._layout import DedupIndex, Meta, pack, read_dedup, seal
 from dopool._machine import Effects, QueueMachine
 from dopool._messages import Item
 from dopool._options import PoolOptions
@@ -363,6 +363,29 @@ def test_a_damaged_entry_refuses_its_key_alone_and_is_reported(sim: Runtime) -> 
     pool.resume()
     assert pool.join(timeout=10)  # its event finishes; the damaged entry stays
     assert log.ran == ["a", "c"]
+
+
+def test_an_entry_sealed_with_a_priority_no_enqueue_takes_is_damaged(store_path: Path) -> None:
+    """A crafted entry with a sound checksum: its priority fits no queue key, so the
+    lookup of its event could not build one. Read, it is damaged: the owner's enqueue and
+    a producer's refuse its key by name, and nothing else."""
+    with Runtime.simulated(store_path) as runtime:
+        pool, _ = define(runtime)
+        pool.pause()
+        pool.enqueue("a", dedup_key="k")
+        entry_key = DedupIndex("p").entry_key("k")
+        with runtime._store.write() as txn:
+            record = read_dedup(entry_key, txn.get(entry_key))
+            txn.put(entry_key, seal(entry_key, pack(record._replace(priority=2**31))))
+        with pytest.raises(DamagedRecordError) as caught:
+            pool.enqueue("b", dedup_key="k")
+        assert caught.value.key == entry_key
+        with dopool.connect(store_path) as connection:
+            with pytest.raises(DamagedRecordError) as caught:
+                connection.pool("p").enqueue("c", dedup_key="k")
+            assert caught.value.key == entry_key
+        assert not pool.enqueue("d", dedup_key="other").duplicate
+        assert [s.restarts for s in pool.status().instances] == [0]
 
 
 def test_a_damaged_entry_refuses_a_batch_that_names_its_key(sim: Runtime) -> None:

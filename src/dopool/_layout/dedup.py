@@ -28,13 +28,14 @@ from dopool._layout.keys import (
     expiry_prefix,
     queue_key_sequence,
 )
+from dopool._layout.limits import PRIORITY_MAX, PRIORITY_MIN
 from dopool._layout.namespace import Namespace, _count_prefix, _iter_prefix
 from dopool._layout.records import (
     Layout,
     _count,
     _fields,
-    _integer,
     _laid_out,
+    _priority,
     _text,
     _time,
     _time_or_none,
@@ -74,7 +75,7 @@ _DEDUP_LAYOUT: Layout = (
     ("instance", _count),
     ("sequence", _count),
     ("position", _count),
-    ("priority", _integer),
+    ("priority", _priority),
     ("due", _time),
     ("finished_at", _time_or_none),
 )
@@ -104,7 +105,7 @@ def read_dedup(key: bytes, value: bytes) -> DedupRecord:
                 and type(position) is int
                 and 0 <= position < 2**63
                 and type(priority) is int
-                and -(2**63) <= priority < 2**63
+                and PRIORITY_MIN <= priority <= PRIORITY_MAX
                 and type(due) is float
                 and math.isfinite(due)
                 and (

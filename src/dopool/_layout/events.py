@@ -42,8 +42,8 @@ from dopool._layout.records import (
     Layout,
     _count,
     _fields,
-    _integer,
     _laid_out,
+    _priority,
     _text,
     _text_or_none,
     _time,
@@ -95,7 +95,7 @@ _FINISHED_LAYOUT: Layout = (
     ("finished_at", _time),
     ("error", _text_or_none),
     ("partition_key", _text_or_none),
-    ("priority", _integer),
+    ("priority", _priority),
     ("dedup_key", _text_or_none),
 )
 

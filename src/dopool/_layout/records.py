@@ -27,7 +27,13 @@ import msgpack
 
 from dopool._errors import DamagedRecordError, EventValidationError
 from dopool._layout.keys import _QUEUE_TAG, _RANK_DUE_SEQ, describe_key
-from dopool._layout.limits import FORMAT_VERSION, MAX_CONCURRENCY, POOL_NAME
+from dopool._layout.limits import (
+    FORMAT_VERSION,
+    MAX_CONCURRENCY,
+    POOL_NAME,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+)
 
 # -- encoding ----------------------------------------------------------------------
 
@@ -132,6 +138,11 @@ def _count(value: Any) -> bool:
 
 def _integer(value: Any) -> bool:
     return type(value) is int and -(2**63) <= value < 2**63
+
+
+def _priority(value: Any) -> bool:
+    """A priority an enqueue accepts: it becomes a queue key's rank, 4 bytes."""
+    return type(value) is int and PRIORITY_MIN <= value <= PRIORITY_MAX
 
 
 def _time(value: Any) -> bool:
@@ -252,7 +263,7 @@ _EVENT_LAYOUT_3: Layout = (
     ("event", _blob),
     ("enqueued_at", _time),
     ("partition_key", _text_or_none),
-    ("priority", _integer),
+    ("priority", _priority),
 )
 _EVENT_LAYOUT_4: Layout = (*_EVENT_LAYOUT_3, ("dedup_key", _text_or_none))
 _EVENT_LAYOUT: Layout = (*_EVENT_LAYOUT_4, ("expires_at", _time_or_none))  # format 5
@@ -263,7 +274,7 @@ _DEAD_LAYOUT_3: Layout = (
     ("enqueued_at", _time),
     ("failed_at", _time),
     ("partition_key", _text_or_none),
-    ("priority", _integer),
+    ("priority", _priority),
     ("damaged", _flag),
 )
 _DEAD_LAYOUT: Layout = (*_DEAD_LAYOUT_3, ("dedup_key", _text_or_none))
@@ -274,7 +285,7 @@ _OUTBOX_LAYOUT_6: Layout = (  # formats 2 to 6
     ("event", _blob),
     ("enqueued_at", _time),
     ("partition_key", _text_or_none),
-    ("priority", _integer),
+    ("priority", _priority),
 )
 _OUTBOX_LAYOUT: Layout = (*_OUTBOX_LAYOUT_6, ("due", _time_or_none))  # format 7
 
@@ -300,7 +311,7 @@ def read_event(key: bytes, value: bytes) -> EventRecord:
                 and math.isfinite(enqueued_at)
                 and (partition_key is None or type(partition_key) is str)
                 and type(priority) is int
-                and -(2**63) <= priority < 2**63
+                and PRIORITY_MIN <= priority <= PRIORITY_MAX
                 and (dedup_key is None or type(dedup_key) is str)
                 and (
                     expires_at is None or (type(expires_at) is float and math.isfinite(expires_at))
