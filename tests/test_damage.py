@@ -367,9 +367,17 @@ def test_a_follow_up_sealed_with_a_priority_no_enqueue_takes_is_dropped_not_cras
         assert b.status().instances[0].restarts == 0
 
 
-def test_a_schedule_sealed_with_a_priority_no_enqueue_takes_is_not_fired(
-    store_path: Path, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(
+    "change",
+    [{"priority": -(2**40)}, {"every": 0.0005}],
+    ids=["priority out of range", "every below the least"],
+)
+def test_a_schedule_sealed_with_an_impossible_value_is_not_fired(
+    store_path: Path, caplog: pytest.LogCaptureFixture, change: dict[str, Any]
 ) -> None:
+    """Crafted records with a sound checksum: a priority no queue key can rank (the
+    occurrence would crash its instance at each delivery), an ``every`` no definition
+    takes (a flood of occurrences). Read, each is damaged; the other schedule fires."""
     with Runtime.simulated(store_path) as rt:
         pool = rt.define("p", execute=Seen(), concurrency=2)
         pool.schedule("bad", "b", every=10.0)
@@ -379,14 +387,15 @@ def test_a_schedule_sealed_with_a_priority_no_enqueue_takes_is_not_fired(
         key = book.record_key("bad")
         record = book.get(txn, "bad")
         assert record is not None
-        txn.put(key, seal(key, pack(record._replace(priority=-(2**40)))))
+        txn.put(key, seal(key, pack(record._replace(**change))))
+        assert [p.key for p in check_store(txn).problems] == [key]
     seen = Seen()
     with caplog.at_level(logging.ERROR, logger="dopool"), Runtime.simulated(store_path) as rt:
         pool = rt.define("p", execute=seen, concurrency=2)
         clock = rt.clock
         assert isinstance(clock, SimulatedClock)
-        clock.run_until(25.0)
-        assert seen.events == ["g", "g"]
+        clock.run_until(10.004)
+        assert seen.events == ["g"]
         assert "a schedule is not fired" in caplog.text
         with pytest.raises(DamagedRecordError) as caught:
             pool.schedules()

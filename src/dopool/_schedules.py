@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any, TypedDict
 
 from dopool._errors import DamagedRecordError, ScheduleDefinitionError
-from dopool._layout import Namespace, ScheduleBook, ScheduleRecord, unpack
+from dopool._layout import MIN_EVERY, Namespace, ScheduleBook, ScheduleRecord, unpack
 from dopool._options import Schema
 from dopool._recurring import cron_problem
 from dopool._storage import Txn
@@ -67,11 +67,6 @@ def definition(
             )
     item = prepare(event, partition_key, priority, schema)
     return ScheduleRecord(name, item.event, seconds, cron, partition_key, priority, None)
-
-
-#: The shortest ``every``: a schedule firing more often would be a flood of events, not a
-#: schedule (and one below the clock's resolution would fire at one time for ever).
-MIN_EVERY = 0.001
 
 
 def _every(name: str, every: Any) -> float:

@@ -27,3 +27,8 @@ MAX_PARTITION_KEY_BYTES = 2 * 1024
 MAX_DEDUP_KEY_BYTES = 2 * 1024
 PRIORITY_MIN = -(2**31)
 PRIORITY_MAX = 2**31 - 1
+
+#: The shortest ``every`` of a recurring schedule: a schedule firing more often would be
+#: a flood of events, not a schedule (and one below the clock's resolution would fire at
+#: every representable time). A stored schedule below it is damaged.
+MIN_EVERY = 0.001

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from dopool._errors import DamagedRecordError
 from dopool._layout.keys import _FIRE_TAG, _RECURRING_TAG, _U64, encode_due, fire_time
 from dopool._layout.keys import schedule_name as _name_of
+from dopool._layout.limits import MIN_EVERY
 from dopool._layout.namespace import Namespace, _iter_prefix
 from dopool._layout.records import (
     Layout,
@@ -63,7 +64,7 @@ class ScheduleRecord(NamedTuple):
 
 
 def _every(value: object) -> bool:
-    return value is None or (type(value) is float and _time(value) and value > 0)
+    return value is None or (type(value) is float and _time(value) and value >= MIN_EVERY)
 
 
 _SCHEDULE_LAYOUT: Layout = (
