@@ -421,6 +421,34 @@ def test_an_entry_naming_a_damaged_event_is_claimed_anew(sim: Runtime) -> None:
     assert dead.damaged
 
 
+def test_an_entry_naming_an_event_that_holds_another_key_is_claimed_anew(
+    store_path: Path,
+) -> None:
+    """A crafted entry with a sound checksum names a stored, unfinished event that holds
+    another key: it holds nothing, so an enqueue with its key is stored, not answered as
+    a duplicate of an unrelated event (and lost), and ``dopool check`` names it."""
+    with Runtime.simulated(store_path) as runtime:
+        pool, log = define(runtime)
+        pool.pause()
+        other = pool.enqueue("a", dedup_key="other")
+        index = DedupIndex("p")
+        with runtime._store.write() as txn:
+            record = index.get(txn, "other")
+            assert record is not None
+            index.put(txn, record._replace(dedup_key="k"))
+            problems = check_store(txn).problems
+        assert [p.what for p in problems] == [
+            "dedup key 'k' names event 0 of p:0, which holds dedup key 'other'"
+        ]
+        fresh = pool.enqueue("b", dedup_key="k")
+        assert not fresh.duplicate
+        assert fresh.event_id != other.event_id
+        pool.resume()
+        assert pool.join(timeout=10)
+        assert log.ran == ["a", "b"]
+        checks_out(runtime)
+
+
 def test_check_reports_an_index_that_disagrees_with_the_events(sim: Runtime) -> None:
     pool, _ = define(sim)
     pool.pause()

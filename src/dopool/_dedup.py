@@ -153,10 +153,10 @@ class Dedup:
             return None
         if entry.finished_at is None:
             ns = self._namespace(entry.instance)
-            if not event_stored(txn, ns, entry.priority, entry.sequence, entry.due):
+            if not event_stored(txn, ns, entry):
                 logger.warning(
                     "pool %s: dedup key %r named event %d of instance %d, which is not stored "
-                    "(set aside as damaged?): claimed anew",
+                    "(set aside as damaged?) or holds another key: claimed anew",
                     self._pool,
                     key,
                     entry.sequence,

@@ -369,12 +369,14 @@ class DedupTally:
 
     ``entries``: each pool's index entries by dedup key; ``keyed``: each pending event
     that holds a key, ``(pool, index, sequence, dedup key, its key)``; ``stored``: the
-    keys of every pending event read; ``uncertain``: pools with a damaged entry.
+    keys of every pending event read; ``holds``: the dedup key (or None) of each that
+    reads, by its key; ``uncertain``: pools with a damaged entry.
     """
 
     entries: dict[str, dict[str, DedupRecord]] = field(default_factory=dict)
     keyed: list[tuple[str, int, int, str, bytes]] = field(default_factory=list)
     stored: set[bytes] = field(default_factory=set)
+    holds: dict[bytes, str | None] = field(default_factory=dict)
     uncertain: set[str] = field(default_factory=set)
 
     def add_entry(self, pool: str, record: DedupRecord) -> None:
@@ -382,6 +384,7 @@ class DedupTally:
 
     def add_event(self, pool: str, index: int, key: bytes, dedup_key: str | None) -> None:
         self.stored.add(key)
+        self.holds[key] = dedup_key
         if dedup_key is not None:
             self.keyed.append((pool, index, queue_key_sequence(key), dedup_key, key))
 
@@ -389,9 +392,9 @@ class DedupTally:
 def broken_dedup(tally: DedupTally) -> list[tuple[str, bytes | None, str]]:
     """What the index and the events break: ``(pool, key, what)``.
 
-    Every unfinished entry names a stored event, every keyed pending event is the one
-    its key's entry names (so no two pending events hold one key), and no pool's key
-    is held twice.
+    Every unfinished entry names a stored event that holds its key, every keyed pending
+    event is the one its key's entry names (so no two pending events hold one key), and
+    no pool's key is held twice.
     """
     broken: list[tuple[str, bytes | None, str]] = []
     for pool, entries in sorted(tally.entries.items()):
@@ -403,15 +406,15 @@ def broken_dedup(tally: DedupTally) -> list[tuple[str, bytes | None, str]]:
                 ns.queue_key(entry.priority, entry.sequence, entry.due),
                 ns.scheduled_key(entry.priority, entry.sequence, entry.due),
             )
-            if not any(key in tally.stored for key in keys):
-                broken.append(
-                    (
-                        pool,
-                        None,
-                        f"dedup key {dedup_key!r} names event {entry.sequence} of "
-                        f"{pool}:{entry.instance}, unfinished, which is not stored",
-                    )
-                )
+            found = next((key for key in keys if key in tally.stored), None)
+            named = (
+                f"dedup key {dedup_key!r} names event {entry.sequence} of {pool}:{entry.instance}"
+            )
+            if found is None:
+                broken.append((pool, None, f"{named}, unfinished, which is not stored"))
+            elif found in tally.holds and tally.holds[found] != dedup_key:  # (it reads)
+                other = tally.holds[found]
+                broken.append((pool, found, f"{named}, which holds dedup key {other!r}"))
     held: dict[tuple[str, str], int] = {}
     for pool, index, sequence, dedup_key, key in tally.keyed:
         held[pool, dedup_key] = held.get((pool, dedup_key), 0) + 1

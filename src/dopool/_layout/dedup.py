@@ -328,15 +328,18 @@ class DedupIndex:
 # -- the events that hold keys ------------------------------------------------------------
 
 
-def event_stored(txn: Txn, ns: Namespace, priority: int, sequence: int, due: float) -> bool:
-    """Whether event ``sequence`` of ``ns`` is stored, due (or started) or scheduled, and
-    reads (a damaged one will never run)."""
+def event_stored(txn: Txn, ns: Namespace, entry: DedupRecord) -> bool:
+    """Whether the unfinished event ``entry`` names is stored in ``ns``, due (or started)
+    or scheduled, reads (a damaged one will never run), and holds the entry's key (an
+    event holding another key, or none, is not what the entry says)."""
+    priority, sequence, due = entry.priority, entry.sequence, entry.due
     try:
-        if ns.get_event(txn, ns.queue_key(priority, sequence, due)) is not None:
-            return True
-        return ns.get_event(txn, ns.scheduled_key(priority, sequence, due)) is not None
+        record = ns.get_event(txn, ns.queue_key(priority, sequence, due))
+        if record is None:
+            record = ns.get_event(txn, ns.scheduled_key(priority, sequence, due))
     except DamagedRecordError:
         return False
+    return record is not None and record.dedup_key == entry.dedup_key
 
 
 def keyed_events(txn: Txn, ns: Namespace) -> list[tuple[int, str]]:
