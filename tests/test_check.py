@@ -291,3 +291,18 @@ def test_leases_and_presences_are_checked(store: Path) -> None:
     assert any("a lease naming no worker ('two words')" in p for p in found), found
     assert sum("damaged: checksum mismatch" in p for p in found) == 2, found
     assert len(found) == 5, found
+
+
+def test_status_passes_over_a_damaged_lease_and_check_names_it(store: Path) -> None:
+    """A damaged lease names no worker: ``dopool status`` shows the pools without it,
+    instead of refusing the whole store, and ``dopool check`` reports it."""
+    with edit(store) as txn:
+        txn.put(lease_key("orders", 0), b"\0\0\0\0junk")
+        txn.put(lease_key("orders", 0)[:-1], b"\0\0\0\0junk")  # a key that names no instance
+    result = invoke("status", str(store), "--json")
+    assert result.exit_code == 0, result.output
+    assert [pool["name"] for pool in json.loads(result.stdout)["pools"]] == ["invoices", "orders"]
+    assert sorted(problems(store)) == [
+        "None: a key of no known kind",
+        "None: damaged: checksum mismatch",
+    ]

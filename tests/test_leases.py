@@ -254,6 +254,47 @@ def test_a_damaged_lease_is_reported_and_wakes_nobody(store: Store) -> None:
     assert PresenceRecord(1, "h", T0).expires_at == T0
 
 
+@pytest.mark.parametrize("exclusive", [False, True], ids=["shared", "exclusive"])
+def test_a_damaged_lease_is_taken_as_an_expired_one_not_a_failed_renewal(
+    store: Store, exclusive: bool
+) -> None:
+    """Who holds it is unknown, and its bytes are nobody's any more (the holder's
+    fencing check refuses it already): it is taken over at once, named in the renewal,
+    and the holder loses it, instead of every worker's renewal failing for good."""
+    a, b = _book("a", pools={"jobs": 2}), _book("b", exclusive=exclusive, pools={"jobs": 2})
+    _renew(store, a, T0)
+    with store.write() as txn:
+        txn.put(lease_key("jobs", 1), b"\0\0\0\0junk")
+        a.leave(txn, keep=[("jobs", 1)])  # a's presence goes: b alone is live
+    renewal = _renew(store, b, T0 + 1)
+    assert [(t.index, t.epoch, t.expired) for t in renewal.taken] == [
+        (0, 1, False),
+        (1, 1, not exclusive),
+    ]
+    assert [error.key for error in renewal.damaged] == [lease_key("jobs", 1)]
+    assert {index: r.owner for (_, index), r in _leases(store).items()} == {
+        0: "host-1-b",
+        1: "host-1-b",
+    }
+    assert _renew(store, a, T0 + 2).lost == [("jobs", 1)]
+
+
+def test_a_damaged_presence_is_deleted_at_a_renewal_and_counts_for_nobody(
+    store: Store,
+) -> None:
+    a = _book("a", pools={"jobs": 2})
+    with store.write() as txn:
+        txn.put(b"Whost-2-b", b"\0\0\0\0junk")  # a worker's, damaged
+        txn.put(b"W two words", seal(b"W two words", pack([1, "h", T0 + 60])))  # nobody's
+    renewal = _renew(store, a, T0)
+    assert renewal.live == 1
+    assert sorted(error.key for error in renewal.damaged) == [b"W two words", b"Whost-2-b"]
+    assert len(renewal.taken) == 2
+    with store.read() as txn:
+        assert [owner for owner, _ in all_presences(txn)] == ["host-1-a"]
+    assert _renew(store, a, T0 + 1).damaged == []
+
+
 def test_an_instance_still_stopping_here_is_not_taken_again(store: Store) -> None:
     a = _book("a")
     with store.write() as txn:

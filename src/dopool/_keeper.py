@@ -168,6 +168,8 @@ class LeaseKeeper:
             self._start(taken)
         for owner, presence in renewal.gone:
             self._forget(owner, presence.pid, presence.host)
+        for error in renewal.damaged:
+            logger.error("%s: treated as an expired one", error)
         self._place(owners)
 
     def _owners(self, txn: Txn) -> dict[str, tuple[str | None, ...]]:

@@ -47,6 +47,7 @@ from dopool._layout import (
     LeaseRecord,
     PresenceRecord,
     all_presences,
+    damaged_presences,
     delete_lease,
     delete_presence,
     get_lease,
@@ -125,6 +126,7 @@ class Renewal:
     release: list[Where] = field(default_factory=list)
     live: int = 1
     gone: list[tuple[str, PresenceRecord]] = field(default_factory=list)  # presences deleted
+    damaged: list[DamagedRecordError] = field(default_factory=list)  # leases, presences
 
 
 class _Held(NamedTuple):
@@ -219,8 +221,11 @@ class LeaseBook:
             else:  # a dead (or hung) worker's: it writes it again if it wakes
                 delete_presence(txn, owner)
                 gone.append((owner, presence))
+        damage = damaged_presences(txn)
+        for error in damage:  # whose, and until when, is unknown: as an expired one
+            txn.delete(error.key)
         live, rank = len(owners), sorted(owners).index(me.owner)
-        renewal = Renewal(live=live, gone=gone)
+        renewal = Renewal(live=live, gone=gone, damaged=damage)
         held = dict(self._held)
         for (pool, index), lease in sorted(held.items()):
             if self.holds(txn, pool, index):
@@ -230,6 +235,7 @@ class LeaseBook:
                 renewal.lost.append((pool, index))
                 del held[(pool, index)]
                 self._releasing.discard((pool, index))
+        busy = busy.union(renewal.lost)  # (a damaged lease is lost and free at once)
         for pool, concurrency in sorted(self._pools.items()):
             fair = concurrency if self.exclusive else fair_share(pool, concurrency, live, rank)
             mine = sorted(index for p, index in held if p == pool)
@@ -245,7 +251,7 @@ class LeaseBook:
                     break
                 if (pool, index) in held or (pool, index) in busy:
                     continue
-                taken = self._take(txn, pool, index, now, until)
+                taken = self._take(txn, pool, index, now, until, renewal.damaged)
                 if taken is not None:
                     held[(pool, index)] = taken[1]
                     renewal.taken.append(taken[0])
@@ -254,11 +260,25 @@ class LeaseBook:
         return renewal
 
     def _take(
-        self, txn: Txn, pool: str, index: int, now: float, until: float
+        self,
+        txn: Txn,
+        pool: str,
+        index: int,
+        now: float,
+        until: float,
+        damage: list[DamagedRecordError],
     ) -> tuple[Taken, _Held] | None:
-        """Take ``pool:index``'s lease if it is free or expired (any, if exclusive)."""
+        """Take ``pool:index``'s lease if it is free or expired (any, if exclusive).
+
+        A damaged lease is taken as an expired one of an unknown worker: its bytes
+        are no worker's any more, so whoever held it commits nothing through it.
+        """
         me = self.worker
-        record = get_lease(txn, pool, index)
+        try:
+            record = get_lease(txn, pool, index)
+        except DamagedRecordError as error:
+            damage.append(error)
+            record = LeaseRecord("", 0, "", 0, now)
         if record is None:
             epoch, expired = 1, False
         elif self.exclusive:

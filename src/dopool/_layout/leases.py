@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
+from dopool._errors import DamagedRecordError
 from dopool._layout.keys import (
     lease_key,
     lease_prefix,
@@ -103,16 +104,20 @@ def delete_lease(txn: Txn, pool: str, index: int) -> None:
 
 
 def all_leases(txn: Txn) -> Iterator[tuple[str, int, LeaseRecord]]:
-    """Every lease in the store: ``(pool, index, record)``, by pool and index.
+    """Every lease in the store that reads: ``(pool, index, record)``, by pool and index.
 
-    Raises:
-        DamagedRecordError: a lease key or record fails its checks.
+    A damaged one (its key or its record) is passed over: it names no worker, and
+    ``dopool check`` reports it.
     """
     for key, raw in _iter_prefix(txn, lease_prefix()):
         where = parse_lease_key(key)
         if where is None:
-            raise damaged(key, raw, "the lease key names no instance")
-        yield where[0], where[1], read_lease(key, raw)
+            continue
+        try:
+            record = read_lease(key, raw)
+        except DamagedRecordError:
+            continue
+        yield where[0], where[1], record
 
 
 def put_presence(txn: Txn, owner: str, record: PresenceRecord) -> None:
@@ -125,13 +130,31 @@ def delete_presence(txn: Txn, owner: str) -> None:
 
 
 def all_presences(txn: Txn) -> Iterator[tuple[str, PresenceRecord]]:
-    """Every worker's presence: ``(owner, record)``.
+    """Every worker's presence that reads: ``(owner, record)``.
 
-    Raises:
-        DamagedRecordError: a presence key or record fails its checks.
+    A damaged one (its key or its record) is passed over: :func:`damaged_presences`
+    names it, and ``dopool check`` reports it.
     """
     for key, raw in _iter_prefix(txn, presence_prefix()):
         owner = presence_owner(key)
         if owner is None:
-            raise damaged(key, raw, "the presence key names no worker")
-        yield owner, read_presence(key, raw)
+            continue
+        try:
+            record = read_presence(key, raw)
+        except DamagedRecordError:
+            continue
+        yield owner, record
+
+
+def damaged_presences(txn: Txn) -> list[DamagedRecordError]:
+    """The presences that fail their checks (their key or their record), each as its error."""
+    found = []
+    for key, raw in _iter_prefix(txn, presence_prefix()):
+        if presence_owner(key) is None:
+            found.append(damaged(key, raw, "the presence key names no worker"))
+            continue
+        try:
+            read_presence(key, raw)
+        except DamagedRecordError as exc:
+            found.append(exc)
+    return found
