@@ -219,7 +219,9 @@ def test_a_damaged_dead_letter_is_listed_as_damaged_and_not_redriven(store_path:
         assert pool.dead_letters() == []
 
 
-def test_a_damaged_meta_record_refuses_the_pool_and_leaves_no_actor(store_path: Path) -> None:
+def test_a_damaged_meta_record_refuses_the_pool_and_leaves_no_actor(
+    store_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     paused_pool_with(store_path, ["a"])
     key = Namespace("p", 0)._meta
     with raw_store(store_path) as txn:
@@ -230,6 +232,11 @@ def test_a_damaged_meta_record_refuses_the_pool_and_leaves_no_actor(store_path: 
         assert caught.value.key == key
         assert caught.value.reason == "checksum mismatch"
         assert pykka.ActorRegistry.get_all() == []
+        # Logged by name, without a traceback (dopool worker prints its log on stderr).
+        assert "damaged meta record of instance p:0" in caplog.text
+        errors = [record for record in caplog.records if record.levelno >= logging.ERROR]
+        assert errors
+        assert all(record.exc_info is None for record in errors)
         other = runtime.define("q", execute=Seen())  # the runtime goes on
         other.enqueue("x")
         assert other.join(timeout=10)

@@ -129,6 +129,8 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             engine_failure = isinstance(exc, StorageError) or not isinstance(exc, DopoolError)
             if isinstance(exc, StoreClosedError):  # abandoned at exit, which was logged
                 logger.info("instance %s: %r came after its store closed", self._id, message)
+            elif isinstance(exc, DamagedRecordError):  # it names the record: no traceback
+                logger.error("instance %s failed handling %r: %s", self._id, message, exc)
             elif engine_failure:
                 logger.exception("instance %s failed handling %r", self._id, message)
             reply = getattr(message, "reply", None)
