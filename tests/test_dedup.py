@@ -30,6 +30,7 @@ from dopool import (
 from dopool._check import check_store
 from dopool._dedup import SWEEP, Dedup
 from dopool._layout import DedupIndex, Meta, pack, read_dedup, seal
+from dopool._layout.keys import expiry_prefix
 from dopool._machine import Effects, QueueMachine
 from dopool._messages import Item
 from dopool._options import PoolOptions
@@ -317,6 +318,25 @@ def test_entries_past_their_window_are_swept_without_being_reused(sim: Runtime) 
     assert SWEEP * 10 >= 20
     with sim._store.read() as txn:
         assert DedupIndex("p").count_expiries(txn) == 10
+    checks_out(sim)
+
+
+def test_an_expiry_key_too_short_to_name_an_entry_never_stops_the_sweep(sim: Runtime) -> None:
+    """A crafted key under the pool's expiry prefix with no time and name after it sorts
+    first: it is deleted as it is met, and the entries behind it are swept (else the
+    index would keep every finished entry for good)."""
+    pool, _ = define(sim, dedup_window=5.0)
+    stray = expiry_prefix("p") + b"\x01"
+    with sim._store.write() as txn:
+        txn.put(stray, seal(stray, pack(())))
+    pool.enqueue_many(list(range(4)), dedup_keys=[f"old-{n}" for n in range(4)])
+    assert pool.join(timeout=10)
+    clock_of(sim).advance(10.0)
+    pool.enqueue_many(list(range(4)), dedup_keys=[f"new-{n}" for n in range(4)])
+    assert pool.join(timeout=10)
+    assert entries(sim) == 4
+    with sim._store.read() as txn:
+        assert txn.get(stray) is None
     checks_out(sim)
 
 

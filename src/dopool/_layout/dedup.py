@@ -285,7 +285,9 @@ class DedupIndex:
         finished, if the sweep read it (None: none is left, or the limit came first).
 
         An expiry key whose entry was taken over since (by a newer event of its key,
-        or a newer finish) goes alone; a damaged entry is left for ``dopool check``.
+        or a newer finish) goes alone; a damaged entry is left for ``dopool check``. A key
+        too short to hold a time and a name names nothing: it goes alone too, so that it
+        never stops the sweep.
         """
         done: list[bytes] = []
         oldest = None
@@ -295,15 +297,19 @@ class DedupIndex:
             found = cursor.set_range(self._expiry)
             while found and len(done) < limit:
                 key = cursor.key()
-                if not key.startswith(self._expiry) or len(key) <= start + 8:
+                if not key.startswith(self._expiry):
                     break
-                bits = _U64.unpack_from(key, start)[0]
-                if bits > limit_bits:
-                    oldest = decode_due(bits)
-                    break
+                if len(key) > start + 8:
+                    bits = _U64.unpack_from(key, start)[0]
+                    if bits > limit_bits:
+                        oldest = decode_due(bits)
+                        break
                 done.append(bytes(key))
                 found = cursor.next()
         for expiry in done:
+            if len(expiry) <= start + 8:
+                txn.delete(expiry)
+                continue
             entry_key = self._prefix + expiry[start + 8 :]
             raw = txn.get(entry_key)
             if raw is not None:
