@@ -26,6 +26,7 @@ from dopool._layout import (
     pack,
     put_lease,
     put_presence,
+    seal,
     seal_pool,
 )
 from dopool._storage import Txn
@@ -305,4 +306,15 @@ def test_status_passes_over_a_damaged_lease_and_check_names_it(store: Path) -> N
     assert sorted(problems(store)) == [
         "None: a key of no known kind",
         "None: damaged: checksum mismatch",
+    ]
+
+
+def test_an_event_index_entry_naming_neither_key_of_its_event_is_reported(store: Path) -> None:
+    """A crafted entry with a sound checksum: a lookup of its event falls back to a scan
+    (logged) each time, and check names it."""
+    entry = Namespace("orders", 1).prefix + b"n" + (4).to_bytes(8, "big")
+    with edit(store) as txn:
+        txn.put(entry, seal(entry, pack([bytes(12)])))
+    assert problems(store) == [
+        "orders:1: the event index entry of event 4 names neither of its keys"
     ]

@@ -35,11 +35,13 @@ from dopool._layout import (
     fire_time,
     is_format_key,
     mark_source,
+    open_sealed,
     parse_dedup_key,
     parse_instance_key,
     parse_lease_key,
     pool_name_of,
     presence_owner,
+    queue_key_sequence,
     read_dead,
     read_dedup,
     read_event,
@@ -96,6 +98,10 @@ class _Instance:
     sources: list[tuple[bytes, tuple[str, int]]] = field(default_factory=list)  # its marks'
     schedules: dict[bytes, tuple[bytes, float | None]] = field(default_factory=dict)  # by name
     fires: list[tuple[float, bytes, bytes]] = field(default_factory=list)  # at, name, key
+    # By sequence: each pending event's rank and due time (its keys' but the sequence),
+    # and each index entry's key and the rank and due time it holds.
+    events: dict[int, bytes] = field(default_factory=dict)
+    entries: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
 
 
 def check_store(txn: Txn) -> CheckReport:
@@ -185,6 +191,8 @@ def _check_instance_record(
         links.add_meta(where, instance.meta)
     elif kind is RecordKind.EVENT or kind is RecordKind.SCHEDULED:
         dedup.stored.add(key)  # damaged or not: an entry naming it names a stored event
+        found = key[-20:-8] if kind is RecordKind.EVENT else key[-12:-8] + key[-20:-12]
+        instance.events[queue_key_sequence(key)] = found
         event = read_event(key, value)
         _payload(where, key, event.event, problems)
         pool, _, index = where.rpartition(":")
@@ -198,6 +206,8 @@ def _check_instance_record(
         links.add_outbox(where, record)
     elif kind in _LIFECYCLE:
         read_lifecycle(kind, key, value)
+        if kind is RecordKind.INDEX:  # it reads: one field, the 12 bytes
+            instance.entries[queue_key_sequence(key)] = (key, unpack(open_sealed(key, value))[0])
     elif kind is RecordKind.SCHEDULE:
         name = key[key.index(b"\0") + 2 :]
         instance.schedules[name] = (key, None)  # counted even if damaged: reported so
@@ -275,6 +285,9 @@ def _check_instance(
         problem(what, found.meta_key)
     for what, key in _broken_schedules(index, meta, found):
         problem(what, key)
+    for sequence, (key, held) in sorted(found.entries.items()):
+        if found.events.get(sequence, held) != held:  # (one with no event is counted stray)
+            problem(f"the event index entry of event {sequence} names neither of its keys", key)
     return problems
 
 
