@@ -12,6 +12,7 @@ import msgpack
 import pykka
 import pytest
 
+from cli_support import invoke
 from dopool import (
     DamagedRecordError,
     EventContext,
@@ -408,3 +409,23 @@ def test_a_schedule_sealed_with_an_impossible_value_is_not_fired(
             pool.schedules()
         assert caught.value.key == key
         assert [s.restarts for s in pool.status().instances] == [0, 0]
+
+
+def test_a_stray_key_among_the_pending_events_is_deleted_by_a_drain_uncounted(
+    store_path: Path,
+) -> None:
+    """A key under the queue's (or the scheduled events') prefix of no event's length is
+    no event: the instance runs past it, and a drain, here dopool drain's, deletes it
+    without counting it, instead of refusing with 'N pending but N + 1 keys'."""
+    paused_pool_with(store_path, ["a", "b"])
+    ns = Namespace("p", 0)
+    strays = [ns.prefix + b"q\x01", ns.prefix + b"w" + bytes(30)]
+    with raw_store(store_path) as txn:
+        for stray in strays:
+            txn.put(stray, seal(stray, pack([])))
+    result = invoke("drain", str(store_path), "--pool", "p")
+    assert result.exit_code == 0, result.output
+    with raw_store(store_path) as txn:
+        assert [txn.get(stray) for stray in strays] == [None, None]
+        assert check_store(txn).ok
+        assert ns.load_meta(txn).drained == 2

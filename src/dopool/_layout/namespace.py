@@ -284,7 +284,9 @@ class Namespace:
     def delete_events(self, txn: Txn) -> int:
         """Delete every pending event, due or scheduled, and the index; how many events."""
         _delete_prefix(txn, self._entries)
-        return _delete_prefix(txn, self._queue) + _delete_prefix(txn, self._wait)
+        size = _RANK_DUE_SEQ.size  # an event's keys' suffix (a stray key goes, uncounted)
+        queue, wait = len(self._queue) + size, len(self._wait) + size
+        return _delete_prefix(txn, self._queue, queue) + _delete_prefix(txn, self._wait, wait)
 
     def iter_event_keys(self, txn: Txn) -> Iterator[bytes]:
         """The run queue's keys, in run order."""
@@ -426,14 +428,14 @@ def _count_prefix(txn: Txn, prefix: bytes) -> int:
     return sum(1 for _ in _iter_prefix(txn, prefix))
 
 
-def _delete_prefix(txn: Txn, prefix: bytes) -> int:
-    count = 0
+def _delete_prefix(txn: Txn, prefix: bytes, length: int | None = None) -> int:
+    count = 0  # of the keys deleted (with ``length``, of those of that length)
     with txn.cursor() as cursor:
         if not cursor.set_range(prefix):
             return 0
         while cursor.key().startswith(prefix):
+            count += length is None or len(cursor.key()) == length
             cursor.delete()  # moves to the next key
-            count += 1
             if not cursor.key():
                 break
     return count
