@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dopool import RetryPolicy
+from dopool._check import check_store
 from dopool._invariants import read_instance, violations
 from dopool._layout import (
     MIGRATED_DUE,
@@ -21,12 +22,14 @@ from dopool._layout import (
     Namespace,
     decode_due,
     encode_due,
+    open_sealed,
     pack,
     queue_key_due,
     queue_key_priority,
     queue_key_sequence,
     scheduled_key_due,
     scheduled_key_priority,
+    seal,
     unpack,
 )
 from dopool._machine import Effects
@@ -289,6 +292,40 @@ def test_a_damaged_scheduled_record_moves_as_found_and_is_dead_lettered(store: S
     assert (dead.sequence, dead.damaged) == (0, True)
     assert unpack(started[1].event) == "next"
     assert rig.broken() == []
+
+
+@pytest.mark.parametrize(
+    "bits", [0xFFF0 << 48, 0xFFF8 << 48, 0x0007 << 48], ids=["inf", "nan", "-nan"]
+)
+def test_a_scheduled_key_due_at_no_finite_time_is_dead_lettered_not_kept(
+    store: Store, bits: int
+) -> None:
+    """A crafted key (its record sealed for it) due at +inf or NaN: no enqueue gives one.
+    It moves to the run queue as found, so it is dead-lettered as damaged, instead of
+    staying for ever and making its due time the meta's ``next_due``, which the meta's
+    own checks then refuse (the instance refused for good)."""
+    rig = Rig(store)
+    enqueue(rig, "crafted", now=0.0, due=5.0)
+    enqueue(rig, "next", now=0.0, due=6.0)
+    ns = rig.machine.namespace
+    key = ns.scheduled_key(0, 0, 5.0)
+    crafted = key[:-20] + struct.pack(">Q", bits) + key[-12:]
+    assert not math.isfinite(scheduled_key_due(crafted))
+    with store.write() as txn:
+        txn.put(crafted, seal(crafted, open_sealed(key, txn.pop(key))))
+        named = [p.key for p in check_store(txn).problems if "scheduled event due at" in p.what]
+    assert named == [crafted]
+    dead = []
+    for _ in range(2):  # the crafted key sorts before "next" (-nan) or after it
+        started, fx = rig.step(lambda txn, meta, fx: rig.machine.take_alarm(txn, meta, 6.0, fx))
+        dead += fx.dead
+        if started is not None:
+            assert unpack(started[1].event) == "next"
+            rig.succeed(6.0)
+    assert [(d.sequence, d.damaged) for d in dead] == [(0, True)]
+    with store.read() as txn:
+        meta = ns.load_meta(txn)  # it reads
+    assert (meta.pending, meta.scheduled, meta.next_due, meta.succeeded) == (0, 0, None, 1)
 
 
 # -- what the invariants see ---------------------------------------------------------------

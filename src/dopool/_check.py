@@ -14,6 +14,7 @@ is an instance of a stored pool.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,7 @@ from dopool._layout import (
     read_pool,
     read_presence,
     read_schedule,
+    scheduled_key_due,
     unpack,
     valid_owner,
 )
@@ -193,6 +195,8 @@ def _check_instance_record(
         dedup.stored.add(key)  # damaged or not: an entry naming it names a stored event
         found = key[-20:-8] if kind is RecordKind.EVENT else key[-12:-8] + key[-20:-12]
         instance.events[queue_key_sequence(key)] = found
+        if kind is RecordKind.SCHEDULED and not math.isfinite(due := scheduled_key_due(key)):
+            problems.append(Problem(where, key, f"a scheduled event due at {due!r}"))
         event = read_event(key, value)
         _payload(where, key, event.event, problems)
         pool, _, index = where.rpartition(":")

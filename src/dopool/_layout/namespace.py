@@ -259,17 +259,18 @@ class Namespace:
                     break
                 if len(key) == length:  # else a stray key: not an event
                     bits, rank, sequence = _DUE_RANK_SEQ.unpack_from(key, len(wait))
-                    if bits > limit:
-                        promoted.next_due = decode_due(bits)
+                    due = decode_due(bits)  # not finite: no enqueue's, so moved as found
+                    if bits > limit and math.isfinite(due):
+                        promoted.next_due = due
                         break
                     new_key = queue + _RANK_DUE_SEQ.pack(rank, bits, sequence)
                     try:
-                        value = seal(new_key, open_sealed(key, raw))
+                        value = seal(new_key, open_sealed(key, raw)) if math.isfinite(due) else raw
                     except DamagedRecordError:
                         value = raw  # damaged as found: still damaged under its new key
                     moves.append((key, new_key, value))
                     promoted.priorities.append(PRIORITY_MAX - rank)
-                    promoted.last_due = decode_due(bits)
+                    promoted.last_due = due if math.isfinite(due) else promoted.last_due
                 found = cursor.next()
         for key, new_key, value in moves:
             txn.delete(key)
@@ -284,9 +285,8 @@ class Namespace:
     def delete_events(self, txn: Txn) -> int:
         """Delete every pending event, due or scheduled, and the index; how many events."""
         _delete_prefix(txn, self._entries)
-        size = _RANK_DUE_SEQ.size  # an event's keys' suffix (a stray key goes, uncounted)
-        queue, wait = len(self._queue) + size, len(self._wait) + size
-        return _delete_prefix(txn, self._queue, queue) + _delete_prefix(txn, self._wait, wait)
+        length = len(self._queue) + _RANK_DUE_SEQ.size  # a stray key goes too, uncounted
+        return _delete_prefix(txn, self._queue, length) + _delete_prefix(txn, self._wait, length)
 
     def iter_event_keys(self, txn: Txn) -> Iterator[bytes]:
         """The run queue's keys, in run order."""
