@@ -26,6 +26,8 @@ from dopool._layout import (
     pack,
     put_lease,
     put_presence,
+    read_dedup,
+    read_schedule,
     seal,
     seal_pool,
 )
@@ -318,3 +320,23 @@ def test_an_event_index_entry_naming_neither_key_of_its_event_is_reported(store:
     assert problems(store) == [
         "orders:1: the event index entry of event 4 names neither of its keys"
     ]
+
+
+def test_a_finished_dedup_entry_without_its_expiry_key_is_reported(store: Path) -> None:
+    """Never swept, it would hold its key until a time a crafted entry may set far off
+    (every enqueue of the key answered as a duplicate): check names it."""
+    entry = b"Korders\x00order-1"
+    with edit(store) as txn:
+        record = read_dedup(entry, txn.get(entry))
+        txn.put(entry, seal(entry, pack(record._replace(finished_at=1e18))))
+    assert problems(store) == ["None: dedup key 'order-1' finished at 1e+18 has no expiry key"]
+
+
+def test_a_schedule_whose_cron_expression_does_not_parse_is_reported(store: Path) -> None:
+    """A crafted record with a sound checksum: it would fire once more, then never."""
+    key = Namespace("orders", 0).prefix + b"rnightly"
+    with edit(store) as txn:
+        record = read_schedule(key, txn.get(key))
+        txn.put(key, seal(key, pack(record._replace(cron="not a cron"))))
+    [found] = problems(store)
+    assert found.startswith("orders:0: a cron expression no definition takes: "), found

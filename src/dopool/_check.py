@@ -33,6 +33,8 @@ from dopool._layout import (
     Meta,
     OutboxRecord,
     RecordKind,
+    dedup_name,
+    expiry_key,
     fire_time,
     is_format_key,
     mark_source,
@@ -61,6 +63,7 @@ from dopool._layout import (
     unpack,
     valid_owner,
 )
+from dopool._recurring import cron_problem
 from dopool._storage import Txn
 from dopool._validation import check_pool_name
 
@@ -117,6 +120,7 @@ def check_store(txn: Txn) -> CheckReport:
     has_format = False
     records = 0
     leases: dict[tuple[str, int], bytes] = {}
+    expiries: set[bytes] = set()  # the dedup expiry keys
     for key, value in txn.cursor():
         records += 1
         parsed = parse_instance_key(key)
@@ -133,6 +137,8 @@ def check_store(txn: Txn) -> CheckReport:
                 if version != FORMAT_VERSION:
                     problems.append(Problem(None, key, f"format version {version} is not mine"))
             elif (indexed := parse_dedup_key(key)) is not None:
+                if indexed.expiry:
+                    expiries.add(key)
                 _check_dedup_record(indexed.pool, indexed.expiry, key, value, dedup, problems)
             elif (leased := parse_lease_key(key)) is not None:
                 leases[leased] = key
@@ -156,6 +162,7 @@ def check_store(txn: Txn) -> CheckReport:
         problems.extend(_check_addresses(f"{pool}:{index}", instance, pools))
     problems.extend(Problem(where, None, what) for where, what in broken_links(links))
     problems.extend(Problem(None, key, what) for _, key, what in broken_dedup(dedup))
+    problems.extend(_unswept(dedup, expiries))
     problems.extend(
         Problem(None, None, f"dedup keys of pool {pool!r}, which has no pool record")
         for pool in sorted(dedup.entries.keys() - pools.keys())
@@ -218,6 +225,8 @@ def _check_instance_record(
         schedule = read_schedule(key, value)
         _payload(where, key, schedule.event, problems)
         instance.schedules[name] = (key, schedule.next_at)
+        if schedule.cron is not None and (why := cron_problem(schedule.cron)) is not None:
+            problems.append(Problem(where, key, f"a cron expression no definition takes: {why}"))
     elif kind is RecordKind.FIRE:
         at, name = fire_time(key[key.index(b"\0") + 2 :])
         instance.fires.append((at, name, key))
@@ -248,6 +257,20 @@ def _check_dedup_record(
         problems.append(Problem(None, key, f"dedup key {record.dedup_key!r} under another name"))
         return
     dedup.add_entry(pool, record)
+
+
+def _unswept(dedup: DedupTally, expiries: set[bytes]) -> list[Problem]:
+    """The finished entries without the expiry key of their finish: never swept, their
+    key would be held until their time (a crafted one's may be far off) or for good."""
+    unswept = []
+    for pool, entries in sorted(dedup.entries.items()):
+        for dedup_key, entry in sorted(entries.items()):
+            finished = entry.finished_at
+            name = dedup_name(dedup_key)
+            if finished is not None and expiry_key(pool, finished, name) not in expiries:
+                what = f"dedup key {dedup_key!r} finished at {finished!r} has no expiry key"
+                unswept.append(Problem(None, DedupIndex(pool).entry_key(dedup_key), what))
+    return unswept
 
 
 def _check_pool_name(name: str, key: bytes, problems: list[Problem]) -> None:
