@@ -269,6 +269,28 @@ def test_sleep_blocks_a_handler_until_virtual_time_reaches_it() -> None:
     assert clock.now() == 6.0
 
 
+@pytest.mark.parametrize("backend", ["greenlet", "threads"])
+def test_a_call_at_callback_may_not_drive_the_clock(backend: str) -> None:
+    """It runs on the driving thread: under threads, driving again waited for itself."""
+    clock = SimulatedClock(backend=backend)
+    caught: list[BaseException] = []
+
+    def drive_again() -> None:
+        try:
+            clock.advance(1)
+        except RuntimeError as exc:
+            caught.append(exc)
+
+    clock.call_at(1, drive_again)
+    clock.call_at(2, drive_again)
+    clock.run_until(5)
+    assert [str(exc).split(":")[0] for exc in caught] == [
+        "the simulated clock cannot be driven from a handler, hook, subscriber or call_at callback"
+    ] * 2
+    assert clock.now() == 5.0
+    clock.close()
+
+
 def test_step_times_out_while_an_actor_stays_busy(clock: SimulatedClock) -> None:
     clock.activity.sent("stuck")
     with pytest.raises(TimeoutError):

@@ -169,3 +169,39 @@ def test_a_schema_raising_system_exit_in_ctx_enqueue_fails_only_the_attempt(
     assert a.join(timeout=WAIT)
     assert (a.status().succeeded, b.status().succeeded) == (1, 1)
     assert a.status().instances[0].restarts == 0
+
+
+def test_user_code_driving_the_simulated_clock_is_refused_not_wedged(sim: Runtime) -> None:
+    """Under the threads backend, a handler, hook or subscriber that drove the clock
+    waited for the driver, which waited for it: for ever. Both backends refuse it."""
+    refused: list[str] = []
+
+    def drive(who: str) -> None:
+        try:
+            sim.clock.advance(1)  # type: ignore[attr-defined]
+        except RuntimeError as exc:
+            refused.append(who if "cannot be driven from a handler" in str(exc) else str(exc))
+
+    def handler(ctx: EventContext) -> None:
+        drive("handler")
+        if ctx.event == "bad":
+            raise ValueError("bad event")
+
+    def subscriber(event: PoolEvent) -> None:
+        if event.kind == "enqueued":
+            drive(f"subscriber of {event.pool}")
+
+    sim.subscribe(subscriber)
+    a = sim.define(
+        "a",
+        execute=handler,
+        on_dead_letter=lambda _: drive("on_dead_letter"),
+        on_empty=lambda _: drive("on_empty"),
+    )
+    a.enqueue("bad")  # its subscriber runs in this thread, for instance a:0
+    assert a.join(timeout=WAIT)
+    assert refused == ["subscriber of a", "handler", "on_dead_letter", "on_empty"]
+    a.enqueue("good")
+    assert a.join(timeout=WAIT)
+    assert a.status().succeeded == 1
+    assert sim.clock.now() == 0.0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import tempfile
 import threading
@@ -942,6 +943,27 @@ def test_a_sleeping_instance_does_not_block_the_others(sim: Runtime) -> None:
 
     assert pool.join(timeout=10)
     assert finished[-1] == ("slow", 100.0)
+
+
+@pytest.mark.parametrize("seconds", [math.nan, math.inf, "5"], ids=["nan", "inf", "str"])
+def test_a_sleep_of_no_finite_time_fails_the_attempt_and_moves_no_clock(
+    sim: Runtime, seconds: Any
+) -> None:
+    """NaN never woke the handler (close waited for it for ever); infinity moved the
+    simulated clock to it, and every later time with it."""
+
+    def nap(ctx: EventContext) -> None:
+        ctx.sleep(seconds)
+
+    pool = sim.define("p", execute=nap)
+    later = sim.define("q", execute=lambda ctx: None)
+    pool.enqueue("x")
+    later.enqueue("y", delay=50)
+    assert pool.join(timeout=10)
+    [dead] = pool.dead_letters()
+    assert dead.error.startswith("ConfigurationError: ctx.sleep")
+    assert later.join(timeout=10)
+    assert sim.clock.now() == 50.0
 
 
 # -- validation ------------------------------------------------------------------------

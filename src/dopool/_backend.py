@@ -14,7 +14,7 @@ asks the backend for its primitives, so the same code runs on both:
 - :attr:`Backend.runner`: what runs the actor loops, if the backend does
   (else pykka starts a thread for each).
 - :meth:`Backend.local`: what each actor (thread or greenlet) sees of its own,
-  such as the instance it acts for.
+  such as the instance it acts for (its ``instance``; :meth:`Backend.acting` asks).
 """
 
 from __future__ import annotations
@@ -77,6 +77,11 @@ class Backend:
     #: starts a thread for each, and a wait blocks its thread.
     runner: Runner | None = None
 
+    def __init__(self) -> None:
+        # Every local made here: one per runtime on the clock, kept (a few, and cheap to
+        # read: the clock asks at each drive).
+        self._locals: tuple[Local, ...] = ()
+
     def latch(self, what: object = "") -> Latch:
         """A closed latch; ``str(what)`` names what waiting on it waits for (in error
         reports: an object that formats itself only then costs nothing per wait)."""
@@ -91,4 +96,13 @@ class Backend:
         return Inbox()
 
     def local(self) -> Local:
-        return threading.local()
+        return self._made(threading.local())
+
+    def _made(self, local: Local) -> Local:
+        self._locals = (*self._locals, local)
+        return local
+
+    def acting(self) -> bool:
+        """Whether the caller acts for an instance now: a handler, a hook or a subscriber
+        (a :meth:`local` of this backend has its ``instance`` set), of any runtime."""
+        return any(getattr(local, "instance", None) is not None for local in self._locals)

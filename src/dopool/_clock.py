@@ -257,6 +257,7 @@ class SimulatedClock(Clock):
         self._tickets = itertools.count()
         self._driver = threading.Lock()
         self._driving = False  # True while someone drives the clock
+        self._driver_thread: int | None = None  # the thread driving it (its ident)
         self._run_tasks: Callable[[Callable[[], bool] | None, object], bool] | None = None
         self._runnable: Sized = ()
         self._check_thread: Callable[[], None] | None = None
@@ -282,22 +283,24 @@ class SimulatedClock(Clock):
         return notes
 
     def _take_driver(self) -> None:
-        """Take the right to drive the clock; under greenlets, refuse a second driver
-        rather than block the one thread (a handler driving the clock, say)."""
+        """Take the right to drive the clock. Another thread driving it is waited for;
+        a handler, hook or subscriber, or a ``call_at`` callback (the driver itself) is
+        refused: the drive would wait for quiescence, which waits for the caller."""
         check_thread = self._check_thread
-        if check_thread is None:
-            self._driver.acquire()
-        else:
+        if check_thread is not None:
             check_thread()
-            if not self._driver.acquire(blocking=False):
-                raise RuntimeError(
-                    "the simulated clock is already being driven; it cannot be driven from "
-                    "a handler, hook, subscriber or call_at callback"
-                )
+        if self.backend.acting() or self._driver_thread == threading.get_ident():
+            raise RuntimeError(
+                "the simulated clock cannot be driven from a handler, hook, subscriber "
+                "or call_at callback: the drive would wait for it to finish"
+            )
+        self._driver.acquire()  # under greenlets, always free here: one thread drives
+        self._driver_thread = threading.get_ident()
         self._driving = True
 
     def _release_driver(self) -> None:
         self._driving = False
+        self._driver_thread = None
         self._driver.release()
 
     @property

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from dopool._errors import ConfigurationError, _seconds
 from dopool._followups import FollowUp, Target
 from dopool._messages import Item
 from dopool._validation import due_time
@@ -83,9 +85,18 @@ class EventContext:
             item = item._replace(delay=due) if delay is not None else item._replace(due=due)
         self._follow_ups.append((item, target))
 
-    def sleep(self, seconds: float) -> None:
-        """Wait ``seconds`` of clock time: real time, or virtual under a simulated clock."""
-        self._sleep(seconds)
+    def sleep(self, seconds: float | timedelta) -> None:
+        """Wait ``seconds`` (or a timedelta) of clock time: real time, or virtual under a
+        simulated clock; zero or less returns at once.
+
+        Raises:
+            ConfigurationError: not seconds, or not finite (NaN would never wake, and
+                infinity would move a simulated clock to it).
+        """
+        value = _seconds(seconds, "ctx.sleep")
+        if not math.isfinite(value):
+            raise ConfigurationError(f"ctx.sleep needs a finite time, got {seconds!r}")
+        self._sleep(value)
 
 
 def _zero() -> float:
