@@ -24,6 +24,7 @@ from dopool._errors import (
     DamagedRecordError,
     DopoolError,
     InstanceCrashedError,
+    PermanentError,
     StorageError,
     StoreClosedError,
 )
@@ -53,6 +54,7 @@ from dopool._messages import (
 )
 from dopool._storage import Txn
 from dopool._supervisor import KillFlag
+from dopool._usercode import ran
 
 logger = logging.getLogger("dopool")
 
@@ -292,7 +294,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         )
         if failure is None:
             try:
-                self._spec.options.execute(ctx)
+                ran(self._spec.options.execute(ctx), "the handler", PermanentError)
             except BaseException as exc:  # SystemExit too: a handler never takes the actor down
                 failure = exc
         self._fault_point("after_execute", "crash_after_execute")

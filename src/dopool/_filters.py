@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from dopool._errors import ConfigurationError, FilterError
 from dopool._status import dead_letter_from_record
 from dopool._types import DeadLetter
+from dopool._usercode import deferring, ran
 
 if TYPE_CHECKING:
     from dopool._layout import DeadRecord, Namespace
@@ -70,6 +71,9 @@ class Filters:
             raise FilterError("partition_key", key, "a partition key is a str")
         if self.where is not None and not callable(self.where):
             raise FilterError("where", self.where, "it takes a callable DeadLetter -> bool")
+        kind = deferring(self.where)
+        if kind is not None:  # its coroutine, a true value, would choose every dead letter
+            raise FilterError("where", self.where, f"{kind}: it takes a plain DeadLetter -> bool")
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> Filters:
@@ -121,7 +125,7 @@ class Filters:
         if where is None:
             return True
         try:
-            return bool(where(letter))
+            return bool(ran(where(letter), "the where predicate"))
         except Exception as exc:
             raise FilterError("where", where, _described(exc), dead_letter=letter) from exc
 

@@ -39,6 +39,7 @@ from dopool._storage import Store, Txn
 from dopool._supervisor import Supervisor
 from dopool._turn import Turn
 from dopool._types import EmptyInfo, PoolEvent
+from dopool._usercode import ran
 from dopool.chaos import FaultInjector
 
 if TYPE_CHECKING:
@@ -471,6 +472,6 @@ class InstanceShell:
 def _call_hook(name: str, hook: Callable[[Any], Any], argument: Any) -> None:
     """Call a user hook; whatever it raises, SystemExit included, is logged and ignored."""
     try:
-        hook(argument)
+        ran(hook(argument), name)
     except BaseException:  # from an actor, pykka would stop every actor
         logger.exception("%s hook raised; ignored", name)

@@ -20,6 +20,7 @@ from dopool._errors import ConfigurationError
 from dopool._layout import MAX_CONCURRENCY
 from dopool._retry import RetryPolicy
 from dopool._types import DeadLetter, EmptyInfo
+from dopool._usercode import check_synchronous
 
 Schema = Callable[[Any], Any]
 
@@ -61,6 +62,7 @@ class PoolOptions:
     def __post_init__(self) -> None:
         if not callable(self.execute):
             raise ConfigurationError(f"execute must be callable, got {self.execute!r}")
+        check_synchronous(self.execute, "execute")
         if not _is_int(self.concurrency) or not 1 <= self.concurrency <= MAX_CONCURRENCY:
             raise ConfigurationError(
                 f"concurrency must be an int >= 1 and <= {MAX_CONCURRENCY}, "
@@ -72,6 +74,8 @@ class PoolOptions:
             hook = getattr(self, label)
             if hook is not None and not callable(hook):
                 raise ConfigurationError(f"{label} must be callable or None, got {hook!r}")
+            if hook is not None:
+                check_synchronous(hook, label)
         depth = self.max_queue_depth
         if depth is not None and (not _is_int(depth) or depth < 1):
             raise ConfigurationError(f"max_queue_depth must be an int >= 1 or None, got {depth!r}")

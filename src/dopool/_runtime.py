@@ -42,6 +42,7 @@ from dopool._router import Router, RoutingTable
 from dopool._storage import Store
 from dopool._supervisor import KillFlag, Supervisor
 from dopool._types import PoolEvent
+from dopool._usercode import check_synchronous, ran
 from dopool._validation import check_path, check_pool_name, prepare
 from dopool._waits import WaitGraph
 from dopool._watch import DEFAULT_POLL_INTERVAL, check_poll_interval, watch_store
@@ -236,6 +237,7 @@ class Runtime:
 
     def subscribe(self, callback: Callable[[PoolEvent], Any]) -> Callable[[], None]:
         """Call ``callback`` with every :class:`PoolEvent`; returns a function that unsubscribes."""
+        check_synchronous(callback, "subscribe's callback")
         with self._emit_lock:
             self._subscribers = (*self._subscribers, callback)
 
@@ -259,7 +261,7 @@ class Runtime:
                 self._trace.write(json.dumps(event.to_json_dict(), separators=(",", ":")) + "\n")
         for callback in subscribers:
             try:
-                callback(event)
+                ran(callback(event), "a subscriber")
             except BaseException:  # SystemExit too: pykka would stop every actor
                 logger.exception("subscriber %r raised; ignored", callback)
 

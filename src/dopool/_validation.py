@@ -24,6 +24,7 @@ from dopool._layout import (
     encode_event,
 )
 from dopool._messages import Item
+from dopool._usercode import ran
 
 Schema = Callable[[Any], Any]
 
@@ -272,7 +273,7 @@ def _encode(event: Any, schema: Schema | None, position: int | None) -> bytes:
     """Transform with the schema, encode and size-check one event."""
     if schema is not None:
         try:
-            event = schema(event)
+            event = ran(schema(event), "the schema")
         except Exception as exc:
             raise EventValidationError(
                 f"schema rejected it ({type(exc).__name__}: {exc})", position=position
