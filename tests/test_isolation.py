@@ -8,11 +8,13 @@ only, as any engine failure does.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
 
-from dopool import EventContext, PoolEvent, Runtime, WorkerPool
+from dopool import EventContext, PoolEvent, RetryAfter, RetryPolicy, Runtime, WorkerPool
+from dopool._errors import MAX_DELAY
 
 WAIT = 10.0
 
@@ -205,3 +207,27 @@ def test_user_code_driving_the_simulated_clock_is_refused_not_wedged(sim: Runtim
     assert a.join(timeout=WAIT)
     assert a.status().succeeded == 1
     assert sim.clock.now() == 0.0
+
+
+def test_a_retry_after_set_to_infinity_by_the_handler_leaves_the_pool_readable(
+    sim: Runtime,
+) -> None:
+    """Its delay was written into the meta record as an infinite alarm, which failed the
+    record's checks: status() and every enqueue raised DamagedRecordError for good."""
+    attempts: list[float] = []
+
+    def handler(ctx: EventContext) -> None:
+        attempts.append(ctx.started_at)
+        if ctx.attempt == 1:
+            failure = RetryAfter(1)
+            failure.seconds = math.inf
+            raise failure
+
+    pool = sim.define("p", execute=handler, retry=RetryPolicy(max_attempts=2))
+    pool.enqueue("x")
+    sim.clock.advance(0)  # type: ignore[attr-defined]
+    instance = pool.status().instances[0]
+    assert (instance.state, instance.next_alarm_at) == ("backoff", MAX_DELAY)
+    assert pool.join(timeout=WAIT)
+    assert attempts == [0.0, MAX_DELAY]
+    assert pool.status().succeeded == 1

@@ -269,3 +269,51 @@ def test_next_delay_after_a_failure() -> None:
     assert next_delay(RetryAfter(7.5), 1, 3, policy, draw) == 7.5
     assert next_delay(RetryAfter(7.5), 3, 3, policy, draw) is None
     assert len(draws) == 2
+
+
+class _SkippedInit(RetryAfter):
+    def __init__(self) -> None:  # no super().__init__: no ``seconds`` at all
+        pass
+
+
+class _Raising(RetryAfter):
+    @property
+    def seconds(self) -> float:
+        raise SystemExit("from seconds")
+
+    @seconds.setter
+    def seconds(self, _value: float) -> None:
+        pass
+
+    def __init__(self) -> None:
+        Exception.__init__(self, "raising")
+
+
+def _set(seconds: object) -> RetryAfter:
+    failure = RetryAfter(7.5)
+    failure.seconds = seconds  # type: ignore[assignment]  # handler code may do anything
+    return failure
+
+
+@pytest.mark.parametrize(
+    ("failure", "delay"),
+    [
+        (_set(math.inf), MAX_DELAY),
+        (_set(-5.0), 0.0),
+        (_set(10**400), MAX_DELAY),
+        (_set(math.nan), 1.0),
+        (_set("soon"), 1.0),
+        (_set(True), 1.0),
+        (_SkippedInit(), 1.0),
+        (_Raising(), 1.0),
+    ],
+    ids=["inf", "negative", "huge-int", "nan", "str", "bool", "skipped-init", "raising"],
+)
+def test_a_retry_after_that_handler_code_broke_waits_a_delay_the_store_takes(
+    failure: RetryAfter, delay: float
+) -> None:
+    """An infinite delay was written into the meta record, which then failed its checks:
+    the pool was refused. A delay that is no number crashed the instance at every attempt.
+    Now out-of-range delays are clamped and the others wait the policy's delay."""
+    policy = RetryPolicy(max_attempts=3, initial_delay=1.0, jitter=0.0)
+    assert next_delay(failure, 1, 3, policy, lambda: 0.5) == delay

@@ -99,13 +99,32 @@ def next_delay(
 ) -> float | None:
     """Seconds from failed attempt ``attempt`` to the next one; None if there is none (a
     :class:`PermanentError`, or the last attempt failed). A :class:`RetryAfter` names its
-    own delay; else the policy's, its jitter drawn by ``draw``."""
+    own delay (when it has one: see ``_asked``); else the policy's, its jitter drawn by
+    ``draw``."""
     if isinstance(failure, PermanentError) or attempt >= max_attempts:
         return None
-    if isinstance(failure, RetryAfter):
-        return failure.seconds
+    asked = _asked(failure) if isinstance(failure, RetryAfter) else None
+    if asked is not None:
+        return asked
     assert policy is not None  # max_attempts > 1 implies a policy
     return policy.delay(attempt, draw())
+
+
+def _asked(failure: RetryAfter) -> float | None:
+    """The delay a ``RetryAfter`` asks for, within ``[0, MAX_DELAY]``; None if it names no
+    number of seconds: a subclass that skipped ``__init__``, or whose ``seconds`` raises, or
+    handler code that set ``seconds`` to NaN or to something else (that retry then waits
+    the policy's delay, as any failure does). An infinite delay written into the store
+    would make the instance's meta record unreadable, and the pool with it."""
+    try:
+        seconds = failure.seconds
+    except BaseException:  # SystemExit too: a property of the handler's own subclass
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        return None
+    if isinstance(seconds, float) and math.isnan(seconds):
+        return None
+    return float(min(max(seconds, 0), MAX_DELAY))
 
 
 def uniform_draw(seed: int | str | None, *parts: object) -> float:
