@@ -13,7 +13,15 @@ from typing import Any
 
 import pytest
 
-from dopool import EventContext, PoolEvent, RetryAfter, RetryPolicy, Runtime, WorkerPool
+from dopool import (
+    ConfigurationError,
+    EventContext,
+    PoolEvent,
+    RetryAfter,
+    RetryPolicy,
+    Runtime,
+    WorkerPool,
+)
 from dopool._errors import MAX_DELAY
 
 WAIT = 10.0
@@ -231,3 +239,22 @@ def test_a_retry_after_set_to_infinity_by_the_handler_leaves_the_pool_readable(
     assert pool.join(timeout=WAIT)
     assert attempts == [0.0, MAX_DELAY]
     assert pool.status().succeeded == 1
+
+
+def test_a_context_kept_past_its_attempt_refuses_instead_of_losing_a_follow_up(
+    sim: Runtime,
+) -> None:
+    """ctx.enqueue after the handler returned was accepted and went nowhere (its list
+    was committed already), and ctx.sleep there waited under the threads backend for a
+    virtual time nobody drove."""
+    kept: list[EventContext] = []
+    pool = sim.define("p", execute=kept.append)
+    pool.enqueue("x")
+    assert pool.join(timeout=WAIT)
+    [ctx] = kept
+    with pytest.raises(ConfigurationError, match=r"ctx\.enqueue called after the attempt"):
+        ctx.enqueue("late")
+    with pytest.raises(ConfigurationError, match=r"ctx\.sleep called after the attempt"):
+        ctx.sleep(1)
+    assert pool.join(timeout=WAIT)
+    assert pool.status().enqueued == 1

@@ -297,6 +297,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
                 ran(self._spec.options.execute(ctx), "the handler", PermanentError)
             except BaseException as exc:  # SystemExit too: a handler never takes the actor down
                 failure = exc
+        follow_ups = ctx._end()  # a context kept for later adds nothing now: it raises
         self._fault_point("after_execute", "crash_after_execute")
         now = self._clock.now()
         effects = Effects()
@@ -308,9 +309,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             meta = self._load_meta(txn)
             machine.finish_attempt(meta)
             if failure is None:
-                machine.succeed(
-                    txn, meta, key, attempt, ctx._follow_ups, now, effects, record.dedup_key
-                )
+                machine.succeed(txn, meta, key, attempt, follow_ups, now, effects, record.dedup_key)
             else:
                 machine.fail(txn, meta, key, record, failure, now, effects)
             self._accept(txn, meta, now, effects)

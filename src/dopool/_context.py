@@ -45,6 +45,7 @@ class EventContext:
     _target: Callable[[object], Target | None] = field(repr=False)
     _follow_ups: list[FollowUp] = field(default_factory=list, repr=False)
     _wall: bool = field(default=False, repr=False)  # the clock reads wall time
+    _ended: bool = field(default=False, repr=False)  # the attempt's outcome is being settled
 
     @property
     def is_retry(self) -> bool:
@@ -73,9 +74,10 @@ class EventContext:
 
         Raises:
             ConfigurationError: ``pool`` is not defined in this runtime, or is a
-                WorkerPool of another runtime.
+                WorkerPool of another runtime; the attempt has ended.
             EventValidationError, EventTooLargeError, ScheduleError: as ``WorkerPool.enqueue``.
         """
+        self._check_running("enqueue")
         later = delay is not None or not_before is not None
         due = due_time(delay, not_before, now=_zero, wall=self._wall) if later else None
         target = None if pool is None else self._target(pool)
@@ -91,12 +93,27 @@ class EventContext:
 
         Raises:
             ConfigurationError: not seconds, or not finite (NaN would never wake, and
-                infinity would move a simulated clock to it).
+                infinity would move a simulated clock to it); the attempt has ended.
         """
+        self._check_running("sleep")
         value = _seconds(seconds, "ctx.sleep")
         if not math.isfinite(value):
             raise ConfigurationError(f"ctx.sleep needs a finite time, got {seconds!r}")
         self._sleep(value)
+
+    def _end(self) -> list[FollowUp]:
+        """End the attempt (its handler returned): its follow-ups, which no call adds to now."""
+        self._ended = True
+        return self._follow_ups
+
+    def _check_running(self, verb: str) -> None:
+        if self._ended:
+            raise ConfigurationError(
+                f"ctx.{verb} called after the attempt it belongs to ended (event "
+                f"{self.sequence} of {self.instance_id}, attempt {self.attempt}): its "
+                "follow-ups were committed or discarded with its outcome; a context is "
+                "for its handler's own call only"
+            )
 
 
 def _zero() -> float:
