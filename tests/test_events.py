@@ -176,6 +176,30 @@ def test_a_malformed_or_foreign_id_is_refused_with_its_reason(sim: Runtime) -> N
             assert caught.value.reason == reason
 
 
+class _NoRepr:
+    def __repr__(self) -> str:
+        raise ValueError("no repr")
+
+
+def test_an_id_past_any_sequence_is_refused_before_it_reaches_an_instance(
+    sim: Runtime, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sequence past 2**64 - 1 crashed the instance asked to cancel it (a struct.error
+    reached the caller), and one of 5,000 digits made int() raise ValueError."""
+    pool, _ = define(sim)
+    reason = "a sequence past 18446744073709551615, the last an instance can issue"
+    for event_id in (f"p:0:{2**64}", "p:0:" + "9" * 5000):
+        for call in (pool.event, pool.cancel):
+            with pytest.raises(EventIdError) as caught:
+                call(event_id)
+            assert caught.value.reason == reason
+    assert pool.event(f"p:0:{2**64 - 1}") is None  # never issued: unknown, as any other
+    assert not pool.cancel(f"p:0:{2**64 - 1}")
+    assert "failed handling" not in caplog.text
+    with pytest.raises(EventIdError, match="<_NoRepr object> is not an event id"):
+        pool.event(_NoRepr())  # type: ignore[arg-type]
+
+
 def test_events_are_found_after_a_restart(store_path: Path) -> None:
     with Runtime.simulated(store_path, seed=1) as runtime:
         pool, _ = define(runtime, keep_finished=3600)

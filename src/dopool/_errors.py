@@ -156,7 +156,7 @@ class EventIdError(ConfigurationError):
         self.event_id = event_id
         self.pool = pool
         self.reason = reason
-        super().__init__(f"{event_id!r} is not an event id of pool {pool!r}: {reason}")
+        super().__init__(f"{_shown(event_id)} is not an event id of pool {pool!r}: {reason}")
 
 
 class ScheduleDefinitionError(ConfigurationError):

@@ -38,6 +38,10 @@ MakeEvent = Callable[..., PoolEvent]
 #: its exception's type name, never this).
 EXPIRED = "expired: "
 
+#: The last sequence an instance can issue (a key holds it in 8 bytes), and its digits.
+MAX_SEQUENCE = 2**64 - 1
+_MAX_SEQUENCE_DIGITS = len(str(MAX_SEQUENCE))
+
 
 def parse_event_id(event_id: object, pool: str, concurrency: int) -> tuple[int, int]:
     """The instance index and sequence of one of ``pool``'s event ids.
@@ -54,6 +58,11 @@ def parse_event_id(event_id: object, pool: str, concurrency: int) -> tuple[int, 
         raise EventIdError(event_id=event_id, pool=pool, reason="not <pool>:<index>:<sequence>")
     if name != pool:
         raise EventIdError(event_id=event_id, pool=pool, reason=f"an id of pool {name!r}")
+    # A sequence is 8 bytes in a key: a longer one was never issued, and would have
+    # crashed the instance asked to cancel it (or int() refused its 5,000 digits).
+    if len(rest) > _MAX_SEQUENCE_DIGITS or int(rest) > MAX_SEQUENCE:
+        reason = f"a sequence past {MAX_SEQUENCE}, the last an instance can issue"
+        raise EventIdError(event_id=event_id, pool=pool, reason=reason)
     if int(index) >= concurrency:
         reason = f"the pool has no instance {int(index)}"
         raise EventIdError(event_id=event_id, pool=pool, reason=reason)
