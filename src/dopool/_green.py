@@ -20,12 +20,22 @@ and an interleaving is a function of the calls made and the seed alone.
 When no task can run and what the driver waits for does not hold, nothing ever
 will without the clock moving: :meth:`Scheduler.stalled` names who waits for
 what in a :class:`~dopool.SimulationStalledError`.
+
+Ctrl-C (SIGINT) runs Python's handler in whatever greenlet runs on the main thread,
+which is most often a task: a handler would take its KeyboardInterrupt for a failure,
+and the engine for a crash, and the program would go on. So while a scheduler lives
+on the main thread, SIGINT's default handler is replaced by one that, inside a task,
+only marks the interrupt: the driver raises KeyboardInterrupt once that task parks
+(a second Ctrl-C meanwhile is raised where it lands, to break a handler that never
+parks). Outside the tasks it raises at once, as Python's own does.
 """
 
 from __future__ import annotations
 
 import itertools
+import signal
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from functools import partial
@@ -145,6 +155,9 @@ class Scheduler:
         self._driver: Any = None  # the greenlet running drive(), while it does
         #: Describes what else waits (the clock's sleepers, its next time), for stalls.
         self.describe: Callable[[], list[str]] = list
+        #: A Ctrl-C came while a task ran: the driver raises it when the task parks.
+        self.interrupted = False
+        _hold_interrupts(self)
 
     # -- the tasks' side -----------------------------------------------------
     def current(self) -> object:
@@ -211,6 +224,9 @@ class Scheduler:
                 task.switch()
                 if task.dead:
                     del tasks[task]
+                if self.interrupted:
+                    self.interrupted = False
+                    raise KeyboardInterrupt
             return True
         finally:
             self._driver = outer
@@ -238,6 +254,38 @@ class Scheduler:
                 "a simulated clock with backend='greenlet' runs every actor on the thread "
                 "that made it; call the runtime from that thread only"
             )
+
+
+_holders = [0]  # the live schedulers that hold SIGINT (see the module docstring)
+
+
+def _on_interrupt(signum: int, frame: Any) -> None:
+    """SIGINT: inside a task, held for its driver (once); elsewhere Python's own."""
+    task = greenlet.getcurrent()
+    if isinstance(task, _Task) and not task.scheduler.interrupted:
+        task.scheduler.interrupted = True
+        return
+    signal.default_int_handler(signum, frame)
+
+
+def _hold_interrupts(scheduler: Scheduler) -> None:
+    """Have SIGINT held for the driver while ``scheduler`` lives, if it runs on the main
+    thread and SIGINT's handler is Python's default (or already this module's)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_interrupt)
+    if signal.getsignal(signal.SIGINT) is _on_interrupt:
+        _holders[0] += 1
+        weakref.finalize(scheduler, _release_interrupts)
+
+
+def _release_interrupts() -> None:
+    """A holding scheduler is gone: the last one gives SIGINT back to Python's handler."""
+    _holders[0] -= 1
+    main = threading.current_thread() is threading.main_thread()
+    if not _holders[0] and main and signal.getsignal(signal.SIGINT) is _on_interrupt:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class GreenletBackend(Backend):

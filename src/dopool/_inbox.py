@@ -99,6 +99,9 @@ class Tasks(Protocol):
         """A closed latch of the scheduler's (see :class:`dopool._backend.Latch`)."""
         ...
 
+    #: A Ctrl-C waits for the driver, which raises it once the running task parks.
+    interrupted: bool
+
 
 class GreenInbox(Inbox):
     """An inbox whose reader is a greenlet: an empty inbox parks it instead of blocking.
@@ -132,6 +135,12 @@ class GreenInbox(Inbox):
             self._reader = self._tasks.current()
             self._tasks.park("a message")
         return items.popleft()
+
+    def empty(self) -> bool:
+        """Also False while a Ctrl-C waits for the driver: an actor going on with its due
+        work (which asks this) stops at the next outcome and parks, so the driver raises
+        the KeyboardInterrupt at once, not after the whole queue."""
+        return not self._items and not self._tasks.interrupted
 
     def take_leading(self, kind: type) -> list[Any]:
         items = self._items
