@@ -260,6 +260,38 @@ def test_a_handler_that_never_returns_is_abandoned_at_exit(
         assert (status.dead_lettered, status.succeeded, attempts) == (0, 1, [2])
 
 
+def test_a_simulated_handler_that_never_returns_is_abandoned_at_exit(tmp_path: Path) -> None:
+    """Under the threads backend, with the clock driven from another thread that waits
+    for the handler: the exit's close waited for the right to drive, for ever."""
+    store = tmp_path / "store"
+    stderr = _run(
+        """
+        import sys
+        import threading
+
+        import dopool._runtime
+        from dopool import Runtime
+
+        dopool._runtime.EXIT_GRACE = 0.5  # the default is longer: this test need not wait
+        started = threading.Event()
+
+        def handler(ctx):
+            started.set()
+            threading.Event().wait()  # never set
+
+        runtime = Runtime.simulated(sys.argv[1], backend="threads")
+        runtime.define("p", execute=handler).enqueue("stuck")
+        threading.Thread(target=runtime.clock.run_until_idle, daemon=True).start()
+        assert started.wait(10)
+        """,
+        store,
+        cwd=tmp_path,
+    )
+    assert "p:0" in stderr
+    assert "abandoned" in stderr
+    assert _released(store)
+
+
 def test_an_abandoned_handler_returning_after_the_store_closed_commits_nothing(
     tmp_path: Path,
 ) -> None:

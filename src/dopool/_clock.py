@@ -282,10 +282,11 @@ class SimulatedClock(Clock):
             )
         return notes
 
-    def _take_driver(self) -> None:
-        """Take the right to drive the clock. Another thread driving it is waited for;
-        a handler, hook or subscriber, or a ``call_at`` callback (the driver itself) is
-        refused: the drive would wait for quiescence, which waits for the caller."""
+    def _take_driver(self, deadline: float | None = None) -> None:
+        """Take the right to drive the clock. Another thread driving it is waited for,
+        until ``deadline`` (``time.monotonic()``; then TimeoutError); a handler, hook or
+        subscriber, or a ``call_at`` callback (the driver itself) is refused: the drive
+        would wait for quiescence, which waits for the caller."""
         check_thread = self._check_thread
         if check_thread is not None:
             check_thread()
@@ -294,7 +295,10 @@ class SimulatedClock(Clock):
                 "the simulated clock cannot be driven from a handler, hook, subscriber "
                 "or call_at callback: the drive would wait for it to finish"
             )
-        self._driver.acquire()  # under greenlets, always free here: one thread drives
+        # Under greenlets, always free here: one thread drives.
+        timeout = -1 if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self._driver.acquire(timeout=timeout):  # a driver that never ends, at exit
+            raise TimeoutError("another thread drove the simulated clock until the deadline")
         self._driver_thread = threading.get_ident()
         self._driving = True
 
@@ -404,9 +408,9 @@ class SimulatedClock(Clock):
         """Fire the next scheduled item due by ``limit``; False if there is none.
 
         ``deadline`` is a wall-clock ``time.monotonic()`` bound on waiting for
-        quiescence; :class:`TimeoutError` if it passes.
+        quiescence (and on another thread's drive); :class:`TimeoutError` if it passes.
         """
-        self._take_driver()
+        self._take_driver(deadline)
         try:
             return self._step(limit, deadline)
         finally:
@@ -415,7 +419,7 @@ class SimulatedClock(Clock):
     def progress(self, generation: int, deadline: float | None) -> bool:
         """Fire the next scheduled item; False if nothing is scheduled (nothing can move)
         but recurring schedules' fires, which ``join`` does not wait for."""
-        self._take_driver()
+        self._take_driver(deadline)
         try:
             return self._step(math.inf, deadline, idle=True)
         finally:
