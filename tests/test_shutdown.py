@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
+import pykka
 import pytest
 
 from dopool import (
@@ -19,6 +22,7 @@ from dopool import (
     Runtime,
     SimulatedClock,
 )
+from worker_support import until
 
 WAIT = 10.0
 
@@ -290,6 +294,34 @@ def test_a_simulated_handler_that_never_returns_is_abandoned_at_exit(tmp_path: P
     assert "p:0" in stderr
     assert "abandoned" in stderr
     assert _released(store)
+
+
+def test_close_with_a_timeout_abandons_a_handler_that_does_not_return(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """close() waited for ever for such a handler, with no way to bound it."""
+    store = tmp_path / "store"
+    started, release = threading.Event(), threading.Event()
+
+    def handler(ctx: EventContext) -> None:
+        started.set()
+        release.wait()
+
+    runtime = Runtime(store)
+    try:
+        runtime.define("p", execute=handler).enqueue("stuck")
+        assert started.wait(WAIT)
+        for bad in (-1, math.nan, math.inf, "1", True):
+            with pytest.raises(ConfigurationError, match="timeout must be"):
+                runtime.close(timeout=bad)  # type: ignore[arg-type]
+        assert list(runtime.pools) == ["p"]  # still open
+        runtime.close(timeout=0.2)
+        assert runtime.closed
+        assert _released(store)
+        assert "p:0 still running after the grace period" in caplog.text
+    finally:
+        release.set()  # its outcome finds the store closed, and the actor stops
+        until(lambda: not pykka.ActorRegistry.get_all(), "the abandoned actor to stop")
 
 
 def test_an_abandoned_handler_returning_after_the_store_closed_commits_nothing(

@@ -11,9 +11,15 @@ caller holds between the two.
 
 from __future__ import annotations
 
+import math
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from dopool._errors import ConfigurationError
+
+_FLOAT_MAX = sys.float_info.max
 
 if TYPE_CHECKING:
     import pykka
@@ -66,3 +72,19 @@ class Closing:
         """Stop the actors and close the store (see ``Runtime._shut_down``): a handler still
         running at ``deadline`` (``time.monotonic()``; None: no limit) is abandoned."""
         self._finish(self.stops, deadline)
+
+
+def deadline_after(timeout: object) -> float | None:
+    """The ``time.monotonic()`` deadline ``timeout`` seconds from now (None: no limit).
+
+    Raises:
+        ConfigurationError: ``timeout`` is not None or a finite number of seconds >= 0.
+    """
+    if timeout is None:
+        return None
+    seconds = math.nan
+    if isinstance(timeout, int | float) and not isinstance(timeout, bool):
+        seconds = float(timeout) if timeout < _FLOAT_MAX else math.inf  # an int past floats
+    if not 0 <= seconds < math.inf:
+        raise ConfigurationError(f"timeout must be None or finite seconds >= 0, got {timeout!r}")
+    return time.monotonic() + seconds

@@ -24,7 +24,7 @@ from dopool import _ports
 from dopool._across import Away
 from dopool._actor import InstanceActor
 from dopool._clock import Clock, RealClock, SimulatedClock
-from dopool._closing import Closing, Stops
+from dopool._closing import Closing, Stops, deadline_after
 from dopool._direct import DirectEnqueue
 from dopool._directory import Directory, PoolAddress
 from dopool._errors import ConfigurationError, PoolClosedError, SimulationStalledError
@@ -43,7 +43,7 @@ from dopool._storage import Store
 from dopool._supervisor import KillFlag, Supervisor
 from dopool._types import PoolEvent
 from dopool._usercode import check_synchronous, ran
-from dopool._validation import check_path, check_pool_name, prepare
+from dopool._validation import check_path, check_pool_name, check_seed, prepare
 from dopool._waits import WaitGraph
 from dopool._watch import DEFAULT_POLL_INTERVAL, check_poll_interval, watch_store
 from dopool.chaos import FaultInjector, FaultPlan
@@ -96,7 +96,7 @@ class Runtime:
         check_path(path)
         check_poll_interval(poll_interval)
         self.lease_ttl = check_lease_ttl(lease_ttl)
-        _check_seed(seed)
+        check_seed(seed)
         if durability not in DURABILITY_MODES:
             raise ConfigurationError(f"durability must be 'sync' or 'async', got {durability!r}")
         if clock is not None and not isinstance(clock, Clock):
@@ -350,17 +350,20 @@ class Runtime:
                 self._watcher.watch(name, namespaces, env.memories, mailboxes)
             return pool
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Stop every actor gracefully (a running handler finishes), then close the store.
 
         Pending events stay durable and resume when the store is opened again. A
         runtime left open is closed at interpreter exit, its running handlers given
-        ``EXIT_GRACE`` seconds to finish.
+        ``EXIT_GRACE`` seconds to finish. ``timeout``: wall-clock seconds they get here
+        (None: as long as they take); one still running then is abandoned, as at exit.
 
         Raises:
             ConfigurationError: called from one of this runtime's instance threads
-                (a handler, hook or subscriber), which it would wait for forever.
+                (a handler, hook or subscriber), which it would wait for forever; a bad
+                ``timeout``.
         """
+        deadline = deadline_after(timeout)
         running = self.handler_running()
         if running is not None and not self._closed:
             raise ConfigurationError(
@@ -370,7 +373,7 @@ class Runtime:
             )
         closing = self._stop_taking_work()
         if closing is not None:
-            closing.finish(deadline=None)
+            closing.finish(deadline)
 
     def _stop_taking_work(self) -> Closing | None:
         """Mark the runtime closed and its instances' mailboxes too (the first step of a
@@ -443,11 +446,6 @@ def _stopped(stop: pykka.Future[Any] | None) -> None:
     """Wait for a router actor's stop (it has nothing to finish)."""
     if stop is not None:
         stop.get(timeout=EXIT_GRACE)
-
-
-def _check_seed(seed: object) -> None:
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | str)):
-        raise ConfigurationError(f"seed must be an int, a str or None, got {seed!r}")
 
 
 _open: weakref.WeakSet[Runtime] = weakref.WeakSet()  # every runtime not closed yet

@@ -50,6 +50,11 @@ def check_path(path: object) -> None:
         raise ConfigurationError(f"path contains a NUL character: {text!r}")
 
 
+def check_seed(seed: object) -> None:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | str)):
+        raise ConfigurationError(f"seed must be an int, a str or None, got {seed!r}")
+
+
 def check_pool_name(name: object) -> str:
     if not isinstance(name, str) or not POOL_NAME.fullmatch(name):
         raise ConfigurationError(
