@@ -17,6 +17,7 @@ from dopool import (
     PoolClosedError,
     QueueFullError,
     RetryAfter,
+    RetryPolicy,
     StoreLockedError,
 )
 from dopool._errors import InstanceCrashedError, StorageError
@@ -142,3 +143,36 @@ def test_retry_after_can_be_raised_and_caught_as_dopool_error() -> None:
         raise RetryAfter(1)
     assert isinstance(info.value, RetryAfter)
     assert info.value.seconds == 1.0
+
+
+class _NoRepr:
+    """A value whose repr raises, handed to dopool by a caller."""
+
+    def __repr__(self) -> str:
+        raise ValueError("no repr")
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda rt, pool, bad: pool.enqueue("x", delay=bad),
+        lambda rt, pool, bad: pool.enqueue("x", ttl=bad),
+        lambda rt, pool, bad: pool.enqueue("x", priority=bad),
+        lambda rt, pool, bad: pool.schedule(bad, "x", every=1),
+        lambda rt, pool, bad: pool.schedule("s", "x", every=bad),
+        lambda rt, pool, bad: pool.redrive([bad]),
+        lambda rt, pool, bad: pool.pause(bad),
+        lambda rt, pool, bad: rt.define("q", execute=bad),
+        lambda rt, pool, bad: rt.define("q", execute=print, concurrency=bad),
+        lambda rt, pool, bad: rt.define(bad, execute=print),
+        lambda rt, pool, bad: rt.subscribe(bad),
+        lambda rt, pool, bad: rt.kill(bad, 0),
+        lambda rt, pool, bad: RetryAfter(bad),
+        lambda rt, pool, bad: RetryPolicy(initial_delay=bad),
+    ],
+)
+def test_a_value_whose_repr_raises_is_refused_with_a_dopool_error(sim: Any, call: Any) -> None:
+    """Its repr in the message raised instead: the caller got that ValueError."""
+    pool = sim.define("p", execute=lambda ctx: None)
+    with pytest.raises(DopoolError, match="<_NoRepr object>"):
+        call(sim, pool, _NoRepr())

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from dopool._errors import ConfigurationError, _seconds
+from dopool._errors import ConfigurationError, _seconds, shown
 from dopool._followups import FollowUp, Target
 from dopool._messages import Item
 from dopool._validation import due_time
@@ -98,7 +98,7 @@ class EventContext:
         self._check_running("sleep")
         value = _seconds(seconds, "ctx.sleep")
         if not math.isfinite(value):
-            raise ConfigurationError(f"ctx.sleep needs a finite time, got {seconds!r}")
+            raise ConfigurationError(f"ctx.sleep needs a finite time, got {shown(seconds)}")
         self._sleep(value)
 
     def _end(self) -> list[FollowUp]:

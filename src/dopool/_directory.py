@@ -25,7 +25,7 @@ from functools import partial
 from typing import Any
 
 from dopool._clock import Clock
-from dopool._errors import ConfigurationError
+from dopool._errors import ConfigurationError, shown
 from dopool._mailbox import Mailbox
 from dopool._messages import Item, Resend
 from dopool._options import PoolOptions
@@ -100,7 +100,7 @@ class Directory:
             address = self.get(pool)
             if address is None:
                 raise ConfigurationError(
-                    f"ctx.enqueue: no pool named {pool!r} is defined in this runtime; "
+                    f"ctx.enqueue: no pool named {shown(pool)} is defined in this runtime; "
                     "define it before a handler sends follow-ups into it"
                 )
             return address
@@ -108,10 +108,10 @@ class Directory:
             address = self.get(pool.name)
             if address is None or address.handle() is not pool:
                 raise ConfigurationError(
-                    f"ctx.enqueue: {pool!r} belongs to another runtime; a follow-up goes "
+                    f"ctx.enqueue: {shown(pool)} belongs to another runtime; a follow-up goes "
                     "to a pool of its handler's own runtime"
                 )
             return None if pool.name == own else address
         raise ConfigurationError(
-            f"ctx.enqueue: pool must be None, a pool name or a WorkerPool, got {pool!r}"
+            f"ctx.enqueue: pool must be None, a pool name or a WorkerPool, got {shown(pool)}"
         )

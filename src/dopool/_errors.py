@@ -94,14 +94,14 @@ class FilterError(ConfigurationError):
         self.reason = reason
         self.dead_letter = dead_letter
         if dead_letter is None:
-            message = f"{argument}={_shown(value)} refused: {reason}"
+            message = f"{argument}={shown(value)} refused: {reason}"
         else:
             where = f"instance {dead_letter.instance_index}, sequence {dead_letter.sequence}"
             message = f"the {argument} predicate raised on the dead letter of {where}: {reason}"
         super().__init__(message + "; nothing was selected")
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
     """``repr(value)``, or its type's name if that raises (the value is the caller's)."""
     try:
         return repr(value)
@@ -156,7 +156,7 @@ class EventIdError(ConfigurationError):
         self.event_id = event_id
         self.pool = pool
         self.reason = reason
-        super().__init__(f"{_shown(event_id)} is not an event id of pool {pool!r}: {reason}")
+        super().__init__(f"{shown(event_id)} is not an event id of pool {pool!r}: {reason}")
 
 
 class ScheduleDefinitionError(ConfigurationError):
@@ -174,7 +174,7 @@ class ScheduleDefinitionError(ConfigurationError):
         self.argument = argument
         self.value = value
         self.reason = reason
-        super().__init__(f"schedule {schedule!r}: {argument}={value!r}: {reason}")
+        super().__init__(f"schedule {shown(schedule)}: {argument}={shown(value)}: {reason}")
 
 
 class EventValidationError(DopoolError):
@@ -206,7 +206,7 @@ class ScheduleError(EventValidationError):
         self.value = value
         self.reason = reason
         self.position = None  # one value for the whole call, never one event's
-        DopoolError.__init__(self, f"{argument}={value!r} refused: {reason}")
+        DopoolError.__init__(self, f"{argument}={shown(value)} refused: {reason}")
 
 
 class EventTooLargeError(DopoolError):
@@ -428,7 +428,7 @@ def _seconds(value: Any, name: str) -> float:
     if callable(total):
         return float(total())
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigurationError(f"{name} must be seconds or a timedelta, got {value!r}")
+        raise ConfigurationError(f"{name} must be seconds or a timedelta, got {shown(value)}")
     try:
         return float(value)
     except OverflowError:  # an int past a float's range

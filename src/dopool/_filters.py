@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from dopool._errors import ConfigurationError, FilterError
+from dopool._errors import ConfigurationError, FilterError, shown
 from dopool._status import dead_letter_from_record
 from dopool._types import DeadLetter
 from dopool._usercode import deferring, ran
@@ -227,6 +227,6 @@ def by_instance(
     among: dict[int, set[int]] = {}
     for dead in dead_letters:
         if not isinstance(dead, DeadLetter):
-            raise ConfigurationError(f"{verb} takes DeadLetter records, got {dead!r}")
+            raise ConfigurationError(f"{verb} takes DeadLetter records, got {shown(dead)}")
         among.setdefault(check(dead.instance_index), set()).add(dead.sequence)
     return among

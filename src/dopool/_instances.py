@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dopool._across import Away, Verb
-from dopool._errors import ConfigurationError, DopoolError, NotLeasedError
+from dopool._errors import ConfigurationError, DopoolError, NotLeasedError, shown
 from dopool._layout import Namespace, follow_ups_to
 from dopool._mailbox import Mailbox
 from dopool._messages import Enqueue, Item, Reply
@@ -57,7 +57,7 @@ class Instances:
             ConfigurationError: not an int, or out of range.
         """
         if isinstance(index, bool) or not isinstance(index, int):
-            raise ConfigurationError(f"instance index must be an int, got {index!r}")
+            raise ConfigurationError(f"instance index must be an int, got {shown(index)}")
         concurrency = len(self.mailboxes)
         if not 0 <= index < concurrency:
             raise ConfigurationError(

@@ -16,7 +16,7 @@ from typing import Any, Required, TypedDict
 
 from dopool._alarm import MAX_ALARM_RETRIES
 from dopool._context import EventContext
-from dopool._errors import ConfigurationError
+from dopool._errors import ConfigurationError, shown
 from dopool._layout import MAX_CONCURRENCY
 from dopool._retry import RetryPolicy
 from dopool._types import DeadLetter, EmptyInfo
@@ -61,29 +61,33 @@ class PoolOptions:
 
     def __post_init__(self) -> None:
         if not callable(self.execute):
-            raise ConfigurationError(f"execute must be callable, got {self.execute!r}")
+            raise ConfigurationError(f"execute must be callable, got {shown(self.execute)}")
         check_synchronous(self.execute, "execute")
         if not _is_int(self.concurrency) or not 1 <= self.concurrency <= MAX_CONCURRENCY:
             raise ConfigurationError(
                 f"concurrency must be an int >= 1 and <= {MAX_CONCURRENCY}, "
-                f"got {self.concurrency!r}"
+                f"got {shown(self.concurrency)}"
             )
         if self.retry is not None and not isinstance(self.retry, RetryPolicy):
-            raise ConfigurationError(f"retry must be a RetryPolicy or None, got {self.retry!r}")
+            raise ConfigurationError(
+                f"retry must be a RetryPolicy or None, got {shown(self.retry)}"
+            )
         for label in ("schema", "on_dead_letter", "on_empty"):
             hook = getattr(self, label)
             if hook is not None and not callable(hook):
-                raise ConfigurationError(f"{label} must be callable or None, got {hook!r}")
+                raise ConfigurationError(f"{label} must be callable or None, got {shown(hook)}")
             if hook is not None:
                 check_synchronous(hook, label)
         depth = self.max_queue_depth
         if depth is not None and (not _is_int(depth) or depth < 1):
-            raise ConfigurationError(f"max_queue_depth must be an int >= 1 or None, got {depth!r}")
+            raise ConfigurationError(
+                f"max_queue_depth must be an int >= 1 or None, got {shown(depth)}"
+            )
         retries = self.alarm_retries
         if retries is not None and (not _is_int(retries) or not 0 <= retries <= MAX_ALARM_RETRIES):
             raise ConfigurationError(
                 f"alarm_retries must be an int from 0 to {MAX_ALARM_RETRIES} or None, "
-                f"got {retries!r}"
+                f"got {shown(retries)}"
             )
         for label in ("dedup_window", "keep_finished"):
             window = getattr(self, label)
@@ -94,7 +98,7 @@ class PoolOptions:
                 or window < 0
             ):
                 raise ConfigurationError(
-                    f"{label} must be a finite number of seconds >= 0, got {window!r}"
+                    f"{label} must be a finite number of seconds >= 0, got {shown(window)}"
                 )
             object.__setattr__(self, label, float(window))
 

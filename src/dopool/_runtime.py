@@ -27,7 +27,7 @@ from dopool._clock import Clock, RealClock, SimulatedClock
 from dopool._closing import Closing, Stops, deadline_after
 from dopool._direct import DirectEnqueue
 from dopool._directory import Directory, PoolAddress
-from dopool._errors import ConfigurationError, PoolClosedError, SimulationStalledError
+from dopool._errors import ConfigurationError, PoolClosedError, SimulationStalledError, shown
 from dopool._instance import InstanceEnv, InstanceMemory, PoolSpec
 from dopool._instances import Instances, PoolContext, record_concurrency
 from dopool._keeper import check_shared, keep_leases, serve_pool
@@ -221,7 +221,7 @@ class Runtime:
                 raise PoolClosedError(pool_name)
             instances = self._pools.get(pool_name)
             if instances is None:
-                raise ConfigurationError(f"no pool named {pool_name!r} in this runtime")
+                raise ConfigurationError(f"no pool named {shown(pool_name)} in this runtime")
             supervisor = instances.supervisor(index)
         supervisor.kill()
         if self.handler_running() is None:

@@ -16,7 +16,7 @@ import inspect
 from functools import partial
 from typing import Any
 
-from dopool._errors import ConfigurationError
+from dopool._errors import ConfigurationError, shown
 
 
 def check_synchronous(function: object, label: str) -> None:
@@ -28,11 +28,11 @@ def check_synchronous(function: object, label: str) -> None:
             running its body.
     """
     if not callable(function):
-        raise ConfigurationError(f"{label} must be callable, got {function!r}")
+        raise ConfigurationError(f"{label} must be callable, got {shown(function)}")
     kind = deferring(function)
     if kind is not None:
         raise ConfigurationError(
-            f"{label} must be a plain function: {function!r} is {kind}, whose body would "
+            f"{label} must be a plain function: {shown(function)} is {kind}, whose body would "
             "not run when dopool calls it (dopool calls it synchronously, in the instance's "
             "thread)"
         )

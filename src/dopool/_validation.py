@@ -13,6 +13,7 @@ from dopool._errors import (
     EventTooLargeError,
     EventValidationError,
     ScheduleError,
+    shown,
 )
 from dopool._layout import (
     MAX_DEDUP_KEY_BYTES,
@@ -43,7 +44,7 @@ def check_path(path: object) -> None:
     # Path("") is the current directory: an empty setting must not put a store there.
     text = os.fspath(path) if isinstance(path, str | os.PathLike) else None
     if not isinstance(text, str):
-        raise ConfigurationError(f"path must be a str or an os.PathLike of str, got {path!r}")
+        raise ConfigurationError(f"path must be a str or an os.PathLike of str, got {shown(path)}")
     if not text:
         raise ConfigurationError("path is empty; name the store directory ('.' for this one)")
     if "\0" in text:
@@ -52,13 +53,13 @@ def check_path(path: object) -> None:
 
 def check_seed(seed: object) -> None:
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | str)):
-        raise ConfigurationError(f"seed must be an int, a str or None, got {seed!r}")
+        raise ConfigurationError(f"seed must be an int, a str or None, got {shown(seed)}")
 
 
 def check_pool_name(name: object) -> str:
     if not isinstance(name, str) or not POOL_NAME.fullmatch(name):
         raise ConfigurationError(
-            f"pool name must be 1-64 characters of [A-Za-z0-9_.-], got {name!r}"
+            f"pool name must be 1-64 characters of [A-Za-z0-9_.-], got {shown(name)}"
         )
     return name
 
@@ -167,7 +168,9 @@ def prepare(
     ):  # (the usual key, ASCII and short, passes without a call)
         _check_key("dedup_key", dedup_key, MAX_DEDUP_KEY_BYTES, position)
     if isinstance(priority, bool) or not isinstance(priority, int):
-        raise EventValidationError(f"priority must be an int, got {priority!r}", position=position)
+        raise EventValidationError(
+            f"priority must be an int, got {shown(priority)}", position=position
+        )
     if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
         raise EventValidationError(
             f"priority must be within [{PRIORITY_MIN}, {PRIORITY_MAX}], got {priority}",
