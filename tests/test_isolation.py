@@ -22,7 +22,7 @@ from dopool import (
     Runtime,
     WorkerPool,
 )
-from dopool._errors import MAX_DELAY
+from dopool._errors import MAX_DELAY, MAX_ERROR_TEXT
 
 WAIT = 10.0
 
@@ -258,3 +258,23 @@ def test_a_context_kept_past_its_attempt_refuses_instead_of_losing_a_follow_up(
         ctx.sleep(1)
     assert pool.join(timeout=WAIT)
     assert pool.status().enqueued == 1
+
+
+def test_a_huge_failure_text_is_cut_where_it_is_recorded(sim: Runtime) -> None:
+    """An exception carrying a 1 MB body was stored whole: in the meta record at the
+    retry, in the dead letter, and in each event."""
+    seen: list[PoolEvent] = []
+    sim.subscribe(seen.append)
+
+    def handler(ctx: EventContext) -> None:
+        raise ValueError("x" * 1_000_000)
+
+    pool = sim.define("p", execute=handler, retry=RetryPolicy(max_attempts=2))
+    pool.enqueue("big")
+    assert pool.join(timeout=WAIT)
+    [dead] = pool.dead_letters()
+    text = "ValueError: " + "x" * 1_000_000
+    cut = f"{text[:MAX_ERROR_TEXT]}... ({len(text) - MAX_ERROR_TEXT} more characters)"
+    assert dead.error == cut
+    errors = [event.error for event in seen if event.kind in ("retry_scheduled", "dead_lettered")]
+    assert errors == [cut, cut]

@@ -101,6 +101,20 @@ class FilterError(ConfigurationError):
         super().__init__(message + "; nothing was selected")
 
 
+#: The most characters of a handler's failure that are recorded (docs/api.md, "Handler
+#: outcomes"): an exception carrying a whole response body would otherwise be stored in the
+#: meta record at each retry, in the dead letter, and in every event and trace line.
+MAX_ERROR_TEXT = 4096
+
+
+def failed(failure: BaseException) -> str:
+    """What a failed attempt records: ``"Type: text"``, cut to ``MAX_ERROR_TEXT`` characters."""
+    text = f"{type(failure).__name__}: {failure}"
+    if len(text) <= MAX_ERROR_TEXT:
+        return text
+    return f"{text[:MAX_ERROR_TEXT]}... ({len(text) - MAX_ERROR_TEXT} more characters)"
+
+
 def shown(value: Any) -> str:
     """``repr(value)``, or its type's name if that raises (the value is the caller's)."""
     try:

@@ -24,12 +24,7 @@ from dopool._alarm import delivery_failed, rearm, wake
 from dopool._deadletters import DeadLetters
 from dopool._dedup import Dedup, keyed, merge
 from dopool._drain import drain, running_sequence
-from dopool._errors import (
-    DamagedRecordError,
-    DopoolError,
-    QueueFullError,
-    StorageError,
-)
+from dopool._errors import DamagedRecordError, DopoolError, QueueFullError, StorageError, failed
 from dopool._followups import FollowUp, FollowUps
 from dopool._layout import (
     DedupClaim,
@@ -373,7 +368,7 @@ class QueueMachine:
     ) -> None:
         """Settle a failed attempt of the current event: schedule a retry or dead-letter it."""
         sequence = queue_key_sequence(key)
-        error = f"{type(failure).__name__}: {failure}"
+        error = failed(failure)
         attempt, options = meta.attempt, self._options
         draw = partial(uniform_draw, self._seed, self._pool, self._index, sequence, attempt)
         delay = next_delay(failure, attempt, options.max_attempts, options.retry, draw)
