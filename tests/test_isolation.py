@@ -278,3 +278,19 @@ def test_a_huge_failure_text_is_cut_where_it_is_recorded(sim: Runtime) -> None:
     assert dead.error == cut
     errors = [event.error for event in seen if event.kind in ("retry_scheduled", "dead_lettered")]
     assert errors == [cut, cut]
+
+
+def test_a_failure_whose_text_is_no_utf8_is_recorded_not_a_crash(sim: Runtime) -> None:
+    """A lone surrogate in an exception's text (a file name decoded with surrogateescape,
+    say) made the store's encoding raise: the instance crashed at every attempt, and the
+    dead letter said only "instance crashed"."""
+
+    def handler(ctx: EventContext) -> None:
+        raise ValueError(b"name \xff".decode("utf-8", "surrogateescape"))
+
+    pool = sim.define("p", execute=handler, retry=RetryPolicy(max_attempts=2))
+    pool.enqueue("x")
+    assert pool.join(timeout=WAIT)
+    [dead] = pool.dead_letters()
+    assert dead.error == "ValueError: name \\udcff"
+    assert pool.status().instances[0].restarts == 0

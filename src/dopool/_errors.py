@@ -108,8 +108,12 @@ MAX_ERROR_TEXT = 4096
 
 
 def failed(failure: BaseException) -> str:
-    """What a failed attempt records: ``"Type: text"``, cut to ``MAX_ERROR_TEXT`` characters."""
+    """What a failed attempt records: ``"Type: text"``, cut to ``MAX_ERROR_TEXT`` characters,
+    a lone surrogate (a byte ``surrogateescape`` kept) written as its escape: UTF-8, which
+    the store and the trace take, has no such character."""
     text = f"{type(failure).__name__}: {failure}"
+    if not text.isascii():
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     if len(text) <= MAX_ERROR_TEXT:
         return text
     return f"{text[:MAX_ERROR_TEXT]}... ({len(text) - MAX_ERROR_TEXT} more characters)"
