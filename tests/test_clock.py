@@ -6,10 +6,11 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
-from dopool import RealClock, SimulatedClock
+from dopool import RealClock, Runtime, SimulatedClock
 from dopool._activity import Activity
 from dopool._clock import Clock
 
@@ -289,6 +290,33 @@ def test_a_call_at_callback_may_not_drive_the_clock(backend: str) -> None:
     ] * 2
     assert clock.now() == 5.0
     clock.close()
+
+
+def test_a_clock_never_moves_to_a_time_that_is_not_finite(clock: SimulatedClock) -> None:
+    """run_until(inf) left the clock at infinity, and the next write stored it: the
+    instance's meta record then failed its checks, and the pool was refused for good."""
+    drives: list[Callable[[], None]] = [
+        lambda: clock.run_until(math.inf),
+        lambda: clock.advance(math.inf),
+        lambda: clock.run_until(math.nan),
+        lambda: clock.advance(math.nan),
+        lambda: clock.run_until_idle(max_time=math.nan),
+    ]
+    for drive in drives:
+        with pytest.raises(ValueError, match=r"cannot run until|max_time is NaN"):
+            drive()
+    assert clock.now() == 0.0
+    clock.run_until_idle(max_time=math.inf)  # no limit: as None
+
+
+def test_a_pool_survives_an_attempt_to_run_its_clock_to_infinity(tmp_path: Path) -> None:
+    with Runtime.simulated(tmp_path / "store") as runtime:
+        pool = runtime.define("p", execute=lambda ctx: None)
+        with pytest.raises(ValueError, match="cannot run until inf"):
+            runtime.clock.advance(math.inf)  # type: ignore[attr-defined]
+        pool.enqueue("x")
+        assert pool.join(timeout=WAIT)
+        assert pool.status().succeeded == 1
 
 
 def test_step_times_out_while_an_actor_stays_busy(clock: SimulatedClock) -> None:

@@ -256,8 +256,7 @@ class SimulatedClock(Clock):
         self._others = 0
         self._tickets = itertools.count()
         self._driver = threading.Lock()
-        self._driving = False  # True while someone drives the clock
-        self._driver_thread: int | None = None  # the thread driving it (its ident)
+        self._driver_thread: int | None = None  # the thread driving it (its ident), if any
         self._run_tasks: Callable[[Callable[[], bool] | None, object], bool] | None = None
         self._runnable: Sized = ()
         self._check_thread: Callable[[], None] | None = None
@@ -283,10 +282,9 @@ class SimulatedClock(Clock):
         return notes
 
     def _take_driver(self, deadline: float | None = None) -> None:
-        """Take the right to drive the clock. Another thread driving it is waited for,
-        until ``deadline`` (``time.monotonic()``; then TimeoutError); a handler, hook or
-        subscriber, or a ``call_at`` callback (the driver itself) is refused: the drive
-        would wait for quiescence, which waits for the caller."""
+        """Take the right to drive the clock, waiting for another thread's drive until
+        ``deadline`` (then TimeoutError). Refused (RuntimeError) to a handler, hook, subscriber
+        or ``call_at`` callback: the drive would wait for quiescence, which waits for it."""
         check_thread = self._check_thread
         if check_thread is not None:
             check_thread()
@@ -300,10 +298,8 @@ class SimulatedClock(Clock):
         if not self._driver.acquire(timeout=timeout):  # a driver that never ends, at exit
             raise TimeoutError("another thread drove the simulated clock until the deadline")
         self._driver_thread = threading.get_ident()
-        self._driving = True
 
     def _release_driver(self) -> None:
-        self._driving = False
         self._driver_thread = None
         self._driver.release()
 
@@ -312,7 +308,7 @@ class SimulatedClock(Clock):
         """While the clock is driven, as under the real clock: the work would start at
         this same virtual time anyway, one step later, through the alarm slot. Not
         otherwise: nothing runs until the clock is driven."""
-        return self._driving
+        return self._driver_thread is not None
 
     def now(self) -> float:
         return self._now
@@ -379,8 +375,11 @@ class SimulatedClock(Clock):
         self.run_until(self._now + seconds)
 
     def run_until(self, time: float) -> None:
-        """Fire everything due up to the absolute time ``time``, then stand there."""
+        """Fire everything due up to the absolute time ``time``, then stand there; ValueError
+        if it is not finite (every later write would store it, and no record takes it)."""
         time = float(time)  # an int would reach stored records as one (a float field)
+        if not math.isfinite(time):
+            raise ValueError(f"cannot run until {time}: a clock time is finite")
         self._take_driver()
         try:
             while self._step(time, None):
@@ -396,7 +395,9 @@ class SimulatedClock(Clock):
         and nothing in flight, the system is idle (``run_until`` and ``advance`` fire them;
         a fire already due, after a resume say, fires: time does not move for it).
         """
-        limit = math.inf if max_time is None else max_time
+        limit = math.inf if max_time is None else float(max_time)
+        if math.isnan(limit):
+            raise ValueError("max_time is NaN: give a clock time, or None for no limit")
         self._take_driver()
         try:
             while self._step(limit, None, idle=True):
