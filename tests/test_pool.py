@@ -966,6 +966,24 @@ def test_a_sleep_of_no_finite_time_fails_the_attempt_and_moves_no_clock(
     assert sim.clock.now() == 50.0
 
 
+def test_a_sleep_past_the_last_clock_time_fails_the_attempt(sim: Runtime) -> None:
+    """Two sleeps of 1e308 took the simulated clock to infinity, and the next write
+    stored it: the meta record failed its checks, and the pool was refused for good."""
+
+    def nap(ctx: EventContext) -> None:
+        ctx.sleep(1e308)
+        ctx.sleep(1e308)
+
+    pool = sim.define("p", execute=nap)
+    pool.enqueue("x")
+    assert pool.join(timeout=10)
+    [dead] = pool.dead_letters()
+    assert dead.error == "ConfigurationError: ctx.sleep(1e+308) would wake past any clock time"
+    assert sim.clock.now() == 1e308
+    pool.enqueue("y")  # the pool is readable and writable
+    assert pool.status().pending == 1
+
+
 # -- validation ------------------------------------------------------------------------
 
 

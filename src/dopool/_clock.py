@@ -20,7 +20,7 @@ from typing import Protocol
 
 from dopool._activity import activity_for
 from dopool._backend import Backend, Latch
-from dopool._errors import SimulationStalledError
+from dopool._errors import ConfigurationError, SimulationStalledError
 from dopool._green import GreenletBackend
 
 #: The environment variable that picks a simulated clock's backend when none is
@@ -350,6 +350,8 @@ class SimulatedClock(Clock):
         if seconds <= 0:
             return
         at = self._now + seconds
+        if not math.isfinite(at):  # the clock would stand at infinity: no record takes it
+            raise ConfigurationError(f"ctx.sleep({seconds:g}) would wake past any clock time")
         wake = self.backend.latch(_Asleep(at))
         with self._lock:
             ticket = next(self._tickets)
