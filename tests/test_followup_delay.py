@@ -4,6 +4,7 @@ outbox, a crash and a reopened store, and an event delivered after it is due at 
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from pathlib import Path
@@ -221,3 +222,22 @@ def test_an_int_given_to_run_until_keeps_virtual_time_a_float(sim: Runtime) -> N
     assert pool.join(timeout=10)
     assert seen == [(100.0, "parent", 0), (100.0, "child", 1)]
     assert pool.status().dead_lettered == 0
+
+
+@pytest.mark.parametrize("backend", ["greenlet", "threads"])
+def test_a_delay_past_the_largest_float_is_due_at_it(tmp_path: Path, backend: str) -> None:
+    """A clock near the largest float plus a long delay made an infinite due time at the
+    commit, stored in the meta record's alarm: the pool was refused for good."""
+    runtime = Runtime.simulated(tmp_path / "store", start=1e308, backend=backend)
+    with runtime:
+
+        def handler(ctx: EventContext) -> None:
+            if ctx.event == "go":
+                ctx.enqueue("later", delay=1e308)
+
+        pool = runtime.define("p", execute=handler)
+        pool.enqueue("go")
+        clock(runtime).advance(0)
+        assert pool.status().instances[0].next_alarm_at == sys.float_info.max
+        assert pool.join(timeout=10)
+        assert pool.status().succeeded == 2

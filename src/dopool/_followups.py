@@ -20,6 +20,7 @@ whole outbox, and so does a source asked again by a target that got a link early
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
@@ -29,6 +30,10 @@ from dopool._messages import Item
 from dopool._storage import Txn
 
 logger = logging.getLogger("dopool")
+
+#: The last time a delayed follow-up can be due at: a later one (a clock near the largest
+#: float, plus a long delay) would be stored as infinity, which no record takes.
+_LAST_TIME = sys.float_info.max
 
 
 class Target(Protocol):
@@ -90,8 +95,9 @@ class FollowUps:
         ones, to deliver once the transaction has committed.
         """
         for made, target in follow_ups:
-            # A delay counts from this commit.
-            item = made if made.delay is None else made._replace(due=now + made.delay, delay=None)
+            # A delay counts from this commit; past the largest float, it is due at that.
+            due = None if made.delay is None else min(now + made.delay, _LAST_TIME)
+            item = made if due is None else made._replace(due=due, delay=None)
             if target is None:
                 pool, index = self._pool, self._route(item.partition_key)
                 if index == self._index:
