@@ -489,3 +489,26 @@ def test_a_schedule_at_times_where_every_is_below_the_clocks_resolution_still_mo
         clock(runtime).run_until(start + 10)
     assert fired
     assert fired == sorted(set(fired))  # one occurrence per fire time, each later
+
+
+def test_a_schedule_whose_next_fire_is_past_the_largest_float_has_no_time_left(
+    tmp_path: Path,
+) -> None:
+    """Near the largest float, every=1e308 made the next fire time infinity, stored in the
+    schedule record and instance 0's alarm: the pool was refused for good."""
+    with Runtime.simulated(tmp_path / "store", start=1e308) as runtime:
+        pool = runtime.define("p", execute=lambda ctx: None)
+        assert pool.schedule("never", "x", every=1e308).next_at is None  # no first fire
+        assert pool.schedule("once", "x", every=5e307).next_at == 1.5e308
+        clock(runtime).run_until(1.6e308)
+        once = {info.name: info for info in pool.schedules()}["once"]
+        assert (once.fired, once.next_at) == (1, None)  # 2e308 would be infinity
+        assert pool.join(timeout=10)
+        assert pool.status().succeeded == 1
+    store = Store(tmp_path / "store")
+    try:
+        with store.read() as txn:
+            report = check_store(txn)
+    finally:
+        store.close()
+    assert report.ok, report.problems

@@ -65,10 +65,16 @@ def cron_after(expression: str, time: float) -> float | None:
     return (match - _EPOCH).total_seconds()
 
 
+def _time_left(at: float) -> float | None:
+    """``at``, or None past the largest float: a schedule with no time left, as a cron
+    expression's can be (an infinite time is no clock time, and no record takes it)."""
+    return at if math.isfinite(at) else None
+
+
 def first_fire(every: float | None, cron: str | None, now: float) -> float | None:
     """A new definition's first fire time."""
     if every is not None:
-        return max(now + every, math.nextafter(now, math.inf))  # see following()
+        return _time_left(max(now + every, math.nextafter(now, math.inf)))  # see following()
     assert cron is not None
     return cron_after(cron, now)
 
@@ -85,7 +91,7 @@ def following(record: ScheduleRecord, now: float) -> tuple[float | None, int]:
         if nxt <= now:  # the division's rounding; or, past ~4.5e12 s, every below the
             passed += 1  # clock's resolution: the next representable time, never now
             nxt = max(nxt + every, math.nextafter(now, math.inf))
-        return nxt, passed
+        return _time_left(nxt), passed
     assert record.cron is not None
     passed, later = 1, cron_after(record.cron, at)
     while later is not None and later <= now:
