@@ -294,3 +294,23 @@ def test_a_failure_whose_text_is_no_utf8_is_recorded_not_a_crash(sim: Runtime) -
     [dead] = pool.dead_letters()
     assert dead.error == "ValueError: name \\udcff"
     assert pool.status().instances[0].restarts == 0
+
+
+def test_a_retry_policy_whose_delay_raises_leaves_the_event_its_retries(sim: Runtime) -> None:
+    """The policy's delay() raised inside the failure's transaction: the instance crashed,
+    its recovery settled the attempt through the same delay() and crashed again, for ever."""
+
+    class Raising(RetryPolicy):
+        def delay(self, attempt: int, u: float) -> float:
+            raise SystemExit("from delay")
+
+    def handler(ctx: EventContext) -> None:
+        if ctx.attempt == 1:
+            raise ValueError("first")
+
+    pool = sim.define("p", execute=handler, retry=Raising(initial_delay=2.0, jitter=0.0))
+    pool.enqueue("x")
+    assert pool.join(timeout=WAIT)
+    status = pool.status()
+    assert (status.succeeded, status.instances[0].restarts) == (1, 0)
+    assert sim.clock.now() == 2.0  # RetryPolicy's own delay

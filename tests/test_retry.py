@@ -317,3 +317,24 @@ def test_a_retry_after_that_handler_code_broke_waits_a_delay_the_store_takes(
     Now out-of-range delays are clamped and the others wait the policy's delay."""
     policy = RetryPolicy(max_attempts=3, initial_delay=1.0, jitter=0.0)
     assert next_delay(failure, 1, 3, policy, lambda: 0.5) == delay
+
+
+class _Broken(RetryPolicy):
+    """A policy subclass whose delay() is the user's, and broken."""
+
+    def delay(self, attempt: int, u: float) -> float:
+        value: Any = {1: math.inf, 2: math.nan, 3: "soon"}.get(attempt)
+        if value is None:
+            raise SystemExit("from delay")
+        return value  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("attempt", "delay"), [(1, MAX_DELAY), (2, 8.0), (3, 16.0), (4, 32.0)])
+def test_a_policy_subclass_whose_delay_breaks_waits_a_delay_the_store_takes(
+    attempt: int, delay: float
+) -> None:
+    """An infinite delay made the meta record unreadable; one that was no number or raised
+    crashed every recovery of the instance, its event stuck. A number is clamped; the rest
+    wait RetryPolicy's own formula."""
+    policy = _Broken(max_attempts=9, initial_delay=4.0, jitter=0.0)
+    assert next_delay(ValueError(), attempt, 9, policy, lambda: 0.5) == delay

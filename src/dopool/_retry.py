@@ -99,26 +99,31 @@ def next_delay(
 ) -> float | None:
     """Seconds from failed attempt ``attempt`` to the next one; None if there is none (a
     :class:`PermanentError`, or the last attempt failed). A :class:`RetryAfter` names its
-    own delay (when it has one: see ``_asked``); else the policy's, its jitter drawn by
+    own delay (when it has one: see ``_read``); else the policy's, its jitter drawn by
     ``draw``."""
     if isinstance(failure, PermanentError) or attempt >= max_attempts:
         return None
-    asked = _asked(failure) if isinstance(failure, RetryAfter) else None
+    asked = _read(failure, "seconds") if isinstance(failure, RetryAfter) else None
     if asked is not None:
         return asked
     assert policy is not None  # max_attempts > 1 implies a policy
-    return policy.delay(attempt, draw())
+    u = draw()
+    chosen = _read(policy, "delay", attempt, u)  # a subclass's own delay() is user code
+    return RetryPolicy.delay(policy, attempt, u) if chosen is None else chosen
 
 
-def _asked(failure: RetryAfter) -> float | None:
-    """The delay a ``RetryAfter`` asks for, within ``[0, MAX_DELAY]``; None if it names no
-    number of seconds: a subclass that skipped ``__init__``, or whose ``seconds`` raises, or
-    handler code that set ``seconds`` to NaN or to something else (that retry then waits
-    the policy's delay, as any failure does). An infinite delay written into the store
-    would make the instance's meta record unreadable, and the pool with it."""
+def _read(source: object, name: str, *args: object) -> float | None:
+    """``source.name`` (called with ``args``, if any) as seconds within ``[0, MAX_DELAY]``;
+    None if it raises or names no number of seconds: a ``RetryAfter`` subclass that skipped
+    ``__init__``, handler code that set its ``seconds`` to NaN, a ``RetryPolicy`` subclass
+    whose ``delay`` returns something else. Such a retry waits the policy's own delay. An
+    infinite one written into the store would make the instance's meta record unreadable,
+    and the pool with it; one that raised crashed every recovery of the instance."""
     try:
-        seconds = failure.seconds
-    except BaseException:  # SystemExit too: a property of the handler's own subclass
+        seconds = getattr(source, name)
+        if args:
+            seconds = seconds(*args)
+    except BaseException:  # SystemExit too: user code, in the instance's transaction
         return None
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
         return None
