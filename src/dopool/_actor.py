@@ -294,7 +294,9 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         )
         if failure is None:
             try:
-                ran(self._spec.options.execute(ctx), "the handler", PermanentError)
+                returned = self._spec.options.execute(ctx)
+                if returned is not None:  # (the usual handler returns None: no call)
+                    ran(returned, "the handler", PermanentError)
             except BaseException as exc:  # SystemExit too: a handler never takes the actor down
                 failure = exc
         follow_ups = ctx._end()  # a context kept for later adds nothing now: it raises

@@ -95,11 +95,14 @@ class EventContext:
             ConfigurationError: not seconds, or not finite (NaN would never wake, and
                 infinity would move a simulated clock to it); the attempt has ended.
         """
-        self._check_running("sleep")
-        value = _seconds(seconds, "ctx.sleep")
-        if not math.isfinite(value):
-            raise ConfigurationError(f"ctx.sleep needs a finite time, got {shown(seconds)}")
-        self._sleep(value)
+        if self._ended:
+            self._check_running("sleep")
+        if type(seconds) is not float or not math.isfinite(seconds):  # (a float passes here)
+            value = _seconds(seconds, "ctx.sleep")
+            if not math.isfinite(value):
+                raise ConfigurationError(f"ctx.sleep needs a finite time, got {shown(seconds)}")
+            seconds = value
+        self._sleep(seconds)
 
     def _end(self) -> list[FollowUp]:
         """End the attempt (its handler returned): its follow-ups, which no call adds to now."""
