@@ -433,6 +433,10 @@ def test_a_bad_scenario_file_names_file_and_field(tmp_path: Path) -> None:
     )
     path.write_text("[arrivals\n")
     assert_one_line_error(invoke("simulate", "-s", str(path)), 2, "bad.toml", "not valid TOML")
+    path.write_bytes(b"name = '\xff'\n")
+    assert_one_line_error(
+        invoke("simulate", "-s", str(path)), 2, "bad.toml", "not UTF-8 text", "at byte 8"
+    )
 
 
 def test_bad_output_paths(tmp_path: Path) -> None:

@@ -158,6 +158,9 @@ def read_file(path: Path) -> tuple[dict[str, Any], str, str | None]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ScenarioError("", f"cannot be read: {exc.strerror or exc}", source=source) from None
+    except UnicodeDecodeError as exc:
+        problem = f"is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        raise ScenarioError("", problem, source=source) from None
     return parse(text, source), source, os.path.dirname(source)
 
 
