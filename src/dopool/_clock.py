@@ -407,15 +407,19 @@ class SimulatedClock(Clock):
         finally:
             self._release_driver()
 
-    def step(self, limit: float = math.inf, *, deadline: float | None = None) -> bool:
+    def step(
+        self, limit: float = math.inf, *, deadline: float | None = None, idle: bool = False
+    ) -> bool:
         """Fire the next scheduled item due by ``limit``; False if there is none.
 
         ``deadline`` is a wall-clock ``time.monotonic()`` bound on waiting for
         quiescence (and on another thread's drive); :class:`TimeoutError` if it passes.
+        With ``idle``, False also when only recurring schedules' future fires are left,
+        as :meth:`run_until_idle` stops.
         """
         self._take_driver(deadline)
         try:
-            return self._step(limit, deadline)
+            return self._step(limit, deadline, idle=idle)
         finally:
             self._release_driver()
 

@@ -211,7 +211,7 @@ def _run(
         if tracer is None and progress is None:
             clock.run_until_idle(limit)  # nothing to do between steps: drive in one call
         steps = 0
-        while clock.step(limit):
+        while clock.step(limit, idle=True):  # as run_until_idle: a schedule's fires never end
             steps += 1
             if tracer is not None:
                 tracer.flush()
