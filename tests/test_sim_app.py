@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import signal
+import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from cli_support import assert_one_line_error, invoke
 from dopool._cli import cli
 from dopool._sim import loading
 from dopool._sim.app import AppError, load_app
@@ -17,6 +20,7 @@ from dopool._sim.driver import run
 
 APP = """
 import random
+import signal
 
 from dopool import EventContext, RetryPolicy, Runtime
 
@@ -41,6 +45,16 @@ def scheduled(runtime: Runtime) -> None:
     runtime.pools["thumbnails"].schedule(
         "cleanup", {"image": "cleanup", "megapixels": 1}, every=60.0
     )
+
+
+def interrupting(ctx: EventContext) -> None:
+    if ctx.event["image"] == "img-5" and ctx.attempt == 1:
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C, in the middle of an attempt
+    ctx.sleep(0.05)
+
+
+def build_interrupted(runtime: Runtime) -> None:
+    runtime.define("thumbnails", execute=interrupting, concurrency=3)
 
 
 def nothing(runtime: Runtime) -> None:
@@ -120,6 +134,29 @@ def test_an_app_with_a_recurring_schedule_ends_with_its_arrivals(app: str) -> No
     assert stepped.offered == 200
     assert stepped.virtual_time < 60.0
     assert json.dumps(stepped.to_json_dict()) == json.dumps(run(scenario).result.to_json_dict())
+
+
+def test_ctrl_c_stops_a_run_and_removes_its_temporary_store(
+    app: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SIGINT lands in a handler (as it mostly does): the engine would take the
+    # KeyboardInterrupt for a failed attempt and go on; the driver stops instead.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        run(loading.loads(scenario_text(app, function="build_interrupted")))
+    assert list(tmp_path.iterdir()) == [tmp_path / "thumbs.py"]  # no dopool-sim-* left
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+@pytest.mark.parametrize("sweep", [(), ("--repeat", "2", "--jobs", "2")])
+def test_ctrl_c_is_one_line_and_exit_130(app: str, tmp_path: Path, sweep: tuple[str, ...]) -> None:
+    # A sweep's run is interrupted in a worker process, which tells its own.
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(scenario_text(app, function="build_interrupted"), "utf-8")
+    what = "sweep" if sweep else "run"
+    result = invoke("simulate", "-q", "--scenario", str(scenario), *sweep)
+    assert_one_line_error(result, 130, f"interrupted: the {what} stopped before its end")
 
 
 @pytest.mark.parametrize(

@@ -390,8 +390,10 @@ class SimulatedClock(Clock):
         finally:
             self._release_driver()
 
-    def run_until_idle(self, max_time: float | None = None) -> None:
-        """Jump from one scheduled time to the next until nothing is left (or ``max_time``).
+    def run_until_idle(
+        self, max_time: float | None = None, *, until: Callable[[], bool] | None = None
+    ) -> None:
+        """Jump from scheduled time to the next until nothing is left, ``max_time``, ``until()``.
 
         Future fires of recurring schedules are not left to do: with nothing else scheduled,
         and nothing in flight, the system is idle (``run_until`` and ``advance`` fire them;
@@ -402,7 +404,7 @@ class SimulatedClock(Clock):
             raise ValueError("max_time is NaN: give a clock time, or None for no limit")
         self._take_driver()
         try:
-            while self._step(limit, None, idle=True):
+            while self._step(limit, None, idle=True) and not (until and until()):
                 pass
         finally:
             self._release_driver()
@@ -410,12 +412,10 @@ class SimulatedClock(Clock):
     def step(
         self, limit: float = math.inf, *, deadline: float | None = None, idle: bool = False
     ) -> bool:
-        """Fire the next scheduled item due by ``limit``; False if there is none.
+        """Fire the next item due by ``limit``; False if none (``idle``: or only recurring fires).
 
         ``deadline`` is a wall-clock ``time.monotonic()`` bound on waiting for
         quiescence (and on another thread's drive); :class:`TimeoutError` if it passes.
-        With ``idle``, False also when only recurring schedules' future fires are left,
-        as :meth:`run_until_idle` stops.
         """
         self._take_driver(deadline)
         try:

@@ -14,12 +14,19 @@ from dopool._sim.checks import ScenarioError
 
 USAGE_EXIT = 2
 FAILURE_EXIT = 1
+INTERRUPTED_EXIT = 128 + 2  # as a shell reports a process that SIGINT ended
 
 
 class CliError(click.ClickException):
     """Printed as one ``Error: ...`` line on stderr; exits 1."""
 
     exit_code = FAILURE_EXIT
+
+
+class CliInterrupted(CliError):
+    """Ctrl-C (SIGINT) stopped the command: one ``Error: ...`` line, exit 130."""
+
+    exit_code = INTERRUPTED_EXIT
 
 
 class CliUsageError(CliError):

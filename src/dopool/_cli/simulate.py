@@ -25,7 +25,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from dopool._cli._errors import FAILURE_EXIT, CliError, CliUsageError
+from dopool._cli._errors import FAILURE_EXIT, CliError, CliInterrupted, CliUsageError
 from dopool._cli._gates import (
     _check_gates,
     _gates_table,
@@ -225,19 +225,25 @@ def simulate(
                 "[[assert]] gates; run one value without --sweep to check them",
                 err=True,
             )
-        run_sweep_command(
-            out,
-            chosen,
-            sweeping,
-            json_path=json_path,
-            plot_path=plot_path,
-            store_path=store_path,
-            quiet=quiet,
-        )
+        try:
+            run_sweep_command(
+                out,
+                chosen,
+                sweeping,
+                json_path=json_path,
+                plot_path=plot_path,
+                store_path=store_path,
+                quiet=quiet,
+            )
+        except KeyboardInterrupt:
+            raise _interrupted("sweep", None, store_path) from None
         return
     sweeping.check_unused()
-    with _progress(quiet) as report:
-        finished = run(chosen, store=store_path, trace=trace_path, progress=report(chosen.name))
+    try:
+        with _progress(quiet) as report:
+            finished = run(chosen, store=store_path, trace=trace_path, progress=report(chosen.name))
+    except KeyboardInterrupt:
+        raise _interrupted("run", trace_path, store_path) from None
     result = finished.result
     _render_report(out, chosen, finished, base=base, changed=changed)
     outcomes = _check_gates(chosen, result)
@@ -294,6 +300,16 @@ def _build_scenario(
         if exc.field in sources:
             raise exc.from_source(sources[exc.field]) from None
         raise
+
+
+def _interrupted(what: str, trace: Path | None, store: Path | None) -> CliInterrupted:
+    """Ctrl-C: the run (or sweep) stopped, its runtime closed, its temporary stores removed."""
+    text = f"interrupted: the {what} stopped before its end, so nothing was reported"
+    if trace is not None:
+        text += f"; the trace {str(trace)!r} ends where it stopped"
+    if store is not None:
+        text += f"; {str(store)!r} holds the store{'s' if what == 'sweep' else ''} as far as it got"
+    return CliInterrupted(text)
 
 
 def _check_output(flag: str, path: Path | None) -> None:

@@ -42,6 +42,7 @@ from dopool._runtime import Runtime
 from dopool._sim.app import App, AppError, load_app
 from dopool._sim.checks import ScenarioError
 from dopool._sim.draws import Draws
+from dopool._sim.interrupt import Interrupt, interruptible
 from dopool._sim.measure import Answers, measure
 from dopool._sim.metrics import Collector, Result
 from dopool._sim.pools import pool_named
@@ -103,8 +104,8 @@ def run(
             )
     wall = time.perf_counter()
     try:
-        with fewer_collections():
-            result = _run(scenario, path, trace, progress)
+        with fewer_collections(), interruptible() as interrupt:
+            result = _run(scenario, path, trace, progress, interrupt)
     finally:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
@@ -139,6 +140,7 @@ def _run(
     path: Path,
     trace: str | os.PathLike[str] | None,
     progress: Progress | None,
+    interrupt: Interrupt,
 ) -> Result:
     # First: a bad replay file fails before a store is made (an app's pools come later).
     schedule = arrivals(scenario) if scenario.app is None else None
@@ -208,15 +210,16 @@ def _run(
 
         limit = math.inf if scenario.duration is None else scenario.duration
         expected = len(schedule)
-        if tracer is None and progress is None:
-            clock.run_until_idle(limit)  # nothing to do between steps: drive in one call
+        if tracer is None and progress is None:  # nothing to do between steps: one call
+            clock.run_until_idle(limit, until=interrupt.asked)
         steps = 0
-        while clock.step(limit, idle=True):  # as run_until_idle: a schedule's fires never end
+        while not interrupt.asked() and clock.step(limit, idle=True):  # a schedule never ends
             steps += 1
             if tracer is not None:
                 tracer.flush()
             if progress is not None and steps % PROGRESS_EVERY == 0:
                 progress(clock.now(), _processed(collectors), expected)
+        interrupt.check()  # Ctrl-C: from here, where closing the runtime follows
         if scenario.duration is not None:
             clock.run_until(scenario.duration)
         if progress is not None:

@@ -3,16 +3,17 @@
 Python raises :class:`KeyboardInterrupt` in whatever code runs when SIGINT
 comes. In a simulation that is mostly an actor's code or a handler's (a greenlet
 on the driving thread), where the engine takes it for a failed attempt or a
-crash and goes on: the run went on and printed tracebacks. So while a run drives
+crash and goes on: the run went on, printing tracebacks. So while a run drives
 its clock, SIGINT only sets a flag, and the driver raises ``KeyboardInterrupt``
 between two steps, from where closing the runtime and removing the temporary
 store follow. A second SIGINT before that (a handler stuck in ``time.sleep`` or
-on a lock, which keeps the driver from its next step) raises at once, wherever it
+on a lock keeps the driver from its next step) raises at once, wherever it
 lands: that attempt fails, and the driver stops after it.
 
-A sweep's worker processes ignore SIGINT between runs (:func:`ignore_between_runs`)
-and take it as above during one, so Ctrl-C in a terminal, which reaches every
-process of the group, stops each run where it is and leaves no traceback.
+A sweep's worker process (:func:`worker_setup`) notes SIGINT for good, whenever it
+comes: the run in hand stops, and every later one stops before it starts. So
+Ctrl-C in a terminal, which reaches every process of the group, and the SIGINT
+the sweep's own process sends its workers, stop the sweep and print no traceback.
 """
 
 from __future__ import annotations
@@ -23,33 +24,40 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-_worker = False  # a sweep's worker process: SIGINT is ignored between runs
-
 
 class Interrupt:
     """Whether SIGINT came during the run; :meth:`check` raises if it did."""
 
-    requested = False
+    def __init__(self) -> None:
+        self.requested = False
+
+    def asked(self) -> bool:
+        """Whether SIGINT came: the driver stops driving the clock."""
+        return self.requested
 
     def check(self) -> None:
-        """Raise ``KeyboardInterrupt`` if SIGINT came since the run started."""
+        """Raise ``KeyboardInterrupt`` if SIGINT came."""
         if self.requested:
             raise KeyboardInterrupt
+
+
+_worker: Interrupt | None = None  # a sweep's worker process: one for all its runs
 
 
 @contextmanager
 def interruptible() -> Iterator[Interrupt]:
     """SIGINT sets the yielded :class:`Interrupt` while this lasts (the second raises).
 
-    Only in the main thread, and only where SIGINT would raise ``KeyboardInterrupt``
-    (or in a sweep's worker): a caller's own handler, or SIG_IGN, is left alone.
+    Only in the main thread, and only where SIGINT would raise ``KeyboardInterrupt``:
+    a caller's own handler, or SIG_IGN, is left alone (the interrupt never comes).
     """
-    interrupt = Interrupt()
-    if threading.current_thread() is not threading.main_thread():
-        yield interrupt
+    if _worker is not None:
+        yield _worker
         return
+    interrupt = Interrupt()
     previous = signal.getsignal(signal.SIGINT)
-    if previous is not signal.default_int_handler and not _worker:
+    main = threading.current_thread() is threading.main_thread()
+    if not main or previous is not signal.default_int_handler:
         yield interrupt
         return
 
@@ -65,9 +73,12 @@ def interruptible() -> Iterator[Interrupt]:
         signal.signal(signal.SIGINT, previous)
 
 
-def ignore_between_runs() -> None:
-    """A sweep's worker process: SIGINT stops a run (:func:`interruptible`), and is
-    ignored while the worker waits for the next one."""
-    global _worker  # noqa: PLW0603 - one flag per process, set once at its start
-    _worker = True
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def worker_setup() -> None:
+    """A sweep's worker process: SIGINT stops its run, and every later one."""
+    global _worker  # noqa: PLW0603 - once, as the worker process starts
+    interrupt = _worker = Interrupt()
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        interrupt.requested = True
+
+    signal.signal(signal.SIGINT, note)

@@ -17,11 +17,13 @@ confidence interval (Student's t over the ``repeat`` values; none for one seed).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import multiprocessing
 import os
 import re
+import signal
 import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
@@ -33,6 +35,7 @@ from dopool._errors import ConfigurationError
 from dopool._sim.checks import ScenarioError
 from dopool._sim.driver import run
 from dopool._sim.figures import DESCRIPTIONS, figures
+from dopool._sim.interrupt import worker_setup
 from dopool._sim.loading import numeric_fields, parse_value, with_overrides, with_seed
 from dopool._sim.scenario import Scenario
 
@@ -431,7 +434,9 @@ def _execute(
         return outcomes
     results: list[Outcome | None] = [None] * total
     done = 0
-    executor = ProcessPoolExecutor(max_workers=min(jobs, total), mp_context=_context())
+    executor = ProcessPoolExecutor(
+        max_workers=min(jobs, total), mp_context=_context(), initializer=worker_setup
+    )
     try:
         futures: dict[Future[Outcome], int] = {
             executor.submit(run_one, scenario, store): position
@@ -442,11 +447,21 @@ def _execute(
             done += 1
             if progress is not None:
                 progress(done, total)
-    except BaseException:
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):  # the workers' runs stop too (a terminal's
+            _interrupt(executor)  # Ctrl-C has reached them already: a second one is moot)
         executor.shutdown(wait=True, cancel_futures=True)
         raise
     executor.shutdown(wait=True)
     return [outcome for outcome in results if outcome is not None]
+
+
+def _interrupt(executor: ProcessPoolExecutor) -> None:
+    """SIGINT to each worker process, which stops its run (:mod:`dopool._sim.interrupt`)."""
+    processes: dict[int, Any] = getattr(executor, "_processes", None) or {}  # no public list
+    for process in list(processes.values()):
+        with contextlib.suppress(OSError, TypeError):  # gone already, or not started
+            os.kill(process.pid, signal.SIGINT)
 
 
 def _context() -> multiprocessing.context.BaseContext:
