@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from dopool import ConfigurationError
 from dopool._sim import loading as sc
 from dopool._sim.driver import run
 from dopool._sim.metrics import Result
@@ -102,6 +103,9 @@ def test_sixteen_instances_make_a_heatmap_and_a_log_scale_tail(
     assert "finished events only" not in latency.get_title()
     save_figure(figure, tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The folder checked before the run is gone when it ends: one line, not a traceback.
+    with pytest.raises(ConfigurationError, match=r"cannot write plot '.*gone/p\.png': No such"):
+        save_figure(figure, tmp_path / "gone" / "p.png")
 
 
 @needs_matplotlib

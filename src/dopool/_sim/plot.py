@@ -132,8 +132,17 @@ def build_figure(result: Result, *, title: str) -> Any:
 
 
 def save_figure(figure: Any, path: str | os.PathLike[str]) -> None:
-    """Write ``figure`` as a PNG."""
-    figure.savefig(os.fspath(path), dpi=100)
+    """Write ``figure`` as a PNG.
+
+    Raises:
+        ConfigurationError: it cannot be written (its directory went away, a full disk).
+    """
+    try:
+        figure.savefig(os.fspath(path), dpi=100)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot write plot {os.fspath(path)!r}: {exc.strerror or exc}"
+        ) from None
 
 
 def plot(result: Result, path: str | os.PathLike[str], *, title: str) -> None:
