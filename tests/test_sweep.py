@@ -245,6 +245,13 @@ def test_a_point_that_is_not_a_valid_scenario_is_refused_before_any_run() -> Non
         )
 
 
+def test_seeds_past_the_largest_are_refused_naming_the_repeat_and_the_bound() -> None:
+    last = 2**63 - 1
+    with pytest.raises(ScenarioError) as caught:
+        run_sweep(sc.with_seed(sc.builtin("steady"), last - 1), [], repeat=3)
+    assert str(caught.value) == f"--repeat 3: field 'seed' must be <= {last}, got {last + 1}"
+
+
 # -- the plot ---------------------------------------------------------------------------------
 def _synthetic(repeat: int, *axes: Axis) -> SweepResult:
     """A sweep result made up without running: p99 = first value + position / 10."""

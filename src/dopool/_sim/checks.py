@@ -52,12 +52,17 @@ def number(
         if not math.isfinite(value):
             raise ScenarioError(path, f"must be finite, got {value!r}")
     if minimum is not None and value < minimum:
-        raise ScenarioError(path, f"must be >= {minimum:g}, got {value!r}")
+        raise ScenarioError(path, f"must be >= {_bound(minimum, integer)}, got {value!r}")
     if above is not None and value <= above:
-        raise ScenarioError(path, f"must be > {above:g}, got {value!r}")
+        raise ScenarioError(path, f"must be > {_bound(above, integer)}, got {value!r}")
     if maximum is not None and value > maximum:
-        raise ScenarioError(path, f"must be <= {maximum:g}, got {value!r}")
+        raise ScenarioError(path, f"must be <= {_bound(maximum, integer)}, got {value!r}")
     return value
+
+
+def _bound(bound: float, integer: bool) -> str:
+    """An integer field's bound in full (2**63 - 1, not 9.22337e+18)."""
+    return str(int(bound)) if integer else f"{bound:g}"
 
 
 def probability(path: str, value: object, maximum: float = 1.0) -> float:

@@ -374,7 +374,11 @@ def run_sweep(
             if store is not None:
                 base = Path(store) / label(axes, values) if axes else Path(store)
                 where = os.fspath(base / f"seed={seed}")
-            plans.append((index, seed, with_seed(variant, seed), where))
+            try:
+                seeded = with_seed(variant, seed)
+            except ScenarioError as exc:  # seed + repeat - 1 past the largest seed
+                raise exc.from_source(f"--repeat {repeat}") from None
+            plans.append((index, seed, seeded, where))
     for _, _, _, where in plans:  # refuse a used store before the first run, not midway
         if where is not None and Path(where).exists() and _used(Path(where)):
             raise ConfigurationError(
