@@ -324,8 +324,8 @@ def test_a_sweep_with_a_broken_invariant_prints_its_table_then_fails(
 
     honest = sweep.run_one
 
-    def broken(scenario: Any, store: str | None) -> sweep.Outcome:
-        outcome = honest(scenario, store)
+    def broken(scenario: Any, store: str | None, point: str = "") -> sweep.Outcome:
+        outcome = honest(scenario, store, point)
         if scenario.instances == 2 and scenario.seed == 2:
             return sweep.Outcome({**outcome.figures, "invariants_passed": 0.0}, ("no loss",))
         return outcome

@@ -69,6 +69,12 @@ def upload(number: int, rng: random.Random) -> dict:
     return {"image": f"img-{number}", "megapixels": rng.choice([1, 4, 12, 24])}
 
 
+def short_upload(number: int, rng: random.Random) -> dict:
+    if number >= 150:
+        raise ValueError("only 150 images")
+    return upload(number, rng)
+
+
 def bad_upload(number: int, rng: random.Random) -> dict:
     raise ValueError("no image")
 
@@ -157,6 +163,30 @@ def test_ctrl_c_is_one_line_and_exit_130(app: str, tmp_path: Path, sweep: tuple[
     what = "sweep" if sweep else "run"
     result = invoke("simulate", "-q", "--scenario", str(scenario), *sweep)
     assert_one_line_error(result, 130, f"interrupted: the {what} stopped before its end")
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_sweep_run_that_fails_is_one_line_naming_its_point(
+    app: str, tmp_path: Path, jobs: str
+) -> None:
+    # In a worker process too: its error comes back whole (AppError did not unpickle,
+    # and the sweep died of BrokenProcessPool's traceback).
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(scenario_text(app, payload="short_upload"), "utf-8")
+    sweep = ("--sweep", "arrivals.total=100,200", "--jobs", jobs)
+    assert_one_line_error(
+        invoke("simulate", "-q", "--scenario", str(scenario), *sweep),
+        1,
+        "--sweep arrivals.total=200, seed 2: app ",
+        "payload 'short_upload' raised ValueError: only 150 images",
+    )
+    scenario.write_text(scenario_text(app, payload="nothing_here"), "utf-8")
+    assert_one_line_error(
+        invoke("simulate", "-q", "--scenario", str(scenario), *sweep),
+        2,
+        "--sweep arrivals.total=",  # either point: both fail, and either may come back first
+        ", seed 2: field 'payload' names no function",
+    )
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,10 @@ class ScenarioError(ConfigurationError):
         name = f"field '{field}'" if field else "scenario"
         super().__init__(f"{where}{name} {problem}")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Back from a sweep's worker process: rebuilt from its fields, not its message.
+        return (_scenario_error, (self.field, self.problem, self.source))
+
     def within(self, prefix: str) -> ScenarioError:
         """The same error for a field nested under ``prefix`` (``pauses[0]``)."""
         path = f"{prefix}.{self.field}" if self.field else prefix
@@ -32,6 +36,10 @@ class ScenarioError(ConfigurationError):
 
     def from_source(self, source: str) -> ScenarioError:
         return ScenarioError(self.field, self.problem, source=source)
+
+
+def _scenario_error(field: str, problem: str, source: str | None) -> ScenarioError:
+    return ScenarioError(field, problem, source=source)
 
 
 # -- field checks ---------------------------------------------------------------

@@ -18,11 +18,15 @@ the sweep's own process sends its workers, stop the sweep and print no traceback
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 
 class Interrupt:
@@ -82,3 +86,11 @@ def worker_setup() -> None:
         interrupt.requested = True
 
     signal.signal(signal.SIGINT, note)
+
+
+def interrupt_workers(executor: ProcessPoolExecutor) -> None:
+    """SIGINT to each of a sweep's worker processes: each stops its run, and every later one."""
+    processes: dict[int, Any] = getattr(executor, "_processes", None) or {}  # no public list
+    for process in list(processes.values()):
+        with contextlib.suppress(OSError, TypeError):  # gone already, or not started
+            os.kill(process.pid, signal.SIGINT)

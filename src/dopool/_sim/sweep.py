@@ -17,13 +17,11 @@ confidence interval (Student's t over the ``repeat`` values; none for one seed).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import multiprocessing
 import os
 import re
-import signal
 import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
@@ -31,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dopool._errors import ConfigurationError
+from dopool._errors import ConfigurationError, DopoolError
 from dopool._sim.checks import ScenarioError
 from dopool._sim.driver import run
 from dopool._sim.figures import DESCRIPTIONS, figures
-from dopool._sim.interrupt import worker_setup
+from dopool._sim.interrupt import interrupt_workers, worker_setup
 from dopool._sim.loading import numeric_fields, parse_value, with_overrides, with_seed
 from dopool._sim.scenario import Scenario
 
@@ -56,6 +54,26 @@ T_975 = (
 
 #: ``progress(runs_done, runs_total)``, called in the calling process.
 Progress = Callable[[int, int], None]
+
+
+class SweepRunError(ConfigurationError):
+    """A run of a sweep failed (its app raised, say): which one, and what went wrong.
+
+    Attributes:
+        point: the run's swept values (``"instances=2"``; ``""`` for ``--repeat`` alone).
+        seed: the run's seed.
+        problem: what the run raised, as its message.
+    """
+
+    def __init__(self, point: str, seed: int, problem: str) -> None:
+        self.point = point
+        self.seed = seed
+        self.problem = problem
+        where = f"--sweep {point}" if point else "--repeat"
+        super().__init__(f"{where}, seed {seed}: {problem}")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # back from a worker process, whole
+        return (SweepRunError, (self.point, self.seed, self.problem))
 
 
 class SweepError(ValueError):
@@ -281,9 +299,20 @@ class Outcome:
     failed: tuple[str, ...]
 
 
-def run_one(scenario: Scenario, store: str | None) -> Outcome:
-    """One run, reduced to what a sweep keeps (the worker processes run this)."""
-    finished = run(scenario, store=store)
+def run_one(scenario: Scenario, store: str | None, point: str = "") -> Outcome:
+    """One run, reduced to what a sweep keeps (the worker processes run this).
+
+    Raises:
+        ScenarioError, SweepRunError: the run failed; the error names the run's
+            ``point`` and seed (and survives the way back from a worker process).
+    """
+    try:
+        finished = run(scenario, store=store)
+    except ScenarioError as exc:
+        where = f"--sweep {point}" if point else "--repeat"
+        raise exc.from_source(f"{where}, seed {scenario.seed}") from None
+    except DopoolError as exc:
+        raise SweepRunError(point, scenario.seed, str(exc)) from None
     failed = tuple(check.name for check in finished.result.invariants if not check.passed)
     return Outcome(figures(finished.result), failed)
 
@@ -384,7 +413,8 @@ def run_sweep(
             raise ConfigurationError(
                 f"--store {where!r} is not an empty directory; a simulation needs a fresh store"
             )
-    outcomes = _execute([(plan[2], plan[3]) for plan in plans], jobs, progress)
+    work = [(plan[2], plan[3], label(axes, points[plan[0]])) for plan in plans]
+    outcomes = _execute(work, jobs, progress)
     by_point: list[list[tuple[int, Outcome]]] = [[] for _ in points]
     for (index, seed, _, _), outcome in zip(plans, outcomes, strict=True):
         by_point[index].append((seed, outcome))
@@ -420,7 +450,7 @@ def usable_cpus() -> int:
 
 
 def _execute(
-    work: list[tuple[Scenario, str | None]], jobs: int, progress: Progress | None
+    work: list[tuple[Scenario, str | None, str]], jobs: int, progress: Progress | None
 ) -> list[Outcome]:
     """Every run's outcome, in the order of ``work``, whatever order they finish in.
 
@@ -431,8 +461,8 @@ def _execute(
         progress(0, total)
     if jobs == 1 or total <= 1:
         outcomes = []
-        for scenario, store in work:
-            outcomes.append(run_one(scenario, store))
+        for scenario, store, point in work:
+            outcomes.append(run_one(scenario, store, point))
             if progress is not None:
                 progress(len(outcomes), total)
         return outcomes
@@ -443,8 +473,8 @@ def _execute(
     )
     try:
         futures: dict[Future[Outcome], int] = {
-            executor.submit(run_one, scenario, store): position
-            for position, (scenario, store) in enumerate(work)
+            executor.submit(run_one, scenario, store, point): position
+            for position, (scenario, store, point) in enumerate(work)
         }
         for future in as_completed(futures):
             results[futures[future]] = future.result()
@@ -452,20 +482,12 @@ def _execute(
             if progress is not None:
                 progress(done, total)
     except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt):  # the workers' runs stop too (a terminal's
-            _interrupt(executor)  # Ctrl-C has reached them already: a second one is moot)
+        if isinstance(exc, KeyboardInterrupt):  # the workers' runs stop too
+            interrupt_workers(executor)
         executor.shutdown(wait=True, cancel_futures=True)
         raise
     executor.shutdown(wait=True)
     return [outcome for outcome in results if outcome is not None]
-
-
-def _interrupt(executor: ProcessPoolExecutor) -> None:
-    """SIGINT to each worker process, which stops its run (:mod:`dopool._sim.interrupt`)."""
-    processes: dict[int, Any] = getattr(executor, "_processes", None) or {}  # no public list
-    for process in list(processes.values()):
-        with contextlib.suppress(OSError, TypeError):  # gone already, or not started
-            os.kill(process.pid, signal.SIGINT)
 
 
 def _context() -> multiprocessing.context.BaseContext:
