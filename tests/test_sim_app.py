@@ -263,6 +263,34 @@ def test_an_app_that_exits_or_makes_bad_events_is_an_error_naming_it(
         run(loading.loads(scenario_text(app, payload="bad_event")))
 
 
+@pytest.mark.parametrize(
+    ("code", "words"),
+    [
+        (
+            "class Stop(BaseException):\n    pass\n\nraise Stop('halt')\n",
+            "importing it raised Stop: halt",
+        ),
+        ("raise KeyboardInterrupt\n", "importing it raised KeyboardInterrupt"),
+        ("def build(runtime):\n    raise KeyboardInterrupt\n", "raised KeyboardInterrupt"),
+        (
+            "class Odd(Exception):\n    def __str__(self):\n        raise TypeError\n\n"
+            "def build(runtime):\n    raise Odd()\n",
+            "raised Odd: (its message could not be made)",
+        ),
+    ],
+)
+def test_whatever_an_apps_code_raises_is_one_line_naming_it(
+    tmp_path: Path, code: str, words: str
+) -> None:
+    # A BaseException of its own, or an exception whose message raises, was a traceback.
+    path = tmp_path / "odd.py"
+    path.write_text(code, encoding="utf-8")
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(scenario_text(str(path)).replace('payload = "upload"\n', ""), "utf-8")
+    result = invoke("simulate", "-q", "--scenario", str(scenario))
+    assert_one_line_error(result, 1, f"app '{path}:build': {words}")
+
+
 def test_an_apps_schema_checks_the_arriving_events(tmp_path: Path) -> None:
     path = tmp_path / "strict.py"
     path.write_text(

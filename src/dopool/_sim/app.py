@@ -41,6 +41,17 @@ class AppError(ConfigurationError):
         super().__init__(f"app {app!r}: {problem}")
 
 
+def raised(exc: BaseException) -> str:
+    """``"raised ValueError: no image"``: what the app's code raised, whatever it is (any
+    BaseException: its sys.exit() or KeyboardInterrupt must not end the run unexplained,
+    nor a __str__ that raises)."""
+    try:
+        text = str(exc)
+    except Exception:  # the app's own __str__, whatever it raises
+        text = "(its message could not be made)"
+    return f"raised {type(exc).__name__}" + (f": {text}" if text else "")
+
+
 @dataclass(frozen=True, slots=True)
 class App:
     """A loaded app: its module and the function that defines its pools."""
@@ -65,8 +76,8 @@ class App:
         """Call the app's function with ``runtime``; whatever it raises is an :class:`AppError`."""
         try:
             self.build(runtime)
-        except (Exception, SystemExit) as exc:  # an app's sys.exit() must not end the run
-            raise AppError(self.spec, f"raised {type(exc).__name__}: {exc}") from exc
+        except BaseException as exc:
+            raise AppError(self.spec, raised(exc)) from exc
 
 
 def load_app(spec: str) -> App:
@@ -88,9 +99,9 @@ def load_app(spec: str) -> App:
         except ModuleNotFoundError as exc:
             if exc.name is not None and target.startswith(exc.name):
                 raise ScenarioError("app", f"names no importable module: {target!r}") from None
-            raise AppError(spec, f"importing it raised {type(exc).__name__}: {exc}") from exc
-        except (Exception, SystemExit) as exc:
-            raise AppError(spec, f"importing it raised {type(exc).__name__}: {exc}") from exc
+            raise AppError(spec, f"importing it {raised(exc)}") from exc
+        except BaseException as exc:
+            raise AppError(spec, f"importing it {raised(exc)}") from exc
     build = getattr(module, name, None)
     if not callable(build):
         raise ScenarioError("app", f"{target!r} has no function {name!r}")
@@ -108,7 +119,7 @@ def _from_file(spec: str, path: Path) -> ModuleType:
     sys.modules[module_name] = module  # dataclasses and pickling look the module up
     try:
         loader.loader.exec_module(module)
-    except (Exception, SystemExit) as exc:
+    except BaseException as exc:
         del sys.modules[module_name]
-        raise AppError(spec, f"importing it raised {type(exc).__name__}: {exc}") from exc
+        raise AppError(spec, f"importing it {raised(exc)}") from exc
     return module

@@ -39,7 +39,7 @@ from dopool._messages import Pause, Resume
 from dopool._pool import WorkerPool
 from dopool._retry import RetryPolicy
 from dopool._runtime import Runtime
-from dopool._sim.app import App, AppError, load_app
+from dopool._sim.app import App, AppError, load_app, raised
 from dopool._sim.checks import ScenarioError
 from dopool._sim.draws import Draws
 from dopool._sim.interrupt import Interrupt, interruptible
@@ -308,10 +308,8 @@ def _app_event(app: App, seed: int, arrival: Arrival) -> Any:
     make = app.payload(arrival.payload)
     try:
         return make(arrival.event_id, Draws(f"{seed}/payload/{arrival.event_id}"))
-    except (Exception, SystemExit) as exc:  # an app's sys.exit() must not end the run
-        raise AppError(
-            app.spec, f"payload {arrival.payload!r} raised {type(exc).__name__}: {exc}"
-        ) from exc
+    except BaseException as exc:
+        raise AppError(app.spec, f"payload {arrival.payload!r} {raised(exc)}") from exc
 
 
 def _processed(collectors: dict[str, Collector]) -> int:
