@@ -12,8 +12,10 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 import unicodedata
@@ -27,6 +29,7 @@ from hypothesis import strategies as st
 
 from cli_support import assert_one_line_error, invoke
 from dopool import EventContext, Runtime
+from dopool._chaos import harness, runner
 from dopool._cli._values import _json_text, _short
 from dopool._layout import MAX_CONCURRENCY, DeadRecord, Namespace, pack, pool_key, seal
 from dopool._sim import loading as sc
@@ -1222,6 +1225,52 @@ def test_chaos_replays_one_seed() -> None:
     assert result.output.rstrip().endswith("ok")
 
 
-def test_chaos_rejects_a_bad_flag_with_usage_exit() -> None:
-    result = invoke("chaos", "--seeds", "0")
-    assert result.exit_code == 2
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("--seeds", "0"), ("--seeds and --jobs must be at least 1", "dopool chaos --help")),
+        (("--jobs", "x"), ("argument --jobs: invalid int value: 'x'",)),
+        (("--seed", "3", "--trace", "no/such/t.bin"), ("--trace 'no/such/t.bin'",)),
+    ],
+)
+def test_chaos_rejects_a_bad_flag_with_one_line_and_usage_exit(
+    args: tuple[str, ...], words: tuple[str, ...]
+) -> None:
+    # argparse's usage block, then its error, was three lines; a bad --trace a traceback.
+    assert_one_line_error(invoke("chaos", *args), 2, *words)
+
+
+def test_chaos_starts_no_more_processes_than_seeds(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[int] = []
+
+    def long(seeds: range, jobs: int, *, processes: bool) -> int:
+        asked.append(jobs)
+        return 0
+
+    monkeypatch.setattr(harness, "_long", long)
+    assert invoke("chaos", "--seeds", "2", "--jobs", "100000").exit_code == 0
+    assert asked == [2]  # not 100,000 spawned interpreters
+
+
+def test_chaos_stops_at_ctrl_c_with_one_line_and_no_store_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    seen: list[int] = []
+
+    def interrupted(seed: int) -> Any:
+        seen.append(seed)
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C during the seed
+        return runner.run_seed(seed)
+
+    monkeypatch.setattr(harness, "run_seed", interrupted)
+    result = invoke("chaos", "--seeds", "5")
+    assert result.exit_code == 130
+    assert result.stderr == "Error: interrupted: the chaos run stopped before its end\n"
+    assert seen == [0]  # the seed in hand ends, then the run
+    assert list(tmp_path.iterdir()) == []
+    # A run stopped by an exception removes its store too (Ctrl-C inside the engine).
+    monkeypatch.setattr(runner.Runner, "_run", lambda self: signal.raise_signal(signal.SIGINT))
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_seed(1)
+    assert list(tmp_path.iterdir()) == []

@@ -23,20 +23,27 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 from dopool._chaos.procs import seed as procs
 from dopool._chaos.procs.plan import draw as draw_plan
 from dopool._chaos.result import Result, replay_command
 from dopool._chaos.runner import run_seed, run_seed_quietly
 from dopool._chaos.scenario import generate
+from dopool._sim.interrupt import interruptible
 
 PROGRESS_EVERY = 5.0  # wall seconds between progress lines
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line, as every dopool command has them (not usage, then error)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"Error: {message} (see '{self.prog} --help')\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="dopool chaos", description=__doc__.split("\n\n")[0] if __doc__ else None
-    )
+    parser = _Parser(prog="dopool chaos", description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--seeds", type=int, default=200, help="how many scenarios to run")
     parser.add_argument("--start", type=int, default=0, help="the first seed")
     parser.add_argument("--seed", type=int, help="run only this seed (a replay)")
@@ -58,15 +65,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--trace is for the in-process mode (--processes keeps records instead)")
     if args.keep and not (args.processes and args.seed is not None):
         parser.error("--keep needs --processes --seed")
-    if args.seed is not None:
-        if args.processes:
-            return _replay_processes(args.seed, keep=args.keep, verbose=args.verbose)
-        return _replay(args.seed, args.trace, verbose=args.verbose)
-    if args.trace is not None:
+    if args.trace is not None and (args.trace.is_dir() or not args.trace.resolve().parent.is_dir()):
+        parser.error(f"--trace {str(args.trace)!r}: not a file in a directory that exists")
+    if args.seed is None and args.trace is not None:
         parser.error("--trace needs --seed")
-    if args.seeds < 1 or args.jobs < 1:
+    if args.seed is None and (args.seeds < 1 or args.jobs < 1):
         parser.error("--seeds and --jobs must be at least 1")
-    return _long(range(args.start, args.start + args.seeds), args.jobs, processes=args.processes)
+    try:
+        if args.seed is not None:
+            if args.processes:
+                return _replay_processes(args.seed, keep=args.keep, verbose=args.verbose)
+            with interruptible() as interrupt:
+                code = _replay(args.seed, args.trace, verbose=args.verbose)
+            interrupt.check()
+            return code
+        jobs = min(args.jobs, args.seeds)  # a process per seed at most, not --jobs of them
+        return _long(range(args.start, args.start + args.seeds), jobs, processes=args.processes)
+    except KeyboardInterrupt:
+        print("Error: interrupted: the chaos run stopped before its end", file=sys.stderr)
+        return 128 + 2  # as a shell reports a process that SIGINT ended
 
 
 def _replay_processes(seed: int, *, keep: bool, verbose: bool) -> int:
@@ -92,7 +109,11 @@ def _replay(seed: int, trace: Path | None, *, verbose: bool) -> int:
         for line in result.log:
             print(f"  {line}")
     if trace is not None:
-        trace.write_bytes(result.trace)
+        try:
+            trace.write_bytes(result.trace)
+        except OSError as exc:
+            print(f"Error: cannot write --trace {str(trace)!r}: {exc.strerror}", file=sys.stderr)
+            return 1
         print(f"trace: {trace} ({len(result.trace)} bytes)")
     print(_one_line(result))
     if not result.ok:
@@ -120,8 +141,12 @@ def _one_line(result: Result) -> str:
 
 def _results(seeds: range, jobs: int, *, processes: bool) -> Iterator[Result]:
     if jobs == 1:
-        for seed in seeds:
-            yield procs.run_seed(seed) if processes else run_seed(seed)
+        # Ctrl-C ends the seed in hand (a fraction of a second), then the run: raised in
+        # an actor, the KeyboardInterrupt would be taken for a crash, and the seed go on.
+        with interruptible() as interrupt:
+            for seed in seeds:
+                yield procs.run_seed(seed) if processes else run_seed(seed)
+                interrupt.check()
         return
     # spawn, not fork: the parent may hold actor threads and LMDB handles.
     context = multiprocessing.get_context("spawn")

@@ -115,6 +115,13 @@ class Runner(Calls):
 
     # -- the run ---------------------------------------------------------------------
     def run(self) -> Result:
+        """Run the scenario; its store goes, whatever happens (Ctrl-C too)."""
+        try:
+            return self._run()
+        finally:
+            shutil.rmtree(self._directory, ignore_errors=True)
+
+    def _run(self) -> Result:
         started = time.perf_counter()
         history = self.history
         idle = False
@@ -139,7 +146,6 @@ class Runner(Calls):
         violations = self.model.finish(idle=idle)
         result = self._result(violations, idle)
         result.wall_time = time.perf_counter() - started
-        shutil.rmtree(self._directory, ignore_errors=True)
         return result
 
     def _result(self, violations: list[str], idle: bool) -> Result:
