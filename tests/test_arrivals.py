@@ -320,6 +320,9 @@ def test_replay_reads_csv_and_json_lines(tmp_path: Path) -> None:
     for suffix in ("jsonl", "ndjson"):
         assert list(replay(write(tmp_path, f"log.{suffix}", "\n".join(lines) + "\n"))) == expected
     assert [r.time for r in replay(csv_path, time_scale=0.5)] == [0.0, 0.75, 0.75, 1.5]
+    too_late = r"log\.csv:4: time 1\.5 \(x time_scale 1e\+300\) is past 1e\+09 s"
+    with pytest.raises(ReplayError, match=too_late):  # every latency was 0 at such times
+        list(replay(csv_path, time_scale=1e300))
 
 
 @pytest.mark.parametrize(

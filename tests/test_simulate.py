@@ -103,6 +103,23 @@ def test_defaults_make_a_valid_scenario() -> None:
         ("[[kills]]\nat = 1.0\nwhen = 2", "kills[0].when", "not a scenario field"),
         ("arrivals = 3", "arrivals", "a table"),
         ("pauses = 3", "pauses", "array of tables"),
+        # Times past 1e9 s: at 1e300 a kill made the report's run 300 digits long, and
+        # a 50 ms service time vanished in the sums (every latency 0).
+        ("[[kills]]\nat = 1e300", "kills[0].at", "<= 1e+09, got 1e+300"),
+        ("[[pauses]]\nat = 1.0\nduration = 1e300", "pauses[0].duration", "<= 1e+09"),
+        ("duration = 1e300", "duration", "<= 1e+09"),
+        ("[arrivals]\nduration = 1e300", "arrivals.duration", "<= 1e+09"),
+        (
+            "[arrivals]\nprocess = 'daily'\npeak = 1.0\nperiod = 1e300",
+            "arrivals.period",
+            "<= 1e+09",
+        ),
+        (
+            "[arrivals]\nprocess = 'phases'\n[[arrivals.phases]]\nrate = 1e308\nduration = 1e9",
+            "arrivals.phases",
+            "gives about 1.8e+308 events",  # not inf, nor 309 digits
+        ),
+        ("[arrivals]\nrate = 1e300\nduration = 1.0", "arrivals.duration", "about 1e+300 events"),
     ],
 )
 def test_bad_fields_are_named(text: str, field: str, words: str) -> None:

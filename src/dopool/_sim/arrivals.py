@@ -49,7 +49,7 @@ from typing import Any, NamedTuple
 from dopool._errors import ConfigurationError
 from dopool._layout import MAX_PARTITION_KEY_BYTES
 from dopool._sim.checks import ScenarioError
-from dopool._sim.sections import MAX_EVENTS, Arrivals, Phase
+from dopool._sim.sections import MAX_EVENTS, MAX_TIME, Arrivals, Phase
 from dopool._validation import check_pool_name
 
 DEFAULT_PERIOD = 86_400.0  # a daily cycle: one day
@@ -277,6 +277,13 @@ def replay(path: str | Path, *, time_scale: float = 1.0) -> Generator[Record, No
                     "(records must be in time order)",
                 )
             previous = record.time
+            if record.time * time_scale > MAX_TIME:
+                raise ReplayError(
+                    name,
+                    line,
+                    f"time {record.time!r} (x time_scale {time_scale!r}) is past "
+                    f"{MAX_TIME:g} s, the latest a run may reach",
+                )
             yield Record(record.time * time_scale, record.partition_key, record.pool)
     except UnicodeDecodeError as exc:
         raise ReplayError(name, 0, f"is not UTF-8 text ({exc.reason})") from None

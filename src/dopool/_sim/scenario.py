@@ -31,6 +31,7 @@ from dopool._sim.sections import (
     DEFAULT_TOTAL,
     GATES,
     MAX_EVENTS,
+    MAX_TIME,
     Arrivals,
     Faults,
     Gate,
@@ -39,6 +40,7 @@ from dopool._sim.sections import (
     Pause,
     Retry,
     Service,
+    about,
 )
 
 __all__ = [
@@ -156,7 +158,8 @@ class Scenario:
         self._check_gates()
         number("seed", self.seed, integer=True, minimum=0, maximum=2**63 - 1)
         if self.duration is not None:
-            object.__setattr__(self, "duration", number("duration", self.duration, above=0.0))
+            duration = number("duration", self.duration, above=0.0, maximum=MAX_TIME)
+            object.__setattr__(self, "duration", duration)
         if self.preset is not None:
             choice("preset", self.preset, tuple(PRESETS))
         for name, kind in SECTIONS.items():
@@ -227,7 +230,7 @@ class Scenario:
         if expected > MAX_EVENTS:
             raise ScenarioError(
                 "arrivals",
-                f"give about {expected:,.0f} events, follow-ups included, over the limit "
+                f"give about {about(expected)} events, follow-ups included, over the limit "
                 f"of {MAX_EVENTS:,}",
             )
 

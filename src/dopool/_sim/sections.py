@@ -7,6 +7,7 @@ the field by its dotted path (``service.mean``).
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
@@ -27,9 +28,14 @@ PHASE_PROCESSES = ("poisson", "steady")
 REPLAY_SUFFIXES = (".csv", ".jsonl", ".ndjson")
 ENDED = ("phases", "replay")  # processes that end by themselves: total and duration only cap them
 REQUIRED = {"phases": ("phases",), "daily": ("peak", "trough"), "replay": ("file",)}
+# The latest virtual time a scenario may name (about 32 years): there a double still
+# tells microseconds apart; at 1e300 a service time of 50 ms vanished from the sums.
+MAX_TIME = 1e9
 BOUNDS: dict[str, dict[str, Any]] = {  # the optional numbers of daily and replay
-    **{"peak": {"above": 0.0}, "trough": {"minimum": 0.0}, "period": {"above": 0.0}},
-    **{"peak_at": {}, "time_scale": {"above": 0.0}},
+    **{"peak": {"above": 0.0}, "trough": {"minimum": 0.0}},
+    **{"period": {"above": 0.0, "maximum": MAX_TIME}},
+    **{"peak_at": {"minimum": -MAX_TIME, "maximum": MAX_TIME}},
+    **{"time_scale": {"above": 0.0}},  # the times it scales are checked as they are read
 }
 DISTRIBUTIONS = ("fixed", "exponential", "lognormal")
 
@@ -87,7 +93,7 @@ class Phase:
         assign(self, "rate", number("rate", self.rate, minimum=0.0))
         if self.ramp_to is not None:
             assign(self, "ramp_to", number("ramp_to", self.ramp_to, minimum=0.0))
-        assign(self, "duration", number("duration", self.duration, above=0.0))
+        assign(self, "duration", number("duration", self.duration, above=0.0, maximum=MAX_TIME))
         assign(self, "process", choice("process", self.process, PHASE_PROCESSES))
 
     def expected_events(self, within: float) -> float:
@@ -138,19 +144,20 @@ class Arrivals(Section):
         if self.total is not None:
             number("total", self.total, integer=True, minimum=1, maximum=MAX_EVENTS)
         if self.duration is not None:
-            assign(self, "duration", number("duration", self.duration, above=0.0))
+            assign(self, "duration", number("duration", self.duration, above=0.0, maximum=MAX_TIME))
         if self.total is not None and self.duration is not None:
             raise ScenarioError("duration", "cannot be given together with arrivals.total")
         if self.total is None and self.duration is None and self.process not in ENDED:
             assign(self, "total", DEFAULT_TOTAL)
         number("burst_size", self.burst_size, integer=True, minimum=1, maximum=MAX_EVENTS)
-        assign(self, "burst_interval", number("burst_interval", self.burst_interval, above=0.0))
+        interval = number("burst_interval", self.burst_interval, above=0.0, maximum=MAX_TIME)
+        assign(self, "burst_interval", interval)
         self._check_varying()
         bounded = self.duration is not None or self.process == "phases"
         if bounded and self.expected_events() > MAX_EVENTS:
             raise ScenarioError(
                 "duration" if self.duration is not None else "phases",
-                f"gives about {self.expected_events():,.0f} events, over the limit of "
+                f"gives about {about(self.expected_events())} events, over the limit of "
                 f"{MAX_EVENTS:,}",
             )
 
@@ -190,6 +197,12 @@ class Arrivals(Section):
         if self.process == "daily":  # the mean rate: exact over whole periods
             return self.duration * (self.peak + self.trough) / 2.0  # type: ignore[operator]
         return self.duration * self.rate
+
+
+def about(count: float) -> str:
+    """An expected count as an error gives it: ``12,000,000``, but ``1.2e+300``, not 301
+    digits."""
+    return f"{count:,.0f}" if count < 1e15 else f"{min(count, sys.float_info.max):.3g}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -294,8 +307,8 @@ class Pause:
 
     def __post_init__(self) -> None:
         _check_pool(self.pool)
-        assign(self, "at", number("at", self.at, minimum=0.0))
-        assign(self, "duration", number("duration", self.duration, above=0.0))
+        assign(self, "at", number("at", self.at, minimum=0.0, maximum=MAX_TIME))
+        assign(self, "duration", number("duration", self.duration, above=0.0, maximum=MAX_TIME))
         if self.instance is not None:
             number("instance", self.instance, integer=True, minimum=0)
 
@@ -311,7 +324,7 @@ class Kill:
 
     def __post_init__(self) -> None:
         _check_pool(self.pool)
-        assign(self, "at", number("at", self.at, minimum=0.0))
+        assign(self, "at", number("at", self.at, minimum=0.0, maximum=MAX_TIME))
         number("instance", self.instance, integer=True, minimum=0)
 
 
