@@ -85,6 +85,8 @@ def test_values_and_ranges(spec: str, values: tuple[Any, ...]) -> None:
         ("service.mean=0.1..0.5", "a range of a float field needs a step"),
         ("max_queue_depth=none..5", "a number at each end"),
         ("instances=1..5000", "more than 1,000 values"),
+        ("service.mean=0.1..nan+0.1", "a range needs finite numbers"),  # not "1,000 values"
+        ("service.mean=0.1..0.5+inf", "a range needs finite numbers"),
     ],
 )
 def test_bad_sweeps_say_what_is_wrong(spec: str, words: str) -> None:

@@ -188,6 +188,8 @@ def expand_range(field: str, text: str) -> list[Any]:
     step = parse_value(field, step_text) if op is not None else 1
     if step is None:
         raise SweepError(f"{where}: the step must be a number")
+    if not all(math.isfinite(number) for number in (start, stop, step)):
+        raise SweepError(f"{where}: a range needs finite numbers")  # nan: 1,000 values
     if stop < start:
         raise SweepError(f"{where}: the range ends below its start")
     if op == "x" and (step <= 1 or start <= 0):
