@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import io
 import json
 import math
 import os
@@ -26,10 +27,12 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from rich.console import Console
 
 from cli_support import assert_one_line_error, invoke
 from dopool import EventContext, Runtime
 from dopool._chaos import harness, runner
+from dopool._cli import simulate as simulate_command
 from dopool._cli._values import _json_text, _short
 from dopool._layout import MAX_CONCURRENCY, DeadRecord, Namespace, pack, pool_key, seal
 from dopool._sim import loading as sc
@@ -440,6 +443,25 @@ def test_a_bad_scenario_file_names_file_and_field(tmp_path: Path) -> None:
     assert_one_line_error(
         invoke("simulate", "-s", str(path)), 2, "bad.toml", "not UTF-8 text", "at byte 8"
     )
+
+
+def test_a_scenario_name_is_text_on_a_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The progress bar read it as rich markup ("[/bold]" raised MarkupError, a traceback
+    # on every terminal), and the title printed its control characters raw.
+    terminal = io.StringIO()
+    monkeypatch.setattr(
+        simulate_command,
+        "_console",
+        lambda *, stderr=False: Console(file=terminal, force_terminal=True, width=100),
+    )
+    path = tmp_path / "named.toml"
+    path.write_text('name = "x[/bold]y\\u001b[2J"\n', encoding="utf-8")
+    for sweep in ((), ("--sweep", "instances=1,2", "--jobs", "1")):
+        result = invoke("simulate", "-s", str(path), "--events", "5", *sweep)
+        assert result.exit_code == 0, result.output
+        assert "dopool simulate · x[/bold]y\\x1b[2J ·" in terminal.getvalue()
 
 
 def test_bad_output_paths(tmp_path: Path) -> None:

@@ -43,7 +43,7 @@ def _render_report(
     changed: Sequence[Change] = (),
 ) -> None:
     result = finished.result
-    out.print(Text(f"dopool simulate · {chosen.name} · seed {chosen.seed}", style="bold"))
+    out.print(Text(f"dopool simulate · {_clean(chosen.name)} · seed {chosen.seed}", style="bold"))
     _describe(out, chosen, base, changed)
     out.print()
     summary = Table.grid(padding=(0, 2))

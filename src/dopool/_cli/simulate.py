@@ -15,6 +15,7 @@ from typing import Any
 import click
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -33,7 +34,7 @@ from dopool._cli._gates import (
     _report_failures,
     _with_flag_gates,
 )
-from dopool._cli._terminal import _console
+from dopool._cli._terminal import _clean, _console
 from dopool._cli._values import _write_json
 from dopool._cli.report import _changed_comment, _json_document, _render_report
 from dopool._cli.sweep import SweepFlags, run_sweep_command, sweep_options
@@ -349,7 +350,8 @@ def _progress(quiet: bool) -> Iterator[ProgressFactory]:
     )
 
     def factory(label: str) -> Callable[[float, int, int], None]:
-        task: TaskID = bar.add_task(label, total=None, now=0.0)
+        # A description is rich markup: the scenario's name is text ("[/x]" raised).
+        task: TaskID = bar.add_task(escape(_clean(label)), total=None, now=0.0)
 
         def update(now: float, done: int, expected: int) -> None:
             bar.update(task, completed=done, total=max(expected, 1), now=now)

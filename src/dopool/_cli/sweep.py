@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dopool._cli._errors import CliError, CliUsageError
-from dopool._cli._terminal import _console
+from dopool._cli._terminal import _clean, _console
 from dopool._cli._values import _write_json
 from dopool._sim.scenario import Scenario
 from dopool._sim.sweep import (
@@ -202,7 +202,8 @@ def _render(out: Console, result: SweepResult, names: Sequence[str]) -> None:
     else:
         seeds = f"seeds {seed}..{seed + result.repeat - 1}, mean ± 95% interval"
     swept = f" · sweep {', '.join(fields)}" if fields else ""
-    out.print(Text(f"dopool simulate · {result.scenario.name}{swept} · {seeds}", style="bold"))
+    name = _clean(result.scenario.name)
+    out.print(Text(f"dopool simulate · {name}{swept} · {seeds}", style="bold"))
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for field in fields:
         table.add_column(field, justify="right", style="bold", no_wrap=True)
