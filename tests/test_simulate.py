@@ -72,6 +72,15 @@ def test_defaults_make_a_valid_scenario() -> None:
     assert scenario.arrivals[0].duration is None
 
 
+def test_pauses_of_other_instances_or_times_may_come_in_any_order() -> None:
+    text = (
+        "[[pauses]]\nat = 5.0\nduration = 2.0\ninstance = 0\n"
+        "[[pauses]]\nat = 1.0\nduration = 10.0\ninstance = 1\n"
+        "[[pauses]]\nat = 1.0\nduration = 3.0\ninstance = 0"
+    )
+    assert len(sc.loads(text).pauses) == 3
+
+
 @pytest.mark.parametrize(
     ("text", "field", "words"),
     [
@@ -100,6 +109,18 @@ def test_defaults_make_a_valid_scenario() -> None:
             ">= 0",
         ),
         ("instances = 2\n[[kills]]\nat = 1.0\ninstance = 2", "kills[0].instance", "< instances"),
+        # The first resume ended both pauses (or came after the other's pause at the same time).
+        (
+            "[[pauses]]\nat = 1.0\nduration = 10.0\n[[pauses]]\nat = 2.0\nduration = 1.0",
+            "pauses[1]",
+            "overlaps or touches pauses[0] (t=1 to 11)",
+        ),
+        (
+            "[[pauses]]\nat = 3.0\nduration = 2.0\ninstance = 1\n"
+            "[[pauses]]\nat = 1.0\nduration = 2.0",
+            "pauses[1]",
+            "touches pauses[0] (t=3 to 5)",
+        ),
         ("[[kills]]\nat = 1.0\nwhen = 2", "kills[0].when", "not a scenario field"),
         ("arrivals = 3", "arrivals", "a table"),
         ("pauses = 3", "pauses", "array of tables"),

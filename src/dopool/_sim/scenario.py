@@ -201,6 +201,26 @@ class Scenario:
                         f"must be < instances ({pool.instances}) of pool {pool.name!r}, "
                         f"got {item.instance}",
                     )
+        self._check_pauses(resolved)
+
+    def _check_pauses(self, pools: tuple[Pool, ...]) -> None:
+        """Two pauses of one instance must not overlap, nor touch: the first resume would
+        end both (an instance is paused or not), or, at the same time as the other's
+        pause, might come after it; the run would not be the one described."""
+        spans: list[tuple[str | None, int | None, float, float, int]] = []
+        for position, pause in enumerate(self.pauses):
+            pool = pause.pool if self.app is not None else pool_of(pause.pool, pools, "").name
+            start, end = pause.at, pause.at + pause.duration
+            for other, index, since, until, earlier in spans:
+                shared = None in (index, pause.instance) or index == pause.instance  # None: all
+                if other == pool and shared and start <= until and since <= end:  # or touch
+                    raise ScenarioError(
+                        f"pauses[{position}]",
+                        f"overlaps or touches pauses[{earlier}] (t={since:g} to {until:g}) "
+                        "on an instance: the first resume would end both; make them one "
+                        "pause, or let one end before the next begins",
+                    )
+            spans.append((pool, pause.instance, start, end, position))
 
     def _check_gates(self) -> None:
         object.__setattr__(self, "asserts", tuple(self.asserts))
