@@ -10,14 +10,24 @@ they agree.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import json
+import math
 import re
+import typing
 from pathlib import Path
 
 import click
 import pytest
+from click.testing import CliRunner
 
+import dopool
+from dopool import Runtime
+from dopool._cli import cli
 from dopool._cli.simulate import simulate
 from dopool._sim.figures import DESCRIPTIONS, E2E_DESCRIPTIONS, POOL_DESCRIPTIONS
+from dopool._types import EventKind, EventState, InstanceState
 
 ROOT = Path(__file__).parent.parent
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
@@ -163,3 +173,289 @@ def test_every_simulate_flag_is_documented() -> None:
         and not any(re.search(rf"`{re.escape(name)}[ `]", text) for name in option.opts)
     ]
     assert missing == []
+
+
+# -- the Python examples run -----------------------------------------------------------------
+PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
+# Blocks that cannot run as they stand, by their first line: they name a deployment's paths.
+NOT_RUN = {'import dopool\n\nconnection = dopool.connect("/srv/app/queue")'}
+# "print(x)  # text": what the example says it prints.
+PRINTS = re.compile(r"^(\s*)print\((.*)\)  # (.*)$", re.MULTILINE)
+
+
+def python_examples() -> list[tuple[str, str]]:
+    """(page:line, code) of every ```python block of README.md and docs/*.md."""
+    found: list[tuple[str, str]] = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for match in PYTHON_BLOCK.finditer(text):
+            line = text.count("\n", 0, match.start()) + 2
+            if not any(match.group(1).startswith(start) for start in NOT_RUN):
+                found.append((f"{page.name}:{line}", match.group(1)))
+    return found
+
+
+def checking_prints(code: str) -> str:
+    """``code`` whose commented prints assert that they print what the comment says."""
+    return PRINTS.sub(lambda match: f"{match[1]}__printed({match[3]!r}, {match[2]})", code)
+
+
+def printed(expected: str, *values: object) -> None:
+    shown = " ".join(str(value) for value in values)
+    assert shown == expected, f"the example prints {shown!r}, its comment says {expected!r}"
+
+
+@pytest.mark.parametrize(("where", "code"), python_examples(), ids=lambda value: value[:30])
+def test_a_python_example_runs_as_written(
+    where: str, code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each example runs in an empty directory; one that enqueues through
+    ``dopool.connect("./data")`` finds the pool a worker would have defined there, and
+    the trace reader finds a run's trace: its p99 is the report's."""
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, object] = {"__name__": "example", "__printed": printed}
+    if 'connect("./data")' in code:
+        with Runtime("./data") as owner:
+            owner.define("emails", execute=lambda ctx: None, concurrency=4)
+    if "trace.jsonl" in code:
+        args = ["simulate", "-q", "--events", "200", "--json", "run.json"]
+        assert CliRunner().invoke(cli, [*args, "--trace", "trace.jsonl"]).exit_code == 0
+    if "partition_key.encode" in code:  # the routing formula, beside the router
+        namespace.update(partition_key="customer-9", concurrency=7)
+    exec(compile(checking_prints(code), where, "exec"), namespace)
+    if "trace.jsonl" in code:
+        report = json.loads(Path("run.json").read_text(encoding="utf-8"))
+        assert round(namespace["p99"], 6) == report["latency"]["p99"]  # type: ignore[call-overload]
+    if "partition_key.encode" in code:
+        with Runtime.simulated() as rt:
+            pool = rt.define("p", execute=lambda ctx: None, concurrency=7)
+            assert pool.enqueue(1, partition_key="customer-9").instance_index == namespace["index"]
+
+
+def test_the_examples_are_found() -> None:
+    pages = {where.split(":")[0] for where, _ in python_examples()}
+    assert {"README.md", "api.md", "guarantees.md", "simulate.md"} <= pages
+
+
+# -- docs/api.md's signatures and records are the code's --------------------------------------
+API = ROOT / "docs" / "api.md"
+CALL = re.compile(r"^([\w.]+)\((.*)\)(?:\s*->\s*(.+))?$")
+POOL_METHODS = [
+    *("enqueue", "enqueue_many", "pause", "resume", "drain", "event", "cancel", "join"),
+    *("status", "dead_letters", "redrive", "purge_dead_letters"),
+    *("schedule", "schedules", "unschedule"),
+]
+# How docs/api.md names what a heading documents.
+DOCUMENTED_CALLS: dict[str, object] = {
+    "Runtime": Runtime,
+    "Runtime.simulated": Runtime.simulated,
+    "runtime.define": Runtime.define,
+    "runtime.subscribe": Runtime.subscribe,
+    "runtime.kill": Runtime.kill,
+    "runtime.close": Runtime.close,
+    "dopool.connect": dopool.connect,
+    "connection.pool": dopool.Connection.pool,
+    "ctx.enqueue": dopool.EventContext.enqueue,
+    "ctx.sleep": dopool.EventContext.sleep,
+    "RealClock": dopool.RealClock,
+    "SimulatedClock": dopool.SimulatedClock,
+    **{name: getattr(dopool.WorkerPool, name) for name in POOL_METHODS},
+}
+
+
+def written(value: object) -> str:
+    """A default as docs/api.md writes it."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    return "math.inf" if value == math.inf else repr(value)
+
+
+def parameters(code: object) -> list[str]:
+    """``code``'s parameters as docs/api.md writes them: ``name``, ``name=default``,
+    ``*``, ``**options``; a ``**options: Unpack[SomeDict]`` also as its keys, keyword-only
+    (``name=?``: the default is the code's to say)."""
+    shown: list[str] = []
+    for parameter in inspect.signature(code).parameters.values():  # type: ignore[arg-type]
+        if parameter.name == "self":
+            continue
+        if parameter.kind is parameter.KEYWORD_ONLY and "*" not in shown:
+            shown.append("*")
+        if parameter.kind is parameter.VAR_KEYWORD:
+            shown.append(f"**{parameter.name}")
+        elif parameter.default is parameter.empty:
+            shown.append(parameter.name)
+        else:
+            shown.append(f"{parameter.name}={written(parameter.default)}")
+    return shown
+
+
+def unpacked(code: object) -> list[str]:
+    """``parameters(code)`` with ``**options: Unpack[SomeDict]`` spelt out as its keys."""
+    shown = [part for part in parameters(code) if not part.startswith("**")]
+    hints = typing.get_type_hints(code, include_extras=True)
+    for parameter in inspect.signature(code).parameters.values():  # type: ignore[arg-type]
+        if parameter.kind is parameter.VAR_KEYWORD:
+            (keys,) = typing.get_args(hints[parameter.name])
+            if "*" not in shown:
+                shown.append("*")
+            shown += [f"{key}=?" for key in typing.get_type_hints(keys)]
+    return shown
+
+
+SCHEDULE_CALLS = ("schedule(", "schedules(", "unschedule(")
+
+
+def documented_calls() -> list[tuple[str, str]]:
+    """(where, call) for every call in a heading of docs/api.md, the SimulatedClock and
+    ProducerPool tables' method column and the recurring schedules' signatures."""
+    found: list[tuple[str, str]] = []
+    text = outside_code(API.read_text(encoding="utf-8"))
+    section = ""
+    for line in text.splitlines():
+        heading = HEADING.match(line)
+        if heading:
+            section = heading.group(1)
+            parts = re.findall(r"`([^`]+)`", section) or [section]
+            found += [(section, part) for part in parts if CALL.match(part)]
+        elif section.startswith(("SimulatedClock", "ProducerPool")) and line.startswith("| `"):
+            owner = section.split("(")[0]
+            for part in re.findall(r"`([^`]+\))(?: -> ([^`]+))?`", line.split(" | ")[0]):
+                found.append((owner, f"{owner}.{part[0]}" + (f" -> {part[1]}" if part[1] else "")))
+        elif section == "Recurring schedules" and line.startswith("`"):
+            parts = re.findall(r"`([^`]+)`", line)
+            found += [(section, part) for part in parts if part.startswith(SCHEDULE_CALLS)]
+    return found
+
+
+def target(where: str, name: str) -> object:
+    if where in ("SimulatedClock", "ProducerPool"):
+        return getattr(getattr(dopool, where), name.rpartition(".")[2])
+    return DOCUMENTED_CALLS[name]
+
+
+def test_api_md_documents_the_calls_it_should() -> None:
+    names = {CALL.match(call).group(1) for _, call in documented_calls()}  # type: ignore[union-attr]
+    assert set(DOCUMENTED_CALLS) <= names
+    assert {"SimulatedClock.step", "SimulatedClock.run_until_idle", "ProducerPool.cancel"} <= names
+
+
+@pytest.mark.parametrize(("where", "call"), documented_calls(), ids=lambda value: value[:40])
+def test_a_documented_signature_is_the_codes(where: str, call: str) -> None:
+    match = CALL.match(call.replace("\\|", "|"))
+    assert match is not None
+    name, arguments, returns = match.groups()
+    code = target(where, name)
+    documented = [part.strip() for part in arguments.split(",") if part.strip()]
+    if any(part.startswith("**") for part in documented) or not any(
+        part.startswith("**") for part in parameters(code)
+    ):
+        assert documented == parameters(code), f"the code has {name}({', '.join(parameters(code))})"
+    else:
+        spelt = unpacked(code)
+        same = len(documented) == len(spelt) and all(
+            mine == theirs or (theirs.endswith("=?") and mine.split("=")[0] == theirs[:-2])
+            for mine, theirs in zip(documented, spelt, strict=True)
+        )
+        assert same, f"the code has {name}({', '.join(spelt)})"
+    if returns is not None:
+        annotation = inspect.signature(code).return_annotation  # type: ignore[arg-type]
+        assert returns.strip() == annotation, f"{name} returns {annotation}"
+
+
+def record_section(name: str) -> str:
+    """The text of docs/api.md under ``### name``, up to the next heading."""
+    text = API.read_text(encoding="utf-8")
+    return re.split(r"\n#{1,6} ", text.split(f"\n### {name}\n", 1)[1], maxsplit=1)[0]
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        dopool.EnqueueResult,
+        dopool.PoolStatus,
+        dopool.InstanceStatus,
+        dopool.DeadLetter,
+        dopool.ScheduleInfo,
+        dopool.EventInfo,
+        dopool.EmptyInfo,
+        dopool.PoolEvent,
+    ],
+    ids=lambda record: record.__name__,
+)
+def test_a_records_fields_are_documented(record: type) -> None:
+    """A record's section names every field (in its table of fields' first column, or else
+    its first paragraph), and names nothing the record lacks."""
+    text = record_section(record.__name__)
+    if "| field |" in text:
+        parts = [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| `")]
+    else:
+        parts = [text.strip().split("\n\n")[0]]
+    named = {name for part in parts for name in re.findall(r"`(\w+)[`:]", part)}
+    named -= {"None", "on_empty"}  # words of the prose
+    fields = {field.name for field in dataclasses.fields(record)}
+    assert fields - named == set(), "fields not documented"
+    assert {name for name in named if not hasattr(record, name)} == set(), "no such fields"
+
+
+@pytest.mark.parametrize(
+    ("heading", "values"),
+    [
+        ("PoolEvent", typing.get_args(EventKind)),
+        ("InstanceStatus", typing.get_args(InstanceState)),
+        ("EventInfo", typing.get_args(EventState)),
+    ],
+)
+def test_every_kind_and_state_is_documented(heading: str, values: tuple[str, ...]) -> None:
+    text = record_section(heading)
+    if heading == "PoolEvent":
+        documented = [
+            name
+            for line in text.splitlines()
+            if line.startswith("| `")
+            for name in re.findall(r"`(\w+)`", line.split(" | ")[0])
+        ]
+    else:
+        state = next(line for line in text.splitlines() if line.startswith("| `state` |"))
+        documented = re.findall(r'`"(\w+)"`', state)
+    assert sorted(documented) == sorted(values)
+
+
+def exception_tree() -> dict[str, tuple[str | None, set[str]]]:
+    """docs/api.md's tree of exceptions: each one's parent and the attributes it lists."""
+    block = API.read_text(encoding="utf-8").split("\n## Exceptions\n", 1)[1].split("```\n", 2)[1]
+    tree: dict[str, tuple[str | None, set[str]]] = {}
+    path: list[str] = []
+    name = ""
+    for line in block.splitlines():
+        match = re.match(r"^([│├└─ ]*)(\w+)", line)
+        if match and match.group(2)[0].isupper() and not match.group(1).endswith("  "):
+            depth = len(match.group(1)) // 4
+            name = match.group(2)
+            path[depth:] = [name]
+            tree[name] = (path[depth - 1] if depth else None, set())
+        tree[name][1].update(re.findall(r"(?<![\w.])\.(\w+)", line))
+    return tree
+
+
+def test_the_exception_tree_is_the_codes() -> None:
+    tree = exception_tree()
+    exceptions = {
+        name
+        for name in dopool.__all__
+        if isinstance(getattr(dopool, name), type) and issubclass(getattr(dopool, name), Exception)
+    }
+    assert set(tree) == exceptions
+    for name, (parent, attributes) in tree.items():
+        error = getattr(dopool, name)
+        assert error.__bases__[0].__name__ == (parent or "Exception"), name
+        inherited, above = set(attributes), parent
+        while above is not None:
+            above, more = tree[above]
+            inherited |= more
+        kept = set(re.findall(r"\bself\.([a-z]\w*) = ", inspect.getsource(error)))
+        assert kept <= inherited, f"{name} also keeps {kept - inherited}"
+        for attribute in attributes:
+            assert any(
+                re.search(rf"(self\.|^    ){attribute}\b.* = ", inspect.getsource(cls), re.M)
+                for cls in error.__mro__[:-3]
+            ), f"{name} has no .{attribute}"
