@@ -15,6 +15,7 @@ import inspect
 import json
 import math
 import re
+import shlex
 import typing
 from pathlib import Path
 
@@ -459,3 +460,105 @@ def test_the_exception_tree_is_the_codes() -> None:
                 re.search(rf"(self\.|^    ){attribute}\b.* = ", inspect.getsource(cls), re.M)
                 for cls in error.__mro__[:-3]
             ), f"{name} has no .{attribute}"
+
+
+# -- the command lines the pages show are the CLI's -------------------------------------------
+COMMAND = re.compile(r"(?:^|\$ |`|python -m )dopool ([a-z-]+)(.*?)(?=`|$|  #)", re.MULTILINE)
+
+
+def flags_shown() -> dict[str, set[str]]:
+    """The flags each ``dopool COMMAND`` line of the pages gives, in code or in text."""
+    shown: dict[str, set[str]] = {}
+    for page in PAGES:
+        # a synopsis's continuation lines ("    [--grace SECONDS]") belong to its command
+        text = re.sub(r"\n\s+(\[--)", r" \1", page.read_text(encoding="utf-8"))
+        for match in COMMAND.finditer(text):
+            found = re.findall(r"(?<![\w-])(--[a-z][a-z-]*|-[a-zA-Z])\b", match.group(2))
+            shown.setdefault(match.group(1), set()).update(found)
+    return shown
+
+
+def flags_taken(command: str) -> set[str]:
+    if command == "chaos":  # argparse, in the harness
+        source = (ROOT / "src" / "dopool" / "_chaos" / "harness.py").read_text(encoding="utf-8")
+        return {"-h", "--help", *re.findall(r'add_argument\(\s*"(--[\w-]+)"', source)}
+    assert isinstance(cli, click.Group)
+    options = [param for param in cli.commands[command].params if isinstance(param, click.Option)]
+    return {name for option in options for name in (*option.opts, *option.secondary_opts)} | {
+        "-h",
+        "--help",
+    }
+
+
+def test_every_flag_the_pages_show_exists() -> None:
+    assert isinstance(cli, click.Group)
+    shown = {command: flags for command, flags in flags_shown().items() if command in cli.commands}
+    assert {"worker", "pause", "drain", "schedules", "dead-letters", "chaos"} <= set(shown)
+    unknown = {command: flags - flags_taken(command) for command, flags in shown.items()}
+    assert {command: flags for command, flags in unknown.items() if flags} == {}
+
+
+@pytest.mark.parametrize(
+    "command", ["worker", "pause", "resume", "drain", "schedules", "status", "check", "chaos"]
+)
+def test_every_flag_of_a_store_command_is_shown(command: str) -> None:
+    """A command's flags all appear on some ``dopool COMMAND`` line (simulate's and
+    dead-letters' have tables of their own)."""
+    assert flags_taken(command) - {"-h", "--help"} <= flags_shown()[command]
+
+
+# -- docs/simulate.md's reports are what the runs print ---------------------------------------
+BUILT_IN: tuple[str, ...] = ("steady", "burst", "hot-partition", "poison", "crash-storm")
+BUILT_IN += ("maintenance", "daily-cycle")
+HEADLINES = ("events ", "refused ", "throughput ", "latency ", "enqueue wait ", "faults ")
+
+
+def report_samples() -> list[tuple[str, list[str], list[str]]]:
+    """(where, simulate's arguments, the sample's headline lines) of each report in
+    docs/simulate.md that shows one run: after its ``$ dopool simulate`` line, or under a
+    built-in scenario's heading."""
+    page = ROOT / "docs" / "simulate.md"
+    samples: list[tuple[str, list[str], list[str]]] = []
+    heading = ""
+    text = page.read_text(encoding="utf-8")
+    for match in re.finditer(r"^### ([^\n]*)$|^```text\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
+        if match.group(1) is not None:
+            heading = match.group(1).split(":")[0]
+            continue
+        lines = match.group(2).splitlines()
+        if lines[0].startswith("$ dopool simulate"):
+            args = shlex.split(lines[0].split("  #")[0])[3:]
+        elif heading in BUILT_IN:
+            args = ["--scenario", heading]
+        else:
+            continue
+        if "--sweep" in args or any(line.startswith("$ ") for line in lines[1:]):
+            continue
+        if "--plot" in args:
+            del args[args.index("--plot") : args.index("--plot") + 2]
+        shown = [line for line in lines if line.startswith(HEADLINES)]
+        if shown:
+            where = f"simulate.md:{text.count(chr(10), 0, match.start()) + 1}"
+            samples.append((where, args, shown))
+    return samples
+
+
+def test_the_reports_are_found() -> None:
+    scenarios = {args[1] for _, args, _ in report_samples() if args[0] == "--scenario"}
+    assert scenarios >= {*BUILT_IN, "examples/pipeline.toml", "examples/phases.toml"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("where", "args", "shown"), report_samples(), ids=lambda value: str(value)[:40]
+)
+def test_a_reports_headlines_are_what_the_run_prints(
+    where: str, args: list[str], shown: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A report in the page shows the numbers its run prints today (its headline lines:
+    events, refused, throughput, latency, enqueue wait and faults)."""
+    monkeypatch.chdir(ROOT)  # examples/ is named from the repository's root
+    done = CliRunner(env={"COLUMNS": "140"}).invoke(cli, ["simulate", *args, "-q"])
+    printed = " ".join(done.output.split())  # a long line may wrap
+    stale = [line for line in shown if " ".join(line.split()) not in printed]
+    assert stale == [], f"{where}: the run prints other numbers"
