@@ -27,6 +27,7 @@ import dopool
 from dopool import Runtime
 from dopool._cli import cli
 from dopool._cli.simulate import simulate
+from dopool._options import PoolOptions
 from dopool._sim.figures import DESCRIPTIONS, E2E_DESCRIPTIONS, POOL_DESCRIPTIONS
 from dopool._types import EventKind, EventState, InstanceState
 
@@ -364,9 +365,10 @@ def test_a_documented_signature_is_the_codes(where: str, call: str) -> None:
 
 
 def record_section(name: str) -> str:
-    """The text of docs/api.md under ``### name``, up to the next heading."""
+    """The text of docs/api.md under ``### name`` (or ``## name``), up to the next heading."""
     text = API.read_text(encoding="utf-8")
-    return re.split(r"\n#{1,6} ", text.split(f"\n### {name}\n", 1)[1], maxsplit=1)[0]
+    start = re.split(rf"\n###? {name}\n", text, maxsplit=1)[1]
+    return re.split(r"\n#{1,6} ", start, maxsplit=1)[0]
 
 
 @pytest.mark.parametrize(
@@ -380,6 +382,7 @@ def record_section(name: str) -> str:
         dopool.EventInfo,
         dopool.EmptyInfo,
         dopool.PoolEvent,
+        dopool.EventContext,
     ],
     ids=lambda record: record.__name__,
 )
@@ -393,7 +396,7 @@ def test_a_records_fields_are_documented(record: type) -> None:
         parts = [text.strip().split("\n\n")[0]]
     named = {name for part in parts for name in re.findall(r"`(\w+)[`:]", part)}
     named -= {"None", "on_empty"}  # words of the prose
-    fields = {field.name for field in dataclasses.fields(record)}
+    fields = {field.name for field in dataclasses.fields(record) if not field.name.startswith("_")}
     assert fields - named == set(), "fields not documented"
     assert {name for name in named if not hasattr(record, name)} == set(), "no such fields"
 
@@ -562,3 +565,17 @@ def test_a_reports_headlines_are_what_the_run_prints(
     printed = " ".join(done.output.split())  # a long line may wrap
     stale = [line for line in shown if " ".join(line.split()) not in printed]
     assert stale == [], f"{where}: the run prints other numbers"
+
+
+def test_the_define_block_is_the_pool_options() -> None:
+    """api.md's ``WorkerPool.define(...)`` block lists PoolOptions' fields and defaults."""
+    text = API.read_text(encoding="utf-8")
+    block = text.split("```\nWorkerPool.define(\n", 1)[1].split(")\n```", 1)[0]
+    documented = [part.strip() for part in block.split(",") if part.strip()]
+    fields = [
+        field.name
+        if field.default is dataclasses.MISSING
+        else f"{field.name}={written(field.default)}"
+        for field in dataclasses.fields(PoolOptions)
+    ]
+    assert documented == ["name", "*", *fields, "runtime=None"]
