@@ -27,6 +27,7 @@ import dopool
 from dopool import Runtime
 from dopool._cli import cli
 from dopool._cli.simulate import simulate
+from dopool._layout.limits import FORMAT_VERSION
 from dopool._options import PoolOptions
 from dopool._sim.figures import DESCRIPTIONS, E2E_DESCRIPTIONS, POOL_DESCRIPTIONS
 from dopool._types import EventKind, EventState, InstanceState
@@ -579,3 +580,27 @@ def test_the_define_block_is_the_pool_options() -> None:
         for field in dataclasses.fields(PoolOptions)
     ]
     assert documented == ["name", "*", *fields, "runtime=None"]
+
+
+def toml_examples() -> list[tuple[str, str]]:
+    """(page:line, text) of every ```toml block of the pages."""
+    found: list[tuple[str, str]] = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for match in re.finditer(r"^```toml\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
+            found.append((f"{page.name}:{text.count(chr(10), 0, match.start()) + 2}", match[1]))
+    return found
+
+
+@pytest.mark.parametrize(("where", "scenario"), toml_examples(), ids=lambda value: value[:24])
+def test_a_scenario_example_is_a_valid_scenario(where: str, scenario: str, tmp_path: Path) -> None:
+    """Each TOML example, alone in a file, is a scenario dopool reads (every field checked)."""
+    path = tmp_path / "example.toml"
+    path.write_text(scenario, encoding="utf-8")
+    done = CliRunner().invoke(cli, ["simulate", "--scenario", str(path), "--print-scenario"])
+    assert done.exit_code == 0, f"{where}: {done.output}"
+
+
+def test_store_format_md_describes_the_format_the_code_writes() -> None:
+    text = (ROOT / "docs" / "store-format.md").read_text(encoding="utf-8")
+    assert f"This page describes **format {FORMAT_VERSION}**" in text
