@@ -31,6 +31,7 @@ from dopool._layout.limits import FORMAT_VERSION
 from dopool._options import PoolOptions
 from dopool._sim.figures import DESCRIPTIONS, E2E_DESCRIPTIONS, POOL_DESCRIPTIONS
 from dopool._types import EventKind, EventState, InstanceState
+from dopool.chaos import FaultPlan
 
 ROOT = Path(__file__).parent.parent
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
@@ -604,3 +605,19 @@ def test_a_scenario_example_is_a_valid_scenario(where: str, scenario: str, tmp_p
 def test_store_format_md_describes_the_format_the_code_writes() -> None:
     text = (ROOT / "docs" / "store-format.md").read_text(encoding="utf-8")
     assert f"This page describes **format {FORMAT_VERSION}**" in text
+
+
+@pytest.mark.parametrize(
+    ("pattern", "code"),
+    [
+        (r"`dopool\.chaos\.FaultPlan\(([^`]*)\)`", FaultPlan),
+        (r"```\nRetryPolicy\(([^`]*)\)\n```", dopool.RetryPolicy),
+    ],
+    ids=["FaultPlan", "RetryPolicy"],
+)
+def test_a_config_objects_documented_fields_are_its_own(pattern: str, code: type) -> None:
+    """The keyword-only config objects' signatures as api.md writes them out."""
+    match = re.search(pattern, API.read_text(encoding="utf-8"))
+    assert match is not None
+    documented = [part.strip() for part in match[1].split(",")]
+    assert documented == parameters(code)
