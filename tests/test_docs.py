@@ -27,6 +27,8 @@ import dopool
 from dopool import Runtime
 from dopool._cli import cli
 from dopool._cli.simulate import simulate
+from dopool._errors import MAX_DELAY
+from dopool._layout import limits
 from dopool._layout.limits import FORMAT_VERSION
 from dopool._options import PoolOptions
 from dopool._sim.figures import DESCRIPTIONS, E2E_DESCRIPTIONS, POOL_DESCRIPTIONS
@@ -621,3 +623,19 @@ def test_a_config_objects_documented_fields_are_its_own(pattern: str, code: type
     assert match is not None
     documented = [part.strip() for part in match[1].split(",")]
     assert documented == parameters(code)
+
+
+def test_the_limits_the_pages_give_are_the_codes() -> None:
+    guarantees = (ROOT / "docs" / "guarantees.md").read_text(encoding="utf-8")
+    api = API.read_text(encoding="utf-8")
+    assert f"| event size | ≤ {limits.MAX_EVENT_BYTES // 1024} KiB after" in guarantees
+    assert f"| partition key | ≤ {limits.MAX_PARTITION_KEY_BYTES // 1024} KiB of" in guarantees
+    assert f"| dedup key | 1 byte to {limits.MAX_DEDUP_KEY_BYTES // 1024} KiB of" in guarantees
+    concurrency = f"| concurrency | 1\N{EN DASH}{limits.MAX_CONCURRENCY:,} instances per pool"
+    assert concurrency in guarantees
+    assert limits.POOL_NAME.pattern == r"[A-Za-z0-9_.-]{1,64}"
+    assert "| pool name | 1\N{EN DASH}64 characters of `[A-Za-z0-9_.-]` |" in guarantees
+    assert (limits.PRIORITY_MIN, limits.PRIORITY_MAX) == (-(2**31), 2**31 - 1)
+    assert "an `int` in `[-2**31, 2**31 - 1]`" in api
+    assert f"finite and at least {limits.MIN_EVERY}." in api
+    assert f"is 365 days, `{int(MAX_DELAY):_}` seconds" in api
