@@ -639,3 +639,14 @@ def test_the_limits_the_pages_give_are_the_codes() -> None:
     assert "an `int` in `[-2**31, 2**31 - 1]`" in api
     assert f"finite and at least {limits.MIN_EVERY}." in api
     assert f"is 365 days, `{int(MAX_DELAY):_}` seconds" in api
+
+
+def test_store_format_md_lists_every_key_the_layout_defines() -> None:
+    """The Keys table's prefixes and instance tags are the single bytes keys.py names."""
+    table = section(ROOT / "docs" / "store-format.md", "Keys")
+    rows = [line.split(" | ")[0][3:-1] for line in table.splitlines() if line.startswith("| `")]
+    tags = {row.split("\\0 ")[1][0] for row in rows if row.startswith("I ")}
+    documented = {row[0] for row in rows} | tags
+    source = (ROOT / "src" / "dopool" / "_layout" / "keys.py").read_text(encoding="utf-8")
+    defined = set(re.findall(r'b"([A-Za-z])"', source.split("_DIGESTED")[0]))
+    assert documented == defined
