@@ -650,3 +650,22 @@ def test_store_format_md_lists_every_key_the_layout_defines() -> None:
     source = (ROOT / "src" / "dopool" / "_layout" / "keys.py").read_text(encoding="utf-8")
     defined = set(re.findall(r'b"([A-Za-z])"', source.split("_DIGESTED")[0]))
     assert documented == defined
+
+
+def test_the_worker_defaults_the_pages_give_are_its_own() -> None:
+    assert isinstance(cli, click.Group)
+    defaults = {
+        option.opts[0]: option.default
+        for option in cli.commands["worker"].params
+        if isinstance(option, click.Option)
+    }
+    page = (ROOT / "docs" / "deployment.md").read_text(encoding="utf-8")
+    assert defaults["--grace"] == 30.0
+    assert "**Running handlers get `--grace` seconds** (30 by default)" in page
+    assert defaults["--lease-ttl"] == 10.0
+    assert "`--lease-ttl` seconds (10 by default)" in page
+    assert defaults["--log-level"] == "info"
+    assert "at `--log-level` (`info` by default)" in page
+    assert defaults["--durability"] == "sync"
+    runtime = inspect.signature(Runtime).parameters
+    assert defaults["--poll-interval"] == runtime["poll_interval"].default == 1.0
