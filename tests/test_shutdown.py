@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +19,16 @@ import pytest
 from dopool import (
     ConfigurationError,
     EventContext,
+    PoolClosedError,
     PoolEvent,
+    RealClock,
     RetryPolicy,
     Runtime,
     SimulatedClock,
+    StorageError,
 )
+from dopool._instances import PoolContext
+from dopool._waits import WaitGraph
 from worker_support import until
 
 WAIT = 10.0
@@ -103,6 +110,82 @@ def test_a_closing_runtime_starts_nothing_for_an_alarm_queued_behind_a_handler(
         assert (status.succeeded, status.pending) == (1, 1)  # "b" waits, stored
         assert reopened.join(timeout=WAIT)
     assert started == ["a", "b"]
+
+
+@pytest.mark.parametrize("timeout", [None, WAIT * 3])
+def test_a_join_waiting_while_another_thread_closes_raises_pool_closed(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch, timeout: float | None
+) -> None:
+    """A join waiting on a paused pool, and the runtime closed by another thread.
+
+    Without a timeout it waited for ever (nothing an actor does wakes it once the
+    runtime is closed); with one, it waited all of it, then raised a StorageError
+    ('read failed: Attempt to operate on closed/deleted/dropped object') from
+    reading the closed store. Now it raises PoolClosedError as soon as the runtime
+    closes.
+    """
+    runtime = Runtime(store_path)
+    pool = runtime.define("p", execute=lambda ctx: None)
+    pool.pause()
+    pool.enqueue("held")
+    waiting = threading.Event()
+    progress = runtime.clock.progress
+
+    def seam(generation: int, deadline: float | None) -> bool:
+        waiting.set()  # the join reads nothing new until the activity changes
+        return progress(generation, deadline)
+
+    monkeypatch.setattr(runtime.clock, "progress", seam)
+    outcome: list[BaseException | bool] = []
+
+    def join() -> None:
+        try:
+            outcome.append(pool.join(timeout=timeout))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    joiner = threading.Thread(target=join, daemon=True)
+    joiner.start()
+    assert waiting.wait(WAIT)
+    runtime.close()
+    joiner.join(WAIT)
+    assert not joiner.is_alive(), "join() still waits on a closed runtime"
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], PoolClosedError), outcome
+    assert outcome[0].pool == "p"
+
+
+def test_a_read_the_closing_store_fails_is_pool_closed_not_a_storage_error() -> None:
+    """A pool's read (status, event, dead_letters, schedules, join) that another
+    thread's close() fails under it names the close, not the store's failure."""
+    closed, closing = [False], [True]
+
+    @contextmanager
+    def read() -> Iterator[Any]:
+        closed[0] = closing[0]  # the close lands while the read runs
+        if closed[0] or not closing[0]:
+            raise StorageError("read failed: Attempt to operate on closed/deleted/dropped object.")
+        yield None
+
+    context = PoolContext(
+        read=read,
+        clock=RealClock(),
+        in_handler=threading.local(),
+        waits=WaitGraph(),
+        closed=lambda: closed[0],
+        handler_running=lambda: None,
+    )
+    try:
+        with pytest.raises(PoolClosedError) as caught, context.read_open("p"):
+            pass
+        assert caught.value.pool == "p"
+        with pytest.raises(PoolClosedError), context.read_open("p"):  # closed before it
+            pass
+        closed[0] = closing[0] = False
+        with pytest.raises(StorageError), context.read_open("p"):  # open: the store's own
+            pass
+    finally:
+        context.clock.close()
 
 
 # -- interpreter exit ------------------------------------------------------------------

@@ -118,6 +118,13 @@ class Activity:
         with self._cond:
             return sorted(self._sleeping, key=str)
 
+    def wake(self) -> None:
+        """Wake every waiter as if an actor had gone idle: the runtime closed, and a
+        ``join`` waiting for its actors must see that rather than wait for ever."""
+        with self._cond:
+            self.generation += 1
+            self._cond.notify_all()
+
     def wait_change(self, generation: int, timeout: float | None) -> bool:
         """Block until an actor goes idle or asleep after ``generation`` was read."""
         runner = self._runner

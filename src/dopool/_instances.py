@@ -3,13 +3,20 @@ concurrency (:func:`record_concurrency`); what a pool uses of its runtime (:clas
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dopool._across import Away, Verb
-from dopool._errors import ConfigurationError, DopoolError, NotLeasedError, shown
+from dopool._errors import (
+    ConfigurationError,
+    DopoolError,
+    NotLeasedError,
+    PoolClosedError,
+    StorageError,
+    shown,
+)
 from dopool._layout import Namespace, follow_ups_to
 from dopool._mailbox import Mailbox
 from dopool._messages import Enqueue, Item, Reply
@@ -197,3 +204,22 @@ class PoolContext:
     waits: WaitGraph
     closed: Callable[[], bool]
     handler_running: Callable[[], tuple[str, int] | None]
+
+    @contextmanager
+    def read_open(self, pool: str) -> Iterator[Txn]:
+        """A read of committed state for ``pool``'s methods, the runtime checked open first.
+
+        Raises:
+            PoolClosedError: the runtime is closed, before the read or while it ran
+                (another thread's ``close()`` closes the store under it: the read's
+                own failure would be a ``StorageError`` saying nothing of the close).
+        """
+        if self.closed():
+            raise PoolClosedError(pool)
+        try:
+            with self.read() as txn:
+                yield txn
+        except StorageError as exc:
+            if self.closed():
+                raise PoolClosedError(pool) from exc
+            raise

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, Unpack
@@ -47,7 +46,6 @@ from dopool._validation import due_time, prepare, prepare_many, with_ttl
 
 if TYPE_CHECKING:
     from dopool._runtime import Runtime
-    from dopool._storage import Txn
 
 # What makes the process default runtime, for ``define(runtime=None)``: registered
 # by dopool._runtime (see ``provide_default_runtime``), which imports this module.
@@ -81,6 +79,7 @@ class WorkerPool:
         self._mailboxes = instances.mailboxes
         self._router = instances.router
         self._calls = Calls(context, instances)
+        self._read = partial(context.read_open, spec.name)  # PoolClosedError once closed
         self._direct = direct
         self._namespaces = [Namespace(spec.name, i) for i in range(spec.options.concurrency)]
 
@@ -315,7 +314,7 @@ class WorkerPool:
     def schedules(self) -> list[ScheduleInfo]:
         """The recurring schedules as committed, by name; never waits for an instance."""
         self._check_open()
-        with self._context.read() as txn:
+        with self._read() as txn:
             return read_schedules(txn, self.name)
 
     def redrive(
@@ -366,7 +365,7 @@ class WorkerPool:
             messages = {i: partial(verb, None) for i in indices}
         else:
             now = self._context.clock.now()
-            picked = chosen(self._read_open, self._namespaces, indices, filters, now, among)
+            picked = chosen(self._read, self._namespaces, indices, filters, now, among)
             messages = {i: partial(verb, picked[i]) for i in sorted(picked)}
         if self._instances.away is not None:
             return sum(self._act(i, message) for i, message in messages.items())
@@ -392,7 +391,7 @@ class WorkerPool:
         self._check_open()
         # The restart state is in memory, read without waiting for anyone.
         restarts = [(sup.crash_streak, sup.restart_at) for sup in self._instances.supervisors]
-        with self._context.read() as txn:
+        with self._read() as txn:
             instances = [
                 instance_status(self.name, i, ns.load_meta(txn), *restarts[i])
                 for i, ns in enumerate(self._namespaces)
@@ -410,7 +409,7 @@ class WorkerPool:
         self._check_open()
         index, sequence = parse_event_id(event_id, self.name, self.concurrency)
         keep, now = self._spec.options.keep_finished, self._context.clock.now()
-        with self._context.read() as txn:
+        with self._read() as txn:
             ns = self._namespaces[index]
             return lookup(txn, ns, ns.load_meta(txn), self.name, index, sequence, keep, now)
 
@@ -431,7 +430,7 @@ class WorkerPool:
         self._check_open()
         matching, indices = Filters.of(filters), self._indices(index)
         now = self._context.clock.now()
-        return listed(self._context.read, self._namespaces, indices, matching, now)
+        return listed(self._read, self._namespaces, indices, matching, now)
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait until nothing is pending or in flight on any instance, follow-ups included:
@@ -466,7 +465,7 @@ class WorkerPool:
                 return False
 
     def _finished(self) -> bool:
-        with self._context.read() as txn:
+        with self._read() as txn:
             for ns in self._namespaces:
                 meta = ns.load_meta(txn)
                 if meta.pending or meta.outbox:
@@ -489,11 +488,6 @@ class WorkerPool:
                 f"called from the handler of {self.name}:{running[1]}, which would wait on "
                 "itself forever; use ctx.enqueue for follow-ups, or address another instance"
             )
-
-    def _read_open(self) -> AbstractContextManager[Txn]:
-        """A read of committed state, the runtime checked open first (a ``where`` may close it)."""
-        self._check_open()
-        return self._context.read()
 
     def _check_open(self) -> None:
         if self._context.closed():

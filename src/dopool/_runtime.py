@@ -389,6 +389,7 @@ class Runtime:
         with _open_lock:
             _open.discard(self)
         stops = [(sup.mailbox, sup.close()) for supervisors in pools for sup in supervisors]
+        self.clock.activity.wake()  # a join waiting for the actors raises PoolClosedError
         return Closing(stops, self.clock.activity, self._shut_down)
 
     def _shut_down(self, closing: Stops, deadline: float | None) -> None:
