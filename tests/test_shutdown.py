@@ -16,6 +16,7 @@ from typing import Any
 import pykka
 import pytest
 
+import dopool._runtime
 from dopool import (
     ConfigurationError,
     EventContext,
@@ -27,6 +28,7 @@ from dopool import (
     SimulatedClock,
     StorageError,
 )
+from dopool._closing import wait_until
 from dopool._instances import PoolContext
 from dopool._waits import WaitGraph
 from worker_support import until
@@ -153,6 +155,41 @@ def test_a_join_waiting_while_another_thread_closes_raises_pool_closed(
     assert len(outcome) == 1
     assert isinstance(outcome[0], PoolClosedError), outcome
     assert outcome[0].pool == "p"
+
+
+def test_a_second_close_waits_for_the_close_another_thread_began(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It returned at once, with the actors still stopping and the store still locked:
+    a thread that closed the runtime and opened the store again got StoreLockedError."""
+    started, release = threading.Event(), threading.Event()
+
+    def handler(ctx: EventContext) -> None:
+        started.set()
+        release.wait(WAIT)
+
+    runtime = Runtime(store_path)
+    runtime.define("p", execute=handler).enqueue("x")
+    assert started.wait(WAIT)
+    first = threading.Thread(target=runtime.close, daemon=True)
+    first.start()  # it waits for the handler
+    until(lambda: runtime.closed, "the first close to begin")
+
+    def seam(done: threading.Event, deadline: float | None) -> bool:
+        release.set()  # the second close waits: let the handler return now
+        return wait_until(done, deadline)
+
+    monkeypatch.setattr(dopool._runtime, "wait_until", seam)
+    try:
+        runtime.close()
+        assert _released(store_path)
+        with Runtime(store_path) as again:
+            status = again.define("p", execute=lambda ctx: None).status()
+        assert (status.enqueued, status.succeeded) == (1, 1)
+    finally:
+        release.set()
+        first.join(WAIT)
+    assert not first.is_alive()
 
 
 def test_a_read_the_closing_store_fails_is_pool_closed_not_a_storage_error() -> None:

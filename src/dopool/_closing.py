@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ class Closing:
         stops: each instance's mailbox (closed) and the actor to stop.
         activity: the clock's count of the messages each actor has in hand.
         finish: the runtime's second step, ``finish(stops, deadline)``.
+        done: set once that step returned (or raised), for a second ``close()`` to wait on.
     """
 
     def __init__(
@@ -44,10 +46,12 @@ class Closing:
         stops: Stops,
         activity: Activity,
         finish: Callable[[Stops, float | None], None],
+        done: threading.Event,
     ) -> None:
         self.stops = stops
         self._activity = activity
         self._finish = finish
+        self._done = done
         self._keys = [mailbox.key for mailbox, _ in stops]
 
     def running(self) -> list[str]:
@@ -71,7 +75,22 @@ class Closing:
     def finish(self, deadline: float | None) -> None:
         """Stop the actors and close the store (see ``Runtime._shut_down``): a handler still
         running at ``deadline`` (``time.monotonic()``; None: no limit) is abandoned."""
-        self._finish(self.stops, deadline)
+        try:
+            self._finish(self.stops, deadline)
+        finally:
+            self._done.set()
+
+
+def wait_until(done: threading.Event, deadline: float | None) -> bool:
+    """Wait for ``done`` until ``deadline`` (``time.monotonic()``; None: no limit); whether
+    it was set."""
+    return done.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+
+def stopped(stop: pykka.Future[Any] | None, timeout: float) -> None:
+    """Wait for a router actor's stop (it has nothing to finish), at most ``timeout`` seconds."""
+    if stop is not None:
+        stop.get(timeout=timeout)
 
 
 def deadline_after(timeout: object) -> float | None:

@@ -24,7 +24,7 @@ from dopool import _ports
 from dopool._across import Away
 from dopool._actor import InstanceActor
 from dopool._clock import Clock, RealClock, SimulatedClock
-from dopool._closing import Closing, Stops, deadline_after
+from dopool._closing import Closing, Stops, deadline_after, stopped, wait_until
 from dopool._direct import DirectEnqueue
 from dopool._directory import Directory, PoolAddress
 from dopool._errors import ConfigurationError, PoolClosedError, SimulationStalledError, shown
@@ -120,6 +120,7 @@ class Runtime:
         self._lock = threading.RLock()
         self._emit_lock = threading.Lock()
         self._closed = False
+        self._shut = threading.Event()  # set when a close has finished (another waits for it)
         self._pools: dict[str, Instances] = {}  # by pool name; kill() finds one there
         self._defined: dict[str, WorkerPool] = {}  # the same pools' handles, for ``pools``
         self._supervisors: list[list[Supervisor]] = []  # each pool's instances, by index
@@ -328,7 +329,7 @@ class Runtime:
                 serve_pool(self._keeper, name, supervisors, env.memories, placement)
             except BaseException:  # e.g. a damaged record: stop what was started, raise
                 self._supervisors.remove(supervisors)
-                _stopped(placement.stop())
+                stopped(placement.stop(), EXIT_GRACE)
                 for supervisor in supervisors:
                     ref = supervisor.close()
                     if ref is not None:
@@ -357,6 +358,7 @@ class Runtime:
         runtime left open is closed at interpreter exit, its running handlers given
         ``EXIT_GRACE`` seconds to finish. ``timeout``: wall-clock seconds they get here
         (None: as long as they take); one still running then is abandoned, as at exit.
+        A close another thread began is waited for, as long (a second close's own bound).
 
         Raises:
             ConfigurationError: called from one of this runtime's instance threads
@@ -374,6 +376,8 @@ class Runtime:
         closing = self._stop_taking_work()
         if closing is not None:
             closing.finish(deadline)
+        elif running is None:  # another thread's close may be under way: wait for its end
+            wait_until(self._shut, deadline)
 
     def _stop_taking_work(self) -> Closing | None:
         """Mark the runtime closed and its instances' mailboxes too (the first step of a
@@ -390,7 +394,7 @@ class Runtime:
             _open.discard(self)
         stops = [(sup.mailbox, sup.close()) for supervisors in pools for sup in supervisors]
         self.clock.activity.wake()  # a join waiting for the actors raises PoolClosedError
-        return Closing(stops, self.clock.activity, self._shut_down)
+        return Closing(stops, self.clock.activity, self._shut_down, self._shut)
 
     def _shut_down(self, closing: Stops, deadline: float | None) -> None:
         """Stop the actors, then close the store, the trace and the clock.
@@ -423,7 +427,7 @@ class Runtime:
         if self._keeper is not None:  # others take the leases now; the abandoned expire
             self._keeper.close(keep=[mailbox.order for mailbox in abandoned])
         for instances in self._pools.values():  # no keeper tells them anything now
-            _stopped(instances.placement.stop())
+            stopped(instances.placement.stop(), EXIT_GRACE)
         if abandoned:
             logger.warning(
                 "closing the runtime of %r: instance(s) %s still running after the grace "
@@ -441,12 +445,6 @@ class Runtime:
             self.clock.close()
         if self._temporary is not None:
             shutil.rmtree(self._temporary, ignore_errors=True)
-
-
-def _stopped(stop: pykka.Future[Any] | None) -> None:
-    """Wait for a router actor's stop (it has nothing to finish)."""
-    if stop is not None:
-        stop.get(timeout=EXIT_GRACE)
 
 
 _open: weakref.WeakSet[Runtime] = weakref.WeakSet()  # every runtime not closed yet
