@@ -271,6 +271,48 @@ def test_the_default_runtime_does_not_keep_the_interpreter_alive(tmp_path: Path)
     assert (status.succeeded, status.pending) == (1, 0)
 
 
+def test_a_close_under_way_in_a_daemon_thread_at_exit_is_let_finish(tmp_path: Path) -> None:
+    """A runtime another (daemon) thread was closing as the interpreter exited was no
+    longer among those the exit closes, so the exit did not wait for it: the process
+    ended with its running handler abandoned, without the grace period or a warning,
+    and the store's lock file still naming the dead process. The exit now lets that
+    close finish, within the same grace."""
+    store = tmp_path / "store"
+    _run(
+        """
+        import atexit
+        import sys
+        import threading
+        import time
+
+        from dopool import Runtime
+
+        runtime = Runtime(sys.argv[1])
+        exiting = threading.Event()
+        atexit.register(exiting.set)  # runs before dopool's hook: last in, first out
+        started = threading.Event()
+
+        def handler(ctx):
+            started.set()
+            exiting.wait(30)
+            time.sleep(0.2)  # still busy as the interpreter exits
+
+        runtime.define("p", execute=handler).enqueue("x")
+        assert started.wait(30)
+        threading.Thread(target=runtime.close, daemon=True).start()
+        pause = threading.Event()
+        while not runtime.closed:
+            pause.wait(0.01)
+        """,
+        store,
+        cwd=tmp_path,
+    )
+    assert _released(store)
+    with Runtime(store) as runtime:
+        status = runtime.define("p", execute=lambda ctx: None).status()
+    assert (status.succeeded, status.pending, status.dead_lettered) == (1, 0, 0)
+
+
 def test_runtimes_left_open_are_closed_at_exit(tmp_path: Path) -> None:
     store, temporary = tmp_path / "store", tmp_path / "temporary.txt"
     _run(

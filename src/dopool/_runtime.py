@@ -390,8 +390,6 @@ class Runtime:
             self._defined.clear()  # the tools' registrations (_ports) end with the pools
         if self._keeper is not None:  # no lease taken starts an instance now (not under
             self._keeper.stop_serving()  # the lock: a recovery it waits for may emit)
-        with _open_lock:
-            _open.discard(self)
         stops = [(sup.mailbox, sup.close()) for supervisors in pools for sup in supervisors]
         self.clock.activity.wake()  # a join waiting for the actors raises PoolClosedError
         return Closing(stops, self.clock.activity, self._shut_down, self._shut)
@@ -445,9 +443,11 @@ class Runtime:
             self.clock.close()
         if self._temporary is not None:
             shutil.rmtree(self._temporary, ignore_errors=True)
+        with _open_lock:  # closed: nothing left for the exit to finish (see _close_at_exit)
+            _open.discard(self)
 
 
-_open: weakref.WeakSet[Runtime] = weakref.WeakSet()  # every runtime not closed yet
+_open: weakref.WeakSet[Runtime] = weakref.WeakSet()  # every runtime not closed yet, or closing
 _open_lock = threading.Lock()
 
 
@@ -469,7 +469,8 @@ def _close_at_exit() -> None:
     # Every runtime stops taking work first, so none starts more while another closes.
     closing = [(runtime, runtime._stop_taking_work()) for runtime in runtimes]
     for runtime, steps in closing:
-        if steps is None:
+        if steps is None:  # another thread is closing it: let that close finish first
+            wait_until(runtime._shut, deadline)
             continue
         try:
             steps.finish(deadline)
