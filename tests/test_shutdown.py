@@ -252,6 +252,52 @@ def _released(store: Path) -> bool:
     return (store / "lock").read_text() == ""
 
 
+def test_a_hook_run_by_a_recovery_during_define_may_use_the_runtime(tmp_path: Path) -> None:
+    """``define`` holds the runtime's lock while the pool's instances recover; a hook or
+    subscriber that a recovery runs (the dead letter of an attempt a close abandoned,
+    here) and that read ``runtime.pools`` or called ``runtime.kill`` waited for that
+    lock on the instance's thread, and ``define`` for the recovery: for ever. Run in a
+    child, which the test's timeout ends if it hangs."""
+    _run(
+        """
+        import sys
+        import threading
+
+        from dopool import Runtime
+
+        started, release = threading.Event(), threading.Event()
+
+        def stuck(ctx):
+            started.set()
+            release.wait()
+
+        runtime = Runtime(sys.argv[1])
+        runtime.define("p", execute=stuck).enqueue("x")
+        assert started.wait(30)
+        runtime.close(timeout=0)  # the attempt is abandoned: the next define settles it
+        release.set()
+
+        runtime = Runtime(sys.argv[1])
+        other = runtime.define("q", execute=lambda ctx: None)
+        seen = []
+
+        def on_dead_letter(letter):
+            seen.append(list(runtime.pools))
+            runtime.kill("q", 0)
+
+        runtime.subscribe(lambda event: seen.append((event.kind, len(runtime.pools))))
+        pool = runtime.define("p", execute=stuck, on_dead_letter=on_dead_letter)
+        assert ["q"] in seen and ("dead_lettered", 1) in seen, seen
+        assert pool.status().dead_lettered == 1
+        assert other.join(timeout=30)
+        assert other.status().instances[0].restarts == 1
+        runtime.close()
+        """,
+        tmp_path / "store",
+        cwd=tmp_path,
+    )
+
+
 def test_the_default_runtime_does_not_keep_the_interpreter_alive(tmp_path: Path) -> None:
     _run(
         """

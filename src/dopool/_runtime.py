@@ -205,8 +205,9 @@ class Runtime:
     def pools(self) -> Mapping[str, WorkerPool]:
         """The pools defined in this runtime, by name, in the order they were defined
         (none once it is closed)."""
-        with self._lock:
-            return MappingProxyType(dict(self._defined))
+        # Not under the lock, which a define holds while its instances recover: their
+        # hooks and subscribers may ask (a dict's copy is atomic).
+        return MappingProxyType(dict(self._defined))
 
     def kill(self, pool_name: str, index: int) -> None:
         """Crash one instance as a fault would; it is restarted and recovers from storage.
@@ -217,14 +218,12 @@ class Runtime:
         this returns. Under a :class:`SimulatedClock` (outside a handler) it
         also waits for the crash and recovery, so runs stay deterministic.
         """
-        with self._lock:
-            if self._closed:
-                raise PoolClosedError(pool_name)
-            instances = self._pools.get(pool_name)
-            if instances is None:
-                raise ConfigurationError(f"no pool named {shown(pool_name)} in this runtime")
-            supervisor = instances.supervisor(index)
-        supervisor.kill()
+        if self._closed:  # not under the lock either (see ``pools``): a closing mailbox
+            raise PoolClosedError(pool_name)  # refuses the kill anyway
+        instances = self._pools.get(pool_name)
+        if instances is None:
+            raise ConfigurationError(f"no pool named {shown(pool_name)} in this runtime")
+        instances.supervisor(index).kill()
         if self.handler_running() is None:
             self.clock.settle()
 
