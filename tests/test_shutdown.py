@@ -612,3 +612,25 @@ def test_a_forked_child_exiting_leaves_the_parents_runtime_alone(tmp_path: Path)
     )
     with Runtime(store) as runtime:
         assert runtime.define("p", execute=lambda ctx: None).status().succeeded == 1
+
+
+def test_an_event_emitted_as_a_close_ends_the_trace_is_not_written(tmp_path: Path) -> None:
+    """An actor abandoned by a close may commit (and emit) while the close ends the trace:
+    the emit saw a trace, then found None where it wrote (AttributeError)."""
+    trace = tmp_path / "trace.jsonl"
+    runtime = Runtime.simulated(tmp_path / "store", trace=trace)
+
+    class CloseWinsTheRace:  # the emit lock, taken just after the close's own
+        def __enter__(self) -> None:
+            assert runtime._trace is not None
+            runtime._trace.close()
+            runtime._trace = None
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    runtime._emit_lock = CloseWinsTheRace()  # type: ignore[assignment]
+    runtime._emit(PoolEvent("enqueued", "p", 0, 0))
+    runtime._emit_lock = threading.Lock()
+    runtime.close()
+    assert trace.read_text() == ""

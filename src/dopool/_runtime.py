@@ -258,10 +258,14 @@ class Runtime:
         subscribers = self._subscribers  # no lock: one subscribing now sees the next event
         if self._trace is not None:
             with self._emit_lock:
-                self._trace.write(json.dumps(event.to_json_dict(), separators=(",", ":")) + "\n")
+                trace = self._trace  # read again under the lock: a close may have ended it
+                if trace is not None:
+                    trace.write(json.dumps(event.to_json_dict(), separators=(",", ":")) + "\n")
         for callback in subscribers:
             try:
-                ran(callback(event), "a subscriber")
+                returned = callback(event)
+                if returned is not None:  # (the usual subscriber returns None: no call)
+                    ran(returned, "a subscriber")
             except BaseException:  # SystemExit too: pykka would stop every actor
                 logger.exception("subscriber %r raised; ignored", callback)
 
