@@ -594,6 +594,39 @@ def test_a_store_in_another_process_is_refused_naming_this_pid(
     assert "(this process)" not in result["holder"]
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_does_not_keep_a_dead_parents_store_lock(store_path: Path) -> None:
+    # The child's copy of the lock file held the flock after the parent died: the next
+    # runtime was refused ('locked by another runtime') for as long as the child lived.
+    script = textwrap.dedent(
+        """
+        import os, sys
+        from dopool._storage import Store
+        store = Store(sys.argv[1])
+        if os.fork() == 0:
+            os.read(0, 1)  # lives on until the test closes its stdin
+            os._exit(0)
+        print("forked", flush=True)
+        os._exit(0)  # dies without closing the store
+        """
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script, str(store_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    ) as parent:
+        assert parent.stdout is not None
+        assert parent.stdin is not None
+        try:
+            assert parent.stdout.readline() == "forked\n"
+            assert parent.wait(timeout=60) == 0
+            assert open_in_child(store_path) == {"outcome": "opened"}
+        finally:
+            parent.stdin.close()  # the child ends
+
+
 def test_after_close_the_store_can_be_opened_again(store_path: Path) -> None:
     Store(store_path).close()
     assert open_in_child(store_path) == {"outcome": "opened"}

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -77,3 +80,43 @@ def test_a_runtime_and_a_producer_each_wait_for_the_writer_lock(
 def test_the_lock_file_is_made_beside_the_store_lock(tmp_path: Path) -> None:
     with Runtime(tmp_path / "store", durability="async"):
         assert (tmp_path / "store" / WRITER_LOCK).is_file()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_does_not_keep_a_dead_parents_writer_lock(tmp_path: Path) -> None:
+    # flock locks belong to the open file, which a fork shares: a parent killed while
+    # writing left its lock held by a child that had never written, and every other
+    # writer of the store waited for as long as the child lived.
+    script = textwrap.dedent(
+        """
+        import os, sys
+        from pathlib import Path
+        from dopool._writerlock import WriterLock
+        lock = WriterLock(Path(sys.argv[1]))
+        if os.fork() == 0:
+            os.read(0, 1)  # lives on until the test closes its stdin
+            os._exit(0)
+        lock.__enter__()
+        print("holding", flush=True)
+        os._exit(0)  # dies holding the lock
+        """
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    ) as parent:
+        assert parent.stdout is not None
+        assert parent.stdin is not None
+        try:
+            assert parent.stdout.readline() == "holding\n"
+            assert parent.wait(timeout=TIMEOUT) == 0
+            fd = os.open(tmp_path / WRITER_LOCK, os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError if held
+            finally:
+                os.close(fd)
+        finally:
+            parent.stdin.close()  # the child ends

@@ -4,7 +4,10 @@ A runtime (``Runtime(path)``) holds it exclusively: no other runtime or worker o
 the store meanwhile. Shared workers (``Runtime(path, shared=True)``, ``dopool worker``)
 hold it shared: they exclude an exclusive runtime and coexist, and leases
 (:mod:`dopool._leases`) decide which serves which instance. The kernel releases it
-with its holder's process, so a dead holder leaves no stale lock.
+with its holder's process, so a dead holder leaves no stale lock; a child made with
+``os.fork`` closes its copy of the file as it starts (:func:`os.register_at_fork`), or
+it would keep its parent's lock held after the parent died, and the next runtime would
+be refused for as long as the child lived.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import fcntl
 import os
 import socket
 import stat
+import weakref
 from contextlib import suppress
 from pathlib import Path
 
@@ -72,6 +76,7 @@ class StoreLock:
             os.close(fd)  # releases the flock, if taken
             raise
         self._fd: int | None = fd
+        _open.add(self)
 
     def release(self) -> None:
         if self._fd is not None:
@@ -80,6 +85,28 @@ class StoreLock:
                     os.ftruncate(self._fd, 0)
             os.close(self._fd)  # closing the descriptor releases the flock
             self._fd = None
+            _open.discard(self)
+
+    def forget(self) -> None:
+        """In a forked child: close this copy of the parent's file, which leaves the lock
+        (and the holder's line) to the parent."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            _open.discard(self)
+            with suppress(OSError):
+                os.close(fd)
+
+
+_open: weakref.WeakSet[StoreLock] = weakref.WeakSet()  # every lock not released yet
+
+
+def _forget_in_child() -> None:
+    for lock in list(_open):
+        lock.forget()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _flock(fd: int, operation: int, directory: Path, *, refuse: bool) -> bool:
