@@ -636,6 +636,43 @@ def test_a_connection_made_before_a_fork_refuses_the_child(created: Path) -> Non
     assert (done.returncode, done.stdout.strip()) == (0, "1"), done.stderr
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_connecting_again_in_a_forked_child_names_the_fork(created: Path) -> None:
+    # gunicorn --preload: the master connected at import. The child's connect failed with
+    # LMDB's 'already open in this process', a StorageError that told nothing of a fork.
+    code = textwrap.dedent(
+        """
+        import os, sys
+        import dopool
+        connection = dopool.connect(sys.argv[1])
+        child = os.fork()
+        if child == 0:
+            try:
+                dopool.connect(sys.argv[1])
+            except dopool.ConfigurationError as exc:
+                os._exit(0 if "before a fork" in str(exc) else 3)
+            except dopool.DopoolError as exc:
+                print(type(exc).__name__, exc)
+                os._exit(4)
+            os._exit(5)
+        assert os.waitpid(child, 0)[1] == 0
+        connection.pool("orders").enqueue("from the parent")
+        connection.close()
+        with dopool.connect(sys.argv[1]) as again:  # once closed, the store opens anew
+            print(again.pool("orders").status().enqueued)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(created)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        check=False,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "1"), done.stdout + done.stderr
+
+
 def test_results_and_reads_match_a_worker_pools(created: Path) -> None:
     with dopool.connect(created) as connection:
         pool = connection.pool("orders")

@@ -588,6 +588,47 @@ def test_an_abandoned_handler_returning_after_the_store_closed_commits_nothing(
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_runtime_made_before_a_fork_refuses_the_child(tmp_path: Path) -> None:
+    # The child's enqueue went through the parent's LMDB environment, behind the parent's
+    # back (its next event never ran), and the child's close() waited for ever for
+    # actors that only the parent has.
+    store = tmp_path / "store"
+    _run(
+        """
+        import os
+        import sys
+
+        import dopool
+        from dopool import Runtime
+
+        runtime = Runtime(sys.argv[1])
+        pool = runtime.define("p", execute=lambda ctx: None)
+        child = os.fork()
+        if child == 0:
+            code = 0
+            again = lambda: dopool.connect(sys.argv[1])
+            for call in (lambda: pool.enqueue("child"), pool.status, again):
+                try:
+                    call()
+                    code = 3
+                except dopool.ConfigurationError as exc:
+                    if "before a fork" not in str(exc) or "connect" not in str(exc):
+                        code = 4
+            runtime.close()  # returns at once: the store and actors are the parent's
+            os._exit(code)
+        assert os.waitpid(child, 0)[1] == 0
+        pool.enqueue("after the fork")
+        assert pool.join(timeout=10)
+        assert pool.status().succeeded == 1
+        runtime.close()
+        """,
+        store,
+        cwd=tmp_path,
+        env={"PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_exiting_leaves_the_parents_runtime_alone(tmp_path: Path) -> None:
     store = tmp_path / "store"
     _run(

@@ -49,7 +49,7 @@ from dopool._recurring import Recurring
 from dopool._router import Positions, Router, RoutingTable
 from dopool._schedules import ScheduleOptions, definition, read_schedules, schedule_info
 from dopool._status import read_pool_status
-from dopool._storage import Environment, Txn, open_shared
+from dopool._storage import Environment, Txn, open_shared, opened_before_fork
 from dopool._types import DeadLetter, EnqueueResult, EventInfo, PoolStatus, ScheduleInfo
 from dopool._validation import (
     check_path,
@@ -195,10 +195,7 @@ class Connection:
         if self._closed:
             raise PoolClosedError(pool, closed="connection")
         if os.getpid() != self._pid:
-            raise ConfigurationError(
-                f"this connection to {str(self.path)!r} was made by process {self._pid}, "
-                "before a fork; call dopool.connect in this process"
-            )
+            raise ConfigurationError(opened_before_fork("a connection", self.path, self._pid))
 
     def now(self) -> float:
         return self._clock.now()

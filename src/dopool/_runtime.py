@@ -379,14 +379,14 @@ class Runtime:
         closing = self._stop_taking_work()
         if closing is not None:
             closing.finish(deadline)
-        elif running is None:  # another thread's close may be under way: wait for its end
-            wait_until(self._shut, deadline)
+        elif running is None and self._pid == os.getpid():  # (a forked child: not its own)
+            wait_until(self._shut, deadline)  # another thread's close may be under way
 
     def _stop_taking_work(self) -> Closing | None:
         """Mark the runtime closed and its instances' mailboxes too (the first step of a
         close; ``dopool worker`` takes it apart); None if it was closed already."""
         with self._lock:
-            if self._closed:
+            if self._closed or self._pid != os.getpid():  # a forked child's: the parent's
                 return None
             self._closed = True
             pools, self._supervisors = self._supervisors, []

@@ -83,6 +83,7 @@ class Store:
             self._lock.release()
             raise
         self._env = self._shared.env
+        self._pid = os.getpid()  # LMDB's environment is this process's: not a forked child's
         self._closed = False
         self._close_lock = threading.Lock()
         self._group: GroupCommit | OwnCommit | SoleCommit
@@ -104,6 +105,7 @@ class Store:
         on another writer's thread, so it must only touch the transaction and
         its own objects.
         """
+        self._check_process()
         return self._group.run(body)
 
     @property
@@ -114,6 +116,7 @@ class Store:
     @contextmanager
     def write(self) -> Iterator[Txn]:
         """One atomic write transaction on the calling thread, outside group commit."""
+        self._check_process()
         try:
             with self._shared.writer, self._env.begin(write=True) as txn:
                 yield txn
@@ -123,11 +126,17 @@ class Store:
     @contextmanager
     def read(self) -> Iterator[Txn]:
         """A read-only snapshot of committed state; never waits for writers."""
+        self._check_process()
         try:
             with self._env.begin(write=False, buffers=False) as txn:
                 yield txn
         except lmdb.Error as exc:
             raise StorageError(f"read failed: {exc}") from exc
+
+    def _check_process(self) -> None:
+        """Refuse a transaction in a child forked after the store was opened."""
+        if os.getpid() != self._pid:
+            raise ConfigurationError(opened_before_fork("a runtime", self.path, self._pid))
 
     def clear_stale_readers(self) -> int:
         """Free the reader slots of processes that died inside a read; how many.
@@ -155,6 +164,8 @@ class Store:
             if self._closed:
                 return
             self._closed = True
+            if os.getpid() != self._pid:  # a forked child's copy: the parent's to close
+                return
             self._group.close()  # no transaction may still be open when the env closes
             try:
                 self._env.sync(True)
@@ -196,6 +207,13 @@ class Environment:
         key = (os.getpid(), os.path.realpath(path / "data"))
         with _environments_lock:
             shared = _environments.get(key)
+            inherited = [pid for pid, where in _environments if where == key[1] and pid != key[0]]
+            if shared is None and inherited:
+                # LMDB refuses a second open in one process, and the parent's copy cannot
+                # be closed here without touching the parent's reader slots.
+                raise ConfigurationError(
+                    opened_before_fork("a runtime or connection", path, inherited[0])
+                )
             if shared is None:
                 env, writer = _open_env(path, sync=sync, create=create)
                 shared = cls(env, key, sync, writer)
@@ -219,6 +237,16 @@ class Environment:
             del _environments[self._key]
         self.env.close()
         self.writer.close()
+
+
+def opened_before_fork(what: str, path: Path, pid: int) -> str:
+    """What a forked child is told when it uses, or opens again, a store its parent opened."""
+    return (
+        f"store {str(path)!r} was opened by {what} of process {pid} before a fork, and "
+        "this process is a child of that fork; LMDB cannot be used across a fork: open the store "
+        "(dopool.connect, Runtime) in each process after forking, none before (with "
+        "gunicorn --preload, or a multiprocessing fork, not at import)"
+    )
 
 
 # Every environment open in this process, by pid (a forked child opens its own) and path.
