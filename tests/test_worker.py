@@ -3,7 +3,10 @@ stopped by SIGTERM or SIGINT within its grace, or at once."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +16,7 @@ import pytest
 
 import dopool
 from cli_support import assert_one_line_error, invoke
-from worker_support import TESTS, Evidence, Worker, acknowledged, produce, starts
+from worker_support import TESTS, WAIT, Evidence, Worker, acknowledged, produce, starts
 
 
 def _checked(store: Path) -> None:
@@ -173,3 +176,46 @@ def test_an_idle_worker_stops_at_once_with_status_0_even_with_no_grace(
         first.out[-1]
         == "dopool worker: stopped (SIGTERM); jobs: 0 succeeded, 0 dead-lettered, 0 pending left"
     )
+
+
+def test_a_worker_whose_stdout_is_gone_still_stops_gracefully(
+    store_path: Path, evidence: Evidence
+) -> None:
+    """Its lines are dropped once nobody reads them (journald restarted): the line a
+    SIGTERM prints raised BrokenPipeError, and the worker left with status 1, its
+    running handler given the interpreter's exit grace instead of --grace."""
+    read, write = os.pipe()
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path]),
+        "WORKER_LOG_FD": str(evidence.fd),
+        "WORKER_GATE_FD": str(evidence.gate_read),
+    }
+    command = [sys.executable, "-m", "dopool", "worker", "_worker_app:app"]
+    with subprocess.Popen(
+        [*command, "--store", str(store_path), "--log-level", "warning"],
+        stdin=subprocess.DEVNULL,
+        stdout=write,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        pass_fds=(evidence.fd, evidence.gate_read),
+    ) as proc:
+        os.close(write)
+        with os.fdopen(read) as stdout:
+            assert stdout.readline().startswith("dopool worker: store")
+        # Its reader gone: every line from now on meets a broken pipe.
+        try:
+            with dopool.connect(store_path) as connection:
+                connection.pool("jobs").enqueue({"p": "gate", "k": 0, "gate": True})
+            evidence.wait_for("the gated handler to start", e="start", p="gate")
+            proc.send_signal(signal.SIGTERM)
+            evidence.release()
+            assert proc.wait(WAIT) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.stderr is not None
+        assert "Error" not in proc.stderr.read()
+    evidence.wait_for("the handler to finish", e="end", p="gate")
+    assert _status(store_path).succeeded == 1

@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 
 import click
@@ -105,13 +106,13 @@ def worker(
             raise CliError(f"{_clean(exc)}; another worker or runtime {why}") from None
         pools = ", ".join(f"{_clean(name)} ({p.concurrency})" for name, p in runtime.pools.items())
         instances = sum(p.concurrency for p in runtime.pools.values())
-        click.echo(
+        _say(
             f"dopool worker: store {_clean(runtime.path)}, pools {pools}, {instances} "
             f"instances, pid {os.getpid()}, durability {durability}, "
             + ("exclusive" if exclusive else f"shared, lease ttl {lease_ttl:g} s"),
         )
         stopped = serve(runtime, grace, wait, _stopping(grace))
-    click.echo(_summary(stopped))
+    _say(_summary(stopped))
     if stopped.exit_code != EXIT_STOPPED:
         leave(stopped.exit_code)  # abandoned handlers' threads must not hold the exit
 
@@ -119,12 +120,24 @@ def worker(
 def _stopping(grace: float) -> Callable[[str, list[str]], None]:
     def told(signal_name: str, running: list[str]) -> None:
         which = f": {', '.join(running)}" if running else ""
-        click.echo(
+        _say(
             f"dopool worker: {signal_name}: starting nothing more; {len(running)} running "
             f"handler(s){which}, given {grace:g} s to finish (signal again to stop at once)"
         )
 
     return told
+
+
+def _say(line: str) -> None:
+    """Print one of the worker's lines. Once nobody reads them (a closed pipe, journald
+    restarted) they go nowhere: the worker serves on and stops as asked, never dies of it."""
+    try:
+        click.echo(line)
+    except OSError:  # BrokenPipeError, say: later writes, and the flush at exit, are dropped
+        with suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
 
 
 def _summary(stopped: Stopped) -> str:
