@@ -219,3 +219,27 @@ def test_a_worker_whose_stdout_is_gone_still_stops_gracefully(
         assert "Error" not in proc.stderr.read()
     evidence.wait_for("the handler to finish", e="end", p="gate")
     assert _status(store_path).succeeded == 1
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_the_app_is_imported_stops_the_worker_before_it_serves(
+    tmp_path: Path, store_path: Path, evidence: Evidence, worker: Callable[..., Worker], signum: int
+) -> None:
+    """The signal was kept for when the app had loaded: an import that hung could not be
+    stopped but by SIGKILL (a second signal too was kept), and a slow one went on to open
+    the store and take leases before it stopped."""
+    app = tmp_path / "hangs.py"
+    app.write_text(
+        "import os, threading\n"
+        "os.write(int(os.environ['WORKER_LOG_FD']), b'{\"e\": \"importing\"}\\n')\n"
+        "threading.Event().wait()\n"
+        "def app(runtime):\n"
+        "    runtime.define('jobs', execute=print)\n"
+    )
+    hung = worker(store_path, evidence, spec=f"{app}:app")
+    evidence.wait_for("the app's import to start", e="importing")
+    hung.signal(signum)
+    assert hung.wait() == 0
+    name = signal.Signals(signum).name
+    assert hung.out == [f"dopool worker: stopped ({name}) while loading the app; nothing served"]
+    assert not store_path.exists()  # nothing opened, nothing created

@@ -103,8 +103,10 @@ class Worker:
         app: str = "app",
         concurrency: int = 2,
         work: float = 0.0,
+        spec: str | None = None,
     ) -> None:
-        """``work``: the seconds each attempt of the app's handler takes."""
+        """``work``: the seconds each attempt of the app's handler takes; ``spec``: another
+        APP than ``_worker_app:<app>``."""
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
@@ -113,7 +115,7 @@ class Worker:
             "WORKER_CONCURRENCY": str(concurrency),
             "WORKER_HANDLER_SECONDS": str(work),
         }
-        command = [sys.executable, "-m", "dopool", "worker", f"_worker_app:{app}"]
+        command = [sys.executable, "-m", "dopool", "worker", spec or f"_worker_app:{app}"]
         self.proc = subprocess.Popen(
             [*command, "--store", str(store), "--log-level", "warning", *args],
             stdin=subprocess.DEVNULL,

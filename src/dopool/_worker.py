@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -103,23 +103,32 @@ def open_worker(
     poll_interval: float,
     shared: bool = True,
     lease_ttl: float = DEFAULT_LEASE_TTL,
+    loading: Callable[[], AbstractContextManager[object]] = nullcontext,
 ) -> Runtime:
     """Load ``app``, open a real-clock runtime on ``store`` and have the app define its pools.
 
     ``shared``: as one of several workers, each serving the instances it leases.
+    ``loading``: what the app's import runs in (:meth:`Signals.loading`: a signal
+    then ends it, and one that came during it opens nothing).
 
     Nothing is stored if the app cannot be loaded; a store this call created is removed
     again if the app raises or defines no pool.
 
     Raises:
         AppError: the app cannot be loaded, is not a function, raises, or defines no pool.
+        Interrupted: a signal came while the app loaded (with ``loading``).
         StoreLockedError: another runtime holds the store.
         ConfigurationError: a bad option.
     """
     try:
-        loaded = load_app(app)
+        with loading():
+            loaded = load_app(app)
     except ScenarioError as exc:  # the simulator's field error: here, the app's
         raise AppError(app, exc.problem) from None
+    except AppError as exc:  # its import was cut short by a signal: not the app's fault
+        if isinstance(exc.__cause__, Interrupted):
+            raise exc.__cause__ from None
+        raise
     path = Path(store)
     created = not path.exists()
     runtime = Runtime(
@@ -187,11 +196,45 @@ def serve(
     return stopped
 
 
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT came while the app loaded: the worker stops before it serves.
+
+    A ``BaseException``, as ``KeyboardInterrupt`` is: an app's ``except Exception``
+    must not take it for one of its own errors.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signal = signal.Signals(signum).name
+        super().__init__(self.signal)
+
+
 class Signals:
     """The pipe the signal handlers and the helper thread write to, read by the main thread."""
 
     def __init__(self) -> None:
         self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.heard: int | None = None  # the first signal, as the Python handler saw it
+        self._loading = False
+
+    @contextmanager
+    def loading(self) -> Iterator[None]:
+        """While the app is imported, a signal raises :class:`Interrupted` (an import may
+        take long, or hang); one that came during it raises it at the end."""
+        self._loading = True
+        try:
+            yield
+        finally:
+            self._loading = False
+        if self.heard is not None:
+            raise Interrupted(self.heard)
+
+    def handle(self, signum: int, _frame: FrameType | None) -> None:
+        """The Python handler: the wake-up fd has told :func:`serve` already; while the
+        app loads, end that."""
+        if self.heard is None:
+            self.heard = signum
+        if self._loading:
+            raise Interrupted(signum)
 
     @property
     def write_end(self) -> int:
@@ -220,16 +263,17 @@ class Signals:
 @contextmanager
 def signals() -> Iterator[Signals]:
     """SIGTERM and SIGINT write their number to a pipe while this lasts: one that comes
-    while the app loads is kept for :func:`serve`.
+    while the app defines its pools is kept for :func:`serve` (one during its import
+    ends that, :meth:`Signals.loading`).
 
     The interpreter's own signal handler writes it (``signal.set_wakeup_fd``), at once,
     whichever thread the signal lands on: a handler written in Python would run only
     when the main thread next runs Python code, and it may be blocked in ``select``
     on this very pipe while an actor's thread took the signal. The Python handlers
-    installed here only keep the signals from ending the process.
+    installed here keep the signals from ending the process, but for an import.
     """
     wait = Signals()
-    previous = {signum: signal.signal(signum, _ignored) for signum in SIGNALS}
+    previous = {signum: signal.signal(signum, wait.handle) for signum in SIGNALS}
     old_fd = signal.set_wakeup_fd(wait.write_end, warn_on_full_buffer=False)
     try:
         yield wait
@@ -238,10 +282,6 @@ def signals() -> Iterator[Signals]:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         wait.close()
-
-
-def _ignored(_signum: int, _frame: FrameType | None) -> None:
-    """Keep a signal from ending the process: the wake-up fd has told :func:`serve`."""
 
 
 def _when_quiet(closing: Closing, write: Callable[[int], None]) -> None:

@@ -19,6 +19,7 @@ from dopool._watch import DEFAULT_POLL_INTERVAL
 from dopool._worker import (
     DEFAULT_GRACE,
     EXIT_STOPPED,
+    Interrupted,
     Stopped,
     check_grace,
     leave,
@@ -100,7 +101,11 @@ def worker(
                 poll_interval=poll_interval,
                 shared=not exclusive,
                 lease_ttl=lease_ttl,
+                loading=wait.loading,
             )
+        except Interrupted as exc:
+            _say(f"dopool worker: stopped ({exc.signal}) while loading the app; nothing served")
+            return
         except StoreLockedError as exc:
             why = "runs" if exclusive else "owns it exclusively"
             raise CliError(f"{_clean(exc)}; another worker or runtime {why}") from None
