@@ -243,3 +243,20 @@ def test_a_signal_while_the_app_is_imported_stops_the_worker_before_it_serves(
     name = signal.Signals(signum).name
     assert hung.out == [f"dopool worker: stopped ({name}) while loading the app; nothing served"]
     assert not store_path.exists()  # nothing opened, nothing created
+
+
+def test_sighup_stops_a_worker_gracefully(
+    store_path: Path, evidence: Evidence, worker: Callable[..., Worker]
+) -> None:
+    """A worker's terminal closing (SIGHUP) stops it as SIGTERM does: it killed the
+    process at once, a running handler abandoned and its leases left to expire."""
+    first = worker(store_path, evidence).ready()
+    with dopool.connect(store_path) as connection:
+        connection.pool("jobs").enqueue({"p": "gate", "k": 0, "gate": True})
+    evidence.wait_for("the gated handler to start", e="start", p="gate")
+    first.signal(signal.SIGHUP)
+    assert "starting nothing more" in first.line("SIGHUP")
+    evidence.release()
+    assert first.wait() == 0
+    assert "stopped (SIGHUP)" in first.out[-1]
+    assert _status(store_path).succeeded == 1

@@ -50,7 +50,7 @@ DEFAULT_GRACE = 30.0
 #: Exit statuses (docs/deployment.md, "Stopping a worker").
 EXIT_STOPPED = 0  # signalled; every running handler finished
 EXIT_INTERRUPTED = 3  # signalled again, or the grace ran out: attempts left to recovery
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # SIGHUP: its terminal closed
 _QUIET = 0  # the byte the helper thread writes once no handler runs
 
 
@@ -165,7 +165,7 @@ def check_grace(grace: object) -> float:
 def serve(
     runtime: Runtime, grace: float, wait: Signals, told: Callable[[str, list[str]], None]
 ) -> Stopped:
-    """Run until SIGTERM or SIGINT, then close ``runtime`` within ``grace`` seconds.
+    """Run until SIGTERM, SIGINT or SIGHUP, then close ``runtime`` within ``grace`` seconds.
 
     ``told(signal_name, running)`` is called once the first signal has stopped new
     starts, with the instances still running a handler.
@@ -197,7 +197,7 @@ def serve(
 
 
 class Interrupted(BaseException):
-    """SIGTERM or SIGINT came while the app loaded: the worker stops before it serves.
+    """SIGTERM, SIGINT or SIGHUP came while the app loaded: the worker stops before it serves.
 
     A ``BaseException``, as ``KeyboardInterrupt`` is: an app's ``except Exception``
     must not take it for one of its own errors.
@@ -262,7 +262,7 @@ class Signals:
 
 @contextmanager
 def signals() -> Iterator[Signals]:
-    """SIGTERM and SIGINT write their number to a pipe while this lasts: one that comes
+    """SIGTERM, SIGINT and SIGHUP write their number to a pipe while this lasts: one that comes
     while the app defines its pools is kept for :func:`serve` (one during its import
     ends that, :meth:`Signals.loading`).
 

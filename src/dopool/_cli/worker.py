@@ -55,7 +55,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 )  # fmt: skip
 @click.option(
     "--grace", type=float, default=DEFAULT_GRACE, show_default=True, metavar="SECONDS",
-    help="after SIGTERM or SIGINT, how long running handlers get to finish",
+    help="after SIGTERM, SIGINT or SIGHUP, how long running handlers get to finish",
 )  # fmt: skip
 @click.option(
     "--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True,
@@ -71,7 +71,7 @@ def worker(
     grace: float,
     log_level: str,
 ) -> None:
-    """Run the pools APP defines on the store, in this process, until SIGTERM or SIGINT.
+    """Run the pools APP defines on the store, in this process, until SIGTERM, SIGINT or SIGHUP.
 
     APP is 'module:function' (the current directory is importable) or
     'file.py:function': a function that receives a Runtime opened on the store and
@@ -79,7 +79,7 @@ def worker(
     each leases a fair share of the instances, renews its leases every third of
     --lease-ttl, and takes over those of a worker that died once they expire.
 
-    SIGTERM or SIGINT starts nothing more and gives running handlers --grace seconds;
+    SIGTERM, SIGINT or SIGHUP starts nothing more and gives running handlers --grace seconds;
     then the store closes, pending events stay stored, and the exit status is 0. A
     second signal, or the grace running out, stops at once with status 3: the
     interrupted attempts are settled by the next worker's recovery.
