@@ -673,6 +673,40 @@ def test_connecting_again_in_a_forked_child_names_the_fork(created: Path) -> Non
     assert (done.returncode, done.stdout.strip()) == (0, "1"), done.stdout + done.stderr
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_fork_while_another_thread_opens_a_store_leaves_the_child_free_to_connect(
+    created: Path,
+) -> None:
+    # The lock around the process's open environments, held by a thread of the parent
+    # at the fork, was never released in the child: its first connect hung.
+    code = textwrap.dedent(
+        """
+        import os, sys
+        import dopool
+        from dopool import _storage
+        _storage._environments_lock.acquire()  # as a thread opening a store holds it
+        child = os.fork()
+        if child == 0:
+            with dopool.connect(sys.argv[1]) as connection:
+                connection.pool("orders").enqueue("from the child")
+            os._exit(0)
+        _storage._environments_lock.release()
+        assert os.waitpid(child, 0)[1] == 0
+        with dopool.connect(sys.argv[1]) as connection:
+            print(connection.pool("orders").status().enqueued)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(created)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        check=False,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "1"), done.stdout + done.stderr
+
+
 def test_results_and_reads_match_a_worker_pools(created: Path) -> None:
     with dopool.connect(created) as connection:
         pool = connection.pool("orders")

@@ -254,6 +254,17 @@ _environments: dict[tuple[int, str], Environment] = {}
 _environments_lock = threading.Lock()
 
 
+def _unlock_in_child() -> None:
+    """A thread of the parent may have held the lock at the fork: in the child, no thread
+    ever releases it, so its first connect would wait for ever."""
+    global _environments_lock  # noqa: PLW0603 - a fresh lock, for this process alone
+    _environments_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_unlock_in_child)
+
+
 def _open_env(path: Path, *, sync: bool, create: bool) -> tuple[Any, WriterLock]:
     """Open and check the store's LMDB environment (read-write), and its writer lock;
     see :func:`_check_opened`."""
