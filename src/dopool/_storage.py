@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import lmdb
 
@@ -83,7 +83,7 @@ class Store:
             self._lock.release()
             raise
         self._env = self._shared.env
-        self._pid = os.getpid()  # LMDB's environment is this process's: not a forked child's
+        self._pid = _process[0]  # LMDB's environment is this process's: not a forked child's
         self._closed = False
         self._close_lock = threading.Lock()
         self._group: GroupCommit | OwnCommit | SoleCommit
@@ -105,7 +105,8 @@ class Store:
         on another writer's thread, so it must only touch the transaction and
         its own objects.
         """
-        self._check_process()
+        if _process[0] != self._pid:  # (no system call: the fork hook keeps _process)
+            self._refuse_child()
         return self._group.run(body)
 
     @property
@@ -116,7 +117,8 @@ class Store:
     @contextmanager
     def write(self) -> Iterator[Txn]:
         """One atomic write transaction on the calling thread, outside group commit."""
-        self._check_process()
+        if _process[0] != self._pid:
+            self._refuse_child()
         try:
             with self._shared.writer, self._env.begin(write=True) as txn:
                 yield txn
@@ -126,17 +128,17 @@ class Store:
     @contextmanager
     def read(self) -> Iterator[Txn]:
         """A read-only snapshot of committed state; never waits for writers."""
-        self._check_process()
+        if _process[0] != self._pid:
+            self._refuse_child()
         try:
             with self._env.begin(write=False, buffers=False) as txn:
                 yield txn
         except lmdb.Error as exc:
             raise StorageError(f"read failed: {exc}") from exc
 
-    def _check_process(self) -> None:
+    def _refuse_child(self) -> NoReturn:
         """Refuse a transaction in a child forked after the store was opened."""
-        if os.getpid() != self._pid:
-            raise ConfigurationError(opened_before_fork("a runtime", self.path, self._pid))
+        raise ConfigurationError(opened_before_fork("a runtime", self.path, self._pid))
 
     def clear_stale_readers(self) -> int:
         """Free the reader slots of processes that died inside a read; how many.
@@ -164,7 +166,7 @@ class Store:
             if self._closed:
                 return
             self._closed = True
-            if os.getpid() != self._pid:  # a forked child's copy: the parent's to close
+            if _process[0] != self._pid:  # a forked child's copy: the parent's to close
                 return
             self._group.close()  # no transaction may still be open when the env closes
             try:
@@ -254,11 +256,17 @@ _environments: dict[tuple[int, str], Environment] = {}
 _environments_lock = threading.Lock()
 
 
+#: This process's id, kept by the fork hook: a store compares it with its opener's at
+#: every transaction, which ``os.getpid()`` (a system call) would slow.
+_process = [os.getpid()]
+
+
 def _unlock_in_child() -> None:
     """A thread of the parent may have held the lock at the fork: in the child, no thread
     ever releases it, so its first connect would wait for ever."""
     global _environments_lock  # noqa: PLW0603 - a fresh lock, for this process alone
     _environments_lock = threading.Lock()
+    _process[0] = os.getpid()
 
 
 if hasattr(os, "register_at_fork"):
