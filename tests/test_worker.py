@@ -159,9 +159,17 @@ def test_a_broken_app_is_one_line_and_stores_nothing(
     assert not store_path.exists()
 
 
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--grace", "-1"), ("--poll-interval", "0"), ("--lease-ttl", "0"), ("--lease-ttl", "nan")],
+)
+def test_a_bad_option_is_one_line_naming_its_flag(store_path: Path, flag: str, value: str) -> None:
+    result = invoke("worker", "_worker_app:app", "--store", str(store_path), flag, value)
+    assert_one_line_error(result, 2, f"{flag}: ")
+    assert not store_path.exists()
+
+
 def test_bad_options_are_one_line(store_path: Path) -> None:
-    result = invoke("worker", "_worker_app:app", "--store", str(store_path), "--grace", "-1")
-    assert_one_line_error(result, 1, "grace")
     result = invoke("worker", "_worker_app:app")
     assert_one_line_error(result, 2, "--store")
     assert not store_path.exists()

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import click
 
-from dopool._cli._errors import CliError
+from dopool._cli._errors import CliError, CliUsageError
 from dopool._cli._terminal import _clean
-from dopool._errors import StoreLockedError
-from dopool._leases import DEFAULT_LEASE_TTL
-from dopool._watch import DEFAULT_POLL_INTERVAL
+from dopool._errors import ConfigurationError, StoreLockedError
+from dopool._leases import DEFAULT_LEASE_TTL, check_lease_ttl
+from dopool._watch import DEFAULT_POLL_INTERVAL, check_poll_interval
 from dopool._worker import (
     DEFAULT_GRACE,
     EXIT_STOPPED,
@@ -84,7 +84,16 @@ def worker(
     second signal, or the grace running out, stops at once with status 3: the
     interrupted attempts are settled by the next worker's recovery.
     """
-    grace = check_grace(grace)
+    checks = (
+        ("--poll-interval", check_poll_interval, poll_interval),
+        ("--lease-ttl", check_lease_ttl, lease_ttl),
+        ("--grace", check_grace, grace),
+    )
+    for flag, check, value in checks:  # refused by their flags' names, before anything opens
+        try:
+            check(value)
+        except ConfigurationError as exc:
+            raise CliUsageError(f"{flag}: {exc}") from None
     logging.basicConfig(
         level=log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
