@@ -603,9 +603,12 @@ def test_a_forked_child_does_not_keep_a_dead_parents_store_lock(store_path: Path
         import os, sys
         from dopool._storage import Store
         store = Store(sys.argv[1])
+        ready, started = os.pipe()
         if os.fork() == 0:
+            os.write(started, b"!")  # fork's hooks ran before fork() returned here
             os.read(0, 1)  # lives on until the test closes its stdin
             os._exit(0)
+        os.read(ready, 1)  # the child's hooks have run (else the check races them)
         print("forked", flush=True)
         os._exit(0)  # dies without closing the store
         """

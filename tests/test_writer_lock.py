@@ -93,9 +93,12 @@ def test_a_forked_child_does_not_keep_a_dead_parents_writer_lock(tmp_path: Path)
         from pathlib import Path
         from dopool._writerlock import WriterLock
         lock = WriterLock(Path(sys.argv[1]))
+        ready, started = os.pipe()
         if os.fork() == 0:
+            os.write(started, b"!")  # fork's hooks ran before fork() returned here
             os.read(0, 1)  # lives on until the test closes its stdin
             os._exit(0)
+        os.read(ready, 1)  # the child's hooks have run (else the check races them)
         lock.__enter__()
         print("holding", flush=True)
         os._exit(0)  # dies holding the lock
