@@ -490,6 +490,20 @@ def test_an_open_runtime_lets_the_interpreter_exit(store_path: Path) -> None:
 # -- errors ----------------------------------------------------------------------------------
 
 
+def _prints_one_enqueued(code: str, store: Path) -> None:
+    """Run ``code`` (a parent that forks) on ``store``: it must exit 0 having printed 1,
+    the count of events its pool holds at the end."""
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(store)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        check=False,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "1"), done.stdout + done.stderr
+
+
 @pytest.fixture
 def created(store_path: Path) -> Path:
     _created(store_path)
@@ -626,14 +640,7 @@ def test_a_connection_made_before_a_fork_refuses_the_child(created: Path) -> Non
         print(dopool.connect(sys.argv[1]).pool("orders").status().enqueued)
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(created)],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
-    assert (done.returncode, done.stdout.strip()) == (0, "1"), done.stderr
+    _prints_one_enqueued(code, created)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -662,15 +669,7 @@ def test_connecting_again_in_a_forked_child_names_the_fork(created: Path) -> Non
             print(again.pool("orders").status().enqueued)
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(created)],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-        check=False,
-    )
-    assert (done.returncode, done.stdout.strip()) == (0, "1"), done.stdout + done.stderr
+    _prints_one_enqueued(code, created)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -696,15 +695,7 @@ def test_a_fork_while_another_thread_opens_a_store_leaves_the_child_free_to_conn
             print(connection.pool("orders").status().enqueued)
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(created)],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-        check=False,
-    )
-    assert (done.returncode, done.stdout.strip()) == (0, "1"), done.stdout + done.stderr
+    _prints_one_enqueued(code, created)
 
 
 def test_results_and_reads_match_a_worker_pools(created: Path) -> None:

@@ -43,6 +43,7 @@ from dopool._layout import (
     unpack,
 )
 from dopool._storage import Store, Txn
+from worker_support import parent_of_a_lingering_child
 
 
 @pytest.fixture
@@ -598,36 +599,18 @@ def test_a_store_in_another_process_is_refused_naming_this_pid(
 def test_a_forked_child_does_not_keep_a_dead_parents_store_lock(store_path: Path) -> None:
     # The child's copy of the lock file held the flock after the parent died: the next
     # runtime was refused ('locked by another runtime') for as long as the child lived.
-    script = textwrap.dedent(
-        """
-        import os, sys
+    before = """
+        import sys
         from dopool._storage import Store
         store = Store(sys.argv[1])
-        ready, started = os.pipe()
-        if os.fork() == 0:
-            os.write(started, b"!")  # fork's hooks ran before fork() returned here
-            os.read(0, 1)  # lives on until the test closes its stdin
-            os._exit(0)
-        os.read(ready, 1)  # the child's hooks have run (else the check races them)
+        """
+    after = """
         print("forked", flush=True)
         os._exit(0)  # dies without closing the store
         """
-    )
-    with subprocess.Popen(
-        [sys.executable, "-c", script, str(store_path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    ) as parent:
-        assert parent.stdout is not None
-        assert parent.stdin is not None
-        try:
-            assert parent.stdout.readline() == "forked\n"
-            assert parent.wait(timeout=60) == 0
-            assert open_in_child(store_path) == {"outcome": "opened"}
-        finally:
-            parent.stdin.close()  # the child ends
+    with parent_of_a_lingering_child(before, after, str(store_path)) as line:
+        assert line == "forked\n"
+        assert open_in_child(store_path) == {"outcome": "opened"}
 
 
 def test_after_close_the_store_can_be_opened_again(store_path: Path) -> None:

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import subprocess
-import sys
-import textwrap
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +20,7 @@ import pytest
 import dopool
 from dopool import Runtime
 from dopool._writerlock import WRITER_LOCK
+from worker_support import parent_of_a_lingering_child
 
 TIMEOUT = 60.0
 
@@ -87,39 +85,21 @@ def test_a_forked_child_does_not_keep_a_dead_parents_writer_lock(tmp_path: Path)
     # flock locks belong to the open file, which a fork shares: a parent killed while
     # writing left its lock held by a child that had never written, and every other
     # writer of the store waited for as long as the child lived.
-    script = textwrap.dedent(
-        """
-        import os, sys
+    before = """
+        import sys
         from pathlib import Path
         from dopool._writerlock import WriterLock
         lock = WriterLock(Path(sys.argv[1]))
-        ready, started = os.pipe()
-        if os.fork() == 0:
-            os.write(started, b"!")  # fork's hooks ran before fork() returned here
-            os.read(0, 1)  # lives on until the test closes its stdin
-            os._exit(0)
-        os.read(ready, 1)  # the child's hooks have run (else the check races them)
+        """
+    after = """
         lock.__enter__()
         print("holding", flush=True)
         os._exit(0)  # dies holding the lock
         """
-    )
-    with subprocess.Popen(
-        [sys.executable, "-c", script, str(tmp_path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    ) as parent:
-        assert parent.stdout is not None
-        assert parent.stdin is not None
+    with parent_of_a_lingering_child(before, after, str(tmp_path)) as line:
+        assert line == "holding\n"
+        fd = os.open(tmp_path / WRITER_LOCK, os.O_RDWR)
         try:
-            assert parent.stdout.readline() == "holding\n"
-            assert parent.wait(timeout=TIMEOUT) == 0
-            fd = os.open(tmp_path / WRITER_LOCK, os.O_RDWR)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError if held
-            finally:
-                os.close(fd)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError if held
         finally:
-            parent.stdin.close()  # the child ends
+            os.close(fd)

@@ -9,8 +9,10 @@ import queue
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -246,3 +248,39 @@ class Ran:
                 for who, index, sequence in self.log
                 if (index, sequence) == (result.instance_index, result.sequence)
             }
+
+
+@contextmanager
+def parent_of_a_lingering_child(before: str, after: str, *args: str) -> Iterator[str]:
+    """Run a parent process: ``before``, then a fork whose child lives on (until this
+    context ends), then ``after``, which prints one line and exits. Yields that line
+    once the parent has exited (status 0), the child still alive.
+
+    The parent goes on only once the child's fork hooks have run, or what the test then
+    checks (a lock the child should have let go) would race them.
+    """
+    fork = """
+        import os
+        ready, started = os.pipe()
+        if os.fork() == 0:
+            os.write(started, b"!")  # fork's hooks ran before fork() returned here
+            os.read(0, 1)  # lives on until the test closes its stdin
+            os._exit(0)
+        os.read(ready, 1)
+        """
+    script = "\n".join(textwrap.dedent(part) for part in (before, fork, after))
+    with subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    ) as parent:
+        assert parent.stdout is not None
+        assert parent.stdin is not None
+        try:
+            line = parent.stdout.readline()
+            assert parent.wait(timeout=WAIT) == 0
+            yield line
+        finally:
+            parent.stdin.close()  # the child ends
