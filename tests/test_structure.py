@@ -183,13 +183,3 @@ def test_the_module_map_names_every_module_and_only_those() -> None:
     mapped = _mapped_modules()
     assert sorted(actual - mapped) == [], "modules missing from docs/design.md's module map"
     assert sorted(mapped - actual) == [], "the module map names modules that do not exist"
-
-
-def test_no_module_is_over_500_lines() -> None:
-    """Small modules: a concept per file (docs/design.md, "Module map")."""
-    long = {
-        str(path.relative_to(SRC)): lines
-        for path in modules()
-        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > 500
-    }
-    assert long == {}
