@@ -9,7 +9,11 @@ when its holder dies and wakes the next waiter. These tests hold the lock from o
 from __future__ import annotations
 
 import fcntl
+import math
 import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import dopool
-from dopool import Runtime
+from dopool import ConfigurationError, Runtime, StoreBusyError
 from dopool._writerlock import WRITER_LOCK
 from worker_support import parent_of_a_lingering_child
 
@@ -103,3 +107,119 @@ def test_a_forked_child_does_not_keep_a_dead_parents_writer_lock(tmp_path: Path)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError if held
         finally:
             os.close(fd)
+
+
+# -- a producer's bounded wait ------------------------------------------------------------
+
+
+@pytest.fixture
+def paused_store(tmp_path: Path) -> Path:
+    """A store whose pool ``jobs`` is paused, its runtime closed: nothing else writes."""
+    store = tmp_path / "store"
+    with Runtime(store, durability="async") as runtime:
+        runtime.define("jobs", execute=lambda ctx: None).pause()
+    return store
+
+
+def _pending(store: Path) -> int:
+    with dopool.connect(store) as connection:
+        return connection.pool("jobs").status().pending
+
+
+@pytest.mark.threaded
+def test_a_producer_gives_up_after_its_lock_timeout_and_stores_nothing(
+    paused_store: Path,
+) -> None:
+    with dopool.connect(paused_store, lock_timeout=0.3) as connection:
+        producer = connection.pool("jobs")
+        with held(paused_store):  # another program's flock: it writes no record
+            with pytest.raises(StoreBusyError) as caught:
+                producer.enqueue("late")
+            with pytest.raises(StoreBusyError):
+                producer.enqueue_many(["a", "b"])
+        error = caught.value
+        assert (error.path, error.pid, error.held_for) == (str(paused_store), os.getpid(), None)
+        assert error.waited >= 0.3
+        assert f"process {os.getpid()} has held its writer lock for at least" in str(error)
+        assert "nothing was written" in str(error)
+        # The helper that went on waiting let the lock go as soon as it had it.
+        producer.enqueue("on time")
+    assert _pending(paused_store) == 1
+
+
+@pytest.mark.threaded
+def test_a_producer_names_a_frozen_dopool_writer_and_how_long_it_has_held_the_lock(
+    paused_store: Path,
+) -> None:
+    script = """
+import os, signal, sys
+from pathlib import Path
+from dopool._writerlock import WriterLock
+lock = WriterLock(Path(sys.argv[1]))
+lock.acquire()
+print("holding", flush=True)
+os.kill(os.getpid(), signal.SIGSTOP)  # frozen while it writes
+lock.release()
+"""
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(paused_store)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "holding\n"
+        _, status = os.waitpid(child.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status)
+        with dopool.connect(paused_store, lock_timeout=0.2) as connection:
+            with pytest.raises(StoreBusyError) as caught:
+                connection.pool("jobs").enqueue("late")
+            error = caught.value
+            assert error.pid == child.pid
+            assert error.held_for is not None
+            assert error.held_for >= error.waited >= 0.2
+            assert f"process {child.pid} has held its writer lock for" in str(error)
+            os.kill(child.pid, signal.SIGCONT)
+            assert child.wait(TIMEOUT) == 0
+            connection.pool("jobs").enqueue("after it woke")
+    finally:
+        child.kill()
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+    assert _pending(paused_store) == 1
+
+
+@pytest.mark.threaded
+def test_a_producer_waits_its_bound_behind_another_thread_of_its_own_process(
+    paused_store: Path,
+) -> None:
+    """The thread lock that keeps a process's own writers apart is waited for with the
+    same bound, and the error names the process that holds the store's lock."""
+    with dopool.connect(paused_store, lock_timeout=0.2) as connection:
+        writer = connection._shared.writer  # the process's side of the lock, shared
+        writer.acquire()
+        try:
+            with pytest.raises(StoreBusyError) as caught:
+                connection.pool("jobs").enqueue("late")
+        finally:
+            writer.release()
+        assert caught.value.pid == os.getpid()
+        assert caught.value.held_for is not None
+        connection.pool("jobs").enqueue("on time")
+    assert _pending(paused_store) == 1
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.nan, math.inf, True, "10"])
+def test_a_bad_lock_timeout_is_refused(paused_store: Path, bad: object) -> None:
+    with pytest.raises(ConfigurationError, match="lock_timeout"):
+        dopool.connect(paused_store, lock_timeout=bad)  # type: ignore[arg-type]
+
+
+def test_the_lock_timeout_is_ten_seconds_by_default_and_none_waits(paused_store: Path) -> None:
+    with dopool.connect(paused_store) as connection:
+        assert connection.lock_timeout == 10.0
+    with dopool.connect(paused_store, lock_timeout=None) as connection:
+        assert connection.lock_timeout is None
+        waits_for_the_lock(paused_store, lambda: connection.pool("jobs").enqueue("waits"))

@@ -122,6 +122,12 @@ class Clock(ABC):
         """
 
 
+def wall_time() -> float:
+    """The wall clock, epoch seconds: what a :class:`RealClock` reads, and what the host's
+    lease clock starts from at each boot (:mod:`dopool._leaseclock`)."""
+    return time.time()
+
+
 class RealClock(Clock):
     """Wall-clock time; future alarms fire from one scheduler thread.
 

@@ -16,6 +16,7 @@ simulated clock is no place for a producer (docs/deployment.md).
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import threading
@@ -64,15 +65,23 @@ from dopool._watch import Notifier
 T = TypeVar("T")
 
 DURABILITY_MODES = ("sync", "async")
+#: Seconds a producer's write waits for another process's write (the store's writer
+#: lock) before it raises :class:`StoreBusyError` (``connect(lock_timeout=)``).
+DEFAULT_LOCK_TIMEOUT = 10.0
 
 
-def connect(path: str | Any, *, durability: str = "sync") -> Connection:
+def connect(
+    path: str | Any, *, durability: str = "sync", lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT
+) -> Connection:
     """Open the store at ``path`` to enqueue into its pools from this process.
 
     Args:
         path: a store directory a runtime created (``str`` or ``os.PathLike``).
         durability: ``"sync"`` (an enqueue is fsynced before it returns) or
             ``"async"`` (it survives a crash of the process, not of the OS).
+        lock_timeout: seconds a write (an enqueue, a pause...) waits while another
+            process writes, before it raises :class:`StoreBusyError`, having written
+            nothing; None: as long as that takes.
 
     Raises:
         StoreNotFoundError: no store at ``path``.
@@ -80,7 +89,7 @@ def connect(path: str | Any, *, durability: str = "sync") -> Connection:
         StorageError: the store cannot be opened, or is damaged.
         ConfigurationError: a bad argument.
     """
-    return Connection(path, durability=durability)
+    return Connection(path, durability=durability, lock_timeout=lock_timeout)
 
 
 class Connection:
@@ -89,11 +98,18 @@ class Connection:
     Use it as a context manager, or call :meth:`close`. Thread-safe.
     """
 
-    def __init__(self, path: str | Any, *, durability: str = "sync") -> None:
+    def __init__(
+        self,
+        path: str | Any,
+        *,
+        durability: str = "sync",
+        lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
+    ) -> None:
         check_path(path)
         if durability not in DURABILITY_MODES:
             raise ConfigurationError(f"durability must be 'sync' or 'async', got {durability!r}")
         self.durability = durability
+        self.lock_timeout = check_lock_timeout(lock_timeout)
         self._shared: Environment = open_shared(path, sync=durability == "sync")
         self.path: Path = Path(path)
         # An environment this process opened before, for a runtime, without fsync: sync
@@ -204,11 +220,15 @@ class Connection:
         """Run ``body`` in one write transaction, durable (as the connection's durability
         says) when this returns; one that raises is rolled back."""
         with self._using(pool) as env:
+            writer = self._shared.writer
+            writer.acquire(self.lock_timeout)  # StoreBusyError: nothing begun
             try:
-                with self._shared.writer, env.begin(write=True) as txn:
+                with env.begin(write=True) as txn:
                     result = body(txn)
             except lmdb.Error as exc:
                 raise StorageError(f"write failed and was rolled back: {exc}") from exc
+            finally:
+                writer.release()
             if self._fsync:
                 try:
                     env.sync(True)
@@ -473,6 +493,26 @@ class ProducerPool:
         namespaces = [Namespace(self._name, i) for i in range(concurrency)]
         read = partial(self._connection.reading, self._name)
         return listed(read, namespaces, indices, matching, self._connection.now())
+
+
+def check_lock_timeout(seconds: object) -> float | None:
+    """``seconds`` as a float (or None), if it is a lock timeout: > 0 and finite.
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    if seconds is None:
+        return None
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not 0 < seconds < math.inf
+    ):
+        raise ConfigurationError(
+            f"lock_timeout must be seconds > 0, or None to wait as long as it takes; "
+            f"got {seconds!r}"
+        )
+    return float(seconds)
 
 
 def _no_handler(_ctx: Any) -> None:

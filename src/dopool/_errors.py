@@ -15,6 +15,7 @@ Every exception derives from :class:`DopoolError`::
     ├── EventTooLargeError     encoded event over 128 KiB, partition key over 2 KiB
     ├── QueueFullError         an instance already holds ``max_queue_depth`` events
     ├── StoreLockedError       another runtime holds the store directory
+    ├── StoreBusyError         a producer waited its bound for the writer lock: nothing written
     ├── PoolClosedError        the runtime (or the connection) was closed
     ├── StorageError           LMDB failed (mapped at the storage boundary)
     │   ├── StoreFormatError   the store's format version is not this version's
@@ -272,6 +273,33 @@ class StoreLockedError(DopoolError):
         self.path = path
         self.holder = holder
         super().__init__(f"store {path!r} is locked by {holder}")
+
+
+class StoreBusyError(DopoolError):
+    """Another process held the store's writer lock for longer than the caller waits
+    (``dopool.connect(lock_timeout=)``); nothing of the call was written.
+
+    Attributes:
+        path: the store directory.
+        waited: the seconds this call waited.
+        pid: the process holding the lock, if it is known.
+        held_for: how long it has held it, in seconds, if that is known.
+    """
+
+    def __init__(
+        self, *, path: str, waited: float, pid: int | None, held_for: float | None
+    ) -> None:
+        self.path = path
+        self.waited = waited
+        self.pid = pid
+        self.held_for = held_for
+        who = "another process" if pid is None else f"process {pid}"
+        since = f"at least {waited:.1f}" if held_for is None else f"{held_for:.1f}"
+        super().__init__(
+            f"store {path!r} is busy: {who} has held its writer lock for {since} s (a "
+            f"process stopped or frozen while writing, or a very large write); gave up "
+            f"after waiting {waited:.1f} s, and nothing was written"
+        )
 
 
 class PoolClosedError(DopoolError):

@@ -64,8 +64,8 @@ class LeaseKeeper:
     Args:
         store: the runtime's store (renewals are write transactions under its writer lock).
         book: the runtime's :class:`LeaseBook`.
-        clock: the runtime's clock: its ``now`` is the wall-clock time of the leases,
-            and its alarms are cleared for the instances that stop here.
+        clock: the runtime's clock: its alarms are cleared for the instances that stop
+            here (leases expire by the store's lease clock).
     """
 
     def __init__(self, store: Store, book: LeaseBook, clock: Clock) -> None:
@@ -96,8 +96,9 @@ class LeaseKeeper:
         return not self.book.exclusive
 
     def others(self, txn: Txn) -> list[str]:
-        """The other live workers on the store (presences not expired), for an error."""
-        me, now = self.book.worker.owner, self._clock.now()
+        """The other live workers on the store (presences not expired), for an error; in a
+        write transaction of the store."""
+        me, now = self.book.worker.owner, self._store.lease_time()
         return [
             f"pid {presence.pid} on {presence.host}"
             for owner, presence in all_presences(txn)
@@ -145,10 +146,10 @@ class LeaseKeeper:
 
     def _renew_now(self) -> None:
         """One renewal, then start, stop and release what it says (the lock held)."""
-        now = self._clock.now()
         before = self.book.snapshot()
         try:
             with self._store.write() as txn:
+                now = self._store.lease_time()
                 renewal = self.book.renew(txn, now, frozenset(self._stopping))
                 owners = self._owners(txn)
         except BaseException:

@@ -4,10 +4,12 @@ Several worker processes may serve one store (``Runtime(path, shared=True)``); e
 instance is served by the one whose **lease** names it (``L <pool>:<index>`` →
 owner id, pid, host, epoch, expires_at), and each live worker keeps a **presence**
 record (``W <owner>`` → pid, host, expires_at) so that workers can count each other.
-Times are wall-clock epoch seconds; a lease lasts ``ttl`` seconds from its last
-renewal. This module is the bookkeeping, sans I/O: :class:`LeaseBook` takes a write
-transaction and the time, and says what changed; :mod:`dopool._keeper` runs it on a
-thread and starts and stops the instances it names.
+Times are the host's lease clock's (:mod:`dopool._leaseclock`: epoch seconds that do
+not step with the wall clock, nor run while the store's writer lock is stalled); a
+lease lasts ``ttl`` seconds from its last renewal. This module is the bookkeeping,
+sans I/O: :class:`LeaseBook` takes a write transaction and the time, and says what
+changed; :mod:`dopool._keeper` runs it on a thread and starts and stops the instances
+it names.
 
 At each renewal a worker (one transaction, under the store's writer lock):
 
@@ -202,7 +204,7 @@ class LeaseBook:
         return lease is not None and txn.get(lease.key) == lease.sealed
 
     def renew(self, txn: Txn, now: float, busy: frozenset[Where] = frozenset()) -> Renewal:
-        """One renewal at wall-clock ``now`` (see the module's docstring). ``busy``: the
+        """One renewal at lease-clock time ``now`` (see the module's docstring). ``busy``: the
         instances not to take now (still stopping here since this worker lost them)."""
         with self._lock:
             return self._renew(txn, now, busy)

@@ -125,6 +125,11 @@ class Store:
         except lmdb.Error as exc:
             raise StorageError(f"write failed and was rolled back: {exc}") from exc
 
+    def lease_time(self) -> float:
+        """The host's lease clock (:mod:`dopool._leaseclock`), by which leases expire; only
+        inside :meth:`write`, which holds the writer lock."""
+        return self._shared.writer.lease_time()
+
     @contextmanager
     def read(self) -> Iterator[Txn]:
         """A read-only snapshot of committed state; never waits for writers."""

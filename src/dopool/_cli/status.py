@@ -14,8 +14,8 @@ from rich.text import Text
 from dopool._cli._store import _chosen_pools, _when
 from dopool._cli._terminal import _clean, _console
 from dopool._cli._values import JSON_TAGS, _json_text
-from dopool._clock import RealClock
 from dopool._layout import LeaseRecord
+from dopool._leaseclock import estimate_lease_time
 from dopool._sim.storeview import open_view
 from dopool._types import PoolStatus
 
@@ -34,7 +34,7 @@ def status(path: Path, pool_name: str | None, as_json: bool) -> None:
         statuses = [view.status(name, count) for name, count in sorted(pools.items())]
         incoming = [view.follow_ups_to(status.name) for status in statuses]
         leases = view.leases()
-    now = RealClock().now()
+    now = estimate_lease_time(path)  # leases expire by the host's lease clock
     if as_json:
         documents = [
             {

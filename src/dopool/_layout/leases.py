@@ -38,7 +38,7 @@ class LeaseRecord(NamedTuple):
     """Which worker serves an instance, until when (docs/deployment.md, "Leases").
 
     ``owner`` is the worker's id (unique per process), ``epoch`` counts the takeovers
-    of the instance, ``expires_at`` is wall-clock epoch seconds.
+    of the instance, ``expires_at`` is the host's lease clock's seconds (docs/store-format.md).
     """
 
     owner: str

@@ -1,0 +1,137 @@
+"""Healthy workers keep their leases while another process holds the store's writer lock.
+
+A process frozen while it writes (SIGSTOP, a debugger, a cgroup freezer) stops every
+writer, lease renewals included; leases expire by the host's lease clock, which does not
+run while the lock is stalled (``dopool._leaseclock``), so when the lock comes free no
+worker takes another's instances over. Two ``Runtime(path, shared=True)`` in this
+process stand for two worker processes, as in ``tests/test_shared_runtime.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+
+import pytest
+
+from dopool import Runtime
+from dopool._layout import LeaseRecord, Namespace, all_leases
+from test_writer_lock import held
+from worker_support import WAIT, Ran, until
+
+TTL = 0.6  # renewed every 0.2 s
+STALL = 5 * TTL  # how long the writer lock is held elsewhere
+
+
+@contextmanager
+def frozen_writer(store: Path, *, killed: bool = False) -> Iterator[None]:
+    """A process that takes the store's writer lock as dopool does and is stopped while it
+    holds it; continued at the end (or, ``killed``, SIGKILLed while stopped)."""
+    script = """
+import os, signal, sys
+from pathlib import Path
+from dopool._writerlock import WriterLock
+lock = WriterLock(Path(sys.argv[1]))
+with lock:
+    print("holding", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+"""
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(store)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "holding\n"
+        _, status = os.waitpid(child.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status)
+        yield
+        os.kill(child.pid, signal.SIGKILL if killed else signal.SIGCONT)
+        child.wait(WAIT)
+    finally:
+        child.kill()
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+
+
+HOLDERS: dict[str, Callable[[Path], AbstractContextManager[None]]] = {
+    "another program's flock": held,
+    "a frozen dopool writer": frozen_writer,
+    "a frozen dopool writer, then killed": lambda store: frozen_writer(store, killed=True),
+}
+
+
+def _leases(runtime: Runtime) -> dict[int, LeaseRecord]:
+    with runtime._store.read() as txn:
+        return {index: record for _, index, record in all_leases(txn)}
+
+
+@pytest.mark.threaded
+@pytest.mark.parametrize("holder", list(HOLDERS))
+def test_workers_keep_their_leases_while_the_writer_lock_is_held_elsewhere(
+    store_path: Path, holder: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    ran = Ran()
+    runtimes = []
+    try:
+        for who in ("a", "b"):
+            runtime = Runtime(store_path, shared=True, lease_ttl=TTL, poll_interval=0.05)
+            runtime.define("jobs", execute=ran.handler(who), concurrency=4)
+            runtimes.append(runtime)
+        a = runtimes[0]
+        until(
+            lambda: sorted(Counter(r.owner for r in _leases(a).values()).values()) == [2, 2],
+            "a fair split",
+        )
+        before = {index: (r.owner, r.epoch) for index, r in _leases(a).items()}
+        with caplog.at_level(logging.WARNING, logger="dopool"), HOLDERS[holder](store_path):
+            time.sleep(STALL)  # real-time: the writer lock is held elsewhere this long
+        released = max(r.expires_at for r in _leases(a).values())
+        # Two renewals of every lease after the lock came free, then nothing moved.
+        until(
+            lambda: min(r.expires_at for r in _leases(a).values()) > released + 2 * TTL / 3,
+            "renewals after the stall",
+        )
+        after = {index: (r.owner, r.epoch) for index, r in _leases(a).items()}
+        assert after == before
+        with a._store.read() as txn:
+            assert [Namespace("jobs", i).load_meta(txn).restarts for i in range(4)] == [0] * 4
+        assert "taken over" not in caplog.text
+    finally:
+        for runtime in runtimes:
+            runtime.close()
+
+
+@pytest.mark.threaded
+def test_a_dead_workers_leases_still_expire_after_a_stall(store_path: Path) -> None:
+    """The stall stops the clock only while the lock is held: a worker that stopped
+    renewing loses its instances once ``ttl`` of free time has passed."""
+    ran = Ran()
+    a = Runtime(store_path, shared=True, lease_ttl=TTL, poll_interval=0.05)
+    a.define("jobs", execute=ran.handler("a"), concurrency=4)
+    keeper = a._keeper
+    assert keeper is not None
+    keeper._stop.set()  # a renews no more, as a hung worker would
+    keeper._thread.join()
+    b = Runtime(store_path, shared=True, lease_ttl=TTL, poll_interval=0.05)
+    try:
+        b.define("jobs", execute=ran.handler("b"), concurrency=4)
+        with held(store_path):
+            time.sleep(STALL)  # real-time: a stall first
+        owner = b._keeper.book.worker.owner if b._keeper else ""
+        until(lambda: {r.owner for r in _leases(b).values()} == {owner}, "b taking a's over")
+        assert {r.epoch for r in _leases(b).values()} == {2}
+    finally:
+        b.close()
+        a.close(timeout=WAIT)
