@@ -9,6 +9,7 @@ for the engine: it waits for a condition, with a timeout.
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +32,7 @@ from dopool import (
 from dopool._layout import LeaseRecord, Namespace, all_leases, get_lease, put_lease
 from dopool._leases import LeaseBook
 from dopool._sim.storeview import open_view
+from dopool._supervisor import Supervisor
 from worker_support import WAIT, Ran, until
 
 TTL = 0.6  # renewed every 0.2 s
@@ -387,3 +389,64 @@ def test_a_worker_cannot_change_the_concurrency_other_live_workers_route_by(
     assert a.pools["jobs"].status().concurrency == 4  # nothing changed
     a.close()  # gracefully: its presence goes with it
     assert b.define("jobs", execute=ran.handler("b"), concurrency=2).status().concurrency == 2
+
+
+def test_renewals_stay_on_time_while_many_instances_start(
+    store_path: Path, ran: Ran, opened: list[Runtime], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Starting an instance takes time (its actor, its recovery); a renewal that waited
+    for its instances to start came after the ttl once there were enough of them, and
+    the workers took each other's leases over, back and forth. Here each start takes
+    30 ms, so 64 take three ttls: the leases must not move all the same."""
+    reopen = Supervisor.reopen
+
+    def slow_reopen(supervisor: Supervisor) -> None:
+        time.sleep(0.03)  # real-time: a slow start (a loaded machine, a slow disk)
+        reopen(supervisor)
+
+    monkeypatch.setattr(Supervisor, "reopen", slow_reopen)
+    a = Runtime(store_path, shared=True, lease_ttl=TTL, poll_interval=0.05)
+    opened.append(a)
+    a.define("jobs", execute=ran.handler("a"), concurrency=64)
+    b = Runtime(store_path, shared=True, lease_ttl=TTL, poll_interval=0.05)
+    opened.append(b)
+    b.define("jobs", execute=ran.handler("b"), concurrency=64)
+    until(lambda: [len(_held(a)), len(_held(b))] == [32, 32], "a fair split")
+    with dopool.connect(store_path) as connection:
+        producer = connection.pool("jobs")
+        results = [producer.enqueue({"n": n}) for n in range(64)]
+        assert {result.instance_index for result in results} == set(range(64))
+        until(lambda: producer.status().succeeded == 64, "every instance's event run")
+    records = _leases(a)
+    assert {record.epoch for record in records.values()} == {1}  # never taken over
+    with a._store.read() as txn:
+        assert {Namespace("jobs", i).load_meta(txn).restarts for i in range(64)} == {0}
+
+
+def test_a_lease_retaken_while_define_starts_its_instance_loses_that_instance_alone(
+    store_path: Path, ran: Ran, opened: list[Runtime], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another worker takes instance 1's lease between this worker's renewal and the
+    instance's start (planted here): its recovery is fenced off, and define() goes on
+    with the others instead of raising NotLeasedError."""
+    reopen = Supervisor.reopen
+
+    def retaken_first(supervisor: Supervisor) -> None:
+        if supervisor.mailbox.key == "jobs:1":
+            with runtime._store.write() as txn:
+                record = get_lease(txn, "jobs", 1)
+                assert record is not None
+                put_lease(txn, "jobs", 1, record._replace(owner="someone-else", epoch=9))
+        reopen(supervisor)
+
+    monkeypatch.setattr(Supervisor, "reopen", retaken_first)
+    runtime = Runtime(store_path, shared=True, lease_ttl=30.0)
+    opened.append(runtime)
+    pool = runtime.define("jobs", execute=ran.handler("a"), concurrency=4)
+    until(lambda: pool._mailboxes[1].closed, "instance 1 stopping")
+    with runtime._store.read() as txn:
+        assert [Namespace("jobs", i).load_meta(txn).restarts for i in range(4)] == [0] * 4
+    results = [pool.enqueue({"n": n}) for n in range(12)]
+    served = sum(result.instance_index != 1 for result in results)
+    assert served == 9  # round-robin: instance 1's are stored for the lease's holder
+    until(lambda: pool.status().succeeded == served, "the other instances serving")

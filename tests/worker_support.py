@@ -106,9 +106,11 @@ class Worker:
         concurrency: int = 2,
         work: float = 0.0,
         spec: str | None = None,
+        log: Path | None = None,
     ) -> None:
         """``work``: the seconds each attempt of the app's handler takes; ``spec``: another
-        APP than ``_worker_app:<app>``."""
+        APP than ``_worker_app:<app>``; ``log``: a file for its stderr (a pipe otherwise,
+        read when it has exited: a worker that logs much would fill it and block)."""
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
@@ -118,15 +120,20 @@ class Worker:
             "WORKER_HANDLER_SECONDS": str(work),
         }
         command = [sys.executable, "-m", "dopool", "worker", spec or f"_worker_app:{app}"]
-        self.proc = subprocess.Popen(
-            [*command, "--store", str(store), "--log-level", "warning", *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            pass_fds=(evidence.fd, evidence.gate_read),
-        )
+        sink = None if log is None else log.open("w")
+        try:
+            self.proc = subprocess.Popen(
+                [*command, "--store", str(store), "--log-level", "warning", *args],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE if sink is None else sink,
+                text=True,
+                env=env,
+                pass_fds=(evidence.fd, evidence.gate_read),
+            )
+        finally:
+            if sink is not None:
+                sink.close()  # the worker has its own copy
         self.stdout: queue.Queue[str] = queue.Queue()
         self.out: list[str] = []
         self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True)

@@ -1,16 +1,21 @@
-"""The lease keeper: one thread per real-clock runtime that renews its leases and starts
-and stops its instances as they are taken, lost and released (:mod:`dopool._leases`).
+"""The lease keeper: the threads of a real-clock runtime that renew its leases, and start
+and stop its instances as they are taken, lost and released (:mod:`dopool._leases`).
 
-Every ``ttl / 3`` seconds it runs one renewal transaction for all the runtime's leases.
-Then, in a shared runtime:
+Every ``ttl / 3`` seconds its renewal thread runs one renewal transaction for all the
+runtime's leases, and does nothing after it that could make the next one late, whatever
+the number of instances: it hands on what the renewal decided. In a shared runtime:
 
-- an instance whose lease it **took** is started and recovers from its namespace as
-  after a crash (a lease taken over after it expired counts a restart);
+- an instance whose lease it **took** is started by the starter thread, which reopens
+  its actors and sends each its recovery, as after a crash (a lease taken over after it
+  expired counts a restart), without waiting for them; ``define`` waits for its own;
 - one whose lease it **lost** (another worker took it over while this one hung) is
   stopped, not restarted: its transactions were already refused (fencing);
-- one it must **release** (more than its fair share) stops gracefully on a helper
-  thread: its mailbox closes, its running handler finishes, then the lease is deleted,
-  and the next renewal of another worker takes it.
+- those it must **release** (more than its fair share) stop gracefully on a helper
+  thread, one per renewal: their mailboxes close, their running handlers finish, then
+  their leases are deleted, together, and the next renewal of another worker takes them.
+
+Losing an instance is losing that instance: one retaken by another worker before it
+started here, or while it recovers, is passed over, and the others start.
 
 An instance not served here is *vacant*: its mailbox has no actor, and a caller's
 message to it fails with :class:`~dopool._errors.NotLeasedError` (an enqueue, pause,
@@ -18,25 +23,30 @@ resume or drain is then made in the store instead, see :mod:`dopool._across`). A
 exclusive runtime starts every instance itself; its keeper only writes and renews
 their leases.
 
-After a renewal that changed what this process serves, or whom a lease names, the
-keeper tells each pool's router actor (:mod:`dopool._placement`), which publishes the
-new routing table; it does not wait for it (a renewal must not be late).
+After a renewal or a start that changed what this process serves, or whom a lease
+names, the keeper tells each pool's router actor (:mod:`dopool._placement`), which
+publishes the new routing table; it does not wait for it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from dopool._errors import ConfigurationError
+import pykka
+
+from dopool._errors import ConfigurationError, NotLeasedError, PoolClosedError
 from dopool._layout import all_presences
 from dopool._leases import RENEWALS, LeaseBook, Taken, Where, Worker, lease_owner
-from dopool._supervisor import Supervisor, recover_first
+from dopool._messages import Reply
+from dopool._supervisor import Supervisor, await_recovery, recover_first, send_recovery
 from dopool._watch import Notifier, worker_socket
 
 if TYPE_CHECKING:
@@ -48,6 +58,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("dopool")
 
 _STOP_WAIT = 3600.0  # seconds a released instance's handler may take to finish
+_PLACE_EVERY = 0.1  # seconds between tellings of the routing tables while instances start
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,14 +69,35 @@ class LeasedPool:
     memories: Sequence[InstanceMemory]
 
 
+@dataclass(slots=True)
+class _Starts:
+    """Leases one renewal took, for the starter thread: each started instance's
+    recovery reply, once all are sent (``sent``)."""
+
+    taken: list[Taken]
+    replies: list[tuple[Supervisor, Reply]] = field(default_factory=list)
+    sent: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True, slots=True)
+class _Stop:
+    """An instance stopping here: its actor (None: none started), and whether its lease
+    is to be released once it has stopped (its lease lost: not)."""
+
+    where: Where
+    supervisor: Supervisor
+    ref: pykka.ActorRef[Any] | None
+    release: bool
+
+
 class LeaseKeeper:
     """Renews a runtime's leases on a daemon thread, and acts on what each renewal says.
 
     Args:
-        store: the runtime's store (renewals are write transactions under its writer lock).
+        store: the runtime's store (renewals are write transactions under its writer lock,
+            and leases expire by its lease clock).
         book: the runtime's :class:`LeaseBook`.
-        clock: the runtime's clock: its alarms are cleared for the instances that stop
-            here (leases expire by the store's lease clock).
+        clock: the runtime's clock: its alarms are cleared for the instances that stop here.
     """
 
     def __init__(self, store: Store, book: LeaseBook, clock: Clock) -> None:
@@ -74,14 +106,19 @@ class LeaseKeeper:
         self._clock = clock
         self._pools: dict[str, LeasedPool] = {}
         self._placements: dict[str, Placement] = {}  # each pool's router actor
+        self._owners: dict[str, tuple[str | None, ...]] = {}  # as the last renewal read
         self._told: dict[str, tuple[frozenset[int], tuple[str | None, ...]]] = {}
-        self._lock = threading.Lock()  # one renewal (and what it starts) at a time
+        self._lock = threading.Lock()  # one renewal (and what it decides) at a time
         self._stop = threading.Event()
         self._serving = True  # False once the runtime closes: nothing more starts
+        # Instances taken but whose actor the starter has not started yet.
+        self._starting: dict[Where, Taken] = {}
         # Instances whose actor is stopping here: not taken again until it has stopped,
         # so that an instance never has two actors in this process.
         self._stopping: set[Where] = set()
+        self._starts: queue.SimpleQueue[_Starts | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="dopool-leases", daemon=True)
+        self._starter = threading.Thread(target=self._start_loop, name="dopool-starts", daemon=True)
         self._started = False
         # Wakes the worker serving an instance this runtime delivered a follow-up into.
         self._notifier = Notifier(store.path) if self.shared else None
@@ -113,8 +150,9 @@ class LeaseKeeper:
         placement: Placement | None = None,
     ) -> None:
         """Serve ``name`` from now on: take its leases (a shared runtime's fair share) and,
-        with ``pool`` (shared), start the instances taken; tell ``placement`` (its router
-        actor) where they are served. Starts the thread."""
+        with ``pool`` (shared), start the instances taken and wait for their recoveries;
+        tell ``placement`` (its router actor) where they are served. Starts the threads
+        first, so that renewals stay on time while the instances start."""
         with self._lock:
             if pool is not None:
                 self._pools[name] = pool
@@ -122,7 +160,7 @@ class LeaseKeeper:
                 self._placements[name] = placement
             self.book.add_pool(name, concurrency)
             try:
-                self._renew_now()
+                starts = self._renew_now()
             except BaseException:  # the pool is not defined: take none of its leases
                 self._pools.pop(name, None)
                 self._placements.pop(name, None)
@@ -132,10 +170,18 @@ class LeaseKeeper:
             if not self._started:
                 self._started = True
                 self._thread.start()
+                self._starter.start()
+        if starts is not None:
+            starts.sent.wait()
+            for supervisor, reply in starts.replies:
+                with suppress(NotLeasedError, PoolClosedError):  # lost or closed meanwhile
+                    await_recovery(supervisor, reply)
 
     def _run(self) -> None:
         interval = self.book.ttl / RENEWALS
-        while not self._stop.wait(interval):
+        next_at = time.monotonic() + interval
+        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+            next_at = time.monotonic() + interval
             with self._lock:
                 if self._stop.is_set():
                     return
@@ -144,17 +190,28 @@ class LeaseKeeper:
                 except Exception:  # the store closing under it, a full disk: next time
                     logger.warning("renewing the leases failed", exc_info=True)
 
-    def _renew_now(self) -> None:
-        """One renewal, then start, stop and release what it says (the lock held)."""
+    def _renew_now(self) -> _Starts | None:
+        """One renewal, then hand on what it says (the lock held): the leases taken to
+        the starter thread (returned, if any), those lost and released to a stopping
+        thread. Nothing here waits for an actor."""
         before = self.book.snapshot()
         try:
             with self._store.write() as txn:
                 now = self._store.lease_time()
                 renewal = self.book.renew(txn, now, frozenset(self._stopping))
-                owners = self._owners(txn)
+                self._owners = self._read_owners(txn)
         except BaseException:
             self.book.restore(before)  # rolled back: what it held before, it still holds
             raise
+        logger.debug(
+            "renewed %d leases: %d taken, %d lost, %d to release; %d live workers",
+            len(self.book.held),
+            len(renewal.taken),
+            len(renewal.lost),
+            len(renewal.release),
+            renewal.live,
+        )
+        stops = []
         for pool, index in renewal.lost:
             logger.warning(
                 "the lease of %s:%d was taken over by another worker (this one did not "
@@ -162,38 +219,53 @@ class LeaseKeeper:
                 pool,
                 index,
             )
-            self._retire(pool, index, release=False)
+            stops.extend(self._retire(pool, index, release=False))
         for where in renewal.release:
-            self._retire(*where, release=True)
-        for taken in renewal.taken:
-            self._start(taken)
+            stops.extend(self._retire(*where, release=True))
+        if stops:
+            threading.Thread(
+                target=self._stop_all, args=(stops,), name="dopool-release", daemon=True
+            ).start()
+        taken = [t for t in renewal.taken if t.pool in self._pools]
+        starts = None
+        if taken:
+            for t in taken:
+                self._starting[(t.pool, t.index)] = t
+            starts = _Starts(taken)
+            self._starts.put(starts)
         for owner, presence in renewal.gone:
             self._forget(owner, presence.pid, presence.host)
         for error in renewal.damaged:
             logger.error("%s: treated as an expired one", error)
-        self._place(owners)
+        self._place()
+        return starts
 
-    def _owners(self, txn: Txn) -> dict[str, tuple[str | None, ...]]:
+    def _read_owners(self, txn: Txn) -> dict[str, tuple[str | None, ...]]:
         """Whom each lease of each pool names, read in the renewal's transaction."""
         return {
             name: tuple(lease_owner(txn, name, index) for index in range(placement.concurrency))
             for name, placement in self._placements.items()
         }
 
-    def _place(self, owners: dict[str, tuple[str | None, ...]]) -> None:
+    def _place(self) -> None:
         """Tell each pool's router actor where its instances are served, if that changed:
-        here, those whose lease this worker holds and whose actor is not stopping (all
-        of them in an exclusive runtime). A tell: the keeper never waits for the actor."""
+        here, those whose lease this worker holds and whose actor has started and is not
+        stopping (all of them in an exclusive runtime). A tell: the keeper never waits
+        for the actor. Called with the lock."""
         held = self.book.held
         for name, placement in self._placements.items():
             every = range(placement.concurrency)
             if self.shared:
                 here = frozenset(
-                    i for i in every if (name, i) in held and (name, i) not in self._stopping
+                    i
+                    for i in every
+                    if (name, i) in held
+                    and (name, i) not in self._stopping
+                    and (name, i) not in self._starting
                 )
             else:
                 here = frozenset(every)
-            told = (here, owners[name])
+            told = (here, self._owners.get(name, (None,) * placement.concurrency))
             if self._told.get(name) != told:
                 self._told[name] = told
                 placement.placed(*told)
@@ -205,74 +277,143 @@ class LeaseKeeper:
         with suppress(OSError):
             os.unlink(self._store.path / worker_socket(owner))
 
-    def _start(self, taken: Taken) -> None:
-        pool = self._pools.get(taken.pool)
-        if pool is None:  # an exclusive runtime starts its instances itself
-            return
-        if not self._serving:
-            with self._store.write() as txn:
-                self.book.release(txn, taken.pool, taken.index)
-            return
-        supervisor = pool.supervisors[taken.index]
-        pool.memories[taken.index].forget()
-        supervisor.reopen()  # starts the actor
-        logger.info(
-            "took the lease of %s:%d (epoch %d%s)",
-            taken.pool,
-            taken.index,
-            taken.epoch,
-            ", after its holder's expired" if taken.expired else "",
-        )
-        recover_first(supervisor, restarts=1 if taken.expired else 0)
+    # -- starting --------------------------------------------------------------------------
 
-    def _retire(self, name: str, index: int, *, release: bool) -> None:
-        """Stop an instance here, on a helper thread (its handler may take a while);
-        with ``release``, delete its lease once it has stopped."""
+    def _start_loop(self) -> None:
+        """The starter thread: start the instances of each renewal's leases, in turn."""
+        while (starts := self._starts.get()) is not None:
+            try:
+                self._start_all(starts)
+            except Exception:  # an instance's start failing must not stop the others'
+                logger.exception("starting the instances of the leases taken failed")
+            finally:
+                starts.sent.set()
+
+    def _start_all(self, starts: _Starts) -> None:
+        """Start each instance taken that is still to start here, and send its recovery.
+        The lock is taken for one instance at a time: a renewal never waits for a batch.
+        The routing tables are told at most every :data:`_PLACE_EVERY` seconds meanwhile
+        (each telling reads every instance), and at the end."""
+        placed = time.monotonic()
+        for taken in starts.taken:
+            where = (taken.pool, taken.index)
+            if time.monotonic() - placed > _PLACE_EVERY:
+                with self._lock:
+                    self._place()
+                placed = time.monotonic()
+            with self._lock:
+                if self._starting.get(where) is not taken:
+                    continue  # lost or released before it started: passed over
+                del self._starting[where]
+                if not self._serving:
+                    self._release_now(where)
+                    continue
+                pool = self._pools[taken.pool]
+                supervisor = pool.supervisors[taken.index]
+                pool.memories[taken.index].forget()
+                supervisor.reopen()  # starts the actor
+                logger.info(
+                    "took the lease of %s:%d (epoch %d%s)",
+                    taken.pool,
+                    taken.index,
+                    taken.epoch,
+                    ", after its holder's expired" if taken.expired else "",
+                )
+                reply = send_recovery(supervisor, restarts=1 if taken.expired else 0)
+                starts.replies.append((supervisor, reply))
+        with self._lock:
+            self._place()
+
+    def _release_now(self, where: Where) -> None:
+        """Give up a lease taken while the runtime began to close (the lock held)."""
+        try:
+            with self._store.write() as txn:
+                self.book.release(txn, *where)
+        except Exception:  # its expiry frees it instead
+            logger.debug("releasing %s:%d", *where, exc_info=True)
+
+    # -- stopping --------------------------------------------------------------------------
+
+    def _retire(self, name: str, index: int, *, release: bool) -> list[_Stop]:
+        """Stop an instance here: vacant at once; its actor is stopped by
+        :meth:`_stop_all` (its handler may take a while). Called with the lock."""
         pool = self._pools.get(name)
         if pool is None:
-            return
+            return []
+        where = (name, index)
+        self._starting.pop(where, None)  # not started yet: it never will be
         supervisor = pool.supervisors[index]
         # Vacant at once: a caller is told another worker serves it, and a follow-up for it
         # is delivered into its namespace (its actor here may still finish a handler).
         ref = supervisor.close(vacant=True)
-        where = (name, index)
         if where in self._stopping:  # a stop on its way already (lost while released)
-            return
+            return []
         self._stopping.add(where)
+        return [_Stop(where, supervisor, ref, release)]
 
-        def stop() -> None:
-            if ref is not None:
+    def _stop_all(self, stops: list[_Stop]) -> None:
+        """Stop the actors of ``stops`` together, and settle each once it has stopped,
+        those done so far in one transaction (a helper thread's work)."""
+        futures: list[tuple[_Stop, pykka.Future[Any] | None]] = []
+        for stop in stops:
+            future = None
+            if stop.ref is not None:
+                with suppress(pykka.ActorDeadError):
+                    future = stop.ref.stop(block=False)
+            futures.append((stop, future))
+        deadline = time.monotonic() + _STOP_WAIT
+        while futures:
+            done: list[tuple[_Stop, pykka.Future[Any] | None]] = []
+            waiting: list[tuple[_Stop, pykka.Future[Any] | None]] = []
+            for stop, future in futures:
+                (done if _finished(future, 0.0) else waiting).append((stop, future))
+            if not done:
+                left = deadline - time.monotonic()
+                if left > 0:
+                    _finished(waiting[0][1], left)
+                    continue
+                done, waiting = waiting, []  # hung: their leases expire meanwhile
+            futures = waiting
+            self._settle([stop for stop, _ in done])
+
+    def _settle(self, stops: list[_Stop]) -> None:
+        """Their actors have stopped: clear their alarms, release the leases to release
+        (in one transaction), and leave the addresses vacant."""
+        for stop in stops:
+            self._clock.set_alarm(stop.supervisor.mailbox, None)
+        with self._lock:
+            releasing = [stop.where for stop in stops if stop.release]
+            if releasing and not self._stop.is_set():
                 try:
-                    ref.stop(block=True, timeout=_STOP_WAIT)
-                except Exception:  # dead already (fenced), or hung: the lease expires
-                    logger.debug("stopping %s:%d", name, index, exc_info=True)
-            self._clock.set_alarm(supervisor.mailbox, None)
-            with self._lock:
-                if release and not self._stop.is_set():
-                    try:
-                        with self._store.write() as txn:
-                            self.book.release(txn, name, index)
-                    except Exception:  # the store closed meanwhile: the lease expires
-                        logger.debug("releasing %s:%d", name, index, exc_info=True)
-                    else:
-                        logger.info("released the lease of %s:%d (fair share)", name, index)
+                    with self._store.write() as txn:
+                        for pool, index in releasing:
+                            self.book.release(txn, pool, index)
+                except Exception:  # the store closed meanwhile: the leases expire
+                    logger.debug("releasing %s", releasing, exc_info=True)
+                else:
+                    for pool, index in releasing:
+                        logger.info("released the lease of %s:%d (fair share)", pool, index)
+            for stop in stops:
                 if self._serving:
-                    supervisor.vacate()
-                self._stopping.discard(where)
-
-        threading.Thread(target=stop, name=f"dopool-release-{name}:{index}", daemon=True).start()
+                    stop.supervisor.vacate()
+                self._stopping.discard(stop.where)
+            self._place()
 
     def stop_serving(self) -> None:
-        """The runtime is closing: start nothing more (renewals go on until :meth:`close`)."""
+        """The runtime is closing: take and start nothing more (renewals go on until
+        :meth:`close`)."""
         with self._lock:
             self._serving = False
+            self.book.stop_taking()
 
     def close(self, keep: Iterable[Where] = ()) -> None:
         """Stop renewing; delete the leases held (but ``keep``, left to expire) and the
         presence, so other workers take them at once."""
         self._stop.set()
+        self._starts.put(None)
         if self._started:
             self._thread.join()
+            self._starter.join()
         if self._notifier is not None:
             self._notifier.close()
         with self._lock:
@@ -281,6 +422,19 @@ class LeaseKeeper:
                     self.book.leave(txn, keep)
             except Exception:  # their expiry frees them instead
                 logger.warning("removing the leases at close failed", exc_info=True)
+
+
+def _finished(future: pykka.Future[Any] | None, timeout: float) -> bool:
+    """Whether an actor's stop ``future`` is done, waiting at most ``timeout`` seconds."""
+    if future is None:
+        return True
+    try:
+        future.get(timeout=timeout)
+    except pykka.Timeout:
+        return False
+    except Exception:  # dead already (fenced): stopped all the same
+        return True
+    return True
 
 
 def check_shared(shared: object, clock: Clock) -> bool:

@@ -170,11 +170,17 @@ class LeaseBook:
         self._pools: dict[str, int] = {}  # concurrency, by pool
         self._held: Held = {}
         self._releasing: set[Where] = set()
+        self._taking = True  # False once the runtime closes: renewals take nothing
         self._lock = threading.Lock()
 
     def add_pool(self, pool: str, concurrency: int) -> None:
         with self._lock:
             self._pools[pool] = concurrency
+
+    def stop_taking(self) -> None:
+        """Take no lease any more (the runtime is closing); renew those held."""
+        with self._lock:
+            self._taking = False
 
     def remove_pool(self, pool: str) -> None:
         """Take no lease of ``pool`` any more (its definition failed)."""
@@ -247,7 +253,7 @@ class LeaseBook:
                     self._releasing.add((pool, index))
                     renewal.release.append((pool, index))
                 continue
-            wanted = fair - len(mine)
+            wanted = fair - len(mine) if self._taking else 0
             for index in range(concurrency):
                 if wanted <= 0:
                     break

@@ -23,7 +23,7 @@ from dopool._clock import Clock
 from dopool._errors import InstanceCrashedError, NotLeasedError, PoolClosedError
 from dopool._inbox import Inbox
 from dopool._mailbox import Mailbox
-from dopool._messages import Kill, Message, Recover
+from dopool._messages import Kill, Message, Recover, Reply
 
 # Restarts with backoff (docs/guarantees.md, "Crashes and recovery"): the first
 # RESTARTS_AT_ONCE crashes in a row restart at once; each further one waits
@@ -284,18 +284,33 @@ def recover_first(supervisor: Supervisor, restarts: int = 0) -> None:
     that finds nothing to settle changes nothing). Once the restarts wait out
     a backoff, the instance is left to its supervisor: under a simulated clock
     nobody would drive the clock to the restart.
+
+    Raises:
+        NotLeasedError, PoolClosedError: the instance stopped being served here meanwhile.
     """
+    await_recovery(supervisor, send_recovery(supervisor, restarts))
+
+
+def send_recovery(supervisor: Supervisor, restarts: int = 0) -> Reply:
+    """Send an instance its first recovery (see :func:`recover_first`); its reply."""
     if restarts:
         with supervisor._lock:
             supervisor._unrecorded += restarts
+    reply = supervisor.mailbox.reply()
+    supervisor.mailbox.send(Recover(reply, restarts=restarts))
+    return reply
+
+
+def await_recovery(supervisor: Supervisor, reply: Reply) -> None:
+    """Wait for the recovery :func:`send_recovery` sent (see :func:`recover_first`)."""
     while True:
-        reply = supervisor.mailbox.reply()
-        supervisor.mailbox.send(Recover(reply, restarts=restarts))
-        restarts = 0  # a crashed recovery's successor counts them (``crashed``)
         try:
             reply.get()
         except InstanceCrashedError:
             if supervisor.restart_at is not None:
                 return
+            # A crashed recovery's successor counts the restarts (``crashed``).
+            reply = supervisor.mailbox.reply()
+            supervisor.mailbox.send(Recover(reply, restarts=0))
             continue
         return
