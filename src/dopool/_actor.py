@@ -291,6 +291,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             _sleep=self._sleep_in_handler,
             _target=self._resolve,
             _wall=self._clock.wall,
+            _now=self._clock.now,
         )
         if failure is None:
             try:
