@@ -623,6 +623,27 @@ def test_dead_letters_limit(real_store: Path) -> None:
     assert "1 more: raise --limit" in result.stdout
 
 
+@pytest.mark.threaded
+@pytest.mark.parametrize("limit", ["-1", "-100"])
+@pytest.mark.parametrize("json_flag", [(), ("--json",)], ids=["table", "json"])
+def test_dead_letters_a_negative_limit_is_a_usage_error(
+    real_store: Path, limit: str, json_flag: tuple[str, ...]
+) -> None:
+    """It was taken silently: the table listed no dead letter, the JSON an empty list."""
+    result = invoke("dead-letters", str(real_store), "--limit", limit, *json_flag)
+    assert_one_line_error(result, 2, "'--limit'", limit, "x>=0")
+
+
+@pytest.mark.threaded
+def test_dead_letters_a_limit_of_zero_lists_only_the_counts(real_store: Path) -> None:
+    table = invoke("dead-letters", str(real_store), "--limit", "0")
+    assert table.exit_code == 0, table.output
+    assert table.stdout.startswith("2 dead letters in")
+    assert "2 more: raise --limit" in table.stdout
+    document = json.loads(invoke("dead-letters", str(real_store), "--limit", "0", "--json").stdout)
+    assert (document["matched"], document["total"], document["dead_letters"]) == (2, 2, [])
+
+
 @pytest.fixture
 def aged_store(tmp_path: Path) -> Path:
     """Dead letters that failed two hours ago and one hour ago, by the wall clock.
@@ -734,6 +755,21 @@ def test_dead_letters_act_only_on_what_matches(aged_store: Path) -> None:
         "purged 0 dead letters of pool 'jobs' (0 matched)\n"
         "purged 0 dead letters of pool 'other' (0 matched)\n"
     )
+
+
+@pytest.mark.parametrize("command", ["pause", "resume", "drain"])
+@pytest.mark.parametrize("index", ["-1", "-5"])
+def test_control_a_negative_instance_is_a_usage_error(
+    tmp_path: Path, command: str, index: str
+) -> None:
+    """It was an error of the store (exit 1, 'no instance -1'), found after opening it."""
+    store = tmp_path / "store"
+    with Runtime.simulated(store) as runtime:
+        runtime.define("jobs", execute=lambda ctx: None, concurrency=2)
+    result = invoke(command, str(store), "--pool", "jobs", "--instance", index)
+    assert_one_line_error(result, 2, "'--instance'", index, "x>=0")
+    result = invoke(command, str(tmp_path / "missing"), "--pool", "jobs", "--instance", index)
+    assert_one_line_error(result, 2, "'--instance'")  # before the store is opened
 
 
 @pytest.mark.parametrize(

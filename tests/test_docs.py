@@ -652,6 +652,19 @@ def test_store_format_md_lists_every_key_the_layout_defines() -> None:
     assert documented == defined
 
 
+def test_several_workers_say_what_fencing_does_not_order() -> None:
+    """Fencing refuses a hung worker's outcome, not its handler's side effects, which may
+    come after later events of the partition ran elsewhere (test_lease_processes.py shows
+    the hung handlers returning after the other worker's reruns); the page must not let
+    "order" read as covering them."""
+    page = (ROOT / "docs" / "guarantees.md").read_text(encoding="utf-8")
+    workers = page.split("\n### Several workers\n", 1)[1].split("\n### ", 1)[0]
+    assert "order holds for committed starts, not for handler bodies" in workers
+    assert "Its outcome and its follow-ups are refused" in workers
+    promises = section(ROOT / "docs" / "guarantees.md", "What dopool does not promise")
+    assert "**An order of side effects across a hang.**" in promises
+
+
 def test_the_worker_defaults_the_pages_give_are_its_own() -> None:
     assert isinstance(cli, click.Group)
     defaults = {

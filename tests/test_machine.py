@@ -173,7 +173,7 @@ def test_retries_follow_the_policy_then_the_event_is_dead_lettered(store: Store)
     assert rig.meta.retry_at == 7.0  # 2 * 2
     rig.start(now=7.0)
     fx = rig.fail(ValueError("boom"), now=7.0)
-    assert (kinds(fx), fx.empty) == (["dead_lettered"], True)
+    assert (kinds(fx), fx.empty) == (["dead_lettered"], 1)  # emptied after its event
     [dead] = fx.dead
     assert (dead.event, dead.attempts, dead.error) == ("flaky", 3, "ValueError: boom")
     assert (rig.meta.pending, rig.meta.dead_lettered, rig.meta.current) == (0, 1, None)
@@ -205,7 +205,31 @@ def test_success_stores_follow_ups_here_or_in_the_outbox(store: Store) -> None:
     assert (oseq, record.pool, record.target, record.link) == (0, "p", 3, 0)
     assert record.event == pack("there")
     assert (rig.meta.pending, rig.meta.outbox, rig.meta.links) == (1, 1, {"p:3": 1})
-    assert not fx.empty
+    assert fx.empty is None
+    assert rig.broken() == []
+
+
+def test_an_outcome_that_empties_the_queue_says_where_before_what_it_then_accepts(
+    store: Store,
+) -> None:
+    """As the actor's outcome transaction takes the enqueues sent during the handler:
+    the queue emptied after the success, before they were stored, so ``empty`` goes
+    between (it went after them, and a reader saw an empty queue holding an event)."""
+    rig = Rig(store)
+    rig.enqueue("a")
+    rig.machine.rearm(rig.meta, 0.0)
+    key = rig.start(now=0.0)[0]
+    items = (Item(pack("b"), None, 0),)
+
+    def done_then_accept(txn: Txn, meta: Meta, fx: Effects) -> None:
+        rig.machine.finish_attempt(meta)
+        rig.machine.succeed(txn, meta, key, meta.attempt, [], 1.0, fx)
+        rig.machine.accept(txn, meta, [("t", items)], 1.0, fx)
+        rig.machine.rearm(meta, 1.0)
+
+    fx = rig.step(done_then_accept)[1]
+    assert (kinds(fx), fx.empty) == (["succeeded", "enqueued"], 1)
+    assert rig.meta.pending == 1
     assert rig.broken() == []
 
 

@@ -1,4 +1,5 @@
-"""The longest retry delay: refused in a policy, clamped in RetryAfter, survived by the clock.
+"""The longest delay: refused in a policy and in an enqueue's ``delay`` or ``not_before``,
+clamped in RetryAfter, survived by the clock.
 
 A delay past ``threading.TIMEOUT_MAX`` used to kill the real clock's thread, and with it
 every timed alarm of the runtime. The real-clock tests wait on events, never sleep.
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import dopool
 from cli_support import assert_one_line_error, invoke
 from dopool import (
     ConfigurationError,
@@ -23,8 +25,10 @@ from dopool import (
     RetryAfter,
     RetryPolicy,
     Runtime,
+    ScheduleError,
     SimulatedClock,
 )
+from dopool._check import check_store
 from dopool._errors import MAX_DELAY
 
 WAIT = 10.0  # wall seconds any single wait may take before the test fails
@@ -102,6 +106,129 @@ def test_retry_after_below_the_maximum_is_kept() -> None:
 def test_retry_after_too_large_for_a_float_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError):
         RetryAfter(10**400)
+
+
+# -- an enqueue's delay and not_before -----------------------------------------------
+
+
+#: Due times too far ahead under a clock at 0: a delay over MAX_DELAY, a not_before more
+#: than MAX_DELAY after now. ``delay=1e300`` used to be stored, pending for ever.
+TOO_FAR = [
+    {"delay": 1e300},
+    {"delay": MAX_DELAY + 1},
+    {"delay": timedelta(days=366)},
+    {"not_before": MAX_DELAY + 1.0},
+    {"not_before": 1e300},
+]
+
+
+def _assert_too_far(error: ScheduleError, options: dict[str, Any]) -> None:
+    """The error names the argument, its value and the limit."""
+    ((argument, value),) = options.items()
+    assert (error.argument, error.value) == (argument, value)
+    assert "MAX_DELAY, 31536000 s (365 days)" in error.reason
+    assert str(error).startswith(f"{argument}={value!r} refused: ")
+
+
+@pytest.mark.parametrize("options", TOO_FAR, ids=repr)
+@pytest.mark.parametrize("many", [False, True])
+def test_a_due_time_more_than_max_delay_ahead_is_refused_and_stores_nothing(
+    sim: Runtime, options: dict[str, Any], many: bool
+) -> None:
+    pool = sim.define("p", execute=lambda ctx: None)
+
+    def enqueue() -> Any:
+        return pool.enqueue_many(["a", "b"], **options) if many else pool.enqueue("a", **options)
+
+    with pytest.raises(ScheduleError) as caught:
+        enqueue()
+    _assert_too_far(caught.value, options)
+    status = pool.status()
+    assert (status.enqueued, status.pending, status.scheduled) == (0, 0, 0)
+    with sim._store.read() as txn:
+        assert check_store(txn).records == 3  # the format, the pool, the meta: no event
+
+
+@pytest.mark.parametrize("options", TOO_FAR, ids=repr)
+def test_a_follow_up_more_than_max_delay_ahead_is_refused_in_the_handler(
+    sim: Runtime, options: dict[str, Any]
+) -> None:
+    caught: list[ScheduleError] = []
+
+    def handler(ctx: EventContext) -> None:
+        if ctx.event == "go":
+            try:
+                ctx.enqueue("child", **options)
+            except ScheduleError as exc:
+                caught.append(exc)
+
+    pool = sim.define("p", execute=handler)
+    pool.enqueue("go")
+    assert pool.join(timeout=WAIT)
+    assert len(caught) == 1
+    _assert_too_far(caught[0], options)
+    status = pool.status()
+    assert (status.enqueued, status.succeeded, status.scheduled) == (1, 1, 0)
+
+
+def test_a_follow_up_not_before_counts_from_the_clock_at_the_call(store_path: Path) -> None:
+    """Under a clock far from 0, a not_before within a year of now is taken, and one
+    more than a year after it refused, wherever 0 is."""
+    start = 1e9
+    caught: list[ScheduleError] = []
+
+    def handler(ctx: EventContext) -> None:
+        if ctx.event == "go":
+            ctx.enqueue("at the limit", not_before=start + MAX_DELAY)
+            try:
+                ctx.enqueue("past it", not_before=start + MAX_DELAY + 1)
+            except ScheduleError as exc:
+                caught.append(exc)
+
+    with Runtime.simulated(store_path, start=start) as runtime:
+        pool = runtime.define("p", execute=handler)
+        pool.enqueue("go")
+        assert isinstance(runtime.clock, SimulatedClock)
+        runtime.clock.advance(0)
+        assert [exc.argument for exc in caught] == ["not_before"]
+        assert pool.status().scheduled == 1
+        assert pool.status().instances[0].next_alarm_at == start + MAX_DELAY
+
+
+def test_a_due_time_max_delay_ahead_is_accepted(store_path: Path) -> None:
+    start = 100.0
+    with Runtime.simulated(store_path, start=start) as runtime:
+        pool = runtime.define("p", execute=lambda ctx: None)
+        pool.enqueue("a", delay=MAX_DELAY)
+        pool.enqueue("b", delay=timedelta(days=365))
+        pool.enqueue_many(["c"], not_before=start + MAX_DELAY)
+        status = pool.status()
+        assert (status.enqueued, status.scheduled) == (3, 3)
+        assert status.instances[0].next_alarm_at == start + MAX_DELAY
+
+
+@pytest.mark.threaded
+def test_a_producer_refuses_a_due_time_more_than_max_delay_ahead(store_path: Path) -> None:
+    with Runtime(store_path) as runtime:
+        runtime.define("p", execute=lambda ctx: None)
+    with dopool.connect(store_path) as connection:
+        producer = connection.pool("p")
+        too_far: list[dict[str, Any]] = [
+            {"delay": 1e300},
+            {"delay": MAX_DELAY + 1},
+            {"not_before": time.time() + MAX_DELAY + 3600},
+            {"not_before": 1e300},
+        ]
+        for options in too_far:
+            with pytest.raises(ScheduleError) as caught:
+                producer.enqueue("a", **options)
+            _assert_too_far(caught.value, options)
+            with pytest.raises(ScheduleError) as caught:
+                producer.enqueue_many(["a", "b"], **options)
+            _assert_too_far(caught.value, options)
+        assert producer.status().enqueued == 0
+        producer.enqueue("at the limit", delay=MAX_DELAY)
+        assert (producer.status().enqueued, producer.status().scheduled) == (1, 1)
 
 
 # -- the real clock --------------------------------------------------------------

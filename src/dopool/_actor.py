@@ -291,6 +291,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             _sleep=self._sleep_in_handler,
             _target=self._resolve,
             _wall=self._clock.wall,
+            _now=self._clock.now,
         )
         if failure is None:
             try:
@@ -329,6 +330,10 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         """Settle an attempt a crash interrupted, re-arm the alarm, resend the outbox."""
         now = self._clock.now()
         effects = Effects()
+        if message.restarts:  # said first, published only if the recovery commits
+            # (placed before the transition's events, not inserted after them: the
+            # position of an ``empty`` among them is recorded as they are made)
+            effects.events.append(self._machine.event("recovered", now))
 
         def body(txn: Txn) -> Meta:
             meta = self._load_meta(txn)
@@ -339,8 +344,6 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         meta = self._transact(body)
         self._memory.told_alarm = UNTOLD  # the clock must be told again
         self._supervisor.recovered(message.restarts)
-        if message.restarts:
-            effects.events.insert(0, self._machine.event("recovered", now))
         self._publish(meta, effects)
         if message.reply is not None:
             message.reply.set(None)

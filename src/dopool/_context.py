@@ -43,6 +43,7 @@ class EventContext:
     _sleep: Callable[[float], None] = field(repr=False)
     # The pool ``ctx.enqueue(pool=...)`` names, or None for this one (raises if none).
     _target: Callable[[object], Target | None] = field(repr=False)
+    _now: Callable[[], float] = field(repr=False)  # the clock's now (a not_before's limit)
     _follow_ups: list[FollowUp] = field(default_factory=list, repr=False)
     _wall: bool = field(default=False, repr=False)  # the clock reads wall time
     _ended: bool = field(default=False, repr=False)  # the attempt's outcome is being settled
@@ -78,8 +79,11 @@ class EventContext:
             EventValidationError, EventTooLargeError, ScheduleError: as ``WorkerPool.enqueue``.
         """
         self._check_running("enqueue")
-        later = delay is not None or not_before is not None
-        due = due_time(delay, not_before, now=_zero, wall=self._wall) if later else None
+        due = None
+        if not_before is not None:  # a clock time: at most MAX_DELAY after now
+            due = due_time(delay, not_before, now=self._now, wall=self._wall)
+        elif delay is not None:
+            due = due_time(delay, None, now=_zero, wall=self._wall)
         target = None if pool is None else self._target(pool)
         prepare = self._prepare if target is None else target.prepare
         item = prepare(event, partition_key, priority)

@@ -99,7 +99,7 @@ class DeadLetters:
             self._dedup.release(txn, dead.dedup_key, self._index, sequence, now)
         fx.events.append(self._event("dead_lettered", now, sequence, dead.attempts, dead.error))
         fx.dead.append(dead_letter_from_record(self._index, sequence, dead))
-        fx.empty = meta.pending == 0
+        fx.empty = None if meta.pending else len(fx.events)
 
     def set_aside(
         self, txn: Txn, meta: Meta, damage: DamagedRecordError, now: float, fx: Effects

@@ -212,10 +212,11 @@ class EventValidationError(DopoolError):
 
 
 class ScheduleError(EventValidationError):
-    """An enqueue's ``delay`` or ``not_before`` names no due time; nothing was stored.
+    """An enqueue's ``delay`` or ``not_before`` names no due time, or one more than
+    ``MAX_DELAY`` ahead; or its ``ttl`` is bad. Nothing was stored.
 
     Attributes:
-        argument: ``"delay"`` or ``"not_before"``.
+        argument: ``"delay"``, ``"not_before"`` or ``"ttl"``.
         value: the value given.
         reason: what is wrong with it.
     """

@@ -322,21 +322,26 @@ class InstanceShell:
             self._sync_alarm(meta)
         self._taken = []
         emit = self._env.emit
-        for event in effects.events:
-            emit(event)
+        events, emptied = effects.events, effects.empty
+        if emptied is None:
+            for event in events:
+                emit(event)
+        else:  # ``empty`` where the queue emptied: before what this transaction enqueued after
+            for event in events[:emptied]:
+                emit(event)
+            emit(self._machine.event("empty", self._clock.now()))
+            for event in events[emptied:]:
+                emit(event)
         for oseq, record in effects.deliveries:
             self._deliver(oseq, record)
         if self._spec.options.on_dead_letter is not None:
             for dead in effects.dead:
                 _call_hook("on_dead_letter", self._spec.options.on_dead_letter, dead)
-        if effects.empty:
-            now = self._clock.now()
-            emit(self._machine.event("empty", now))
-            if self._spec.options.on_empty is not None:
-                info = EmptyInfo(
-                    self._spec.name, self._index, self._id, meta.succeeded + meta.dead_lettered
-                )
-                _call_hook("on_empty", self._spec.options.on_empty, info)
+        if emptied is not None and self._spec.options.on_empty is not None:
+            info = EmptyInfo(
+                self._spec.name, self._index, self._id, meta.succeeded + meta.dead_lettered
+            )
+            _call_hook("on_empty", self._spec.options.on_empty, info)
         for message, answer in effects.answers:  # last: a caller sees its events emitted
             if isinstance(answer, DopoolError):
                 fail_reply(message, answer)

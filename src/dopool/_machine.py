@@ -66,7 +66,9 @@ class Effects:
         self.events: list[PoolEvent] = []
         self.dead: list[DeadLetter] = []
         self.deliveries: list[tuple[int, OutboxRecord]] = []
-        self.empty = False  # the last pending event was processed
+        # The last pending event was processed: where in ``events`` that happened (its
+        # ``empty`` goes there, before what the same transaction enqueued after it).
+        self.empty: int | None = None
 
 
 class QueueMachine:
@@ -354,7 +356,7 @@ class QueueMachine:
             fx.events.append(self.event("succeeded", now, queue_key_sequence(key), attempt))
         if follow_ups:
             self._follow_ups.commit(txn, meta, follow_ups, now, fx)
-        fx.empty = meta.pending == 0
+        fx.empty = None if meta.pending else len(fx.events)
 
     def fail(
         self,

@@ -196,7 +196,7 @@ class Recurring:
         key = record.name if record.partition_key is None else record.partition_key
         self._commit(txn, meta, [(Item(record.event, key, record.priority), None)], now, fx)
         if meta.pending:  # the occurrence refilled this queue: it is not left empty
-            fx.empty = False
+            fx.empty = None
         fired = record._replace(
             next_at=nxt,
             fired=record.fired + 1,

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from dopool._errors import (
+    MAX_DELAY,
     ConfigurationError,
     EventTooLargeError,
     EventValidationError,
@@ -31,9 +32,8 @@ Schema = Callable[[Any], Any]
 
 _ASCII_KEY = MAX_DEDUP_KEY_BYTES  # an ASCII key of this many characters is as many bytes
 
-# A delay (int or float seconds) at least this long takes the general checks, as does one
-# of another type: an int may be past a float's range.
-_LONG_DELAY = 1e300
+# What a delay, or a not_before's distance from now, may not exceed (a retry's limit too).
+_LONGEST = f"MAX_DELAY, {MAX_DELAY:.0f} s (365 days)"
 
 # Iterable, but as a batch almost always a mistake: characters, ints, or a mapping's keys.
 _NOT_A_BATCH = (str, bytes, bytearray, memoryview, Mapping)
@@ -78,18 +78,21 @@ def due_time(
     ``datetime`` names one of its times.
 
     Raises:
-        ScheduleError: both are given; a delay that is negative, not finite, or not
-            seconds; a ``not_before`` that is not finite, not a number or a datetime,
-            a naive datetime, or a datetime under a clock that is not wall time.
+        ScheduleError: both are given; a delay that is negative, not finite, not
+            seconds, or over ``MAX_DELAY``; a ``not_before`` that is not finite, not a
+            number or a datetime, more than ``MAX_DELAY`` after ``now()``, a naive
+            datetime, or a datetime under a clock that is not wall time.
     """
     if not_before is None:
         if delay is None:
             return None
-        if (type(delay) is int or type(delay) is float) and 0 <= delay < _LONG_DELAY:
+        if (type(delay) is int or type(delay) is float) and 0 <= delay <= MAX_DELAY:
             return _finite("delay", delay, now() + delay)  # the usual delay, checked at once
         seconds = _seconds("delay", delay)
         if seconds < 0:
             raise ScheduleError("delay", delay, "a delay is seconds >= 0")
+        if seconds > MAX_DELAY:
+            raise ScheduleError("delay", delay, f"a delay is at most {_LONGEST}")
         return _finite("delay", delay, now() + seconds)
     if delay is not None:
         raise ScheduleError("not_before", not_before, "give delay or not_before, not both")
@@ -103,8 +106,18 @@ def due_time(
             )
         if not_before.utcoffset() is None:
             raise ScheduleError("not_before", not_before, "a naive datetime: give its timezone")
-        return _finite("not_before", not_before, not_before.timestamp())
-    return _finite("not_before", not_before, _number("not_before", not_before))
+        at = _finite("not_before", not_before, not_before.timestamp())
+    else:
+        at = _finite("not_before", not_before, _number("not_before", not_before))
+    start = now()
+    if at - start > MAX_DELAY:
+        raise ScheduleError(
+            "not_before",
+            not_before,
+            f"it is {at - start:g} s after now ({start:g}), and a due time is at most "
+            f"{_LONGEST} ahead",
+        )
+    return at
 
 
 def with_ttl(

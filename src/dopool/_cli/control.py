@@ -21,7 +21,11 @@ def _command(verb: Verb, summary: str) -> click.Command:
     @click.argument("path", type=click.Path(path_type=Path))
     @click.option("--pool", "pool", required=True, metavar="NAME", help="the pool")
     @click.option(
-        "--instance", "index", type=int, metavar="I", help="only this instance (default: all)"
+        "--instance",
+        "index",
+        type=click.IntRange(min=0),
+        metavar="I",
+        help="only this instance (default: all)",
     )
     def command(path: Path, pool: str, index: int | None) -> None:
         with connect(path) as connection:

@@ -57,7 +57,13 @@ def _age(ctx: click.Context, param: click.Parameter, value: str | None) -> float
 )
 @click.option("--redrive", "do_redrive", is_flag=True, help="re-enqueue them (needs the lock)")
 @click.option("--purge", "do_purge", is_flag=True, help="delete them (needs the lock)")
-@click.option("--limit", default=100, show_default=True, help="list at most this many")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=0),
+    default=100,
+    show_default=True,
+    help="list at most this many (0: only the counts)",
+)
 @click.option("--json", "as_json", is_flag=True, help=f"print JSON instead of a table {JSON_TAGS}")
 def dead_letters(
     path: Path,
@@ -130,7 +136,7 @@ def _list(
             {"pool": name} | {field.name: getattr(letter, field.name) for field in _LETTER_FIELDS}
             for name, found in letters.items()
             for letter in found
-        ][: max(limit, 0)]
+        ][:limit]
         click.echo(_json_text({"matched": matched, "total": total, "dead_letters": listing}))
         return
     if filtered and total:
