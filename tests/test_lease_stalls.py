@@ -135,3 +135,38 @@ def test_a_dead_workers_leases_still_expire_after_a_stall(store_path: Path) -> N
     finally:
         b.close()
         a.close(timeout=WAIT)
+
+
+@pytest.mark.threaded
+def test_a_step_of_the_wall_clock_expires_no_lease(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NTP or an operator steps the wall clock an hour ahead: leases expire by the lease
+    clock, which follows the monotonic clock, so no live worker's lease is taken over."""
+    ran = Ran()
+    runtimes = []
+    try:
+        for who in ("a", "b"):
+            runtime = Runtime(store_path, shared=True, lease_ttl=TTL, poll_interval=0.05)
+            runtime.define("jobs", execute=ran.handler(who), concurrency=4)
+            runtimes.append(runtime)
+        a = runtimes[0]
+        until(
+            lambda: sorted(Counter(r.owner for r in _leases(a).values()).values()) == [2, 2],
+            "a fair split",
+        )
+        before = {index: (r.owner, r.epoch) for index, r in _leases(a).items()}
+        last = max(r.expires_at for r in _leases(a).values())
+        wall = time.time
+        with caplog.at_level(logging.WARNING, logger="dopool"):
+            monkeypatch.setattr(time, "time", lambda: wall() + 3600.0)
+            until(
+                lambda: min(r.expires_at for r in _leases(a).values()) > last + TTL,
+                "renewals after the step",
+            )
+        assert {index: (r.owner, r.epoch) for index, r in _leases(a).items()} == before
+        assert "taken over" not in caplog.text
+    finally:
+        monkeypatch.undo()
+        for runtime in runtimes:
+            runtime.close()

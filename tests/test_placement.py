@@ -2,8 +2,8 @@
 
 Two ``Runtime(path, shared=True)`` in this process stand for two worker processes, as
 in ``tests/test_shared_runtime.py``. With a long ``lease_ttl`` no renewal of the
-keepers' own falls within a test: each one is forced, and a fake wall clock (an offset
-on one keeper's ``now``) makes the other worker's leases expired. Nothing sleeps to
+keepers' own falls within a test: each one is forced, and a lease clock read ahead (an
+offset on one store's ``lease_time``) makes the other worker's leases expired. Nothing sleeps to
 wait for the engine: tables are asked of the actor, conditions waited for.
 """
 
@@ -13,29 +13,14 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 from dopool import RetryPolicy, Runtime
-from dopool._clock import Clock
 from dopool._keeper import LeaseKeeper
 from dopool._router import Router, RoutingTable
 from worker_support import WAIT, Ran, until
-
-
-class Ahead:
-    """A keeper's clock whose wall time runs ``offset`` seconds ahead of the real one's."""
-
-    def __init__(self, clock: Clock, offset: float) -> None:
-        self._clock = clock
-        self._offset = offset
-
-    def now(self) -> float:
-        return self._clock.now() + self._offset
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._clock, name)
 
 
 @pytest.fixture
@@ -126,7 +111,7 @@ def _released(runtime: Runtime) -> bool:
 
 
 def test_the_table_follows_the_leases_taken_released_and_lost(
-    store_path: Path, opened: list[Runtime]
+    store_path: Path, opened: list[Runtime], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ran = Ran()
     a = _worker(store_path, "a", ran, opened)
@@ -150,8 +135,9 @@ def test_the_table_follows_the_leases_taken_released_and_lost(
     assert _table(a).version == 3
     _renew(a)  # nothing moved: no new table
     assert _table(a).version == 3
-    # b's wall clock past a's leases' expiry: b takes them over, a loses them.
-    _keeper(b)._clock = cast(Clock, Ahead(b.clock, 60.0))
+    # b reads the lease clock past a's leases' expiry: b takes them over, a loses them.
+    lease_time = b._store.lease_time
+    monkeypatch.setattr(b._store, "lease_time", lambda: lease_time() + 60.0)
     _renew(b)
     assert _table(b).here == frozenset(range(4))
     _renew(a)

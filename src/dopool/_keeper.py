@@ -23,7 +23,7 @@ resume or drain is then made in the store instead, see :mod:`dopool._across`). A
 exclusive runtime starts every instance itself; its keeper only writes and renews
 their leases.
 
-After a renewal or a start that changed what this process serves, or whom a lease
+After a renewal or a stop that changed what this process serves, or whom a lease
 names, the keeper tells each pool's router actor (:mod:`dopool._placement`), which
 publishes the new routing table; it does not wait for it.
 """
@@ -58,7 +58,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("dopool")
 
 _STOP_WAIT = 3600.0  # seconds a released instance's handler may take to finish
-_PLACE_EVERY = 0.1  # seconds between tellings of the routing tables while instances start
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,19 +248,17 @@ class LeaseKeeper:
 
     def _place(self) -> None:
         """Tell each pool's router actor where its instances are served, if that changed:
-        here, those whose lease this worker holds and whose actor has started and is not
-        stopping (all of them in an exclusive runtime). A tell: the keeper never waits
-        for the actor. Called with the lock."""
+        here, those whose lease this worker holds and whose actor is not stopping (all of
+        them in an exclusive runtime). One still to start is here already: a call that
+        finds its mailbox vacant meanwhile stores its enqueue through the store, which
+        the instance's recovery then finds. A tell: the keeper never waits for the
+        actor. Called with the lock."""
         held = self.book.held
         for name, placement in self._placements.items():
             every = range(placement.concurrency)
             if self.shared:
                 here = frozenset(
-                    i
-                    for i in every
-                    if (name, i) in held
-                    and (name, i) not in self._stopping
-                    and (name, i) not in self._starting
+                    i for i in every if (name, i) in held and (name, i) not in self._stopping
                 )
             else:
                 here = frozenset(every)
@@ -291,16 +288,9 @@ class LeaseKeeper:
 
     def _start_all(self, starts: _Starts) -> None:
         """Start each instance taken that is still to start here, and send its recovery.
-        The lock is taken for one instance at a time: a renewal never waits for a batch.
-        The routing tables are told at most every :data:`_PLACE_EVERY` seconds meanwhile
-        (each telling reads every instance), and at the end."""
-        placed = time.monotonic()
+        The lock is taken for one instance at a time: a renewal never waits for a batch."""
         for taken in starts.taken:
             where = (taken.pool, taken.index)
-            if time.monotonic() - placed > _PLACE_EVERY:
-                with self._lock:
-                    self._place()
-                placed = time.monotonic()
             with self._lock:
                 if self._starting.get(where) is not taken:
                     continue  # lost or released before it started: passed over
@@ -321,8 +311,6 @@ class LeaseKeeper:
                 )
                 reply = send_recovery(supervisor, restarts=1 if taken.expired else 0)
                 starts.replies.append((supervisor, reply))
-        with self._lock:
-            self._place()
 
     def _release_now(self, where: Where) -> None:
         """Give up a lease taken while the runtime began to close (the lock held)."""
