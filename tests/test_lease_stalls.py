@@ -10,10 +10,6 @@ process stand for two worker processes, as in ``tests/test_shared_runtime.py``.
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -24,48 +20,14 @@ import pytest
 
 from dopool import Runtime
 from dopool._layout import LeaseRecord, Namespace, all_leases
-from test_writer_lock import held
+from test_writer_lock import frozen_writer, held
 from worker_support import WAIT, Ran, until
 
 TTL = 0.6  # renewed every 0.2 s
 STALL = 5 * TTL  # how long the writer lock is held elsewhere
 
 
-@contextmanager
-def frozen_writer(store: Path, *, killed: bool = False) -> Iterator[None]:
-    """A process that takes the store's writer lock as dopool does and is stopped while it
-    holds it; continued at the end (or, ``killed``, SIGKILLed while stopped)."""
-    script = """
-import os, signal, sys
-from pathlib import Path
-from dopool._writerlock import WriterLock
-lock = WriterLock(Path(sys.argv[1]))
-with lock:
-    print("holding", flush=True)
-    os.kill(os.getpid(), signal.SIGSTOP)
-"""
-    child = subprocess.Popen(
-        [sys.executable, "-c", script, str(store)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline() == "holding\n"
-        _, status = os.waitpid(child.pid, os.WUNTRACED)
-        assert os.WIFSTOPPED(status)
-        yield
-        os.kill(child.pid, signal.SIGKILL if killed else signal.SIGCONT)
-        child.wait(WAIT)
-    finally:
-        child.kill()
-        child.wait()
-        if child.stdout is not None:
-            child.stdout.close()
-
-
-HOLDERS: dict[str, Callable[[Path], AbstractContextManager[None]]] = {
+HOLDERS: dict[str, Callable[[Path], AbstractContextManager[object]]] = {
     "another program's flock": held,
     "a frozen dopool writer": frozen_writer,
     "a frozen dopool writer, then killed": lambda store: frozen_writer(store, killed=True),
@@ -77,23 +39,33 @@ def _leases(runtime: Runtime) -> dict[int, LeaseRecord]:
         return {index: record for _, index, record in all_leases(txn)}
 
 
+@contextmanager
+def two_workers(store: Path) -> Iterator[Runtime]:
+    """Two shared workers on pool ``jobs`` of 4 instances, once each holds 2: the first."""
+    ran = Ran()
+    runtimes: list[Runtime] = []
+    try:
+        for who in ("a", "b"):
+            runtime = Runtime(store, shared=True, lease_ttl=TTL, poll_interval=0.05)
+            runtimes.append(runtime)
+            runtime.define("jobs", execute=ran.handler(who), concurrency=4)
+        first = runtimes[0]
+        until(
+            lambda: sorted(Counter(r.owner for r in _leases(first).values()).values()) == [2, 2],
+            "a fair split",
+        )
+        yield first
+    finally:
+        for runtime in runtimes:
+            runtime.close()
+
+
 @pytest.mark.threaded
 @pytest.mark.parametrize("holder", list(HOLDERS))
 def test_workers_keep_their_leases_while_the_writer_lock_is_held_elsewhere(
     store_path: Path, holder: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    ran = Ran()
-    runtimes = []
-    try:
-        for who in ("a", "b"):
-            runtime = Runtime(store_path, shared=True, lease_ttl=TTL, poll_interval=0.05)
-            runtime.define("jobs", execute=ran.handler(who), concurrency=4)
-            runtimes.append(runtime)
-        a = runtimes[0]
-        until(
-            lambda: sorted(Counter(r.owner for r in _leases(a).values()).values()) == [2, 2],
-            "a fair split",
-        )
+    with two_workers(store_path) as a:
         before = {index: (r.owner, r.epoch) for index, r in _leases(a).items()}
         with caplog.at_level(logging.WARNING, logger="dopool"), HOLDERS[holder](store_path):
             time.sleep(STALL)  # real-time: the writer lock is held elsewhere this long
@@ -108,9 +80,6 @@ def test_workers_keep_their_leases_while_the_writer_lock_is_held_elsewhere(
         with a._store.read() as txn:
             assert [Namespace("jobs", i).load_meta(txn).restarts for i in range(4)] == [0] * 4
         assert "taken over" not in caplog.text
-    finally:
-        for runtime in runtimes:
-            runtime.close()
 
 
 @pytest.mark.threaded
@@ -143,18 +112,7 @@ def test_a_step_of_the_wall_clock_expires_no_lease(
 ) -> None:
     """NTP or an operator steps the wall clock an hour ahead: leases expire by the lease
     clock, which follows the monotonic clock, so no live worker's lease is taken over."""
-    ran = Ran()
-    runtimes = []
-    try:
-        for who in ("a", "b"):
-            runtime = Runtime(store_path, shared=True, lease_ttl=TTL, poll_interval=0.05)
-            runtime.define("jobs", execute=ran.handler(who), concurrency=4)
-            runtimes.append(runtime)
-        a = runtimes[0]
-        until(
-            lambda: sorted(Counter(r.owner for r in _leases(a).values()).values()) == [2, 2],
-            "a fair split",
-        )
+    with two_workers(store_path) as a:
         before = {index: (r.owner, r.epoch) for index, r in _leases(a).items()}
         last = max(r.expires_at for r in _leases(a).values())
         wall = time.time
@@ -165,8 +123,5 @@ def test_a_step_of_the_wall_clock_expires_no_lease(
                 "renewals after the step",
             )
         assert {index: (r.owner, r.epoch) for index, r in _leases(a).items()} == before
+        monkeypatch.undo()  # before the runtimes close: their exit reads the wall clock
         assert "taken over" not in caplog.text
-    finally:
-        monkeypatch.undo()
-        for runtime in runtimes:
-            runtime.close()

@@ -40,6 +40,40 @@ def held(store: Path) -> Iterator[None]:
         os.close(fd)  # releases it
 
 
+@contextmanager
+def frozen_writer(store: Path, *, killed: bool = False) -> Iterator[int]:
+    """A process that takes the store's writer lock as dopool does and is stopped (SIGSTOP)
+    while it holds it: its pid. Continued at the end, or, ``killed``, SIGKILLed while
+    stopped (the kernel releases its lock)."""
+    script = """
+import os, signal, sys
+from pathlib import Path
+from dopool._writerlock import WriterLock
+with WriterLock(Path(sys.argv[1])):
+    print("holding", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+"""
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(store)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "holding\n"
+        _, status = os.waitpid(child.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status)
+        yield child.pid
+        os.kill(child.pid, signal.SIGKILL if killed else signal.SIGCONT)
+        assert child.wait(TIMEOUT) == (-signal.SIGKILL if killed else 0)
+    finally:
+        child.kill()
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+
+
 def waits_for_the_lock(store: Path, write: Callable[[], object]) -> None:
     done = threading.Event()
     failed: list[BaseException] = []
@@ -151,43 +185,19 @@ def test_a_producer_gives_up_after_its_lock_timeout_and_stores_nothing(
 def test_a_producer_names_a_frozen_dopool_writer_and_how_long_it_has_held_the_lock(
     paused_store: Path,
 ) -> None:
-    script = """
-import os, signal, sys
-from pathlib import Path
-from dopool._writerlock import WriterLock
-lock = WriterLock(Path(sys.argv[1]))
-lock.acquire()
-print("holding", flush=True)
-os.kill(os.getpid(), signal.SIGSTOP)  # frozen while it writes
-lock.release()
-"""
-    child = subprocess.Popen(
-        [sys.executable, "-c", script, str(paused_store)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline() == "holding\n"
-        _, status = os.waitpid(child.pid, os.WUNTRACED)
-        assert os.WIFSTOPPED(status)
-        with dopool.connect(paused_store, lock_timeout=0.2) as connection:
-            with pytest.raises(StoreBusyError) as caught:
-                connection.pool("jobs").enqueue("late")
-            error = caught.value
-            assert error.pid == child.pid
-            assert error.held_for is not None
-            assert error.held_for >= error.waited >= 0.2
-            assert f"process {child.pid} has held its writer lock for" in str(error)
-            os.kill(child.pid, signal.SIGCONT)
-            assert child.wait(TIMEOUT) == 0
-            connection.pool("jobs").enqueue("after it woke")
-    finally:
-        child.kill()
-        child.wait()
-        if child.stdout is not None:
-            child.stdout.close()
+    with frozen_writer(paused_store) as pid:
+        with (
+            dopool.connect(paused_store, lock_timeout=0.2) as connection,
+            pytest.raises(StoreBusyError) as caught,
+        ):
+            connection.pool("jobs").enqueue("late")
+        error = caught.value
+        assert error.pid == pid
+        assert error.held_for is not None
+        assert error.held_for >= error.waited >= 0.2
+        assert f"process {pid} has held its writer lock for" in str(error)
+    with dopool.connect(paused_store, lock_timeout=0.2) as connection:
+        connection.pool("jobs").enqueue("after it woke")
     assert _pending(paused_store) == 1
 
 
