@@ -1,17 +1,21 @@
 """The multi-process mode (``dopool chaos --processes``): a few seeds with real processes,
-the plans, a loss planted in the records, and the checker on fabricated records.
+the plans, a loss planted in the records, the frozen-writer fault on a process of its
+own, and the checker on fabricated records.
 
 The seeds run as ``.ci/run`` runs many: producer processes, a ``dopool worker``
-SIGKILLed and restarted; every process is killed by the run on its way out, and
-a failure keeps its directory (its path in the report).
+SIGKILLed and restarted, writers frozen; every process is continued and killed by the
+run on its way out, and a failure keeps its directory (its path in the report).
 """
 
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import tempfile
+import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,15 +24,32 @@ import pytest
 from dopool._chaos import harness as cli
 from dopool._chaos.procs import records
 from dopool._chaos.procs.checker import Ending, check
-from dopool._chaos.procs.plan import Behaviour, Plan, Send, draw
-from dopool._chaos.procs.records import Answer, Attempt, Records
+from dopool._chaos.procs.freeze import LOCKS, LockFile, catch, cont
+from dopool._chaos.procs.plan import (
+    BIG_AT,
+    BIG_CONCURRENCY,
+    BIG_EVERY,
+    FREEZE_TTLS,
+    Behaviour,
+    Plan,
+    Send,
+    draw,
+)
+from dopool._chaos.procs.records import Answer, Attempt, Freeze, Records, Refusal
 from dopool._chaos.procs.seed import run_seed
 from dopool._types import InstanceStatus, PoolStatus
+from dopool._writerlock import WRITER_LOCK
 
 # 24: dedup keys held all run, a pause, kills mid-attempt; 35: keys freed as their events
 # end, a kill and a restart while paused, two instances; 8: a SIGTERM, four producers.
 # All three run two workers, and kill each (takeovers once the leases expire).
 SEEDS = (24, 35, 8)
+# Its second worker frozen for 1.69 s (2.8 lease ttls) while it holds the writer lock,
+# early, with both workers up; then a producer, once the producers may be done.
+FROZEN = 99
+# Of the big family: 2,118 instances, two workers, a third joining, the second killed,
+# a producer frozen for 3.68 s (1.8 lease ttls of 2 s).
+BIG = 92
 
 
 @pytest.fixture
@@ -50,19 +71,43 @@ def test_a_seed_with_real_processes_keeps_every_invariant(seed: int, runs: Path)
     assert list(runs.iterdir()) == []  # a passing seed leaves nothing behind
 
 
+@pytest.mark.threaded
+def test_a_frozen_writer_lands_and_the_seed_keeps_every_invariant(runs: Path) -> None:
+    result = run_seed(FROZEN)
+    if not result.ok:
+        pytest.fail(result.report(), pytrace=False)
+    assert result.frozen_workers == 1  # a worker holds the lock at every renewal
+    assert any(step.startswith("freeze-1.69s(worker") for step in result.log), result.log
+    assert list(runs.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.threaded
+def test_a_seed_of_the_big_family_keeps_every_invariant(runs: Path) -> None:
+    plan = draw(BIG)
+    result = run_seed(BIG)
+    if not result.ok:
+        pytest.fail(result.report(), pytrace=False)
+    assert result.big
+    assert result.acknowledged == plan.events >= plan.concurrency
+    assert result.crashes == 1  # the second worker, for good; the third joined
+    assert result.restarts == 2
+    assert list(runs.iterdir()) == []
+
+
 def test_a_plan_is_a_function_of_the_seed_and_the_seeds_cover_the_mode() -> None:
     assert draw(7) == draw(7)
     assert draw(7) != draw(8)
-    plans = [draw(seed) for seed in range(60)]
+    plans = [p for p in (draw(seed) for seed in range(60)) if not p.big]
     verbs = Counter(a.verb + ("-mid" if a.mid else "") for p in plans for a in p.actions)
-    assert {"kill", "kill-mid", "term", "start", "pause", "resume"} <= set(verbs)
+    assert {"kill", "kill-mid", "term", "start", "pause", "resume", "freeze"} <= set(verbs)
     assert {p.producers for p in plans} == {2, 3, 4}
     assert {p.concurrency for p in plans} == {1, 2, 3}
     assert {p.dedup_window for p in plans} == {0.0, 3600.0}
     assert {p.workers for p in plans} == {1, 2}
     assert all(draw(seed).workers == 2 for seed in SEEDS)
     seconds = [a for p in plans for a in p.actions if a.chain == 1]
-    assert {a.verb for a in seconds} == {"kill", "start"}
+    assert {a.verb for a in seconds} == {"kill", "start", "freeze"}
     assert all(p.workers == 2 for p in plans if any(a.chain for a in p.actions))
     sends = [send for p in plans for stream in p.streams for send in stream]
     assert any(send.batch for send in sends)
@@ -70,6 +115,147 @@ def test_a_plan_is_a_function_of_the_seed_and_the_seeds_cover_the_mode() -> None
     assert any(send.partition_key is None for send in sends)
     modes = {b.mode for p in plans for b in p.behaviours.values()}
     assert modes == {"ok", "perm", "always"}
+
+
+def test_half_the_seeds_freeze_a_producer_or_a_worker_some_past_the_lease_ttl() -> None:
+    plans = [draw(seed) for seed in range(200)]
+    freezes = [(p, a) for p in plans for a in p.actions if a.verb == "freeze"]
+    assert 80 <= len({p.seed for p, _ in freezes}) <= 120
+    assert any(a.producer is None for _, a in freezes)
+    assert any(a.producer is not None for _, a in freezes)
+    for plan, action in freezes:
+        assert 0.3 * plan.lease_ttl - 0.01 <= action.seconds <= FREEZE_TTLS * plan.lease_ttl
+        if action.producer is None:
+            assert action.chain < plan.workers
+        else:
+            assert action.producer < plan.producers
+    longer = sum(1 for p, a in freezes if a.seconds > p.lease_ttl)
+    assert len(freezes) / 2 < longer < len(freezes)
+    # Some seeds' producers give up waiting for the lock while a freeze holds it.
+    timeouts = [p for p in plans if p.lock_timeout is not None]
+    assert 10 <= len(timeouts) <= 50
+    for plan in timeouts:
+        longest = max(a.seconds for a in plan.actions if a.verb == "freeze")
+        assert 0.5 * longest - 0.01 <= plan.lock_timeout <= 0.9 * longest + 0.01
+    assert draw(FROZEN).workers == 2
+    assert any(a.verb == "freeze" and a.producer is None for a in draw(FROZEN).actions)
+
+
+def test_a_fixed_share_of_the_seeds_is_of_the_big_family() -> None:
+    plans = [draw(seed) for seed in range(100)]
+    assert [p.seed for p in plans if p.big] == list(range(BIG_AT, 100, BIG_EVERY))
+    for plan in (p for p in plans if p.big):
+        assert BIG_CONCURRENCY[0] <= plan.concurrency <= BIG_CONCURRENCY[1]
+        assert plan.workers in (2, 3)
+        assert plan.chains == plan.workers + 1
+        (joins,) = [a for a in plan.actions if a.verb == "start"]
+        assert joins.chain == plan.workers  # a worker of its own joins
+        (leaves,) = [a for a in plan.actions if a.verb in ("term", "kill")]
+        assert leaves.chain < plan.workers
+        # The first producer sweeps the pool round-robin: every instance gets an event.
+        sweep = plan.streams[0]
+        assert sum(len(send.ids) for send in sweep) == plan.concurrency
+        assert all(send.partition_key is None for send in sweep)
+        keyed = [send.partition_key for stream in plan.streams[1:] for send in stream]
+        assert None not in keyed
+        assert len(set(keyed)) > len(keyed) / 2  # many partitions
+    assert draw(BIG).big
+    assert draw(BIG).workers == 2
+
+
+# -- the frozen-writer fault on a process of the test's own ------------------------------
+
+HOLDER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+if sys.argv[2] == "hold":
+    fcntl.flock(fd, fcntl.LOCK_EX)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def holder(tmp_path: Path) -> Iterator[Callable[[str], subprocess.Popen[bytes]]]:
+    """A child that opens ``writer.lock`` in ``tmp_path`` and takes it (``"hold"``) or not."""
+    children: list[subprocess.Popen[bytes]] = []
+
+    def start(how: str) -> subprocess.Popen[bytes]:
+        lock = str(tmp_path / WRITER_LOCK)
+        child = subprocess.Popen([sys.executable, "-c", HOLDER, lock, how], stdout=subprocess.PIPE)
+        children.append(child)
+        assert child.stdout is not None
+        assert child.stdout.readline() == b"ready\n"
+        return child
+
+    yield start
+    for child in children:
+        cont(child.pid)
+        child.kill()
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+
+
+def _state(pid: int) -> str:
+    """The process's state letter, from ``/proc/<pid>/stat`` (``T``: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+linux = pytest.mark.skipif(not LOCKS.exists(), reason="/proc/locks is Linux's")
+
+
+@linux
+def test_a_freeze_stops_the_holder_of_the_writer_lock_until_it_is_continued(
+    tmp_path: Path, holder: Callable[[str], subprocess.Popen[bytes]]
+) -> None:
+    child = holder("hold")
+    lock = LockFile.of(tmp_path)
+    assert lock.held_by(child.pid)
+    caught = catch(
+        child.pid,
+        lock,
+        until=time.monotonic() + 10,
+        alive=lambda: child.poll() is None,
+        between=lambda: time.sleep(0.001),
+    )
+    assert caught.at is not None
+    assert caught.misses == 0
+    assert _state(child.pid) == "T"
+    assert lock.held_by(child.pid)
+    cont(child.pid)
+    deadline = time.monotonic() + 10
+    while _state(child.pid) == "T" and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert _state(child.pid) != "T"
+
+
+@linux
+def test_a_freeze_gives_up_on_a_process_that_never_holds_the_lock(
+    tmp_path: Path, holder: Callable[[str], subprocess.Popen[bytes]]
+) -> None:
+    child = holder("open")
+    caught = catch(
+        child.pid,
+        LockFile.of(tmp_path),
+        until=time.monotonic() + 0.2,
+        alive=lambda: child.poll() is None,
+        between=lambda: time.sleep(0.001),
+    )
+    assert caught.at is None
+    assert _state(child.pid) != "T"
+
+
+def test_the_holders_of_the_lock_are_read_from_proc_locks() -> None:
+    table = (
+        "1: FLOCK  ADVISORY  WRITE 101 fe:00:2146309 0 EOF\n"
+        "1: -> FLOCK  ADVISORY  WRITE 102 fe:00:2146309 0 EOF\n"  # waits for it
+        "2: FLOCK  ADVISORY  WRITE 103 fe:00:999 0 EOF\n"  # another file
+        "3: FLOCK  ADVISORY  WRITE 104 fd:01:2146309 0 EOF\n"  # another device
+        "4: POSIX  ADVISORY  WRITE 105 fe:00:2146309 0 EOF\n"  # not a flock
+        "5: OFDLCK ADVISORY  READ  -1 fe:00:2146309 0 EOF\n"
+    )
+    assert LockFile(0xFE, 0, 2146309).holders(table) == {101}
 
 
 @pytest.mark.threaded
@@ -96,6 +282,7 @@ def test_a_lost_event_is_reported_with_the_replay_line_and_the_run_kept(
     assert f"{lost[0]} at " in out
     assert "never succeeded (lost)" in out
     assert f"dopool chaos --processes --seed {seed}" in out
+    assert "  processes: 0 frozen writers (0 producers, 0 workers, 0 missed); seeds none" in out
     (kept,) = runs.iterdir()
     assert f"(kept: {kept})" in out
     assert (kept / "store").is_dir()
@@ -129,7 +316,9 @@ PLAN = Plan(
 )
 
 
-def _status(enqueued: int = 2, succeeded: int = 2, pending: int = 0) -> PoolStatus:
+def _status(
+    enqueued: int = 2, succeeded: int = 2, pending: int = 0, duplicates: int = 1, restarts: int = 0
+) -> PoolStatus:
     instance = InstanceStatus(
         index=0,
         instance_id="mp:0",
@@ -144,8 +333,8 @@ def _status(enqueued: int = 2, succeeded: int = 2, pending: int = 0) -> PoolStat
         current_sequence=None,
         attempt=0,
         next_alarm_at=None,
-        restarts=0,
-        duplicates=1,
+        restarts=restarts,
+        duplicates=duplicates,
     )
     return PoolStatus(
         name="mp",
@@ -158,7 +347,7 @@ def _status(enqueued: int = 2, succeeded: int = 2, pending: int = 0) -> PoolStat
         dead_lettered=0,
         drained=0,
         instances=[instance],
-        duplicates=1,
+        duplicates=duplicates,
     )
 
 
@@ -273,3 +462,55 @@ def test_the_checker_holds_the_counters_to_the_answers() -> None:
     plan = replace(PLAN, behaviours={"0.1": Behaviour(mode="perm")})
     violations = check(plan, _records(*CLEAN), _ending())
     assert any("should be dead-lettered (perm)" in v for v in violations), violations
+
+
+# 0.2 (a duplicate of 0.1 in the clean records) was refused: its producer gave up waiting
+# for the writer lock from 100 to 200 (ns).
+BUSY = "StoreBusyError: store 's' is busy: process 7 has held its writer lock for 0.5 s"
+REFUSED = Refusal(100, 200, BUSY)
+
+
+def _refused(*freezes: Freeze, refusal: Refusal = REFUSED) -> Records:
+    found = _records(*CLEAN)
+    del found.answers["0.2"]
+    found.refused["0.2"] = refusal
+    found.freezes = list(freezes)
+    return found
+
+
+def test_a_refused_enqueue_is_excused_only_while_a_frozen_writer_holds_the_lock() -> None:
+    landed = Freeze("producer", 1, landed=True, stopped=150, continued=400)
+    assert check(PLAN, _refused(landed), _ending(duplicates=0)) == []
+    complaint = f"0.2: its enqueue raised {BUSY}, with no frozen writer holding the lock"
+    for freezes in (
+        (),
+        (Freeze("producer", 1, landed=True, stopped=250, continued=400),),  # after it
+        (Freeze("worker", 0, landed=False, misses=3, why="never seen holding it"),),
+    ):
+        violations = check(PLAN, _refused(*freezes), _ending(duplicates=0))
+        assert complaint in violations, violations
+    full = Refusal(100, 200, "QueueFullError: instance 0 of pool 'mp' is full (1/1)")
+    violations = check(PLAN, _refused(landed, refusal=full), _ending(duplicates=0))
+    assert f"0.2: its enqueue raised {full.error}, which no freeze explains" in violations
+
+
+def test_a_refused_enqueue_that_ran_was_stored_after_all() -> None:
+    found = _refused(Freeze("producer", 1, landed=True, stopped=150, continued=400))
+    found.attempts.append(Attempt(0, "0.2", 0, 2, 1, "ok"))
+    violations = check(PLAN, found, _ending(duplicates=0))
+    assert "0.2 ran at (0, 2), though its enqueue raised " + REFUSED.error in violations
+
+
+def test_a_lease_taken_from_a_live_worker_is_a_violation() -> None:
+    """A worker that logged a warning (it lost a lease while alive), or an instance that
+    restarted more often than the SIGKILLs explain (its lease taken over)."""
+    ending = _ending()
+    warning = "2026-11-29 02:05:47,256 WARNING dopool: the lease of mp:0 was taken over"
+    ending.warnings = {"worker-1.err": [warning]}
+    violations = check(PLAN, _records(*CLEAN), ending)
+    assert f"worker-1.err: 1 line(s) logged at WARNING or above, the first: {warning}" in (
+        violations
+    )
+    assert check(PLAN, _records(*CLEAN), _ending(killed={0}, restarts=1)) == []
+    violations = check(PLAN, _records(*CLEAN), _ending(killed={0}, restarts=2))
+    assert any("restarted more often than the 1 SIGKILL(s)" in v for v in violations), violations

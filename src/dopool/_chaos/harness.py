@@ -6,13 +6,14 @@
     dopool chaos --processes --seed S [--keep]        # one seed's plan again
 
 (``python -m chaos`` in the repository is the same.) ``--processes`` runs the
-multi-process mode (:mod:`dopool._chaos.procs`): producer processes, a ``dopool
-worker`` SIGKILLed and restarted; a replay runs the same plan, not the same
-interleavings.
+multi-process mode (:mod:`dopool._chaos.procs`): producer processes, ``dopool
+worker`` processes SIGKILLed and restarted, writers frozen holding the store's writer
+lock; a replay runs the same plan, not the same interleavings.
 
 Prints a progress line now and then and a summary of scenarios, events,
-executions, crashes, restarts and violations. Exits 1 if any scenario broke an
-invariant, after printing, for each such seed, the command that replays it.
+executions, crashes, restarts and violations (with ``--processes``, also the big
+family's seeds and the frozen-writer faults that landed). Exits 1 if any scenario
+broke an invariant, after printing, for each such seed, the command that replays it.
 """
 
 from __future__ import annotations
@@ -124,10 +125,12 @@ def _replay(seed: int, trace: Path | None, *, verbose: bool) -> int:
 
 def _one_line(result: Result) -> str:
     if result.processes:
+        big = " (big family)" if result.big else ""
         return (
-            f"seed {result.seed}: {result.acknowledged} events stored, {result.duplicates} "
+            f"seed {result.seed}{big}: {result.acknowledged} events stored, {result.duplicates} "
             f"duplicates answered, {result.executions} executions, {result.crashes} SIGKILLs, "
-            f"{result.restarts} restarts, {result.wall_time:.2f} wall s: "
+            f"{result.restarts} restarts, {_freezes(result)}, "
+            f"{result.wall_time:.2f} wall s: "
             + ("ok" if result.ok else f"{len(result.violations)} violation(s)")
         )
     return (
@@ -136,6 +139,16 @@ def _one_line(result: Result) -> str:
         f"{result.reopens} reopens, {result.virtual_time:.1f} virtual s, "
         f"{result.wall_time:.2f} wall s: "
         + ("ok" if result.ok else f"{len(result.violations)} violation(s)")
+    )
+
+
+def _freezes(result: Result) -> str:
+    """The frozen-writer faults of a multi-process run (or the sum of several)."""
+    refused = f", {result.refused} enqueues refused" if result.refused else ""
+    return (
+        f"{result.frozen_producers + result.frozen_workers} frozen writers "
+        f"({result.frozen_producers} producers, {result.frozen_workers} workers, "
+        f"{result.freezes_missed} missed{refused})"
     )
 
 
@@ -175,6 +188,8 @@ def _long(seeds: range, jobs: int, *, processes: bool = False) -> int:
     )
     failures: list[Result] = []
     scenarios = 0
+    faults = Result(seed=-1, violations=[], processes=True)  # the freezes' totals
+    big, bigs = 0, 0.0  # the big family: seeds, and their wall time
     mode = ", processes" if processes else ""
     print(
         f"chaos: seeds {seeds.start}..{seeds.stop - 1} ({len(seeds)} scenarios, {jobs} job(s)"
@@ -191,6 +206,13 @@ def _long(seeds: range, jobs: int, *, processes: bool = False) -> int:
         totals["restarts"] += result.restarts
         totals["reopens"] += result.reopens
         totals["violations"] += len(result.violations)
+        faults.frozen_producers += result.frozen_producers
+        faults.frozen_workers += result.frozen_workers
+        faults.freezes_missed += result.freezes_missed
+        faults.refused += result.refused
+        if result.big:
+            big += 1
+            bigs += result.wall_time
         if not result.ok:
             failures.append(result)
             replay = replay_command(result.seed, processes=processes)
@@ -213,6 +235,9 @@ def _long(seeds: range, jobs: int, *, processes: bool = False) -> int:
         f"{totals['crashes']} crashes, {totals['restarts']} restarts, {totals['reopens']} reopens, "
         f"{totals['violations']} violations in {len(failures)} scenarios, {elapsed:.1f}s"
     )
+    if processes:
+        family = f"{big:.0f} of the big family ({bigs / big:.1f} wall s each)" if big else "none"
+        print(f"  processes: {_freezes(faults)}; seeds {family}")
     if failures:
         print("replay each failing seed with:")
         for result in failures:

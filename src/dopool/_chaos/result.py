@@ -35,6 +35,11 @@ class Result:
     trace: bytes = b""  # the runtimes' JSON-lines traces, one incarnation after another
     log: list[str] = field(default_factory=list)  # the history, one record per line
     processes: bool = False  # a seed of the multi-process mode
+    big: bool = False  # a seed of the multi-process mode's big family
+    frozen_producers: int = 0  # frozen-writer faults that landed on a producer
+    frozen_workers: int = 0  # and on a worker
+    freezes_missed: int = 0  # planned freezes that found no holder of the writer lock
+    refused: int = 0  # enqueues a producer gave up on (while a frozen writer held the lock)
     kept: str | None = None  # the directory a failing multi-process run left to inspect
 
     @property

@@ -4,10 +4,11 @@ It defines the plan's pool (:mod:`.plan`, drawn from ``DOPOOL_CHAOS_SEED``), who
 handler does what the plan says of each event (fail, fail for good, take a while)
 and records each attempt's start and end in ``DOPOOL_CHAOS_RECORD``
 (:mod:`.records`), each start stamped with the system's monotonic clock, which orders
-the attempts of two workers. It writes one byte to the pipe ``DOPOOL_CHAOS_FD`` once
-the pool is defined (``R``, or ``Q`` from the second worker) and one per attempt
-started (``S``, or ``L`` for a slow one): the runner counts the latter as progress,
-and waits for the former before it starts the producers.
+the attempts of several workers. It writes one byte to the pipe ``DOPOOL_CHAOS_FD``
+once the pool is defined (``R`` from the first worker, ``Q``, ``U``, ``V`` from the
+second, third, fourth: :data:`READY`) and one per attempt started (``S``, or ``L``
+for a slow one): the runner counts the latter as progress, and waits for the former
+before it starts the producers.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ from dopool._context import EventContext
 from dopool._errors import PermanentError
 from dopool._runtime import Runtime
 
-READY = b"R"
-READY_SECOND = b"Q"  # the second worker's (plan.workers == 2)
+READY = (b"R", b"Q", b"U", b"V")  # by chain: the first worker's, the second's...
 STARTED = b"S"
 SLOW = b"L"  # a slow attempt started: a kill now interrupts it
 PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -39,7 +39,7 @@ class PlannedFailure(RuntimeError):
 
 
 def define(runtime: Runtime) -> None:
-    _die_with(int(os.environ["DOPOOL_CHAOS_PARENT"]))
+    die_with(int(os.environ["DOPOOL_CHAOS_PARENT"]))
     faulthandler.register(DUMP, all_threads=True)  # a stuck run's stacks, in worker-<g>.err
     plan = draw(int(os.environ["DOPOOL_CHAOS_SEED"]))
     record = Record(os.environ["DOPOOL_CHAOS_RECORD"])
@@ -70,12 +70,13 @@ def define(runtime: Runtime) -> None:
         retry=RETRY,
         dedup_window=plan.dedup_window,
     )
-    os.write(pipe, READY_SECOND if os.environ.get("DOPOOL_CHAOS_CHAIN") == "1" else READY)
+    os.write(pipe, READY[int(os.environ["DOPOOL_CHAOS_CHAIN"])])
 
 
-def _die_with(parent: int) -> None:
-    """SIGKILL this worker if the runner dies (Linux): a worker never exits on its own,
-    and the runner kills it on every other way out."""
+def die_with(parent: int) -> None:
+    """SIGKILL this process if the runner dies (Linux): a worker never exits on its own,
+    a process the runner froze never runs again by itself, and the runner kills both
+    on every other way out."""
     if sys.platform != "linux":
         return
     libc = ctypes.CDLL(None, use_errno=True)

@@ -4,6 +4,14 @@ It runs once a last worker has finished every event, over what the processes
 recorded (:mod:`.records`), what the runner saw of them (:class:`Ending`), and the
 store as committed: the pool's status, its dead letters and ``dopool check``'s
 problems. Each check names the guarantee of docs/guarantees.md it stands for.
+
+A frozen writer (:mod:`.freeze`) excuses nothing but a refused enqueue: a producer may
+give up waiting for the writer lock while a stopped process holds it
+(``StoreBusyError``), and must then have stored nothing. Its leases, and those of the
+workers that waited, must not expire for it: an event that runs again after a freeze,
+with no SIGKILL in between, breaks at-least-once here as anywhere, and a lease taken
+over from a live worker shows in the workers' warnings and the instance's
+``restarts`` (:func:`_takeovers`).
 """
 
 from __future__ import annotations
@@ -14,8 +22,10 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 from dopool._chaos.procs.plan import MAX_ATTEMPTS, Behaviour, Plan, Send
-from dopool._chaos.procs.records import Attempt, Records
+from dopool._chaos.procs.records import Attempt, Records, Refusal
 from dopool._types import DeadLetter, PoolStatus
+
+BUSY = "StoreBusyError:"  # a refusal's error: gave up waiting for the writer lock
 
 
 @dataclass
@@ -29,6 +39,8 @@ class Ending:
     worker_codes: dict[int, int]  # exit statuses, by generation
     producer_codes: dict[int, int]
     errors: dict[str, str] = field(default_factory=dict)  # stderr with a traceback, by file
+    # The lines each worker logged at WARNING or above, by file: none is planned.
+    warnings: dict[str, list[str]] = field(default_factory=dict)
     # When each SIGKILL was sent (the system's monotonic clock, ns), by generation: with
     # two workers, generations do not follow each other, times do.
     kill_times: dict[int, int] = field(default_factory=dict)
@@ -51,11 +63,14 @@ def check(plan: Plan, records: Records, ending: Ending) -> list[str]:
     _order(records, sends, stored, out)
     _pauses(records, out)
     _counters(plan, records, ending, stored, out)
+    _takeovers(ending, out)
     out += [f"dopool check: {problem}" for problem in ending.problems]
     return out
 
 
 def _processes(ending: Ending) -> list[str]:
+    """Exits as planned, no traceback, and no worker logged a warning: none is planned,
+    and a live worker that loses a lease logs one (docs/deployment.md)."""
     out = [f"producer {p} exited {code}" for p, code in ending.producer_codes.items() if code != 0]
     for g, code in ending.worker_codes.items():
         if g in ending.killed and code != -signal.SIGKILL:
@@ -63,6 +78,10 @@ def _processes(ending: Ending) -> list[str]:
         elif g not in ending.killed and code != 0:
             out.append(f"worker {g} exited {code} after SIGTERM (0: every handler finished)")
     out += [f"{name}: {text}" for name, text in ending.errors.items()]
+    out += [
+        f"{name}: {len(lines)} line(s) logged at WARNING or above, the first: {lines[0]}"
+        for name, lines in ending.warnings.items()
+    ]
     return out
 
 
@@ -71,8 +90,15 @@ def _stored(
 ) -> dict[tuple[int, int], str]:
     """The events stored, by (instance, sequence); duplicates checked against them."""
     planned = set(keys)
-    out += [f"{i} was enqueued but never answered" for i in sorted(planned - set(records.answers))]
-    out += [f"{i}: its enqueue raised {e}" for i, e in sorted(records.refused.items())]
+    unanswered = planned - set(records.answers) - set(records.refused)
+    out += [f"{i} was enqueued but never answered" for i in sorted(unanswered)]
+    out += [
+        f"{i}: its enqueue raised {r.error}"
+        + ("" if r.error.startswith(BUSY) else ", which no freeze explains")
+        + ("" if _frozen_during(records, r) else ", with no frozen writer holding the lock")
+        for i, r in sorted(records.refused.items())
+        if not (r.error.startswith(BUSY) and _frozen_during(records, r))
+    ]
     stored: dict[tuple[int, int], str] = {}
     for ident, answer in records.answers.items():
         where = (answer.instance, answer.sequence)
@@ -102,6 +128,13 @@ def _stored(
     if plan.dedup_window > 60:  # no key is free again within the run: one event per key
         out += [f"key {k} stored {sorted(ids)}" for k, ids in by_key.items() if len(ids) > 1]
     return stored
+
+
+def _frozen_during(records: Records, refusal: Refusal) -> bool:
+    """Whether a frozen-writer fault that landed overlapped the refused call."""
+    return any(
+        f.stopped <= refusal.raised and refusal.called <= f.continued for f in records.landed
+    )
 
 
 def _ends(
@@ -155,7 +188,10 @@ def _attempts(
     runs: dict[tuple[int, int], list[Attempt]] = defaultdict(list)
     for attempt in records.attempts:
         where = (attempt.instance, attempt.sequence)
-        if stored.get(where) != attempt.ident:
+        refusal = records.refused.get(attempt.ident)
+        if refusal is not None:
+            out.append(f"{attempt.ident} ran at {where}, though its enqueue raised {refusal.error}")
+        elif stored.get(where) != attempt.ident:
             out.append(f"{attempt.ident} ran at {where}, where {stored.get(where)} was stored")
         runs[where].append(attempt)
         if attempt.outcome is None and attempt.generation not in killed:
@@ -259,3 +295,21 @@ def _counters(
     out += [
         f"{name} is {got}, expected {want}" for name, (got, want) in expected.items() if got != want
     ]
+
+
+def _takeovers(ending: Ending, out: list[str]) -> None:
+    """Leases (docs/deployment.md, several workers): a lease is taken over after it expired
+    only when its worker died or hung, and each such takeover counts a restart of the
+    instance. In these runs a worker dies only of a SIGKILL, and none hangs: a frozen
+    writer must not let a lease expire, its own or those of the workers that waited
+    for it. So an instance restarts at most once per SIGKILL; more is a lease taken
+    from a live worker (renewals late: leases swapped back and forth)."""
+    kills = len(ending.killed)
+    over = [i for i in ending.status.instances if i.restarts > kills]
+    if over:
+        worst = max(over, key=lambda i: i.restarts)
+        out.append(
+            f"{len(over)} instance(s) restarted more often than the {kills} SIGKILL(s) "
+            f"explain (leases taken over from live workers), instance {worst.index} "
+            f"{worst.restarts} times"
+        )

@@ -12,12 +12,22 @@ second has kills and restarts of its own (chain 1), so that one worker takes the
 other's instances over once their leases expire. What a second worker does is drawn
 from a random generator of its own, so every seed's first worker, producers and
 behaviours are what they were before there could be a second.
+
+Half the seeds also **freeze a writer** (``freeze``, :mod:`.freeze`): a producer or a
+worker is stopped (SIGSTOP) while it holds the store's writer lock, for a fraction of
+the workers' lease ttl up to three times it, then continued; drawn from a generator of
+its own as well.
+
+One seed in :data:`BIG_EVERY` (those whose number is :data:`BIG_AT` modulo it) is of
+the **big** family instead (:func:`draw_big`): a pool of 2,048 to 4,096 instances
+shared by two or three workers, a third or fourth worker joining mid-run and one
+leaving, and producers whose events reach every instance.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dopool._retry import RetryPolicy
 
@@ -30,6 +40,19 @@ MAX_KILLS = 3
 RETRY = RetryPolicy(max_attempts=MAX_ATTEMPTS, initial_delay=0.01, multiplier=2.0, max_delay=0.04)
 DEDUP_WINDOWS = (0.0, 3600.0)  # a key freed once its event ends; held for the whole run
 LEASE_TTL = 0.6  # the workers' --lease-ttl: a killed worker's instances move this soon
+#: One seed in ``BIG_EVERY``, ``seed % BIG_EVERY == BIG_AT``, is of the big family: a
+#: fixed share, so that any ``BIG_EVERY`` consecutive seeds (CI runs 30 from a random
+#: start) hold the same number of them, evenly spaced, and a run's time varies little.
+#: Fifteen: a big seed costs as much CPU as six others (docs/chaos.md, the big family).
+BIG_EVERY = 15
+BIG_AT = 2
+BIG_CONCURRENCY = (2048, 4096)  # the big family's pools: this many instances, at random
+BIG_KEYED = 300  # the most events a big seed's producer other than the first sends
+#: The big family's --lease-ttl: a third of it between renewals leaves a worker of
+#: thousands of instance threads, on a loaded two-core machine, a margin 0.6 s does not.
+BIG_LEASE_TTL = 2.0
+#: A freeze keeps its target stopped for ``FREEZE_TTLS`` times the lease ttl at most.
+FREEZE_TTLS = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,14 +90,26 @@ class Behaviour:
 class Action:
     """Something the runner does once progress reaches ``at``: ``kill`` (SIGKILL the
     worker), ``term`` (SIGTERM it, and wait for its graceful exit), ``start`` (a new
-    worker), ``pause`` or ``resume`` (``dopool pause|resume`` from the command line).
+    worker), ``pause`` or ``resume`` (``dopool pause|resume`` from the command line),
+    ``freeze`` (stop a process while it holds the writer lock: producer ``producer``,
+    or the chain's worker if None, for ``seconds``).
     A ``mid`` kill waits, past ``at``, for the start of a slow attempt, which it
     interrupts: a kill at a mere count mostly finds the worker between attempts."""
 
     at: int
     verb: str
     mid: bool = False
-    chain: int = 0  # which worker: the first (0) or the second (1) and their restarts
+    chain: int = 0  # which worker: the first (0), the second (1)... and their restarts
+    producer: int | None = None  # a freeze's target, if a producer
+    seconds: float = 0.0  # how long a freeze keeps its target stopped
+
+    def describe(self) -> str:
+        mid = "-mid" if self.mid else ""
+        chain = f"/{self.chain + 1}" if self.chain else ""
+        if self.verb != "freeze":
+            return f"{self.verb}{mid}{chain}@{self.at}"
+        target = f"producer{self.producer}" if self.producer is not None else f"worker{chain}"
+        return f"freeze-{target}-{self.seconds:g}s@{self.at}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,31 +121,56 @@ class Plan:
     streams: tuple[tuple[Send, ...], ...]  # one per producer process
     behaviours: dict[str, Behaviour]  # by event id; absent: succeeds at once
     actions: tuple[Action, ...]
-    workers: int = 1  # worker processes serving the store at once (leases between them)
+    workers: int = 1  # worker processes started at once, sharing the store by leases
+    lease_ttl: float = LEASE_TTL  # the workers' --lease-ttl
+    big: bool = False  # of the big family (draw_big)
+    lock_timeout: float | None = None  # the producers' connect(lock_timeout=); None: 10 s
 
     @property
     def producers(self) -> int:
         return len(self.streams)
 
     @property
+    def chains(self) -> int:
+        """Worker chains: those started at once, and any a ``start`` begins later."""
+        return max([self.workers, *(a.chain + 1 for a in self.actions)])
+
+    @property
     def events(self) -> int:
         return sum(len(send.ids) for stream in self.streams for send in stream)
 
     def describe(self) -> str:
-        verbs = " ".join(
-            f"{a.verb}{'-mid' if a.mid else ''}{'/2' if a.chain else ''}@{a.at}"
-            for a in self.actions
-        )
+        verbs = " ".join(a.describe() for a in self.actions)
         keyed = sum(1 for s in self.streams for send in s for k in send.dedup_keys if k)
+        family = " (big family)" if self.big else ""
+        timeout = "" if self.lock_timeout is None else f", lock timeout {self.lock_timeout:g} s"
         return (
-            f"seed {self.seed}: pool {POOL!r} of {self.concurrency}, {self.producers} producers, "
+            f"seed {self.seed}{family}: pool {POOL!r} of {self.concurrency}, "
+            f"{self.producers} producers, "
             f"{self.events} events ({keyed} keyed, window {self.dedup_window:g} s), "
-            f"durability {self.durability}; {self.workers} worker(s): {verbs}"
+            f"durability {self.durability}{timeout}; {self.workers} worker(s), lease ttl "
+            f"{self.lease_ttl:g} s: {verbs}"
         )
 
 
 def draw(seed: int) -> Plan:
-    """The scenario of ``seed``."""
+    """The scenario of ``seed``: of the big family or not, and its frozen writers."""
+    plan = draw_big(seed) if seed % BIG_EVERY == BIG_AT else _draw(seed)
+    rng = random.Random(f"dopool-procs-freeze:{seed}")
+    freezes = _freezes(rng, plan)
+    longest = max((a.seconds for a in freezes), default=0.0)
+    # In half the seeds with a freeze of a second or more, the producers wait for the
+    # writer lock for half of it to nine tenths, and give up (StoreBusyError) if it
+    # holds them longer: their refusals are exercised, and must have stored nothing.
+    timeout = None
+    if longest >= 1.0 and rng.random() < 0.5:
+        timeout = round(rng.uniform(0.5, 0.9) * longest, 2)
+    # A stable sort: a freeze drawn at an action's point comes after it.
+    actions = tuple(sorted((*plan.actions, *freezes), key=lambda a: a.at))
+    return replace(plan, actions=actions, lock_timeout=timeout)
+
+
+def _draw(seed: int) -> Plan:
     rng = random.Random(f"dopool-procs:{seed}")
     concurrency = rng.randint(1, 3)
     producers = rng.randint(2, 4)
@@ -159,6 +219,89 @@ def draw(seed: int) -> Plan:
     )
 
 
+def draw_big(seed: int) -> Plan:
+    """The big family's scenario of ``seed``: 2,048-4,096 instances, 2-3 workers from the
+    start, another joining and one leaving (SIGTERM, or SIGKILL for good) mid-run.
+
+    Producer 0 sweeps the pool once, round-robin in ``enqueue_many`` batches (one
+    transaction each), so every instance gets an event; the others send their events one
+    by one or in small batches, each with a partition key drawn from as many keys as
+    instances (hashed over them), some of them hot, so that the instances those reach get
+    several events, in an order the checker follows across producers and workers.
+    """
+    rng = random.Random(f"dopool-procs-big:{seed}")
+    concurrency = rng.randint(*BIG_CONCURRENCY)
+    workers = rng.randint(2, 3)
+    producers = rng.randint(2, 3)
+    behaviours: dict[str, Behaviour] = {}
+    streams: list[tuple[Send, ...]] = []
+    for p in range(producers):
+        stream: list[Send] = []
+        count = concurrency if p == 0 else rng.randint(BIG_KEYED // 2, BIG_KEYED)
+        k = 0
+        while k < count:
+            size = (
+                rng.randint(64, 256) if p == 0 else (rng.randint(2, 6) if rng.random() < 0.3 else 1)
+            )
+            ids = tuple(f"{p}.{n}" for n in range(k, min(k + size, count)))
+            k += len(ids)
+            if p == 0:
+                pk = None
+            elif rng.random() < 0.2:  # a hot key: several events on one instance
+                pk = f"h{rng.randrange(8)}"
+            else:
+                pk = f"k{rng.randrange(concurrency)}"
+            priority = rng.choice((0, 0, 0, 1, 2))
+            delay = round(rng.uniform(0.0, 0.15), 3) if rng.random() < 0.05 else None
+            stream.append(Send(ids, pk, priority, delay, (None,) * len(ids)))
+            for ident in ids:
+                behaviour = _behaviour(rng, lean=True)
+                if behaviour != Behaviour():
+                    behaviours[ident] = behaviour
+        streams.append(tuple(stream))
+    progress = 2 * sum(len(s.ids) for stream in streams for s in stream)
+    joins = Action(rng.randint(progress // 10, progress // 2), "start", chain=workers)
+    leaving = rng.choice(("term", "kill"))
+    leaves = Action(
+        rng.randint(progress // 5, progress * 7 // 10), leaving, chain=rng.randrange(workers)
+    )
+    return Plan(
+        seed=seed,
+        concurrency=concurrency,
+        durability="async",  # sync: each instance's recovery, as it is taken, is an fsync
+        dedup_window=0.0,
+        streams=tuple(streams),
+        behaviours=behaviours,
+        actions=tuple(sorted((joins, leaves), key=lambda a: a.at)),
+        workers=workers,
+        lease_ttl=BIG_LEASE_TTL,
+        big=True,
+    )
+
+
+def _freezes(rng: random.Random, plan: Plan) -> list[Action]:
+    """In half the seeds, one frozen writer (in a fifth of those, two): a producer
+    (early, while the producers send) or a worker, stopped for 0.3-1 lease ttl in a
+    third of the freezes, 1-3 in the others (its leases, and the other workers', look
+    expired once it is continued, unless the engine does not count that time)."""
+    if rng.random() >= 0.5:
+        return []
+    progress = 2 * plan.events
+    freezes = []
+    for _ in range(1 if rng.random() < 0.8 else 2):
+        ttls = rng.uniform(0.3, 1.0) if rng.random() < 1 / 3 else rng.uniform(1.0, FREEZE_TTLS)
+        seconds = round(ttls * plan.lease_ttl, 2)
+        if rng.random() < 0.5:
+            at = rng.randint(progress // 20, progress // 4)
+            freezes.append(
+                Action(at, "freeze", producer=rng.randrange(plan.producers), seconds=seconds)
+            )
+        else:
+            at = rng.randint(progress // 10, progress * 7 // 10)
+            freezes.append(Action(at, "freeze", chain=rng.randrange(plan.workers), seconds=seconds))
+    return freezes
+
+
 def _second(rng: random.Random, progress: int) -> list[Action]:
     """The second worker's fate: 1-2 SIGKILLs (the first worker takes its instances over
     once their leases expire), each restarted after some more progress or never."""
@@ -171,8 +314,10 @@ def _second(rng: random.Random, progress: int) -> list[Action]:
     return actions
 
 
-def _behaviour(rng: random.Random) -> Behaviour:
-    roll = rng.random()
+def _behaviour(rng: random.Random, *, lean: bool = False) -> Behaviour:
+    """Most events succeed at once; a fifth fail first, or for good (a tenth of that,
+    ``lean``: the big family's thousands of events, each attempt a handful of writes)."""
+    roll = rng.random() * (10 if lean else 1)
     slow = round(rng.uniform(0.02, 0.06), 3) if rng.random() < 0.15 else 0.0
     if roll < 0.1:
         return Behaviour(fails=1, slow=slow)

@@ -7,8 +7,16 @@ of the plan of ``SEED`` (:mod:`.plan`), one call after another: it records each 
 is about to send, then each answer, in ``ROOT/producer-<PRODUCER>.log``
 (:mod:`.records`) before it counts it, and only then writes one byte per
 acknowledged event to stdout, which the runner counts as progress. Exits 0 when the
-stream is sent; an enqueue that raises (the plan sends nothing a pool would refuse)
-is recorded and ends the process with its traceback.
+stream is sent.
+
+An enqueue that raises a :class:`~dopool.DopoolError` stored nothing: its events are
+recorded as refused (not acknowledged), with when the call began and raised, and the
+stream goes on. The plan sends nothing a pool would refuse, but a producer gives up
+waiting for the store's writer lock after its ``lock_timeout`` (``StoreBusyError``)
+while a frozen process holds it: the checker excuses that refusal, and no other. An
+``enqueue_many`` that raised after storing part of its batch (``stored``) cannot say
+which of its events were stored: it ends the process with its traceback, as any
+other exception does.
 """
 
 from __future__ import annotations
@@ -16,9 +24,10 @@ from __future__ import annotations
 import faulthandler
 import os
 import sys
+import time
 from pathlib import Path
 
-from dopool._chaos.procs.app import DUMP
+from dopool._chaos.procs.app import DUMP, die_with
 from dopool._chaos.procs.plan import POOL, Send, draw
 from dopool._chaos.procs.records import Record, producer_log
 from dopool._connect import ProducerPool, connect
@@ -31,17 +40,23 @@ ACKNOWLEDGED = b"a"
 def produce(store: Path, seed: int, producer: int, root: Path) -> None:
     plan = draw(seed)
     record = Record(producer_log(root, producer))
-    with connect(store, durability=plan.durability) as connection:
+    options = {} if plan.lock_timeout is None else {"lock_timeout": plan.lock_timeout}
+    with connect(store, durability=plan.durability, **options) as connection:
         pool = connection.pool(POOL, dedup_window=plan.dedup_window)
         for send in plan.streams[producer]:
             for ident in send.ids:
                 record.line("T", ident)
+            called = time.monotonic_ns()
             try:
                 results = _send(pool, send)
-            except DopoolError as exc:  # the plan sends nothing a pool refuses: a failure
+            except DopoolError as exc:
+                raised = time.monotonic_ns()
+                error = f"{type(exc).__name__}: {exc}".replace("\n", " ")
                 for ident in send.ids:
-                    record.line("R", ident, type(exc).__name__)
-                raise
+                    record.line("R", ident, called, raised, error)
+                if exc.stored:
+                    raise
+                continue
             for ident, result in zip(send.ids, results, strict=True):
                 duplicate = int(result.duplicate)
                 record.line("A", ident, result.instance_index, result.sequence, duplicate)
@@ -71,6 +86,7 @@ def _send(pool: ProducerPool, send: Send) -> list[EnqueueResult]:
 
 
 if __name__ == "__main__":
+    die_with(int(os.environ["DOPOOL_CHAOS_PARENT"]))  # never left stopped, nor running
     faulthandler.register(DUMP, all_threads=True)  # a stuck run's stacks, in its .err file
     store, seed, producer, root = sys.argv[1:5]
     produce(Path(store), int(seed), int(producer), Path(root))

@@ -9,7 +9,9 @@ kill cut short has no newline, and is ignored.
 
     T <id>                                   about to send the event (tried)
     A <id> <instance> <sequence> <0|1>       its enqueue returned: stored, or a duplicate
-    R <id> <error>                           its enqueue raised (nothing stored)
+    R <id> <called> <raised> <error>         its enqueue raised (nothing stored): when
+                                             the call began and raised (ns, the
+                                             system's monotonic clock), the exception
 
 ``worker-<g>.log``, by the ``g``-th worker process (the handler), and the runner::
 
@@ -19,6 +21,14 @@ kill cut short has no newline, and is ignored.
     M <pause|resume|paused>                           the runner's marks: a pause returned,
                                                       a resume about to start, a worker
                                                       started while paused
+
+``faults.log``, by the runner, a line per frozen-writer fault (:mod:`.freeze`)::
+
+    F <producer|worker> <n> <stopped> <continued> <misses>   it landed: producer ``n`` or
+                                                      worker generation ``n`` held the
+                                                      writer lock, stopped, from
+                                                      ``stopped`` to ``continued`` (ns)
+    X <producer|worker> <n> <misses> <why>            it did not land: ``why`` as words
 """
 
 from __future__ import annotations
@@ -49,6 +59,10 @@ def worker_log(root: Path, generation: int) -> Path:
     return root / f"worker-{generation}.log"
 
 
+def faults_log(root: Path) -> Path:
+    return root / "faults.log"
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     """What one enqueue answered: the event it stored, or the one holding its key."""
@@ -57,6 +71,37 @@ class Answer:
     instance: int
     sequence: int
     duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """An enqueue that raised: when the call began and when it raised (the system's
+    monotonic clock, ns), and the exception as ``Name: message``."""
+
+    called: int
+    raised: int
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Freeze:
+    """A frozen-writer fault: ``kind`` ``"producer"`` or ``"worker"``, ``number`` the
+    producer or the worker generation; ``landed`` if it was stopped while it held the
+    writer lock, from ``stopped`` to ``continued`` (ns); ``misses`` the stops that found
+    the lock released (each continued at once); ``why`` one that did not land."""
+
+    kind: str
+    number: int
+    landed: bool
+    stopped: int = 0
+    continued: int = 0
+    misses: int = 0
+    why: str = ""
+
+    def line(self) -> tuple[object, ...]:
+        if self.landed:
+            return ("F", self.kind, self.number, self.stopped, self.continued, self.misses)
+        return ("X", self.kind, self.number, self.misses, self.why)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,12 +124,17 @@ class Records:
 
     tried: set[str] = field(default_factory=set)
     answers: dict[str, Answer] = field(default_factory=dict)
-    refused: dict[str, str] = field(default_factory=dict)
+    refused: dict[str, Refusal] = field(default_factory=dict)
     # In the order they started (their stamps; among equal ones, generation then line).
     attempts: list[Attempt] = field(default_factory=list)
     # Per generation, the lines in order, as (kind, fields): what the pause check reads.
     timelines: dict[int, list[tuple[str, list[str]]]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # lines that make no sense
+    freezes: list[Freeze] = field(default_factory=list)  # the runner's, in order
+
+    @property
+    def landed(self) -> list[Freeze]:
+        return [f for f in self.freezes if f.landed]
 
 
 def _lines(path: Path) -> list[list[str]]:
@@ -107,7 +157,7 @@ def read(root: Path, producers: int, generations: int) -> Records:
                 instance, sequence, dup = (int(x) for x in rest)
                 found.answers[ident] = Answer(p, instance, sequence, bool(dup))
             elif kind == "R":
-                found.refused[ident] = " ".join(rest)
+                found.refused[ident] = Refusal(int(rest[0]), int(rest[1]), " ".join(rest[2:]))
             else:
                 found.problems.append(f"producer {p}: a line of no known kind: {fields}")
     for g in range(generations):
@@ -140,4 +190,14 @@ def read(root: Path, producers: int, generations: int) -> Records:
             elif kind != "M":
                 found.problems.append(f"worker {g}: a line of no known kind: {fields}")
     found.attempts.sort(key=lambda attempt: attempt.at)  # stable: one worker, line order
+    for fields in _lines(faults_log(root)):
+        kind, target, which, *rest = fields
+        if kind == "F":
+            stopped, continued, misses = (int(x) for x in rest[:3])
+            found.freezes.append(Freeze(target, int(which), True, stopped, continued, misses))
+        elif kind == "X":
+            freeze = Freeze(target, int(which), False, misses=int(rest[0]), why=" ".join(rest[1:]))
+            found.freezes.append(freeze)
+        else:
+            found.problems.append(f"faults: a line of no known kind: {fields}")
     return found

@@ -1,17 +1,18 @@
 """One seed of the multi-process mode: its processes started, driven and stopped, then checked.
 
-The runner starts a ``dopool worker`` (the app :mod:`.app`), and with a plan of two
-workers a second one beside it (each a *chain*: a worker and its restarts; both open
-the store shared, with a short ``--lease-ttl``), waits for them to define
+The runner starts a ``dopool worker`` (the app :mod:`.app`), and with a plan of
+several workers the others beside it (each a *chain*: a worker and its restarts; all
+open the store shared, with a short ``--lease-ttl``), waits for them to define
 the pool, starts the producers (:mod:`.producer`) and counts the run's progress as
 they report it through pipes: acknowledged enqueues, and attempts started. When
 progress reaches an action of the plan, it takes it (a SIGKILL, a SIGTERM, a
-restart, ``dopool pause`` or ``resume``); once the producers are done, if nothing
-moves for :data:`IDLE` seconds (a pause, no worker up, nothing left to run), it takes
-the next one at once. At the
+restart, ``dopool pause`` or ``resume``, a frozen writer: :mod:`.freeze`); once the
+producers are done, if nothing moves for :data:`IDLE` seconds (a pause, no worker up,
+nothing left to run), it takes the next one at once. At the
 end it resumes, starts a last worker if none runs, waits until the store holds no
-unfinished event, stops that worker with SIGTERM and hands everything to
-:mod:`.checker`. Every process it started is killed on the way out, whatever happened.
+unfinished event, stops the workers with SIGTERM and hands everything to
+:mod:`.checker`. Every process it started is continued (SIGCONT) and killed on the
+way out, whatever happened.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ import subprocess
 import sys
 import time
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
-from dopool._chaos.procs.app import DUMP, READY, READY_SECOND, SLOW, STARTED
-from dopool._chaos.procs.plan import LEASE_TTL, POOL, Action, Plan
-from dopool._chaos.procs.records import Record, worker_log
+from dopool._chaos.procs.app import DUMP, READY, SLOW, STARTED
+from dopool._chaos.procs.freeze import NEVER, LockFile, catch, cont
+from dopool._chaos.procs.plan import POOL, Action, Plan
+from dopool._chaos.procs.records import Freeze, Record, faults_log, worker_log
 from dopool._connect import connect
 
 APP = "dopool._chaos.procs.app:define"
@@ -38,6 +41,8 @@ DEADLINE = 120.0  # the longest a whole run takes
 GRACE = 10.0  # a worker's --grace: far above any handler's time
 POLL = 0.1  # a worker's --poll-interval: a lost wake-up costs this much
 DUMP_TIME = 0.5  # seconds a stuck run's processes get to write their stacks
+FREEZE_TRY = 3.0  # seconds a freeze looks for its target holding the writer lock
+FREEZE_POLL = 0.0001  # seconds between two looks (the runner reads its pipes meanwhile)
 
 
 class Stuck(Exception):
@@ -62,8 +67,8 @@ class Generation:
 class Progress:
     acknowledged: int = 0
     started: int = 0
-    ready: int = 0  # workers of the first chain that defined the pool
-    ready_second: int = 0  # and of the second
+    # By chain, its workers that defined the pool.
+    ready: list[int] = field(default_factory=lambda: [0] * len(READY))
     slow_at: int = -1  # the progress when a slow attempt's start was last read
 
     @property
@@ -90,19 +95,21 @@ class Processes:
         self._selector.register(self._read, selectors.EVENT_READ, -1)
         self._started = time.monotonic()
 
-    # -- the worker --------------------------------------------------------------------
-    @property
-    def worker(self) -> Generation | None:
-        return self.worker_of(0)
-
+    # -- the workers -------------------------------------------------------------------
     def worker_of(self, chain: int) -> Generation | None:
         """The chain's worker still running, if any."""
         mine = [g for g in self.generations if g.chain == chain]
         last = mine[-1] if mine else None
         return last if last is not None and last.ended is None else None
 
+    @property
+    def workers(self) -> list[Generation]:
+        """The workers running, one per chain at most, by chain."""
+        up = (self.worker_of(chain) for chain in range(self.plan.chains))
+        return [worker for worker in up if worker is not None]
+
     def ready_count(self, chain: int) -> int:
-        return self.progress.ready_second if chain else self.progress.ready
+        return self.progress.ready[chain]
 
     def start_worker(self, chain: int = 0) -> None:
         number = len(self.generations)
@@ -123,8 +130,9 @@ class Processes:
         }
         command = [sys.executable, "-m", "dopool", "worker", APP, "--store", str(self.store)]
         options = ["--durability", self.plan.durability, "--poll-interval", str(POLL)]
-        options += ["--lease-ttl", str(LEASE_TTL)]
-        options += ["--grace", str(GRACE), "--log-level", "error"]
+        options += ["--lease-ttl", str(self.plan.lease_ttl)]
+        # Warnings too: a live worker losing a lease logs one, and the checker reads them.
+        options += ["--grace", str(GRACE), "--log-level", "warning"]
         with (
             (self.root / f"worker-{number}.out").open("wb") as out,
             (self.root / f"worker-{number}.err").open("wb") as err,
@@ -153,7 +161,7 @@ class Processes:
 
     def control(self, verb: str) -> None:
         """``dopool pause|resume STORE --pool POOL``, marked in the workers' records."""
-        workers = [w for w in (self.worker_of(0), self.worker_of(1)) if w is not None]
+        workers = self.workers
         if verb == "resume":
             self.paused = False
             for worker in workers:
@@ -177,6 +185,7 @@ class Processes:
     # -- the producers -----------------------------------------------------------------
     def start_producers(self) -> None:
         module = "dopool._chaos.procs.producer"
+        env = {**os.environ, "DOPOOL_CHAOS_PARENT": str(os.getpid())}
         for p in range(self.plan.producers):
             args = [str(self.store), str(self.plan.seed), str(p), str(self.root)]
             with (self.root / f"producer-{p}.err").open("wb") as err:
@@ -185,6 +194,7 @@ class Processes:
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=err,
+                    env=env,
                 )
             assert proc.stdout is not None
             self._selector.register(proc.stdout, selectors.EVENT_READ, p)
@@ -193,6 +203,69 @@ class Processes:
     @property
     def producing(self) -> bool:
         return len(self.producer_codes) < len(self.producers)
+
+    # -- frozen writers ----------------------------------------------------------------
+    def freeze(self, action: Action) -> Freeze:
+        """Stop the action's target while it holds the writer lock (:mod:`.freeze`), keep
+        it stopped for ``action.seconds`` (reading the pipes meanwhile), continue it; or
+        give up after :data:`FREEZE_TRY` seconds. A target that exits first is replaced
+        by another of its kind still running. Recorded in ``faults.log``."""
+        kind = "worker" if action.producer is None else "producer"
+        lock = LockFile.of(self.store)
+        until = time.monotonic() + FREEZE_TRY
+        misses, tried = 0, 0
+        while True:
+            number, proc = self._target(action)
+            if proc is None:
+                why = "no such process running" if not tried else "it exited first"
+                freeze = Freeze(kind, number, landed=False, misses=misses, why=why)
+                break
+            tried += 1
+            caught = catch(
+                proc.pid,
+                lock,
+                until=until,
+                alive=partial(_running, proc),
+                between=self._glance,
+            )
+            misses += caught.misses
+            if caught.at is not None:
+                try:
+                    stop = time.monotonic() + action.seconds
+                    while (left := stop - time.monotonic()) > 0:
+                        self.pump(left)
+                finally:
+                    cont(proc.pid)
+                continued = time.monotonic_ns()
+                freeze = Freeze(kind, number, True, caught.at, continued, misses)
+                break
+            if time.monotonic() >= until:
+                freeze = Freeze(kind, number, False, misses=misses, why="never seen holding it")
+                break
+        record = Record(faults_log(self.root))
+        record.line(*freeze.line())
+        record.close()
+        return freeze
+
+    def _glance(self) -> None:
+        """What a freeze does between two looks at the lock table: read the pipes without
+        waiting (a selector's timeout counts in milliseconds), then wait a little."""
+        self.pump(0)
+        NEVER.wait(FREEZE_POLL)
+
+    def _target(self, action: Action) -> tuple[int, subprocess.Popen[bytes] | None]:
+        """The process a freeze stops, and its number: the plan's, or if it is no longer
+        running the first of its kind that is (a producer, or a worker by chain)."""
+        if action.producer is not None:
+            running = [p for p, proc in enumerate(self.producers) if proc.poll() is None]
+            if not running:
+                return action.producer, None
+            p = action.producer if action.producer in running else running[0]
+            return p, self.producers[p]
+        worker = self.worker_of(action.chain) or next(iter(self.workers), None)
+        if worker is None or worker.proc.poll() is not None:
+            return -1, None
+        return worker.number, worker.proc
 
     # -- progress ----------------------------------------------------------------------
     def pump(self, timeout: float) -> bool:
@@ -219,8 +292,8 @@ class Processes:
     def _count(self, chunk: bytes) -> None:
         """What the workers wrote to the pipe."""
         self.progress.started += chunk.count(STARTED) + chunk.count(SLOW)
-        self.progress.ready += chunk.count(READY)
-        self.progress.ready_second += chunk.count(READY_SECOND)
+        for chain, ready in enumerate(READY):
+            self.progress.ready[chain] += chunk.count(ready)
         if SLOW in chunk:
             self.progress.slow_at = self.progress.total
 
@@ -245,9 +318,13 @@ class Processes:
             self.pump(IDLE)
 
     def close(self, *, dump: bool = False) -> None:
-        """Kill whatever still runs, and close the pipes; with ``dump``, first have each
-        live process write its threads' stacks to its ``.err`` file (a stuck run)."""
+        """Continue and kill whatever still runs, and close the pipes; with ``dump``, first
+        have each live process write its threads' stacks to its ``.err`` file (a stuck
+        run)."""
         procs = [g.proc for g in self.generations] + self.producers
+        for proc in procs:  # none should be stopped (a freeze continues its own): be sure
+            if proc.poll() is None:
+                cont(proc.pid)
         if dump:
             for proc in procs:
                 if proc.poll() is None:
@@ -267,6 +344,10 @@ class Processes:
         os.close(self._write)
 
 
+def _running(proc: subprocess.Popen[bytes]) -> bool:
+    return proc.poll() is None
+
+
 def _wait(proc: subprocess.Popen[bytes], what: str) -> int:
     try:
         return proc.wait(WAIT)
@@ -277,11 +358,9 @@ def _wait(proc: subprocess.Popen[bytes], what: str) -> int:
 def drive(processes: Processes) -> None:
     """Start the run, take the plan's actions as progress reaches them, let the producers
     finish."""
-    processes.start_worker()
-    processes.wait_ready(1)
-    if processes.plan.workers == 2:
-        processes.start_worker(chain=1)
-        processes.wait_ready(1, chain=1)
+    for chain in range(processes.plan.workers):
+        processes.start_worker(chain)
+        processes.wait_ready(1, chain)
     processes.start_producers()
     actions = list(processes.plan.actions)
     while actions or processes.producing:
@@ -301,6 +380,12 @@ def _due(action: Action, progress: Progress) -> bool:
 def take(processes: Processes, action: Action) -> None:
     """One action, skipped if it does not apply (a stop with no worker up, a start with one)."""
     up = processes.worker_of(action.chain) is not None
+    if action.verb == "freeze":
+        at = processes.progress.total
+        freeze = processes.freeze(action)
+        how = f"{freeze.kind}{freeze.number}" if freeze.landed else f"missed: {freeze.why}"
+        processes.done.append(f"freeze-{action.seconds:g}s({how})@{at}")
+        return
     if action.verb in ("kill", "term") and up:
         how = "killed" if action.verb == "kill" else "stopped"
         processes.stop_worker(how, action.chain)
@@ -311,16 +396,16 @@ def take(processes: Processes, action: Action) -> None:
     else:
         return
     mid = "-mid" if action.mid and processes.progress.slow_at >= action.at else ""
-    second = "/2" if action.chain else ""
-    processes.done.append(f"{action.verb}{mid}{second}@{processes.progress.total}")
+    chain = f"/{action.chain + 1}" if action.chain else ""
+    processes.done.append(f"{action.verb}{mid}{chain}@{processes.progress.total}")
 
 
 def finish(processes: Processes) -> None:
     """Resume, have a worker up, wait until the store holds no unfinished event (as long as
-    progress goes on), and stop that worker with SIGTERM."""
+    progress goes on), and stop the workers with SIGTERM, the first chain's last."""
     if processes.paused:
         take(processes, Action(0, "resume"))
-    if processes.worker is None:
+    if not processes.workers:
         take(processes, Action(0, "start"))
     with connect(processes.store, durability="async") as connection:
         pool = connection.pool(POOL)
@@ -329,16 +414,17 @@ def finish(processes: Processes) -> None:
             status = pool.status()
             if not status.pending and all(i.current_sequence is None for i in status.instances):
                 break
-            for worker in (processes.worker_of(0), processes.worker_of(1)):
-                if worker is not None and worker.proc.poll() is not None:
+            for worker in processes.workers:
+                if worker.proc.poll() is not None:
                     code = worker.proc.returncode
                     raise Stuck(f"worker {worker.number} exited {code} by itself")
             if processes.pump(POLL):
                 deadline = time.monotonic() + WAIT
             elif time.monotonic() > deadline:
                 raise Stuck(f"{status.pending} events still pending after {WAIT:g} s idle")
-    if processes.worker_of(1) is not None:
-        processes.stop_worker("stopped", chain=1)
-        processes.done.append("stop (the second worker)")
-    processes.stop_worker("stopped")
+    *others, last = processes.workers[::-1]
+    for worker in others:
+        processes.stop_worker("stopped", chain=worker.chain)
+        processes.done.append(f"stop (worker {worker.number}, chain {worker.chain + 1})")
+    processes.stop_worker("stopped", chain=last.chain)
     processes.done.append("stop (the last worker)")

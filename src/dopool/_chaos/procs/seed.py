@@ -7,6 +7,7 @@ when it fails.
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 import time
@@ -20,6 +21,9 @@ from dopool._connect import connect
 from dopool._errors import DopoolError
 from dopool._sim.storeview import open_view
 
+#: A line a worker logged at WARNING or above (``dopool worker --log-level warning``).
+WARNED = re.compile(r"^\S+ \S+ (?:WARNING|ERROR|CRITICAL) .*$", re.MULTILINE)
+
 
 def run_seed(seed: int, *, root: Path | None = None, keep: bool = False) -> Result:
     """Run ``seed``'s plan with real processes and check it; ``keep`` keeps the directory
@@ -27,7 +31,7 @@ def run_seed(seed: int, *, root: Path | None = None, keep: bool = False) -> Resu
     plan = draw(seed)
     where = root or Path(tempfile.mkdtemp(prefix=f"dopool-chaos-{seed}-"))
     where.mkdir(parents=True, exist_ok=True)
-    result = Result(seed=seed, violations=[], processes=True)
+    result = Result(seed=seed, violations=[], processes=True, big=plan.big)
     started = time.perf_counter()
     processes = Processes(plan, where)
     try:
@@ -69,10 +73,15 @@ def _ending(processes: Processes) -> checker.Ending:
     with open_view(processes.store) as view:
         report = view.check()
     problems = [f"{p.instance or 'store'}: {p.what}" for p in report.problems]
-    errors = {
-        path.name: path.read_text(errors="replace")[-2000:]
+    errors = {  # from the last traceback on: the workers' warnings may come before
+        path.name: text[text.rindex("Traceback") :][:2000]
         for path in sorted(processes.root.glob("*.err"))
-        if "Traceback" in path.read_text(errors="replace")
+        if "Traceback" in (text := path.read_text(errors="replace"))
+    }
+    logged = {
+        path.name: found
+        for path in sorted(processes.root.glob("worker-*.err"))
+        if (found := [m.group(0) for m in WARNED.finditer(path.read_text(errors="replace"))])
     }
     gens = processes.generations
     return checker.Ending(
@@ -84,6 +93,7 @@ def _ending(processes: Processes) -> checker.Ending:
         worker_codes={g.number: g.code for g in gens if g.code is not None},
         producer_codes=dict(processes.producer_codes),
         errors=errors,
+        warnings=logged,
     )
 
 
@@ -109,3 +119,7 @@ def _tally(result: Result, plan: Plan, found: records.Records, ending: checker.E
     result.restarts = len(found.timelines) - 1
     result.succeeded = ending.status.succeeded
     result.dead_lettered = ending.status.dead_lettered
+    result.frozen_producers = sum(1 for f in found.landed if f.kind == "producer")
+    result.frozen_workers = sum(1 for f in found.landed if f.kind == "worker")
+    result.freezes_missed = len(found.freezes) - len(found.landed)
+    result.refused = len(found.refused)
