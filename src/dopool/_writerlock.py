@@ -46,6 +46,8 @@ from dopool._leaseclock import LOCK_FILE, LockRecord
 
 #: The writer lock's file, in the store directory.
 WRITER_LOCK = LOCK_FILE
+#: Linux's table of the file locks held and waited for.
+PROC_LOCKS = Path("/proc/locks")
 
 _monotonic = time.monotonic  # (read twice per write transaction)
 
@@ -244,20 +246,28 @@ def flock_holders(path: Path) -> list[int]:
     (empty where it does not, or lists none)."""
     try:
         stat = os.stat(path)
-        with open("/proc/locks", encoding="ascii", errors="replace") as listing:
-            lines = listing.read().splitlines()
+        with open(PROC_LOCKS, encoding="ascii", errors="replace") as listing:
+            table = listing.read()
     except OSError:
         return []
-    device = (os.major(stat.st_dev), os.minor(stat.st_dev), stat.st_ino)
+    return holders_in(table, (os.major(stat.st_dev), os.minor(stat.st_dev), stat.st_ino))
+
+
+def holders_in(table: str, file: tuple[int, int, int]) -> list[int]:
+    """The pids that hold an ``flock`` on ``file`` (its device's major and minor numbers,
+    its inode) in ``table``, the text of ``/proc/locks``::
+
+        3: FLOCK  ADVISORY  WRITE 4425 fe:00:2146309 0 EOF
+        3: -> FLOCK  ADVISORY  WRITE 4431 fe:00:2146309 0 EOF    (a process waiting for it)
+    """
     pids = []
-    for line in lines:
-        # "1: FLOCK  ADVISORY  WRITE 4121 fd:01:1179741 0 EOF"; a waiter's has "->"
+    for line in table.splitlines():
         fields = line.split()
-        if len(fields) < 6 or fields[1] != "FLOCK":
+        if len(fields) < 6 or fields[1] != "FLOCK":  # a waiter's: "N: -> FLOCK ..."
             continue
         with suppress(ValueError):
             major, minor, inode = fields[5].split(":")
-            if (int(major, 16), int(minor, 16), int(inode)) == device:
+            if (int(major, 16), int(minor, 16), int(inode)) == file:
                 pids.append(int(fields[4]))
     return pids
 

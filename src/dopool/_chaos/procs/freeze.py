@@ -31,9 +31,9 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from dopool._writerlock import WRITER_LOCK
+from dopool._writerlock import PROC_LOCKS, WRITER_LOCK, holders_in
 
-LOCKS = Path("/proc/locks")
+LOCKS = PROC_LOCKS
 STOP_WAIT = 1.0  # seconds a SIGSTOP may take to stop every thread of its target
 STOP_POLL = 0.0005  # seconds between two looks at whether it stopped
 NEVER = threading.Event()  # never set: what waits here waits its timeout, in real time
@@ -55,21 +55,8 @@ class LockFile:
 
     def holders(self, table: str) -> set[int]:
         """The pids that hold this lock in ``table`` (the text of ``/proc/locks``); a
-        process waiting for it (a ``->`` line) does not."""
-        pids = set()
-        for line in table.splitlines():
-            fields = line.split()
-            if len(fields) < 6 or fields[1] != "FLOCK":  # a waiter's line: "N: -> FLOCK"
-                continue
-            try:
-                pid = int(fields[4])
-                major, minor, inode = fields[5].split(":")
-                where = (int(major, 16), int(minor, 16), int(inode))
-            except ValueError:
-                continue
-            if fields[3] == "WRITE" and where == (self.major, self.minor, self.inode):
-                pids.add(pid)
-        return pids
+        process waiting for it does not."""
+        return set(holders_in(table, (self.major, self.minor, self.inode)))
 
     def held_by(self, pid: int) -> bool:
         return pid in self.holders(LOCKS.read_text())
