@@ -47,6 +47,7 @@ from dopool._layout import all_presences
 from dopool._leases import RENEWALS, LeaseBook, Taken, Where, Worker, lease_owner
 from dopool._messages import Reply
 from dopool._supervisor import Supervisor, await_recovery, recover_first, send_recovery
+from dopool._turn import Turn
 from dopool._watch import Notifier, worker_socket
 
 if TYPE_CHECKING:
@@ -107,7 +108,10 @@ class LeaseKeeper:
         self._placements: dict[str, Placement] = {}  # each pool's router actor
         self._owners: dict[str, tuple[str | None, ...]] = {}  # as the last renewal read
         self._told: dict[str, tuple[frozenset[int], tuple[str | None, ...]]] = {}
-        self._lock = threading.Lock()  # one renewal (and what it decides) at a time
+        # One renewal (and what it decides) at a time. First come, first served: the
+        # starter and the stopping threads take it once per instance, and a plain lock
+        # would let them take it again and again while a renewal waits for it.
+        self._lock = Turn()
         self._stop = threading.Event()
         self._serving = True  # False once the runtime closes: nothing more starts
         # Instances taken but whose actor the starter has not started yet.
