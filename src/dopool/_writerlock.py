@@ -119,33 +119,35 @@ class WriterLock:
         self.release()
 
     def acquire(self, timeout: float | None = None) -> None:
-        """Take the lock; with ``timeout``, wait at most that many seconds for it.
+        """Take the lock; with ``timeout``, wait at most that many seconds for it (a
+        producer's write), handing a contended wait to the helper thread.
 
         Raises:
             StoreBusyError: ``timeout`` passed first (nothing is held then).
         """
-        started = time.monotonic()
         if timeout is None:
-            self._thread.acquire()
-        elif not self._thread.acquire(timeout=timeout):
-            raise self._busy_error(time.monotonic() - started)
+            self.__enter__()
+            return
+        started = _monotonic()
+        if not self._thread.acquire(timeout=timeout):
+            raise self._busy_error(_monotonic() - started)
         try:
-            if timeout is None:
-                fcntl.flock(self._fd, fcntl.LOCK_EX)  # a signal's EINTR is retried (PEP 475)
-            else:
-                try:
-                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    left = timeout - (time.monotonic() - started)
-                    if not self._take_in_helper(started, left):
-                        raise self._busy_error(time.monotonic() - started) from None
-                    return  # the helper took it, and wrote the record
-            self._record.taken(time.monotonic(), started)
-        except StoreBusyError:
-            raise  # the thread lock is the helper's now: it releases it with the lock
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass
         except BaseException:
             self._thread.release()
             raise
+        else:
+            self._record.taken(_monotonic(), started)
+            return
+        try:
+            taken = self._take_in_helper(started, timeout - (_monotonic() - started))
+        except BaseException:  # the helper failed to take it: the thread lock is ours
+            self._thread.release()
+            raise
+        if not taken:  # the thread lock is the helper's now: it releases it with the lock
+            raise self._busy_error(_monotonic() - started)
 
     def release(self) -> None:
         try:
