@@ -221,8 +221,9 @@ def test_a_producer_waits_its_bound_behind_another_thread_of_its_own_process(
     assert _pending(paused_store) == 1
 
 
-@pytest.mark.parametrize("bad", [0, -1.0, math.nan, math.inf, True, "10"])
+@pytest.mark.parametrize("bad", [0, -1.0, math.nan, math.inf, 1e12, True, "10"])
 def test_a_bad_lock_timeout_is_refused(paused_store: Path, bad: object) -> None:
+    # (1e12: more than a thread can wait at once; None waits as long as it takes)
     with pytest.raises(ConfigurationError, match="lock_timeout"):
         dopool.connect(paused_store, lock_timeout=bad)  # type: ignore[arg-type]
 
@@ -230,6 +231,81 @@ def test_a_bad_lock_timeout_is_refused(paused_store: Path, bad: object) -> None:
 def test_the_lock_timeout_is_ten_seconds_by_default_and_none_waits(paused_store: Path) -> None:
     with dopool.connect(paused_store) as connection:
         assert connection.lock_timeout == 10.0
+        with pytest.raises(AttributeError):
+            connection.lock_timeout = -1  # type: ignore[misc]  # read-only: checked once
     with dopool.connect(paused_store, lock_timeout=None) as connection:
         assert connection.lock_timeout is None
         waits_for_the_lock(paused_store, lambda: connection.pool("jobs").enqueue("waits"))
+
+
+class _Interrupted(threading.Event):
+    """A bounded wait's event whose wait Ctrl-C cuts short: at once, or (``after_taken``)
+    once the helper thread has taken the lock for the caller."""
+
+    after_taken = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if _Interrupted.after_taken:
+            super().wait(TIMEOUT)
+        raise KeyboardInterrupt
+
+
+def _free(store: Path) -> bool:
+    """Whether another process could take the writer lock now."""
+    fd = os.open(store / WRITER_LOCK, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+@pytest.mark.threaded
+@pytest.mark.parametrize("after_taken", [False, True])
+def test_a_bounded_wait_cut_short_by_ctrl_c_leaves_the_lock_free(
+    paused_store: Path, monkeypatch: pytest.MonkeyPatch, after_taken: bool
+) -> None:
+    """Ctrl-C while a producer waits for the writer lock: whether the helper thread takes
+    the lock after the interrupt or had taken it before, the process lets it go."""
+    from dopool._writerlock import _Taking
+
+    monkeypatch.setattr(_Interrupted, "after_taken", after_taken)
+    make = _Taking.__init__
+
+    def interruptible(taking: _Taking, since: float) -> None:
+        make(taking, since)
+        taking.done = _Interrupted()
+
+    monkeypatch.setattr(_Taking, "__init__", interruptible)
+    with dopool.connect(paused_store, lock_timeout=TIMEOUT) as connection:
+        producer = connection.pool("jobs")
+        fd = os.open(paused_store / WRITER_LOCK, os.O_RDWR)  # held as another process would
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        # Let it go at once after the interrupt, or while the helper waits for it.
+        later = threading.Timer(0.2, os.close, (fd,))
+        if after_taken:
+            later.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                producer.enqueue("interrupted")
+        finally:
+            if after_taken:
+                later.join()
+            else:
+                os.close(fd)
+        assert _eventually(lambda: _free(paused_store))
+        monkeypatch.undo()
+        producer.enqueue("on time")
+    assert _pending(paused_store) == 1
+
+
+def _eventually(predicate: Callable[[], bool]) -> bool:
+    """Whether ``predicate`` holds within ``TIMEOUT`` (checked every 10 ms)."""
+    pause = threading.Event()
+    for _ in range(int(TIMEOUT / 0.01)):
+        if predicate():
+            return True
+        pause.wait(0.01)
+    return False

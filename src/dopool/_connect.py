@@ -16,7 +16,6 @@ simulated clock is no place for a producer (docs/deployment.md).
 
 from __future__ import annotations
 
-import math
 import os
 import secrets
 import threading
@@ -68,6 +67,7 @@ DURABILITY_MODES = ("sync", "async")
 #: Seconds a producer's write waits for another process's write (the store's writer
 #: lock) before it raises :class:`StoreBusyError` (``connect(lock_timeout=)``).
 DEFAULT_LOCK_TIMEOUT = 10.0
+MAX_LOCK_TIMEOUT = 1e9  # (threads cannot wait much longer at once: threading.TIMEOUT_MAX)
 
 
 def connect(
@@ -109,7 +109,7 @@ class Connection:
         if durability not in DURABILITY_MODES:
             raise ConfigurationError(f"durability must be 'sync' or 'async', got {durability!r}")
         self.durability = durability
-        self.lock_timeout = check_lock_timeout(lock_timeout)
+        self._lock_timeout = check_lock_timeout(lock_timeout)
         self._shared: Environment = open_shared(path, sync=durability == "sync")
         self.path: Path = Path(path)
         # An environment this process opened before, for a runtime, without fsync: sync
@@ -125,6 +125,11 @@ class Connection:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def lock_timeout(self) -> float | None:
+        """Seconds a write waits for another process's (``connect(lock_timeout=)``)."""
+        return self._lock_timeout
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -221,7 +226,7 @@ class Connection:
         says) when this returns; one that raises is rolled back."""
         with self._using(pool) as env:
             writer = self._shared.writer
-            writer.acquire(self.lock_timeout)  # StoreBusyError: nothing begun
+            writer.acquire(self._lock_timeout)  # StoreBusyError: nothing begun
             try:
                 with env.begin(write=True) as txn:
                     result = body(txn)
@@ -506,11 +511,11 @@ def check_lock_timeout(seconds: object) -> float | None:
     if (
         isinstance(seconds, bool)
         or not isinstance(seconds, int | float)
-        or not 0 < seconds < math.inf
+        or not 0 < seconds <= MAX_LOCK_TIMEOUT
     ):
         raise ConfigurationError(
-            f"lock_timeout must be seconds > 0, or None to wait as long as it takes; "
-            f"got {seconds!r}"
+            f"lock_timeout must be seconds > 0 and <= {MAX_LOCK_TIMEOUT:g}, or None to wait "
+            f"as long as it takes; got {seconds!r}"
         )
     return float(seconds)
 

@@ -141,12 +141,8 @@ class WriterLock:
         else:
             self._record.taken(_monotonic(), started)
             return
-        try:
-            taken = self._take_in_helper(started, timeout - (_monotonic() - started))
-        except BaseException:  # the helper failed to take it: the thread lock is ours
-            self._thread.release()
-            raise
-        if not taken:  # the thread lock is the helper's now: it releases it with the lock
+        if not self._take_in_helper(started, timeout - (_monotonic() - started)):
+            # The thread lock is the helper's now: it releases it with the lock.
             raise self._busy_error(_monotonic() - started)
 
     def release(self) -> None:
@@ -191,7 +187,9 @@ class WriterLock:
     def _take_in_helper(self, since: float, timeout: float) -> bool:
         """Have the helper thread wait in ``flock``; True once it holds the lock for us,
         False if ``timeout`` passed first (the helper then releases it when it gets it,
-        with the thread lock this caller holds)."""
+        with the thread lock this caller holds). What the helper met taking it is raised
+        here, and so is what interrupted the wait (Ctrl-C): either way this caller then
+        holds nothing, and neither does the process once the helper is done."""
         taking = _Taking(since)
         with self._mutex:
             if self._requests is None:
@@ -201,14 +199,31 @@ class WriterLock:
                 ).start()
             self._busy = True
             self._requests.put(taking)
-        if not taking.done.wait(max(0.0, timeout)):
-            with self._mutex:
-                taking.abandoned = not taking.done.is_set()
-            if taking.abandoned:
-                return False
+        try:
+            taking.done.wait(max(0.0, timeout))
+        except BaseException:  # interrupted (Ctrl-C): hold nothing
+            if not self._abandon(taking):
+                self._let_go(taking)
+            raise
+        if self._abandon(taking):
+            return False
         if taking.error is not None:
+            self._thread.release()
             raise taking.error
         return True
+
+    def _abandon(self, taking: _Taking) -> bool:
+        """Give the wait up, unless the helper is done with it; whether it was given up."""
+        with self._mutex:
+            taking.abandoned = not taking.done.is_set()
+            return taking.abandoned
+
+    def _let_go(self, taking: _Taking) -> None:
+        """Release what the helper took for a caller that no longer wants it."""
+        if taking.error is None:
+            self.release()
+        else:
+            self._thread.release()
 
     def _help(self, requests: queue.SimpleQueue[_Taking | None]) -> None:
         """The helper thread: take the lock for each request, one at a time."""
@@ -224,12 +239,9 @@ class WriterLock:
                 taking.done.set()
             if not abandoned:
                 continue  # the caller holds the lock now, and releases it
-            if taking.error is None:
-                self.release()  # the record, the flock and the caller's thread lock
-            else:
-                self._thread.release()
-                if self._closing:
-                    self._close()
+            self._let_go(taking)  # the record, the flock and the caller's thread lock
+            if taking.error is not None and self._closing:
+                self._close()
 
     def _busy_error(self, waited: float) -> StoreBusyError:
         """The error for a caller that waited ``waited`` seconds: who holds the lock."""
