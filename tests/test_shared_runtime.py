@@ -31,6 +31,7 @@ from dopool import (
 )
 from dopool._layout import LeaseRecord, Namespace, all_leases, get_lease, put_lease
 from dopool._leases import LeaseBook
+from dopool._router import Router
 from dopool._sim.storeview import open_view
 from dopool._supervisor import Supervisor
 from worker_support import WAIT, Ran, until
@@ -452,3 +453,32 @@ def test_a_lease_retaken_while_define_starts_its_instance_loses_that_instance_al
     served = sum(result.instance_index != 1 for result in results)
     assert served == 9  # round-robin: instance 1's are stored for the lease's holder
     until(lambda: pool.status().succeeded == served, "the other instances serving")
+
+
+def test_a_long_handler_does_not_hold_up_the_release_of_the_other_instances(
+    store_path: Path, opened: list[Runtime]
+) -> None:
+    """A worker releasing its excess stops those instances together; one still running a
+    handler must not keep the others' leases from the worker that joined."""
+    started, go = threading.Event(), threading.Event()
+
+    def gated(ctx: EventContext) -> None:
+        if ctx.event.get("gate"):
+            started.set()
+            go.wait(WAIT)
+
+    a = Runtime(store_path, shared=True, lease_ttl=TTL, poll_interval=0.05)
+    opened.append(a)
+    pool = a.define("jobs", execute=gated, concurrency=4)
+    key = next(f"k{n}" for n in range(1000) if Router(4).choose(f"k{n}") == 2)
+    pool.enqueue({"gate": True}, partition_key=key)
+    assert started.wait(WAIT)
+    try:
+        b = _shared(store_path, "b", Ran())
+        opened.append(b)
+        # a releases 2 and 3, 2 first; 2's handler runs on: 3 reaches b all the same.
+        until(lambda: 3 in _held(b), "b taking instance 3 while 2's handler runs")
+        assert 2 not in _held(b)
+    finally:
+        go.set()
+    until(lambda: _held(b) == {2, 3}, "b taking instance 2 once its handler returned")

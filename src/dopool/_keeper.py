@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("dopool")
 
 _STOP_WAIT = 3600.0  # seconds a released instance's handler may take to finish
+_SETTLE_EVERY = 0.05  # seconds between two looks at which stopping actors have stopped
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,8 +362,8 @@ class LeaseKeeper:
                 (done if _finished(future, 0.0) else waiting).append((stop, future))
             if not done:
                 left = deadline - time.monotonic()
-                if left > 0:
-                    _finished(waiting[0][1], left)
+                if left > 0:  # a long handler must not hold the others' releases up
+                    _finished(waiting[0][1], min(left, _SETTLE_EVERY))
                     continue
                 done, waiting = waiting, []  # hung: their leases expire meanwhile
             futures = waiting
