@@ -501,7 +501,7 @@ class ProducerPool:
 
 
 def check_lock_timeout(seconds: object) -> float | None:
-    """``seconds`` as a float (or None), if it is a lock timeout: > 0 and finite.
+    """``seconds`` as a float (or None), if it is a lock timeout: > 0 and <= ``MAX_LOCK_TIMEOUT``.
 
     Raises:
         ConfigurationError: anything else.
