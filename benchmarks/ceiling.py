@@ -30,7 +30,8 @@ from typing import Any
 import msgpack
 
 from benchmarks.harness import TIMEOUT, Case, Reading, Sizes, rate, run_producers
-from dopool._storage import Store, Txn
+from dopool._store.environment import Store
+from dopool._store.txn import Txn
 
 MODES = ("sync", "async")
 SHAPES = ("via worker", "direct")

@@ -33,7 +33,7 @@ from unittest.mock import patch
 import dopool
 from benchmarks.harness import latency_line
 from dopool import EventContext, Runtime
-from dopool._watch import StoreWatcher
+from dopool._engine.wakeups import StoreWatcher
 
 POOL = "latency"
 TIMEOUT = 300.0

@@ -45,7 +45,7 @@ from typing import IO, Any
 import dopool
 from benchmarks.harness import TIMEOUT, Sizes, make_event, peer_missing, rate
 from benchmarks.peers import HUEY_POLL, PERSIST_QUEUE_CLEAR_EVERY, PERSIST_QUEUE_GET_TIMEOUT
-from dopool._layout import all_leases
+from dopool._store.layout import all_leases
 
 POOL = "bench"
 SYSTEMS = ("dopool", "SqliteHuey", "persist-queue")

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import Any
 
-from dopool._layout import (
+from dopool._store.layout import (
     EventRecord,
     Meta,
     Namespace,

@@ -27,7 +27,7 @@ from typing import Any
 
 import simpy
 
-from dopool._router import stable_hash
+from dopool._cluster.routing import stable_hash
 from dopool._sim.draws import attempt_draws
 from dopool._sim.latency import Latency
 from dopool._sim.pools import Pool
@@ -130,7 +130,7 @@ def benchmark_pool(scenario: Scenario) -> Pool:
 
 def _router(instances: int) -> Callable[[str | None], int]:
     """``route(partition_key)``: the instance dopool's router picks, given the arrivals
-    in order (``dopool._router.Router.choose`` without its lock)."""
+    in order (``dopool._cluster.routing.Router.choose`` without its lock)."""
     turns = itertools.count()
 
     def route(partition_key: str | None) -> int:

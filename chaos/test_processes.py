@@ -37,8 +37,8 @@ from dopool._chaos.procs.plan import (
 )
 from dopool._chaos.procs.records import Answer, Attempt, Freeze, Records, Refusal
 from dopool._chaos.procs.seed import run_seed
+from dopool._store.writerlock import WRITER_LOCK
 from dopool._types import InstanceStatus, PoolStatus
-from dopool._writerlock import WRITER_LOCK
 
 # 24: dedup keys held all run, a pause, kills mid-attempt; 35: keys freed as their events
 # end, a kill and a restart while paused, two instances; 8: a SIGTERM, four producers.

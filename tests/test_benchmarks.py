@@ -30,7 +30,7 @@ from benchmarks.harness import Sizes
 from dopool._sim.driver import run
 from dopool._sim.scenario import Scenario
 from dopool._sim.sections import Partitions, Pause
-from dopool._storage import Store
+from dopool._store.environment import Store
 
 pytestmark = pytest.mark.threaded
 

@@ -27,11 +27,11 @@ import dopool
 from dopool import Runtime
 from dopool._cli import cli
 from dopool._cli.simulate import simulate
+from dopool._engine.options import PoolOptions
 from dopool._errors import MAX_DELAY
-from dopool._layout import limits
-from dopool._layout.limits import FORMAT_VERSION
-from dopool._options import PoolOptions
 from dopool._sim.figures import DESCRIPTIONS, E2E_DESCRIPTIONS, POOL_DESCRIPTIONS
+from dopool._store.layout import limits
+from dopool._store.layout.limits import FORMAT_VERSION
 from dopool._types import EventKind, EventState, InstanceState
 from dopool.chaos import FaultPlan
 
@@ -647,7 +647,7 @@ def test_store_format_md_lists_every_key_the_layout_defines() -> None:
     rows = [line.split(" | ")[0][3:-1] for line in table.splitlines() if line.startswith("| `")]
     tags = {row.split("\\0 ")[1][0] for row in rows if row.startswith("I ")}
     documented = {row[0] for row in rows} | tags
-    source = (ROOT / "src" / "dopool" / "_layout" / "keys.py").read_text(encoding="utf-8")
+    source = (ROOT / "src" / "dopool" / "_store" / "layout" / "keys.py").read_text(encoding="utf-8")
     defined = set(re.findall(r'b"([A-Za-z])"', source.split("_DIGESTED")[0]))
     assert documented == defined
 

@@ -29,10 +29,10 @@ from dopool import (
     Runtime,
     SimulatedClock,
 )
-from dopool._check import check_store
-from dopool._layout import Namespace, read_dead, read_event, read_meta, read_outbox
+from dopool._ops.check import check_store
+from dopool._store.layout import Namespace, read_dead, read_event, read_meta, read_outbox
 
-FIXTURE = Path(__file__).parent / "fixtures" / "store-v7"
+FIXTURE = Path(__file__).parent / "support" / "fixtures" / "store-v7"
 # The fixture's records, by what they are (see tests/fixtures/make_store.py).
 META = Namespace("orders", 1).prefix + b"m"
 QUEUED = Namespace("orders", 1).queue_key(-2, 4, 1000.0)

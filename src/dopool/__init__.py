@@ -4,9 +4,8 @@ N single-threaded actors, each owning a durable LMDB namespace with a FIFO
 queue and one alarm slot, fed by a router, under a real or simulated clock.
 """
 
-from dopool._clock import RealClock, SimulatedClock
-from dopool._connect import Connection, ProducerPool, connect
-from dopool._context import EventContext
+from dopool._clock.clocks import RealClock, SimulatedClock
+from dopool._engine.context import EventContext
 from dopool._errors import (
     ConfigurationError,
     DamagedRecordError,
@@ -33,9 +32,11 @@ from dopool._errors import (
     StoreLockedError,
     StoreNotFoundError,
 )
-from dopool._pool import WorkerPool
+from dopool._handles.connection import Connection, ProducerPool, connect
+from dopool._handles.pool import WorkerPool
+from dopool._handles.runtime import Runtime
+from dopool._pools import Pool
 from dopool._retry import RetryPolicy
-from dopool._runtime import Runtime
 from dopool._types import (
     DeadLetter,
     EmptyInfo,
@@ -66,6 +67,7 @@ __all__ = [
     "InstanceStatus",
     "NotLeasedError",
     "PermanentError",
+    "Pool",
     "PoolClosedError",
     "PoolEvent",
     "PoolNotFoundError",

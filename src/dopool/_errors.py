@@ -36,10 +36,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from dopool._types import DeadLetter, EnqueueResult
+from dopool._types import DeadLetter, EnqueueResult
 
 
 class DopoolError(Exception):
@@ -194,6 +193,40 @@ class ScheduleDefinitionError(ConfigurationError):
         self.value = value
         self.reason = reason
         super().__init__(f"schedule {shown(schedule)}: {argument}={shown(value)}: {reason}")
+
+
+class ScenarioError(ConfigurationError):
+    """A scenario field is missing, unknown, of the wrong type or out of range.
+
+    Attributes:
+        field: the dotted path of the field (``"arrivals.rate"``), or ``""`` for the whole.
+        problem: what is wrong with it.
+        source: where the scenario came from (a file path, a flag), if known.
+    """
+
+    def __init__(self, field: str, problem: str, *, source: str | None = None) -> None:
+        self.field = field
+        self.problem = problem
+        self.source = source
+        where = f"{source}: " if source else ""
+        name = f"field '{field}'" if field else "scenario"
+        super().__init__(f"{where}{name} {problem}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Back from a sweep's worker process: rebuilt from its fields, not its message.
+        return (_scenario_error, (self.field, self.problem, self.source))
+
+    def within(self, prefix: str) -> ScenarioError:
+        """The same error for a field nested under ``prefix`` (``pauses[0]``)."""
+        path = f"{prefix}.{self.field}" if self.field else prefix
+        return ScenarioError(path, self.problem, source=self.source)
+
+    def from_source(self, source: str) -> ScenarioError:
+        return ScenarioError(self.field, self.problem, source=source)
+
+
+def _scenario_error(field: str, problem: str, source: str | None) -> ScenarioError:
+    return ScenarioError(field, problem, source=source)
 
 
 class EventValidationError(DopoolError):
@@ -458,7 +491,7 @@ class RetryAfter(DopoolError):
     """
 
     def __init__(self, seconds: float | timedelta) -> None:
-        requested = _seconds(seconds, "RetryAfter seconds")
+        requested = as_seconds(seconds, "RetryAfter seconds")
         if not math.isfinite(requested) or requested < 0:
             raise ConfigurationError(f"RetryAfter needs a finite delay >= 0, got {requested!r}")
         self.requested = requested
@@ -469,7 +502,7 @@ class RetryAfter(DopoolError):
         super().__init__(message)
 
 
-def _seconds(value: Any, name: str) -> float:
+def as_seconds(value: Any, name: str) -> float:
     """Accept a number or a ``timedelta`` and return seconds as a float."""
     total = getattr(value, "total_seconds", None)
     if callable(total):

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from dopool._errors import MAX_DELAY, ConfigurationError, PermanentError, RetryAfter, _seconds
+from dopool._errors import MAX_DELAY, ConfigurationError, PermanentError, RetryAfter, as_seconds
 
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_INITIAL_DELAY = 1.0
@@ -41,8 +41,8 @@ class RetryPolicy:
         if self.max_attempts < 1:
             raise ConfigurationError(f"max_attempts must be >= 1, got {self.max_attempts}")
         # Normalise timedeltas to seconds so the fields always read as floats.
-        object.__setattr__(self, "initial_delay", _seconds(self.initial_delay, "initial_delay"))
-        object.__setattr__(self, "max_delay", _seconds(self.max_delay, "max_delay"))
+        object.__setattr__(self, "initial_delay", as_seconds(self.initial_delay, "initial_delay"))
+        object.__setattr__(self, "max_delay", as_seconds(self.max_delay, "max_delay"))
         object.__setattr__(self, "multiplier", _number("multiplier", self.multiplier))
         object.__setattr__(self, "jitter", _number("jitter", self.jitter))
         initial, maximum = self.initial_seconds, self.max_seconds

@@ -10,18 +10,17 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from dopool import DeadLetter, InstanceCrashedError, QueueFullError, WorkerPool
-from dopool._chaos.history import Ack, Cancelled, Dup, Purged, Redriven, Resumed
+from dopool._chaos.clockdriver import ClockDriver
+from dopool._chaos.history import Ack, Cancelled, Dup, History, Purged, Redriven, Resumed
 from dopool._chaos.scenario import When, when_args
-from dopool._layout import DedupIndex, DedupRecord
-
-if TYPE_CHECKING:
-    from dopool._chaos.clockdriver import ClockDriver
-    from dopool._chaos.history import History
-    from dopool._chaos.snapshot import InstanceSnapshot
-    from dopool._storage import Txn
+from dopool._chaos.snapshot import InstanceSnapshot
+from dopool._errors import InstanceCrashedError, QueueFullError
+from dopool._handles.pool import WorkerPool
+from dopool._store.layout import DedupIndex, DedupRecord
+from dopool._store.txn import Txn
+from dopool._types import DeadLetter
 
 
 class Calls(ABC):

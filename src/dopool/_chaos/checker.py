@@ -20,7 +20,7 @@ docs/guarantees.md wherever one shows (items 1-4 are its guarantees 1-4):
    higher priority, or of equal priority and due earlier (or at the same time and of
    lower sequence); a scheduled event never starts before its due time; sequences
    are consecutive from 0;
-4. counters — the storage invariants of :mod:`dopool._invariants` (``enqueued =
+4. counters — the storage invariants of :mod:`dopool._machine.invariants` (``enqueued =
    succeeded + dead_lettered + drained + cancelled + pending``, the meta's counts equal to its
    keys, every sequence below ``tail``, the started event stored), every
    counter equal to the replay's tally, ``tail`` equal to the sequences handed out,
@@ -35,12 +35,12 @@ docs/guarantees.md wherever one shows (items 1-4 are its guarantees 1-4):
    (crashes included), or at once for a ``PermanentError``;
 7. follow-ups between instances, of one pool or two — the links each source
    handed out and its target has not taken are all in the source's outbox
-   (:func:`dopool._invariants.link_violations`, after every step), and the
+   (:func:`dopool._machine.invariants.link_violations`, after every step), and the
    follow-ups of one source that reach one target take their sequences there in
    the order their parents succeeded (:meth:`Model.finish`);
 8. dedup keys — at most one unfinished event of a pool holds a key, the one its
    index entry names, and no entry names an unfinished event that is not stored
-   (:func:`dopool._invariants.dedup_violations`, after every step); an enqueue
+   (:func:`dopool._machine.invariants.dedup_violations`, after every step); an enqueue
    answered ``duplicate=True`` stored nothing (it is never acknowledged, so no
    loss is expected of it) and names an event enqueued with the same key.
 
@@ -60,8 +60,8 @@ from collections.abc import Sequence
 from dopool._chaos.history import Entry, History
 from dopool._chaos.replay import Replay, _Instance
 from dopool._chaos.snapshot import InstanceSnapshot
-from dopool._invariants import violations
-from dopool._layout import started_event
+from dopool._machine.invariants import violations
+from dopool._store.layout import started_event
 
 
 class Model(Replay):
@@ -100,7 +100,7 @@ class Model(Replay):
             self._bad(text)
         if len(snap.queue) != snap.state.pending_keys:
             self._bad(f"{where}: {snap.state.pending_keys} queue keys, {len(snap.queue)} events")
-        place = started_event(meta)  # (priority, sequence)
+        place = started_event(meta.current)  # (priority, sequence)
         current = None if place is None else place[1]
         if meta.pending == 0 and meta.alarm is not None and meta.next_fire is None:
             self._bad(f"{where}: nothing pending but the alarm is set at {meta.alarm}")

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from dopool import SimulatedClock
+from dopool._clock.clocks import SimulatedClock
 
 # Clock steps (alarms, wake-ups, deliveries) one advance or settle may take before the
 # run is declared a livelock: a healthy scenario needs a few hundred at most.

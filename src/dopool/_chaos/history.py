@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from dopool import RetryPolicy
+from dopool._retry import RetryPolicy
 
 Entry = tuple[int, int]  # (instance index, sequence)
 

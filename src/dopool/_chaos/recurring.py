@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from dopool import InstanceCrashedError, ScheduleInfo, WorkerPool
 from dopool._chaos.history import Fired, History, Resumed
 from dopool._chaos.scenario import make_event
+from dopool._errors import InstanceCrashedError
+from dopool._handles.pool import WorkerPool
+from dopool._types import ScheduleInfo
 
 REMOVE_TRIES = 50  # a fault may crash a removal; each try draws again
 

@@ -21,8 +21,8 @@ from dopool._chaos.history import (
     Redriven,
     Resumed,
 )
-from dopool._lifecycle import EXPIRED
-from dopool._supervisor import RESTARTS_AT_ONCE, restart_delay
+from dopool._engine.supervisor import RESTARTS_AT_ONCE, restart_delay
+from dopool._machine.lifecycle import EXPIRED
 
 EPSILON = 1e-9
 

@@ -32,19 +32,6 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from dopool import (
-    ConfigurationError,
-    DopoolError,
-    EventContext,
-    InstanceCrashedError,
-    PermanentError,
-    PoolEvent,
-    RetryAfter,
-    Runtime,
-    ScheduleInfo,
-    WorkerPool,
-    _ports,
-)
 from dopool._chaos import recurring
 from dopool._chaos.calls import Calls
 from dopool._chaos.checker import Model
@@ -53,14 +40,25 @@ from dopool._chaos.history import Ack, Call, Ev, Exec, History, Phase
 from dopool._chaos.result import Result
 from dopool._chaos.scenario import POOL, SECOND_POOL, Scenario, Step, generate
 from dopool._chaos.snapshot import InstanceSnapshot, read_store
-from dopool._clock import SimulatedClock
-from dopool._invariants import (
+from dopool._clock.clocks import SimulatedClock
+from dopool._engine.context import EventContext
+from dopool._errors import (
+    ConfigurationError,
+    DopoolError,
+    InstanceCrashedError,
+    PermanentError,
+    RetryAfter,
+)
+from dopool._handles.pool import WorkerPool
+from dopool._handles.tools import ToolRuntime
+from dopool._machine.invariants import (
     dedup_violations,
     link_violations,
     read_dedup_tally,
     read_links,
 )
-from dopool._storage import Txn
+from dopool._store.txn import Txn
+from dopool._types import PoolEvent, ScheduleInfo
 
 JOIN_TIMEOUT = 60.0  # wall seconds; virtual time is free
 # Under alarm_retries each round's alarm faults may give an instance's alarm up again:
@@ -100,7 +98,7 @@ class Runner(Calls):
         self.model = Model(self.history)
         self.clock = SimulatedClock()
         self.driver = ClockDriver(self.clock)
-        self.runtime: Runtime | None = None
+        self.runtime: ToolRuntime | None = None
         self.pools: dict[str, WorkerPool] = {}
         self._missing: str | None = None  # a pool the last reopen left undefined
         self._directory = Path(tempfile.mkdtemp(prefix="dopool-chaos-"))
@@ -180,7 +178,7 @@ class Runner(Calls):
         trace = self._directory / f"trace-{len(self._traces)}.jsonl"
         self._traces.append(trace)
         self.history.add(Phase("opening"))
-        runtime = Runtime(
+        runtime = ToolRuntime(
             self._directory / "store",
             clock=self.clock,
             seed=scenario.seed,
@@ -425,7 +423,7 @@ class Runner(Calls):
     # -- checking -------------------------------------------------------------------------
     def _committed(self) -> AbstractContextManager[Txn]:
         assert self.runtime is not None
-        return _ports.committed(self.runtime)
+        return self.runtime.committed()
 
     def _dedup_window(self) -> float:
         return self.scenario.dedup_window
@@ -437,7 +435,7 @@ class Runner(Calls):
         runtime is read as stored.
         """
         assert self.runtime is not None
-        with _ports.committed(self.runtime) as txn:
+        with self.runtime.committed() as txn:
             return [
                 snapshot
                 for name, concurrency in self.scenario.pools.items()
@@ -460,7 +458,7 @@ class Runner(Calls):
         """Compare storage and status with the replay; the system is quiescent here."""
         assert self.runtime is not None
         snapshots = self._snapshot()
-        with _ports.committed(self.runtime) as txn:
+        with self.runtime.committed() as txn:
             links = link_violations(read_links(txn, self.scenario.pools))
             dedup = dedup_violations(read_dedup_tally(txn, self.scenario.pools))
         self.model.catch_up()

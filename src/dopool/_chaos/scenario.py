@@ -49,7 +49,7 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-from dopool import RetryPolicy
+from dopool._retry import RetryPolicy
 from dopool.chaos import FaultPlan
 
 POOL = "chaos"

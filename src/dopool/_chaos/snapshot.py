@@ -3,28 +3,26 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from dopool._invariants import InstanceState, read_instance
-from dopool._layout import (
+from dopool._machine.invariants import InstanceState, read_instance
+from dopool._store.layout import (
     Meta,
     Namespace,
+    delayed_key_due,
+    delayed_key_priority,
     queue_key_priority,
     queue_key_sequence,
-    scheduled_key_due,
-    scheduled_key_priority,
     unpack,
 )
-
-if TYPE_CHECKING:
-    from dopool._storage import Txn
+from dopool._store.txn import Txn
 
 
 @dataclass
 class InstanceSnapshot:
     """One instance's committed state, read in one transaction.
 
-    ``state`` is what the storage invariants read (:mod:`dopool._invariants`); the
+    ``state`` is what the storage invariants read (:mod:`dopool._machine.invariants`); the
     rest is the checker's own: which event each pending entry (due or scheduled) and dead
     letter holds, and when each scheduled one is due.
     """
@@ -49,9 +47,9 @@ def read_store(txn: Txn, pool: str, concurrency: int) -> list[InstanceSnapshot]:
         scheduled: dict[int, float] = {}
         bad: list[str] = []
         keys = [(key, queue_key_priority(key)) for key in ns.iter_event_keys(txn)]
-        for key in ns.iter_scheduled_keys(txn):
-            keys.append((key, scheduled_key_priority(key)))
-            scheduled[queue_key_sequence(key)] = scheduled_key_due(key)
+        for key in ns.iter_delayed_keys(txn):
+            keys.append((key, delayed_key_priority(key)))
+            scheduled[queue_key_sequence(key)] = delayed_key_due(key)
         for key, priority in keys:
             record = ns.get_event(txn, key)
             sequence = queue_key_sequence(key)

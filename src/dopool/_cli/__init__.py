@@ -2,7 +2,7 @@
 
 Only the console script imports this package (click and rich are the ``cli``
 extra). The work is done elsewhere: :mod:`dopool._sim.driver` runs scenarios,
-:mod:`dopool._sim.storeview` reads and maintains real stores. Here are the
+:mod:`dopool._ops.storeview` reads and maintains real stores. Here are the
 flags, the rendering, and one rule: an error is one line on stderr
 (``Error: ...``) and a non-zero exit, never a traceback. Exit codes: 0 done,
 1 a failure (an invariant broke, a store is locked or missing), 2 a bad flag

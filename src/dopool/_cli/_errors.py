@@ -9,8 +9,7 @@ from typing import Any
 import click
 
 from dopool._cli._terminal import _clean
-from dopool._errors import DopoolError, StoreLockedError
-from dopool._sim.checks import ScenarioError
+from dopool._errors import DopoolError, ScenarioError, StoreLockedError
 
 USAGE_EXIT = 2
 FAILURE_EXIT = 1

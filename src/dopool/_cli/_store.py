@@ -6,7 +6,7 @@ import datetime as _dt
 
 from dopool._cli._errors import CliError
 from dopool._cli._terminal import _clean
-from dopool._sim.storeview import StoreView
+from dopool._ops.storeview import StoreView
 
 REAL_TIME_FROM = 1e9  # an alarm time above this is a real clock's epoch seconds
 MAX_PLAIN_TIME = 1e15  # a time this large or more prints in exponent form

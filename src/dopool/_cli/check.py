@@ -9,10 +9,10 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from dopool._check import CheckReport, report_json
 from dopool._cli._errors import FAILURE_EXIT
 from dopool._cli._terminal import _clean, _console
-from dopool._sim.storeview import open_view
+from dopool._ops.check import CheckReport, report_json
+from dopool._ops.storeview import open_view
 
 
 @click.command()

@@ -1,5 +1,5 @@
 """``dopool pause``, ``resume`` and ``drain``: live control of a store's pools
-(:mod:`dopool._control`), with or without a runtime owning it."""
+(:func:`dopool._handles.connection.control`), with or without a runtime owning it."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ from pathlib import Path
 
 import click
 
-from dopool._across import Changed, Verb
 from dopool._cli._terminal import _clean
-from dopool._connect import connect
-from dopool._control import control
+from dopool._cluster.remote import Changed, Verb
+from dopool._handles.connection import connect, control
 
 DONE = {"pause": "paused", "resume": "resumed", "drain": "drained"}
 ALREADY = {"pause": "already paused", "resume": "not paused"}

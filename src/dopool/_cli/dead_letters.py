@@ -16,8 +16,8 @@ from dopool._cli._errors import CliError, CliUsageError
 from dopool._cli._store import _chosen_pools, _when
 from dopool._cli._terminal import _clean, _console
 from dopool._cli._values import JSON_TAGS, _json_text, _short
-from dopool._filters import Filters
-from dopool._sim.storeview import Selection, StoreView, open_view, purge, redrive
+from dopool._handles.filters import Filters
+from dopool._ops.storeview import Selection, StoreView, open_view, purge, redrive
 from dopool._types import DeadLetter
 
 _LETTER_FIELDS = dataclasses.fields(DeadLetter)

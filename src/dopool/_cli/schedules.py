@@ -14,8 +14,8 @@ from dopool._cli._errors import CliUsageError
 from dopool._cli._store import _chosen_pools, _when
 from dopool._cli._terminal import _clean, _console
 from dopool._cli._values import JSON_TAGS, _json_text, _short
-from dopool._connect import connect
-from dopool._sim.storeview import open_view
+from dopool._handles.connection import connect
+from dopool._ops.storeview import open_view
 from dopool._types import ScheduleInfo
 
 

@@ -38,8 +38,8 @@ from dopool._cli._terminal import _clean, _console
 from dopool._cli._values import _write_json
 from dopool._cli.report import _changed_comment, _json_document, _render_report
 from dopool._cli.sweep import SweepFlags, run_sweep_command, sweep_options
+from dopool._errors import ScenarioError
 from dopool._sim import loading as scenarios
-from dopool._sim.checks import ScenarioError
 from dopool._sim.driver import run
 from dopool._sim.plot import check_available, plot
 from dopool._sim.scenario import Scenario

@@ -14,9 +14,9 @@ from rich.text import Text
 from dopool._cli._store import _chosen_pools, _when
 from dopool._cli._terminal import _clean, _console
 from dopool._cli._values import JSON_TAGS, _json_text
-from dopool._layout import LeaseRecord
-from dopool._leaseclock import estimate_lease_time
-from dopool._sim.storeview import open_view
+from dopool._ops.storeview import open_view
+from dopool._store.layout import LeaseRecord
+from dopool._store.leaseclock import estimate_lease_time
 from dopool._types import PoolStatus
 
 

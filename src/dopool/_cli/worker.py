@@ -1,4 +1,4 @@
-"""``dopool worker``: own a store and run its handlers until signalled (:mod:`dopool._worker`)."""
+"""``dopool worker``: own a store and run its handlers until signalled (see dopool._ops.worker)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import click
 
 from dopool._cli._errors import CliError, CliUsageError
 from dopool._cli._terminal import _clean
+from dopool._cluster.leases import DEFAULT_LEASE_TTL, check_lease_ttl
+from dopool._engine.wakeups import DEFAULT_POLL_INTERVAL, check_poll_interval
 from dopool._errors import ConfigurationError, StoreLockedError
-from dopool._leases import DEFAULT_LEASE_TTL, check_lease_ttl
-from dopool._watch import DEFAULT_POLL_INTERVAL, check_poll_interval
-from dopool._worker import (
+from dopool._ops.worker import (
     DEFAULT_GRACE,
     EXIT_STOPPED,
     Interrupted,

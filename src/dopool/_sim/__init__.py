@@ -1,4 +1,4 @@
-"""The simulator behind ``dopool simulate``, and the store inspection behind the CLI.
+"""The simulator behind ``dopool simulate``.
 
 Private: ``scenario`` (what to run), ``loading`` (a scenario from a file, a
 built-in name or flags), ``workload`` (its arrivals and its handler),
@@ -8,7 +8,6 @@ collector that follows a run's events, and the records of its result),
 ``measure`` (the result read at the end of a run), ``figures`` (a result's
 figures by name), ``gates`` (pass/fail checks on them), ``sweep`` (a grid of
 runs over several seeds, and their statistics), ``trace`` (``--trace``'s JSON
-lines), ``plot`` and ``sweep_plot`` (optional matplotlib figures) and
-``storeview`` (reading a real store read-only). None of it imports click or
-rich; only :mod:`dopool._cli` does.
+lines), ``plot`` and ``sweep_plot`` (optional matplotlib figures). None of it imports
+click or rich; only :mod:`dopool._cli` does.
 """

@@ -46,11 +46,10 @@ from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from dopool._errors import ConfigurationError
-from dopool._layout import MAX_PARTITION_KEY_BYTES
-from dopool._sim.checks import ScenarioError
+from dopool._errors import ConfigurationError, ScenarioError
+from dopool._machine.validation import check_pool_name
 from dopool._sim.sections import MAX_EVENTS, MAX_TIME, Arrivals, Phase
-from dopool._validation import check_pool_name
+from dopool._store.layout import MAX_PARTITION_KEY_BYTES
 
 DEFAULT_PERIOD = 86_400.0  # a daily cycle: one day
 COLUMNS = ("time", "partition_key", "pool")  # what a replay record may hold

@@ -11,7 +11,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from dopool._sim.checks import ScenarioError
+from dopool._errors import ScenarioError
 from dopool._sim.pools import PoolTable
 from dopool._sim.scenario import GATES, LISTS, PRESETS, SECTIONS, Arrivals, Gate, Scenario
 from dopool._sim.sections import Section

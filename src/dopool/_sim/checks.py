@@ -5,41 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dopool._errors import ConfigurationError
-
-
-class ScenarioError(ConfigurationError):
-    """A scenario field is missing, unknown, of the wrong type or out of range.
-
-    Attributes:
-        field: the dotted path of the field (``"arrivals.rate"``), or ``""`` for the whole.
-        problem: what is wrong with it.
-        source: where the scenario came from (a file path, a flag), if known.
-    """
-
-    def __init__(self, field: str, problem: str, *, source: str | None = None) -> None:
-        self.field = field
-        self.problem = problem
-        self.source = source
-        where = f"{source}: " if source else ""
-        name = f"field '{field}'" if field else "scenario"
-        super().__init__(f"{where}{name} {problem}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Back from a sweep's worker process: rebuilt from its fields, not its message.
-        return (_scenario_error, (self.field, self.problem, self.source))
-
-    def within(self, prefix: str) -> ScenarioError:
-        """The same error for a field nested under ``prefix`` (``pauses[0]``)."""
-        path = f"{prefix}.{self.field}" if self.field else prefix
-        return ScenarioError(path, self.problem, source=self.source)
-
-    def from_source(self, source: str) -> ScenarioError:
-        return ScenarioError(self.field, self.problem, source=source)
-
-
-def _scenario_error(field: str, problem: str, source: str | None) -> ScenarioError:
-    return ScenarioError(field, problem, source=source)
+from dopool._errors import ScenarioError
 
 
 # -- field checks ---------------------------------------------------------------

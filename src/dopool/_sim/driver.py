@@ -32,15 +32,18 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from dopool import _ports
-from dopool._clock import SimulatedClock
-from dopool._errors import ConfigurationError, EventTooLargeError, EventValidationError
-from dopool._messages import Pause, Resume
-from dopool._pool import WorkerPool
+from dopool._clock.clocks import SimulatedClock
+from dopool._errors import (
+    ConfigurationError,
+    EventTooLargeError,
+    EventValidationError,
+    ScenarioError,
+)
+from dopool._handles.pool import WorkerPool
+from dopool._handles.tools import ToolRuntime
+from dopool._machine.types import Pause, Resume
+from dopool._ops.app import App, AppError, load_app, raised
 from dopool._retry import RetryPolicy
-from dopool._runtime import Runtime
-from dopool._sim.app import App, AppError, load_app, raised
-from dopool._sim.checks import ScenarioError
 from dopool._sim.draws import Draws
 from dopool._sim.interrupt import Interrupt, interruptible
 from dopool._sim.measure import Answers, measure
@@ -148,7 +151,7 @@ def _run(
     faults = None
     if scenario.faults.any:
         faults = FaultPlan(seed=scenario.seed, **asdict(scenario.faults))
-    runtime = Runtime(path, clock=clock, seed=scenario.seed, durability="async", faults=faults)
+    runtime = ToolRuntime(path, clock=clock, seed=scenario.seed, durability="async", faults=faults)
     stopped = False
     tracer: Trace | None = None
     try:
@@ -173,7 +176,7 @@ def _run(
         # index and its reply, which ``answers`` reads once it has come: at the end of a
         # run cut short by ``duration`` an instance may still be inside a handler with
         # the enqueue queued behind it, and the reply lets it look without waiting.
-        submitters = {name: _ports.submitter(pool) for name, pool in pools.items()}
+        submitters = {name: runtime.submitter(pool) for name, pool in pools.items()}
 
         def arrive(arrival: Arrival) -> None:
             # One arrival per callback, and it schedules the next: the heap stays small.
@@ -238,7 +241,9 @@ def _run(
         runtime.close()
 
 
-def _define_pools(scenario: Scenario, runtime: Runtime, lineage: Lineage) -> dict[str, Collector]:
+def _define_pools(
+    scenario: Scenario, runtime: ToolRuntime, lineage: Lineage
+) -> dict[str, Collector]:
     """Define the scenario's pools, each with the simulated handler; their collectors."""
     designs = {pool.name: pool for pool in scenario.resolved_pools}
     collectors: dict[str, Collector] = {}
@@ -264,7 +269,7 @@ def _define_pools(scenario: Scenario, runtime: Runtime, lineage: Lineage) -> dic
     return collectors
 
 
-def _define_app_pools(scenario: Scenario, runtime: Runtime, app: App) -> dict[str, Collector]:
+def _define_app_pools(scenario: Scenario, runtime: ToolRuntime, app: App) -> dict[str, Collector]:
     """Have the app define its pools; their collectors see every event from the start."""
     early: list[PoolEvent] = []
     unsubscribe = runtime.subscribe(early.append)
@@ -320,7 +325,7 @@ def _processed(collectors: dict[str, Collector]) -> int:
 
 def _schedule_controls(
     scenario: Scenario,
-    runtime: Runtime,
+    runtime: ToolRuntime,
     pools: dict[str, WorkerPool],
     clock: SimulatedClock,
     stopped: Callable[[], bool],
@@ -329,7 +334,7 @@ def _schedule_controls(
 
     def send(pool: WorkerPool, message: type[Pause] | type[Resume], index: int) -> None:
         if not stopped():
-            _ports.send(pool, index, message)  # the answer is not awaited
+            runtime.send(pool, index, message())  # the answer is not awaited
 
     def kill(name: str, index: int) -> None:
         if not stopped():

@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from dopool._errors import ScenarioError
 from dopool._sim.building import (
     BUILTINS,
     built,
@@ -19,7 +20,6 @@ from dopool._sim.building import (
     read,
     read_file,
 )
-from dopool._sim.checks import ScenarioError
 from dopool._sim.pools import POOL_FIELDS, POOL_SECTIONS, Pool
 from dopool._sim.scenario import GATES, LISTS, SECTIONS, Arrivals, Scenario
 

@@ -6,12 +6,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from math import isnan, nan
 
-from dopool import _ports
+from dopool._engine.messages import Reply
 from dopool._errors import DopoolError, QueueFullError
-from dopool._invariants import read_instance, violations
-from dopool._messages import Reply
-from dopool._pool import WorkerPool
-from dopool._runtime import Runtime
+from dopool._handles.pool import WorkerPool
+from dopool._handles.tools import ToolRuntime
+from dopool._machine.invariants import read_instance, violations
 from dopool._sim.columns import Key, Numbers, Steps, Times, differences, put
 from dopool._sim.latency import Latency
 from dopool._sim.metrics import (
@@ -132,7 +131,7 @@ _FOLD_EVERY = 4096
 
 def measure(
     scenario: Scenario,
-    runtime: Runtime,
+    runtime: ToolRuntime,
     pools: Mapping[str, WorkerPool],
     collectors: Mapping[str, Collector],
     lineage: Lineage,
@@ -474,13 +473,13 @@ def _no_loss(
 
 
 def _store_checks(
-    runtime: Runtime, pool: WorkerPool, collector: Collector
+    runtime: ToolRuntime, pool: WorkerPool, collector: Collector
 ) -> tuple[int, list[str]]:
     """Guarantee 4 (counters, docs/guarantees.md) from the store, and the event stream
     agreeing; returns the follow-ups still in the pool's outboxes, and the problems."""
     problems: list[str] = []
     outbox = 0
-    with _ports.committed(runtime) as txn:
+    with runtime.committed() as txn:
         for index in range(pool.concurrency):
             state = read_instance(txn, pool.name, index)
             outbox += state.meta.outbox

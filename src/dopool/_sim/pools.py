@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from dopool._errors import MAX_DELAY, ConfigurationError
-from dopool._sim.checks import ScenarioError, assign, choice, number, probability
+from dopool._errors import MAX_DELAY, ConfigurationError, ScenarioError
+from dopool._machine.validation import check_pool_name
+from dopool._sim.checks import assign, choice, number, probability
 from dopool._sim.sections import (
     MAX_INSTANCES,
     MAX_PAYLOAD_BYTES,
@@ -25,7 +26,6 @@ from dopool._sim.sections import (
     Retry,
     Service,
 )
-from dopool._validation import check_pool_name
 
 DEFAULT_POOL = "sim"  # the pool of a scenario without [[pools]]
 FANOUTS = ("fixed", "poisson", "geometric")

@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from dopool._sim.checks import ScenarioError, choice, number, text
+from dopool._errors import ScenarioError
+from dopool._sim.checks import choice, number, text
 from dopool._sim.pools import (
     POOL_FIELDS,
     Pool,
@@ -120,7 +121,7 @@ class Scenario:
         pools: ``[[pools]]`` tables; without any, the pool fields above describe one
             pool named ``sim``; with some, they are every pool's defaults.
         app: ``"module:function"`` that defines the pools with real handlers instead
-            (:mod:`dopool._sim.app`); the pool fields then only shape the arrivals'
+            (:mod:`dopool._ops.app`); the pool fields then only shape the arrivals'
             partition keys.
         asserts: the gates checked on the run's figures (``[[assert]]`` in a file).
     """

@@ -11,16 +11,9 @@ import sys
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
-from dopool._errors import MAX_DELAY
+from dopool._errors import MAX_DELAY, ScenarioError
 from dopool._sim import gates
-from dopool._sim.checks import (
-    ScenarioError,
-    assign,
-    choice,
-    number,
-    probability,
-    text,
-)
+from dopool._sim.checks import assign, choice, number, probability, text
 
 ROUTINGS = ("round-robin", "partition")
 PROCESSES = ("steady", "poisson", "bursts", "phases", "daily", "replay")

@@ -29,8 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dopool._errors import ConfigurationError, DopoolError
-from dopool._sim.checks import ScenarioError
+from dopool._errors import ConfigurationError, DopoolError, ScenarioError
 from dopool._sim.driver import run
 from dopool._sim.figures import DESCRIPTIONS, figures
 from dopool._sim.interrupt import interrupt_workers, worker_setup

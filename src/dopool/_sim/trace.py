@@ -23,8 +23,8 @@ import threading
 from collections import deque
 from typing import IO, Any
 
+from dopool._engine.messages import Reply
 from dopool._errors import ConfigurationError, DopoolError, QueueFullError
-from dopool._messages import Reply
 from dopool._sim.measure import answer
 from dopool._sim.workload import Arrival
 from dopool._types import PoolEvent

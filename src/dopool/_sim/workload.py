@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from dopool._context import EventContext
+from dopool._engine.context import EventContext
+from dopool._errors import ScenarioError
 from dopool._sim.arrivals import records
-from dopool._sim.checks import ScenarioError
 from dopool._sim.draws import Draws, attempt_draws
 from dopool._sim.pools import DEFAULT_POOL, FollowUp, Pool
 from dopool._sim.scenario import Arrivals, Scenario

@@ -23,9 +23,9 @@ import time
 
 from dopool._chaos.procs.plan import POOL, RETRY, Behaviour, draw
 from dopool._chaos.procs.records import Record
-from dopool._context import EventContext
+from dopool._engine.context import EventContext
 from dopool._errors import PermanentError
-from dopool._runtime import Runtime
+from dopool._handles.runtime import Runtime
 
 READY = (b"R", b"Q", b"U", b"V")  # by chain: the first worker's, the second's...
 STARTED = b"S"

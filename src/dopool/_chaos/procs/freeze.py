@@ -1,7 +1,7 @@
 """The frozen-writer fault: a process stopped (SIGSTOP) while it holds the store's writer lock.
 
 Every write transaction of a store first takes an exclusive ``flock`` on
-``<store>/writer.lock`` (:mod:`dopool._writerlock`), so a process frozen while it
+``<store>/writer.lock`` (:mod:`dopool._store.writerlock`), so a process frozen while it
 holds that lock (by SIGSTOP, a debugger, a cgroup freezer) stops every writer of the
 store until it is continued. This module finds such a moment from the kernel alone,
 without any of dopool's internals: ``/proc/locks`` lists each ``flock`` with the pid
@@ -31,7 +31,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from dopool._writerlock import PROC_LOCKS, WRITER_LOCK, holders_in
+from dopool._store.writerlock import PROC_LOCKS, WRITER_LOCK, holders_in
 
 LOCKS = PROC_LOCKS
 STOP_WAIT = 1.0  # seconds a SIGSTOP may take to stop every thread of its target

@@ -30,8 +30,8 @@ from pathlib import Path
 from dopool._chaos.procs.app import DUMP, die_with
 from dopool._chaos.procs.plan import POOL, Send, draw
 from dopool._chaos.procs.records import Record, producer_log
-from dopool._connect import ProducerPool, connect
 from dopool._errors import DopoolError
+from dopool._handles.connection import ProducerPool, connect
 from dopool._types import EnqueueResult
 
 ACKNOWLEDGED = b"a"

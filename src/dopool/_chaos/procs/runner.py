@@ -32,7 +32,7 @@ from dopool._chaos.procs.app import DUMP, READY, SLOW, STARTED
 from dopool._chaos.procs.freeze import NEVER, LockFile, catch, cont
 from dopool._chaos.procs.plan import POOL, Action, Plan
 from dopool._chaos.procs.records import Freeze, Record, faults_log, worker_log
-from dopool._connect import connect
+from dopool._handles.connection import connect
 
 APP = "dopool._chaos.procs.app:define"
 IDLE = 0.25  # wall seconds without progress before the next action is taken anyway

@@ -17,9 +17,9 @@ from dopool._chaos.procs import checker, records
 from dopool._chaos.procs.plan import POOL, Plan, draw
 from dopool._chaos.procs.runner import Processes, Stuck, drive, finish
 from dopool._chaos.result import Result
-from dopool._connect import connect
 from dopool._errors import DopoolError
-from dopool._sim.storeview import open_view
+from dopool._handles.connection import connect
+from dopool._ops.storeview import open_view
 
 #: A line a worker logged at WARNING or above (``dopool worker --log-level warning``).
 WARNED = re.compile(r"^\S+ \S+ (?:WARNING|ERROR|CRITICAL) .*$", re.MULTILINE)

@@ -1,0 +1,465 @@
+"""The instance actor: one Durable Object's thread, handling one message at a time.
+
+Its loop runs on a thread of its own, or as a greenlet on the thread that drives
+a simulated clock: the clock's backend decides (see :mod:`dopool._clock.threads`).
+
+Every message is handled as: one write transaction in which the queue machine
+(:mod:`dopool._machine.machine`) makes its transition, commit, then (and only then) the
+clock, subscribers, callbacks and the caller learn of it (see
+:class:`dopool._engine.shell.InstanceShell`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextlib import suppress
+from functools import partial
+from typing import Any, cast
+
+import pykka
+
+from dopool._clock.threads import Future, Inbox
+from dopool._engine.context import EventContext
+from dopool._engine.mailbox import Mailbox, fail_reply
+from dopool._engine.messages import (
+    Alarm,
+    Control,
+    Deliver,
+    Delivered,
+    Enqueue,
+    HandedOff,
+    Kill,
+    Recover,
+    Redeliver,
+    Resend,
+)
+from dopool._engine.shell import (
+    UNTOLD,
+    Crash,
+    InstanceEnv,
+    InstanceShell,
+    PoolSpec,
+    UndecodableEventError,
+)
+from dopool._engine.supervisor import KillFlag
+from dopool._errors import (
+    DamagedRecordError,
+    DopoolError,
+    InstanceCrashedError,
+    PermanentError,
+    StorageError,
+    StoreClosedError,
+)
+from dopool._machine.types import Effects, Started
+from dopool._store.layout import EventRecord, Meta, OutboxRecord, queue_key_sequence, unpack
+from dopool._store.txn import Txn
+from dopool._usercode import ran
+
+logger = logging.getLogger("dopool")
+
+
+class InstanceActor(InstanceShell, pykka.ThreadingActor):
+    """One instance of a pool. Handles one message at a time, in its own thread."""
+
+    # The interpreter joins non-daemon threads before atexit runs, so an open
+    # runtime's actors would keep it alive forever; atexit closes the runtime instead.
+    use_daemon_thread = True
+
+    def __init__(self, spec: PoolSpec, index: int, env: InstanceEnv, kill: KillFlag) -> None:
+        InstanceShell.__init__(self, spec, index, env)  # first: the inbox is its clock's
+        pykka.ThreadingActor.__init__(self)
+        self._kill = kill  # this incarnation's: a successor gets a fresh one
+        self._inbox = cast(Inbox, self.actor_inbox)  # see _create_actor_inbox
+        # ``ctx.sleep``: the clock's sleep, counted against this instance.
+        self._sleep_in_handler = partial(self._clock.sleep, key=self._mailbox.key)
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            Enqueue: self._on_enqueue,
+            Alarm: self._on_alarm,
+            Recover: self._on_recover,
+            Deliver: self._on_deliver,
+            Delivered: self._on_delivered,
+            Kill: self._on_kill,
+            HandedOff: self._on_handed_off,
+            Resend: self._on_resend,
+            Redeliver: self._on_redeliver,
+        }
+        # Sources asked to deliver again (a link went missing), until the link expected comes.
+        self._asked: set[tuple[str, int]] = set()
+        self._resolve = partial(env.directory.resolve, own=spec.name)
+
+    # pykka's extension points for an actor's inbox, future and loop: the clock's
+    # backend decides whether the loop runs on a thread or as a greenlet.
+    def _create_actor_inbox(self) -> Inbox:  # type: ignore[override]  # pykka's is static
+        return self._clock.backend.inbox()
+
+    @staticmethod
+    def _create_future() -> pykka.Future[Any]:
+        return Future()  # a GreenInbox binds it to its scheduler
+
+    def _start_actor_loop(self) -> None:
+        runner = self._clock.backend.runner
+        if runner is not None:
+            runner.spawn(self._actor_loop, self._id)
+        else:
+            super()._start_actor_loop()
+
+    def on_start(self) -> None:
+        # The actor's own thread (or greenlet) always acts for its instance: this lets
+        # the pool refuse calls from handlers and hooks that would wait on this actor.
+        self._env.in_handler.instance = (self._spec.name, self._index)
+
+    def on_receive(self, message: Any) -> None:
+        memory = self._memory
+        turn = memory.turn
+        turn.acquire()  # the instance acts on one thing at a time: a message or a caller
+        try:
+            self._fault_point("receive")  # a kill lands before any later message
+            if memory.handed_off is not None:  # a caller started it: it runs first
+                self._execute_attempts(memory.take_handed_off())
+            handle = self._handlers.get(type(message))
+            if handle is not None:
+                handle(message)
+            elif isinstance(message, Control):
+                self._on_control(message)
+            else:
+                raise TypeError(f"an instance takes no {type(message).__name__} message")
+            self._supervisor.handled(message)
+        except Crash as crash:
+            self._crash(crash.point, message)
+        except Exception as exc:
+            engine_failure = isinstance(exc, StorageError) or not isinstance(exc, DopoolError)
+            if isinstance(exc, StoreClosedError):  # abandoned at exit, which was logged
+                logger.info("instance %s: %r came after its store closed", self._id, message)
+            elif isinstance(exc, DamagedRecordError):  # it names the record: no traceback
+                logger.error("instance %s failed handling %r: %s", self._id, message, exc)
+            elif engine_failure:
+                logger.exception("instance %s failed handling %r", self._id, message)
+            reply = getattr(message, "reply", None)
+            if reply is not None:
+                reply.fail(exc)  # unless it was answered before the failure
+            self._fail_taken(exc if isinstance(exc, DopoolError) else None)
+            if engine_failure:  # the in-memory state is suspect: restart from storage
+                self._crash(f"{type(exc).__name__}: {exc}", message)
+        except BaseException as exc:  # not to pykka, which would stop every actor
+            # SystemExit & co. from user code the engine calls: an engine failure too.
+            logger.exception("instance %s failed handling %r", self._id, message)
+            self._crash(f"{type(exc).__name__}: {exc}", message)
+        finally:
+            turn.release()
+            self._mailbox.finished()
+
+    def on_stop(self) -> None:
+        """Run an attempt a caller started just before the runtime closed: it was committed."""
+        if self._kill.raised:
+            return  # a crash: the successor's recovery settles it
+        with self._memory.turn:
+            started = self._memory.take_handed_off()
+            if started is None:
+                return
+            # A crash leaves the attempt started: the next open's recovery settles it.
+            with suppress(Crash):
+                self._execute_attempts(started)
+
+    def _may_continue(self) -> bool:
+        """Whether due work may start in this message: nothing else is waiting for us.
+
+        A waiting message or caller (a stop, an enqueue) goes first; the alarm,
+        set due now, then queues behind it. A closing runtime starts nothing more.
+        """
+        return (
+            self._inbox.empty()
+            and not self._memory.turn.contended()
+            and not self._kill.raised
+            and not self._mailbox.closed
+        )
+
+    # -- crashes -------------------------------------------------------------
+    def _on_kill(self, _message: Kill) -> None:
+        """Nothing to do: ``on_receive``'s fault point already crashed a killed instance."""
+
+    def _on_handed_off(self, _message: HandedOff) -> None:
+        """Nothing more to do: ``on_receive`` ran the attempt the caller started."""
+
+    def _crash(self, reason: str, message: Any) -> None:
+        """Die: hand the address to a fresh incarnation, fail the caller, stop quietly.
+
+        The successor is in place before the caller hears of the crash, so the
+        caller's next call reaches it; ``crashed`` is emitted before the
+        successor can emit ``recovered``. If the restart must wait out a backoff,
+        ``restart_delayed`` says so before its timer is set.
+        """
+        supervisor = self._supervisor
+        self._env.emit(self._machine.event("crashed", self._clock.now(), error=reason))
+        self._memory.forget()
+        delay = supervisor.crashed(self._inbox, message)
+        if delay is not None:
+            streak = supervisor.crash_streak
+            why = f"{streak} crashes in a row, the last: {reason}; restart in {delay:g} s"
+            self._env.emit(
+                self._machine.event("restart_delayed", self._clock.now(), None, streak, why)
+            )
+            supervisor.arm_restart()
+        fail_reply(message, InstanceCrashedError(self._id))
+        self._fail_taken(None)
+        self.stop()  # after the message in hand; the drained inbox holds nothing else
+
+    # -- enqueue -----------------------------------------------------------
+    def _on_enqueue(self, message: Enqueue) -> None:
+        self._taken.append(message)
+        effects = Effects()
+        meta, started = self._transact(self._enqueue_body(effects, self._take_and_continue))
+        self._publish(meta, effects)
+        self._execute_attempts(started)
+
+    def _take_and_continue(self) -> bool:
+        """In a transaction body: take the enqueues waiting now, then ``_may_continue()``.
+
+        A body waits its turn in the group commit; taking at the last moment lets
+        callers that sent meanwhile share this commit instead of waiting for the
+        next. The actor is blocked in the commit meanwhile, so its inbox and
+        taken list are not touched by its own thread.
+        """
+        # Only a run of enqueues at the head of the inbox is taken, so no message
+        # overtakes another kind sent before it (a pause, say). The actor is the
+        # inbox's only reader, so what it sees at the head is still there to take.
+        more = self._inbox.take_leading(Enqueue)
+        if more:
+            self._taken.extend(more)
+            # The message in hand keeps this actor counted busy.
+            self._mailbox.finished(len(more))
+        return self._may_continue()
+
+    # -- processing ----------------------------------------------------------
+    def _on_alarm(self, _message: Alarm) -> None:
+        self._memory.woken = False  # a wake-up from now on needs an alarm of its own
+        if self._mailbox.closed:
+            # A closing runtime starts nothing more (docs/api.md, "runtime.close()"):
+            # the slot stays stored, and the next open re-arms it.
+            return
+        now = self._clock.now()
+        self._memory.told_alarm = None  # the clock consumed it
+        effects = Effects()
+
+        def body(txn: Txn) -> tuple[Meta, Started | None]:
+            meta = self._load_meta(txn)
+            started = self._machine.take_alarm(txn, meta, now, effects)
+            self._save_meta(txn, meta)
+            return meta, started
+
+        meta, started = self._transact(body)
+        self._publish(meta, effects)
+        self._execute_attempts(started)
+
+    def _execute_attempts(self, started: Started | None) -> None:
+        """Execute attempts whose start committed, one after another.
+
+        Each outcome's transaction also starts the next due event while nothing
+        else waits for this instance, so a busy queue costs one commit per event
+        and no trip through the clock.
+        """
+        while started is not None:
+            key, record, attempt, started_at = started
+            sequence = queue_key_sequence(key)
+            if self._env.listening():
+                self._env.emit(self._machine.event("started", started_at, sequence, attempt))
+            self._fault_point("before_execute", "crash_before_execute")
+            started = self._execute(key, sequence, record, attempt, started_at)
+
+    def _execute(
+        self, key: bytes, sequence: int, record: EventRecord, attempt: int, started_at: float
+    ) -> Started | None:
+        """Run the handler once and commit its outcome; returns the next attempt started."""
+        failure: BaseException | None = None
+        try:
+            event = unpack(record.event)
+        except Exception as exc:  # stored by another version, or crafted: never run
+            event = record.event
+            failure = UndecodableEventError(f"the stored event does not decode ({exc!r})")
+        ctx = EventContext(
+            event=event,
+            sequence=sequence,
+            attempt=attempt,
+            enqueued_at=record.enqueued_at,
+            started_at=started_at,
+            instance_index=self._index,
+            instance_id=self._id,
+            pool_name=self._spec.name,
+            partition_key=record.partition_key,
+            priority=record.priority,
+            _prepare=self._spec.prepare,
+            _sleep=self._sleep_in_handler,
+            _target=self._resolve,
+            _wall=self._clock.wall,
+            _now=self._clock.now,
+        )
+        if failure is None:
+            try:
+                returned = self._spec.options.execute(ctx)
+                if returned is not None:  # (the usual handler returns None: no call)
+                    ran(returned, "the handler", PermanentError)
+            except BaseException as exc:  # SystemExit too: a handler never takes the actor down
+                failure = exc
+        follow_ups = ctx._end()  # a context kept for later adds nothing now: it raises
+        self._fault_point("after_execute", "crash_after_execute")
+        now = self._clock.now()
+        effects = Effects()
+        machine = self._machine
+
+        def body(txn: Txn) -> tuple[Meta, Started | None]:
+            # Callers that waited for the handler commit with its outcome.
+            go_on = self._take_and_continue()
+            meta = self._load_meta(txn)
+            machine.finish_attempt(meta)
+            if failure is None:
+                machine.succeed(txn, meta, key, attempt, follow_ups, now, effects, record.dedup_key)
+            else:
+                machine.fail(txn, meta, key, record, failure, now, effects)
+            self._accept(txn, meta, now, effects)
+            machine.rearm(meta, now)
+            started = machine.take_alarm(txn, meta, now, effects) if go_on else None
+            self._save_meta(txn, meta)
+            return meta, started
+
+        meta, started = self._transact(body)
+        self._publish(meta, effects)
+        return started
+
+    # -- recovery ------------------------------------------------------------
+    def _on_recover(self, message: Recover) -> None:
+        """Settle an attempt a crash interrupted, re-arm the alarm, resend the outbox."""
+        now = self._clock.now()
+        effects = Effects()
+        if message.restarts:  # said first, published only if the recovery commits
+            # (placed before the transition's events, not inserted after them: the
+            # position of an ``empty`` among them is recorded as they are made)
+            effects.events.append(self._machine.event("recovered", now))
+
+        def body(txn: Txn) -> Meta:
+            meta = self._load_meta(txn)
+            self._machine.recover(txn, meta, message.restarts, now, effects)
+            self._save_meta(txn, meta)
+            return meta
+
+        meta = self._transact(body)
+        self._memory.told_alarm = UNTOLD  # the clock must be told again
+        self._supervisor.recovered(message.restarts)
+        self._publish(meta, effects)
+        if message.reply is not None:
+            message.reply.set(None)
+
+    # -- control -----------------------------------------------------------------
+    def _on_control(self, message: Control) -> None:
+        """A caller's request: its transition in one transaction, publish, answer."""
+        now = self._clock.now()
+        effects = Effects()
+
+        def body(txn: Txn) -> tuple[Meta, Any]:
+            meta = self._load_meta(txn)
+            result = self._machine.control(txn, meta, message.request, now, effects)
+            self._save_meta(txn, meta)
+            return meta, result
+
+        meta, result = self._transact(body)
+        self._publish(meta, effects)
+        message.reply.set(result)
+
+    # -- follow-up delivery ------------------------------------------------------
+    def _on_deliver(self, message: Deliver) -> None:
+        """Accept a follow-up from another instance's outbox, once, then acknowledge it.
+
+        Links from one source arrive in order (mailboxes are FIFO, and a message
+        a crash interrupts is retried first), so the next link is accepted, an
+        older one is a resent duplicate, and a newer one means an earlier one
+        went missing: it is neither stored nor acknowledged, and stays in the
+        source's outbox to be resent, rather than being taken for a duplicate.
+        """
+        now = self._clock.now()
+        effects = Effects()
+        record = message.record
+
+        source_pool, source_index = message.source_pool, message.source
+
+        def body(txn: Txn) -> tuple[Meta, int]:
+            meta = self._load_meta(txn)
+            expected = self._machine.deliver(
+                txn, meta, source_pool, source_index, record, now, effects
+            )
+            if record.link == expected:
+                self._save_meta(txn, meta)
+            return meta, expected
+
+        try:
+            meta, expected = self._transact(body)
+        except DamagedRecordError as damage:
+            if damage.key != self._ns.mark_key(source_pool, source_index):
+                raise
+            # Which of this source's links were taken is unknown: take none. Nothing is
+            # stored or acknowledged, so its follow-ups stay durable in its outbox, and
+            # this instance goes on with its own work (docs/guarantees.md, "Damaged
+            # records"; ``dopool check`` reports the mark).
+            logger.error(
+                "instance %s: the delivery mark of instance %s:%d is damaged (%s): its "
+                "follow-ups stay in that instance's outbox",
+                self._id,
+                source_pool,
+                source_index,
+                damage.reason,
+            )
+            return
+        source = self.mailbox_of(source_pool, source_index)
+        if record.link > expected:
+            logger.warning(
+                "instance %s: follow-up link %d from instance %s:%d arrived before link %d; "
+                "asking for them again",
+                self._id,
+                record.link,
+                source_pool,
+                source_index,
+                expected,
+            )
+            self._ask_again(source_pool, source_index, source)
+            return
+        if record.link == expected:
+            self._asked.discard((source_pool, source_index))
+        self._publish(meta, effects)
+        if source is None:  # not in this runtime: its recovery resends, and is acknowledged
+            return
+        ack = Delivered(message.oseq)
+        self._clock.deliver(source.order, partial(source.send, ack))
+
+    def _on_delivered(self, message: Delivered) -> None:
+        def body(txn: Txn) -> None:
+            if self._machine.delivered(txn, message.oseq):
+                meta = self._load_meta(txn)
+                meta.outbox -= 1
+                self._save_meta(txn, meta)
+
+        self._transact(body)
+
+    def _ask_again(self, pool: str, index: int, source: Mailbox | None) -> None:
+        """Ask the source to deliver its follow-ups for this instance again, once until the
+        link expected comes (each later early link would ask again). A source not served
+        here needs no asking: it delivers through the store, earlier links first."""
+        if source is None or source.vacant or (pool, index) in self._asked:
+            return
+        self._asked.add((pool, index))
+        redeliver = Redeliver(self._spec.name, self._index)
+        self._clock.deliver(source.order, partial(source.send, redeliver))
+
+    def _on_redeliver(self, message: Redeliver) -> None:
+        """A target missed a link: deliver the outbox's follow-ups for it again, in link
+        order (it acknowledges those it has as duplicates). Nothing to commit."""
+        with self._store.read() as txn:
+            entries = [
+                (oseq, entry)
+                for oseq, entry in self._ns.iter_outbox(txn)
+                if isinstance(entry, OutboxRecord)
+                and (entry.pool, entry.target) == (message.pool, message.target)
+            ]
+        for oseq, entry in sorted(entries, key=lambda item: item[1].link):
+            self._deliver(oseq, entry)
+
+    def _on_resend(self, message: Resend) -> None:
+        """A pool was defined: send the follow-ups held for it (nothing to commit)."""
+        self.resend_held(message.pool)

@@ -1,0 +1,488 @@
+"""The lease keeper: the threads of a real-clock runtime that renew its leases, and start
+and stop its instances as they are taken, lost and released (:mod:`dopool._cluster.leases`).
+
+Every ``ttl / 3`` seconds its renewal thread runs one renewal transaction for all the
+runtime's leases, and does nothing after it that could make the next one late, whatever
+the number of instances: it hands on what the renewal decided. In a shared runtime:
+
+- an instance whose lease it **took** is started by the starter thread, which reopens
+  its actors and sends each its recovery, as after a crash (a lease taken over after it
+  expired counts a restart), without waiting for them; ``define`` waits for its own;
+- one whose lease it **lost** (another worker took it over while this one hung) is
+  stopped, not restarted: its transactions were already refused (fencing);
+- those it must **release** (more than its fair share) stop gracefully on a helper
+  thread, one per renewal: their mailboxes close, their running handlers finish, then
+  their leases are deleted, together, and the next renewal of another worker takes them.
+
+Losing an instance is losing that instance: one retaken by another worker before it
+started here, or while it recovers, is passed over, and the others start.
+
+An instance not served here is *vacant*: its mailbox has no actor, and a caller's
+message to it fails with :class:`~dopool._errors.NotLeasedError` (an enqueue, pause,
+resume or drain is then made in the store instead, see :mod:`dopool._cluster.remote`). An
+exclusive runtime starts every instance itself; its keeper only writes and renews
+their leases.
+
+After a renewal or a stop that changed what this process serves, or whom a lease
+names, the keeper tells each pool's router actor (:mod:`dopool._engine.router`), which
+publishes the new routing table; it does not wait for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+import pykka
+
+from dopool._clock.clocks import Clock
+from dopool._clock.turn import Turn
+from dopool._cluster.leases import RENEWALS, LeaseBook, Taken, Where, Worker, lease_owner
+from dopool._engine.messages import Reply
+from dopool._engine.router import Placement
+from dopool._engine.shell import InstanceMemory
+from dopool._engine.supervisor import Supervisor, await_recovery, recover_first, send_recovery
+from dopool._engine.wakeups import Notifier, worker_socket
+from dopool._errors import ConfigurationError, NotLeasedError, PoolClosedError
+from dopool._store.environment import Store
+from dopool._store.layout import all_presences
+from dopool._store.txn import Txn
+
+logger = logging.getLogger("dopool")
+
+_STOP_WAIT = 3600.0  # seconds a released instance's handler may take to finish
+_SETTLE_EVERY = 0.05  # seconds between two looks at which stopping actors have stopped
+
+
+@dataclass(frozen=True, slots=True)
+class LeasedPool:
+    """A shared runtime's pool, as the keeper starts and stops its instances."""
+
+    supervisors: Sequence[Supervisor]
+    memories: Sequence[InstanceMemory]
+
+
+@dataclass(slots=True)
+class _Starts:
+    """Leases one renewal took, for the starter thread: each started instance's
+    recovery reply, once all are sent (``sent``)."""
+
+    taken: list[Taken]
+    replies: list[tuple[Supervisor, Reply]] = field(default_factory=list)
+    sent: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True, slots=True)
+class _Stop:
+    """An instance stopping here: its actor (None: none started), and whether its lease
+    is to be released once it has stopped (its lease lost: not)."""
+
+    where: Where
+    supervisor: Supervisor
+    ref: pykka.ActorRef[Any] | None
+    release: bool
+
+
+class LeaseKeeper:
+    """Renews a runtime's leases on a daemon thread, and acts on what each renewal says.
+
+    Args:
+        store: the runtime's store (renewals are write transactions under its writer lock,
+            and leases expire by its lease clock).
+        book: the runtime's :class:`LeaseBook`.
+        clock: the runtime's clock: its alarms are cleared for the instances that stop here.
+    """
+
+    def __init__(self, store: Store, book: LeaseBook, clock: Clock) -> None:
+        self.book = book
+        self._store = store
+        self._clock = clock
+        self._pools: dict[str, LeasedPool] = {}
+        self._placements: dict[str, Placement] = {}  # each pool's router actor
+        self._owners: dict[str, tuple[str | None, ...]] = {}  # as the last renewal read
+        self._told: dict[str, tuple[frozenset[int], tuple[str | None, ...]]] = {}
+        # One renewal (and what it decides) at a time. First come, first served: the
+        # starter and the stopping threads take it once per instance, and a plain lock
+        # would let them take it again and again while a renewal waits for it.
+        self._lock = Turn()
+        self._stop = threading.Event()
+        self._serving = True  # False once the runtime closes: nothing more starts
+        # Instances taken but whose actor the starter has not started yet.
+        self._starting: dict[Where, Taken] = {}
+        # Instances whose actor is stopping here: not taken again until it has stopped,
+        # so that an instance never has two actors in this process.
+        self._stopping: set[Where] = set()
+        self._starts: queue.SimpleQueue[_Starts | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="dopool-leases", daemon=True)
+        self._starter = threading.Thread(target=self._start_loop, name="dopool-starts", daemon=True)
+        self._started = False
+        # Wakes the worker serving an instance this runtime delivered a follow-up into.
+        self._notifier = Notifier(store.path) if self.shared else None
+
+    def wake(self, pool: str, index: int, owner: str | None) -> None:
+        """Tell the worker serving ``pool:index`` (``owner``) to wake it; never raises."""
+        if self._notifier is not None:
+            self._notifier.wake(pool, index, owner)
+
+    @property
+    def shared(self) -> bool:
+        return not self.book.exclusive
+
+    def others(self, txn: Txn) -> list[str]:
+        """The other live workers on the store (presences not expired), for an error; in a
+        write transaction of the store."""
+        me, now = self.book.worker.owner, self._store.lease_time()
+        return [
+            f"pid {presence.pid} on {presence.host}"
+            for owner, presence in all_presences(txn)
+            if owner != me and presence.expires_at > now
+        ]
+
+    def add_pool(
+        self,
+        name: str,
+        pool: LeasedPool | None,
+        concurrency: int,
+        placement: Placement | None = None,
+    ) -> None:
+        """Serve ``name`` from now on: take its leases (a shared runtime's fair share) and,
+        with ``pool`` (shared), start the instances taken and wait for their recoveries;
+        tell ``placement`` (its router actor) where they are served. Starts the threads
+        first, so that renewals stay on time while the instances start."""
+        with self._lock:
+            if pool is not None:
+                self._pools[name] = pool
+            if placement is not None:
+                self._placements[name] = placement
+            self.book.add_pool(name, concurrency)
+            try:
+                starts = self._renew_now()
+            except BaseException:  # the pool is not defined: take none of its leases
+                self._pools.pop(name, None)
+                self._placements.pop(name, None)
+                self._told.pop(name, None)
+                self.book.remove_pool(name)
+                raise
+            if not self._started:
+                self._started = True
+                self._thread.start()
+                self._starter.start()
+        if starts is not None:
+            starts.sent.wait()
+            for supervisor, reply in starts.replies:
+                with suppress(NotLeasedError, PoolClosedError):  # lost or closed meanwhile
+                    await_recovery(supervisor, reply)
+
+    def _run(self) -> None:
+        interval = self.book.ttl / RENEWALS
+        next_at = time.monotonic() + interval
+        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+            next_at = time.monotonic() + interval
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                try:
+                    self._renew_now()
+                except Exception:  # the store closing under it, a full disk: next time
+                    logger.warning("renewing the leases failed", exc_info=True)
+
+    def _renew_now(self) -> _Starts | None:
+        """One renewal, then hand on what it says (the lock held): the leases taken to
+        the starter thread (returned, if any), those lost and released to a stopping
+        thread. Nothing here waits for an actor."""
+        before = self.book.snapshot()
+        try:
+            with self._store.write() as txn:
+                now = self._store.lease_time()
+                renewal = self.book.renew(txn, now, frozenset(self._stopping))
+                self._owners = self._read_owners(txn)
+        except BaseException:
+            self.book.restore(before)  # rolled back: what it held before, it still holds
+            raise
+        logger.debug(
+            "renewed %d leases: %d taken, %d lost, %d to release; %d live workers",
+            len(self.book.held),
+            len(renewal.taken),
+            len(renewal.lost),
+            len(renewal.release),
+            renewal.live,
+        )
+        stops = []
+        for pool, index in renewal.lost:
+            logger.warning(
+                "the lease of %s:%d was taken over by another worker (this one did not "
+                "renew it in time): the instance stops here",
+                pool,
+                index,
+            )
+            stops.extend(self._retire(pool, index, release=False))
+        for where in renewal.release:
+            stops.extend(self._retire(*where, release=True))
+        if stops:
+            threading.Thread(
+                target=self._stop_all, args=(stops,), name="dopool-release", daemon=True
+            ).start()
+        taken = [t for t in renewal.taken if t.pool in self._pools]
+        starts = None
+        if taken:
+            for t in taken:
+                self._starting[(t.pool, t.index)] = t
+            starts = _Starts(taken)
+            self._starts.put(starts)
+        for owner, presence in renewal.gone:
+            self._forget(owner, presence.pid, presence.host)
+        for error in renewal.damaged:
+            logger.error("%s: treated as an expired one", error)
+        self._place()
+        return starts
+
+    def _read_owners(self, txn: Txn) -> dict[str, tuple[str | None, ...]]:
+        """Whom each lease of each pool names, read in the renewal's transaction."""
+        return {
+            name: tuple(lease_owner(txn, name, index) for index in range(placement.concurrency))
+            for name, placement in self._placements.items()
+        }
+
+    def _place(self) -> None:
+        """Tell each pool's router actor where its instances are served, if that changed:
+        here, those whose lease this worker holds and whose actor is not stopping (all of
+        them in an exclusive runtime). One still to start is here already: a call that
+        finds its mailbox vacant meanwhile stores its enqueue through the store, which
+        the instance's recovery then finds. A tell: the keeper never waits for the
+        actor. Called with the lock."""
+        held = self.book.held
+        for name, placement in self._placements.items():
+            every = range(placement.concurrency)
+            if self.shared:
+                here = frozenset(
+                    i for i in every if (name, i) in held and (name, i) not in self._stopping
+                )
+            else:
+                here = frozenset(every)
+            told = (here, self._owners.get(name, (None,) * placement.concurrency))
+            if self._told.get(name) != told:
+                self._told[name] = told
+                placement.placed(*told)
+
+    def _forget(self, owner: str, pid: int, host: str) -> None:
+        """Remove the wake-up socket a dead worker of this host left (a hung one keeps it)."""
+        if host != self.book.worker.host or _alive(pid):
+            return
+        with suppress(OSError):
+            os.unlink(self._store.path / worker_socket(owner))
+
+    # -- starting --------------------------------------------------------------------------
+
+    def _start_loop(self) -> None:
+        """The starter thread: start the instances of each renewal's leases, in turn."""
+        while (starts := self._starts.get()) is not None:
+            try:
+                self._start_all(starts)
+            except Exception:  # an instance's start failing must not stop the others'
+                logger.exception("starting the instances of the leases taken failed")
+            finally:
+                starts.sent.set()
+
+    def _start_all(self, starts: _Starts) -> None:
+        """Start each instance taken that is still to start here, and send its recovery.
+        The lock is taken for one instance at a time: a renewal never waits for a batch."""
+        for taken in starts.taken:
+            where = (taken.pool, taken.index)
+            with self._lock:
+                if self._starting.get(where) is not taken:
+                    continue  # lost or released before it started: passed over
+                del self._starting[where]
+                if not self._serving:
+                    self._release_now(where)
+                    continue
+                pool = self._pools[taken.pool]
+                supervisor = pool.supervisors[taken.index]
+                pool.memories[taken.index].forget()
+                supervisor.reopen()  # starts the actor
+                logger.info(
+                    "took the lease of %s:%d (epoch %d%s)",
+                    taken.pool,
+                    taken.index,
+                    taken.epoch,
+                    ", after its holder's expired" if taken.expired else "",
+                )
+                reply = send_recovery(supervisor, restarts=1 if taken.expired else 0)
+                starts.replies.append((supervisor, reply))
+
+    def _release_now(self, where: Where) -> None:
+        """Give up a lease taken while the runtime began to close (the lock held)."""
+        try:
+            with self._store.write() as txn:
+                self.book.release(txn, *where)
+        except Exception:  # its expiry frees it instead
+            logger.debug("releasing %s:%d", *where, exc_info=True)
+
+    # -- stopping --------------------------------------------------------------------------
+
+    def _retire(self, name: str, index: int, *, release: bool) -> list[_Stop]:
+        """Stop an instance here: vacant at once; its actor is stopped by
+        :meth:`_stop_all` (its handler may take a while). Called with the lock."""
+        pool = self._pools.get(name)
+        if pool is None:
+            return []
+        where = (name, index)
+        self._starting.pop(where, None)  # not started yet: it never will be
+        supervisor = pool.supervisors[index]
+        # Vacant at once: a caller is told another worker serves it, and a follow-up for it
+        # is delivered into its namespace (its actor here may still finish a handler).
+        ref = supervisor.close(vacant=True)
+        if where in self._stopping:  # a stop on its way already (lost while released)
+            return []
+        self._stopping.add(where)
+        return [_Stop(where, supervisor, ref, release)]
+
+    def _stop_all(self, stops: list[_Stop]) -> None:
+        """Stop the actors of ``stops`` together, and settle each once it has stopped,
+        those done so far in one transaction (a helper thread's work)."""
+        futures: list[tuple[_Stop, pykka.Future[Any] | None]] = []
+        for stop in stops:
+            future = None
+            if stop.ref is not None:
+                with suppress(pykka.ActorDeadError):
+                    future = stop.ref.stop(block=False)
+            futures.append((stop, future))
+        deadline = time.monotonic() + _STOP_WAIT
+        while futures:
+            done: list[tuple[_Stop, pykka.Future[Any] | None]] = []
+            waiting: list[tuple[_Stop, pykka.Future[Any] | None]] = []
+            for stop, future in futures:
+                (done if _finished(future, 0.0) else waiting).append((stop, future))
+            if not done:
+                left = deadline - time.monotonic()
+                if left > 0:  # a long handler must not hold the others' releases up
+                    _finished(waiting[0][1], min(left, _SETTLE_EVERY))
+                    continue
+                done, waiting = waiting, []  # hung: their leases expire meanwhile
+            futures = waiting
+            self._settle([stop for stop, _ in done])
+
+    def _settle(self, stops: list[_Stop]) -> None:
+        """Their actors have stopped: clear their alarms, release the leases to release
+        (in one transaction), and leave the addresses vacant."""
+        for stop in stops:
+            self._clock.set_alarm(stop.supervisor.mailbox, None)
+        with self._lock:
+            releasing = [stop.where for stop in stops if stop.release]
+            if releasing and not self._stop.is_set():
+                try:
+                    with self._store.write() as txn:
+                        for pool, index in releasing:
+                            self.book.release(txn, pool, index)
+                except Exception:  # the store closed meanwhile: the leases expire
+                    logger.debug("releasing %s", releasing, exc_info=True)
+                else:
+                    for pool, index in releasing:
+                        logger.info("released the lease of %s:%d (fair share)", pool, index)
+            for stop in stops:
+                if self._serving:
+                    stop.supervisor.vacate()
+                self._stopping.discard(stop.where)
+            self._place()
+
+    def stop_serving(self) -> None:
+        """The runtime is closing: take and start nothing more (renewals go on until
+        :meth:`close`)."""
+        with self._lock:
+            self._serving = False
+            self.book.stop_taking()
+
+    def close(self, keep: Iterable[Where] = ()) -> None:
+        """Stop renewing; delete the leases held (but ``keep``, left to expire) and the
+        presence, so other workers take them at once."""
+        self._stop.set()
+        self._starts.put(None)
+        if self._started:
+            self._thread.join()
+            self._starter.join()
+        if self._notifier is not None:
+            self._notifier.close()
+        with self._lock:
+            try:
+                with self._store.write() as txn:
+                    self.book.leave(txn, keep)
+            except Exception:  # their expiry frees them instead
+                logger.warning("removing the leases at close failed", exc_info=True)
+
+
+def _finished(future: pykka.Future[Any] | None, timeout: float) -> bool:
+    """Whether an actor's stop ``future`` is done, waiting at most ``timeout`` seconds."""
+    if future is None:
+        return True
+    try:
+        future.get(timeout=timeout)
+    except pykka.Timeout:
+        return False
+    except Exception:  # dead already (fenced): stopped all the same
+        return True
+    return True
+
+
+def check_shared(shared: object, clock: Clock) -> bool:
+    """``shared``, if a runtime on ``clock`` may open its store shared (a real clock).
+
+    Raises:
+        ConfigurationError: not a bool, or ``True`` under a clock that does not watch
+            the store (a simulated one: no other process can run beside it).
+    """
+    if not isinstance(shared, bool):
+        raise ConfigurationError(f"shared must be True or False, got {shared!r}")
+    if shared and not clock.watches_store:
+        raise ConfigurationError(
+            "shared=True needs a real clock: workers sharing a store run in real time"
+        )
+    return shared
+
+
+def keep_leases(clock: Clock, store: Store, ttl: float, *, shared: bool) -> LeaseKeeper | None:
+    """A real-clock runtime's keeper (its thread starts with the first pool); None under
+    a simulated clock, which holds no leases."""
+    if not clock.watches_store:
+        return None
+    return LeaseKeeper(store, LeaseBook(Worker.this_process(), ttl, exclusive=not shared), clock)
+
+
+def serve_pool(
+    keeper: LeaseKeeper | None,
+    name: str,
+    supervisors: Sequence[Supervisor],
+    memories: Sequence[InstanceMemory],
+    placement: Placement,
+) -> None:
+    """Start a newly defined pool's instances: all of them (an exclusive runtime, whose
+    keeper writes their leases first), or those whose leases a shared one takes; its
+    keeper tells ``placement`` where they are served."""
+    concurrency = len(supervisors)
+    if keeper is not None and keeper.shared:
+        for supervisor in supervisors:
+            supervisor.vacate()
+        keeper.add_pool(name, LeasedPool(supervisors, memories), concurrency, placement)
+        return
+    if keeper is not None:
+        keeper.add_pool(name, None, concurrency, placement)
+    for supervisor in supervisors:
+        supervisor.start()
+    # One instance at a time, so a simulated run's trace is deterministic.
+    for supervisor in supervisors:
+        recover_first(supervisor)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True

@@ -1,0 +1,237 @@
+"""A stable address for an actor, which callers, the clock and other actors send to."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import pykka
+
+from dopool._clock.latch import Latch
+from dopool._clock.quiescence import Activity
+from dopool._clock.threads import Inbox
+from dopool._engine.messages import Alarm, Reply
+from dopool._errors import DopoolError, InstanceCrashedError, NotLeasedError, PoolClosedError
+
+
+class Mailbox:
+    """Sends to one actor, counting each message for quiescence; refuses once closed.
+
+    It outlives the actor: when an instance crashes, its supervisor puts the
+    successor behind the same address (:meth:`replace`), so senders never see
+    the gap. While a restart waits out a backoff there is no actor behind it:
+    the engine's messages are kept for the successor, and a caller's fails at
+    once. A refused message with a reply future gets an error, so no caller
+    waits forever.
+    """
+
+    __slots__ = (
+        "_activity",
+        "_answer",
+        "_closed",
+        "_kept",
+        "_latch",
+        "_lock",
+        "_ref",
+        "_vacant",
+        "key",
+        "order",
+        "pool",
+    )
+
+    def __init__(
+        self,
+        pool: str,
+        index: int,
+        key: str,
+        activity: Activity,
+        latch: Callable[[object], Latch] | None = None,
+    ) -> None:
+        """``latch``: the clock backend's (:meth:`dopool._clock.threads.Backend.latch`), which
+        a reply to this actor waits on; None: a held lock, for OS threads."""
+        self.pool = pool
+        self.key = key
+        self.order = (pool, index)
+        self._answer = f"the answer of {key}"  # what a reply's waiter waits for
+        self._activity = activity
+        self._latch = latch
+        self._lock = threading.Lock()
+        self._ref: pykka.ActorRef[Any] | None = None
+        self._closed = False
+        # While no actor is behind the address: the messages for the next one, in
+        # order, each counted as sent.
+        self._kept: list[Any] | None = None
+        # No actor here because another worker serves the instance (``vacate``).
+        self._vacant = False
+
+    def reply(self) -> Reply:
+        """A reply for a call to this actor, to send with the call and wait on."""
+        latch = self._latch
+        return Reply(None if latch is None else partial(latch, self._answer))
+
+    @property
+    def closed(self) -> bool:
+        """Whether the runtime is closing: the actor should start no further work."""
+        return self._closed
+
+    def attach(self, ref: pykka.ActorRef[Any]) -> None:
+        """Put the first actor behind the address."""
+        with self._lock:
+            self._ref = ref
+            self._vacant = False
+
+    @property
+    def vacant(self) -> bool:
+        """Whether no actor is here because another worker serves the instance."""
+        return self._vacant
+
+    def vacate(self) -> None:
+        """No actor here until :meth:`attach`: a caller's message fails with
+        :class:`NotLeasedError`, the engine's are dropped (the store holds what they
+        stand for, and the worker serving the instance reads it)."""
+        with self._lock:
+            self._closed = False
+            self._ref = None
+            self._vacant = True
+
+    def reopen(self, ref: pykka.ActorRef[Any]) -> None:
+        """Take messages again after :meth:`close` or :meth:`vacate`, for the actor ``ref``
+        (a shared runtime's, taking the instance's lease): closed or vacant until this
+        returns, served after, with no moment between when a message would be dropped."""
+        with self._lock:
+            self._closed = False
+            self._vacant = False
+            self._ref = ref
+            self._kept = None
+
+    def send(self, message: Any) -> bool:
+        """Queue ``message`` for the actor; False (and the reply failed) if it cannot take it."""
+        with self._lock:
+            ref = self._ref
+            if not self._closed and ref is not None:
+                self._activity.sent(self.key)
+                try:
+                    ref.tell(message)
+                except pykka.ActorDeadError:
+                    self._activity.done(self.key)
+                else:
+                    return True
+            elif not self._closed and self._kept is not None:
+                return self._keep(self._kept, message)
+            vacant = self._vacant
+        fail_reply(message, NotLeasedError(self.key) if vacant else PoolClosedError(self.pool))
+        return False
+
+    def _keep(self, kept: list[Any], message: Any) -> bool:
+        """No actor is behind the address: keep an engine message, fail a caller's.
+
+        A caller is not kept waiting for a restart's backoff (up to a minute, or
+        for ever under a simulated clock nobody drives): it gets
+        :class:`InstanceCrashedError` at once, as if the instance had crashed
+        under its call. Called with the lock.
+        """
+        if getattr(message, "reply", None) is not None:
+            fail_reply(message, InstanceCrashedError(self.key))
+            return False
+        self._activity.sent(self.key)
+        kept.append(message)
+        return True
+
+    def idle(self) -> bool:
+        """Whether no message waits for the actor (read with the instance's turn held)."""
+        ref = self._ref
+        return ref is not None and ref.actor_inbox.empty()
+
+    def finished(self, count: int = 1) -> None:
+        """Called by the actor when it has handled ``count`` messages."""
+        self._activity.done(self.key, count)
+
+    def fire_alarm(self) -> bool:
+        """Send the actor an alarm; False if no actor here can take it (see :meth:`send`)."""
+        return self.send(Alarm())
+
+    def replace(
+        self,
+        dead: Inbox,
+        successor: Callable[[], pykka.ActorRef[Any]] | None,
+        first: Sequence[Any],
+    ) -> bool:
+        """Move what waits in a dead actor's inbox to its successor; called by the dying actor.
+
+        The successor (started by ``successor()``) gets ``first``, then every
+        message that waited in ``dead``, in order. With ``successor=None`` the
+        address is left without an actor until :meth:`reattach`: what the next
+        one is to get is kept (see :meth:`_keep`), and the address counts as
+        busy but, like a handler in ``ctx.sleep``, not active, so a simulated
+        clock can be driven to the restart. Returns False, starting nothing, once
+        the mailbox is closed: what waited is answered as refused.
+        """
+        with self._lock:  # no sender can reach the dead inbox once it is drained
+            waiting, stops = dead.drain()
+            if self._closed:
+                for stop in stops:  # close() asking the actor to stop: it is stopping
+                    stop.set(None)
+                for message in waiting:
+                    self._activity.done(self.key)
+                    fail_reply(message, PoolClosedError(self.pool))
+                return False
+            for stop in stops:  # none: only close() asks an actor to stop
+                stop.set(None)
+            for _ in first:
+                self._activity.sent(self.key)
+            if successor is not None:
+                ref = self._ref = successor()
+                for message in (*first, *waiting):  # each counted as sent
+                    ref.tell(message)
+                return True
+            self._ref = None
+            kept = self._kept = list(first)
+            for message in waiting:  # counted when they were sent
+                if getattr(message, "reply", None) is None:
+                    kept.append(message)
+                else:  # a caller's: see _keep
+                    self._activity.done(self.key)
+                    fail_reply(message, InstanceCrashedError(self.key))
+            self._activity.sleep_begin(self.key)
+            return True
+
+    def reattach(self, successor: Callable[[], pykka.ActorRef[Any]]) -> bool:
+        """Start the successor behind an address left without an actor; give it what was kept.
+
+        Returns False, starting nothing, if the mailbox was closed meanwhile.
+        """
+        with self._lock:
+            kept, self._kept = self._kept, None
+            if kept is None:
+                return False
+            ref = self._ref = successor()
+            self._activity.sleep_end(self.key)
+            for message in kept:  # each counted when kept
+                ref.tell(message)
+            return True
+
+    def close(self, *, vacant: bool = False) -> pykka.ActorRef[Any] | None:
+        """Refuse every later message; returns the actor to stop. ``vacant``: because
+        another worker serves the instance now (a caller is told so).
+
+        Messages kept for a successor are dropped: storage holds what they
+        stand for.
+        """
+        with self._lock:
+            self._closed = True
+            self._vacant = self._vacant or vacant
+            kept, self._kept = self._kept, None
+            if kept is not None:
+                self._activity.done(self.key, len(kept))
+                self._activity.sleep_end(self.key)
+            return self._ref
+
+
+def fail_reply(message: Any, error: DopoolError) -> None:
+    """Answer a message's reply future (if it has one that is still open) with ``error``."""
+    reply = getattr(message, "reply", None)
+    if reply is None:
+        return
+    reply.fail(error)  # unless it was answered already

@@ -1,0 +1,137 @@
+"""A pool's options: one typed record, validated once, however the pool is defined.
+
+``Runtime.define`` and ``WorkerPool.define`` take the options as keywords typed
+by :class:`PoolOptionsDict` (so mypy flags a misspelt one) and build a
+:class:`PoolOptions` from them, which checks every value; the engine reads the
+options from it and nowhere else.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Required, TypedDict
+
+from dopool._engine.context import EventContext
+from dopool._errors import ConfigurationError, shown
+from dopool._machine.alarm import MAX_ALARM_RETRIES
+from dopool._machine.types import QueueRules
+from dopool._retry import RetryPolicy
+from dopool._store.layout import MAX_CONCURRENCY
+from dopool._types import DeadLetter, EmptyInfo
+from dopool._usercode import check_synchronous
+
+Schema = Callable[[Any], Any]
+
+
+class PoolOptionsDict(TypedDict, total=False):
+    """The keywords of ``define``: see :class:`PoolOptions`."""
+
+    execute: Required[Callable[[EventContext], Any]]
+    concurrency: int
+    retry: RetryPolicy | None
+    schema: Schema | None
+    on_dead_letter: Callable[[DeadLetter], Any] | None
+    on_empty: Callable[[EmptyInfo], Any] | None
+    max_queue_depth: int | None
+    alarm_retries: int | None
+    dedup_window: float
+    keep_finished: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolOptions:
+    """What a pool is defined with (docs/api.md, "WorkerPool.define").
+
+    Raises:
+        ConfigurationError: a value of the wrong type or out of range.
+    """
+
+    execute: Callable[[EventContext], Any]
+    concurrency: int = 1
+    retry: RetryPolicy | None = None
+    schema: Schema | None = None
+    on_dead_letter: Callable[[DeadLetter], Any] | None = None
+    on_empty: Callable[[EmptyInfo], Any] | None = None
+    max_queue_depth: int | None = None
+    alarm_retries: int | None = None
+    dedup_window: float = 0.0
+    keep_finished: float = 0.0  # seconds a finished event stays known to ``event()``
+
+    def __post_init__(self) -> None:
+        if not callable(self.execute):
+            raise ConfigurationError(f"execute must be callable, got {shown(self.execute)}")
+        check_synchronous(self.execute, "execute")
+        if not _is_int(self.concurrency) or not 1 <= self.concurrency <= MAX_CONCURRENCY:
+            raise ConfigurationError(
+                f"concurrency must be an int >= 1 and <= {MAX_CONCURRENCY}, "
+                f"got {shown(self.concurrency)}"
+            )
+        if self.retry is not None and not isinstance(self.retry, RetryPolicy):
+            raise ConfigurationError(
+                f"retry must be a RetryPolicy or None, got {shown(self.retry)}"
+            )
+        for label in ("schema", "on_dead_letter", "on_empty"):
+            hook = getattr(self, label)
+            if hook is not None and not callable(hook):
+                raise ConfigurationError(f"{label} must be callable or None, got {shown(hook)}")
+            if hook is not None:
+                check_synchronous(hook, label)
+        depth = self.max_queue_depth
+        if depth is not None and (not _is_int(depth) or depth < 1):
+            raise ConfigurationError(
+                f"max_queue_depth must be an int >= 1 or None, got {shown(depth)}"
+            )
+        retries = self.alarm_retries
+        if retries is not None and (not _is_int(retries) or not 0 <= retries <= MAX_ALARM_RETRIES):
+            raise ConfigurationError(
+                f"alarm_retries must be an int from 0 to {MAX_ALARM_RETRIES} or None, "
+                f"got {shown(retries)}"
+            )
+        for label in ("dedup_window", "keep_finished"):
+            window = getattr(self, label)
+            if (
+                isinstance(window, bool)
+                or not isinstance(window, int | float)
+                or not math.isfinite(window)
+                or window < 0
+            ):
+                raise ConfigurationError(
+                    f"{label} must be a finite number of seconds >= 0, got {shown(window)}"
+                )
+            object.__setattr__(self, label, float(window))
+
+    @classmethod
+    def of(cls, options: Mapping[str, Any]) -> PoolOptions:
+        """Options from ``define``'s keywords; an unknown keyword is named, with a guess."""
+        known = [spec.name for spec in fields(cls)]
+        for name in options:
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigurationError(f"define() got an unknown option {name!r}{hint}")
+        if "execute" not in options:
+            raise ConfigurationError("define() needs execute=, the pool's handler")
+        return cls(**options)
+
+    @property
+    def max_attempts(self) -> int:
+        """Executions an event gets at most: one without a retry policy."""
+        return self.rules.max_attempts
+
+    @property
+    def rules(self) -> QueueRules:
+        """What the queue machine reads of these options."""
+        return QueueRules(
+            retry=self.retry,
+            max_queue_depth=self.max_queue_depth,
+            alarm_retries=self.alarm_retries,
+            dedup_window=self.dedup_window,
+            keep_finished=self.keep_finished,
+        )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

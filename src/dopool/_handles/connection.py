@@ -1,0 +1,621 @@
+"""Producers in other processes: ``dopool.connect`` and the pools it hands out.
+
+A :class:`Connection` opens a store's LMDB environment for writing without the
+store lock, so any number of processes (and threads) may hold one while one
+runtime owns the store, or while none does. It runs no actors and no handlers.
+A :class:`ProducerPool`'s enqueue is the owning runtime's own enqueue transition
+(:meth:`QueueMachine.enqueue`: the event's key, the meta's counters, the alarm
+slot), made in the producer's LMDB write transaction, which LMDB serialises with
+every other writer of the store; once it is durable the owner is told which
+instance to wake (:mod:`dopool._engine.wakeups`). The owner's instance reads the meta
+anew when it finds another's bytes in the store (``InstanceShell._load_meta``).
+
+Times are the wall clock's (epoch seconds): a store owned by a runtime on a
+simulated clock is no place for a producer (docs/deployment.md).
+
+Live control through a connection (:func:`control`, :func:`cancel`): ``dopool
+pause``, ``resume`` and ``drain`` act on a store whether or not a runtime owns it,
+as a :class:`ProducerPool`'s ``pause``, ``resume``, ``drain`` and ``cancel`` do.
+Each instance's change is the queue machine's own transition
+(:meth:`QueueMachine.set_paused`, :meth:`QueueMachine.drain`), made in one LMDB
+write transaction of a :class:`~dopool.Connection`, like a producer's enqueue:
+LMDB serialises it with the owner's transactions, so it lands in order with the
+instance's other changes, and it is durable when the call returns. Then the owner
+is woken (:mod:`dopool._engine.wakeups`), whose next transaction on the instance reads the
+changed meta anew (its cached one no longer matches the stored bytes).
+
+A producer's :meth:`~dopool.ProducerPool.cancel` is the same: the queue machine's
+:meth:`QueueMachine.cancel`, in one transaction of the connection, then the owner woken.
+An event whose attempt is running is not cancelled: the meta's ``running`` is committed
+before its handler starts, so it is seen here.
+
+A drained or cancelled event's dedup key is released as the owner's own drain releases
+it, stamped with the finish (:data:`STAMP_WINDOW`); a cancelled event is remembered the
+same way, for the owner's ``keep_finished`` (its lookups and sweeps judge the age).
+
+What the owner keeps in memory needs nothing more. Every start of an attempt is
+decided inside one of its write transactions from the meta as committed, so none
+starts on an instance paused before (an attempt already running finishes, and its
+outcome starts nothing after it). An alarm the owner set for an older slot fires,
+reads the meta and does only what it says. A resume sets the slot due now, and
+the wake-up (or, if lost, the poll) has the owner start the due work at once.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from datetime import datetime, timedelta
+from functools import partial
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar, Unpack
+
+import lmdb
+
+from dopool._clock.clocks import RealClock
+from dopool._cluster.leases import lease_owner
+from dopool._cluster.remote import (
+    Changed,
+    Share,
+    Verb,
+    cancel_in,
+    producer_machine,
+    settle,
+    store_shares,
+    transition,
+)
+from dopool._cluster.routing import Positions, Router, RoutingTable
+from dopool._engine.options import PoolOptions, Schema
+from dopool._engine.wakeups import Notifier
+from dopool._errors import (
+    ConfigurationError,
+    DopoolError,
+    PoolClosedError,
+    PoolNotFoundError,
+    StorageError,
+)
+from dopool._handles.filters import Filters, listed
+from dopool._handles.schedules import definition, read_schedules, schedule_info
+from dopool._machine.lifecycle import lookup, parse_event_id
+from dopool._machine.machine import QueueMachine
+from dopool._machine.status import read_pool_status
+from dopool._machine.types import DefineSchedule, Effects, Item, QueueRules, Unschedule
+from dopool._machine.validation import (
+    check_path,
+    check_pool_name,
+    due_time,
+    prepare,
+    prepare_many,
+    with_ttl,
+)
+from dopool._pools import FilterOptions, Pool, ScheduleOptions
+from dopool._store.environment import Environment, open_shared, opened_before_fork
+from dopool._store.layout import Namespace, get_pool, pool_records
+from dopool._store.txn import Txn
+from dopool._types import DeadLetter, EnqueueResult, EventInfo, PoolStatus, ScheduleInfo
+
+T = TypeVar("T")
+
+DURABILITY_MODES = ("sync", "async")
+#: Seconds a producer's write waits for another process's write (the store's writer
+#: lock) before it raises :class:`StoreBusyError` (``connect(lock_timeout=)``).
+DEFAULT_LOCK_TIMEOUT = 10.0
+MAX_LOCK_TIMEOUT = 1e9  # (threads cannot wait much longer at once: threading.TIMEOUT_MAX)
+
+
+def connect(
+    path: str | Any, *, durability: str = "sync", lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT
+) -> Connection:
+    """Open the store at ``path`` to enqueue into its pools from this process.
+
+    Args:
+        path: a store directory a runtime created (``str`` or ``os.PathLike``).
+        durability: ``"sync"`` (an enqueue is fsynced before it returns) or
+            ``"async"`` (it survives a crash of the process, not of the OS).
+        lock_timeout: seconds a write (an enqueue, a pause...) waits while another
+            process writes, before it raises :class:`StoreBusyError`, having written
+            nothing; None: as long as that takes.
+
+    Raises:
+        StoreNotFoundError: no store at ``path``.
+        StoreFormatError: a store of another format, or one a runtime must migrate first.
+        StorageError: the store cannot be opened, or is damaged.
+        ConfigurationError: a bad argument.
+    """
+    return Connection(path, durability=durability, lock_timeout=lock_timeout)
+
+
+class Connection:
+    """A producer's handle on a store: its pools, by name; see :func:`connect`.
+
+    Use it as a context manager, or call :meth:`close`. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        path: str | Any,
+        *,
+        durability: str = "sync",
+        lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
+    ) -> None:
+        check_path(path)
+        if durability not in DURABILITY_MODES:
+            raise ConfigurationError(f"durability must be 'sync' or 'async', got {durability!r}")
+        self.durability = durability
+        self._lock_timeout = check_lock_timeout(lock_timeout)
+        self._shared: Environment = open_shared(path, sync=durability == "sync")
+        self.path: Path = Path(path)
+        # An environment this process opened before, for a runtime, without fsync: sync
+        # each commit here instead.
+        self._fsync = durability == "sync" and not self._shared.sync
+        self._clock = RealClock()  # no alarm is ever set on it: no thread
+        self._notifier = Notifier(self.path)
+        self._cond = threading.Condition()
+        self._active = 0  # calls using the environment, which close() waits for
+        self._closed = False
+        self._pid = os.getpid()  # LMDB's environment is this process's: not a forked child's
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def lock_timeout(self) -> float | None:
+        """Seconds a write waits for another process's (``connect(lock_timeout=)``)."""
+        return self._lock_timeout
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<Connection {str(self.path)!r} {state}>"
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def pool(
+        self,
+        name: str,
+        *,
+        schema: Schema | None = None,
+        max_queue_depth: int | None = None,
+        dedup_window: float = 0.0,
+        keep_finished: float = 0.0,
+    ) -> ProducerPool:
+        """A producer's handle on pool ``name``, which a runtime defined in this store.
+
+        ``schema``, ``max_queue_depth``, ``dedup_window`` and ``keep_finished`` are the
+        pool's ``define`` options of the same names, which the store does not hold: the
+        handle applies what it is given, so pass the owner's to refuse what the owner
+        would (and to forget finished events when it does).
+
+        Raises:
+            PoolNotFoundError: no runtime ever defined the pool in this store.
+            ConfigurationError: a bad name or option.
+            PoolClosedError: the connection is closed.
+        """
+        check_pool_name(name)
+        options = PoolOptions(
+            execute=_no_handler,
+            schema=schema,
+            max_queue_depth=max_queue_depth,
+            dedup_window=dedup_window,
+            keep_finished=keep_finished,
+        )
+        with self.reading(name) as txn:
+            if get_pool(txn, name) is None:
+                known = sorted(pool_records(txn))
+                raise PoolNotFoundError(path=str(self.path), pool=name, known=known)
+        return ProducerPool(self, name, options)
+
+    def close(self) -> None:
+        """Wait for the calls in progress, then close; later calls raise ``PoolClosedError``.
+
+        In a child forked from the process that connected, it only marks the connection
+        closed: the environment is the parent's.
+        """
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            while self._active:
+                self._cond.wait()
+        if os.getpid() != self._pid:
+            return
+        self._notifier.close()
+        self._clock.close()
+        self._shared.release()
+
+    # -- what its pools use ------------------------------------------------------------
+    @contextmanager
+    def _using(self, pool: str) -> Iterator[Any]:
+        self.check_open(pool)
+        with self._cond:
+            if self._closed:
+                raise PoolClosedError(pool, closed="connection")
+            self._active += 1
+        try:
+            yield self._shared.env
+        finally:
+            with self._cond:
+                self._active -= 1
+                if not self._active:
+                    self._cond.notify_all()
+
+    def check_open(self, pool: str) -> None:
+        """Refuse a call once closed, or from a child forked after the connection was made
+        (LMDB's environment must not cross a fork: connect again in the child)."""
+        if self._closed:
+            raise PoolClosedError(pool, closed="connection")
+        if os.getpid() != self._pid:
+            raise ConfigurationError(opened_before_fork("a connection", self.path, self._pid))
+
+    def now(self) -> float:
+        return self._clock.now()
+
+    def write(self, pool: str, body: Callable[[Txn], T]) -> T:
+        """Run ``body`` in one write transaction, durable (as the connection's durability
+        says) when this returns; one that raises is rolled back."""
+        with self._using(pool) as env:
+            writer = self._shared.writer
+            writer.acquire(self._lock_timeout)  # StoreBusyError: nothing begun
+            try:
+                with env.begin(write=True) as txn:
+                    result = body(txn)
+            except lmdb.Error as exc:
+                raise StorageError(f"write failed and was rolled back: {exc}") from exc
+            finally:
+                writer.release()
+            if self._fsync:
+                try:
+                    env.sync(True)
+                except lmdb.Error as exc:
+                    raise StorageError(f"a write committed but failed to sync: {exc}") from exc
+        return result
+
+    @contextmanager
+    def reading(self, pool: str) -> Iterator[Txn]:
+        """A read-only snapshot of committed state."""
+        with self._using(pool) as env:
+            try:
+                with env.begin(write=False, buffers=False) as txn:
+                    yield txn
+            except lmdb.Error as exc:
+                raise StorageError(f"read failed: {exc}") from exc
+
+    def notify(self, pool: str, index: int) -> None:
+        """Tell the worker serving an instance (its lease says which), if one listens, to
+        wake it."""
+        owner = None
+        with suppress(DopoolError), self.reading(pool) as txn:
+            owner = lease_owner(txn, pool, index)
+        self.wake(pool, index, owner)
+
+    def wake(self, pool: str, index: int, owner: str | None) -> None:
+        """Tell worker ``owner`` (None: whoever listens on ``wake.sock``) to wake an instance."""
+        self._notifier.wake(pool, index, owner)
+
+
+class ProducerPool(Pool):
+    """A pool of a store, as a producer sees it: enqueue, control and read.
+
+    Enqueues are the owning runtime's enqueue transaction, with the same routing,
+    checks, limits and errors as :class:`WorkerPool`'s; pause, resume, drain and
+    cancel its own transitions (:func:`control`, :func:`cancel`). Make one with
+    :meth:`Connection.pool`. Its methods are :class:`~dopool.Pool`'s, documented
+    there; what differs is noted here.
+    """
+
+    def __init__(self, connection: Connection, name: str, options: PoolOptions) -> None:
+        self._connection = connection
+        self._name = name
+        self._options = options
+        self._schema = options.schema
+        # For the concurrency read last; its table is replaced, never published to.
+        self._router = Router(0, table=RoutingTable.elsewhere(0))
+        self._machines: dict[int, QueueMachine] = {}  # by instance index
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def __repr__(self) -> str:
+        return f"<ProducerPool {self._name!r} of {str(self._connection.path)!r}>"
+
+    # -- enqueue -----------------------------------------------------------------------
+    def enqueue(
+        self,
+        event: Any,
+        *,
+        partition_key: str | None = None,
+        priority: int = 0,
+        delay: float | timedelta | None = None,
+        not_before: float | datetime | None = None,
+        dedup_key: str | None = None,
+        ttl: float | timedelta | None = None,
+    ) -> EnqueueResult:
+        self._connection.check_open(self._name)
+        due = None if delay is None and not_before is None else self._due(delay, not_before)
+        item = prepare(
+            event,
+            partition_key=partition_key,
+            priority=priority,
+            schema=self._schema,
+            due=due,
+            dedup_key=dedup_key,
+        )
+        items = with_ttl((item,), ttl, due, self._connection.now())
+        return self._store(items, partition_key)[0]
+
+    def enqueue_many(
+        self,
+        events: Iterable[Any],
+        *,
+        partition_key: str | None = None,
+        priority: int = 0,
+        delay: float | timedelta | None = None,
+        not_before: float | datetime | None = None,
+        dedup_keys: Iterable[str | None] | None = None,
+        ttl: float | timedelta | None = None,
+    ) -> list[EnqueueResult]:
+        """As :meth:`Pool.enqueue_many`, all the instances' shares in one transaction."""
+        self._connection.check_open(self._name)
+        due = None if delay is None and not_before is None else self._due(delay, not_before)
+        items = prepare_many(
+            events, partition_key, priority, self._schema, due=due, dedup_keys=dedup_keys
+        )
+        if not items:
+            return []
+        return self._store(with_ttl(items, ttl, due, self._connection.now()), partition_key)
+
+    def _due(
+        self, delay: float | timedelta | None, not_before: float | datetime | None
+    ) -> float | None:
+        return due_time(delay, not_before, now=self._connection.now, wall=True)
+
+    def _store(self, items: tuple[Item, ...], partition_key: str | None) -> list[EnqueueResult]:
+        """One write transaction: route by the stored concurrency, then each instance's
+        share as its own runtime would store it; then wake the instances written."""
+        now = self._connection.now()
+        keys = [item.dedup_key for item in items]
+
+        def body(txn: Txn) -> list[Share]:
+            table = self._table(txn)
+            groups: dict[int, Positions]
+            if len(items) == 1:
+                groups = {self._router.choose(partition_key, table): range(1)}
+            else:
+                some = keys if any(keys) else None
+                groups = self._router.split(len(items), partition_key, some, table)
+            return store_shares(txn, self._name, self._machine, items, groups, now)
+
+        shares = self._connection.write(self._name, body)
+        results: list[Any] = [None] * len(items)
+        failure = settle(shares, results, partial(self._connection.wake, self._name))
+        if failure is not None:
+            if len(items) > 1:
+                failure.stored = [result for result in results if result is not None]
+            raise failure
+        return results
+
+    def schedule(self, name: str, event: Any, **options: Unpack[ScheduleOptions]) -> ScheduleInfo:
+        spec = definition(name, event, options, self._schema)
+        return schedule_info(self._schedules_write(DefineSchedule(spec)))
+
+    def unschedule(self, name: str) -> bool:
+        return bool(self._schedules_write(Unschedule(name)))
+
+    def _schedules_write(self, request: DefineSchedule | Unschedule) -> Any:
+        """Instance 0's schedules changed in one write transaction; then its owner woken."""
+        now = self._connection.now()
+
+        def body(txn: Txn) -> Any:
+            self._table(txn)  # PoolNotFoundError for a store replaced
+            machine = self._machine(0)
+            meta = machine.namespace.load_meta(txn)
+            result = machine.control(txn, meta, request, now, Effects())
+            machine.namespace.save_meta(txn, meta)
+            return result
+
+        result = self._connection.write(self._name, body)  # (PoolClosedError if closed)
+        self._connection.notify(self._name, 0)
+        return result
+
+    def schedules(self) -> list[ScheduleInfo]:
+        with self._connection.reading(self._name) as txn:
+            self._table(txn)  # PoolNotFoundError for a store replaced
+            return read_schedules(txn, self._name)
+
+    def _table(self, txn: Txn) -> RoutingTable:
+        """The routing table for the pool's concurrency as stored now (a runtime may
+        change it while the pool holds nothing): no instance is served here, and each
+        one's owner is read from its lease when it is written."""
+        concurrency = get_pool(txn, self._name)
+        if concurrency is None:  # pool records are never removed: a store replaced
+            self._not_found(txn)
+        table = self._router.table
+        if table.concurrency != concurrency:
+            table = RoutingTable.elsewhere(concurrency)
+            # Round-robin starts at a random instance, so that short-lived producers,
+            # each enqueuing a few events, spread them evenly.
+            start = secrets.randbelow(concurrency)
+            self._router = Router(concurrency, start=start, table=table)
+        return table
+
+    def _not_found(self, txn: Txn) -> NoReturn:
+        known = sorted(pool_records(txn))
+        raise PoolNotFoundError(path=str(self._connection.path), pool=self._name, known=known)
+
+    def _machine(self, index: int) -> QueueMachine:
+        machine = self._machines.get(index)
+        if machine is None:
+            machine = self._machines[index] = producer_machine(
+                self._name, index, self._options.rules
+            )
+        return machine
+
+    # -- control, from this process (control(), cancel() below) ---------------------------
+    def pause(self, index: int | None = None) -> None:
+        control(self._connection, self._name, "pause", index)
+
+    def resume(self, index: int | None = None) -> None:
+        """As :meth:`Pool.resume`; the owner starts the due events at once."""
+        control(self._connection, self._name, "resume", index)
+
+    def drain(self, index: int | None = None) -> int:
+        return sum(
+            changed.drained for changed in control(self._connection, self._name, "drain", index)
+        )
+
+    def cancel(self, event_id: str) -> bool:
+        """As :meth:`Pool.cancel`; the owner emits no ``cancelled`` pool event for it."""
+        return cancel(self._connection, self._name, event_id)
+
+    # -- reading committed state -------------------------------------------------------
+    def status(self) -> PoolStatus:
+        """As :meth:`Pool.status`, with no restart state (that is the owner's memory)."""
+        with self._connection.reading(self._name) as txn:
+            concurrency = self._table(txn).concurrency  # PoolNotFoundError if none
+            return read_pool_status(txn, self._name, concurrency)
+
+    def event(self, event_id: str) -> EventInfo | None:
+        """As :meth:`Pool.event`, finished events kept for the ``keep_finished`` this
+        handle was given."""
+        with self._connection.reading(self._name) as txn:
+            concurrency = self._table(txn).concurrency  # PoolNotFoundError if none
+            index, sequence = parse_event_id(event_id, self._name, concurrency)
+            ns = Namespace(self._name, index)
+            keep, now = self._options.keep_finished, self._connection.now()
+            return lookup(txn, ns, ns.load_meta(txn), self._name, index, sequence, keep, now)
+
+    def dead_letters(
+        self, index: int | None = None, **filters: Unpack[FilterOptions]
+    ) -> list[DeadLetter]:
+        matching = Filters.of(filters)
+        with self._connection.reading(self._name) as txn:
+            concurrency = self._table(txn).concurrency  # PoolNotFoundError if none
+        if index is None:
+            indices: Iterable[int] = range(concurrency)
+        elif isinstance(index, bool) or not isinstance(index, int):
+            raise ConfigurationError(f"instance index must be an int, got {index!r}")
+        elif not 0 <= index < concurrency:
+            raise ConfigurationError(
+                f"pool {self._name!r} has no instance {index} (concurrency {concurrency})"
+            )
+        else:
+            indices = [index]
+        namespaces = [Namespace(self._name, i) for i in range(concurrency)]
+        read = partial(self._connection.reading, self._name)
+        return listed(read, namespaces, indices, matching, self._connection.now())
+
+
+# -- live control ------------------------------------------------------------------
+
+#: The dedup window a drain here releases keys with. The owner's is not stored, so the
+#: drained events' keys are stamped with their finish rather than removed (what a window
+#: of 0 does): the owner's lookups then hold each for its own window, whatever it is, and
+#: its sweeps remove them after. This window only keeps this drain from sweeping any.
+#: A cancel remembers its event with it as ``keep_finished``, for the same reason: the
+#: record's finish is stamped, the owner forgets it after its own ``keep_finished``, and
+#: no record the owner remembers is swept from here.
+STAMP_WINDOW = 1e9
+VERBS: tuple[Verb, ...] = ("pause", "resume", "drain")
+
+
+def control(
+    connection: Connection, pool: str, verb: Verb, index: int | None = None
+) -> list[Changed]:
+    """Pause, resume or drain ``pool``'s instance ``index`` (all when None) of the store.
+
+    One transaction for all of them, durable when this returns; then the owner, if
+    one listens, is told to wake each instance changed.
+
+    Raises:
+        PoolNotFoundError: no runtime ever defined the pool in this store.
+        ConfigurationError: a bad verb, or an index of no instance.
+        PoolClosedError: the connection is closed.
+    """
+    if verb not in VERBS:
+        raise ConfigurationError(f"verb must be one of {', '.join(VERBS)}, got {verb!r}")
+    connection.pool(pool)  # PoolNotFoundError if never defined
+    rules = QueueRules(dedup_window=STAMP_WINDOW)
+    now = connection.now()
+
+    def body(txn: Txn) -> list[Changed]:
+        concurrency = get_pool(txn, pool) or 0
+        indices = _chosen(pool, concurrency, index)
+        answers = []
+        for i in indices:
+            answers.append(transition(txn, producer_machine(pool, i, rules), i, verb, now))
+        return answers
+
+    answers = connection.write(pool, body)
+    for answer in answers:
+        if answer.changed:
+            connection.notify(pool, answer.index)
+    return answers
+
+
+def cancel(connection: Connection, pool: str, event_id: str) -> bool:
+    """Cancel event ``event_id`` of ``pool`` unless it is running or finished; whether it
+    was. One transaction, durable when this returns; then the owner is woken.
+
+    Raises:
+        EventIdError: not an event id of this pool.
+        PoolClosedError: the connection is closed.
+    """
+    rules = QueueRules(dedup_window=STAMP_WINDOW, keep_finished=STAMP_WINDOW)
+    now = connection.now()
+
+    def body(txn: Txn) -> tuple[int, bool]:
+        concurrency = get_pool(txn, pool)
+        if concurrency is None:  # pool records are never removed: a store replaced
+            known = sorted(pool_records(txn))
+            raise PoolNotFoundError(path=str(connection.path), pool=pool, known=known)
+        index, sequence = parse_event_id(event_id, pool, concurrency)
+        return index, cancel_in(txn, producer_machine(pool, index, rules), sequence, now)
+
+    index, cancelled = connection.write(pool, body)
+    if cancelled:
+        connection.notify(pool, index)
+    return cancelled
+
+
+def _chosen(pool: str, concurrency: int, index: int | None) -> Sequence[int]:
+    if index is None:
+        return range(concurrency)
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise ConfigurationError(f"instance index must be an int, got {index!r}")
+    if not 0 <= index < concurrency:
+        raise ConfigurationError(
+            f"pool {pool!r} has no instance {index} (concurrency {concurrency})"
+        )
+    return [index]
+
+
+def check_lock_timeout(seconds: object) -> float | None:
+    """``seconds`` as a float (or None), if it is a lock timeout: > 0 and <= ``MAX_LOCK_TIMEOUT``.
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    if seconds is None:
+        return None
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not 0 < seconds <= MAX_LOCK_TIMEOUT
+    ):
+        raise ConfigurationError(
+            f"lock_timeout must be seconds > 0 and <= {MAX_LOCK_TIMEOUT:g}, or None to wait "
+            f"as long as it takes; got {seconds!r}"
+        )
+    return float(seconds)
+
+
+def _no_handler(_ctx: Any) -> None:
+    raise AssertionError("a producer runs no handler")  # pragma: no cover

@@ -1,0 +1,5 @@
+"""Running a store in production, without the simulator.
+
+``dopool worker``'s loop, a user's app loaded, ``dopool check``, and a store read
+from outside its runtime (``dopool status``, ``dead-letters``).
+"""

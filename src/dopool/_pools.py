@@ -1,0 +1,179 @@
+"""What a pool handle offers, whoever holds it: :class:`Pool`, the protocol that
+:class:`~dopool.WorkerPool` (a runtime's) and :class:`~dopool.ProducerPool` (a
+connection's) share, and the keywords of its calls."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+from typing import Any, Protocol, TypedDict, Unpack
+
+from dopool._types import DeadLetter, EnqueueResult, EventInfo, PoolStatus, ScheduleInfo
+
+
+class ScheduleOptions(TypedDict, total=False):
+    """The keywords of ``schedule`` (docs/api.md, "Recurring schedules")."""
+
+    every: float | timedelta | None
+    cron: str | None
+    partition_key: str | None
+    priority: int
+
+
+class FilterOptions(TypedDict, total=False):
+    """The filter keywords of ``dead_letters``, ``redrive`` and ``purge_dead_letters``."""
+
+    error: str | re.Pattern[str] | None
+    older_than: float | timedelta | None
+    partition_key: str | None
+    where: Callable[[DeadLetter], object] | None
+
+
+class Pool(Protocol):
+    """A pool's handle: enqueue, control, recurring schedules and committed state.
+
+    :class:`~dopool.WorkerPool` and :class:`~dopool.ProducerPool` both are one, with
+    these signatures exactly (tests/handles/test_pool_protocol.py); code typed with ``Pool``
+    takes either. Times are the pool's clock: the runtime's for a ``WorkerPool``, the
+    wall clock for a ``ProducerPool``. Every method raises ``PoolClosedError`` once the
+    runtime or the connection is closed.
+    """
+
+    @property
+    def name(self) -> str:
+        """The pool's name."""
+        ...
+
+    def enqueue(
+        self,
+        event: Any,
+        *,
+        partition_key: str | None = None,
+        priority: int = 0,
+        delay: float | timedelta | None = None,
+        not_before: float | datetime | None = None,
+        dedup_key: str | None = None,
+        ttl: float | timedelta | None = None,
+    ) -> EnqueueResult:
+        """Add one event; it is durable when this returns.
+
+        Args:
+            event: a msgpack-encodable value.
+            partition_key: routes every event of the key to one instance.
+            priority: higher runs first.
+            delay: seconds (or a timedelta) from now before it is due.
+            not_before: the clock time it is due at: a float of the pool's clock, or,
+                under a real clock, a timezone-aware datetime. Not with ``delay``.
+            dedup_key: while an event of the pool with this key is unfinished or finished
+                within ``dedup_window``, store nothing: answer its result, ``duplicate``.
+            ttl: seconds (or a timedelta) from its enqueue: not started by then, it is
+                dead-lettered as expired instead of run. Longer than the delay.
+
+        Raises:
+            EventValidationError: not msgpack-encodable, rejected by the schema, a bad key.
+            ScheduleError: a bad ``delay``, ``not_before`` or ``ttl``, or delay and
+                not_before both given.
+            EventTooLargeError: over 128 KiB encoded, or a partition or dedup key over 2 KiB.
+            QueueFullError: the chosen instance holds ``max_queue_depth`` events.
+        """
+        ...
+
+    def enqueue_many(
+        self,
+        events: Iterable[Any],
+        *,
+        partition_key: str | None = None,
+        priority: int = 0,
+        delay: float | timedelta | None = None,
+        not_before: float | datetime | None = None,
+        dedup_keys: Iterable[str | None] | None = None,
+        ttl: float | timedelta | None = None,
+    ) -> list[EnqueueResult]:
+        """Add several events: validate all, then each instance stores its share atomically.
+
+        ``partition_key``, ``priority``, ``delay``, ``not_before`` and ``ttl`` apply to
+        every event, as in :meth:`enqueue`; ``dedup_keys`` holds one key (or None) per event.
+        If an instance refuses its share, the error's ``stored`` lists what the other
+        instances stored.
+        """
+        ...
+
+    def pause(self, index: int | None = None) -> None:
+        """Stop starting events on the pool, or on instance ``index``. Enqueues are still
+        accepted.
+
+        Raises:
+            ConfigurationError: an index of no instance.
+        """
+        ...
+
+    def resume(self, index: int | None = None) -> None:
+        """Undo :meth:`pause`. A retry waiting on its backoff still waits for it."""
+        ...
+
+    def drain(self, index: int | None = None) -> int:
+        """Remove every pending event of the pool, or of instance ``index`` (an attempt
+        running finishes); returns how many were removed."""
+        ...
+
+    def cancel(self, event_id: str) -> bool:
+        """Cancel an event that has not started, or waits in backoff; whether it was.
+
+        False for an event that is running (its handler is not interrupted), finished
+        or unknown. One transaction on the event's instance, which it is counted in
+        (``cancelled``); a retry's backoff cancelled lets the next event start.
+
+        Raises:
+            EventIdError: not an event id of this pool.
+        """
+        ...
+
+    def schedule(self, name: str, event: Any, **options: Unpack[ScheduleOptions]) -> ScheduleInfo:
+        """Define a recurring schedule (``every`` seconds, or ``cron``: 5 fields, UTC), durable
+        when this returns; instance 0 stores it and enqueues ``event`` at each fire. The same
+        definition again changes nothing (docs/api.md, "Recurring schedules").
+
+        Raises:
+            ScheduleDefinitionError: a bad name, ``every`` or ``cron``; both or neither.
+            EventValidationError, EventTooLargeError: the event, as ``enqueue``'s.
+        """
+        ...
+
+    def unschedule(self, name: str) -> bool:
+        """Remove the recurring schedule ``name``; whether there was one."""
+        ...
+
+    def schedules(self) -> list[ScheduleInfo]:
+        """The recurring schedules as committed, by name; never waits for an instance."""
+        ...
+
+    def status(self) -> PoolStatus:
+        """Counters and state from committed storage; never waits for an instance."""
+        ...
+
+    def event(self, event_id: str) -> EventInfo | None:
+        """An event by its id (``EnqueueResult.event_id``), from committed storage; None
+        if it is unknown, or finished more than the pool's ``keep_finished`` ago.
+
+        Raises:
+            EventIdError: not an event id of this pool.
+            DamagedRecordError: the event's stored record is damaged.
+        """
+        ...
+
+    def dead_letters(
+        self, index: int | None = None, **filters: Unpack[FilterOptions]
+    ) -> list[DeadLetter]:
+        """The dead letters of the pool or of one instance, by instance then sequence.
+
+        Read from committed storage; never waits for an instance. Only those that
+        match every filter given are returned: ``error`` (text the error contains, or
+        a compiled pattern found in it), ``older_than`` (seconds or a timedelta: failed
+        before the clock's now minus this), ``partition_key`` (exactly), ``where`` (a
+        predicate ``DeadLetter -> bool``, run in the caller's thread).
+
+        Raises:
+            FilterError: a bad filter, or ``where`` raised.
+        """
+        ...

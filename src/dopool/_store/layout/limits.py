@@ -1,0 +1,34 @@
+"""The format's version and the limits a store of that format holds to.
+
+Part of the store's layout (:mod:`dopool._store.layout`, ``docs/store-format.md``).
+"""
+
+import re
+
+#: The version of the store's layout (keys and records). A store records the version
+#: it was created with; a runtime migrates a store of an older version it knows
+#: (:data:`MIGRATES_FROM`) when it opens it, and refuses any other version.
+FORMAT_VERSION = 7
+
+#: The older versions a runtime migrates in place (``_store/layout/migrate.py``).
+MIGRATES_FROM = (1, 2, 3, 4, 5, 6)
+
+#: A pool's name: it is part of the keys of its instances, of the delivery marks of
+#: the instances its follow-ups reach, and of the outbox entries sent to it.
+POOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+#: The most instances a pool may have: each is a thread, started when the pool is
+#: defined. A stored pool record above it is damaged.
+MAX_CONCURRENCY = 4096
+
+# The largest event, partition key and dedup key stored, encoded; the range of priorities.
+MAX_EVENT_BYTES = 128 * 1024
+MAX_PARTITION_KEY_BYTES = 2 * 1024
+MAX_DEDUP_KEY_BYTES = 2 * 1024
+PRIORITY_MIN = -(2**31)
+PRIORITY_MAX = 2**31 - 1
+
+#: The shortest ``every`` of a recurring schedule: a schedule firing more often would be
+#: a flood of events, not a schedule (and one below the clock's resolution would fire at
+#: every representable time). A stored schedule below it is damaged.
+MIN_EVERY = 0.001

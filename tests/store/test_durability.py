@@ -1,0 +1,100 @@
+"""``durability="sync"`` reaches the disk: every acknowledged commit is synced.
+
+A clean close and reopen cannot tell the two modes apart (the page cache
+survives it), so these tests look at what the store asks of the kernel: the
+sync system calls of a process that enqueues, counted by ``strace``, and the
+flags its LMDB environment is opened with (docs/guarantees.md, "Durability").
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dopool._store.environment import Store
+
+EVENTS = 60
+# One process enqueueing one event at a time: each enqueue is a commit of its own.
+ENQUEUER = textwrap.dedent(
+    """
+    import sys
+    from dopool import Runtime
+
+    with Runtime(sys.argv[1], durability=sys.argv[2]) as runtime:
+        pool = runtime.define("p", execute=lambda ctx: None)
+        pool.pause()  # nothing runs: the commits are the enqueues' (and the pause's)
+        before = runtime._store.commit_counts[0]
+        for number in range(int(sys.argv[3])):
+            pool.enqueue(number)
+        print("commits", runtime._store.commit_counts[0] - before)
+    """
+)
+SYNCS = ("fsync", "fdatasync", "msync", "sync_file_range")
+
+
+def syncs_and_commits(tmp_path: Path, durability: str) -> tuple[int, int]:
+    """Run the enqueuer under strace: its sync system calls, and its enqueues' commits."""
+    strace = shutil.which("strace")
+    if strace is None:  # .ci/run installs it, so CI never skips this
+        pytest.skip("strace is not installed")
+    counts = tmp_path / f"{durability}.strace"
+    done = subprocess.run(
+        [
+            strace,
+            "-f",
+            "-c",
+            "-o",
+            str(counts),
+            "-e",
+            f"trace={','.join(SYNCS)}",
+            sys.executable,
+            "-c",
+            ENQUEUER,
+            str(tmp_path / durability),
+            durability,
+            str(EVENTS),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr  # strace refused (no ptrace?) or the run failed
+    commits = int(re.search(r"commits (\d+)", done.stdout).group(1))  # type: ignore[union-attr]
+    calls = 0
+    for line in counts.read_text().splitlines():  # "% time seconds usecs/call calls [errors] name"
+        fields = line.split()
+        if fields and fields[-1] in SYNCS:
+            calls += int(fields[3])
+    return calls, commits
+
+
+def test_sync_mode_syncs_every_acknowledged_commit(tmp_path: Path) -> None:
+    calls, commits = syncs_and_commits(tmp_path, "sync")
+    assert commits == EVENTS  # one at a time: nothing to group
+    assert calls >= commits, f"{calls} sync calls for {commits} acknowledged commits"
+
+
+def test_async_mode_leaves_commits_to_the_page_cache(tmp_path: Path) -> None:
+    calls, commits = syncs_and_commits(tmp_path, "async")
+    assert commits == EVENTS
+    assert calls <= 2, f"{calls} sync calls (close syncs once)"
+
+
+@pytest.mark.parametrize(("durability", "synced"), [("sync", True), ("async", False)])
+def test_each_mode_opens_its_environment_with_its_flags(
+    tmp_path: Path, durability: str, synced: bool
+) -> None:
+    store = Store(tmp_path / "s", durability=durability)
+    try:
+        flags = store._env.flags()
+        assert (flags["sync"], flags["metasync"]) == (synced, synced)
+        assert not flags["writemap"]  # nested transactions (group commit) need it off
+    finally:
+        store.close()

@@ -1,0 +1,994 @@
+"""The store format: its version record, its pinned layout, the migrations of formats 1
+to 4, and stores that are refused."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from dopool import (
+    EventContext,
+    Runtime,
+    SimulatedClock,
+    StoreDamagedError,
+    StoreFormatError,
+)
+from dopool._ops.check import check_store
+from dopool._ops.storeview import open_view
+from dopool._store.environment import Store
+from dopool._store.layout import (
+    FORMAT_VERSION,
+    MIGRATED_DUE,
+    DeadRecord,
+    DedupIndex,
+    DedupRecord,
+    EventIndex,
+    EventRecord,
+    FinishedRecord,
+    LeaseRecord,
+    Located,
+    Meta,
+    Namespace,
+    OutboxRecord,
+    PresenceRecord,
+    RecordKind,
+    ScheduleBook,
+    ScheduleRecord,
+    all_leases,
+    all_presences,
+    lease_key,
+    open_sealed,
+    pack,
+    parse_dedup_key,
+    read_dedup,
+    read_lifecycle,
+    read_outbox,
+    seal,
+    seal_event,
+    seal_format,
+    seal_outbox,
+    seal_pool,
+)
+from dopool._store.layout import migrate as migration
+
+FIXTURES = Path(__file__).parents[1] / "support" / "fixtures"
+FIXTURE_1 = FIXTURES / "store-v1"  # format 1, written at commit 837caa8 (make_store.py then)
+FIXTURE_1_OUTBOX = FIXTURES / "store-v1-outbox"  # format 1, make_store_v1_outbox.py
+FIXTURE_2 = FIXTURES / "store-v2"  # format 2, written at commit c2aca5a (make_store.py then)
+FIXTURE_3 = FIXTURES / "store-v3"  # format 3, written at commit fa16d78 (make_store.py then)
+FIXTURE_4 = FIXTURES / "store-v4"  # format 4, written at commit 9270e60 (make_store.py then)
+FIXTURE_5 = FIXTURES / "store-v5"  # format 5, written at commit 5f125b8 (make_store.py then)
+FIXTURE_6 = FIXTURES / "store-v6"  # format 6, written at commit a59b992 (make_store.py then)
+FIXTURE_7 = FIXTURES / "store-v7"  # format 7, make_store.py
+OWNER = "host-4121-0a1b2c3d"  # the worker the lease and presence of store-v6 and v7 name
+# The events the fixtures of formats 1 and 2 (and format 3, at 1000.0) hold pending.
+ID_5 = EventRecord(b"\x82\xa2id\x05\xa4tags\x92\xa1x\xa1y", 1000.0, "bob", 9)
+ID_3 = EventRecord(b"\x82\xa2id\x03\xa4blob\xc4\x02\x00\xff", 1000.0, "alice", 0)
+ID_4 = EventRecord(b"\x81\xa2id\x04", 1000.0, "alice", -2)
+# The follow-up invoices:0 holds for orders:1 in the fixtures of formats 5 to 7.
+REFUND_9 = OutboxRecord("orders", 1, 0, b"\x81\xa9refund_of\t", 1000.0, "alice", 1)
+POISON = DeadRecord(
+    b"\x82\xa2id\x02\xa6poison\xc3", "PermanentError: poisoned", 1, 1000.0, 1000.0, "bob", 3, False
+)
+
+
+def copy(fixture: Path, tmp_path: Path) -> Path:
+    path = tmp_path / fixture.name
+    shutil.copytree(fixture, path)
+    return path
+
+
+def raw_env(path: Path) -> lmdb.Environment:
+    return lmdb.open(str(path / "data"), subdir=True)
+
+
+def records(path: Path) -> dict[bytes, bytes]:
+    with lmdb.open(str(path / "data"), readonly=True, lock=False) as env, env.begin() as txn:
+        return dict(txn.cursor())
+
+
+def test_the_fixture_of_this_format_is_the_current_version() -> None:
+    assert FORMAT_VERSION == 7
+    assert records(FIXTURE_7)[b"F"] == seal_format(b"F")
+
+
+def outbox(found: dict[bytes, bytes]) -> list[bytes]:
+    """The outbox entries among a store's records."""
+    return [key for key in found if key[:1] == b"I" and key.split(b"\x00")[1][:1] == b"o"]
+
+
+def entries(path: Path) -> list[bytes]:
+    """The event index entries a store holds."""
+    return sorted(key for key in records(path) if key[:1] == b"I" and b"\x00n" in key)
+
+
+# -- format 4, migrated in place when a runtime opens it -----------------------------------
+
+
+def test_the_format_4_fixture_is_migrated_to_exactly_what_was_written(tmp_path: Path) -> None:
+    """store-v4, written by the format-4 code: every record reads as it was written, the
+    metas with format 5's counters at 0, and each pending event gets its index entry."""
+    path = copy(FIXTURE_4, tmp_path)
+    before = records(path)
+    assert before[b"F"][4:] == bytes([0x91, 4])
+    store = Store(path)
+    try:
+        with store.read() as txn:
+            zero, one = Namespace("orders", 0), Namespace("orders", 1)
+            assert zero.load_meta(txn) == Meta(
+                tail=5,
+                pending=2,
+                enqueued=5,
+                succeeded=2,
+                dead_lettered=1,
+                paused=True,
+                outbox_next=1,
+                held_dead_letters=1,
+                priorities={9: 1},
+                links={"orders:1": 1},
+                scheduled=1,
+                next_due=1030.0,
+                last_due=1000.0,
+                duplicates=1,
+            )
+            assert one.load_meta(txn).duplicates == 0
+            assert zero.get_event(txn, zero.queue_key(9, 3, 1000.0)) == ID_5._replace(
+                dedup_key="order-5"
+            )
+            assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
+            assert list(zero.iter_dead_letters(txn)) == [(0, POISON._replace(dedup_key="order-2"))]
+            index = DedupIndex("orders")
+            assert index.get(txn, "order-5") == DedupRecord("order-5", 0, 3, 0, 9, 1000.0)
+            assert index.get(txn, "order-2") == DedupRecord("order-2", 0, 0, 0, 3, 1000.0, 1000.0)
+            assert index.get(txn, "order-1") == DedupRecord("order-1", 1, 0, 0, 0, 1000.0, 1000.0)
+            assert index.count_expiries(txn) == 2
+            report = check_store(txn)
+            assert (report.ok, report.format_version, report.records) == (True, 7, 24)
+            indexed = EventIndex(zero)
+            assert [indexed.locate(txn, n) for n in (3, 4, 0)] == [
+                Located(zero.queue_key(9, 3, 1000.0), False),
+                Located(zero.delayed_key(2, 4, 1030.0), True),
+                None,  # dead-lettered
+            ]
+    finally:
+        store.close()
+    after = records(path)
+    changed = sorted(
+        key for key in before.keys() | after.keys() if before.get(key) != after.get(key)
+    )
+    metas = [key for key in before if key[:1] == b"I" and key.endswith(b"\x00m")]
+    events = [key for key in before if key[:1] == b"I" and key.split(b"\x00")[1][:1] in b"qw"]
+    assert (len(metas), len(events)) == (3, 4)  # two pending events on each of orders
+    assert len(entries(path)) == 4
+    # events: expires_at; the outbox entry: format 7's due
+    assert changed == sorted([b"F", *metas, *events, *entries(path), *outbox(before)])
+
+
+# -- format 5, migrated in place when a runtime opens it -----------------------------------
+
+
+def test_the_format_5_fixture_is_migrated_to_exactly_what_was_written(tmp_path: Path) -> None:
+    """store-v5, written by the format-5 code: format 6 adds leases and presences, of
+    which a store of format 5 has none; format 7 gives each meta its schedules' fields and
+    the outbox entry its due time. So only the format record, the metas and the outbox
+    entry change, and every record reads as it was written."""
+    path = copy(FIXTURE_5, tmp_path)
+    before = records(path)
+    assert before[b"F"][4:] == bytes([0x91, 5])
+    _the_fixture_of_format_5_reads_as_written(path, records=38)
+    _only_metas_and_the_outbox_changed(before, records(path))
+
+
+# -- format 6, migrated in place when a runtime opens it -----------------------------------
+
+
+def test_the_format_6_fixture_is_migrated_to_exactly_what_was_written(tmp_path: Path) -> None:
+    """store-v6, written by the format-6 code (a lease and a presence over format 5's
+    records): the metas gain no schedule, the outbox entry is due when delivered, the lease
+    and the presence stay as they were."""
+    path = copy(FIXTURE_6, tmp_path)
+    before = records(path)
+    assert before[b"F"][4:] == bytes([0x91, 6])
+    _the_fixture_of_format_5_reads_as_written(path, records=40)
+    store = Store(path)
+    try:
+        with store.read() as txn:
+            assert list(all_leases(txn)) == [
+                ("orders", 0, LeaseRecord(OWNER, 4121, "host", 2, 1030.0))
+            ]
+            assert list(all_presences(txn)) == [(OWNER, PresenceRecord(4121, "host", 1030.0))]
+    finally:
+        store.close()
+    _only_metas_and_the_outbox_changed(before, records(path))
+
+
+def _only_metas_and_the_outbox_changed(
+    before: dict[bytes, bytes], after: dict[bytes, bytes]
+) -> None:
+    changed = sorted(
+        key for key in before.keys() | after.keys() if before.get(key) != after.get(key)
+    )
+    metas = [key for key in before if key[:1] == b"I" and key.endswith(b"\x00m")]
+    assert len(metas) == 3
+    assert len(outbox(before)) == 1
+    assert changed == sorted([b"F", *metas, *outbox(before)])
+
+
+# -- the committed store of format 7 ----------------------------------------------------
+
+
+def test_the_format_7_fixture_decodes_to_exactly_what_was_written(tmp_path: Path) -> None:
+    """A change of layout that misreads stores of format 7 fails here: the fixture of
+    format 6 with three recurring schedules (one named by a digest) and a delayed
+    follow-up in an outbox (store-v7, make_store.py)."""
+    store = Store(copy(FIXTURE_7, tmp_path))
+    try:
+        with store.read() as txn:
+            zero = Namespace("orders", 0)
+            meta = zero.load_meta(txn)
+            assert (meta.schedules, meta.next_fire, meta.paused) == (3, 8200.0, True)
+            assert (meta.tail, meta.pending, meta.cancelled, meta.remembered) == (6, 2, 1, 4)
+            assert Namespace("orders", 1).load_meta(txn).schedules == 0
+            book = ScheduleBook(zero)
+            long = "é" * 150
+            assert book.get(txn, "tick") == ScheduleRecord(
+                "tick", b"\x81\xa4tick\xc3", 7200.0, None, "alice", 1, 8200.0
+            )
+            assert book.get(txn, "nightly") == ScheduleRecord(
+                "nightly", b"\x81\xa7nightly\xc3", None, "0 3 * * *", None, 0, 10800.0
+            )
+            assert book.get(txn, long) == ScheduleRecord(
+                long, b"\x91\xa4long", 86400.0, None, None, 0, 87400.0
+            )
+            digest = hashlib.blake2b(long.encode(), digest_size=16).digest()
+            assert book.record_key(long) == zero.prefix + b"r\xff" + digest
+            assert list(book.fires(txn)) == [
+                (8200.0, b"tick"),
+                (10800.0, b"nightly"),
+                (87400.0, book.name_key(long)),
+            ]
+            assert list(Namespace("invoices", 0).iter_outbox(txn)) == [
+                (1, REFUND_9._replace(due=1045.0))
+            ]
+            assert list(all_leases(txn)) == [
+                ("orders", 0, LeaseRecord(OWNER, 4121, "host", 2, 1030.0))
+            ]
+            report = check_store(txn)
+            assert (report.ok, report.format_version, report.records) == (True, 7, 46)
+    finally:
+        store.close()
+
+
+def test_the_keys_and_records_of_leases_have_their_documented_bytes() -> None:
+    assert lease_key("orders", 1) == b"Lorders\x00\x00\x00\x00\x01"
+    lease = records(FIXTURE_6)[lease_key("orders", 0)]
+    assert open_sealed(lease_key("orders", 0), lease) == pack([OWNER, 4121, "host", 2, 1030.0])
+    presence = records(FIXTURE_6)[b"W" + OWNER.encode()]
+    assert open_sealed(b"W" + OWNER.encode(), presence) == pack([4121, "host", 1030.0])
+
+
+def _the_fixture_of_format_5_reads_as_written(path: Path, *, records: int) -> None:
+    """What make_store.py's format-5 part wrote: an event index, remembered finished
+    events and a cancelled event, over format 4's records."""
+    store = Store(path)
+    try:
+        with store.read() as txn:
+            zero, one = Namespace("orders", 0), Namespace("orders", 1)
+            assert zero.load_meta(txn) == Meta(
+                tail=6,
+                pending=2,
+                enqueued=6,
+                succeeded=2,
+                dead_lettered=1,
+                paused=True,
+                outbox_next=1,
+                held_dead_letters=1,
+                priorities={9: 1},
+                links={"orders:1": 1},
+                scheduled=1,
+                next_due=1030.0,
+                last_due=1000.0,
+                duplicates=1,
+                cancelled=1,
+                remembered=4,
+                last_started=1000.0,
+            )
+            assert one.load_meta(txn).remembered == 3
+            events = EventIndex(zero)
+            assert events.entries(txn) == [3, 4]
+            assert events.finished(txn, 5) == FinishedRecord(
+                "cancelled", 0, 1000.0, 1000.0, None, 1000.0, None, "bob", 0, None
+            )
+            assert events.finished(txn, 0) == FinishedRecord(
+                "dead_lettered",
+                1,
+                1000.0,
+                1000.0,
+                1000.0,
+                1000.0,
+                "PermanentError: poisoned",
+                "bob",
+                3,
+                "order-2",
+            )
+            assert zero.get_event(txn, zero.queue_key(9, 3, 1000.0)) == ID_5._replace(
+                dedup_key="order-5"
+            )
+            assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
+            report = check_store(txn)
+            assert (report.ok, report.format_version, report.records) == (True, 7, records)
+            assert list(Namespace("invoices", 0).iter_outbox(txn)) == [(1, REFUND_9)]
+    finally:
+        store.close()
+
+
+def test_the_keys_and_records_of_the_event_index_have_their_documented_bytes() -> None:
+    ns = Namespace("p", 0)
+    store_key = ns.queue_key(5, 7, 1.5)
+    entry = b"Ip:0\x00n" + (7).to_bytes(8, "big")
+    value = seal(entry, pack((store_key[-20:-8],)))
+    assert value[4:] == b"\x91\xc4\x0c\x7f\xff\xff\xfa\xbf\xf8\x00\x00\x00\x00\x00\x00"
+    record = FinishedRecord("succeeded", 1, 1.0, 1.5, 2.0, 2.5, None, None, -1, "k")
+    key = b"Ip:0\x00f" + (7).to_bytes(8, "big")
+    assert seal(key, pack(record))[4:10] == b"\x9a\xa9succ"
+    expiry = b"Ip:0\x00e" + bytes.fromhex("c004000000000000") + (7).to_bytes(8, "big")  # 2.5
+    read_lifecycle(RecordKind.FORGET, expiry, seal(expiry, pack(())))
+
+
+def test_the_keys_and_records_of_dedup_have_their_documented_bytes() -> None:
+    index = DedupIndex("p")
+    assert index.entry_key("k") == b"Kp\x00k"  # a short key names itself
+    direct = "é" * 127 + "a"  # 255 bytes of UTF-8: the longest named as it is
+    assert index.entry_key(direct) == b"Kp\x00" + direct.encode()
+    long = direct + "a"
+    digest = hashlib.blake2b(long.encode(), digest_size=16).digest()
+    assert index.entry_key(long) == b"Kp\x00\xff" + digest
+    finished = bytes.fromhex("c08f400000000000")  # 1000.0, as a due time is encoded
+    assert parse_dedup_key(b"Ep\x00" + finished + b"k") == ("p", True, b"k", 1000.0)
+    assert parse_dedup_key(b"Kp\x00\xff" + digest) == ("p", False, b"\xff" + digest, None)
+    assert parse_dedup_key(b"Kp\x00\xff" + digest[1:]) is None  # a digest is 16 bytes
+    assert parse_dedup_key(b"Kp\x00\xc3") is None  # not UTF-8
+    assert parse_dedup_key(b"Kp\x00") is None
+    key = b"Kp\x00k"
+    record = DedupRecord("k", 1, 2, 3, -1, 1.5, None)
+    value = seal(key, pack(record))
+    assert value[4:] == b"\x97\xa1k\x01\x02\x03\xff\xcb?\xf8\x00\x00\x00\x00\x00\x00\xc0"
+    assert read_dedup(key, value) == record
+    assert read_dedup(key, seal(key, pack([*record[:6], 2.5]))).finished_at == 2.5
+
+
+def test_the_format_4_fixture_runs_and_keeps_its_dedup_keys(tmp_path: Path) -> None:
+    """Restarted, the index still holds: a pending key is a duplicate until its event
+    has run, and for the pool's window after; then it is free again."""
+    seen: list[object] = []
+    clock = SimulatedClock(1010.0)
+    with Runtime(copy(FIXTURE_4, tmp_path), clock=clock, seed=7) as runtime:
+        pool = runtime.define(
+            "orders", execute=lambda ctx: seen.append(ctx.event), concurrency=2, dedup_window=60.0
+        )
+        runtime.define("invoices", execute=lambda ctx: None)
+        again = pool.enqueue({"id": 5}, partition_key="alice", dedup_key="order-5")
+        assert (again.duplicate, again.event_id, again.position) == (True, "orders:0:3", 0)
+        assert pool.enqueue({"id": 1}, dedup_key="order-1").duplicate  # finished at 1000.0
+        pool.resume()
+        assert pool.join(timeout=10)
+        assert seen.count({"id": 5, "tags": ["x", "y"]}) == 1
+        assert {"id": 5} not in seen
+        assert pool.enqueue({"id": 5}, dedup_key="order-5").duplicate  # in its window
+        clock.advance(61.0)
+        fresh = pool.enqueue({"id": 1}, dedup_key="order-1")
+        assert not fresh.duplicate
+        assert pool.status().duplicates == 4  # the fixture's, and three here
+
+
+# -- format 3, migrated in place when a runtime opens it -----------------------------------
+
+
+def test_the_format_3_fixture_is_migrated_to_exactly_what_was_written(tmp_path: Path) -> None:
+    """store-v3, written by the format-3 code: every record reads as it was written, with
+    no dedup keys and no duplicates counted."""
+    path = copy(FIXTURE_3, tmp_path)
+    before = records(path)
+    assert before[b"F"][4:] == bytes([0x91, 3])
+    store = Store(path)
+    try:
+        with store.read() as txn:
+            zero, one, invoices = (
+                Namespace("orders", 0),
+                Namespace("orders", 1),
+                Namespace("invoices", 0),
+            )
+            assert (store.get_pool(txn, "orders"), store.get_pool(txn, "invoices")) == (2, 1)
+            assert zero.load_meta(txn) == Meta(
+                tail=5,
+                pending=2,
+                enqueued=5,
+                succeeded=2,
+                dead_lettered=1,
+                paused=True,
+                outbox_next=1,
+                held_dead_letters=1,
+                priorities={9: 1},
+                links={"orders:1": 1},
+                scheduled=1,
+                next_due=1030.0,
+                last_due=1000.0,
+            )
+            assert one.load_meta(txn) == Meta(
+                tail=5,
+                pending=2,
+                enqueued=5,
+                succeeded=3,
+                paused=True,
+                outbox_next=1,
+                priorities={0: 1, -2: 1},
+                links={"invoices:0": 1},
+                last_due=1000.0,
+            )
+            assert invoices.load_meta(txn) == Meta(
+                tail=3,
+                enqueued=3,
+                succeeded=3,
+                outbox_next=2,
+                outbox=1,
+                links={"orders:0": 1, "orders:1": 1},
+                last_due=1000.0,
+            )
+            assert list(invoices.iter_outbox(txn)) == [
+                (1, OutboxRecord("orders", 1, 0, b"\x81\xa9refund_of\t", 1000.0, "alice", 1))
+            ]
+            assert list(zero.iter_marks(txn)) == [(("invoices", 0), 0)]
+            assert list(one.iter_marks(txn)) == [(("orders", 0), 0)]
+            assert list(invoices.iter_marks(txn)) == [(("orders", 1), 0)]
+            assert list(zero.iter_event_keys(txn)) == [zero.queue_key(9, 3, 1000.0)]
+            assert zero.get_event(txn, zero.queue_key(9, 3, 1000.0)) == ID_5
+            assert list(zero.iter_delayed_keys(txn)) == [zero.delayed_key(2, 4, 1030.0)]
+            assert zero.get_event(txn, zero.delayed_key(2, 4, 1030.0)) == EventRecord(
+                b"\x81\xa2id\n", 1000.0, "bob", 2
+            )
+            assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
+            assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
+            report = check_store(txn)
+            assert (report.ok, report.format_version, report.records) == (True, 7, 19)
+    finally:
+        store.close()
+    after = records(path)
+    changed = sorted(
+        key for key in before.keys() | after.keys() if before.get(key) != after.get(key)
+    )
+    # The format record, every meta, every event (due or scheduled) and the dead letter,
+    # the outbox entry (format 7's due), and an index entry for each event.
+    rewritten = [key for key in before if key[:1] == b"I" and key.split(b"\x00")[1][:1] in b"mqwdo"]
+    assert len(rewritten) == 3 + 4 + 1 + 1
+    assert len(entries(path)) == 4
+    assert changed == sorted([b"F", *rewritten, *entries(path)])
+
+
+def test_the_keys_of_format_3_have_their_documented_bytes() -> None:
+    ns = Namespace("p", 0)
+    # q, rank 2**31 - 1 - 5, due 1.5 (0x3FF8... with its sign bit flipped), sequence 7
+    assert ns.queue_key(5, 7, 1.5) == (
+        b"Ip:0\x00q\x7f\xff\xff\xfa\xbf\xf8\x00\x00\x00\x00\x00\x00" + (7).to_bytes(8, "big")
+    )
+    # w, due -1.5 (every bit of 0xBFF8... flipped), rank 2**31 - 1, sequence 7
+    assert ns.delayed_key(0, 7, -1.5) == (
+        b"Ip:0\x00w\x40\x07\xff\xff\xff\xff\xff\xff\x7f\xff\xff\xff" + (7).to_bytes(8, "big")
+    )
+    assert ns.queue_key(0, 0, MIGRATED_DUE)[10:18] == bytes.fromhex("000fffffffffffff")
+
+
+def test_the_format_3_fixture_runs_its_events_and_its_follow_up(tmp_path: Path) -> None:
+    seen: list[tuple[str, int, int, object]] = []
+
+    def record(ctx: EventContext) -> None:
+        seen.append((ctx.pool_name, ctx.instance_index, ctx.sequence, ctx.event))
+
+    with Runtime(copy(FIXTURE_3, tmp_path), clock=SimulatedClock(2000.0), seed=7) as runtime:
+        pool = runtime.define("orders", execute=record, concurrency=2)
+        runtime.define("invoices", execute=record)
+        assert pool.status().scheduled == 1  # due since 1030.0: a paused instance looks later
+        pool.resume()
+        assert pool.join(timeout=10)
+        assert sorted(seen, key=str) == sorted(
+            [
+                ("orders", 0, 3, {"id": 5, "tags": ["x", "y"]}),
+                ("orders", 0, 4, {"id": 10}),
+                ("orders", 1, 5, {"refund_of": 9}),
+                ("orders", 1, 3, {"id": 3, "blob": b"\x00\xff"}),
+                ("orders", 1, 4, {"id": 4}),
+            ],
+            key=str,
+        )
+        assert [event for _, index, _, event in seen if index == 0] == [
+            {"id": 5, "tags": ["x", "y"]},  # priority 9, due at 1000.0
+            {"id": 10},  # priority 2, due at 1030.0
+        ]
+
+
+# -- format 2, migrated in place when a runtime opens it -----------------------------------
+
+
+def test_the_format_2_fixture_is_migrated_to_exactly_what_was_written(tmp_path: Path) -> None:
+    """store-v2, written by the format-2 code: every record reads as it was written; its
+    queue keys have the lowest due time, and its metas the new fields, empty."""
+    path = copy(FIXTURE_2, tmp_path)
+    before = records(path)
+    assert before[b"F"][4:] == bytes([0x91, 2])
+    store = Store(path)
+    try:
+        with store.read() as txn:
+            zero, one, invoices = (
+                Namespace("orders", 0),
+                Namespace("orders", 1),
+                Namespace("invoices", 0),
+            )
+            assert zero.load_meta(txn) == Meta(
+                tail=4,
+                pending=1,
+                enqueued=4,
+                succeeded=2,
+                dead_lettered=1,
+                paused=True,
+                outbox_next=1,
+                held_dead_letters=1,
+                priorities={9: 1},
+                links={"orders:1": 1},
+            )
+            assert one.load_meta(txn) == Meta(
+                tail=5,
+                pending=2,
+                enqueued=5,
+                succeeded=3,
+                paused=True,
+                outbox_next=1,
+                priorities={0: 1, -2: 1},
+                links={"invoices:0": 1},
+            )
+            assert invoices.load_meta(txn).links == {"orders:0": 1, "orders:1": 1}
+            assert list(zero.iter_event_keys(txn)) == [zero.queue_key(9, 3, MIGRATED_DUE)]
+            assert zero.get_event(txn, zero.queue_key(9, 3, MIGRATED_DUE)) == ID_5
+            assert list(one.iter_event_keys(txn)) == [
+                one.queue_key(0, 3, MIGRATED_DUE),
+                one.queue_key(-2, 4, MIGRATED_DUE),
+            ]
+            assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
+            assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
+            report = check_store(txn)
+            assert (report.ok, report.format_version, report.records) == (True, 7, 17)
+    finally:
+        store.close()
+    after = records(path)
+    changed = sorted(
+        key for key in before.keys() | after.keys() if before.get(key) != after.get(key)
+    )
+    # The format record, every meta, each pending event moved to its new key and
+    # indexed, and the dead letter (format 4's dedup key).
+    old_queue = [key for key in before if b"\x00q" in key]
+    new_queue = [key for key in after if b"\x00q" in key]
+    assert len(old_queue) == len(new_queue) == 3
+    metas = [b"Iinvoices:0\x00m", b"Iorders:0\x00m", b"Iorders:1\x00m"]
+    dead = [key for key in before if b"\x00d" in key]
+    assert len(entries(path)) == 3
+    assert changed == sorted(
+        [b"F", *metas, *dead, *old_queue, *new_queue, *entries(path), *outbox(before)]
+    )
+
+
+def format_2_meta(**fields: object) -> list[object]:
+    """A meta record's fields in format 2's layout (20 of them), defaults but ``fields``."""
+    meta = Meta(**fields)  # type: ignore[arg-type]
+    names = [
+        "tail",
+        "pending",
+        "enqueued",
+        "succeeded",
+        "dead_lettered",
+        "drained",
+        "paused",
+        "alarm",
+        "current",
+        "attempt",
+        "running",
+        "started_at",
+        "retry_at",
+        "restarts",
+        "outbox_next",
+        "outbox",
+        "held_dead_letters",
+        "priorities",
+        "alarm_failures",
+        "links",
+    ]
+    return [getattr(meta, name) for name in names]
+
+
+def write_format_2_store(path: Path) -> dict[int, bytes]:
+    """Pool ``h`` of format 2, by hand: event 0 started and waiting out its retry until
+    t=50, 1 and 3 pending at priority 0 (3 damaged), 2 at priority 5. Its queue keys."""
+    Store(path).close()  # a store of format 3, written over below
+    prefix = Namespace("h", 0).prefix
+    keys = {
+        sequence: prefix
+        + b"q"
+        + (2**31 - 1 - priority).to_bytes(4, "big")
+        + sequence.to_bytes(8, "big")
+        for sequence, priority in ((0, 0), (1, 0), (2, 5), (3, 0))
+    }
+    meta = format_2_meta(
+        tail=4,
+        pending=4,
+        enqueued=4,
+        alarm=50.0,
+        current=keys[0],
+        attempt=1,
+        retry_at=50.0,
+        priorities={0: 3, 5: 1},
+    )
+    with raw_env(path) as env, env.begin(write=True) as txn:
+        txn.put(b"F", seal(b"F", pack([2])))
+        txn.put(b"Ph", seal_pool(b"Ph", 1))
+        txn.put(prefix + b"m", seal(prefix + b"m", pack(meta)))
+        for sequence, key in keys.items():
+            record = (pack(sequence), 1.0, None, 5 if sequence == 2 else 0)  # format 2's
+            value = seal_event(key, record)
+            if sequence == 3:
+                value = value[:-1] + bytes([value[-1] ^ 1])  # a flipped bit
+            txn.put(key, value)
+    return keys
+
+
+def test_a_format_2_store_built_by_hand_keeps_its_order_and_its_backoff(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Migrated events keep their order, run before anything enqueued later of their
+    priority, and the started one keeps its place and its backoff; a damaged one stays
+    damaged under its new key."""
+    path = tmp_path / "store"
+    old_keys = write_format_2_store(path)
+    seen: list[tuple[object, int, float]] = []
+    clock = SimulatedClock(10.0)
+
+    def record(ctx: EventContext) -> None:
+        seen.append((ctx.event, ctx.attempt, clock.now()))
+
+    with caplog.at_level(logging.INFO, logger="dopool"):
+        runtime = Runtime(path, clock=clock)
+    try:
+        # 9 to format 4; its meta again, an index entry for each of 4 events, and the 3
+        # sound ones rewritten (expires_at)
+        assert "migrated from format 2 to 7 (18 records rewritten)" in caplog.text
+        ns = Namespace("h", 0)
+        with runtime._store.read() as txn:
+            meta = ns.load_meta(txn)
+            assert meta.current == ns.queue_key(0, 0, MIGRATED_DUE)
+            assert (meta.attempt, meta.retry_at, meta.scheduled, meta.last_due) == (
+                1,
+                50.0,
+                0,
+                None,
+            )
+            assert not any(txn.get(key) for key in old_keys.values())
+            problems = [p.what for p in check_store(txn).problems]
+            assert problems == ["damaged: checksum mismatch"]  # event 3, as before
+        pool = runtime.define("h", execute=record)
+        pool.enqueue("now")  # due at 10.0: behind the migrated events of its priority
+        pool.enqueue("soon", delay=1.0)  # due at 11.0
+        assert pool.join(timeout=10)
+        assert seen == [
+            (0, 2, 50.0),
+            (2, 1, 50.0),
+            (1, 1, 50.0),
+            ("now", 1, 50.0),
+            ("soon", 1, 50.0),
+        ]
+        [dead] = pool.dead_letters()
+        assert (dead.sequence, dead.damaged) == (3, True)
+    finally:
+        runtime.close()
+
+
+def test_a_format_2_store_is_refused_read_only(tmp_path: Path) -> None:
+    path = copy(FIXTURE_2, tmp_path)
+    with pytest.raises(StoreFormatError) as caught, open_view(path):
+        pass
+    assert (caught.value.found, caught.value.supported) == (2, FORMAT_VERSION)
+    assert "migrates it in place" in str(caught.value)
+    assert records(path) == records(FIXTURE_2)
+
+
+def test_the_format_2_fixture_runs_its_pending_events_and_its_follow_up(tmp_path: Path) -> None:
+    seen: list[object] = []
+
+    def record(ctx: EventContext) -> None:
+        seen.append((ctx.pool_name, ctx.instance_index, ctx.sequence, ctx.event))
+
+    with Runtime(copy(FIXTURE_2, tmp_path), clock=SimulatedClock(2000.0), seed=7) as runtime:
+        pool = runtime.define("orders", execute=record, concurrency=2)
+        runtime.define("invoices", execute=record)
+        pool.resume()
+        assert pool.join(timeout=10)
+        assert sorted(seen, key=str) == sorted(
+            [
+                ("orders", 0, 3, {"id": 5, "tags": ["x", "y"]}),
+                ("orders", 1, 5, {"refund_of": 9}),
+                ("orders", 1, 3, {"id": 3, "blob": b"\x00\xff"}),
+                ("orders", 1, 4, {"id": 4}),
+            ],
+            key=str,
+        )
+
+
+def test_an_outbox_record_has_its_documented_layout() -> None:
+    key = Namespace("p", 0).prefix + b"o" + (5).to_bytes(8, "big")
+    record = OutboxRecord("q", 1, 2, b"\xa1x", 3.5, None, -1)
+    value = seal_outbox(key, record)
+    assert (
+        value[4:] == b"\x98\xa1q\x01\x02\xc4\x02\xa1x\xcb@\x0c\x00\x00\x00\x00\x00\x00\xc0\xff\xc0"
+    )
+    assert read_outbox(key, value) == record
+    delayed = record._replace(due=4.0)  # format 7: a delayed follow-up's due time, last
+    value = seal_outbox(key, delayed)
+    assert value[-10:] == b"\xff\xcb@\x10\x00\x00\x00\x00\x00\x00"
+    assert read_outbox(key, value) == delayed
+
+
+def test_a_delivery_mark_has_its_documented_key(store_path: Path) -> None:
+    ns = Namespace("b", 3)
+    store = Store(store_path)
+    with store.write() as txn:
+        ns.set_delivered(txn, "a", 258, 7)
+    store.close()
+    assert records(store_path)[b"Ib:3\x00sa\x00\x00\x00\x01\x02"][4:] == b"\x91\x07"
+
+
+# -- format 1, migrated in place when a runtime opens it -----------------------------------
+
+
+def test_the_format_1_fixture_is_migrated_to_exactly_what_was_written(tmp_path: Path) -> None:
+    """store-v1, written by the format-1 code: every record reads as it was written,
+    with format 2's keys for the follow-up links (its pool was the only one), and
+    format 3's queue keys and meta fields."""
+    path = copy(FIXTURE_1, tmp_path)
+    before = records(path)
+    assert before[b"F"][4:] == bytes([0x91, 1])
+    store = Store(path)
+    try:
+        with store.read() as txn:
+            zero, one = Namespace("orders", 0), Namespace("orders", 1)
+            assert store.get_pool(txn, "orders") == 2
+            assert zero.load_meta(txn) == Meta(
+                tail=3,
+                pending=1,
+                enqueued=3,
+                succeeded=1,
+                dead_lettered=1,
+                paused=True,
+                outbox_next=1,
+                held_dead_letters=1,
+                priorities={9: 1},
+                links={"orders:1": 1},
+            )
+            assert one.load_meta(txn) == Meta(
+                tail=4, pending=2, enqueued=4, succeeded=2, paused=True, priorities={0: 1, -2: 1}
+            )
+            assert zero.get_event(txn, zero.queue_key(9, 2, MIGRATED_DUE)) == ID_5
+            assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
+            assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
+            assert list(one.iter_marks(txn)) == [(("orders", 0), 0)]
+            assert list(zero.iter_marks(txn)) == []
+            assert check_store(txn).ok
+    finally:
+        store.close()
+    after = records(path)
+    assert after[b"F"] == seal_format(b"F")
+    # The metas (orders:0's links, format 3's fields), the delivery mark, each pending
+    # event's key and the format record changed.
+    changed = sorted(
+        key for key in before.keys() | after.keys() if before.get(key) != after.get(key)
+    )
+    old_queue = [key for key in before if b"\x00q" in key]
+    new_queue = [key for key in after if b"\x00q" in key]
+    assert len(old_queue) == len(new_queue) == 3
+    assert changed == sorted(
+        [
+            b"F",
+            b"Iorders:0\x00m",
+            b"Iorders:1\x00m",
+            b"Iorders:1\x00s\x00\x00\x00\x00",
+            b"Iorders:1\x00sorders\x00\x00\x00\x00\x00",
+            *[key for key in before if b"\x00d" in key],  # format 4's dedup key
+            *old_queue,
+            *new_queue,
+            *entries(path),
+        ]
+    )
+
+
+def test_the_format_1_fixture_runs_its_pending_events_in_order(tmp_path: Path) -> None:
+    seen: list[object] = []
+
+    def record(ctx: EventContext) -> None:
+        seen.append((ctx.instance_index, ctx.sequence, ctx.event))
+
+    with Runtime(copy(FIXTURE_1, tmp_path), clock=SimulatedClock(2000.0), seed=7) as runtime:
+        pool = runtime.define("orders", execute=record, concurrency=2)
+        pool.resume()
+        assert pool.join(timeout=10)
+        assert seen == [
+            (0, 2, {"id": 5, "tags": ["x", "y"]}),
+            (1, 2, {"id": 3, "blob": b"\x00\xff"}),
+            (1, 3, {"id": 4}),
+        ]
+        [dead] = pool.dead_letters()
+        assert (dead.event, dead.error) == ({"id": 2, "poison": True}, "PermanentError: poisoned")
+
+
+def test_a_format_1_outbox_is_migrated_and_delivered_exactly_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """store-v1-outbox: orders:0 holds link 1 for orders:1 (link 0 was accepted)."""
+    path = copy(FIXTURE_1_OUTBOX, tmp_path)
+    seen: list[object] = []
+
+    def record(ctx: EventContext) -> None:
+        seen.append((ctx.instance_index, ctx.sequence, ctx.event))
+
+    with caplog.at_level(logging.INFO, logger="dopool"):
+        runtime = Runtime(path, clock=SimulatedClock(2000.0), seed=7)
+    try:
+        # 9 to format 4, and both metas again (no event is pending)
+        assert "migrated from format 1 to 7 (14 records rewritten)" in caplog.text
+        with runtime._store.read() as txn:
+            zero, one = Namespace("orders", 0), Namespace("orders", 1)
+            assert zero.load_meta(txn).links == {"orders:1": 2}
+            assert one.load_meta(txn).links == {"orders:0": 1}
+            assert list(zero.iter_outbox(txn)) == [
+                (1, OutboxRecord("orders", 1, 1, b"\x81\xa8child_of\x03", 1000.0, "alice", 0))
+            ]
+            assert list(zero.iter_marks(txn)) == [(("orders", 1), 0)]
+            assert list(one.iter_marks(txn)) == [(("orders", 0), 0)]
+            assert check_store(txn).ok
+        pool = runtime.define("orders", execute=record, concurrency=2)
+        assert pool.join(timeout=10)
+        assert seen == [(1, 2, {"child_of": 3})]  # link 1, once; links 0 are not taken again
+        status = pool.status()
+        assert (status.enqueued, status.succeeded, status.pending) == (6, 6, 0)
+    finally:
+        runtime.close()
+    runtime = Runtime(path, clock=SimulatedClock(3000.0))  # format 2 now: opened as it is
+    runtime.close()
+
+
+def test_a_format_1_store_is_refused_read_only_and_left_as_it_was(tmp_path: Path) -> None:
+    path = copy(FIXTURE_1_OUTBOX, tmp_path)
+    before = (path / "data" / "data.mdb").read_bytes()
+    with pytest.raises(StoreFormatError) as caught, open_view(path):
+        pass
+    assert (caught.value.found, caught.value.supported) == (1, FORMAT_VERSION)
+    assert "a Runtime of this version migrates it in place" in str(caught.value)
+    assert (path / "data" / "data.mdb").read_bytes() == before
+
+
+def test_a_migration_is_one_transaction_all_or_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = copy(FIXTURE_1_OUTBOX, tmp_path)
+    before = records(path)
+    calls: list[int] = []
+    real = migration._mark_1
+
+    def fail_at_the_second_mark(*args: object, **kwargs: object) -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise lmdb.Error("the disk is full")
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(migration, "_mark_1", fail_at_the_second_mark)
+    with pytest.raises(Exception, match="the disk is full"):
+        Runtime(path, clock=SimulatedClock())
+    assert records(path) == before  # still format 1, every record as it was
+    monkeypatch.undo()
+    with Runtime(path, clock=SimulatedClock()) as runtime:
+        pool = runtime.define("orders", execute=lambda ctx: None, concurrency=2)
+        assert pool.join(timeout=10)
+        assert pool.status().enqueued == 6
+
+
+def test_a_damaged_format_1_outbox_entry_stays_damaged_and_is_dropped_at_recovery(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = copy(FIXTURE_1_OUTBOX, tmp_path)
+    key = Namespace("orders", 0).outbox_key(1)
+    with raw_env(path) as env, env.begin(write=True) as txn:
+        value = bytearray(txn.get(key) or b"")
+        value[-1] ^= 0x01
+        txn.put(key, bytes(value))
+    with (
+        caplog.at_level(logging.ERROR, logger="dopool"),
+        Runtime(path, clock=SimulatedClock()) as rt,
+    ):
+        with rt._store.read() as txn:
+            assert [p.what for p in check_store(txn).problems] == ["damaged: checksum mismatch"]
+        pool = rt.define("orders", execute=lambda ctx: None, concurrency=2)
+        assert pool.join(timeout=10)
+        assert "follow-up 1 dropped" in caplog.text
+        assert pool.status().enqueued == 5
+
+
+# -- the format record ---------------------------------------------------------------------
+
+
+def test_a_new_store_records_its_format(store_path: Path) -> None:
+    Store(store_path).close()
+    with raw_env(store_path) as env, env.begin() as txn:
+        assert txn.get(b"F") == seal_format(b"F")
+    assert seal_format(b"F")[4:] == bytes([0x91, FORMAT_VERSION])
+
+
+@pytest.mark.parametrize("version", [0, FORMAT_VERSION + 1])
+def test_a_store_of_another_format_is_refused_and_left_as_it_was(
+    store_path: Path, version: int
+) -> None:
+    Store(store_path).close()
+    with raw_env(store_path) as env, env.begin(write=True) as txn:
+        txn.put(b"F", seal(b"F", bytes([0x91, version])))
+    before = (store_path / "data" / "data.mdb").read_bytes()
+    for _ in range(2):  # and the lock was released
+        with pytest.raises(StoreFormatError) as caught:
+            Runtime(store_path)
+        assert (caught.value.found, caught.value.supported) == (version, FORMAT_VERSION)
+        assert f"format version {version};" in str(caught.value)
+        assert "migrates" not in str(caught.value)
+    with pytest.raises(StoreFormatError), open_view(store_path):
+        pass
+    assert (store_path / "data" / "data.mdb").read_bytes() == before
+
+
+def test_a_store_without_a_format_record_that_holds_data_is_refused(store_path: Path) -> None:
+    store_path.mkdir()
+    with lmdb.open(str(store_path / "data"), subdir=True) as env, env.begin(write=True) as txn:
+        txn.put(b"Porders", b"\x81\xabconcurrency\x02")  # as dopool 0.1 wrote it
+    with pytest.raises(StoreFormatError) as caught:
+        Runtime(store_path)
+    assert caught.value.found is None
+    assert "no format version" in str(caught.value)
+
+
+# -- data files lost, emptied or cut short -------------------------------------------------------
+
+
+def test_an_emptied_data_file_is_refused_not_recreated(store_path: Path) -> None:
+    Store(store_path).close()
+    (store_path / "data" / "data.mdb").write_bytes(b"")
+    with pytest.raises(StoreDamagedError, match=r"data\.mdb is empty"):
+        Runtime(store_path)
+    with pytest.raises(StoreDamagedError), open_view(store_path):
+        pass
+    assert (store_path / "data" / "data.mdb").stat().st_size == 0
+
+
+def test_a_lost_data_file_is_refused_not_recreated(store_path: Path) -> None:
+    Store(store_path).close()
+    (store_path / "data" / "data.mdb").unlink()
+    with pytest.raises(StoreDamagedError, match=r"data\.mdb is missing"):
+        Runtime(store_path)
+    assert not (store_path / "data" / "data.mdb").exists()
+
+
+def test_a_truncated_data_file_is_refused_before_any_page_is_read(store_path: Path) -> None:
+    with Runtime.simulated(store_path) as runtime:
+        pool = runtime.define("p", execute=lambda ctx: None)
+        pool.pause()
+        pool.enqueue_many([{"pad": "x" * 2000} for _ in range(40)])
+    data = store_path / "data" / "data.mdb"
+    size = data.stat().st_size
+    assert size > 8 * 4096
+    with data.open("r+b") as file:
+        file.truncate(4 * 4096)
+    with pytest.raises(StoreDamagedError, match="shorter than"):
+        Runtime(store_path)
