@@ -32,8 +32,8 @@ from dopool import (
 from dopool._ops.check import check_store
 from dopool._store.layout import Namespace, read_dead, read_event, read_meta, read_outbox
 
-FIXTURE = Path(__file__).parent / "support" / "fixtures" / "store-v7"
-# The fixture's records, by what they are (see tests/fixtures/make_store.py).
+FIXTURE = Path(__file__).parent / "support" / "fixtures" / "store-v8"
+# The fixture's records, by what they are (see tests/support/fixtures/make_store.py).
 META = Namespace("orders", 1).prefix + b"m"
 QUEUED = Namespace("orders", 1).queue_key(-2, 4, 1000.0)
 DEAD = Namespace("orders", 0).prefix + b"d" + (0).to_bytes(8, "big")
@@ -257,8 +257,9 @@ def test_any_bytes_as_a_dead_letter_or_follow_up_leave_the_queues_running(
 
 
 def _fixture_records() -> list[tuple[bytes, bytes]]:
+    """The fixture's records that hold a value (an alarm or work index entry is its key)."""
     with lmdb.open(str(FIXTURE / "data"), readonly=True, lock=False) as env, env.begin() as txn:
-        return list(txn.cursor())
+        return [(key, value) for key, value in txn.cursor() if value]
 
 
 RECORDS = _fixture_records()

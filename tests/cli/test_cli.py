@@ -36,7 +36,15 @@ from dopool._cli import simulate as simulate_command
 from dopool._cli._values import _json_text, _short
 from dopool._sim import loading as sc
 from dopool._store.environment import Store
-from dopool._store.layout import MAX_CONCURRENCY, DeadRecord, Namespace, pack, pool_key, seal
+from dopool._store.layout import (
+    MAX_CONCURRENCY,
+    DeadRecord,
+    Namespace,
+    pack,
+    pool_key,
+    seal,
+    seal_meta,
+)
 from dopool._store.txn import Txn
 
 SMALL = ("--events", "150")  # keeps each simulation to a fraction of a second
@@ -939,12 +947,15 @@ def replace_dead_letter(**fields: Any) -> Callable[[Store, Txn], None]:
 
 
 def set_meta(**fields: Any) -> Callable[[Store, Txn], None]:
+    """The meta of jobs:0 with ``fields`` changed, sealed as it is (a save would also
+    index it, and a crafted field may be of no type the indexes take)."""
+
     def change(store: Store, txn: Txn) -> None:
         namespace = Namespace("jobs", 0)
         meta = namespace.load_meta(txn)
         for name, value in fields.items():
             setattr(meta, name, value)
-        namespace.save_meta(txn, meta)
+        txn.put(namespace.meta_key, seal_meta(namespace.meta_key, meta))
 
     return change
 

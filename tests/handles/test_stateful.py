@@ -69,6 +69,7 @@ from dopool import (
 from dopool._cluster.routing import stable_hash
 from dopool._machine.invariants import (
     dedup_violations,
+    index_violations,
     link_violations,
     read_dedup_tally,
     read_instance,
@@ -885,6 +886,8 @@ class PoolMachine(RuleBasedStateMachine):
                 assert state.outbox_keys == 0
             # At most one pending event per dedup key, the one its index entry names.
             assert dedup_violations(read_dedup_tally(txn, {POOL: CONCURRENCY})) == []
+            # The store's alarm and work indexes agree with every meta.
+            assert index_violations(txn, {POOL: CONCURRENCY}) == []
 
     @invariant()
     def lookups_match_model(self) -> None:
@@ -1491,6 +1494,7 @@ class FaultyPoolMachine(RuleBasedStateMachine):
     def storage_and_counters(self) -> None:
         with self.runtime._store.read() as txn:
             assert link_violations(read_links(txn, POOLS)) == []  # no follow-up lost
+            assert index_violations(txn, POOLS) == []  # the alarm and work indexes
             for index in range(TOTAL):
                 name, instance = instance_of(index)
                 stored = read_instance(txn, name, instance)

@@ -22,6 +22,7 @@ from dopool._store.layout import (
     Namespace,
     OutboxRecord,
     PresenceRecord,
+    alarm_entry_key,
     lease_key,
     pack,
     put_lease,
@@ -30,10 +31,11 @@ from dopool._store.layout import (
     read_schedule,
     seal,
     seal_pool,
+    work_entry_key,
 )
 from dopool._store.txn import Txn
 
-FIXTURE = Path(__file__).parents[1] / "support" / "fixtures" / "store-v7"  # (make_store.py)
+FIXTURE = Path(__file__).parents[1] / "support" / "fixtures" / "store-v8"  # (make_store.py)
 QUEUED = Namespace("orders", 1).queue_key(-2, 4, 1000.0)  # a pending event of the fixture
 INVOICES = Namespace("invoices", 0)  # holds a follow-up for orders:1, link 0, in its outbox
 
@@ -61,7 +63,7 @@ def problems(path: Path) -> list[str]:
 def test_a_sound_store_checks_out(store: Path) -> None:
     result = invoke("check", str(store))
     assert result.exit_code == 0, result.output
-    assert "format 7, 46 records, 3 instances; pools: invoices (1), orders (2)" in result.stdout
+    assert "format 8, 49 records, 3 instances; pools: invoices (1), orders (2)" in result.stdout
     assert "ok: every record and every counter checks out" in result.stdout
 
 
@@ -163,7 +165,7 @@ def test_check_store_reads_a_snapshot_in_one_pass(store: Path) -> None:
     with lmdb.open(str(store / "data"), readonly=True, lock=False) as env, env.begin() as txn:
         report = check_store(txn)
     assert report.ok
-    assert (report.format_version, report.records, report.instances) == (7, 46, 3)
+    assert (report.format_version, report.records, report.instances) == (8, 49, 3)
     assert report.pools == {"invoices": 1, "orders": 2}
 
 
@@ -340,3 +342,21 @@ def test_a_schedule_whose_cron_expression_does_not_parse_is_reported(store: Path
         txn.put(key, seal(key, pack(record._replace(cron="not a cron"))))
     [found] = problems(store)
     assert found.startswith("orders:0: a cron expression no definition takes: "), found
+
+
+def test_alarm_and_work_index_entries_the_metas_do_not_bear_out_are_reported(
+    store: Path,
+) -> None:
+    """A stale alarm entry, a lost work entry, an entry of no pool, and one with a value:
+    each named; the store stays a store of sound records."""
+    with edit(store) as txn:
+        txn.put(alarm_entry_key(5.0, "orders", 0), b"")  # orders:0 is paused: no alarm
+        txn.delete(work_entry_key("orders", 1))  # orders:1 holds two events
+        txn.put(work_entry_key("ghost", 0), b"")
+        txn.put(work_entry_key("invoices", 0), b"x")  # an entry is its key
+    assert sorted(problems(store)) == [
+        "None: an index entry holds a value",
+        "None: an index entry of pool 'ghost', which has no pool record",
+        "None: orders:0: alarm at None, the alarm index holds [5.0]",
+        "None: orders:1: 2 pending and 0 in the outbox, the work index lacks it",
+    ]

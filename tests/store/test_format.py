@@ -39,12 +39,15 @@ from dopool._store.layout import (
     RecordKind,
     ScheduleBook,
     ScheduleRecord,
+    alarm_entry_key,
     all_leases,
     all_presences,
     lease_key,
     open_sealed,
     pack,
+    parse_alarm_entry,
     parse_dedup_key,
+    parse_work_entry,
     read_dedup,
     read_lifecycle,
     read_outbox,
@@ -53,6 +56,7 @@ from dopool._store.layout import (
     seal_format,
     seal_outbox,
     seal_pool,
+    work_entry_key,
 )
 from dopool._store.layout import migrate as migration
 
@@ -64,7 +68,8 @@ FIXTURE_3 = FIXTURES / "store-v3"  # format 3, written at commit fa16d78 (make_s
 FIXTURE_4 = FIXTURES / "store-v4"  # format 4, written at commit 9270e60 (make_store.py then)
 FIXTURE_5 = FIXTURES / "store-v5"  # format 5, written at commit 5f125b8 (make_store.py then)
 FIXTURE_6 = FIXTURES / "store-v6"  # format 6, written at commit a59b992 (make_store.py then)
-FIXTURE_7 = FIXTURES / "store-v7"  # format 7, make_store.py
+FIXTURE_7 = FIXTURES / "store-v7"  # format 7, written at commit eb274bf (make_store.py then)
+FIXTURE_8 = FIXTURES / "store-v8"  # format 8, make_store.py
 OWNER = "host-4121-0a1b2c3d"  # the worker the lease and presence of store-v6 and v7 name
 # The events the fixtures of formats 1 and 2 (and format 3, at 1000.0) hold pending.
 ID_5 = EventRecord(b"\x82\xa2id\x05\xa4tags\x92\xa1x\xa1y", 1000.0, "bob", 9)
@@ -93,13 +98,19 @@ def records(path: Path) -> dict[bytes, bytes]:
 
 
 def test_the_fixture_of_this_format_is_the_current_version() -> None:
-    assert FORMAT_VERSION == 7
-    assert records(FIXTURE_7)[b"F"] == seal_format(b"F")
+    assert FORMAT_VERSION == 8
+    assert records(FIXTURE_8)[b"F"] == seal_format(b"F")
 
 
 def outbox(found: dict[bytes, bytes]) -> list[bytes]:
     """The outbox entries among a store's records."""
     return [key for key in found if key[:1] == b"I" and key.split(b"\x00")[1][:1] == b"o"]
+
+
+def indexes(path: Path) -> list[bytes]:
+    """The alarm and work index entries a store holds (format 8's, written from the metas:
+    the migrated store's ``check_store`` checks them against the metas)."""
+    return sorted(key for key in records(path) if key[:1] in (b"A", b"U"))
 
 
 def entries(path: Path) -> list[bytes]:
@@ -148,7 +159,7 @@ def test_the_format_4_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert index.get(txn, "order-1") == DedupRecord("order-1", 1, 0, 0, 0, 1000.0, 1000.0)
             assert index.count_expiries(txn) == 2
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 7, 24)
+            assert (report.ok, report.format_version, report.records) == (True, 8, 27)
             indexed = EventIndex(zero)
             assert [indexed.locate(txn, n) for n in (3, 4, 0)] == [
                 Located(zero.queue_key(9, 3, 1000.0), False),
@@ -166,7 +177,9 @@ def test_the_format_4_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
     assert (len(metas), len(events)) == (3, 4)  # two pending events on each of orders
     assert len(entries(path)) == 4
     # events: expires_at; the outbox entry: format 7's due
-    assert changed == sorted([b"F", *metas, *events, *entries(path), *outbox(before)])
+    assert changed == sorted(
+        [b"F", *metas, *events, *entries(path), *outbox(before), *indexes(path)]
+    )
 
 
 # -- format 5, migrated in place when a runtime opens it -----------------------------------
@@ -180,7 +193,7 @@ def test_the_format_5_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
     path = copy(FIXTURE_5, tmp_path)
     before = records(path)
     assert before[b"F"][4:] == bytes([0x91, 5])
-    _the_fixture_of_format_5_reads_as_written(path, records=38)
+    _the_fixture_of_format_5_reads_as_written(path, records=41)
     _only_metas_and_the_outbox_changed(before, records(path))
 
 
@@ -194,7 +207,7 @@ def test_the_format_6_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
     path = copy(FIXTURE_6, tmp_path)
     before = records(path)
     assert before[b"F"][4:] == bytes([0x91, 6])
-    _the_fixture_of_format_5_reads_as_written(path, records=40)
+    _the_fixture_of_format_5_reads_as_written(path, records=43)
     store = Store(path)
     try:
         with store.read() as txn:
@@ -216,7 +229,8 @@ def _only_metas_and_the_outbox_changed(
     metas = [key for key in before if key[:1] == b"I" and key.endswith(b"\x00m")]
     assert len(metas) == 3
     assert len(outbox(before)) == 1
-    assert changed == sorted([b"F", *metas, *outbox(before)])
+    indexed = [key for key in after if key[:1] in (b"A", b"U")]  # format 8's indexes
+    assert changed == sorted([b"F", *metas, *outbox(before), *indexed])
 
 
 # -- the committed store of format 7 ----------------------------------------------------
@@ -259,9 +273,42 @@ def test_the_format_7_fixture_decodes_to_exactly_what_was_written(tmp_path: Path
                 ("orders", 0, LeaseRecord(OWNER, 4121, "host", 2, 1030.0))
             ]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 7, 46)
+            assert (report.ok, report.format_version, report.records) == (True, 8, 49)
     finally:
         store.close()
+
+
+def test_the_format_7_fixture_gains_exactly_the_index_entries_of_its_metas(
+    tmp_path: Path,
+) -> None:
+    """store-v7, written by the format-7 code: the migration to format 8 writes a work
+    entry for each instance with pending events or an outbox (orders:0 and orders:1 hold
+    events, paused; invoices:0 a follow-up) and no alarm entry (no alarm slot is set),
+    and changes nothing else but the format record."""
+    path = copy(FIXTURE_7, tmp_path)
+    before = records(path)
+    assert before[b"F"][4:] == bytes([0x91, 7])
+    Store(path).close()  # opening migrates it
+    after = records(path)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    work = [work_entry_key("invoices", 0), work_entry_key("orders", 0), work_entry_key("orders", 1)]
+    assert changed == sorted([b"F", *work])
+    assert [after[key] for key in work] == [b"", b"", b""]
+    assert records(FIXTURE_8) == after  # what make_store.py writes today, byte for byte
+
+
+def test_the_keys_of_the_alarm_and_work_indexes_have_their_documented_bytes() -> None:
+    """``A <due:8> <pool> \\0 <index:u64>`` and ``U <pool> \\0 <index:u64>``."""
+    alarm = alarm_entry_key(2.5, "orders", 7)
+    assert alarm == b"A\xc0\x04" + bytes(6) + b"orders\x00" + (7).to_bytes(8, "big")
+    assert parse_alarm_entry(alarm) == (2.5, "orders", 7)
+    assert alarm_entry_key(-1.0, "a", 0) < alarm_entry_key(0.0, "z", 0) < alarm
+    work = work_entry_key("orders", 2**40)
+    assert work == b"Uorders\x00" + (2**40).to_bytes(8, "big")
+    assert parse_work_entry(work) == ("orders", 2**40)
+    for stray in (b"A", b"A" + bytes(8) + b"p\x00\x01", b"Uno-nul", b"Ubad name\x00" + bytes(8)):
+        assert parse_alarm_entry(stray) is None
+        assert parse_work_entry(stray) is None
 
 
 def test_the_keys_and_records_of_leases_have_their_documented_bytes() -> None:
@@ -321,7 +368,7 @@ def _the_fixture_of_format_5_reads_as_written(path: Path, *, records: int) -> No
             )
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 7, records)
+            assert (report.ok, report.format_version, report.records) == (True, 8, records)
             assert list(Namespace("invoices", 0).iter_outbox(txn)) == [(1, REFUND_9)]
     finally:
         store.close()
@@ -454,7 +501,7 @@ def test_the_format_3_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 7, 19)
+            assert (report.ok, report.format_version, report.records) == (True, 8, 22)
     finally:
         store.close()
     after = records(path)
@@ -466,7 +513,7 @@ def test_the_format_3_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
     rewritten = [key for key in before if key[:1] == b"I" and key.split(b"\x00")[1][:1] in b"mqwdo"]
     assert len(rewritten) == 3 + 4 + 1 + 1
     assert len(entries(path)) == 4
-    assert changed == sorted([b"F", *rewritten, *entries(path)])
+    assert changed == sorted([b"F", *rewritten, *entries(path), *indexes(path)])
 
 
 def test_the_keys_of_format_3_have_their_documented_bytes() -> None:
@@ -559,7 +606,7 @@ def test_the_format_2_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 7, 17)
+            assert (report.ok, report.format_version, report.records) == (True, 8, 20)
     finally:
         store.close()
     after = records(path)
@@ -575,7 +622,16 @@ def test_the_format_2_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
     dead = [key for key in before if b"\x00d" in key]
     assert len(entries(path)) == 3
     assert changed == sorted(
-        [b"F", *metas, *dead, *old_queue, *new_queue, *entries(path), *outbox(before)]
+        [
+            b"F",
+            *metas,
+            *dead,
+            *old_queue,
+            *new_queue,
+            *entries(path),
+            *outbox(before),
+            *indexes(path),
+        ]
     )
 
 
@@ -661,7 +717,7 @@ def test_a_format_2_store_built_by_hand_keeps_its_order_and_its_backoff(
     try:
         # 9 to format 4; its meta again, an index entry for each of 4 events, and the 3
         # sound ones rewritten (expires_at)
-        assert "migrated from format 2 to 7 (18 records rewritten)" in caplog.text
+        assert "migrated from format 2 to 8 (20 records rewritten)" in caplog.text
         ns = Namespace("h", 0)
         with runtime._store.read() as txn:
             meta = ns.load_meta(txn)
@@ -805,6 +861,7 @@ def test_the_format_1_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             *old_queue,
             *new_queue,
             *entries(path),
+            *indexes(path),
         ]
     )
 
@@ -842,7 +899,7 @@ def test_a_format_1_outbox_is_migrated_and_delivered_exactly_once(
         runtime = Runtime(path, clock=SimulatedClock(2000.0), seed=7)
     try:
         # 9 to format 4, and both metas again (no event is pending)
-        assert "migrated from format 1 to 7 (14 records rewritten)" in caplog.text
+        assert "migrated from format 1 to 8 (15 records rewritten)" in caplog.text
         with runtime._store.read() as txn:
             zero, one = Namespace("orders", 0), Namespace("orders", 1)
             assert zero.load_meta(txn).links == {"orders:1": 2}

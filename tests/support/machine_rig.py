@@ -7,7 +7,7 @@ from typing import Any
 
 from dopool._engine.options import PoolOptions
 from dopool._machine.followups import FollowUp
-from dopool._machine.invariants import read_instance, violations
+from dopool._machine.invariants import index_violations, read_instance, violations
 from dopool._machine.machine import QueueMachine
 from dopool._machine.types import Effects, Item
 from dopool._store.environment import Store
@@ -91,8 +91,10 @@ class Rig:
         return self.step(done)[1]
 
     def broken(self) -> list[str]:
-        """What the store breaks of guarantee 4 (docs/guarantees.md); [] if it balances."""
+        """What the store breaks of guarantee 4 (docs/guarantees.md), its alarm and work
+        indexes included; [] if it balances."""
         with self.store.read() as txn:
             stored = read_instance(txn, "p", 0)
+            indexes = index_violations(txn, {"p": 1})
         assert stored.meta == self.meta, "each step commits the rig's meta"
-        return violations(stored)
+        return [*violations(stored), *indexes]

@@ -74,12 +74,14 @@ class Model(Replay):
         *,
         links: Sequence[str] = (),
         dedup: Sequence[str] = (),
+        indexes: Sequence[str] = (),
         final: bool = False,
     ) -> None:
         """Check committed storage against itself and against the replay so far.
 
         ``links``: what the follow-up links between instances break; ``dedup``: what
-        the pools' dedup indexes and their events break (both from storage alone).
+        the pools' dedup indexes and their events break; ``indexes``: what the store's
+        alarm and work indexes break against the metas (all from storage alone).
         """
         for index, (snap, inst) in enumerate(zip(snapshots, self.instances, strict=True)):
             self._compare_instance(index, snap, inst, final)
@@ -87,6 +89,8 @@ class Model(Replay):
             self._bad(f"follow-up links: {text}")
         for text in dedup:
             self._bad(f"dedup keys: {text}")
+        for text in indexes:
+            self._bad(f"alarm and work indexes: {text}")
 
     def _compare_instance(
         self, index: int, snap: InstanceSnapshot, inst: _Instance, final: bool

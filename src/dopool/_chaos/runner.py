@@ -53,6 +53,7 @@ from dopool._handles.pool import WorkerPool
 from dopool._handles.tools import ToolRuntime
 from dopool._machine.invariants import (
     dedup_violations,
+    index_violations,
     link_violations,
     read_dedup_tally,
     read_links,
@@ -461,8 +462,9 @@ class Runner(Calls):
         with self.runtime.committed() as txn:
             links = link_violations(read_links(txn, self.scenario.pools))
             dedup = dedup_violations(read_dedup_tally(txn, self.scenario.pools))
+            indexes = index_violations(txn, self.scenario.pools)
         self.model.catch_up()
-        self.model.compare(snapshots, links=links, dedup=dedup, final=final)
+        self.model.compare(snapshots, links=links, dedup=dedup, indexes=indexes, final=final)
         for pool in self.pools.values():
             for inst in pool.status().instances:
                 meta = snapshots[self._flat(pool.name, inst.index)].meta

@@ -42,7 +42,7 @@ from dopool._machine.types import (
 )
 from dopool._machine.validation import due_time, prepare, prepare_many, with_ttl
 from dopool._pools import FilterOptions, Pool, ScheduleOptions
-from dopool._store.layout import Namespace, follow_ups_to
+from dopool._store.layout import Namespace, follow_ups_to, work_index
 from dopool._types import DeadLetter, EnqueueResult, EventInfo, PoolStatus, ScheduleInfo
 
 if TYPE_CHECKING:
@@ -404,10 +404,9 @@ class WorkerPool(Pool):
 
     def _finished(self) -> bool:
         with self._read() as txn:
-            for ns in self._namespaces:
-                meta = ns.load_meta(txn)
-                if meta.pending or meta.outbox:
-                    return False
+            # An instance with pending events or an outbox has a work index entry.
+            if next(work_index(txn, self.name), None) is not None:
+                return False
             if follow_ups_to(txn, self.name):  # into this pool, from another's outbox
                 return False
         keys = [mailbox.key for mailbox in self._mailboxes]

@@ -35,6 +35,11 @@ And a pool's dedup index against its events (:class:`DedupTally`,
 :func:`broken_dedup`): at most one pending event holds a key, the one its entry
 names, and every entry of an unfinished event names one that is stored.
 
+And the store-wide indexes against the metas (:func:`index_violations`): an instance
+whose alarm slot is set has one alarm index entry, at its due time, and none
+otherwise; one with work (pending events, or follow-ups in its outbox) has one work
+index entry, and none otherwise; no entry names anything else.
+
 :func:`read_instance` reads one instance's state in a read transaction into an
 :class:`InstanceState`; :func:`violations` lists what it breaks. ``dopool check``
 (which walks every record itself and counts keys with :class:`KeyTally`), the
@@ -57,13 +62,17 @@ from dopool._store.layout import (
     Namespace,
     OutboxRecord,
     RecordKind,
+    alarm_index,
     dead_letter_sequence,
     delayed_key_due,
+    parse_alarm_entry,
+    parse_work_entry,
     queue_key_due,
     queue_key_priority,
     queue_key_sequence,
     read_dedup,
     started_event,
+    work_index,
 )
 from dopool._store.txn import Txn
 
@@ -462,6 +471,50 @@ def read_dedup_tally(txn: Txn, pools: dict[str, int]) -> DedupTally:
                         continue  # reported as damaged; it never runs
                     tally.add_event(pool, index, key, None if event is None else event.dedup_key)
     return tally
+
+
+def index_violations(txn: Txn, pools: dict[str, int]) -> list[str]:
+    """The alarm and work indexes against the metas of ``pools`` (name -> concurrency),
+    in ``txn``, as lines naming the instance; entries of other pools are not judged. A
+    damaged meta is passed over (its instance cannot run: reported as damaged)."""
+    broken: list[str] = []
+    alarms: dict[tuple[str, int], list[float]] = {}
+    for key in alarm_index(txn):
+        entry = parse_alarm_entry(key)
+        if entry is None:
+            broken.append(f"the alarm index holds {key!r}, which names no instance")
+        elif entry[1] in pools:
+            alarms.setdefault(entry[1:], []).append(entry[0])
+    work: set[tuple[str, int]] = set()
+    for key in work_index(txn):
+        named = parse_work_entry(key)
+        if named is None:
+            broken.append(f"the work index holds {key!r}, which names no instance")
+        elif named[0] in pools:
+            work.add(named)
+    for pool, concurrency in pools.items():
+        for index in range(concurrency):
+            held = alarms.pop((pool, index), [])
+            indexed = (pool, index) in work
+            work.discard((pool, index))
+            try:
+                meta = Namespace(pool, index).load_meta(txn)
+            except DamagedRecordError:
+                continue
+            if held != ([] if meta.alarm is None else [meta.alarm]):
+                broken.append(
+                    f"{pool}:{index}: alarm at {meta.alarm}, the alarm index holds {held}"
+                )
+            if meta.has_work != indexed:
+                broken.append(
+                    f"{pool}:{index}: {meta.pending} pending and {meta.outbox} in the outbox, "
+                    f"the work index {'holds' if indexed else 'lacks'} it"
+                )
+    broken.extend(
+        f"{p}:{i}: the alarm index holds {d}, for no instance" for (p, i), d in alarms.items()
+    )
+    broken.extend(f"{p}:{i}: the work index holds it, for no instance" for p, i in sorted(work))
+    return broken
 
 
 def dedup_violations(tally: DedupTally) -> list[str]:

@@ -26,6 +26,7 @@ from dopool._machine.invariants import (
     broken_dedup,
     broken_invariants,
     broken_links,
+    index_violations,
 )
 from dopool._machine.recurring import cron_problem
 from dopool._machine.validation import check_pool_name
@@ -42,9 +43,11 @@ from dopool._store.layout import (
     is_format_key,
     mark_source,
     open_sealed,
+    parse_alarm_entry,
     parse_dedup_key,
     parse_instance_key,
     parse_lease_key,
+    parse_work_entry,
     pool_name_of,
     presence_owner,
     queue_key_sequence,
@@ -121,6 +124,7 @@ def check_store(txn: Txn) -> CheckReport:
     records = 0
     leases: dict[tuple[str, int], bytes] = {}
     expiries: set[bytes] = set()  # the dedup expiry keys
+    index_pools: dict[str, bytes] = {}  # each pool the indexes name: an entry's key
     for key, value in txn.cursor():
         records += 1
         parsed = parse_instance_key(key)
@@ -145,6 +149,10 @@ def check_store(txn: Txn) -> CheckReport:
                 _check_owner(read_lease(key, value).owner, key, problems)
             elif presence_owner(key) is not None:
                 read_presence(key, value)
+            elif (named := _index_entry_pool(key)) is not None:
+                index_pools.setdefault(named, key)
+                if value:  # an index entry's key is all of it
+                    problems.append(Problem(None, key, "an index entry holds a value"))
             elif (name := pool_name_of(key)) is not None:
                 _check_pool_name(name, key, problems)
                 pools[name] = 0  # until read: a damaged record is reported as that alone
@@ -174,7 +182,22 @@ def check_store(txn: Txn) -> CheckReport:
         if pool not in pools or 0 < pools[pool] <= index
     )
     known = {name: count for name, count in sorted(pools.items()) if count}
+    problems.extend(Problem(None, None, what) for what in index_violations(txn, known))
+    problems.extend(
+        Problem(None, key, f"an index entry of pool {pool!r}, which has no pool record")
+        for pool, key in sorted(index_pools.items())
+        if pool not in pools
+    )
     return CheckReport(version, records, known, len(instances), problems)
+
+
+def _index_entry_pool(key: bytes) -> str | None:
+    """The pool an alarm or work index entry names; None if ``key`` is neither."""
+    alarm = parse_alarm_entry(key)
+    if alarm is not None:
+        return alarm[1]
+    work = parse_work_entry(key)
+    return None if work is None else work[0]
 
 
 def _check_owner(owner: str, key: bytes, problems: list[Problem]) -> None:

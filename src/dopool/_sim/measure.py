@@ -10,7 +10,7 @@ from dopool._engine.messages import Reply
 from dopool._errors import DopoolError, QueueFullError
 from dopool._handles.pool import WorkerPool
 from dopool._handles.tools import ToolRuntime
-from dopool._machine.invariants import read_instance, violations
+from dopool._machine.invariants import index_violations, read_instance, violations
 from dopool._sim.columns import Key, Numbers, Steps, Times, differences, put
 from dopool._sim.latency import Latency
 from dopool._sim.metrics import (
@@ -475,8 +475,9 @@ def _no_loss(
 def _store_checks(
     runtime: ToolRuntime, pool: WorkerPool, collector: Collector
 ) -> tuple[int, list[str]]:
-    """Guarantee 4 (counters, docs/guarantees.md) from the store, and the event stream
-    agreeing; returns the follow-ups still in the pool's outboxes, and the problems."""
+    """Guarantee 4 (counters, docs/guarantees.md) from the store, its alarm and work
+    indexes, and the event stream agreeing; returns the follow-ups still in the pool's
+    outboxes, and the problems."""
     problems: list[str] = []
     outbox = 0
     with runtime.committed() as txn:
@@ -489,4 +490,5 @@ def _store_checks(
                 problems.append(
                     f"{state.name}: events say {track.depth} pending, store {state.meta.pending}"
                 )
+        problems.extend(index_violations(txn, {pool.name: pool.concurrency}))
     return outbox, problems

@@ -39,6 +39,7 @@ from dopool._store.layout.keys import (
     DedupKey,
     InstanceKey,
     RecordKind,
+    alarm_entry_key,
     dead_letter_sequence,
     decode_due,
     dedup_name,
@@ -53,9 +54,11 @@ from dopool._store.layout.keys import (
     lease_key,
     mark_source,
     outbox_sequence,
+    parse_alarm_entry,
     parse_dedup_key,
     parse_instance_key,
     parse_lease_key,
+    parse_work_entry,
     pool_key,
     pool_name_of,
     presence_owner,
@@ -65,6 +68,7 @@ from dopool._store.layout.keys import (
     schedule_name,
     started_event,
     valid_owner,
+    work_entry_key,
 )
 from dopool._store.layout.leases import (
     LeaseRecord,
@@ -95,10 +99,12 @@ from dopool._store.layout.limits import (
 from dopool._store.layout.migrate import migrate_store
 from dopool._store.layout.namespace import (
     Namespace,
+    alarm_index,
     follow_ups_to,
     get_pool,
     pool_records,
     put_pool,
+    work_index,
 )
 from dopool._store.layout.records import (
     DeadRecord,
@@ -160,6 +166,8 @@ __all__ = [
     "RecordKind",
     "ScheduleBook",
     "ScheduleRecord",
+    "alarm_entry_key",
+    "alarm_index",
     "all_leases",
     "all_presences",
     "damaged",
@@ -189,9 +197,11 @@ __all__ = [
     "open_sealed",
     "outbox_sequence",
     "pack",
+    "parse_alarm_entry",
     "parse_dedup_key",
     "parse_instance_key",
     "parse_lease_key",
+    "parse_work_entry",
     "pool_key",
     "pool_name_of",
     "pool_records",
@@ -228,4 +238,6 @@ __all__ = [
     "started_event",
     "unpack",
     "valid_owner",
+    "work_entry_key",
+    "work_index",
 ]

@@ -26,6 +26,10 @@ Keys (all integers big-endian, so LMDB's byte order is numeric order)::
     E <pool> \\0 <finished:8> <name>      a finished dedup key's expiry, by finish time
     L <pool> \\0 <index:4>                an instance's lease: the worker serving it
     W <owner>                             a live worker's presence (its owner id)
+    A <due:8> <pool> \\0 <index:8>        the alarm index: an instance whose alarm slot
+                                          is set, by due time, store-wide
+    U <pool> \\0 <index:8>                the work index: an instance with pending events
+                                          or follow-ups in its outbox
 
 ``rank`` is ``2**31 - 1 - priority`` and ``due`` a float's order-preserving
 encoding (:func:`encode_due`), so the first queue key under an instance's prefix is
@@ -79,6 +83,8 @@ _DEDUP_PREFIX = b"K"  # a pool's dedup index: one entry per key
 _EXPIRY_PREFIX = b"E"  # a pool's finished dedup keys, by finish time
 _LEASE_PREFIX = b"L"  # an instance's lease
 _PRESENCE_PREFIX = b"W"  # a worker's presence
+_ALARM_PREFIX = b"A"  # the alarm index: an entry per instance whose alarm slot is set
+_WORK_PREFIX = b"U"  # the work index: an entry per instance with work (unfinished)
 _DIGEST = 16  # the bytes of a long dedup key's digest
 _DIGESTED = b"\xff"  # the first byte of a digested name: never in UTF-8
 #: The longest dedup key, in UTF-8 bytes, that names its index entry as it is.
@@ -411,6 +417,59 @@ def parse_lease_key(key: bytes) -> tuple[str, int] | None:
     if not POOL_NAME.fullmatch(name):
         return None
     return name, _U32.unpack(index)[0]
+
+
+# -- the store-wide indexes of alarms and work ----------------------------------------
+# Their entries hold nothing (b""): the key is the entry. A meta's save keeps them
+# (``Namespace.save_meta``), in the transaction that changes the meta.
+
+
+def alarm_entry_key(due: float, pool: str, index: int) -> bytes:
+    """The alarm index's entry for instance ``index`` of ``pool``, whose alarm is ``due``."""
+    return _ALARM_PREFIX + _U64.pack(encode_due(due)) + pool.encode() + b"\0" + _U64.pack(index)
+
+
+def alarm_index_prefix() -> bytes:
+    """The prefix every alarm index entry starts with: the first one is the earliest due."""
+    return _ALARM_PREFIX
+
+
+def parse_alarm_entry(key: bytes) -> tuple[float, str, int] | None:
+    """The ``(due, pool, index)`` an alarm index entry names; None if ``key`` is not one."""
+    if key[:1] != _ALARM_PREFIX or len(key) < 1 + 8 + 1 + 1 + 8:
+        return None
+    named = _entry_instance(key[9:])
+    if named is None:
+        return None
+    return decode_due(_U64.unpack_from(key, 1)[0]), *named
+
+
+def work_entry_key(pool: str, index: int) -> bytes:
+    """The work index's entry for instance ``index`` of ``pool``."""
+    return _WORK_PREFIX + pool.encode() + b"\0" + _U64.pack(index)
+
+
+def work_index_prefix(pool: str | None = None) -> bytes:
+    """The prefix of the work index's entries: ``pool``'s, or every pool's."""
+    return _WORK_PREFIX if pool is None else _WORK_PREFIX + pool.encode() + b"\0"
+
+
+def parse_work_entry(key: bytes) -> tuple[str, int] | None:
+    """The ``(pool, index)`` a work index entry names; None if ``key`` is not one."""
+    if key[:1] != _WORK_PREFIX:
+        return None
+    return _entry_instance(key[1:])
+
+
+def _entry_instance(rest: bytes) -> tuple[str, int] | None:
+    """``<pool> \\0 <index:8>``, as the index entries end, parsed."""
+    pool, nul, index = rest.partition(b"\0")
+    if not nul or len(index) != _U64.size:
+        return None
+    name = pool.decode("ascii", errors="replace")
+    if not POOL_NAME.fullmatch(name):
+        return None
+    return name, _U64.unpack(index)[0]
 
 
 def valid_owner(owner: str) -> bool:

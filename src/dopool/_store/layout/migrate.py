@@ -45,6 +45,11 @@ Format 6 → 7: a pool may hold recurring schedules, and a follow-up may be dela
 - each outbox entry gains a last field, ``due`` (nil: due when delivered), sealed
   again under its key.
 
+Format 7 → 8: the store keeps two indexes of its instances, store-wide (an alarm
+index by due time, and a work index of the instances with pending events or
+follow-ups in their outbox): each instance's entries are written from its meta, which
+does not change. A damaged meta gets none (its instance cannot run).
+
 A record that fails the older format's checks is not rewritten (a record that moves
 to a new key moves with its bytes as found): the new format's checks then find it
 damaged, as the old ones would have. The caller commits the transaction, or rolls it
@@ -62,9 +67,11 @@ from dopool._store.layout.keys import (
     FORMAT_KEY,
     RecordKind,
     _mark_suffix,
+    alarm_entry_key,
     format_1_mark,
     format_2_queue_key,
     parse_instance_key,
+    work_entry_key,
 )
 from dopool._store.layout.namespace import Namespace
 from dopool._store.layout.records import (
@@ -82,6 +89,7 @@ from dopool._store.layout.records import (
     open_sealed,
     pack,
     read_link,
+    read_meta,
     seal,
     seal_format,
     seal_link,
@@ -97,13 +105,14 @@ _OUTBOX_LAYOUT_1: Layout = _OUTBOX_LAYOUT_6[1:]  # no "pool"
 
 
 def migrate_store(txn: Txn, found: int) -> int:
-    """Rewrite a store of format ``found`` (1 to 6) in ``txn`` as this format; how many
-    records changed (format 5 to 6 changes none but the format record)."""
+    """Rewrite a store of format ``found`` (1 to 7) in ``txn`` as this format; how many
+    records changed or were added (format 5 to 6 changes none but the format record)."""
     changed = _from_1(txn) if found == 1 else 0
     changed += _from_2(txn) if found <= 2 else 0
     changed += _from_3(txn) if found <= 3 else 0
     changed += _from_4(txn) if found <= 4 else 0
-    changed += _from_6(txn)
+    changed += _from_6(txn) if found <= 6 else 0
+    changed += _from_7(txn)
     txn.put(FORMAT_KEY, seal_format(FORMAT_KEY))
     return changed
 
@@ -297,3 +306,26 @@ _LAYOUTS_6: dict[RecordKind, Layout] = {
     RecordKind.META: _META_LAYOUT_6,
     RecordKind.OUTBOX: _OUTBOX_LAYOUT_6,
 }
+
+
+# -- format 7 to 8 ------------------------------------------------------------------------
+
+
+def _from_7(txn: Txn) -> int:
+    """Write every instance's alarm and work index entries from its meta; how many."""
+    written = 0
+    for key in _instance_keys(txn):
+        parsed = parse_instance_key(key)
+        if parsed is None or parsed.kind is not RecordKind.META:
+            continue
+        try:
+            meta = read_meta(key, txn.get(key))
+        except DamagedRecordError:
+            continue  # no entries: its instance cannot run (dopool check reports it)
+        if meta.alarm is not None:
+            txn.put(alarm_entry_key(meta.alarm, parsed.pool, parsed.instance), b"")
+            written += 1
+        if meta.has_work:
+            txn.put(work_entry_key(parsed.pool, parsed.instance), b"")
+            written += 1
+    return written

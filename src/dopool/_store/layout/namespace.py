@@ -29,12 +29,17 @@ from dopool._store.layout.keys import (
     _mark_source,
     _mark_suffix,
     _valid_suffix,
+    alarm_entry_key,
+    alarm_index_prefix,
     dead_letter_sequence,
     decode_due,
     encode_due,
     outbox_sequence,
+    parse_work_entry,
     pool_key,
     pool_name_of,
+    work_entry_key,
+    work_index_prefix,
 )
 from dopool._store.layout.limits import PRIORITY_MAX
 from dopool._store.layout.records import (
@@ -95,10 +100,13 @@ class Namespace:
         "_queue",
         "_seen",
         "_wait",
+        "index",
+        "pool",
         "prefix",
     )
 
     def __init__(self, pool: str, index: int) -> None:
+        self.pool, self.index = pool, index
         self.prefix = _INSTANCE_PREFIX + f"{pool}:{index}".encode() + b"\0"
         self._meta = self.prefix + _META_TAG
         self._queue = self.prefix + _QUEUE_TAG
@@ -135,9 +143,25 @@ class Namespace:
         return read_meta(self._meta, raw)
 
     def save_meta(self, txn: Txn, meta: Meta) -> bytes:
-        """Store ``meta``; returns the bytes stored."""
+        """Store ``meta``, and its entries in the store's alarm and work indexes where they
+        changed (in the same transaction); returns the bytes stored."""
         raw = seal_meta(self._meta, meta)
         txn.put(self._meta, raw)
+        alarm = meta.alarm
+        if alarm != meta.indexed_alarm:
+            if meta.indexed_alarm is not None:
+                txn.delete(alarm_entry_key(meta.indexed_alarm, self.pool, self.index))
+            if alarm is not None:
+                txn.put(alarm_entry_key(alarm, self.pool, self.index), b"")
+            meta.indexed_alarm = alarm
+        work = meta.pending > 0 or meta.outbox > 0  # (Meta.has_work, without the call)
+        if work != meta.indexed_work:
+            entry = work_entry_key(self.pool, self.index)
+            if work:
+                txn.put(entry, b"")
+            else:
+                txn.delete(entry)
+            meta.indexed_work = work
         return raw
 
     # -- queue --------------------------------------------------------------
@@ -467,30 +491,40 @@ def follow_ups_to(txn: Txn, pool: str) -> dict[str, int]:
     """The follow-ups for ``pool`` still in an outbox: how many each instance of the
     store holds, by instance id (none listed for an instance that holds none).
 
-    Every stored pool's instances are read, defined in this runtime or not: what
-    their outboxes hold for ``pool`` was routed by its stored concurrency. A damaged
-    pool record, meta or outbox entry is passed over (its pool cannot be defined,
-    its instance cannot run, its entry names no pool): ``dopool check`` reports it.
+    Only the instances the work index names are read (one with follow-ups in its outbox
+    has work), whatever their pool, defined in this runtime or not. A damaged meta or
+    outbox entry is passed over (its instance cannot run, its entry names no pool):
+    ``dopool check`` reports it.
     """
     held: dict[str, int] = {}
-    for key, raw in _iter_prefix(txn, _POOL_PREFIX):
-        name = pool_name_of(key)
+    for key in work_index(txn):
+        named = parse_work_entry(key)
+        if named is None:
+            continue  # no entry of the layout: dopool check reports it
+        name, index = named
+        namespace = Namespace(name, index)
         try:
-            concurrency = read_pool(key, raw)
+            if not namespace.load_meta(txn).outbox:
+                continue
         except DamagedRecordError:
             continue
-        for index in range(concurrency if name is not None else 0):
-            namespace = Namespace(str(name), index)
-            try:
-                if not namespace.load_meta(txn).outbox:
-                    continue
-            except DamagedRecordError:
-                continue
-            count = sum(
-                1
-                for _, record in namespace.iter_outbox(txn)
-                if isinstance(record, OutboxRecord) and record.pool == pool
-            )
-            if count:
-                held[f"{name}:{index}"] = count
+        count = sum(
+            1
+            for _, record in namespace.iter_outbox(txn)
+            if isinstance(record, OutboxRecord) and record.pool == pool
+        )
+        if count:
+            held[f"{name}:{index}"] = count
     return held
+
+
+def alarm_index(txn: Txn) -> Iterator[bytes]:
+    """The alarm index's entries, earliest due first (:func:`.keys.parse_alarm_entry`)."""
+    for key, _ in _iter_prefix(txn, alarm_index_prefix()):
+        yield key
+
+
+def work_index(txn: Txn, pool: str | None = None) -> Iterator[bytes]:
+    """The work index's entries: ``pool``'s, or every pool's (:func:`.keys.parse_work_entry`)."""
+    for key, _ in _iter_prefix(txn, work_index_prefix(pool)):
+        yield key

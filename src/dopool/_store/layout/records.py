@@ -414,6 +414,15 @@ class Meta:
     last_started: float | None = None  # when the current event's last attempt started
     schedules: int = 0  # recurring schedules stored (``r`` keys: instance 0's only)
     next_fire: float | None = None  # the earliest fire time among them (the first ``t`` key)
+    # Not stored in the record: what the store's alarm and work indexes hold for this
+    # instance, as of the meta's load or last save (``Namespace.save_meta`` keeps them).
+    indexed_alarm: float | None = field(default=None, compare=False, repr=False)
+    indexed_work: bool = field(default=False, compare=False, repr=False)
+
+    @property
+    def has_work(self) -> bool:
+        """Whether the instance has pending events or follow-ups not yet delivered."""
+        return self.pending > 0 or self.outbox > 0
 
 
 # The meta record's fields, in stored order. Independent of the dataclass's field
@@ -471,6 +480,8 @@ def seal_meta(key: bytes, meta: Meta) -> bytes:
 def read_meta(key: bytes, value: bytes) -> Meta:
     fields = _laid_out(key, value, _META_LAYOUT)
     meta = Meta(**dict(zip(_META_NAMES, fields, strict=True)))
+    # The indexes agree with the stored meta (every save keeps them so).
+    meta.indexed_alarm, meta.indexed_work = meta.alarm, meta.pending > 0 or meta.outbox > 0
     current = meta.current
     # The started event's queue key: this namespace's queue tag, then rank, due, sequence.
     queue, size = key[:-1] + _QUEUE_TAG, _RANK_DUE_SEQ.size
