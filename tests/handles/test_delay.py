@@ -102,7 +102,7 @@ def test_a_bad_delay_or_not_before_is_refused_and_stores_nothing(
     status = pool.status()
     assert (status.enqueued, status.pending, status.scheduled) == (0, 0, 0)
     with sim._store.read() as txn:
-        assert check_store(txn).records == 3  # the format, the pool, the meta: no event
+        assert check_store(txn).records == 2  # the format, the pool: no event, no meta
 
 
 def test_a_bad_event_with_a_good_delay_stores_nothing(sim: Runtime) -> None:

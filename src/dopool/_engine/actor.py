@@ -338,7 +338,10 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         def body(txn: Txn) -> Meta:
             meta = self._load_meta(txn)
             self._machine.recover(txn, meta, message.restarts, now, effects)
-            self._save_meta(txn, meta)
+            # An instance never used (no meta stored) that its recovery leaves as new
+            # writes nothing: a pool's instances cost no write until they are used.
+            if self._raw is not None or meta != Meta():
+                self._save_meta(txn, meta)
             return meta
 
         meta = self._transact(body)
