@@ -333,7 +333,7 @@ def test_step_times_out_while_an_actor_stays_busy(clock: SimulatedClock) -> None
 def test_activity_is_quiet_when_nothing_was_sent() -> None:
     activity = Activity()
     assert activity.wait_quiet(0)
-    assert not activity.busy(["a"])
+    assert not activity.busy({"a"})
 
 
 def test_activity_counts_messages_per_actor() -> None:
@@ -341,17 +341,30 @@ def test_activity_counts_messages_per_actor() -> None:
     activity.sent("a")
     activity.sent("a")
     activity.sent("b")
-    assert activity.busy(["a"])
-    assert not activity.busy(["c"])
+    assert activity.busy({"a"})
+    assert not activity.busy({"c"})
     assert not activity.wait_quiet(0.01)
     activity.done("a")
     activity.done("b")
-    assert activity.busy(["a", "b"])
-    assert not activity.busy(["b"])
+    assert activity.busy({"a", "b"})
+    assert not activity.busy({"b"})
     assert not activity.wait_quiet(0.01)
     activity.done("a")
     assert activity.wait_quiet(0)
-    assert not activity.busy(["a", "b"])
+    assert not activity.busy({"a", "b"})
+
+
+def test_activity_answers_alike_whichever_side_it_looks_through() -> None:
+    """Many keys and few busy actors, or few keys and many busy actors: the same answer."""
+    activity = Activity()
+    for key in ("a", "b", "c"):
+        activity.sent(key)
+    many = {f"k{i}" for i in range(100)}
+    assert not activity.busy(many)  # looks through the 3 busy actors
+    assert activity.busy(many | {"b"})
+    assert activity.busy({"c"})  # looks through the 1 key
+    assert not activity.busy({"z"})
+    assert not activity.busy(set())
 
 
 def test_activity_counts_several_messages_finished_at_once() -> None:
@@ -360,10 +373,10 @@ def test_activity_counts_several_messages_finished_at_once() -> None:
         activity.sent("a")
     generation = activity.generation
     activity.done("a", 2)  # an actor taking two waiting messages into the one in hand
-    assert activity.busy(["a"])
+    assert activity.busy({"a"})
     assert activity.generation == generation
     activity.done("a")
-    assert not activity.busy(["a"])
+    assert not activity.busy({"a"})
     assert activity.wait_quiet(0)
     assert activity.generation == generation + 1
 
@@ -373,7 +386,7 @@ def test_a_sleeping_actor_is_busy_but_not_active() -> None:
     activity.sent("a")
     activity.sleep_begin("a")
     assert activity.wait_quiet(0)
-    assert activity.busy(["a"])
+    assert activity.busy({"a"})
     activity.sent("a")  # a message queued behind the sleeper keeps it inactive
     assert activity.wait_quiet(0)
     activity.sleep_end("a")

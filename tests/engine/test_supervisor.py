@@ -75,7 +75,7 @@ def test_a_successor_gets_its_first_messages_then_what_waited_in_order() -> None
     assert mailbox.replace(dead.actor_inbox, lambda: _ref(successor), [recover])
 
     assert successor.told == [recover, alarm, pause]
-    assert not clock.activity.busy([KEY])  # each counted once, and done once
+    assert not clock.activity.busy({KEY})  # each counted once, and done once
     assert mailbox.send(Alarm())
     assert len(successor.told) == 4
 
@@ -98,13 +98,13 @@ def test_without_an_actor_engine_messages_are_kept_and_callers_fail_at_once() ->
     with pytest.raises(InstanceCrashedError):
         later_pause.reply.get(timeout=0)
     # Busy for join, but asleep: the clock may be driven to the restart.
-    assert clock.activity.busy([KEY])
+    assert clock.activity.busy({KEY})
     assert clock.activity.wait_quiet(timeout=0)
 
     successor = _Ref(clock.activity)
     assert mailbox.reattach(lambda: _ref(successor))
     assert successor.told == [recover, waiting_alarm, later_alarm]
-    assert not clock.activity.busy([KEY])
+    assert not clock.activity.busy({KEY})
 
 
 def test_a_closed_mailbox_starts_no_successor_and_answers_what_waited() -> None:
@@ -123,7 +123,7 @@ def test_a_closed_mailbox_starts_no_successor_and_answers_what_waited() -> None:
     assert stop.get(timeout=0) is None
     with pytest.raises(PoolClosedError):
         pause.reply.get(timeout=0)
-    assert not clock.activity.busy([KEY])
+    assert not clock.activity.busy({KEY})
     assert not mailbox.send(Alarm())
 
 
@@ -132,11 +132,11 @@ def test_closing_drops_the_messages_kept_for_a_restart() -> None:
     mailbox, dead = _mailbox(clock)
     mailbox.send(Alarm())
     assert mailbox.replace(dead.actor_inbox, None, [Recover(None, restarts=1)])
-    assert clock.activity.busy([KEY])
+    assert clock.activity.busy({KEY})
 
     mailbox.close()
 
-    assert not clock.activity.busy([KEY])
+    assert not clock.activity.busy({KEY})
     assert not mailbox.reattach(lambda: _ref(_Ref()))
 
 
@@ -242,7 +242,7 @@ def test_closing_cancels_a_waiting_restart() -> None:
 
     assert len(incarnations.refs) == started
     assert supervisor.restart_at is None
-    assert not clock.activity.busy([KEY])
+    assert not clock.activity.busy({KEY})
     with pytest.raises(PoolClosedError):
         supervisor.kill()
 

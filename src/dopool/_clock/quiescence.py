@@ -8,7 +8,7 @@ under a backend that runs the actors itself (greenlets), they run the actors.
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Set
 
 from dopool._clock.threads import Backend, Runner
 
@@ -74,10 +74,17 @@ class Activity:
             if self._pending.get(key, 0):
                 self._active += 1
 
-    def busy(self, keys: Iterable[Hashable]) -> bool:
-        """Whether any of ``keys`` has unfinished messages (sleeping counts as busy)."""
+    def busy(self, keys: Set[Hashable]) -> bool:
+        """Whether any of ``keys`` has unfinished messages (sleeping counts as busy).
+
+        It looks at the fewer of the two: ``keys``, or the actors with messages in hand
+        (a pool of thousands of instances, a few of them busy, costs a few lookups).
+        """
         with self._cond:
-            return any(key in self._pending for key in keys)
+            pending = self._pending
+            if len(keys) <= len(pending):
+                return any(key in pending for key in keys)
+            return any(key in keys for key in pending)
 
     def wait_quiet(self, timeout: float | None = None) -> bool:
         """Block until no actor is active; False if ``timeout`` (wall seconds) ran out.

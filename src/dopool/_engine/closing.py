@@ -50,12 +50,13 @@ class Closing:
         self._activity = activity
         self._finish = finish
         self._done = done
-        self._keys = [mailbox.key for mailbox, _ in stops]
+        self._order = [mailbox.key for mailbox, _ in stops]  # the instances, in order
+        self._keys = frozenset(self._order)
 
     def running(self) -> list[str]:
         """The instances (``pool:index``) still handling a message: a handler, say."""
         busy = self._activity.busy
-        return [key for key in self._keys if busy([key])]
+        return [key for key in self._order if busy({key})]
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until no instance handles a message; False if ``timeout`` (seconds) ran out."""

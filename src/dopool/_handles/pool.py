@@ -73,6 +73,7 @@ class WorkerPool(Pool):
         self._schema = spec.options.schema
         self._instances = instances
         self._mailboxes = instances.mailboxes
+        self._keys = frozenset(mailbox.key for mailbox in self._mailboxes)  # what join asks
         self._router = instances.router
         self._calls = Calls(context, instances)
         self._read = partial(context.read_open, spec.name)  # PoolClosedError once closed
@@ -409,8 +410,7 @@ class WorkerPool(Pool):
                 return False
             if follow_ups_to(txn, self.name):  # into this pool, from another's outbox
                 return False
-        keys = [mailbox.key for mailbox in self._mailboxes]
-        return not self._context.clock.activity.busy(keys)
+        return not self._context.clock.activity.busy(self._keys)
 
     def _refuse_own_instance(self, index: int | None) -> None:
         """Refuse a call from a handler that would wait on that handler's own instance.

@@ -413,7 +413,7 @@ class Runtime:
         # Not under the lock: a handler still finishing may call into the runtime.
         # A handler asleep in virtual time finishes only if the clock moves; one still
         # running past the deadline is abandoned below.
-        keys = [mailbox.key for mailbox, _ in closing]
+        keys = frozenset(mailbox.key for mailbox, _ in closing)
         self.clock.drive_while(lambda: self.clock.activity.busy(keys), deadline)
         stops = [
             (mailbox, None if ref is None else ref.stop(block=False)) for mailbox, ref in closing
