@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from activation import activate
 from dopool import (
     ConfigurationError,
     DeadlockError,
@@ -231,6 +232,7 @@ def test_a_subscriber_acting_for_a_nested_instance_is_part_of_the_cycle(
     with Runtime(tmp_path / "store") as runtime:
         pools["w"] = runtime.define("w", execute=w_handler)
         pools["x"] = runtime.define("x", execute=lambda ctx: None)
+        activate(pools["x"])  # running: w's handler enqueues into it directly
         pools["y"] = runtime.define("y", execute=y_handler)
         runtime.subscribe(subscriber)
         pools["w"].enqueue("start")

@@ -18,6 +18,7 @@ from typing import Any, TypeVar, cast
 import pytest
 from pykka.messages import _ActorStop
 
+from activation import activate
 from dopool import (
     ConfigurationError,
     DopoolError,
@@ -128,6 +129,7 @@ def test_an_enqueue_on_an_idle_instance_starts_its_event_in_the_same_commit(
     with Runtime(tmp_path / "store") as runtime:
         runtime.subscribe(lambda event: seen.append((event, threading.current_thread())))
         pool = runtime.define("p", execute=blocked)
+        activate(pool)  # running: a caller enqueues directly
 
         try:
             result = pool.enqueue("x")
@@ -300,6 +302,7 @@ def test_an_attempt_started_while_the_runtime_closes_runs_before_the_actor_stops
     executed: list[Any] = []
     runtime = Runtime(path)
     pool = runtime.define("p", execute=lambda ctx: executed.append(ctx.event))
+    activate(pool)  # running: a caller enqueues directly
     caller = threading.current_thread()
     closer = threading.Thread(target=runtime.close)
 
@@ -320,6 +323,7 @@ def test_an_attempt_started_while_the_runtime_closes_runs_before_the_actor_stops
     monkeypatch.undo()
     with Runtime(path) as again:
         pool = again.define("p", execute=noop)
+        activate(pool)  # running: a caller enqueues directly
         status = pool.status()
     assert (status.enqueued, status.succeeded, status.dead_lettered, status.pending) == (1, 1, 0, 0)
 
@@ -399,7 +403,7 @@ def test_close_returns_when_a_killed_instance_crashes_while_it_waits(tmp_path: P
     pool.enqueue("x")
     assert running.wait(TIMEOUT)
     runtime.kill("p", 0)  # crashes when the handler returns
-    ref = pool._mailboxes[0]._ref
+    ref = pool._instances.cells[0].mailbox._ref
     assert ref is not None
     inbox = cast(Inbox, ref.actor_inbox)  # the instance's own (see InstanceActor)
     closer = threading.Thread(target=runtime.close, daemon=True)
@@ -435,11 +439,12 @@ def test_an_enqueue_before_the_restarted_instance_recovered_waits_for_the_recove
     with Runtime(tmp_path / "store") as runtime:
         runtime.subscribe(seen.append)
         pool = runtime.define("p", execute=noop)
+        activate(pool)  # running: a caller enqueues directly
         runtime.kill("p", 0)
         with ThreadPoolExecutor(1) as executor:
             try:
                 assert recovering.wait(TIMEOUT)  # the successor is in place, not recovered
-                turn = pool._direct[0]._memory.turn
+                turn = pool._direct_to(0)._memory.turn
                 turn.acquire()  # once the dead incarnation has let go of it,
                 turn.release()  # the turn is free, and the kill flag is the successor's
                 enqueue = executor.submit(pool.enqueue, "x")
@@ -610,6 +615,7 @@ def test_a_subscriber_enqueuing_to_the_publishing_instance_is_refused_not_deadlo
     sim: Runtime,
 ) -> None:
     pool = sim.define("p", execute=noop)
+    activate(pool)  # running: a caller enqueues directly
     running_in_subscriber: list[tuple[str, int] | None] = []
     refused: list[Exception] = []
 
@@ -626,7 +632,7 @@ def test_a_subscriber_enqueuing_to_the_publishing_instance_is_refused_not_deadlo
     try:
         result = call_with_timeout(lambda: pool.enqueue("x"))
     except TimeoutError:
-        pool._direct[0]._memory.turn.release()  # unblock the actor, so the runtime can close
+        pool._direct_to(0)._memory.turn.release()  # unblock the actor, so the runtime can close
         pytest.fail("a subscriber's enqueue to the publishing instance deadlocked")
 
     assert result.sequence == 0
@@ -640,7 +646,9 @@ def test_a_subscriber_enqueuing_to_the_publishing_instance_is_refused_not_deadlo
 
 def test_a_subscriber_may_enqueue_to_another_pool_during_a_direct_publish(sim: Runtime) -> None:
     first = sim.define("p", execute=noop)
+    activate(first)  # running: a caller enqueues directly
     other = sim.define("q", execute=noop)
+    activate(other)  # running: a caller enqueues directly
     running: list[tuple[str, int] | None] = []
 
     def subscriber(event: PoolEvent) -> None:
@@ -663,7 +671,7 @@ def test_a_rolled_back_transaction_leaves_the_stored_meta_to_the_next_one(sim: R
     pool = sim.define("p", execute=noop)
     pool.pause()
     pool.enqueue("first")
-    instance = pool._direct[0]
+    instance = pool._direct_to(0)
     memory = instance._memory
 
     def stored() -> Meta:
@@ -713,7 +721,7 @@ def test_the_enqueues_waiting_behind_a_handler_share_its_outcome_and_nothing_ove
         pool.enqueue("first")
         assert first.running.wait(TIMEOUT)
         monkeypatch.setattr(QueueMachine, "accept", counted)
-        ref = pool._mailboxes[0]._ref
+        ref = pool._instances.cells[0].mailbox._ref
         assert ref is not None
         inbox = cast(Inbox, ref.actor_inbox)  # the instance's own (see InstanceActor)
 

@@ -163,7 +163,8 @@ def _supervised() -> tuple[Supervisor, _Incarnations, SimulatedClock]:
     clock = SimulatedClock()
     incarnations = _Incarnations(clock.activity)
     supervisor = Supervisor(Mailbox("p", 0, KEY, clock.activity), clock, incarnations)
-    supervisor.start()
+    supervisor.activate()
+    supervisor.recovered(0)  # as the actor's first recovery commits
     return supervisor, incarnations, clock
 
 

@@ -39,10 +39,10 @@ from dopool import (
     StoreFormatError,
     StoreNotFoundError,
 )
-from dopool._engine.shell import InstanceMemory
+from dopool._engine.memory import InstanceMemory
 from dopool._engine.wakeups import WAKE_SOCKET, StoreWatcher
 from dopool._ops.storeview import open_view
-from dopool._store.layout import FORMAT_VERSION, Namespace
+from dopool._store.layout import FORMAT_VERSION
 
 CHILD = Path(__file__).parents[1] / "support" / "_connect_child.py"
 FIXTURES = Path(__file__).parents[1] / "support" / "fixtures"
@@ -360,11 +360,37 @@ class _Mailbox:
         return not self.vacant
 
 
+class _Cell:
+    def __init__(self, mailbox: _Mailbox, memory: InstanceMemory) -> None:
+        self.mailbox = mailbox
+        self.memory = memory
+
+
+class _Cells:
+    """A pool of one instance, already running, as the watcher sees its cells."""
+
+    name = "orders"
+    on_demand = True
+
+    def __init__(self, mailbox: _Mailbox, memory: InstanceMemory) -> None:
+        self._cell = _Cell(mailbox, memory)
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> _Cell:
+        assert index == 0
+        return self._cell
+
+    def get(self, index: int) -> _Cell | None:
+        return self._cell if index == 0 else None
+
+
 def test_wake_ups_send_one_alarm_until_the_actor_takes_it(tmp_path: Path) -> None:
     watcher = StoreWatcher(tmp_path, 3600, _NoStore())
     try:
         mailbox, memory = _Mailbox(), InstanceMemory()
-        watcher.watch("orders", [Namespace("orders", 0)], [memory], [mailbox])  # type: ignore[list-item]
+        watcher.watch("orders", _Cells(mailbox, memory))  # type: ignore[arg-type]
         for _ in range(3):
             watcher._wake("orders", 0)  # datagrams, or polls, while the alarm waits
         assert mailbox.alarms == 1
@@ -384,7 +410,7 @@ def test_a_wake_up_no_actor_took_holds_back_no_later_one(tmp_path: Path) -> None
     watcher = StoreWatcher(tmp_path, 3600, _NoStore())
     try:
         mailbox, memory = _Mailbox(vacant=True), InstanceMemory()
-        watcher.watch("orders", [Namespace("orders", 0)], [memory], [mailbox])  # type: ignore[list-item]
+        watcher.watch("orders", _Cells(mailbox, memory))  # type: ignore[arg-type]
         watcher._wake("orders", 0)
         assert not memory.woken
         mailbox.vacant = False  # the lease taken, an actor here

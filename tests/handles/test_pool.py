@@ -699,7 +699,7 @@ def test_on_empty_is_not_called_by_an_idle_alarm(sim: Runtime) -> None:
     assert pool.join(timeout=10)
 
     # Alarm delivery is at-least-once: a redelivered alarm finds nothing to do.
-    pool._mailboxes[0].fire_alarm()
+    pool._instances.cells[0].mailbox.fire_alarm()
     assert pool.join(timeout=10)
 
     assert len(empties) == 1

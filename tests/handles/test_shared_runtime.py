@@ -207,7 +207,9 @@ def test_a_hung_worker_loses_its_leases_and_commits_nothing_more(
     else:
         assert sum(meta.enqueued for meta in _metas(b)) == before + 1
         until(lambda: ("b", late.instance_index, late.sequence) in ran.log, "b running it")
-    until(lambda: a.pools["jobs"]._mailboxes[0].closed, "a's instance stopping")
+    # The instance the enqueue reached stops there (its transaction fenced off).
+    index = a.pools["jobs"]._instances.router.choose("x")
+    until(lambda: a.pools["jobs"]._instances.cells[index].mailbox.closed, "a's instance stopping")
 
 
 def test_an_instance_whose_lease_names_another_worker_commits_nothing(
@@ -229,7 +231,7 @@ def test_an_instance_whose_lease_names_another_worker_commits_nothing(
         assert record is not None
         put_lease(txn, "jobs", index, record._replace(owner="someone-else", epoch=9))
     go.set()  # the handler returns: its outcome's transaction is fenced off
-    until(lambda: pool._mailboxes[index].closed, "the instance stopping")
+    until(lambda: pool._instances.cells[index].mailbox.closed, "the instance stopping")
     # Vacant here now: an enqueue is stored as a producer's, for the lease's holder.
     second = pool.enqueue({"second": True}, partition_key="p")
     assert second.instance_index == index
@@ -446,7 +448,7 @@ def test_a_lease_retaken_while_define_starts_its_instance_loses_that_instance_al
     runtime = Runtime(store_path, shared=True, lease_ttl=30.0)
     opened.append(runtime)
     pool = runtime.define("jobs", execute=ran.handler("a"), concurrency=4)
-    until(lambda: pool._mailboxes[1].closed, "instance 1 stopping")
+    until(lambda: pool._instances.cells[1].mailbox.closed, "instance 1 stopping")
     with runtime._store.read() as txn:
         assert [Namespace("jobs", i).load_meta(txn).restarts for i in range(4)] == [0] * 4
     results = [pool.enqueue({"n": n}) for n in range(12)]

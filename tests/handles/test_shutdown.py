@@ -103,7 +103,7 @@ def test_a_closing_runtime_starts_nothing_for_an_alarm_queued_behind_a_handler(
     assert isinstance(clock, SimulatedClock)
     clock.advance(0)  # "a" starts, and sleeps until t=5
     assert started == ["a"]
-    pool._mailboxes[0].fire_alarm()  # an alarm now waits behind the sleeping handler
+    pool._instances.cells[0].mailbox.fire_alarm()  # an alarm now waits behind the sleeping handler
     runtime.close()  # drives the clock until "a" finishes
     assert started == ["a"]
     with Runtime.simulated(store_path, seed=0, backend=backend) as again:

@@ -1607,6 +1607,8 @@ def test_define_survives_a_crash_in_its_first_recovery(tmp_path: Path) -> None:
         < 0.5
         <= uniform_draw(s, "first", 0, "storage_error", 2)
     )
+    with Runtime(tmp_path, clock=SimulatedClock(), seed=0) as first:  # so define recovers it
+        first.define("first", execute=lambda ctx: None).enqueue("left", delay=1)
     plan = FaultPlan(seed=seed, storage_error=0.5)
     with Runtime(tmp_path, clock=SimulatedClock(), seed=0, faults=plan) as runtime:
         crashes: list[PoolEvent] = []

@@ -33,7 +33,7 @@ from dopool._machine.machine import QueueMachine
 from dopool._machine.types import Effects, Item
 from dopool._ops.check import check_store
 from dopool._store.environment import Store
-from dopool._store.layout import DedupIndex, Meta, pack, read_dedup, seal
+from dopool._store.layout import DedupIndex, Meta, Namespace, pack, read_dedup, seal
 from dopool._store.layout.keys import expiry_prefix
 from dopool.chaos import FaultInjector
 
@@ -427,7 +427,7 @@ def test_an_entry_naming_a_damaged_event_is_claimed_anew(sim: Runtime) -> None:
     pool, log = define(sim)
     pool.pause()
     first = pool.enqueue("a", dedup_key="k")
-    ns = pool._namespaces[0]
+    ns = Namespace(pool.name, 0)
     with sim._store.write() as txn:
         [key] = list(ns.iter_event_keys(txn))
         txn.put(key, b"\0\0\0\0garbage")
@@ -474,7 +474,7 @@ def test_check_reports_an_index_that_disagrees_with_the_events(sim: Runtime) -> 
     pool.pause()
     pool.enqueue("a", dedup_key="lost")
     pool.enqueue("b", dedup_key="unindexed")
-    ns = pool._namespaces[0]
+    ns = Namespace(pool.name, 0)
     index = DedupIndex("p")
     with sim._store.write() as txn:
         first = next(iter(ns.iter_event_keys(txn)))

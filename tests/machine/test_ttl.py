@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from activation import activate
 from cli_support import invoke
 from dopool import (
     DeadLetter,
@@ -151,6 +152,7 @@ def test_a_ttl_expires_in_real_time(store_path: Path) -> None:
 
     with Runtime(store_path) as runtime:
         pool = runtime.define("p", execute=handle)
+        activate(pool)  # running: the caller stores "short" while "blocker" starts
         pool.enqueue("blocker")
         pool.enqueue("short", ttl=0.02)
         assert pool.join(timeout=10)

@@ -20,8 +20,10 @@ from typing import Any, cast
 import pykka
 
 from dopool._clock.threads import Future, Inbox
+from dopool._engine.cells import Cell
 from dopool._engine.context import EventContext
 from dopool._engine.mailbox import Mailbox, fail_reply
+from dopool._engine.memory import UNTOLD
 from dopool._engine.messages import (
     Alarm,
     Control,
@@ -34,14 +36,7 @@ from dopool._engine.messages import (
     Redeliver,
     Resend,
 )
-from dopool._engine.shell import (
-    UNTOLD,
-    Crash,
-    InstanceEnv,
-    InstanceShell,
-    PoolSpec,
-    UndecodableEventError,
-)
+from dopool._engine.shell import Crash, InstanceEnv, InstanceShell, PoolSpec, UndecodableEventError
 from dopool._engine.supervisor import KillFlag
 from dopool._errors import (
     DamagedRecordError,
@@ -66,8 +61,8 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
     # runtime's actors would keep it alive forever; atexit closes the runtime instead.
     use_daemon_thread = True
 
-    def __init__(self, spec: PoolSpec, index: int, env: InstanceEnv, kill: KillFlag) -> None:
-        InstanceShell.__init__(self, spec, index, env)  # first: the inbox is its clock's
+    def __init__(self, spec: PoolSpec, cell: Cell, env: InstanceEnv, kill: KillFlag) -> None:
+        InstanceShell.__init__(self, spec, cell, env)  # first: the inbox is its clock's
         pykka.ThreadingActor.__init__(self)
         self._kill = kill  # this incarnation's: a successor gets a fresh one
         self._inbox = cast(Inbox, self.actor_inbox)  # see _create_actor_inbox

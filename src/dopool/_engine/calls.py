@@ -20,12 +20,12 @@ from dopool._errors import InstanceCrashedError
 class Calls:
     """How :class:`~dopool._handles.pool.WorkerPool` calls its instances and waits for them."""
 
-    __slots__ = ("_context", "_instances", "_mailboxes", "_name")
+    __slots__ = ("_cells", "_context", "_instances", "_name")
 
     def __init__(self, context: PoolContext, instances: Instances) -> None:
         self._context = context
         self._instances = instances
-        self._mailboxes = instances.mailboxes
+        self._cells = instances.cells
         self._name = instances.name
 
     def send_each(self, messages: list[tuple[int, Callable[[Reply], Any]]]) -> list[Any]:
@@ -55,9 +55,10 @@ class Calls:
         waiters = acting(self._context.in_handler)
         if not waiters:
             return self.wait(self._instances.send(index, message))
-        reply = self._mailboxes[index].reply()
+        mailbox = self._cells[index].mailbox
+        reply = mailbox.reply()
         with self._context.waits.waiting(waiters, (self._name, index), reply):
-            self._mailboxes[index].send(message(reply))
+            mailbox.send(message(reply))
             return self.wait(reply)
 
     def wait(self, future: Reply) -> Any:

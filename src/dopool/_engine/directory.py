@@ -4,8 +4,8 @@ A handler's follow-up may go to another pool of its runtime (``ctx.enqueue(...,
 pool=...)``). Its context finds that pool here when it is called: the pool's
 check validates the event at once, and the pool's router picks the instance when
 the parent's outcome commits. After the commit the source instance finds the
-target's mailboxes here to deliver it, and the target finds the source's to
-acknowledge it.
+target's instances here to deliver it (starting it if it is not running), and the
+target finds the source's to acknowledge it.
 
 A pool is listed once ``define`` has started and recovered its instances, and
 stays listed until the runtime closes. A follow-up whose pool is not listed (the
@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from dopool._clock.clocks import Clock
+from dopool._engine.cells import Cells
 from dopool._engine.mailbox import Mailbox
 from dopool._engine.messages import Resend
 from dopool._engine.options import PoolOptions
@@ -42,7 +43,7 @@ class PoolAddress:
         prepare: checks and encodes an event with the pool's schema and the limits
             (``event, partition_key, priority -> Item``); raises as ``enqueue`` does.
         route: the pool's router: the instance a partition key (or round-robin) picks.
-        mailboxes: its instances' addresses, by index.
+        cells: its instances, by index, each made when first used.
         handle: the :class:`~dopool.WorkerPool` that ``define`` returned for it, weakly:
             what its instances hold must not keep it alive (see :mod:`dopool._handles.tools`).
         options: its options (a follow-up delivered into an instance that another
@@ -52,7 +53,7 @@ class PoolAddress:
     name: str
     prepare: Callable[[Any, str | None, int], Item]
     route: Callable[[str | None], int]
-    mailboxes: Sequence[Mailbox]
+    cells: Cells
     handle: weakref.ref[Pool]
     options: PoolOptions
 

@@ -20,8 +20,8 @@ started here, or while it recovers, is passed over, and the others start.
 An instance not served here is *vacant*: its mailbox has no actor, and a caller's
 message to it fails with :class:`~dopool._errors.NotLeasedError` (an enqueue, pause,
 resume or drain is then made in the store instead, see :mod:`dopool._cluster.remote`). An
-exclusive runtime starts every instance itself; its keeper only writes and renews
-their leases.
+exclusive runtime starts its instances itself, each when first used
+(:mod:`dopool._engine.cells`); its keeper only writes and renews their leases.
 
 After a renewal or a stop that changed what this process serves, or whom a lease
 names, the keeper tells each pool's router actor (:mod:`dopool._engine.router`), which
@@ -35,7 +35,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,28 +45,20 @@ import pykka
 from dopool._clock.clocks import Clock
 from dopool._clock.turn import Turn
 from dopool._cluster.leases import RENEWALS, LeaseBook, Taken, Where, Worker, lease_owner
+from dopool._engine.cells import Cells
 from dopool._engine.messages import Reply
 from dopool._engine.router import Placement
-from dopool._engine.shell import InstanceMemory
-from dopool._engine.supervisor import Supervisor, await_recovery, recover_first, send_recovery
+from dopool._engine.supervisor import Supervisor, await_recovery, send_recovery
 from dopool._engine.wakeups import Notifier, worker_socket
 from dopool._errors import ConfigurationError, NotLeasedError, PoolClosedError
 from dopool._store.environment import Store
-from dopool._store.layout import all_presences
+from dopool._store.layout import all_presences, instances_waiting
 from dopool._store.txn import Txn
 
 logger = logging.getLogger("dopool")
 
 _STOP_WAIT = 3600.0  # seconds a released instance's handler may take to finish
 _SETTLE_EVERY = 0.05  # seconds between two looks at which stopping actors have stopped
-
-
-@dataclass(frozen=True, slots=True)
-class LeasedPool:
-    """A shared runtime's pool, as the keeper starts and stops its instances."""
-
-    supervisors: Sequence[Supervisor]
-    memories: Sequence[InstanceMemory]
 
 
 @dataclass(slots=True)
@@ -104,7 +96,7 @@ class LeaseKeeper:
         self.book = book
         self._store = store
         self._clock = clock
-        self._pools: dict[str, LeasedPool] = {}
+        self._pools: dict[str, Cells] = {}  # a shared runtime's pools, by name
         self._placements: dict[str, Placement] = {}  # each pool's router actor
         self._owners: dict[str, tuple[str | None, ...]] = {}  # as the last renewal read
         self._told: dict[str, tuple[frozenset[int], tuple[str | None, ...]]] = {}
@@ -148,7 +140,7 @@ class LeaseKeeper:
     def add_pool(
         self,
         name: str,
-        pool: LeasedPool | None,
+        pool: Cells | None,
         concurrency: int,
         placement: Placement | None = None,
     ) -> None:
@@ -302,9 +294,9 @@ class LeaseKeeper:
                 if not self._serving:
                     self._release_now(where)
                     continue
-                pool = self._pools[taken.pool]
-                supervisor = pool.supervisors[taken.index]
-                pool.memories[taken.index].forget()
+                cell = self._pools[taken.pool][taken.index]  # made vacant if it was not
+                supervisor = cell.supervisor
+                cell.memory.forget()
                 supervisor.reopen()  # starts the actor
                 logger.info(
                     "took the lease of %s:%d (epoch %d%s)",
@@ -334,7 +326,7 @@ class LeaseKeeper:
             return []
         where = (name, index)
         self._starting.pop(where, None)  # not started yet: it never will be
-        supervisor = pool.supervisors[index]
+        supervisor = pool[index].supervisor
         # Vacant at once: a caller is told another worker serves it, and a follow-up for it
         # is delivered into its namespace (its actor here may still finish a handler).
         ref = supervisor.close(vacant=True)
@@ -454,28 +446,25 @@ def keep_leases(clock: Clock, store: Store, ttl: float, *, shared: bool) -> Leas
 
 
 def serve_pool(
-    keeper: LeaseKeeper | None,
-    name: str,
-    supervisors: Sequence[Supervisor],
-    memories: Sequence[InstanceMemory],
-    placement: Placement,
+    keeper: LeaseKeeper | None, store: Store, cells: Cells, placement: Placement
 ) -> None:
-    """Start a newly defined pool's instances: all of them (an exclusive runtime, whose
-    keeper writes their leases first), or those whose leases a shared one takes; its
-    keeper tells ``placement`` where they are served."""
-    concurrency = len(supervisors)
+    """Serve a newly defined pool: an exclusive runtime's keeper writes its leases, and the
+    instances that left work or an alarm in the store start now (the rest start when
+    first used, :mod:`dopool._engine.cells`); a shared one's keeper starts those whose
+    leases it takes. Either tells ``placement`` where they are served."""
     if keeper is not None and keeper.shared:
-        for supervisor in supervisors:
-            supervisor.vacate()
-        keeper.add_pool(name, LeasedPool(supervisors, memories), concurrency, placement)
+        keeper.add_pool(cells.name, cells, cells.concurrency, placement)
         return
     if keeper is not None:
-        keeper.add_pool(name, None, concurrency, placement)
-    for supervisor in supervisors:
-        supervisor.start()
-    # One instance at a time, so a simulated run's trace is deterministic.
-    for supervisor in supervisors:
-        recover_first(supervisor)
+        keeper.add_pool(cells.name, None, cells.concurrency, placement)
+    with store.read() as txn:
+        waiting = instances_waiting(txn, cells.name)
+    # One instance at a time, in index order, so a simulated run's trace is deterministic.
+    for index in waiting:
+        if index < cells.concurrency:  # (``define`` refused a concurrency that strands work)
+            cell, reply = cells.open(index)
+            if reply is not None:
+                await_recovery(cell.supervisor, reply)
 
 
 def _alive(pid: int) -> bool:

@@ -76,11 +76,15 @@ class Mailbox:
         """Whether the runtime is closing: the actor should start no further work."""
         return self._closed
 
-    def attach(self, ref: pykka.ActorRef[Any]) -> None:
-        """Put the first actor behind the address."""
+    def attach(self, ref: pykka.ActorRef[Any], first: Any = None) -> None:
+        """Put the first actor behind the address; ``first``, if given, is its first
+        message (sent before any other sender can reach it)."""
         with self._lock:
             self._ref = ref
             self._vacant = False
+            if first is not None:
+                self._activity.sent(self.key)
+                ref.tell(first)
 
     @property
     def vacant(self) -> bool:

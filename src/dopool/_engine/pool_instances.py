@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 from dopool._cluster.remote import Away, Verb
 from dopool._cluster.routing import Positions, Router
-from dopool._engine.mailbox import Mailbox
+from dopool._engine.cells import Cells
 from dopool._engine.messages import Enqueue, Reply
 from dopool._engine.router import Placement
 from dopool._engine.supervisor import Supervisor
@@ -19,8 +19,6 @@ from dopool._errors import (
 )
 from dopool._machine.types import Item
 
-pass
-
 T = TypeVar("T")
 
 
@@ -31,18 +29,17 @@ class Instances:
     sends through it, and so do the tools (:mod:`dopool._handles.tools`). Nothing here waits.
     """
 
-    __slots__ = ("away", "mailboxes", "name", "placement", "router", "supervisors")
+    __slots__ = ("away", "cells", "name", "placement", "router")
 
     def __init__(
         self,
         name: str,
-        supervisors: list[Supervisor],
+        cells: Cells,
         placement: Placement,
         away: Away | None = None,
     ) -> None:
         self.name = name
-        self.supervisors = supervisors
-        self.mailboxes: list[Mailbox] = [supervisor.mailbox for supervisor in supervisors]
+        self.cells = cells  # each made when first used
         self.placement = placement  # the pool's router actor
         self.router: Router = placement.router  # its published table, read by the callers
         self.away = away  # a shared worker's enqueues into instances others serve
@@ -55,7 +52,7 @@ class Instances:
         """
         if isinstance(index, bool) or not isinstance(index, int):
             raise ConfigurationError(f"instance index must be an int, got {shown(index)}")
-        concurrency = len(self.mailboxes)
+        concurrency = len(self.cells)
         if not 0 <= index < concurrency:
             raise ConfigurationError(
                 f"pool {self.name!r} has no instance {index} (concurrency {concurrency})"
@@ -64,11 +61,11 @@ class Instances:
 
     def supervisor(self, index: int) -> Supervisor:
         """Instance ``index``'s supervisor (checked as :meth:`check` does)."""
-        return self.supervisors[self.check(index)]
+        return self.cells[self.check(index)].supervisor
 
     def send(self, index: int, message: Callable[[Reply], Any]) -> Reply:
         """Send instance ``index`` ``message(reply)``; returns the reply, not awaited."""
-        mailbox = self.mailboxes[index]
+        mailbox = self.cells[index].mailbox
         reply = mailbox.reply()
         mailbox.send(message(reply))
         return reply
@@ -123,7 +120,7 @@ class Instances:
         reply, which answers a result list."""
         index = self.router.choose(partition_key)
         # What send() does, inline: hot (a simulator submits every arrival this way).
-        mailbox = self.mailboxes[index]
+        mailbox = self.cells[index].mailbox
         reply = mailbox.reply()
         mailbox.send(Enqueue((item,), reply))
         return index, reply

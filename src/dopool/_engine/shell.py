@@ -10,23 +10,21 @@ copy of it that the instance's last commit saved, which is the same).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
 from dopool._clock.clocks import Clock
-from dopool._clock.latch import Latch
 from dopool._clock.threads import Local
-from dopool._clock.turn import Turn
 from dopool._cluster.leases import lease_owner
 from dopool._cluster.remote import producer_machine
 from dopool._cluster.routing import Router
+from dopool._engine.cells import Cell, Cells
 from dopool._engine.directory import Directory
 from dopool._engine.mailbox import Mailbox, fail_reply
 from dopool._engine.messages import Deliver, Enqueue
 from dopool._engine.options import PoolOptions
-from dopool._engine.supervisor import Supervisor
 from dopool._errors import (
     DamagedRecordError,
     DopoolError,
@@ -40,7 +38,6 @@ from dopool._store.layout import Meta, OutboxRecord
 from dopool._store.txn import Txn
 from dopool._types import EmptyInfo, PoolEvent
 from dopool._usercode import ran
-from dopool.chaos import FaultInjector
 
 logger = logging.getLogger("dopool")
 
@@ -56,57 +53,6 @@ class PoolSpec:
     prepare: Callable[[Any, str | None, int], Item]
 
 
-class _Untold:
-    """The clock's view of an alarm slot is unknown (after a restart): tell it again."""
-
-    __slots__ = ()
-
-
-UNTOLD = _Untold()
-
-
-class InstanceMemory:
-    """What one instance keeps in memory for whichever thread acts for it next.
-
-    Its actor and the callers that enqueue directly (``DirectEnqueue``) share it.
-    Only the holder of the :attr:`turn` touches the rest; none of it is needed
-    for correctness, and a crash forgets it (:meth:`forget`).
-    """
-
-    __slots__ = ("handed_off", "meta", "raw", "told_alarm", "told_recurring", "turn", "woken")
-
-    def __init__(self, waiter: Callable[[], Latch] | None = None) -> None:
-        # The right to act on the namespace: one thing at a time. Its waiters wait on
-        # latches from ``waiter`` (the clock backend's: see ``Backend.waiter``).
-        self.turn = Turn(waiter)
-        # The meta as the instance's last commit left it, if known (see
-        # ``InstanceShell._load_meta``).
-        self.meta: Meta | None = None
-        # The meta record's stored bytes as the instance's last transaction left them
-        # (read or written), None if unknown: a transaction uses ``meta`` only if the
-        # store still holds these, as another process may have written it since
-        # (``dopool.connect``); the runtime's watcher wakes an instance whose differ.
-        self.raw: bytes | None = None
-        # The runtime's watcher sent an alarm that the actor has not begun to handle: its
-        # transaction will read whatever producers committed before it (``_engine/wakeups.py``).
-        self.woken = False
-        self.told_alarm: float | _Untold | None = None  # what the clock was last told
-        self.told_recurring = False  # and whether it was only a schedule's next fire
-        self.handed_off: Started | None = None  # an attempt a caller started, for the actor
-
-    def forget(self) -> None:
-        """The instance crashed: its successor starts from the store and settles the attempt."""
-        self.meta = None
-        self.raw = None
-        self.woken = False  # the alarm it had in hand, if any, goes to the successor
-        self.handed_off = None
-
-    def take_handed_off(self) -> Started | None:
-        """The attempt a caller started, if any."""
-        started, self.handed_off = self.handed_off, None
-        return started
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InstanceEnv:
     """What an instance shares with the rest of its runtime."""
@@ -119,11 +65,7 @@ class InstanceEnv:
     router: Router
     directory: Directory  # the runtime's defined pools, where follow-ups into them go
     in_handler: Local  # .instance: (pool, index) whose thread this is, mid-message
-    # One per instance, by index, each outliving the instance's incarnations:
-    mailboxes: list[Mailbox]
-    supervisors: list[Supervisor]
-    memories: list[InstanceMemory]
-    faults: list[FaultInjector]
+    cells: Cells  # the pool's instances, each made when first used
     # A shared runtime's fencing check (``LeaseBook.holds``): whether the store's lease
     # of (pool, index) is still this worker's; None where no other worker can write.
     holds: Callable[[Txn, str, int], bool] | None = None
@@ -155,8 +97,9 @@ class InstanceShell:
     instance still acts on one thing at a time.
     """
 
-    def __init__(self, spec: PoolSpec, index: int, env: InstanceEnv) -> None:
-        self._faults = env.faults[index]
+    def __init__(self, spec: PoolSpec, cell: Cell, env: InstanceEnv) -> None:
+        index = cell.index
+        self._faults = cell.faults
         self._spec = spec
         self._index = index
         self._id = f"{spec.name}:{index}"
@@ -174,13 +117,13 @@ class InstanceShell:
             listening=env.listening,
         )
         self._ns = self._machine.namespace
-        self._mailbox = env.mailboxes[index]
-        self._supervisor = env.supervisors[index]
+        self._mailbox = cell.mailbox
+        self._supervisor = cell.supervisor
         # The kill flag of the incarnation this acts for: raised, it must crash at
         # its next fault point. The actor's is its own; a caller acting for the
         # instance (``DirectEnqueue``) takes the current one's each time.
         self._kill = self._supervisor.kill_flag
-        self._memory = env.memories[index]
+        self._memory = cell.memory
         # Enqueues to commit in the next transaction; answered after it commits,
         # or failed if the instance dies first.
         self._taken: list[Enqueue] = []
@@ -355,7 +298,7 @@ class InstanceShell:
         """
         pool = record.pool
         if pool == self._spec.name:
-            self._send(self._env.mailboxes, oseq, record)
+            self._send(self._env.cells, oseq, record)
             return
         address = self._env.directory.address_or_wait(pool, self._mailbox)
         if address is None:
@@ -368,7 +311,7 @@ class InstanceShell:
             self._held.setdefault(pool, []).append((oseq, record))
             return
         self.resend_held(pool)
-        self._send(address.mailboxes, oseq, record)
+        self._send(address.cells, oseq, record)
 
     def resend_held(self, pool: str) -> None:
         """Send the follow-ups held for ``pool``, which is defined now, in outbox order."""
@@ -377,10 +320,10 @@ class InstanceShell:
         if held is None or address is None:
             return
         for oseq, record in held:
-            self._send(address.mailboxes, oseq, record)
+            self._send(address.cells, oseq, record)
 
-    def _send(self, mailboxes: Sequence[Mailbox], oseq: int, record: OutboxRecord) -> None:
-        if record.target >= len(mailboxes):  # a crafted record: reported, never lost
+    def _send(self, cells: Cells, oseq: int, record: OutboxRecord) -> None:
+        if record.target >= len(cells):  # a crafted record: reported, never lost
             logger.error(
                 "instance %s: follow-up %d is for instance %d of pool %r, which has %d: "
                 "kept in the outbox",
@@ -388,10 +331,10 @@ class InstanceShell:
                 oseq,
                 record.target,
                 record.pool,
-                len(mailboxes),
+                len(cells),
             )
             return
-        target = mailboxes[record.target]
+        target = cells[record.target].mailbox
         if target.vacant and self._env.holds is not None:  # another worker serves it
             self._deliver_across(oseq, record)
             return
@@ -462,13 +405,13 @@ class InstanceShell:
     def mailbox_of(self, pool: str, index: int) -> Mailbox | None:
         """Instance ``index`` of ``pool``'s address (this pool, or another defined one)."""
         if pool == self._spec.name:
-            mailboxes: Sequence[Mailbox] = self._env.mailboxes
+            cells = self._env.cells
         else:
             address = self._env.directory.get(pool)
             if address is None:
                 return None
-            mailboxes = address.mailboxes
-        return mailboxes[index] if 0 <= index < len(mailboxes) else None
+            cells = address.cells
+        return cells[index].mailbox if 0 <= index < len(cells) else None
 
 
 def _call_hook(name: str, hook: Callable[[Any], Any], argument: Any) -> None:

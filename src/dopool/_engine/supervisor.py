@@ -120,9 +120,13 @@ class Supervisor:
         self.crash_streak = 0
         self._waiting: _WaitingRestart | None = None
 
-    def start(self) -> None:
-        """Start the first incarnation."""
-        self.mailbox.attach(self._start(self._kill))
+    def activate(self, reply: Reply | None = None) -> None:
+        """Start the first incarnation, its recovery its first message (answering
+        ``reply``, not waited for). Until that recovery commits, a caller sends the
+        instance messages rather than act for it (:meth:`takes_direct_calls`)."""
+        with self._lock:
+            self._recovering = True
+        self.mailbox.attach(self._start(self._kill), Recover(reply, restarts=0))
 
     def reopen(self) -> None:
         """Start a closed (or never started) instance again, as new: a shared runtime's
@@ -275,9 +279,21 @@ def ends_crash_streak(message: Any) -> bool:
     return type(message) not in (Recover, Kill)
 
 
-def recover_first(supervisor: Supervisor, restarts: int = 0) -> None:
-    """Run an instance's first recovery and wait for it; ``restarts`` to count with it
-    (an instance taken over from a worker whose lease expired counts one).
+def send_recovery(supervisor: Supervisor, restarts: int = 0) -> Reply:
+    """Send an instance its first recovery, ``restarts`` to count with it (an instance
+    taken over from a worker whose lease expired counts one); its reply, for
+    :func:`await_recovery`."""
+    if restarts:
+        with supervisor._lock:
+            supervisor._unrecorded += restarts
+    reply = supervisor.mailbox.reply()
+    supervisor.mailbox.send(Recover(reply, restarts=restarts))
+    return reply
+
+
+def await_recovery(supervisor: Supervisor, reply: Reply) -> None:
+    """Wait for an instance's first recovery (:func:`send_recovery`'s, or the one
+    :meth:`Supervisor.activate` sent).
 
     If that recovery crashes, the supervisor restarts the instance and its
     successor recovers first thing; asking again waits for that (a recovery
@@ -288,21 +304,6 @@ def recover_first(supervisor: Supervisor, restarts: int = 0) -> None:
     Raises:
         NotLeasedError, PoolClosedError: the instance stopped being served here meanwhile.
     """
-    await_recovery(supervisor, send_recovery(supervisor, restarts))
-
-
-def send_recovery(supervisor: Supervisor, restarts: int = 0) -> Reply:
-    """Send an instance its first recovery (see :func:`recover_first`); its reply."""
-    if restarts:
-        with supervisor._lock:
-            supervisor._unrecorded += restarts
-    reply = supervisor.mailbox.reply()
-    supervisor.mailbox.send(Recover(reply, restarts=restarts))
-    return reply
-
-
-def await_recovery(supervisor: Supervisor, reply: Reply) -> None:
-    """Wait for the recovery :func:`send_recovery` sent (see :func:`recover_first`)."""
     while True:
         try:
             reply.get()

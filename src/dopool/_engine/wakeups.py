@@ -13,9 +13,10 @@ does not know until it is told. Two ways tell it:
   waits nor fails for it: with no owner, a dead owner's socket file or a full
   queue, the datagram is dropped. (A full queue is noticed: once the reader has read
   as many datagrams in a row as the kernel queues, it polls at once.)
-- **The poll.** Every ``poll_interval`` seconds the same thread compares each
-  defined instance's stored meta with the bytes its last transaction left
-  (``InstanceMemory.raw``) and wakes those another process changed. A lost
+- **The poll.** Every ``poll_interval`` seconds the same thread reads the store's
+  work index (every instance with pending events or follow-ups) and wakes each
+  instance there that is not running here yet, or whose stored meta is not what its
+  last transaction left (``InstanceMemory.raw``): another process changed it. A lost
   datagram delays an event by at most that long; it never loses one.
 
 Waking an instance sends it an alarm, which is harmless when early or stale:
@@ -34,17 +35,14 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Sequence
 from contextlib import AbstractContextManager, suppress
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from dopool._clock.clocks import Clock
-from dopool._engine.mailbox import Mailbox
-from dopool._engine.shell import InstanceMemory
+from dopool._engine.cells import Cells
 from dopool._errors import ConfigurationError
-from dopool._store.layout import POOL_NAME, Namespace
+from dopool._store.layout import POOL_NAME, Namespace, parse_work_entry, work_index
 
 logger = logging.getLogger("dopool")
 
@@ -209,15 +207,6 @@ class Notifier:
         self._forget_workers()
 
 
-@dataclass(frozen=True, slots=True)
-class _Watched:
-    """One defined pool's instances, as the watcher reads and wakes them."""
-
-    namespaces: Sequence[Namespace]
-    memories: Sequence[InstanceMemory]
-    mailboxes: Sequence[Mailbox]
-
-
 class StoreWatcher:
     """The owning runtime's side: the socket's reader and the poll, on one daemon thread.
 
@@ -239,7 +228,7 @@ class StoreWatcher:
         self._address = _Address(directory, name)
         self._interval = poll_interval
         self._store = store
-        self._pools: dict[str, _Watched] = {}  # replaced whole, read without a lock
+        self._pools: dict[str, Cells] = {}  # replaced whole, read without a lock
         self._socket = self._bind()
         # Datagrams read since the socket was last found empty. A producer's wake-up is
         # dropped only while the queue is full, so when a run of reads reaches the queue's
@@ -255,15 +244,9 @@ class StoreWatcher:
         """Whether the wake-up socket is bound (else only the poll wakes instances)."""
         return self._socket is not None
 
-    def watch(
-        self,
-        pool: str,
-        namespaces: Sequence[Namespace],
-        memories: Sequence[InstanceMemory],
-        mailboxes: Sequence[Mailbox],
-    ) -> None:
-        """Wake ``pool``'s instances from now on."""
-        self._pools = {**self._pools, pool: _Watched(namespaces, memories, mailboxes)}
+    def watch(self, pool: str, cells: Cells) -> None:
+        """Wake ``pool``'s instances from now on (one not running here yet is started)."""
+        self._pools = {**self._pools, pool: cells}
 
     def _bind(self) -> socket.socket | None:
         """Bind the wake-up socket, replacing one a dead owner left; None if it cannot be.
@@ -330,22 +313,27 @@ class StoreWatcher:
         """Send the instance an alarm, unless one it has not begun to handle is on its way:
         that one's transaction reads what was committed before. (So an instance busy in a
         long handler gets one alarm, not one per datagram or per poll.)"""
-        watched = self._pools.get(pool)
-        if watched is None or not 0 <= index < len(watched.mailboxes):
+        cells = self._pools.get(pool)
+        if cells is None or not 0 <= index < len(cells):
             return  # a pool this runtime has not defined waits for one that does
-        memory = watched.memories[index]
+        # Started (its recovery first) if it was not running here; a shared worker's keeper
+        # has made every instance it serves, and those it does not are not its to wake.
+        cell = cells[index] if cells.on_demand else cells.get(index)
+        if cell is None:
+            return
+        memory = cell.memory
         if memory.woken:
             return
         memory.woken = True  # before the send: the actor may begin on it at once
-        if not watched.mailboxes[index].fire_alarm():
+        if not cell.mailbox.fire_alarm():
             # Dropped: no actor here (another worker's instance, or one this worker is
             # only now taking). Marked woken, it would hold back every later wake-up
             # and poll of an instance the worker serves from the next moment on.
             memory.woken = False
 
     def _poll(self) -> None:
-        """Wake every instance whose stored meta is not what its last transaction left;
-        free the reader slots that dead processes left."""
+        """Wake every instance with work that is not running here, or whose stored meta is
+        not what its last transaction left; free the reader slots that dead processes left."""
         try:
             cleared = self._store.clear_stale_readers()
         except Exception:  # the store closing under the poll, say: the next one retries
@@ -353,14 +341,10 @@ class StoreWatcher:
         else:
             if cleared:
                 logger.info("freed %d reader slot(s) left by processes that died reading", cleared)
-        for pool, watched in self._pools.items():
+        for pool, cells in self._pools.items():
             try:
                 with self._store.read() as txn:
-                    stale = [
-                        index
-                        for index, namespace in enumerate(watched.namespaces)
-                        if namespace.meta_bytes(txn) not in (None, watched.memories[index].raw)
-                    ]
+                    stale = [index for index in _with_work(txn, pool) if _stale(txn, cells, index)]
             except Exception:  # the store closing under the poll, say: the next one retries
                 logger.debug("the poll of pool %r failed", pool, exc_info=True)
                 continue
@@ -381,3 +365,18 @@ class StoreWatcher:
             with suppress(OSError):
                 os.unlink(self._address.path)
         self._address.close()
+
+
+def _with_work(txn: Any, pool: str) -> list[int]:
+    """The instances of ``pool`` the work index names, by index."""
+    named = (parse_work_entry(key) for key in work_index(txn, pool))
+    return [found[1] for found in named if found is not None]
+
+
+def _stale(txn: Any, cells: Cells, index: int) -> bool:
+    """Whether instance ``index`` is not running here, or another process changed its meta
+    since its last transaction here."""
+    if not 0 <= index < len(cells):
+        return False  # a stray entry (``dopool check`` reports it)
+    cell = cells.get(index)
+    return cell is None or Namespace(cells.name, index).meta_bytes(txn) != cell.memory.raw

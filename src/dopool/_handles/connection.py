@@ -508,9 +508,8 @@ class ProducerPool(Pool):
             )
         else:
             indices = [index]
-        namespaces = [Namespace(self._name, i) for i in range(concurrency)]
         read = partial(self._connection.reading, self._name)
-        return listed(read, namespaces, indices, matching, self._connection.now())
+        return listed(read, self._name, indices, matching, self._connection.now())
 
 
 # -- live control ------------------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
 from datetime import timedelta
@@ -145,7 +145,7 @@ def _described(exc: Exception) -> str:
 
 def listed(
     read: Read,
-    namespaces: Sequence[Namespace],
+    pool: str,
     indices: Iterable[int],
     filters: Filters,
     now: float,
@@ -159,7 +159,7 @@ def listed(
         found = [
             dead_letter_from_record(index, sequence, record)
             for index in indices
-            for sequence, record in namespaces[index].iter_dead_letters(txn)
+            for sequence, record in Namespace(pool, index).iter_dead_letters(txn)
             if filters.keeps_record(record, cutoff)
         ]
     if filters.where is None:
@@ -169,7 +169,7 @@ def listed(
 
 def chosen(
     read: Read,
-    namespaces: Sequence[Namespace],
+    pool: str,
     indices: Iterable[int],
     filters: Filters,
     now: float,
@@ -191,7 +191,7 @@ def chosen(
         with read() as txn:
             found = [
                 (sequence, record)
-                for sequence, record in namespaces[index].iter_dead_letters(txn)
+                for sequence, record in Namespace(pool, index).iter_dead_letters(txn)
                 if (wanted is None or sequence in wanted) and filters.keeps_record(record, cutoff)
             ]
         if filters.where is not None:

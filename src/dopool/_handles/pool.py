@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from contextlib import suppress
 from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, Unpack
@@ -16,7 +17,8 @@ from dopool._engine.messages import Control, Enqueue
 from dopool._engine.options import PoolOptionsDict
 from dopool._engine.pool_context import PoolContext
 from dopool._engine.pool_instances import Instances
-from dopool._engine.shell import PoolSpec
+from dopool._engine.shell import InstanceEnv, PoolSpec
+from dopool._engine.wait_graph import acting
 from dopool._errors import (
     ConfigurationError,
     DopoolError,
@@ -53,6 +55,9 @@ if TYPE_CHECKING:
 _VERBS: dict[Any, Verb] = {Pause: "pause", Resume: "resume", Drain: "drain"}
 
 
+_NEW = (0, None)  # the restart state of an instance not started: no crash, no restart
+
+
 class WorkerPool(Pool):
     """A named pool of ``concurrency`` instances sharing one handler; create one with
     :meth:`WorkerPool.define` or :meth:`Runtime.define`.
@@ -66,19 +71,19 @@ class WorkerPool(Pool):
         context: PoolContext,
         spec: PoolSpec,
         instances: Instances,
-        direct: list[DirectEnqueue],
+        env: InstanceEnv,
     ) -> None:
         self._context = context
         self._spec = spec
         self._schema = spec.options.schema
         self._instances = instances
-        self._mailboxes = instances.mailboxes
-        self._keys = frozenset(mailbox.key for mailbox in self._mailboxes)  # what join asks
+        self._keys = instances.cells.keys()  # what join asks (computed, not stored)
         self._router = instances.router
         self._calls = Calls(context, instances)
         self._read = partial(context.read_open, spec.name)  # PoolClosedError once closed
-        self._direct = direct
-        self._namespaces = [Namespace(spec.name, i) for i in range(spec.options.concurrency)]
+        self._env = env
+        # Each instance's direct path, made with its first enqueue here.
+        self._direct: dict[int, DirectEnqueue] = {}
 
     @classmethod
     def define(
@@ -170,6 +175,20 @@ class WorkerPool(Pool):
             items = with_ttl(items, ttl, due, self._context.clock.now())
         return self._route(items, partition_key)
 
+    def _direct_to(self, index: int) -> DirectEnqueue:
+        """Instance ``index``'s direct path (the instance started if it was not)."""
+        direct = self._direct.get(index)
+        if direct is None:
+            cell, recovery = self._instances.cells.open(index)
+            direct = self._direct.setdefault(index, DirectEnqueue(self._spec, cell, self._env))
+            if recovery is not None and not acting(self._context.in_handler):
+                # Started by this call: its recovery first, then this enqueue is stored
+                # from here, as every later one is. A recovery that crashed leaves the
+                # enqueue to be sent, behind the next; a damaged meta is named at once.
+                with suppress(InstanceCrashedError):
+                    self._calls.wait(recovery)
+        return direct
+
     def _due(
         self, delay: float | timedelta | None, not_before: float | datetime | None
     ) -> float | None:
@@ -185,7 +204,7 @@ class WorkerPool(Pool):
             if index not in table.here:  # another worker serves it
                 return self._away_one(index, items, None)
             try:
-                stored = self._direct[index].enqueue(items)
+                stored = self._direct_to(index).enqueue(items)
             except InstanceCrashedError:
                 self._calls.settle_crash()
                 raise
@@ -323,7 +342,7 @@ class WorkerPool(Pool):
             requests = {i: verb(None) for i in indices}
         else:
             now = self._context.clock.now()
-            picked = chosen(self._read, self._namespaces, indices, filters, now, among)
+            picked = chosen(self._read, self.name, indices, filters, now, among)
             requests = {i: verb(picked[i]) for i in sorted(picked)}
         if self._instances.away is not None:
             return sum(self._act(i, request) for i, request in requests.items())
@@ -346,12 +365,17 @@ class WorkerPool(Pool):
     # -- reading committed state -------------------------------------------------
     def status(self) -> PoolStatus:
         self._check_open()
-        # The restart state is in memory, read without waiting for anyone.
-        restarts = [(sup.crash_streak, sup.restart_at) for sup in self._instances.supervisors]
+        # The restart state is in memory (of the instances started), read without waiting.
+        restarts = {
+            cell.index: (cell.supervisor.crash_streak, cell.supervisor.restart_at)
+            for cell in self._instances.cells.made()
+        }
         with self._read() as txn:
             instances = [
-                instance_status(self.name, i, ns.load_meta(txn), *restarts[i])
-                for i, ns in enumerate(self._namespaces)
+                instance_status(
+                    self.name, i, Namespace(self.name, i).load_meta(txn), *restarts.get(i, _NEW)
+                )
+                for i in range(self.concurrency)
             ]
         return pool_status(self.name, instances)
 
@@ -360,7 +384,7 @@ class WorkerPool(Pool):
         index, sequence = parse_event_id(event_id, self.name, self.concurrency)
         keep, now = self._spec.options.keep_finished, self._context.clock.now()
         with self._read() as txn:
-            ns = self._namespaces[index]
+            ns = Namespace(self.name, index)
             return lookup(txn, ns, ns.load_meta(txn), self.name, index, sequence, keep, now)
 
     def dead_letters(
@@ -369,7 +393,7 @@ class WorkerPool(Pool):
         self._check_open()
         matching, indices = Filters.of(filters), self._indices(index)
         now = self._context.clock.now()
-        return listed(self._read, self._namespaces, indices, matching, now)
+        return listed(self._read, self.name, indices, matching, now)
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait until nothing is pending or in flight on any instance, follow-ups included:

@@ -13,7 +13,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 from typing import IO, Any, Self, Unpack
@@ -25,17 +24,16 @@ from dopool._cluster.leases import DEFAULT_LEASE_TTL, check_lease_ttl
 from dopool._cluster.remote import Away
 from dopool._cluster.routing import Router, RoutingTable
 from dopool._engine.actor import InstanceActor
+from dopool._engine.cells import Cell, Cells
 from dopool._engine.closing import Closing, Stops, deadline_after, stopped, wait_until
-from dopool._engine.direct import DirectEnqueue
 from dopool._engine.directory import Directory, PoolAddress
 from dopool._engine.keeper import check_shared, keep_leases, serve_pool
-from dopool._engine.mailbox import Mailbox
 from dopool._engine.options import PoolOptions, PoolOptionsDict
 from dopool._engine.pool_context import PoolContext
 from dopool._engine.pool_instances import Instances
 from dopool._engine.router import Placement
-from dopool._engine.shell import InstanceEnv, InstanceMemory, PoolSpec
-from dopool._engine.supervisor import KillFlag, Supervisor
+from dopool._engine.shell import InstanceEnv, PoolSpec
+from dopool._engine.supervisor import KillFlag
 from dopool._engine.wait_graph import WaitGraph
 from dopool._engine.wakeups import DEFAULT_POLL_INTERVAL, check_poll_interval, watch_store
 from dopool._errors import ConfigurationError, PoolClosedError, SimulationStalledError, shown
@@ -47,7 +45,7 @@ from dopool._store.layout import Namespace, follow_ups_to
 from dopool._store.txn import Txn
 from dopool._types import PoolEvent
 from dopool._usercode import check_synchronous, ran
-from dopool.chaos import FaultInjector, FaultPlan
+from dopool.chaos import FaultPlan
 
 logger = logging.getLogger("dopool")
 
@@ -124,7 +122,7 @@ class Runtime:
         self._shut = threading.Event()  # set when a close has finished (another waits for it)
         self._pools: dict[str, Instances] = {}  # by pool name; kill() finds one there
         self._defined: dict[str, WorkerPool] = {}  # the same pools' handles, for ``pools``
-        self._supervisors: list[list[Supervisor]] = []  # each pool's instances, by index
+        self._cells: list[Cells] = []  # each pool's instances, by index
         # Replaced, never changed in place: emitting reads it without the lock.
         self._subscribers: tuple[Callable[[PoolEvent], Any], ...] = ()
         self._temporary: Path | None = None
@@ -285,32 +283,24 @@ class Runtime:
                 return prepare(event, partition_key=partition_key, priority=priority, schema=schema)
 
             spec = PoolSpec(name=name, options=options, prepare=prepare_follow_up)
-            activity = self.clock.activity
-            backend = self.clock.backend
-            latch = backend.latch if backend.runner is not None else None
-            mailboxes = [
-                Mailbox(name, index, f"{name}:{index}", activity, latch)
-                for index in range(concurrency)
-            ]
             env: InstanceEnv
 
-            def start(index: int, kill: KillFlag) -> pykka.ActorRef[Any]:
-                # An incarnation of instance ``index``, which recovers from its namespace.
-                return InstanceActor.start(spec, index, env, kill)
+            def start(cell: Cell, kill: KillFlag) -> pykka.ActorRef[Any]:
+                # An incarnation of the cell's instance, which recovers from its namespace.
+                return InstanceActor.start(spec, cell, env, kill)
 
-            supervisors = [
-                Supervisor(mailbox, self.clock, partial(start, index))
-                for index, mailbox in enumerate(mailboxes)
-            ]
             # A shared worker serves none of them until its keeper takes their leases.
+            cells = Cells(
+                name, concurrency, self.clock, start, serve=not self.shared, faults=self.faults
+            )
             first = RoutingTable.elsewhere(concurrency) if self.shared else None
             router = Router(concurrency, table=first)
             wake = self._keeper.wake if self.shared and self._keeper else None
             away = (
                 None if wake is None else Away(self._store, self.clock, name, options.rules, wake)
             )
-            placement = Placement(name, router, backend)
-            instances = Instances(name, supervisors, placement, away)
+            placement = Placement(name, router, self.clock.backend)
+            instances = Instances(name, cells, placement, away)
             env = InstanceEnv(
                 store=self._store,
                 clock=self.clock,
@@ -320,40 +310,32 @@ class Runtime:
                 router=router,
                 directory=self._directory,
                 in_handler=self._in_handler,
-                mailboxes=mailboxes,
-                supervisors=supervisors,
-                memories=[
-                    InstanceMemory(backend.waiter(f"the turn of {name}:{index}"))
-                    for index in range(concurrency)
-                ],
-                faults=[FaultInjector(self.faults, name, index) for index in range(concurrency)],
+                cells=cells,
                 holds=self._keeper.book.holds if self.shared and self._keeper else None,
                 wake=wake,
             )
-            self._supervisors.append(supervisors)
+            self._cells.append(cells)
             try:
-                serve_pool(self._keeper, name, supervisors, env.memories, placement)
+                serve_pool(self._keeper, self._store, cells, placement)
             except BaseException:  # e.g. a damaged record: stop what was started, raise
-                self._supervisors.remove(supervisors)
+                self._cells.remove(cells)
                 stopped(placement.stop(), EXIT_GRACE)
-                for supervisor in supervisors:
-                    ref = supervisor.close()
+                for cell in cells.close():
+                    ref = cell.supervisor.close()
                     if ref is not None:
                         ref.stop(block=True)
-                    self.clock.set_alarm(supervisor.mailbox, None)
+                    self.clock.set_alarm(cell.mailbox, None)
                 raise
-            direct = [DirectEnqueue(spec, index, env) for index in range(concurrency)]
-            pool = WorkerPool(self._pool_context, spec, instances, direct)
+            pool = WorkerPool(self._pool_context, spec, instances, env)
             self._pools[name] = instances
             self._defined[name] = pool
             # Now follow-ups may go to it; those other instances held for it are resent.
             address = PoolAddress(
-                name, spec.prepare, router.choose, mailboxes, weakref.ref(pool), options
+                name, spec.prepare, router.choose, cells, weakref.ref(pool), options
             )
             self._directory.add(address)
             if self._watcher is not None:
-                namespaces = [Namespace(name, index) for index in range(concurrency)]
-                self._watcher.watch(name, namespaces, env.memories, mailboxes)
+                self._watcher.watch(name, cells)
             return pool
 
     def close(self, timeout: float | None = None) -> None:
@@ -391,11 +373,13 @@ class Runtime:
             if self._closed or self._pid != os.getpid():  # a forked child's: the parent's
                 return None
             self._closed = True
-            pools, self._supervisors = self._supervisors, []
+            pools, self._cells = self._cells, []
             self._defined.clear()
         if self._keeper is not None:  # no lease taken starts an instance now (not under
             self._keeper.stop_serving()  # the lock: a recovery it waits for may emit)
-        stops = [(sup.mailbox, sup.close()) for supervisors in pools for sup in supervisors]
+        stops = [
+            (cell.mailbox, cell.supervisor.close()) for cells in pools for cell in cells.close()
+        ]
         self.clock.activity.wake()  # a join waiting for the actors raises PoolClosedError
         return Closing(stops, self.clock.activity, self._shut_down, self._shut)
 

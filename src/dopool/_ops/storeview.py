@@ -91,9 +91,8 @@ class StoreView:
     ) -> list[DeadLetter]:
         """The pool's dead letters (or instance ``index``'s) that match ``filters``, by
         instance then sequence (damaged ones marked so); ages are on the wall clock."""
-        namespaces = [Namespace(name, i) for i in range(concurrency)]
         indices = range(concurrency) if index is None else [index]
-        return listed(self._read, namespaces, indices, filters, RealClock().now())
+        return listed(self._read, name, indices, filters, RealClock().now())
 
     def count_dead_letters(self, name: str, concurrency: int, index: int | None = None) -> int:
         """How many dead letters the pool (or instance ``index``) holds."""

@@ -35,6 +35,7 @@ from dopool._store.layout.keys import (
     decode_due,
     encode_due,
     outbox_sequence,
+    parse_alarm_entry,
     parse_work_entry,
     pool_key,
     pool_name_of,
@@ -528,3 +529,19 @@ def work_index(txn: Txn, pool: str | None = None) -> Iterator[bytes]:
     """The work index's entries: ``pool``'s, or every pool's (:func:`.keys.parse_work_entry`)."""
     for key, _ in _iter_prefix(txn, work_index_prefix(pool)):
         yield key
+
+
+def instances_waiting(txn: Txn, pool: str) -> list[int]:
+    """The instances of ``pool`` that hold work (pending events, an attempt a crash
+    interrupted, follow-ups in the outbox) or have their alarm slot set, by index: those
+    an open must start, found from the store's work and alarm indexes."""
+    found = set()
+    for key in work_index(txn, pool):
+        named = parse_work_entry(key)
+        if named is not None:
+            found.add(named[1])
+    for key in alarm_index(txn):
+        alarmed = parse_alarm_entry(key)
+        if alarmed is not None and alarmed[1] == pool:
+            found.add(alarmed[2])
+    return sorted(found)

@@ -1,0 +1,180 @@
+"""A pool's instances, each made when it is first used.
+
+An instance exists from ``define`` on: its namespace reads as new until something is
+written to it. What runs it (its address, supervisor, memory and fault injector, and
+its actor) costs nothing until something needs the instance: a caller's message, a
+follow-up or its acknowledgement, a wake-up from another process, a kill, or a
+``define`` that finds work or an alarm the instance left in the store (found from the
+store's work and alarm indexes, not by reading every instance). Then :class:`Cells`
+makes its :class:`Cell` and, in a runtime that serves the instance, starts its actor,
+whose first message is its recovery (docs/guarantees.md, "Crashes and recovery").
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable, Iterator, Set
+from functools import partial
+from typing import Any
+
+import pykka
+
+from dopool._clock.clocks import Clock
+from dopool._engine.mailbox import Mailbox
+from dopool._engine.memory import InstanceMemory
+from dopool._engine.messages import Reply
+from dopool._engine.supervisor import KillFlag, Supervisor
+from dopool.chaos import FaultInjector, FaultPlan
+
+
+class Cell:
+    """What runs one instance in this runtime, made when it is first used."""
+
+    __slots__ = ("faults", "index", "mailbox", "memory", "supervisor")
+
+    def __init__(
+        self,
+        mailbox: Mailbox,
+        memory: InstanceMemory,
+        faults: FaultInjector,
+        clock: Clock,
+        start: Callable[[Cell, KillFlag], pykka.ActorRef[Any]],
+    ) -> None:
+        """``start(cell, kill_flag)`` starts an incarnation of the instance's actor."""
+        self.index = mailbox.order[1]
+        self.mailbox = mailbox
+        self.memory = memory
+        self.faults = faults
+        self.supervisor = Supervisor(mailbox, clock, partial(start, self))
+
+
+class PoolKeys(Set[Hashable]):
+    """The mailbox keys of a pool's instances (``<pool>:<index>``), as a set nobody stores:
+    a membership test parses the key, so asking whether any is busy costs nothing per
+    instance (:meth:`dopool._clock.quiescence.Activity.busy`)."""
+
+    __slots__ = ("_concurrency", "_prefix")
+
+    def __init__(self, pool: str, concurrency: int) -> None:
+        self._prefix = f"{pool}:"
+        self._concurrency = concurrency
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str) or not key.startswith(self._prefix):
+            return False
+        digits = key[len(self._prefix) :]
+        return digits.isdigit() and str(int(digits)) == digits and int(digits) < self._concurrency
+
+    def __len__(self) -> int:
+        return self._concurrency
+
+    def __iter__(self) -> Iterator[str]:
+        return (f"{self._prefix}{index}" for index in range(self._concurrency))
+
+
+class Cells:
+    """A pool's instances by index, each made (and, if served here, started) on first use.
+
+    ``serve``: whether a new instance is served here at once (an exclusive runtime's);
+    else it starts vacant, and the lease keeper starts it once it takes its lease (a
+    shared worker's, :mod:`dopool._engine.keeper`). Once :meth:`close` has been called a
+    new instance starts closed: it refuses every message, and nothing runs it.
+
+    Looking up an instance already made takes no lock; making one takes the pool's.
+    """
+
+    __slots__ = (
+        "_activity",
+        "_clock",
+        "_closed",
+        "_latch",
+        "_lock",
+        "_made",
+        "_plan",
+        "_serve",
+        "_start",
+        "_waiter",
+        "concurrency",
+        "name",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        concurrency: int,
+        clock: Clock,
+        start: Callable[[Cell, KillFlag], pykka.ActorRef[Any]],
+        *,
+        serve: bool,
+        faults: FaultPlan | None = None,
+    ) -> None:
+        """``start(cell, kill_flag)``: an incarnation of the instance's actor, started."""
+        self.name = name
+        self.concurrency = concurrency
+        self._clock = clock
+        self._start = start
+        self._serve = serve
+        self._plan = faults
+        backend = clock.backend
+        self._activity = clock.activity
+        self._latch = backend.latch if backend.runner is not None else None
+        self._waiter = backend.waiter
+        self._lock = threading.Lock()
+        self._made: dict[int, Cell] = {}  # written under the lock, read without it
+        self._closed = False
+
+    def __len__(self) -> int:
+        return self.concurrency
+
+    def __getitem__(self, index: int) -> Cell:
+        """Instance ``index``'s cell (``0 <= index < len(self)``), made if it was not."""
+        cell = self._made.get(index)
+        return self.open(index)[0] if cell is None else cell
+
+    @property
+    def on_demand(self) -> bool:
+        """Whether an instance made here is served at once (else it waits for its lease)."""
+        return self._serve
+
+    def get(self, index: int) -> Cell | None:
+        """Instance ``index``'s cell if it has been made, else None (nothing is made)."""
+        return self._made.get(index)
+
+    def open(self, index: int) -> tuple[Cell, Reply | None]:
+        """Instance ``index``'s cell, and, if this call made and started it, the reply its
+        recovery answers (waiting for it is the caller's choice)."""
+        with self._lock:
+            cell = self._made.get(index)
+            if cell is not None:
+                return cell, None
+            key = f"{self.name}:{index}"
+            mailbox = Mailbox(self.name, index, key, self._activity, self._latch)
+            memory = InstanceMemory(self._waiter(f"the turn of {key}"))
+            faults = FaultInjector(self._plan, self.name, index)
+            cell = Cell(mailbox, memory, faults, self._clock, self._start)
+            reply = None
+            if self._closed:
+                mailbox.close()
+            elif self._serve:
+                reply = mailbox.reply()
+                cell.supervisor.activate(reply)
+            else:
+                cell.supervisor.vacate()
+            # Listed only now: whoever finds it may send at once, after the recovery.
+            self._made[index] = cell
+            return cell, reply
+
+    def made(self) -> list[Cell]:
+        """The cells made so far, by index."""
+        with self._lock:
+            return [self._made[index] for index in sorted(self._made)]
+
+    def keys(self) -> PoolKeys:
+        """Every instance's mailbox key, made or not."""
+        return PoolKeys(self.name, self.concurrency)
+
+    def close(self) -> list[Cell]:
+        """Make every later cell closed; the cells made so far, by index, to close."""
+        with self._lock:
+            self._closed = True
+            return [self._made[index] for index in sorted(self._made)]

@@ -1,0 +1,189 @@
+"""Instances are started when first used (docs/guarantees.md, "Instances started on
+demand"): defining a pool starts none but those the store's work and alarm indexes
+name, and a message, a follow-up, a kill or a producer's wake-up starts the one it is for."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+
+from dopool import (
+    DamagedRecordError,
+    EventContext,
+    Runtime,
+    SimulatedClock,
+    WorkerPool,
+    connect,
+)
+from dopool._clock.quiescence import Activity
+from dopool._engine.actor import InstanceActor
+from dopool._engine.cells import PoolKeys
+from dopool._store.layout import Namespace
+
+TIMEOUT = 30.0
+
+
+def noop(ctx: EventContext) -> None:
+    pass
+
+
+def instance_actors() -> list[pykka.ActorRef[Any]]:
+    """The instance actors running in this process (a pool's router actor is not one)."""
+    return [ref for ref in pykka.ActorRegistry.get_all() if ref.actor_class is InstanceActor]
+
+
+def started(pool: WorkerPool) -> list[int]:
+    """The instances of ``pool`` that run in this runtime, by index."""
+    return [cell.index for cell in pool._instances.cells.made()]
+
+
+def clock(runtime: Runtime) -> SimulatedClock:
+    assert isinstance(runtime.clock, SimulatedClock)
+    return runtime.clock
+
+
+@pytest.mark.parametrize("backend", ["greenlet", "threads"])
+def test_defining_a_pool_starts_no_instance_and_an_enqueue_starts_its_own(
+    tmp_path: Path, backend: str
+) -> None:
+    with Runtime.simulated(tmp_path / "store", backend=backend) as runtime:
+        pool = runtime.define("p", execute=noop, concurrency=4096)
+        assert started(pool) == []
+        assert instance_actors() == []
+        assert pool.status().pending == 0  # read from the store: no instance started for it
+        result = pool.enqueue("a", partition_key="room-7")
+        assert pool.join()
+        assert started(pool) == [result.instance_index]
+        assert len(instance_actors()) == 1
+        assert pool.status().succeeded == 1
+
+
+def test_reopening_starts_an_instance_whose_alarm_is_set_without_work(tmp_path: Path) -> None:
+    """A schedule's next fire is instance 0's alarm, with no event pending: only the alarm
+    index names it (with that read left out of ``instances_waiting``, nothing fires)."""
+    store = tmp_path / "store"
+    ran: list[tuple[str, float]] = []
+
+    def record(ctx: EventContext) -> None:
+        ran.append((ctx.event, ctx.started_at))
+
+    with Runtime.simulated(store) as runtime:
+        pool = runtime.define("p", execute=record, concurrency=1000)
+        pool.schedule("tick", "tick", every=10.0)
+    with Runtime.simulated(store) as runtime:
+        pool = runtime.define("p", execute=record, concurrency=1000)
+        assert started(pool) == [0]
+        clock(runtime).run_until(25.0)
+        assert ran == [("tick", 10.0), ("tick", 20.0)]
+
+
+def test_reopening_starts_an_instance_left_with_pending_events(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with Runtime.simulated(store) as runtime:
+        pool = runtime.define("p", execute=noop, concurrency=1000)
+        pool.pause()  # every instance: started, and stored as paused
+        left = pool.enqueue("left", partition_key="k").instance_index
+        delayed = pool.enqueue("delayed", partition_key="d", delay=5).instance_index
+    with Runtime.simulated(store) as runtime:
+        pool = runtime.define("p", execute=noop, concurrency=1000)
+        assert started(pool) == sorted({left, delayed})  # from the work index
+        pool.resume()
+        assert pool.join()
+        assert pool.status().succeeded == 2
+
+
+def test_a_follow_up_starts_its_target_in_another_pool(tmp_path: Path) -> None:
+    def relay(ctx: EventContext) -> None:
+        ctx.enqueue(("relayed", ctx.event), pool="rooms", partition_key=ctx.event)
+
+    with Runtime.simulated(tmp_path / "store") as runtime:
+        rooms = runtime.define("rooms", execute=noop, concurrency=4096)
+        front = runtime.define("front", execute=relay)
+        front.enqueue("room-42")
+        assert front.join()
+        assert rooms.join()
+        assert rooms.status().succeeded == 1
+        assert len(started(rooms)) == 1
+
+
+def test_an_instance_takes_no_direct_call_before_its_first_recovery_commits(
+    tmp_path: Path,
+) -> None:
+    with Runtime.simulated(tmp_path / "store", backend="greenlet") as runtime:
+        pool = runtime.define("p", execute=noop, concurrency=2)
+        cell, reply = pool._instances.cells.open(1)
+        assert reply is not None
+        assert not cell.supervisor.takes_direct_calls()  # its recovery is still to run
+        reply.get()
+        assert cell.supervisor.takes_direct_calls()
+        assert pool._instances.cells.open(1) == (cell, None)  # made once
+
+
+def test_an_instance_first_used_after_close_is_not_started(tmp_path: Path) -> None:
+    runtime = Runtime.simulated(tmp_path / "store")
+    pool = runtime.define("p", execute=noop, concurrency=8)
+    runtime.close()
+    cell = pool._instances.cells[5]
+    assert cell.mailbox.closed
+    assert instance_actors() == []
+
+
+@pytest.mark.threaded
+def test_a_producers_event_starts_its_instance_under_the_real_clock(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    done = threading.Event()
+
+    def handle(ctx: EventContext) -> None:
+        done.set()
+
+    with Runtime(store, poll_interval=0.05) as runtime:
+        pool = runtime.define("p", execute=handle, concurrency=4096)
+        assert started(pool) == []
+        with connect(store) as producer:
+            result = producer.pool("p").enqueue("from afar", partition_key="user-1")
+        assert done.wait(TIMEOUT)  # the wake-up (or the poll) started the instance
+        assert pool.join(timeout=TIMEOUT)
+        assert started(pool) == [result.instance_index]
+
+
+def test_pool_keys_are_a_set_of_every_instance_key_that_stores_none() -> None:
+    keys = PoolKeys("p", 1000)
+    assert len(keys) == 1000
+    assert [key in keys for key in ("p:0", "p:999")] == [True, True]
+    outside = ("p:1000", "p:007", "p:-1", "q:1", "p:", "p:1x", 1)
+    assert [key in keys for key in outside] == [False] * len(outside)
+    assert list(PoolKeys("p", 3)) == ["p:0", "p:1", "p:2"]
+    activity = Activity()
+    activity.sent("q:1")
+    assert not activity.busy(keys)
+    activity.sent("p:998")
+    assert activity.busy(keys)
+
+
+def test_an_enqueue_that_starts_an_instance_with_a_damaged_meta_names_the_record(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    with Runtime.simulated(store) as runtime:
+        pool = runtime.define("p", execute=noop, concurrency=4)
+        pool.pause(2)  # a meta stored, and no work: a reopen does not start it
+    key = Namespace("p", 2)._meta
+    with Runtime.simulated(store) as runtime:
+        with runtime._store.write() as txn:
+            txn.put(key, b"\x00\x00\x00\x00")
+        pool = runtime.define("p", execute=noop, concurrency=4)
+        assert started(pool) == []
+        with pytest.raises(DamagedRecordError, match="checksum mismatch") as caught:
+            pool.enqueue("x", partition_key=key_of(pool, 2))
+        assert caught.value.key == key
+        other = pool.enqueue("y", partition_key=key_of(pool, 1))  # the others go on
+        assert other.instance_index == 1
+
+
+def key_of(pool: WorkerPool, index: int) -> str:
+    """A partition key that routes to instance ``index``."""
+    return next(key for key in map(str, range(999)) if pool._instances.router.choose(key) == index)
