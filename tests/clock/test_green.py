@@ -11,6 +11,7 @@ from typing import Any
 import pykka
 import pytest
 
+from activation import leave_an_interrupted_attempt
 from dopool import EventContext, PoolEvent, Runtime, SimulatedClock, SimulationStalledError
 from dopool._clock.greenlets import GreenletBackend, Scheduler, TaskLocal
 from dopool.chaos import FaultPlan
@@ -251,10 +252,7 @@ def test_a_call_that_needs_virtual_time_says_so_instead_of_hanging(tmp_path: Pat
 
 def test_define_returns_when_the_first_recovery_loops(tmp_path: Path) -> None:
     """tests/engine/test_restart_backoff.py's test of the same, on one thread."""
-    with Runtime.simulated(tmp_path / "s", backend="greenlet") as first:
-        left = first.define("p", execute=lambda ctx: None)
-        left.pause()
-        left.enqueue("left")  # so define recovers instance 0
+    leave_an_interrupted_attempt(tmp_path / "s", "p")  # define recovers it
     runtime = Runtime.simulated(
         tmp_path / "s", faults=FaultPlan(seed=0, storage_error=0.99), backend="greenlet"
     )
@@ -263,7 +261,7 @@ def test_define_returns_when_the_first_recovery_loops(tmp_path: Path) -> None:
         assert pool.status().instances[0].state == "restarting"
         while pool.status().instances[0].state == "restarting":
             assert simulated(runtime).step()
-        assert pool.status().instances[0].state == "paused"
+        assert pool.status().instances[0].state == "idle"
 
 
 def test_a_handler_calling_another_pool_parks_until_it_answers(tmp_path: Path) -> None:

@@ -11,9 +11,12 @@ from typing import Any
 import pykka
 import pytest
 
+from activation import activate
 from dopool import (
     DamagedRecordError,
     EventContext,
+    PoolEvent,
+    RetryPolicy,
     Runtime,
     SimulatedClock,
     WorkerPool,
@@ -23,6 +26,7 @@ from dopool._clock.quiescence import Activity
 from dopool._engine.actor import InstanceActor
 from dopool._engine.cells import PoolKeys
 from dopool._store.layout import Namespace
+from worker_support import until
 
 TIMEOUT = 30.0
 
@@ -187,3 +191,130 @@ def test_an_enqueue_that_starts_an_instance_with_a_damaged_meta_names_the_record
 def key_of(pool: WorkerPool, index: int) -> str:
     """A partition key that routes to instance ``index``."""
     return next(key for key in map(str, range(999)) if pool._instances.router.choose(key) == index)
+
+
+# -- eviction -------------------------------------------------------------------------
+
+
+def test_an_idle_instance_is_evicted_after_its_idle_timeout_and_a_message_restarts_it(
+    tmp_path: Path,
+) -> None:
+    seen: list[PoolEvent] = []
+    with Runtime.simulated(tmp_path / "store") as runtime:
+        runtime.subscribe(seen.append)
+        pool = runtime.define("p", execute=noop, concurrency=64, idle_timeout=10.0)
+        first = pool.enqueue("a", partition_key="room")
+        assert pool.join()
+        index = first.instance_index
+        clock(runtime).run_until(9.0)
+        assert started(pool) == [index]
+        pool.enqueue("b", partition_key="room")  # activity moves the deadline to t=19
+        clock(runtime).run_until(18.0)
+        assert started(pool) == [index]
+        clock(runtime).run_until(20.0)
+        assert started(pool) == []
+        assert instance_actors() == []
+        pool.pause(index)  # a message starts it again, from its namespace
+        assert started(pool) == [index]
+        pool.resume(index)
+        third = pool.enqueue("c", partition_key="room")
+        assert pool.join()
+        assert third.sequence == 2
+        status = pool.status()
+        assert (status.enqueued, status.succeeded) == (3, 3)
+        assert status.instances[index].restarts == 0  # an eviction is not a crash
+    assert [e.kind for e in seen if e.kind in ("crashed", "recovered")] == []
+
+
+def test_an_evicted_instances_delayed_event_and_retry_run_on_time(tmp_path: Path) -> None:
+    """The runtime's timer starts an evicted instance when its alarm comes due (with the
+    timer's note on eviction left out, neither runs)."""
+    ran: list[tuple[object, int, float]] = []
+
+    def flaky(ctx: EventContext) -> None:
+        ran.append((ctx.event, ctx.attempt, ctx.started_at))
+        if ctx.event == "flaky" and ctx.attempt == 1:
+            raise RuntimeError("first attempt fails")
+
+    retry = RetryPolicy(max_attempts=2, initial_delay=50.0, jitter=0.0)
+    with Runtime.simulated(tmp_path / "store") as runtime:
+        pool = runtime.define("p", execute=flaky, concurrency=8, idle_timeout=10.0, retry=retry)
+        later = pool.enqueue("later", partition_key="a", delay=100.0).instance_index
+        flaky_at = pool.enqueue("flaky", partition_key="b").instance_index
+        assert later != flaky_at
+        clock(runtime).run_until(30.0)
+        assert started(pool) == []  # both waiting, evicted
+        assert pool.join()
+        assert ran == [("flaky", 1, 0.0), ("flaky", 2, 50.0), ("later", 1, 100.0)]
+        assert pool.status().succeeded == 2
+
+
+def test_an_instance_with_a_schedule_is_not_evicted(tmp_path: Path) -> None:
+    ticks: list[float] = []
+
+    def tick(ctx: EventContext) -> None:
+        ticks.append(ctx.started_at)
+
+    with Runtime.simulated(tmp_path / "store") as runtime:
+        pool = runtime.define("p", execute=tick, concurrency=4, idle_timeout=10.0)
+        pool.schedule("tick", "tick", every=100.0)
+        clock(runtime).run_until(250.0)
+        assert ticks == [100.0, 200.0]
+        assert started(pool) == [0]
+
+
+def test_a_crash_of_an_evicted_instance_restarts_it_and_it_recovers(tmp_path: Path) -> None:
+    with Runtime.simulated(tmp_path / "store") as runtime:
+        pool = runtime.define("p", execute=noop, concurrency=4, idle_timeout=10.0)
+        index = pool.enqueue("a", partition_key="k").instance_index
+        assert pool.join()
+        clock(runtime).run_until(20.0)
+        assert started(pool) == []
+        runtime.kill("p", index)  # starts it, and crashes it in its first recovery
+        assert pool.enqueue("b", partition_key="k").instance_index == index
+        assert pool.join()
+        status = pool.status()
+        assert status.succeeded == 2
+        assert status.instances[index].restarts == 1
+
+
+@pytest.mark.threaded
+def test_eviction_and_a_timed_restart_under_the_real_clock(tmp_path: Path) -> None:
+    done = threading.Event()
+
+    def handle(ctx: EventContext) -> None:
+        if ctx.event == "later":
+            done.set()
+
+    # No poll (it would find the evicted instance's work too): the timer must start it.
+    with Runtime(tmp_path / "store", durability="async", poll_interval=3600) as runtime:
+        pool = runtime.define("p", execute=handle, concurrency=16, idle_timeout=0.1)
+        pool.enqueue("now", partition_key="a")
+        pool.enqueue("later", partition_key="b", delay=0.6)
+        until(lambda: started(pool) == [], "both instances evicted")
+        assert instance_actors() == []
+        assert done.wait(TIMEOUT)  # the runtime's timer started its instance when due
+        assert pool.join(timeout=TIMEOUT)
+        assert pool.status().succeeded == 2
+
+
+def test_starting_an_evicted_instance_again_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saves: list[tuple[str, int]] = []
+    save_meta = Namespace.save_meta
+
+    def counted(ns: Namespace, txn: Any, meta: Any) -> Any:
+        saves.append((ns.pool, ns.index))
+        return save_meta(ns, txn, meta)
+
+    with Runtime.simulated(tmp_path / "store") as runtime:
+        pool = runtime.define("p", execute=noop, concurrency=4, idle_timeout=10.0)
+        index = pool.enqueue("a", partition_key="k").instance_index
+        assert pool.join()
+        clock(runtime).run_until(20.0)
+        assert started(pool) == []
+        monkeypatch.setattr(Namespace, "save_meta", counted)
+        activate(pool, index)  # its recovery finds nothing to settle
+        assert started(pool) == [index]
+        assert saves == []

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import dopool._engine.supervisor
+from activation import leave_an_interrupted_attempt
 from dopool import (
     EventContext,
     InstanceCrashedError,
@@ -186,14 +187,12 @@ def test_define_returns_when_the_first_recovery_loops_and_leaves_it_to_the_backo
     """Under a simulated clock nobody drives while ``define`` waits: it must not wait.
 
     The plan fails nearly every write (each recovery's, first of all); the instance left
-    an event in the store, so ``define`` recovers it (one that left nothing starts when
-    first used). ``define`` is called from another thread, so the clock has one per actor
-    (tests/clock/test_green.py: the same on one thread).
+    an interrupted attempt in the store, so ``define`` recovers it, and that recovery
+    writes (one that left nothing starts when first used, and writes nothing). ``define``
+    is called from another thread, so the clock has one per actor (tests/clock/test_green.py:
+    the same on one thread).
     """
-    with Runtime.simulated(tmp_path / "store", backend="threads") as first:
-        left = first.define("p", execute=lambda ctx: None)
-        left.pause()
-        left.enqueue("left")
+    leave_an_interrupted_attempt(tmp_path / "store", "p")
     plan = FaultPlan(seed=0, storage_error=0.99)
     runtime = Runtime.simulated(tmp_path / "store", seed=0, faults=plan, backend="threads")
     assert isinstance(runtime.clock, SimulatedClock)
@@ -216,7 +215,7 @@ def test_define_returns_when_the_first_recovery_loops_and_leaves_it_to_the_backo
 
         drive(clock)  # restart after restart, until one recovery commits
         status = pool.status().instances[0]
-        assert (status.state, status.restart_at) == ("paused", None)
+        assert (status.state, status.restart_at) == ("idle", None)
         assert status.restarts == len(kinds(seen, "crashed")) > 4
 
 

@@ -631,7 +631,7 @@ def test_a_pool_whose_follow_ups_were_all_delivered_may_shrink_and_grow_back(
 
 def _traced_pipeline(path: Path) -> bytes:
     trace = path / "trace.jsonl"
-    plan = FaultPlan(seed=3, crash_after_execute=0.1, storage_error=0.05)
+    plan = FaultPlan(seed=4, crash_after_execute=0.1, storage_error=0.05)
     with Runtime.simulated(path / "store", seed=11, trace=trace, faults=plan) as runtime:
 
         def bounce(ctx: EventContext) -> None:

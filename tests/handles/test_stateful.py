@@ -50,6 +50,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from activation import leave_an_interrupted_attempt
 from dopool import (
     DeadLetter,
     EmptyInfo,
@@ -115,6 +116,9 @@ indices = st.none() | st.integers(0, CONCURRENCY - 1)
 dedup_keys = st.sampled_from([None, None, None, "x", "y", "z"])
 ttls = st.sampled_from([None, None, None, 0.5, 2.0, 5.0])  # virtual seconds
 DEDUP_WINDOW = 2.0  # the pool's dedup_window, virtual seconds
+# Instances idle this long are evicted: the `advance` rule's longer steps evict some, and
+# the next message or due alarm starts them again, which the model must not notice.
+IDLE_TIMEOUT = 2.0
 # When an event is due: at once (None), after a delay, or at a not_before ``now + x``.
 whens = st.sampled_from([None, None, None]) | st.tuples(
     st.sampled_from(["delay", "not_before"]), st.sampled_from([0.0, 0.5, 1.0, 2.5, 7.0, -1.0])
@@ -452,6 +456,7 @@ class PoolMachine(RuleBasedStateMachine):
             on_dead_letter=self._on_dead_letter,
             on_empty=self._on_empty,
             dedup_window=DEDUP_WINDOW,
+            idle_timeout=IDLE_TIMEOUT,
         )
         runtime.subscribe(self._on_event)
         self.last_keyless = None  # the round-robin position lives in the runtime
@@ -1607,8 +1612,7 @@ def test_define_survives_a_crash_in_its_first_recovery(tmp_path: Path) -> None:
         < 0.5
         <= uniform_draw(s, "first", 0, "storage_error", 2)
     )
-    with Runtime(tmp_path, clock=SimulatedClock(), seed=0) as first:  # so define recovers it
-        first.define("first", execute=lambda ctx: None).enqueue("left", delay=1)
+    leave_an_interrupted_attempt(tmp_path, "first")  # define recovers it, with a write
     plan = FaultPlan(seed=seed, storage_error=0.5)
     with Runtime(tmp_path, clock=SimulatedClock(), seed=0, faults=plan) as runtime:
         crashes: list[PoolEvent] = []

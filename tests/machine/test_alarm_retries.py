@@ -64,7 +64,10 @@ class Rig:
         self.clock = SimulatedClock(start)
         self.runtime = Runtime(path, clock=self.clock, seed=1, faults=FaultPlan(alarm_error=1.0))
         self.runtime.subscribe(self.seen.append)
-        self.pool = self.runtime.define("p", execute=self.execute, alarm_retries=retries)
+        # No idle timer: every clock step these tests count is an alarm of the instance.
+        self.pool = self.runtime.define(
+            "p", execute=self.execute, alarm_retries=retries, idle_timeout=None
+        )
 
     def execute(self, ctx: EventContext) -> None:
         self.ran.append(ctx.event)
@@ -179,7 +182,7 @@ def test_a_first_failure_with_no_retries_stalls_a_chained_start(
         rig.ran.append(ctx.event)
         outage.on = True  # the start of the next event, chained to this outcome, fails
 
-    rig.pool = rig.runtime.define("q", execute=execute, alarm_retries=0)
+    rig.pool = rig.runtime.define("q", execute=execute, alarm_retries=0, idle_timeout=None)
     rig.pool.enqueue_many(["a", "b"])
     assert rig.steps() == [0.0]
     assert rig.ran == ["a"]
@@ -218,7 +221,9 @@ def test_a_retry_whose_alarm_is_given_up_shows_stalled_not_backoff(
             outage.on = True  # the retry's alarm will fail
             raise RetryAfter(10)
 
-    rig.pool = rig.runtime.define("q", execute=execute, alarm_retries=1, retry=RetryPolicy())
+    rig.pool = rig.runtime.define(
+        "q", execute=execute, alarm_retries=1, retry=RetryPolicy(), idle_timeout=None
+    )
     rig.pool.enqueue("a")
     assert rig.steps() == [0.0, 10.0, 12.0]  # the attempt; the retry's alarm, and one retry
     instance = rig.instance

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dopool import WorkerPool
+import threading
+from pathlib import Path
+
+from dopool import EventContext, Runtime, WorkerPool
 
 
 def activate(pool: WorkerPool, *indices: int) -> None:
@@ -14,3 +17,22 @@ def activate(pool: WorkerPool, *indices: int) -> None:
         _, reply = cells.open(index)
         if reply is not None:
             reply.get()
+
+
+def leave_an_interrupted_attempt(path: Path, pool: str) -> None:
+    """Leave instance 0 of ``pool`` in the store at ``path`` with an attempt that was still
+    running when its runtime closed: the next ``define`` starts that instance, and its
+    first recovery writes (it settles the attempt), so a storage fault can hit it."""
+    running, release = threading.Event(), threading.Event()
+
+    def hang(_ctx: EventContext) -> None:
+        running.set()
+        release.wait(60.0)
+
+    runtime = Runtime(path, durability="async")  # the real clock: nothing drives the handler
+    try:
+        runtime.define(pool, execute=hang).enqueue("interrupted")
+        assert running.wait(60.0)
+    finally:
+        runtime.close(timeout=0)  # abandoned: the next open counts its attempt as interrupted
+        release.set()  # its outcome can no longer commit: the store is closed

@@ -207,6 +207,7 @@ class Runner(Calls):
                 max_queue_depth=scenario.max_queue_depth,
                 alarm_retries=scenario.alarm_retries,
                 dedup_window=scenario.dedup_window,
+                idle_timeout=scenario.idle_timeout,
             )
         except InstanceCrashedError as exc:
             raise _Stop(

@@ -41,6 +41,12 @@ About one seed in four (:data:`SCHEDULE_SHARE`) defines recurring schedules on t
 pool, and with faults half of them crash some fires before they commit
 (``crash_during_fire``): see :mod:`dopool._chaos.recurring`. Those draws come from
 ``random.Random(f"schedules:{seed}")``, last.
+
+About half the seeds (:data:`EVICTION_SHARE`) give the pools an ``idle_timeout`` of a
+few virtual seconds (:data:`IDLE_TIMEOUTS`), so that instances are evicted between
+steps, while delayed events, retries and schedules wait, and started again mid-run by
+the next message or their alarm; the others keep the default (60 s, which a run rarely
+reaches). That draw comes from ``random.Random(f"eviction:{seed}")``.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
+from dopool._engine.options import DEFAULT_IDLE_TIMEOUT
 from dopool._retry import RetryPolicy
 from dopool.chaos import FaultPlan
 
@@ -82,6 +89,8 @@ TTLS = (0.5, 1.0, 3.0, 8.0)  # virtual seconds
 CANCEL_STEPS = 0.2  # the chance of a cancel step after each step, in such a seed
 CANCEL_FAULTS = (0.05, 0.3)  # the range of crash_during_cancel, with faults
 SCHEDULE_SHARE = 0.25  # of the seeds, those that define recurring schedules
+EVICTION_SHARE = 0.5  # of the seeds, those whose instances are evicted after a short idle
+IDLE_TIMEOUTS = (0.5, 1.0, 2.0, 4.0)  # virtual seconds
 SCHEDULE_EVERY = (1.5, 2.5, 4.0)  # virtual seconds
 
 #: When an enqueue makes its events due: ``("delay", seconds)``, or ``("not_before", s)``
@@ -179,6 +188,7 @@ class Scenario:
     alarm_retries: int | None = None
     second: int = 0  # instances of SECOND_POOL; 0: the scenario has one pool
     dedup_window: float = 0.0  # the pools'
+    idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT  # the pools'
 
     @property
     def max_attempts(self) -> int:
@@ -215,7 +225,7 @@ class Scenario:
         lines = [
             f"seed {self.seed}: concurrency={self.concurrency} retry={self.retry!r} "
             f"max_queue_depth={self.max_queue_depth} alarm_retries={self.alarm_retries}"
-            f" dedup_window={self.dedup_window}{second}",
+            f" dedup_window={self.dedup_window} idle_timeout={self.idle_timeout}{second}",
             f"  faults: {faults or 'none'}",
         ]
         lines += [f"  step {n}: {step.describe()}" for n, step in enumerate(self.steps)]
@@ -259,8 +269,21 @@ def generate(seed: int, *, steps: int | None = None) -> Scenario:
         plan = _with_schedules(plan, recurring)
         if faults is not None and recurring.random() < 0.5:
             faults = replace(faults, crash_during_fire=round(recurring.uniform(0.05, 0.3), 4))
+    eviction = random.Random(f"eviction:{seed}")
+    idle_timeout = DEFAULT_IDLE_TIMEOUT
+    if eviction.random() < EVICTION_SHARE:
+        idle_timeout = eviction.choice(IDLE_TIMEOUTS)
     return Scenario(
-        seed, concurrency, retry, faults, max_queue_depth, plan, alarm_retries, second, window
+        seed,
+        concurrency,
+        retry,
+        faults,
+        max_queue_depth,
+        plan,
+        alarm_retries,
+        second,
+        window,
+        idle_timeout,
     )
 
 

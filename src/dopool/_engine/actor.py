@@ -11,7 +11,9 @@ clock, subscribers, callbacks and the caller learn of it (see
 
 from __future__ import annotations
 
+import copy
 import logging
+import math
 from collections.abc import Callable
 from contextlib import suppress
 from functools import partial
@@ -30,6 +32,7 @@ from dopool._engine.messages import (
     Deliver,
     Delivered,
     Enqueue,
+    Evict,
     HandedOff,
     Kill,
     Recover,
@@ -75,6 +78,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             Deliver: self._on_deliver,
             Delivered: self._on_delivered,
             Kill: self._on_kill,
+            Evict: self._on_evict,
             HandedOff: self._on_handed_off,
             Resend: self._on_resend,
             Redeliver: self._on_redeliver,
@@ -120,6 +124,8 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             else:
                 raise TypeError(f"an instance takes no {type(message).__name__} message")
             self._supervisor.handled(message)
+            if type(message) is not Evict:  # (its own check is no activity)
+                memory.last_active = self._clock.now()
         except Crash as crash:
             self._crash(crash.point, message)
         except Exception as exc:
@@ -332,10 +338,11 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
 
         def body(txn: Txn) -> Meta:
             meta = self._load_meta(txn)
+            before = copy.deepcopy(meta)
             self._machine.recover(txn, meta, message.restarts, now, effects)
-            # An instance never used (no meta stored) that its recovery leaves as new
-            # writes nothing: a pool's instances cost no write until they are used.
-            if self._raw is not None or meta != Meta():
+            # A recovery that changes nothing writes nothing: an instance never used (no
+            # meta stored) costs no write, nor does starting an evicted one again.
+            if meta != before:
                 self._save_meta(txn, meta)
             return meta
 
@@ -343,8 +350,72 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         self._memory.told_alarm = UNTOLD  # the clock must be told again
         self._supervisor.recovered(message.restarts)
         self._publish(meta, effects)
+        self._arm_idle_timer(now)
         if message.reply is not None:
             message.reply.set(None)
+
+    # -- eviction ------------------------------------------------------------------
+    def _idle_timeout(self) -> float | None:
+        """The pool's ``idle_timeout``; None where instances are not evicted: under a
+        shared runtime, whose lease keeper starts and stops them."""
+        return None if self._env.holds is not None else self._spec.options.idle_timeout
+
+    def _arm_idle_timer(self, now: float) -> None:
+        """Have the clock fire this incarnation's idle timer ``idle_timeout`` from now. It
+        is armed once, and re-armed only when it fires: activity in between moves the
+        deadline (``memory.last_active``), not the timer. It keeps no simulated clock busy."""
+        timeout = self._idle_timeout()
+        # (Near the largest float there is no later time left: no timer, and no eviction.)
+        if timeout is not None and now < now + timeout < math.inf:
+            self._clock.set_alarm(self._cell.idle_timer, now + timeout, recurring=True)
+
+    def _on_evict(self, _message: Evict) -> None:
+        """The idle timer fired: stop the actor if the instance has had nothing to do for
+        ``idle_timeout``, else wait again. Nothing is written: the store already holds all
+        an instance is (docs/guarantees.md, "Instances started when first used")."""
+        timeout = self._idle_timeout()
+        if timeout is None or self._mailbox.closed:
+            return
+        now = self._clock.now()
+        deadline = self._memory.last_active + timeout
+        if now < deadline:
+            self._clock.set_alarm(self._cell.idle_timer, deadline, recurring=True)
+            return
+        idle, alarm = self._evictable(now + timeout)
+        if not idle or not self._env.cells.evict(self._cell):
+            self._arm_idle_timer(now)
+            return
+        # No actor answers at the old address any more: the clock forgets it, and the
+        # runtime's timer of evicted instances starts this one when its alarm comes due.
+        self._clock.set_alarm(self._mailbox, None)
+        self._memory.told_alarm = None
+        if alarm is not None:
+            self._env.evicted.note(alarm)
+        self.stop()
+
+    def _evictable(self, horizon: float) -> tuple[bool, float | None]:
+        """Whether the instance has nothing to do before ``horizon`` (no message or caller
+        waiting, no attempt a caller handed it, no follow-ups to deliver or whose
+        acknowledgement it waits for, no schedule to fire, no alarm due by then), and its
+        alarm slot (None: not set), which the store's alarm index holds too."""
+        memory = self._memory
+        if (
+            not self._inbox.empty()
+            or memory.turn.contended()
+            or memory.handed_off is not None
+            or self._asked
+            or self._held
+        ):
+            return False, None
+        try:
+            with self._store.read() as txn:
+                meta = self._ns.load_meta(txn)
+        except DamagedRecordError:  # the next message that needs it says so: an idle
+            return False, None  # timer is not worth a crash
+        running = meta.current is not None and meta.retry_at is None  # (not in a backoff)
+        busy = meta.outbox or running or meta.next_fire is not None
+        due = meta.alarm is not None and meta.alarm <= horizon
+        return not (busy or due), meta.alarm
 
     # -- control -----------------------------------------------------------------
     def _on_control(self, message: Control) -> None:

@@ -8,6 +8,8 @@ follow-up or its acknowledgement, a wake-up from another process, a kill, or a
 store's work and alarm indexes, not by reading every instance). Then :class:`Cells`
 makes its :class:`Cell` and, in a runtime that serves the instance, starts its actor,
 whose first message is its recovery (docs/guarantees.md, "Crashes and recovery").
+An instance idle for its pool's ``idle_timeout`` is evicted: its actor stops and its
+cell is dropped, and the next message starts it again from its namespace.
 """
 
 from __future__ import annotations
@@ -15,22 +17,46 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Hashable, Iterator, Set
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import pykka
 
 from dopool._clock.clocks import Clock
 from dopool._engine.mailbox import Mailbox
 from dopool._engine.memory import InstanceMemory
-from dopool._engine.messages import Reply
+from dopool._engine.messages import Evict, Reply
 from dopool._engine.supervisor import KillFlag, Supervisor
+from dopool._machine.types import Item
+from dopool._types import EnqueueResult
 from dopool.chaos import FaultInjector, FaultPlan
 
 
-class Cell:
-    """What runs one instance in this runtime, made when it is first used."""
+class DirectPath(Protocol):
+    """An instance's enqueue from a caller's own thread (``DirectEnqueue``): None when the
+    instance must be sent a message instead."""
 
-    __slots__ = ("faults", "index", "mailbox", "memory", "supervisor")
+    def enqueue(self, items: tuple[Item, ...]) -> list[EnqueueResult] | None: ...
+
+
+class IdleTimer:
+    """An instance's idle timer: the clock fires it like an alarm, and it asks the actor to
+    see whether it has been idle long enough to be evicted (an :class:`Evict` message)."""
+
+    __slots__ = ("mailbox", "order")
+
+    def __init__(self, mailbox: Mailbox) -> None:
+        self.mailbox = mailbox
+        self.order = mailbox.order
+
+    def fire_alarm(self) -> None:
+        self.mailbox.send(Evict())
+
+
+class Cell:
+    """What runs one instance in this runtime, made when it is first used and dropped when
+    the instance is evicted."""
+
+    __slots__ = ("direct", "faults", "idle_timer", "index", "mailbox", "memory", "supervisor")
 
     def __init__(
         self,
@@ -46,6 +72,8 @@ class Cell:
         self.memory = memory
         self.faults = faults
         self.supervisor = Supervisor(mailbox, clock, partial(start, self))
+        self.idle_timer = IdleTimer(mailbox)
+        self.direct: DirectPath | None = None  # made by the pool with its first direct call
 
 
 class PoolKeys(Set[Hashable]):
@@ -87,6 +115,7 @@ class Cells:
         "_activity",
         "_clock",
         "_closed",
+        "_faults",
         "_latch",
         "_lock",
         "_made",
@@ -121,6 +150,9 @@ class Cells:
         self._waiter = backend.waiter
         self._lock = threading.Lock()
         self._made: dict[int, Cell] = {}  # written under the lock, read without it
+        # Under a fault plan, each instance's injector, kept once it was first made: a
+        # plan's draws are a sequence per instance, which an eviction must not restart.
+        self._faults: dict[int, FaultInjector] = {}
         self._closed = False
 
     def __len__(self) -> int:
@@ -150,7 +182,9 @@ class Cells:
             key = f"{self.name}:{index}"
             mailbox = Mailbox(self.name, index, key, self._activity, self._latch)
             memory = InstanceMemory(self._waiter(f"the turn of {key}"))
-            faults = FaultInjector(self._plan, self.name, index)
+            faults = self._faults.get(index) or FaultInjector(self._plan, self.name, index)
+            if self._plan is not None:  # its draws go on across evictions, as across crashes
+                self._faults[index] = faults
             cell = Cell(mailbox, memory, faults, self._clock, self._start)
             reply = None
             if self._closed:
@@ -163,6 +197,21 @@ class Cells:
             # Listed only now: whoever finds it may send at once, after the recovery.
             self._made[index] = cell
             return cell, reply
+
+    def evict(self, cell: Cell) -> bool:
+        """Drop ``cell``, its instance evicted (called by its actor, with its turn held):
+        the next message for the instance starts a new one. False, changing nothing, if a
+        message waits for the actor (:meth:`Mailbox.retire`)."""
+        with self._lock:
+            if self._made.get(cell.index) is not cell:
+                return False
+            if not cell.mailbox.retire(partial(self._address, cell.index)):
+                return False
+            del self._made[cell.index]
+            return True
+
+    def _address(self, index: int) -> Mailbox:
+        return self[index].mailbox
 
     def made(self) -> list[Cell]:
         """The cells made so far, by index."""

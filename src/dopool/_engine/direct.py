@@ -73,6 +73,7 @@ class DirectEnqueue(InstanceShell):
             finally:
                 in_handler.instance = caller
                 in_handler.outer = outer
+            memory.last_active = self._clock.now()  # keeps the instance from eviction
             if started is not None:  # the actor runs it next
                 memory.handed_off = started
                 mailbox.send(HandedOff())  # if refused (closing), the actor's on_stop runs it

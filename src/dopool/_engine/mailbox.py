@@ -35,6 +35,7 @@ class Mailbox:
         "_latch",
         "_lock",
         "_ref",
+        "_successor",
         "_vacant",
         "key",
         "order",
@@ -65,6 +66,9 @@ class Mailbox:
         self._kept: list[Any] | None = None
         # No actor here because another worker serves the instance (``vacate``).
         self._vacant = False
+        # Once the instance is evicted (``retire``): the address of its next incarnation,
+        # started by asking, where every later message goes.
+        self._successor: Callable[[], Mailbox] | None = None
 
     def reply(self) -> Reply:
         """A reply for a call to this actor, to send with the call and wait on."""
@@ -110,21 +114,42 @@ class Mailbox:
             self._ref = ref
             self._kept = None
 
+    @property
+    def retired(self) -> bool:
+        """Whether the instance was evicted from this address (see :meth:`retire`)."""
+        return self._successor is not None
+
+    def retire(self, successor: Callable[[], Mailbox]) -> bool:
+        """Evict the instance from this address, if no message waits for its actor (called
+        by the actor, with the instance's turn held): every later message goes to
+        ``successor()``, the address of its next incarnation (started by that call).
+        False, changing nothing, if a message waits or the address is closed or vacant."""
+        with self._lock:
+            ref = self._ref
+            if self._closed or ref is None or not ref.actor_inbox.empty():
+                return False
+            self._successor = successor
+            return True
+
     def send(self, message: Any) -> bool:
         """Queue ``message`` for the actor; False (and the reply failed) if it cannot take it."""
         with self._lock:
-            ref = self._ref
-            if not self._closed and ref is not None:
-                self._activity.sent(self.key)
-                try:
-                    ref.tell(message)
-                except pykka.ActorDeadError:
-                    self._activity.done(self.key)
-                else:
-                    return True
-            elif not self._closed and self._kept is not None:
-                return self._keep(self._kept, message)
-            vacant = self._vacant
+            successor = self._successor
+            if successor is None:
+                ref = self._ref
+                if not self._closed and ref is not None:
+                    self._activity.sent(self.key)
+                    try:
+                        ref.tell(message)
+                    except pykka.ActorDeadError:
+                        self._activity.done(self.key)
+                    else:
+                        return True
+                elif not self._closed and self._kept is not None:
+                    return self._keep(self._kept, message)
+                vacant = self._vacant
+        if successor is not None:  # evicted: to the next incarnation (outside the lock,
+            return successor().send(message)  # which starting it may take in another order)
         fail_reply(message, NotLeasedError(self.key) if vacant else PoolClosedError(self.pool))
         return False
 
@@ -146,7 +171,7 @@ class Mailbox:
     def idle(self) -> bool:
         """Whether no message waits for the actor (read with the instance's turn held)."""
         ref = self._ref
-        return ref is not None and ref.actor_inbox.empty()
+        return ref is not None and self._successor is None and ref.actor_inbox.empty()
 
     def finished(self, count: int = 1) -> None:
         """Called by the actor when it has handled ``count`` messages."""

@@ -27,7 +27,16 @@ class InstanceMemory:
     for correctness, and a crash forgets it (:meth:`forget`).
     """
 
-    __slots__ = ("handed_off", "meta", "raw", "told_alarm", "told_recurring", "turn", "woken")
+    __slots__ = (
+        "handed_off",
+        "last_active",
+        "meta",
+        "raw",
+        "told_alarm",
+        "told_recurring",
+        "turn",
+        "woken",
+    )
 
     def __init__(self, waiter: Callable[[], Latch] | None = None) -> None:
         # The right to act on the namespace: one thing at a time. Its waiters wait on
@@ -47,6 +56,9 @@ class InstanceMemory:
         self.told_alarm: float | _Untold | None = None  # what the clock was last told
         self.told_recurring = False  # and whether it was only a schedule's next fire
         self.handed_off: Started | None = None  # an attempt a caller started, for the actor
+        # The clock time the instance last handled something (a message, a direct call): its
+        # idle timer evicts it ``idle_timeout`` after that.
+        self.last_active = 0.0
 
     def forget(self) -> None:
         """The instance crashed: its successor starts from the store and settles the attempt."""

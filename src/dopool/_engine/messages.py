@@ -128,6 +128,12 @@ class HandedOff(Message):
 
 
 @dataclass(frozen=True, slots=True)
+class Evict(Message):
+    """The idle timer: stop the actor if the instance has had nothing to do for its pool's
+    ``idle_timeout``. Not retried: a restarted instance arms a timer of its own."""
+
+
+@dataclass(frozen=True, slots=True)
 class Alarm(Message):
     """The clock says the alarm slot is due."""
 

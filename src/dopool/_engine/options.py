@@ -25,6 +25,9 @@ from dopool._usercode import check_synchronous
 
 Schema = Callable[[Any], Any]
 
+#: Seconds an instance with nothing to do keeps running before it is evicted, by default.
+DEFAULT_IDLE_TIMEOUT = 60.0
+
 
 class PoolOptionsDict(TypedDict, total=False):
     """The keywords of ``define``: see :class:`PoolOptions`."""
@@ -39,6 +42,7 @@ class PoolOptionsDict(TypedDict, total=False):
     alarm_retries: int | None
     dedup_window: float
     keep_finished: float
+    idle_timeout: float | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,6 +63,9 @@ class PoolOptions:
     alarm_retries: int | None = None
     dedup_window: float = 0.0
     keep_finished: float = 0.0  # seconds a finished event stays known to ``event()``
+    # Seconds of the runtime's clock an instance with nothing to do stays running; None: for
+    # ever (docs/guarantees.md, "Instances started when first used").
+    idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT
 
     def __post_init__(self) -> None:
         if not callable(self.execute):
@@ -102,6 +109,19 @@ class PoolOptions:
                     f"{label} must be a finite number of seconds >= 0, got {shown(window)}"
                 )
             object.__setattr__(self, label, float(window))
+        idle = self.idle_timeout
+        if idle is not None:
+            if (
+                isinstance(idle, bool)
+                or not isinstance(idle, int | float)
+                or not math.isfinite(idle)
+                or idle <= 0
+            ):
+                raise ConfigurationError(
+                    "idle_timeout must be a finite number of seconds > 0 or None, "
+                    f"got {shown(idle)}"
+                )
+            object.__setattr__(self, "idle_timeout", float(idle))
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> PoolOptions:

@@ -22,6 +22,7 @@ from dopool._cluster.remote import producer_machine
 from dopool._cluster.routing import Router
 from dopool._engine.cells import Cell, Cells
 from dopool._engine.directory import Directory
+from dopool._engine.evicted import EvictedAlarms
 from dopool._engine.mailbox import Mailbox, fail_reply
 from dopool._engine.messages import Deliver, Enqueue
 from dopool._engine.options import PoolOptions
@@ -66,6 +67,7 @@ class InstanceEnv:
     directory: Directory  # the runtime's defined pools, where follow-ups into them go
     in_handler: Local  # .instance: (pool, index) whose thread this is, mid-message
     cells: Cells  # the pool's instances, each made when first used
+    evicted: EvictedAlarms  # the runtime's timer for evicted instances' alarms
     # A shared runtime's fencing check (``LeaseBook.holds``): whether the store's lease
     # of (pool, index) is still this worker's; None where no other worker can write.
     holds: Callable[[Txn, str, int], bool] | None = None
@@ -99,6 +101,7 @@ class InstanceShell:
 
     def __init__(self, spec: PoolSpec, cell: Cell, env: InstanceEnv) -> None:
         index = cell.index
+        self._cell = cell
         self._faults = cell.faults
         self._spec = spec
         self._index = index
@@ -160,7 +163,8 @@ class InstanceShell:
             if holds is not None and not holds(txn, pool, index):
                 raise _LeaseLost
             result = body(txn)
-            self._fault_point("storage_write", "storage_error")
+            if self._saved is not None:  # a storage error fails a write: this one wrote
+                self._fault_point("storage_write", "storage_error")
             return result
 
         try:

@@ -187,10 +187,17 @@ class Supervisor:
         """Whether a caller holding the turn may act for the instance (see ``DirectEnqueue``).
 
         Not while it is killed or recovering, so that a call made after ``kill``
-        returned still comes after the crash and the recovery; nor once closed.
+        returned still comes after the crash and the recovery; nor once closed, or
+        evicted (the next incarnation takes the call).
         """
         mailbox = self.mailbox
-        return not (mailbox.closed or mailbox.vacant or self._recovering or self._kill.raised)
+        return not (
+            mailbox.closed
+            or mailbox.vacant
+            or mailbox.retired
+            or self._recovering
+            or self._kill.raised
+        )
 
     def handled(self, message: Any) -> None:
         """The actor handled ``message`` without crashing (called with the turn held)."""

@@ -82,8 +82,6 @@ class WorkerPool(Pool):
         self._calls = Calls(context, instances)
         self._read = partial(context.read_open, spec.name)  # PoolClosedError once closed
         self._env = env
-        # Each instance's direct path, made with its first enqueue here.
-        self._direct: dict[int, DirectEnqueue] = {}
 
     @classmethod
     def define(
@@ -177,10 +175,13 @@ class WorkerPool(Pool):
 
     def _direct_to(self, index: int) -> DirectEnqueue:
         """Instance ``index``'s direct path (the instance started if it was not)."""
-        direct = self._direct.get(index)
-        if direct is None:
-            cell, recovery = self._instances.cells.open(index)
-            direct = self._direct.setdefault(index, DirectEnqueue(self._spec, cell, self._env))
+        cells = self._instances.cells
+        cell, recovery = cells.get(index), None
+        if cell is None:
+            cell, recovery = cells.open(index)
+        direct = cell.direct
+        if not isinstance(direct, DirectEnqueue):
+            direct = cell.direct = DirectEnqueue(self._spec, cell, self._env)
             if recovery is not None and not acting(self._context.in_handler):
                 # Started by this call: its recovery first, then this enqueue is stored
                 # from here, as every later one is. A recovery that crashed leaves the

@@ -27,6 +27,7 @@ from dopool._engine.actor import InstanceActor
 from dopool._engine.cells import Cell, Cells
 from dopool._engine.closing import Closing, Stops, deadline_after, stopped, wait_until
 from dopool._engine.directory import Directory, PoolAddress
+from dopool._engine.evicted import EvictedAlarms
 from dopool._engine.keeper import check_shared, keep_leases, serve_pool
 from dopool._engine.options import PoolOptions, PoolOptionsDict
 from dopool._engine.pool_context import PoolContext
@@ -130,6 +131,8 @@ class Runtime:
         self._waits = WaitGraph()  # which instance waits for which, to refuse a deadlock
         # The defined pools, for follow-ups into them; a WorkerPool names one too.
         self._directory = Directory(self.clock, WorkerPool)
+        # One timer for the alarms of every evicted instance of its pools.
+        self._evicted = EvictedAlarms(self.clock, self._store.read, self._cells_of)
         # What each pool uses of this runtime, handed to it by _define_pool.
         self._pool_context = PoolContext(
             read=self._store.read,
@@ -311,6 +314,7 @@ class Runtime:
                 directory=self._directory,
                 in_handler=self._in_handler,
                 cells=cells,
+                evicted=self._evicted,
                 holds=self._keeper.book.holds if self.shared and self._keeper else None,
                 wake=wake,
             )
@@ -337,6 +341,11 @@ class Runtime:
             if self._watcher is not None:
                 self._watcher.watch(name, cells)
             return pool
+
+    def _cells_of(self, name: str) -> Cells | None:
+        """The instances of the pool ``name``, if it is defined here."""
+        instances = self._pools.get(name)
+        return None if instances is None else instances.cells
 
     def close(self, timeout: float | None = None) -> None:
         """Stop every actor gracefully (a running handler finishes), then close the store.
@@ -375,6 +384,7 @@ class Runtime:
             self._closed = True
             pools, self._cells = self._cells, []
             self._defined.clear()
+        self._evicted.close()  # no evicted instance is started now
         if self._keeper is not None:  # no lease taken starts an instance now (not under
             self._keeper.stop_serving()  # the lock: a recovery it waits for may emit)
         stops = [
