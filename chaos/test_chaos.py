@@ -98,7 +98,13 @@ def test_enqueue_many_crash_keeps_the_trace_deterministic() -> None:
         with pytest.raises(InstanceCrashedError):
             pool.enqueue_many(range(6))
         runtime.clock.activity.wait_quiet()
-    assert seen == [("crashed", 0), ("recovered", 0), *[("enqueued", 1)] * 3]
+    assert seen == [
+        ("activated", 0),
+        ("crashed", 0),
+        ("recovered", 0),
+        ("activated", 1),
+        *[("enqueued", 1)] * 3,
+    ]
 
 
 CLOSE_WHILE_A_HANDLER_KILLS = """

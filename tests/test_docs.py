@@ -517,7 +517,15 @@ def test_every_flag_of_a_store_command_is_shown(command: str) -> None:
 # -- docs/simulate.md's reports are what the runs print ---------------------------------------
 BUILT_IN: tuple[str, ...] = ("steady", "burst", "hot-partition", "poison", "crash-storm")
 BUILT_IN += ("maintenance", "daily-cycle")
-HEADLINES = ("events ", "refused ", "throughput ", "latency ", "enqueue wait ", "faults ")
+HEADLINES = (
+    "events ",
+    "refused ",
+    "throughput ",
+    "latency ",
+    "enqueue wait ",
+    "faults ",
+    "activations ",
+)
 
 
 def report_samples() -> list[tuple[str, list[str], list[str]]]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 InstanceState = Literal["restarting", "paused", "processing", "stalled", "backoff", "idle"]
@@ -17,6 +17,8 @@ EventKind = Literal[
     "crashed",
     "restart_delayed",
     "recovered",
+    "activated",
+    "evicted",
     "paused",
     "resumed",
     "drained",
@@ -118,6 +120,10 @@ class PoolStatus:
     cancelled: int = 0
     expired: int = 0  # of ``dead_lettered``, the events not started within their ttl
     schedules: int = 0  # recurring schedules (``pool.schedules()``)
+    # Instances running in this runtime (started, not evicted); None when read from the
+    # store alone (a producer's ``status()``, ``dopool status``). The runtime's memory, not
+    # committed state: two statuses of the same committed state compare equal.
+    active: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

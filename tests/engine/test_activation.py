@@ -214,8 +214,10 @@ def test_an_idle_instance_is_evicted_after_its_idle_timeout_and_a_message_restar
         clock(runtime).run_until(20.0)
         assert started(pool) == []
         assert instance_actors() == []
+        assert pool.status().active == 0
         pool.pause(index)  # a message starts it again, from its namespace
         assert started(pool) == [index]
+        assert pool.status().active == 1
         pool.resume(index)
         third = pool.enqueue("c", partition_key="room")
         assert pool.join()
@@ -224,6 +226,8 @@ def test_an_idle_instance_is_evicted_after_its_idle_timeout_and_a_message_restar
         assert (status.enqueued, status.succeeded) == (3, 3)
         assert status.instances[index].restarts == 0  # an eviction is not a crash
     assert [e.kind for e in seen if e.kind in ("crashed", "recovered")] == []
+    moves = [(e.kind, e.time) for e in seen if e.kind in ("activated", "evicted")]
+    assert moves == [("activated", 0.0), ("evicted", 19.0), ("activated", 20.0)]
 
 
 def test_an_evicted_instances_delayed_event_and_retry_run_on_time(tmp_path: Path) -> None:

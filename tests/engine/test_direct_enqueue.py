@@ -558,7 +558,7 @@ def test_a_crash_during_a_direct_enqueue_stores_nothing_and_recovers_before_rais
             assert (instance.restarts, instance.enqueued, instance.pending) == (round_, 0, 0)
             assert instance.next_alarm_at is None
 
-    assert [event.kind for event in seen] == ["crashed", "recovered"] * 3
+    assert [event.kind for event in seen] == ["activated", *["crashed", "recovered"] * 3]
     assert crashed_errors(seen) == ["crash_during_enqueue"] * 3
 
 
@@ -605,7 +605,7 @@ def test_a_fault_in_a_direct_enqueue_rolls_it_back_and_the_next_enqueue_runs(
         status = pool.status()
 
     assert crashed_errors(seen) == [fault]
-    assert [event.kind for event in seen][:3] == ["crashed", "recovered", "enqueued"]
+    assert [event.kind for event in seen][:4] == ["activated", "crashed", "recovered", "enqueued"]
     assert executed == ["kept"]
     assert (status.enqueued, status.succeeded, status.dead_lettered) == (1, 1, 0)
     assert status.instances[0].restarts == 1

@@ -1602,6 +1602,7 @@ def test_subscribers_see_every_step_in_order(sim: Runtime) -> None:
     pool.resume()
 
     assert [(e.kind, e.instance_index, e.sequence, e.attempt, e.time) for e in seen] == [
+        ("activated", 0, None, None, 0.0),  # started by its first enqueue
         ("enqueued", 0, 0, None, 0.0),
         ("enqueued", 0, 1, None, 0.0),
         ("started", 0, 0, 1, 0.0),
@@ -1624,7 +1625,7 @@ def test_subscribers_see_every_step_in_order(sim: Runtime) -> None:
     unsubscribe()
     pool.enqueue("unseen")
     assert pool.join(timeout=10)
-    assert len(seen) == 13
+    assert len(seen) == 14
 
 
 def test_a_raising_subscriber_is_logged_and_ignored(
@@ -1651,8 +1652,9 @@ def test_the_trace_is_written_as_json_lines(store_path: Path, tmp_path: Path) ->
         assert pool.join(timeout=10)
 
     records = [json.loads(line) for line in trace.read_text().splitlines()]
-    assert [r["kind"] for r in records] == ["enqueued", "started", "succeeded", "empty"]
-    assert records[2] == {
+    kinds = ["activated", "enqueued", "started", "succeeded", "empty"]
+    assert [r["kind"] for r in records] == kinds
+    assert records[3] == {
         "kind": "succeeded",
         "pool": "p",
         "instance_index": 0,

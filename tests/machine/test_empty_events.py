@@ -98,4 +98,12 @@ def test_a_recovery_that_dead_letters_the_last_event_says_empty_after_it(
         pool.enqueue("x")
         clock.run_until_idle()
         kinds = [event.kind for event in seen]
-    assert kinds == ["enqueued", "started", "crashed", "recovered", "dead_lettered", "empty"]
+    assert kinds == [
+        "activated",
+        "enqueued",
+        "started",
+        "crashed",
+        "recovered",
+        "dead_lettered",
+        "empty",
+    ]

@@ -429,7 +429,8 @@ def test_the_trace_gives_back_the_reports_latency(tmp_path: Path, scenario: Scen
         "waiting": result.waiting,
     }
     assert outcomes == {name: count for name, count in expected.items() if count}
-    text = trace.read_text().splitlines()
+    # (an ``activated`` line says the instance started: the arrival's own lines follow it)
+    text = [line for line in trace.read_text().splitlines() if '"kind":"activated"' not in line]
     first, second = json.loads(text[0]), json.loads(text[1])
     assert first == {
         "kind": "arrived",
@@ -785,3 +786,22 @@ def test_import_dopool_does_not_load_the_simulator_or_the_cli() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def test_the_report_counts_instances_started_and_evicted_and_how_many_ran() -> None:
+    """Arrivals 100 virtual s apart on average: instances idle past the default
+    idle_timeout (60 s) are evicted between them, and started again by the next."""
+    scenario = Scenario(
+        instances=4, arrivals=(Arrivals(process="steady", rate=0.01, total=12),), seed=5
+    )
+    result = run(scenario).result
+    active = result.activations
+    assert active.started > 4  # more starts than instances: some started again
+    assert active.evicted >= active.started - 4  # each start again followed an eviction
+    assert 1 <= active.peak <= 4
+    assert 0 < active.mean < active.peak
+    assert active.per_second == pytest.approx(active.started / result.virtual_time)
+    named = figures(result)
+    assert (named["activations"], named["evictions"]) == (active.started, active.evicted)
+    assert result.to_json_dict()["activations"]["peak"] == active.peak
+    assert result.passed

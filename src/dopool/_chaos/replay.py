@@ -57,6 +57,7 @@ class _Instance:
     recovered: int = 0
     restart_due: float | None = None  # when a restart waiting out its backoff may come
     stalled: bool = False  # its alarm was given up, and no write has set one since
+    evicted: bool = False  # since its last ``evicted``, no ``activated`` (or recovery)
 
 
 @dataclass
@@ -148,6 +149,8 @@ class Replay:
                     f"at t={inst.restart_due}"
                 )
             inst.restart_due = None
+        if inst.evicted and kind not in ("activated", "crashed", "restart_delayed", "recovered"):
+            self._bad(f"instance {ev.inst} said {kind!r} while evicted, not started again")
         if kind in ("enqueued", "resumed", "drained"):
             inst.stalled = False  # a write that sets an alarm, or nothing left to stall
         if kind == "enqueued":
@@ -170,7 +173,14 @@ class Replay:
                 inst.attempt.crashed = True
         elif kind == "restart_delayed":
             self._restart_delayed(ev, inst)
+        elif kind == "evicted":
+            if inst.attempt is not None:
+                self._bad(f"instance {ev.inst} was evicted with an attempt not settled")
+            inst.evicted = True
+        elif kind == "activated":
+            inst.evicted = False
         elif kind == "recovered":
+            inst.evicted = False  # a crash of its start: restarted, running again
             inst.recovered += 1
             inst.restarted += inst.unrecorded
             inst.unrecorded = 0

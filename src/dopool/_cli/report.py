@@ -112,6 +112,13 @@ def _render_report(
         f"{result.retries:,} retries · {result.crashes:,} crashes · "
         f"{result.restarts:,} restarts · {result.pauses:,} pauses",
     )
+    active = result.activations
+    summary.add_row(
+        "activations",
+        f"{active.started:,} started · {active.evicted:,} evicted · at most {active.peak:,} "
+        f"running, {active.mean:,.1f} on average · {active.per_second:,.3g} started per "
+        "virtual s",
+    )
     out.print(summary)
     out.print()
     if len(result.pools) > 1:

@@ -335,6 +335,8 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             # (placed before the transition's events, not inserted after them: the
             # position of an ``empty`` among them is recorded as they are made)
             effects.events.append(self._machine.event("recovered", now))
+        elif message.start and self._env.listening():  # started on demand
+            effects.events.append(self._machine.event("activated", now))
 
         def body(txn: Txn) -> Meta:
             meta = self._load_meta(txn)
@@ -391,6 +393,8 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         self._memory.told_alarm = None
         if alarm is not None:
             self._env.evicted.note(alarm)
+        if self._env.listening():
+            self._env.emit(self._machine.event("evicted", now))
         self.stop()
 
     def _evictable(self, horizon: float) -> tuple[bool, float | None]:

@@ -110,11 +110,14 @@ class Recover(Message):
     """Sent first to a started instance: settle a crashed attempt, re-arm the alarm.
 
     ``restarts`` counts the supervisor restarts not yet recorded: more than one
-    when an earlier recovery crashed before its write committed.
+    when an earlier recovery crashed before its write committed. ``start``: the first
+    message of an instance started on demand (:meth:`Supervisor.activate`), which
+    emits ``activated`` once it commits.
     """
 
     reply: Reply | None
     restarts: int = 0
+    start: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -126,7 +126,7 @@ class Supervisor:
         instance messages rather than act for it (:meth:`takes_direct_calls`)."""
         with self._lock:
             self._recovering = True
-        self.mailbox.attach(self._start(self._kill), Recover(reply, restarts=0))
+        self.mailbox.attach(self._start(self._kill), Recover(reply, restarts=0, start=True))
 
     def reopen(self) -> None:
         """Start a closed (or never started) instance again, as new: a shared runtime's

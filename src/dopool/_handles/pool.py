@@ -367,9 +367,9 @@ class WorkerPool(Pool):
     def status(self) -> PoolStatus:
         self._check_open()
         # The restart state is in memory (of the instances started), read without waiting.
+        made = self._instances.cells.made()
         restarts = {
-            cell.index: (cell.supervisor.crash_streak, cell.supervisor.restart_at)
-            for cell in self._instances.cells.made()
+            cell.index: (cell.supervisor.crash_streak, cell.supervisor.restart_at) for cell in made
         }
         with self._read() as txn:
             instances = [
@@ -378,7 +378,7 @@ class WorkerPool(Pool):
                 )
                 for i in range(self.concurrency)
             ]
-        return pool_status(self.name, instances)
+        return pool_status(self.name, instances, active=len(made))
 
     def event(self, event_id: str) -> EventInfo | None:
         self._check_open()

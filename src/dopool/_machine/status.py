@@ -56,8 +56,10 @@ def instance_status(
     )
 
 
-def pool_status(name: str, instances: Sequence[InstanceStatus]) -> PoolStatus:
-    """A pool's status: its instances' counters summed."""
+def pool_status(
+    name: str, instances: Sequence[InstanceStatus], active: int | None = None
+) -> PoolStatus:
+    """A pool's status: its instances' counters summed; ``active``: how many run here."""
     return PoolStatus(
         name=name,
         concurrency=len(instances),
@@ -73,6 +75,7 @@ def pool_status(name: str, instances: Sequence[InstanceStatus]) -> PoolStatus:
         cancelled=sum(s.cancelled for s in instances),
         expired=sum(s.expired for s in instances),
         schedules=sum(s.schedules for s in instances),
+        active=active,
     )
 
 

@@ -47,7 +47,7 @@ from dopool._retry import RetryPolicy
 from dopool._sim.draws import Draws
 from dopool._sim.interrupt import Interrupt, interruptible
 from dopool._sim.measure import Answers, measure
-from dopool._sim.metrics import Collector, Result
+from dopool._sim.metrics import Collector, Residency, Result
 from dopool._sim.pools import pool_named
 from dopool._sim.scenario import Scenario
 from dopool._sim.sections import Kill as PlannedKill
@@ -247,8 +247,11 @@ def _define_pools(
     """Define the scenario's pools, each with the simulated handler; their collectors."""
     designs = {pool.name: pool for pool in scenario.resolved_pools}
     collectors: dict[str, Collector] = {}
+    run = Residency()  # the instances running, over every pool
     for name, design in designs.items():
-        collectors[name] = Collector(name, design.instances, delays=design.delayed_share > 0)
+        collectors[name] = Collector(
+            name, design.instances, delays=design.delayed_share > 0, residency=run
+        )
         runtime.subscribe(collectors[name])
         spec = design.retry
         runtime.define(
@@ -299,7 +302,10 @@ def _define_app_pools(scenario: Scenario, runtime: ToolRuntime, app: App) -> dic
                     f"{kind}[{position}].instance",
                     f"must be < instances ({concurrency}) of pool {name!r}, got {item.instance}",
                 )
-    collectors = {name: Collector(name, pool.concurrency) for name, pool in pools.items()}
+    run = Residency()  # the instances running, over every pool
+    collectors = {
+        name: Collector(name, pool.concurrency, residency=run) for name, pool in pools.items()
+    }
     for collector in collectors.values():
         for event in early:
             collector(event)

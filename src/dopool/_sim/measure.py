@@ -19,6 +19,7 @@ from dopool._sim.metrics import (
     Invariant,
     PoolResult,
     Requests,
+    Residency,
     Result,
 )
 from dopool._sim.order import check_delayed_order
@@ -266,6 +267,8 @@ def measure(
     every = list(statuses.values())
     pending = sum(s.pending for s in every)
     waiting = sum(answers.waiting.values())
+    runs = [collector.run for collector in collectors.values()]
+    activations = runs[0].summary(now) if runs else Residency().summary(now)
     return Result(
         scenario=scenario.to_dict(),
         finished=pending == 0 and outbox == 0 and answers.sent == expected,
@@ -292,6 +295,7 @@ def measure(
         invariants=invariants,
         dead_letters=dead_letters,
         pool_events=sum(sum(c.counts.values()) for c in collectors.values()),
+        activations=activations,
         follow_ups=spawned,
         pools=results,
         requests=_requests(answers, collectors, lineage) if follow_ups else None,

@@ -73,11 +73,73 @@ class Stall:
         }
 
 
-class Collector:
-    """Follows a pool's events; see the module docstring."""
+@dataclass(frozen=True, slots=True)
+class Activations:
+    """Instances started on demand and evicted when idle, as a run's pool events tell it
+    (``activated``, ``evicted``; docs/guarantees.md, "Instances started when first used")."""
 
-    def __init__(self, pool: str, instances: int, *, delays: bool = False) -> None:
+    started: int
+    evicted: int
+    peak: int  # the most running at once
+    mean: float  # running, on average over the run's virtual time
+    per_second: float  # starts per virtual second
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "started": self.started,
+            "evicted": self.evicted,
+            "peak": self.peak,
+            "mean": round(self.mean, 6),
+            "per_second": round(self.per_second, 6),
+        }
+
+
+@dataclass(slots=True)
+class Residency:
+    """Instances running (started, not evicted yet) over virtual time: a pool's, or a run's."""
+
+    started: int = 0
+    evicted: int = 0
+    running: int = 0
+    peak: int = 0
+    area: float = 0.0  # instance-seconds run until ``since``
+    since: float = 0.0
+
+    def change(self, delta: int, time: float) -> None:
+        """One instance started (``delta`` 1) or evicted (-1) at ``time``."""
+        self.area += self.running * (time - self.since)
+        self.since = time
+        if delta > 0:
+            self.started += 1
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+        else:
+            self.evicted += 1
+            self.running = max(0, self.running - 1)
+
+    def summary(self, end: float) -> Activations:
+        """The figures of a run that ended at ``end`` (virtual seconds)."""
+        if end <= 0:
+            return Activations(self.started, self.evicted, self.peak, float(self.running), 0.0)
+        area = self.area + self.running * (end - self.since)
+        return Activations(self.started, self.evicted, self.peak, area / end, self.started / end)
+
+
+class Collector:
+    """Follows a pool's events; see the module docstring. ``residency``: the run's count of
+    running instances, which every pool's collector keeps too."""
+
+    def __init__(
+        self,
+        pool: str,
+        instances: int,
+        *,
+        delays: bool = False,
+        residency: Residency | None = None,
+    ) -> None:
         self.pool = pool
+        self.residency = Residency()  # this pool's
+        self.run = self.residency if residency is None else residency  # the run's
         # With delayed arrivals an instance starts its events by due time, not by
         # sequence: the order is checked at the end, once the due times are known.
         self.delays = delays
@@ -150,6 +212,16 @@ class Collector:
     def _give_up(self, event: PoolEvent, track: InstanceTrack, time: float) -> None:
         if track.stalled is None:
             track.stalled = (time, track.depth)
+
+    def _activated(self, event: PoolEvent, track: InstanceTrack, time: float) -> None:
+        self.residency.change(1, time)
+        if self.run is not self.residency:
+            self.run.change(1, time)
+
+    def _evicted(self, event: PoolEvent, track: InstanceTrack, time: float) -> None:
+        self.residency.change(-1, time)
+        if self.run is not self.residency:
+            self.run.change(-1, time)
 
     def _idle(self, event: PoolEvent, track: InstanceTrack, time: float) -> None:
         """An attempt ended without a success: retried later, or its instance crashed."""
@@ -232,6 +304,8 @@ class Collector:
         "drained": _drain,
         "alarm_given_up": _give_up,
         "resumed": _woken,
+        "activated": _activated,
+        "evicted": _evicted,
     }
 
     def successes(self) -> Iterator[tuple[Key, float]]:
@@ -429,6 +503,9 @@ class Result:
     in_progress: int
     outbox: int
     not_arrived: int
+    activations: Activations = field(
+        default=Activations(0, 0, 0, 0.0, 0.0), kw_only=True
+    )  # instances started and evicted
     # For plots only; not part of the JSON document.
     delayed: int = field(default=0, kw_only=True)  # arrivals stored with a delay
     depth_series: list[Steps] = field(repr=False, compare=False)  # per instance
@@ -488,6 +565,7 @@ class Result:
             "restarts": self.restarts,
             "pauses": self.pauses,
             "max_queue_depth": self.max_depth,
+            "activations": self.activations.to_json_dict(),
             **({"pools": [p.to_json_dict() for p in self.pools]} if len(self.pools) > 1 else {}),
             **({"end_to_end": self.requests.to_json_dict()} if self.requests else {}),
             "alarm_policy": self.alarm_policy,
