@@ -1344,3 +1344,16 @@ def test_chaos_stops_at_ctrl_c_with_one_line_and_no_store_left(
     with pytest.raises(KeyboardInterrupt):
         runner.run_seed(1)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_simulate_takes_a_pools_idle_timeout_from_a_flag(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    args = ("simulate", "--scenario", "steady", "--events", "40", "--rate", "0.05", "-q")
+    result = invoke(*args, "--idle-timeout", "1", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    assert document["scenario"]["idle_timeout"] == 1.0
+    assert document["activations"]["evicted"] > 0
+    refused = invoke(*args, "--idle-timeout", "0")
+    assert refused.exit_code == 2
+    assert "--idle-timeout" in refused.output

@@ -322,3 +322,20 @@ def test_starting_an_evicted_instance_again_writes_nothing(
         activate(pool, index)  # its recovery finds nothing to settle
         assert started(pool) == [index]
         assert saves == []
+
+
+def test_an_evicted_instance_started_again_leaves_no_timer_behind(tmp_path: Path) -> None:
+    """Evicted with a delayed event due at 7, then paused at 2 (started again by the pause,
+    its alarm cleared): nothing is due, so running until idle leaves the clock at 2
+    (a timer kept for the instance drove it to 7; found by the stateful model test)."""
+    with Runtime.simulated(tmp_path / "store") as runtime:
+        pool = runtime.define("p", execute=noop, idle_timeout=1.0)
+        pool.enqueue("later", delay=7.0)
+        clock(runtime).run_until(2.0)
+        assert started(pool) == []
+        pool.pause()
+        clock(runtime).run_until_idle()
+        assert clock(runtime).now() == 2.0
+        pool.resume()  # and the event still runs at its time
+        assert pool.join()
+        assert (clock(runtime).now(), pool.status().succeeded) == (7.0, 1)

@@ -28,6 +28,7 @@ from dopool._sim.figures import figures
 from dopool._sim.latency import Latency, percentile
 from dopool._sim.measure import _since_handed, _store_checks, _unaccounted
 from dopool._sim.metrics import Collector
+from dopool._sim.pools import PoolTable
 from dopool._sim.scenario import (
     DEFAULT_TOTAL,
     Arrivals,
@@ -805,3 +806,13 @@ def test_the_report_counts_instances_started_and_evicted_and_how_many_ran() -> N
     assert (named["activations"], named["evictions"]) == (active.started, active.evicted)
     assert result.to_json_dict()["activations"]["peak"] == active.peak
     assert result.passed
+
+
+def test_a_pools_idle_timeout_decides_its_evictions() -> None:
+    arrivals = (Arrivals(process="steady", rate=0.01, total=12),)
+    kept = run(Scenario(instances=4, arrivals=arrivals, seed=5, idle_timeout=1000.0)).result
+    assert (kept.activations.started, kept.activations.evicted) == (4, 0)
+    tables = (PoolTable("sim", {"idle_timeout": 1000.0}),)
+    assert run(Scenario(arrivals=arrivals, seed=5, pools=tables)).result.activations.evicted == 0
+    with pytest.raises(ScenarioError, match="idle_timeout"):
+        Scenario(idle_timeout=0)

@@ -73,6 +73,7 @@ FIELD_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("--poison-share", "poison_share", "share of events that fail on every attempt"),
     ("--duplicate-share", "duplicate_share", "share of arrivals repeating a recent dedup key"),
     ("--dedup-window", "dedup_window", "virtual seconds a finished dedup key stays held"),
+    ("--idle-timeout", "idle_timeout", "virtual seconds an idle instance runs before eviction"),
     ("--delayed-share", "delayed_share", "share of arrivals enqueued with --delay"),
     ("--delay", "delay", "virtual seconds a delayed arrival waits before it is due"),
     ("--max-attempts", "retry.max_attempts", "attempts per event, the first included"),

@@ -392,7 +392,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         self._clock.set_alarm(self._mailbox, None)
         self._memory.told_alarm = None
         if alarm is not None:
-            self._env.evicted.note(alarm)
+            self._env.evicted.note(self._spec.name, self._index, alarm)
         if self._env.listening():
             self._env.emit(self._machine.event("evicted", now))
         self.stop()

@@ -119,6 +119,7 @@ class Cells:
         "_latch",
         "_lock",
         "_made",
+        "_on_start",
         "_plan",
         "_serve",
         "_start",
@@ -136,8 +137,11 @@ class Cells:
         *,
         serve: bool,
         faults: FaultPlan | None = None,
+        on_start: Callable[[str, int], None] | None = None,
     ) -> None:
-        """``start(cell, kill_flag)``: an incarnation of the instance's actor, started."""
+        """``start(cell, kill_flag)``: an incarnation of the instance's actor, started;
+        ``on_start(pool, index)``: told of each instance started (the runtime's timer of
+        evicted instances' alarms forgets it)."""
         self.name = name
         self.concurrency = concurrency
         self._clock = clock
@@ -154,6 +158,7 @@ class Cells:
         # plan's draws are a sequence per instance, which an eviction must not restart.
         self._faults: dict[int, FaultInjector] = {}
         self._closed = False
+        self._on_start = on_start
 
     def __len__(self) -> int:
         return self.concurrency
@@ -190,6 +195,8 @@ class Cells:
             if self._closed:
                 mailbox.close()
             elif self._serve:
+                if self._on_start is not None:
+                    self._on_start(self.name, index)
                 reply = mailbox.reply()
                 cell.supervisor.activate(reply)
             else:

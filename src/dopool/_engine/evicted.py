@@ -1,24 +1,30 @@
 """One timer per runtime for the alarms of its evicted instances.
 
 A running instance tells the clock of its own alarm slot. An evicted one has no actor to
-do so: its alarm stays in the store, in the store-wide alarm index (due time, pool,
-instance; :mod:`dopool._store.layout`), written in the same transaction that set it. The
-runtime keeps one clock alarm, :class:`EvictedAlarms`, at the earliest alarm an instance
-had when it was evicted; when it fires, it reads the index from its start, starts every
-instance of a defined pool that is not running and whose alarm is due (its recovery
-re-arms that alarm, which fires at once), and sets itself for the next one due.
+do so: its alarm stays in the store (and in the store-wide alarm index, written in the
+same transaction that set it). When an instance is evicted with its alarm set, its actor
+tells :class:`EvictedAlarms` when that alarm is due; the runtime keeps one clock alarm at
+the earliest of those, and when it fires, starts every evicted instance whose alarm is due
+(its recovery re-arms that alarm, which fires at once). An instance started again before
+then (a message for it) is forgotten here, so the clock is never driven to a time at
+which nothing is due: a simulated run's virtual time moves as it would without evictions.
+
+It keeps a few numbers per evicted instance with an alarm set (one that waits for a
+delayed event or a retry), none per idle one. An alarm another process sets on an evicted
+instance (a producer's delayed enqueue) is not told here: the producer's wake-up, or the
+store's poll, starts the instance (:mod:`dopool._engine.wakeups`).
 """
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections.abc import Callable
-from contextlib import AbstractContextManager
-from typing import Any
 
 from dopool._clock.clocks import Clock
 from dopool._engine.cells import Cells
-from dopool._store.layout import alarm_index, parse_alarm_entry
+
+Where = tuple[str, int]  # a pool's name, an instance's index
 
 
 class EvictedAlarms:
@@ -26,59 +32,82 @@ class EvictedAlarms:
 
     Args:
         clock: the runtime's clock, which fires it.
-        read: a read-only snapshot of the store.
         pools: a defined pool's instances by name (None for a pool not defined here).
     """
 
     order = ("", 0)  # fired before any instance's alarm due at the same time
 
-    def __init__(
-        self,
-        clock: Clock,
-        read: Callable[[], AbstractContextManager[Any]],
-        pools: Callable[[str], Cells | None],
-    ) -> None:
+    def __init__(self, clock: Clock, pools: Callable[[str], Cells | None]) -> None:
         self._clock = clock
-        self._read = read
         self._pools = pools
         self._lock = threading.Lock()
-        self._at: float | None = None  # when the clock fires it; None: not set
+        # Held while the clock is told: the last to tell it tells it the latest. Re-entered
+        # when a real clock fires at once, from inside ``set_alarm``.
+        self._telling = threading.RLock()
+        self._due: dict[Where, float] = {}  # each evicted instance with an alarm: when
+        self._heap: list[tuple[float, str, int]] = []  # the same, earliest first (some stale)
+        self._at: float | None = None  # when the clock fires this; None: not set
+        self._closed = False
 
-    def note(self, due: float) -> None:
-        """An instance evicted with its alarm due at ``due``: fire by then."""
+    def note(self, pool: str, index: int, due: float) -> None:
+        """Instance ``index`` of ``pool`` was evicted with its alarm due at ``due``."""
         with self._lock:
-            if self._at is not None and self._at <= due:
+            if self._closed:
                 return
-            self._at = due
-        self._clock.set_alarm(self, due)
+            self._due[pool, index] = due
+            heapq.heappush(self._heap, (due, pool, index))
+        self._tell()
+
+    def started(self, pool: str, index: int) -> None:
+        """Instance ``index`` of ``pool`` runs again: its own actor tells the clock now."""
+        if (pool, index) not in self._due:  # (the common case, without the lock)
+            return
+        with self._lock:
+            if self._due.pop((pool, index), None) is None:
+                return
+        self._tell()
 
     def fire_alarm(self) -> None:
         """Start the evicted instances whose alarm is due; set the timer for the next."""
-        with self._lock:
-            self._at = None
         now = self._clock.now()
-        due: list[tuple[Cells, int]] = []
-        later: float | None = None
-        with self._read() as txn:
-            for key in alarm_index(txn):
-                entry = parse_alarm_entry(key)
-                if entry is None:
-                    continue  # not an entry of the layout: dopool check reports it
-                at, pool, index = entry
-                cells = self._pools(pool)
-                if cells is None or not 0 <= index < len(cells) or cells.get(index) is not None:
-                    continue  # not defined here, a stray entry, or running: its own alarm
-                if at > now:
-                    later = at
-                    break
-                due.append((cells, index))
-        for cells, index in due:
-            cells.open(index)  # started: its recovery re-arms its alarm, due now
-        if later is not None:
-            self.note(later)
+        due: list[Where] = []
+        with self._lock:
+            self._at = None  # fired
+            heap = self._heap
+            while heap and heap[0][0] <= now:
+                at, pool, index = heapq.heappop(heap)
+                if self._due.get((pool, index)) == at:
+                    del self._due[pool, index]
+                    due.append((pool, index))
+        for pool, index in due:  # in due time order, then by pool and index
+            cells = self._pools(pool)
+            if cells is not None and cells.get(index) is None:
+                cells.open(index)  # started: its recovery re-arms its alarm, due now
+        self._tell()
 
     def close(self) -> None:
         """The runtime is closing: fire no more."""
         with self._lock:
+            self._closed = True
+            self._due.clear()
+            self._heap.clear()
             self._at = None
         self._clock.set_alarm(self, None)
+
+    def _next(self) -> float | None:
+        """The earliest alarm still noted (stale heap entries dropped); with the lock."""
+        heap, noted = self._heap, self._due
+        while heap and noted.get((heap[0][1], heap[0][2])) != heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def _tell(self) -> None:
+        """Have the clock fire at the earliest alarm noted (not at all if none), unless it
+        already does."""
+        with self._telling:
+            with self._lock:
+                at = None if self._closed else self._next()
+                if at == self._at:
+                    return
+                self._at = at
+            self._clock.set_alarm(self, at)

@@ -132,7 +132,7 @@ class Runtime:
         # The defined pools, for follow-ups into them; a WorkerPool names one too.
         self._directory = Directory(self.clock, WorkerPool)
         # One timer for the alarms of every evicted instance of its pools.
-        self._evicted = EvictedAlarms(self.clock, self._store.read, self._cells_of)
+        self._evicted = EvictedAlarms(self.clock, self._cells_of)
         # What each pool uses of this runtime, handed to it by _define_pool.
         self._pool_context = PoolContext(
             read=self._store.read,
@@ -294,7 +294,13 @@ class Runtime:
 
             # A shared worker serves none of them until its keeper takes their leases.
             cells = Cells(
-                name, concurrency, self.clock, start, serve=not self.shared, faults=self.faults
+                name,
+                concurrency,
+                self.clock,
+                start,
+                serve=not self.shared,
+                faults=self.faults,
+                on_start=self._evicted.started,
             )
             first = RoutingTable.elsewhere(concurrency) if self.shared else None
             router = Router(concurrency, table=first)

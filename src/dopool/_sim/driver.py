@@ -268,6 +268,7 @@ def _define_pools(
             max_queue_depth=design.max_queue_depth,
             alarm_retries=design.alarm_retries,
             dedup_window=design.dedup_window,
+            idle_timeout=design.idle_timeout,
         )
     return collectors
 

@@ -15,12 +15,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from dopool._engine.options import DEFAULT_IDLE_TIMEOUT
 from dopool._errors import MAX_DELAY, ConfigurationError, ScenarioError
 from dopool._machine.validation import check_pool_name
 from dopool._sim.checks import assign, choice, number, probability
 from dopool._sim.sections import (
     MAX_INSTANCES,
     MAX_PAYLOAD_BYTES,
+    MAX_TIME,
     ROUTINGS,
     Partitions,
     Retry,
@@ -49,6 +51,7 @@ POOL_FIELDS = (
     "alarm_retries",
     "duplicate_share",
     "dedup_window",
+    "idle_timeout",
     "delayed_share",
     "delay",
 )
@@ -102,6 +105,7 @@ class Pool:
     alarm_retries: int | None = None
     duplicate_share: float = 0.0
     dedup_window: float = 0.0
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
     delayed_share: float = 0.0
     delay: float = 0.0
     partitions: Partitions = field(default_factory=Partitions)
@@ -126,6 +130,8 @@ class Pool:
             number("alarm_retries", self.alarm_retries, integer=True, minimum=0, maximum=1000)
         assign(self, "duplicate_share", probability("duplicate_share", self.duplicate_share))
         assign(self, "dedup_window", number("dedup_window", self.dedup_window, minimum=0.0))
+        idle = number("idle_timeout", self.idle_timeout, above=0.0, maximum=MAX_TIME)
+        assign(self, "idle_timeout", idle)
         assign(self, "delayed_share", probability("delayed_share", self.delayed_share))
         delay = number("delay", self.delay, minimum=0.0, maximum=MAX_DELAY)
         if self.delayed_share > 0 and delay <= 0:

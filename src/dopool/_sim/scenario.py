@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from dopool._engine.options import DEFAULT_IDLE_TIMEOUT
 from dopool._errors import ScenarioError
 from dopool._sim.checks import choice, number, text
 from dopool._sim.pools import (
@@ -113,6 +114,8 @@ class Scenario:
         duplicate_share: this share of arrivals repeats a recent arrival's dedup key
             (every arrival then carries one); 0 = no dedup keys.
         dedup_window: the pool's ``dedup_window``, virtual seconds.
+        idle_timeout: the pool's ``idle_timeout``: virtual seconds an instance with
+            nothing to do runs before it is evicted.
         delayed_share: this share of arrivals is enqueued with ``delay`` (0 = none).
         delay: the virtual seconds a delayed arrival waits before it is due.
         preset: ``"cloudflare"`` fills in Cloudflare's rules for what the file leaves
@@ -139,6 +142,7 @@ class Scenario:
     alarm_retries: int | None = None
     duplicate_share: float = 0.0
     dedup_window: float = 0.0
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
     delayed_share: float = 0.0
     delay: float = 0.0
     preset: str | None = None
