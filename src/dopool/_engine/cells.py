@@ -49,7 +49,8 @@ class IdleTimer:
         self.order = mailbox.order
 
     def fire_alarm(self) -> None:
-        self.mailbox.send(Evict())
+        if not self.mailbox.retired:  # (a retired address would start the next incarnation)
+            self.mailbox.send(Evict())
 
 
 class Cell:
