@@ -267,13 +267,20 @@ def test_an_instance_with_a_schedule_is_not_evicted(tmp_path: Path) -> None:
         assert started(pool) == [0]
 
 
+def one_evicted(runtime: Runtime) -> tuple[WorkerPool, int]:
+    """Pool ``p`` (4 instances, idle_timeout 10) whose one instance used, with key ``k``,
+    ran its event and was evicted; that instance's index."""
+    pool = runtime.define("p", execute=noop, concurrency=4, idle_timeout=10.0)
+    index = pool.enqueue("a", partition_key="k").instance_index
+    assert pool.join()
+    clock(runtime).run_until(20.0)
+    assert started(pool) == []
+    return pool, index
+
+
 def test_a_crash_of_an_evicted_instance_restarts_it_and_it_recovers(tmp_path: Path) -> None:
     with Runtime.simulated(tmp_path / "store") as runtime:
-        pool = runtime.define("p", execute=noop, concurrency=4, idle_timeout=10.0)
-        index = pool.enqueue("a", partition_key="k").instance_index
-        assert pool.join()
-        clock(runtime).run_until(20.0)
-        assert started(pool) == []
+        pool, index = one_evicted(runtime)
         runtime.kill("p", index)  # starts it, and crashes it in its first recovery
         assert pool.enqueue("b", partition_key="k").instance_index == index
         assert pool.join()
@@ -313,11 +320,7 @@ def test_starting_an_evicted_instance_again_writes_nothing(
         return save_meta(ns, txn, meta)
 
     with Runtime.simulated(tmp_path / "store") as runtime:
-        pool = runtime.define("p", execute=noop, concurrency=4, idle_timeout=10.0)
-        index = pool.enqueue("a", partition_key="k").instance_index
-        assert pool.join()
-        clock(runtime).run_until(20.0)
-        assert started(pool) == []
+        pool, index = one_evicted(runtime)
         monkeypatch.setattr(Namespace, "save_meta", counted)
         activate(pool, index)  # its recovery finds nothing to settle
         assert started(pool) == [index]
