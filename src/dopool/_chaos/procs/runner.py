@@ -41,7 +41,7 @@ DEADLINE = 120.0  # the longest a whole run takes
 GRACE = 10.0  # a worker's --grace: far above any handler's time
 POLL = 0.1  # a worker's --poll-interval: a lost wake-up costs this much
 DUMP_TIME = 0.5  # seconds a stuck run's processes get to write their stacks
-FREEZE_TRY = 3.0  # seconds a freeze looks for its target holding the writer lock
+FREEZE_TRY = 8.0  # seconds a freeze looks for its target holding the writer lock
 FREEZE_POLL = 0.0001  # seconds between two looks (the runner reads its pipes meanwhile)
 
 
