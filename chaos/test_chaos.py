@@ -163,7 +163,7 @@ def test_poison_event_that_kills_its_instance_is_dead_lettered_after_max_attempt
             pool.enqueue(n, partition_key="p")  # the same instance, behind the poison
         assert pool.join(timeout=30)
         (dead,) = pool.dead_letters()
-        status = pool.status().instances[first.instance_index]
+        status = pool.status().instance(first.instance_index)
 
     assert dead.event == "poison"
     assert dead.sequence == first.sequence

@@ -32,7 +32,7 @@ from dopool import (
 from dopool._ops.check import check_store
 from dopool._store.layout import Namespace, read_dead, read_event, read_meta, read_outbox
 
-FIXTURE = Path(__file__).parent / "support" / "fixtures" / "store-v8"
+FIXTURE = Path(__file__).parent / "support" / "fixtures" / "store-v9"
 # The fixture's records, by what they are (see tests/support/fixtures/make_store.py).
 META = Namespace("orders", 1).prefix + b"m"
 QUEUED = Namespace("orders", 1).queue_key(-2, 4, 1000.0)
@@ -136,7 +136,7 @@ def test_any_value_is_refused_by_name_or_handled_exactly_as_decoded() -> None:
         one()
         status = pool.status()
         assert status.dead_lettered == 0
-        assert status.instances[0].restarts == 0
+        assert status.instance(0).restarts == 0
 
 
 # -- any bytes as a stored record ---------------------------------------------------------------

@@ -148,8 +148,22 @@ class Pool(Protocol):
         """The recurring schedules as committed, by name; never waits for an instance."""
         ...
 
-    def status(self) -> PoolStatus:
-        """Counters and state from committed storage; never waits for an instance."""
+    def status(
+        self, *, instances: Iterable[int] | None = None, limit: int | None = None
+    ) -> PoolStatus:
+        """Counters and state from committed storage; never waits for an instance.
+
+        The counters are summed over the whole pool. ``instances`` lists the status of
+        every instance ever used (any record stored: an instance never used is idle, with
+        every counter 0), by index; ``instances=`` chooses among them (a ``range``, or
+        any iterable of indices), and ``limit`` lists at most that many, so that a large
+        pool is read a page at a time: ``status(instances=range(last + 1, concurrency),
+        limit=100)``. The cost is one read per instance ever used.
+
+        Raises:
+            ConfigurationError: ``limit`` not an int >= 0, or ``instances`` naming an
+                index the pool does not have.
+        """
         ...
 
     def event(self, event_id: str) -> EventInfo | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -104,7 +105,9 @@ class InstanceStatus:
 
 @dataclass(frozen=True, slots=True)
 class PoolStatus:
-    """Committed state of a pool: the sums of its instances' counters."""
+    """Committed state of a pool: the sums of its instances' counters, and the status of
+    the instances listed (those ever used, or those ``status(instances=, limit=)`` chose
+    among them), by index."""
 
     name: str
     concurrency: int
@@ -120,10 +123,43 @@ class PoolStatus:
     cancelled: int = 0
     expired: int = 0  # of ``dead_lettered``, the events not started within their ttl
     schedules: int = 0  # recurring schedules (``pool.schedules()``)
+    used: int = 0  # instances ever used (any record stored), listed or not
+    # Paused as a whole (``pause()``, no ``resume()`` since): an instance never used is paused.
+    paused: bool = False
     # Instances running in this runtime (started, not evicted); None when read from the
     # store alone (a producer's ``status()``, ``dopool status``). The runtime's memory, not
     # committed state: two statuses of the same committed state compare equal.
     active: int | None = field(default=None, compare=False)
+
+    def instance(self, index: int) -> InstanceStatus:
+        """Instance ``index``'s status: as listed, or, for one not listed, that of an
+        instance never used (idle, or paused if the pool is, every counter 0). So it is
+        exact for a status that lists every instance ever used (``status()`` with neither
+        ``instances`` nor ``limit``)."""
+        listed = self.instances
+        at = bisect.bisect_left(listed, index, key=_index_of)
+        if at < len(listed) and listed[at].index == index:
+            return listed[at]
+        return InstanceStatus(
+            index=index,
+            instance_id=f"{self.name}:{index}",
+            state="paused" if self.paused else "idle",
+            enqueued=0,
+            pending=0,
+            scheduled=0,
+            processed=0,
+            succeeded=0,
+            dead_lettered=0,
+            drained=0,
+            current_sequence=None,
+            attempt=0,
+            next_alarm_at=None,
+            restarts=0,
+        )
+
+
+def _index_of(status: InstanceStatus) -> int:
+    return status.index
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ from dopool._store.environment import Store
 from dopool._store.layout import (
     MAX_CONCURRENCY,
     DeadRecord,
+    Meta,
     Namespace,
     pack,
     pool_key,
@@ -552,12 +553,33 @@ def test_status_prints_every_pool(real_store: Path) -> None:
     result = invoke("status", str(real_store))
     assert result.exit_code == 0, result.output
     out = result.stdout
-    assert (
-        "pool emails · 2 instances · 8 enqueued · 2 pending · 4 succeeded · 2 dead-lettered" in out
-    )
+    title = "pool emails · 2 instances · 8 enqueued · 2 pending"
+    assert f"{title} · 4 succeeded · 2 dead-lettered" in out
+    assert "paused as a whole" in out
     assert "pool reports · 1 instances" in out
     assert "emails:1" in out
     assert "paused" in out
+
+
+def test_status_lists_the_instances_used_a_page_at_a_time(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with Runtime.simulated(store) as runtime:
+        pool = runtime.define("rooms", execute=lambda ctx: None, concurrency=1_000_000)
+        used = sorted({pool.enqueue(n, partition_key=f"room-{n}").instance_index for n in range(5)})
+        assert pool.join()
+    whole = json.loads(invoke("status", str(store), "--json").stdout)["pools"][0]
+    assert [s["index"] for s in whole["instances"]] == used
+    assert (whole["concurrency"], whole["used"], whole["succeeded"]) == (1_000_000, 5, 5)
+    page = json.loads(invoke("status", str(store), "--json", "--limit", "2").stdout)["pools"][0]
+    assert [s["index"] for s in page["instances"]] == used[:2]
+    after = ["--from", str(used[1] + 1), "--limit", "2"]
+    rest = json.loads(invoke("status", str(store), "--json", *after).stdout)["pools"][0]
+    assert [s["index"] for s in rest["instances"]] == used[2:4]
+    assert rest["succeeded"] == 5  # the sums stay the whole pool's
+    text = invoke("status", str(store), "--limit", "2").stdout
+    assert "1,000,000 instances ·" in text
+    assert "5 of the 1,000,000 instances used, 2 listed" in text
+    assert invoke("status", str(store), "--limit", "-1").exit_code == 2  # refused by name
 
 
 def test_status_counts_scheduled_events(tmp_path: Path) -> None:
@@ -961,13 +983,14 @@ def set_meta(**fields: Any) -> Callable[[Store, Txn], None]:
 
 
 BAD_POOL_RECORDS: list[tuple[str, Callable[[Store, Txn], None], tuple[str, ...]]] = [
-    ("a-map", put_pool({"concurrency": 2}), ("pool record 'jobs'", "not an array of 1")),
-    ("str-concurrency", put_pool(["2"]), ("pool record 'jobs'", "concurrency is '2'")),
-    ("float-concurrency", put_pool([2.5]), ("jobs", "concurrency is 2.5")),
-    ("zero-concurrency", put_pool([0]), ("jobs", "concurrency is 0")),
-    ("negative-concurrency", put_pool([-3]), ("jobs", "concurrency is -3")),
-    ("over-the-maximum", put_pool([MAX_CONCURRENCY + 1]), ("jobs", "4097")),
-    ("a-billion", put_pool([10**9]), ("jobs", "1000000000")),
+    ("a-map", put_pool({"concurrency": 2}), ("pool record 'jobs'", "not an array of 2")),
+    ("format-8", put_pool([2]), ("pool record 'jobs'", "not an array of 2")),
+    ("str-concurrency", put_pool(["2", False]), ("pool record 'jobs'", "concurrency' is '2'")),
+    ("float-concurrency", put_pool([2.5, False]), ("jobs", "concurrency' is 2.5")),
+    ("zero-concurrency", put_pool([0, False]), ("jobs", "concurrency is 0")),
+    ("negative-concurrency", put_pool([-3, False]), ("jobs", "concurrency' is -3")),
+    ("over-the-maximum", put_pool([MAX_CONCURRENCY + 1, False]), ("jobs", "4294967297")),
+    ("paused-not-a-flag", put_pool([2, "yes"]), ("jobs", "paused' is 'yes'")),
     (
         "undecodable",
         lambda store, txn: txn.put(JOBS, seal(JOBS, b"\xc1")),
@@ -1113,7 +1136,11 @@ def test_dead_letters_escape_control_characters_and_markup(tmp_path: Path) -> No
 
 def test_status_escapes_a_crafted_pool_name(tmp_path: Path) -> None:
     name = "jobs\x1b]0;t\x07[bold]x[/bold]\n"
-    store = craft(make_store(tmp_path / "store"), copy_pool_to(pool_key(name)))
+
+    def used(store: Store, txn: Txn) -> None:  # an instance of it used, so listed
+        Namespace(name, 1).save_meta(txn, Meta())
+
+    store = craft(make_store(tmp_path / "store"), copy_pool_to(pool_key(name)), used)
     result = invoke("status", str(store))
     assert result.exit_code == 0, result.output
     assert_inert(result.stdout)

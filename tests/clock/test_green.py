@@ -247,7 +247,7 @@ def test_a_call_that_needs_virtual_time_says_so_instead_of_hanging(tmp_path: Pat
         assert error.waits == (("p:0", "virtual time to reach t=30 (asleep in its handler)"),)
         assert any("next has work at t=30" in note for note in error.notes)
         assert pool.join()  # driving the clock ends the sleep; the pause is answered
-        assert pool.status().instances[0].state == "paused"
+        assert pool.status().instance(0).state == "paused"
 
 
 def test_define_returns_when_the_first_recovery_loops(tmp_path: Path) -> None:
@@ -258,10 +258,10 @@ def test_define_returns_when_the_first_recovery_loops(tmp_path: Path) -> None:
     )
     with runtime:
         pool = runtime.define("p", execute=lambda ctx: None)
-        assert pool.status().instances[0].state == "restarting"
-        while pool.status().instances[0].state == "restarting":
+        assert pool.status().instance(0).state == "restarting"
+        while pool.status().instance(0).state == "restarting":
             assert simulated(runtime).step()
-        assert pool.status().instances[0].state == "idle"
+        assert pool.status().instance(0).state == "idle"
 
 
 def test_a_handler_calling_another_pool_parks_until_it_answers(tmp_path: Path) -> None:
@@ -485,7 +485,7 @@ def test_ctrl_c_while_actors_run_reaches_the_driver_and_loses_nothing(sim: Runti
     assert pool.join(timeout=10)  # the runtime goes on where it stood
     assert sorted(ran) == list(range(1000))  # each once: no attempt failed or crashed
     status = pool.status()
-    assert (status.succeeded, status.dead_lettered, status.instances[0].restarts) == (1000, 0, 0)
+    assert (status.succeeded, status.dead_lettered, status.instance(0).restarts) == (1000, 0, 0)
 
 
 def test_sigint_is_pythons_own_again_once_no_greenlet_clock_lives() -> None:

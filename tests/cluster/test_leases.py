@@ -17,6 +17,7 @@ from dopool._cluster.leases import (
     lease_owner,
     new_owner_id,
 )
+from dopool._cluster.units import LEASE_UNITS, span
 from dopool._errors import ConfigurationError, DamagedRecordError
 from dopool._store.environment import Store
 from dopool._store.layout import (
@@ -38,6 +39,8 @@ T0 = 1_800_000_000.0  # a wall-clock time, in epoch seconds
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
     opened = Store(tmp_path / "store")
+    with opened.write() as txn:  # a lease's owner is found through its pool's units
+        opened.put_pool(txn, "jobs", 4)
     yield opened
     opened.close()
 
@@ -68,7 +71,7 @@ def _release(store: Store, book: LeaseBook, where: list[tuple[str, int]]) -> Non
 def test_a_worker_alone_takes_every_lease_and_its_renewal_extends_them(store: Store) -> None:
     a = _book("a")
     renewal = _renew(store, a, T0)
-    assert [(t.pool, t.index, t.epoch, t.expired) for t in renewal.taken] == [
+    assert [(t.pool, t.unit, t.epoch, t.expired) for t in renewal.taken] == [
         ("jobs", i, 1, False) for i in range(4)
     ]
     leases = _leases(store)
@@ -98,7 +101,7 @@ def test_a_second_worker_gets_its_fair_share_once_the_first_releases_its_excess(
     _release(store, a, renewal.release)
     assert sorted(a.held) == [("jobs", 0), ("jobs", 1)]
     taken = _renew(store, b, T0 + 3).taken
-    assert [(t.index, t.epoch, t.expired) for t in taken] == [(2, 1, False), (3, 1, False)]
+    assert [(t.unit, t.epoch, t.expired) for t in taken] == [(2, 1, False), (3, 1, False)]
     owners = {index: r.owner for (_, index), r in _leases(store).items()}
     assert owners == {0: "host-1-a", 1: "host-1-a", 2: "host-1-b", 3: "host-1-b"}
     # 3 instances, 2 live workers (a's and b's presences expired): shares of 2 and 1.
@@ -161,9 +164,7 @@ def test_an_expired_lease_is_taken_over_with_the_next_epoch_and_the_old_holder_l
     later = T0 + TTL + 0.5  # a stopped renewing (hung, or dead): its presence expired too
     renewal = _renew(store, b, later)
     assert renewal.live == 1
-    assert [(t.index, t.epoch, t.expired) for t in renewal.taken] == [
-        (i, 2, True) for i in range(4)
-    ]
+    assert [(t.unit, t.epoch, t.expired) for t in renewal.taken] == [(i, 2, True) for i in range(4)]
     with store.read() as txn:
         assert not a.holds(txn, "jobs", 0)  # the fencing check refuses a now
         assert b.holds(txn, "jobs", 0)
@@ -194,7 +195,7 @@ def test_leaving_deletes_the_leases_and_the_presence_but_those_kept(store: Store
     with store.read() as txn:
         assert list(all_presences(txn)) == []
     taken = _renew(store, b, T0 + 1).taken  # the free ones at once, no expiry waited
-    assert [(t.index, t.expired) for t in taken] == [(0, False), (1, False), (2, False)]
+    assert [(t.unit, t.expired) for t in taken] == [(0, False), (1, False), (2, False)]
 
 
 def test_a_release_deletes_only_a_lease_still_its_own(store: Store) -> None:
@@ -214,7 +215,7 @@ def test_an_exclusive_runtime_takes_every_lease_whoever_holds_it(store: Store) -
     x = _book("x", exclusive=True)
     renewal = _renew(store, x, T0 + 1)  # a's leases live, a's presence too
     assert renewal.live == 2
-    assert [(t.index, t.epoch, t.expired) for t in renewal.taken] == [
+    assert [(t.unit, t.epoch, t.expired) for t in renewal.taken] == [
         (i, 2, False) for i in range(4)
     ]
     assert {r.owner for r in _leases(store).values()} == {"host-1-x"}
@@ -245,7 +246,7 @@ def test_a_damaged_lease_is_reported_and_wakes_nobody(store: Store) -> None:
     with store.read() as txn:
         assert lease_owner(txn, "jobs", 0) == "w"
         assert lease_owner(txn, "jobs", 1) is None
-        with pytest.raises(DamagedRecordError, match="lease of instance jobs:1"):
+        with pytest.raises(DamagedRecordError, match="lease of unit 1 of pool jobs"):
             get_lease(txn, "jobs", 1)
     with store.write() as txn:
         txn.put(lease_key("jobs", 1), seal(lease_key("jobs", 1), pack(["w", -1, "h", 1, T0])))
@@ -267,7 +268,7 @@ def test_a_damaged_lease_is_taken_as_an_expired_one_not_a_failed_renewal(
         txn.put(lease_key("jobs", 1), b"\0\0\0\0junk")
         a.leave(txn, keep=[("jobs", 1)])  # a's presence goes: b alone is live
     renewal = _renew(store, b, T0 + 1)
-    assert [(t.index, t.epoch, t.expired) for t in renewal.taken] == [
+    assert [(t.unit, t.epoch, t.expired) for t in renewal.taken] == [
         (0, 1, False),
         (1, 1, not exclusive),
     ]
@@ -299,5 +300,35 @@ def test_an_instance_still_stopping_here_is_not_taken_again(store: Store) -> Non
     a = _book("a")
     with store.write() as txn:
         taken = a.renew(txn, T0, busy=frozenset({("jobs", 1)}))
-    assert [t.index for t in taken.taken] == [0, 2, 3]
-    assert [t.index for t in _renew(store, a, T0 + 1).taken] == [1]  # once it has stopped
+    assert [t.unit for t in taken.taken] == [0, 2, 3]
+    assert [t.unit for t in _renew(store, a, T0 + 1).taken] == [1]  # once it has stopped
+
+
+def test_a_large_pool_is_leased_by_units_and_fenced_by_its_instances_unit(store: Store) -> None:
+    concurrency = 10_000  # 4,096 units of 2 or 3 instances
+    with store.write() as txn:
+        store.put_pool(txn, "big", concurrency)
+    a, b = _book("a", pools={"big": concurrency}), _book("b", pools={"big": concurrency})
+    renewal = _renew(store, a, T0)
+    assert len(renewal.taken) == LEASE_UNITS == len(_leases(store))
+    with store.read() as txn:
+        assert a.holds(txn, "big", concurrency - 1)
+        assert lease_owner(txn, "big", concurrency - 1) == "host-1-a"
+        assert lease_owner(txn, "big", concurrency) is None  # no such instance
+    # b takes half the units once a has released its excess; an instance then belongs to
+    # whoever holds its unit, and a's transactions for it are refused.
+    assert _renew(store, b, T0 + 1).taken == []
+    release = _renew(store, a, T0 + 2).release
+    assert len(release) == LEASE_UNITS // 2
+    _release(store, a, release)
+    taken = _renew(store, b, T0 + 3).taken
+    assert sorted(t.unit for t in taken) == sorted(unit for _, unit in release)
+    moved = span(taken[0].unit, concurrency)
+    kept = span(next(u for _, u in a.held if u not in moved), concurrency)
+    with store.read() as txn:
+        for index in moved:
+            assert b.holds(txn, "big", index)
+            assert not a.holds(txn, "big", index)
+            assert lease_owner(txn, "big", index) == "host-1-b"
+        assert a.holds(txn, "big", kept.start)
+        assert not b.holds(txn, "big", kept.start)

@@ -224,7 +224,7 @@ def test_an_idle_instance_is_evicted_after_its_idle_timeout_and_a_message_restar
         assert third.sequence == 2
         status = pool.status()
         assert (status.enqueued, status.succeeded) == (3, 3)
-        assert status.instances[index].restarts == 0  # an eviction is not a crash
+        assert status.instance(index).restarts == 0  # an eviction is not a crash
     assert [e.kind for e in seen if e.kind in ("crashed", "recovered")] == []
     moves = [(e.kind, e.time) for e in seen if e.kind in ("activated", "evicted")]
     assert moves == [("activated", 0.0), ("evicted", 19.0), ("activated", 20.0)]
@@ -286,7 +286,7 @@ def test_a_crash_of_an_evicted_instance_restarts_it_and_it_recovers(tmp_path: Pa
         assert pool.join()
         status = pool.status()
         assert status.succeeded == 2
-        assert status.instances[index].restarts == 1
+        assert status.instance(index).restarts == 1
 
 
 @pytest.mark.threaded

@@ -134,7 +134,7 @@ def test_an_enqueue_on_an_idle_instance_starts_its_event_in_the_same_commit(
         try:
             result = pool.enqueue("x")
             # Read as soon as enqueue returns: the start committed with the event.
-            instance = pool.status().instances[0]
+            instance = pool.status().instance(0)
             assert (instance.state, instance.current_sequence, instance.attempt) == (
                 "processing",
                 0,
@@ -165,7 +165,7 @@ def test_an_enqueue_on_a_paused_instance_starts_nothing(tmp_path: Path) -> None:
         pool.pause()
 
         pool.enqueue("x")
-        instance = pool.status().instances[0]
+        instance = pool.status().instance(0)
         assert (instance.state, instance.current_sequence, instance.attempt) == ("paused", None, 0)
         assert instance.next_alarm_at is None
 
@@ -271,7 +271,7 @@ def test_enqueue_then_close_never_leaves_a_started_attempt_behind(tmp_path: Path
     assert acknowledged >= rounds // 2
     assert (status.enqueued, status.succeeded) == (acknowledged, acknowledged)
     assert (status.dead_lettered, status.pending) == (0, 0)
-    assert status.instances[0].restarts == 0
+    assert status.instance(0).restarts == 0
 
 
 @pytest.mark.threaded
@@ -360,7 +360,7 @@ def test_an_enqueue_after_kill_comes_after_the_crash_and_the_recovery(tmp_path: 
 
     kinds = [event.kind for event in seen if event.kind in ("crashed", "recovered", "enqueued")]
     assert kinds == ["crashed", "recovered", "enqueued"] * rounds
-    instance = status.instances[0]
+    instance = status.instance(0)
     assert (instance.restarts, instance.succeeded, instance.dead_lettered) == (rounds, rounds, 0)
 
 
@@ -383,7 +383,7 @@ def test_an_enqueue_after_killing_a_running_instance_waits_for_its_recovery(
     assert result.sequence == 1
     kinds = [e.kind for e in seen if e.kind in ("crashed", "recovered", "enqueued")]
     assert kinds == ["enqueued", "crashed", "recovered", "enqueued"]
-    instance = status.instances[0]
+    instance = status.instance(0)
     # retry=None: the interrupted attempt is dead; the one enqueued after the kill ran.
     assert (instance.restarts, instance.dead_lettered, instance.succeeded) == (1, 1, 1)
     assert [d.event for d in dead] == ["first"]
@@ -487,12 +487,12 @@ def test_a_direct_enqueue_behind_waiting_messages_does_not_start_its_event(
         pool = runtime.define("p", execute=lambda ctx: executed.append(ctx.event))
         with ThreadPoolExecutor(2) as executor:
             try:
-                paused = executor.submit(pool.pause)
+                paused = executor.submit(pool.pause, 0)
                 assert pausing.wait(TIMEOUT)  # taken from the inbox; the turn is not taken yet
-                resumed = executor.submit(pool.resume)
+                resumed = executor.submit(pool.resume, 0)
                 assert resume_sent.wait(TIMEOUT)  # waiting in the inbox
                 pool.enqueue("x")  # the turn is free: stored from this thread
-                instance = pool.status().instances[0]
+                instance = pool.status().instance(0)
                 assert (instance.state, instance.pending, instance.attempt) == ("idle", 1, 0)
             finally:
                 proceed.set()
@@ -529,7 +529,7 @@ def test_a_direct_enqueue_under_a_simulated_clock_starts_nothing_until_driven(
     pool = sim.define("p", execute=lambda ctx: executed.append(ctx.event))
 
     pool.enqueue("x")
-    instance = pool.status().instances[0]
+    instance = pool.status().instance(0)
     assert (instance.state, instance.pending, instance.attempt) == ("idle", 1, 0)
     assert instance.next_alarm_at == 0.0
     assert executed == []
@@ -554,7 +554,7 @@ def test_a_crash_during_a_direct_enqueue_stores_nothing_and_recovers_before_rais
             with pytest.raises(InstanceCrashedError):
                 pool.enqueue(round_)
             # Under a simulated clock the recovery committed before the error was raised.
-            instance = pool.status().instances[0]
+            instance = pool.status().instance(0)
             assert (instance.restarts, instance.enqueued, instance.pending) == (round_, 0, 0)
             assert instance.next_alarm_at is None
 
@@ -597,7 +597,7 @@ def test_a_fault_in_a_direct_enqueue_rolls_it_back_and_the_next_enqueue_runs(
 
         with pytest.raises(InstanceCrashedError):
             pool.enqueue("lost")
-        instance = pool.status().instances[0]
+        instance = pool.status().instance(0)
         assert (instance.restarts, instance.enqueued, instance.pending) == (1, 0, 0)
 
         assert pool.enqueue("kept") == EnqueueResult(0, 0, "p:0", 0)
@@ -608,7 +608,7 @@ def test_a_fault_in_a_direct_enqueue_rolls_it_back_and_the_next_enqueue_runs(
     assert [event.kind for event in seen][:4] == ["activated", "crashed", "recovered", "enqueued"]
     assert executed == ["kept"]
     assert (status.enqueued, status.succeeded, status.dead_lettered) == (1, 1, 0)
-    assert status.instances[0].restarts == 1
+    assert status.instance(0).restarts == 1
 
 
 def test_a_subscriber_enqueuing_to_the_publishing_instance_is_refused_not_deadlocked(
@@ -696,7 +696,7 @@ def test_a_rolled_back_transaction_leaves_the_stored_meta_to_the_next_one(sim: R
 
     assert pool.enqueue("second").sequence == 1
     assert known() == stored()
-    status = pool.status().instances[0]
+    status = pool.status().instance(0)
     assert (status.enqueued, status.pending) == (2, 2)
 
 
@@ -741,7 +741,7 @@ def test_the_enqueues_waiting_behind_a_handler_share_its_outcome_and_nothing_ove
             sequences = sorted(future.result(TIMEOUT).sequence for future in early)
             pausing.result(TIMEOUT)
             late_sequence = late.result(TIMEOUT).sequence
-        instance = pool.status().instances[0]
+        instance = pool.status().instance(0)
 
     assert taken == [3, 1]  # the three with the outcome of "first"; "late" after the pause
     assert sequences == [1, 2, 3]

@@ -93,7 +93,7 @@ def test_an_on_dead_letter_raising_keyboard_interrupt_stops_nothing(
     _both_keep_working(a, b, ran)
     status = a.status()
     assert (status.dead_lettered, status.succeeded) == (1, 1)
-    assert status.instances[0].restarts == 0  # the hook's error is not the instance's
+    assert status.instance(0).restarts == 0  # the hook's error is not the instance's
     assert "on_dead_letter hook raised" in caplog.text
 
 
@@ -142,7 +142,7 @@ def test_a_base_exception_reaching_an_instance_crashes_only_that_instance(
     a.enqueue("unprintable")
     assert a.join(timeout=WAIT)
     status = a.status()
-    assert (status.dead_lettered, status.instances[0].restarts) == (1, 1)
+    assert (status.dead_lettered, status.instance(0).restarts) == (1, 1)
     [letter] = a.dead_letters()
     assert letter.error == "DopoolError: instance crashed during attempt 1"
     crashed = [event for event in events if event.kind == "crashed"]
@@ -178,7 +178,7 @@ def test_a_schema_raising_system_exit_in_ctx_enqueue_fails_only_the_attempt(
     a.enqueue("a2")
     assert a.join(timeout=WAIT)
     assert (a.status().succeeded, b.status().succeeded) == (1, 1)
-    assert a.status().instances[0].restarts == 0
+    assert a.status().instance(0).restarts == 0
 
 
 def test_user_code_driving_the_simulated_clock_is_refused_not_wedged(sim: Runtime) -> None:
@@ -234,7 +234,7 @@ def test_a_retry_after_set_to_infinity_by_the_handler_leaves_the_pool_readable(
     pool = sim.define("p", execute=handler, retry=RetryPolicy(max_attempts=2))
     pool.enqueue("x")
     sim.clock.advance(0)  # type: ignore[attr-defined]
-    instance = pool.status().instances[0]
+    instance = pool.status().instance(0)
     assert (instance.state, instance.next_alarm_at) == ("backoff", MAX_DELAY)
     assert pool.join(timeout=WAIT)
     assert attempts == [0.0, MAX_DELAY]
@@ -293,7 +293,7 @@ def test_a_failure_whose_text_is_no_utf8_is_recorded_not_a_crash(sim: Runtime) -
     assert pool.join(timeout=WAIT)
     [dead] = pool.dead_letters()
     assert dead.error == "ValueError: name \\udcff"
-    assert pool.status().instances[0].restarts == 0
+    assert pool.status().instance(0).restarts == 0
 
 
 def test_a_retry_policy_whose_delay_raises_leaves_the_event_its_retries(sim: Runtime) -> None:
@@ -312,5 +312,5 @@ def test_a_retry_policy_whose_delay_raises_leaves_the_event_its_retries(sim: Run
     pool.enqueue("x")
     assert pool.join(timeout=WAIT)
     status = pool.status()
-    assert (status.succeeded, status.instances[0].restarts) == (1, 0)
+    assert (status.succeeded, status.instance(0).restarts) == (1, 0)
     assert sim.clock.now() == 2.0  # RetryPolicy's own delay

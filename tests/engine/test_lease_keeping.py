@@ -100,7 +100,7 @@ def test_two_idle_workers_keep_their_leases_through_stalls_within_the_margin(
         assert left(during) > 0, f"{where}: {during['leases']}"
     after = shown(store_path)
     assert holders(after) == held
-    assert [instance["restarts"] for instance in after["instances"]] == [0, 0, 0, 0]
+    assert all(instance["restarts"] == 0 for instance in after["instances"])  # (used ones)
     for each in pair:
         assert each.stop() == 0
         assert each.stderr == ""  # no lease taken over, no transaction fenced off

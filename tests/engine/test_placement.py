@@ -50,7 +50,7 @@ def test_a_shared_workers_cancel_reaches_an_instance_another_serves(
     # (Both enqueued in b, its own instance's: no wake-up of theirs is left to run it.)
     key, theirs = _key_for(3), b.pools["jobs"]
     stuck = theirs.enqueue({"stuck": True}, partition_key=key)
-    until(lambda: pool.status().instances[3].state == "backoff", "the stuck event's backoff")
+    until(lambda: pool.status().instance(3).state == "backoff", "the stuck event's backoff")
     after = theirs.enqueue({"x": 1}, partition_key=key)
     assert pool.cancel(stuck.event_id)
     until(lambda: ran.who_ran(after) == {"b"}, "b running the event after the cancelled one")
@@ -218,16 +218,19 @@ def test_a_shared_workers_pause_drain_and_resume_reach_the_instances_another_ser
     # No poll within the test: only wake-ups make a worker look at its instances.
     a, _ = _split(store_path, ran, opened, poll_interval=3600)
     pool = a.pools["jobs"]
-    pool.pause()  # the whole pool: 0 and 1 by message, 2 and 3 in the store
-    assert [i.state for i in pool.status().instances] == ["paused"] * 4
+    pool.pause()  # the whole pool: none used yet, its record says so
+    status = pool.status()
+    assert [status.instance(i).state for i in range(4)] == ["paused"] * 4
     results = pool.enqueue_many([{"n": n} for n in range(8)])
     assert {result.instance_index for result in results} == {0, 1, 2, 3}
     assert pool.status().pending == 8  # paused everywhere: nothing started
     assert pool.drain(3) == 2  # b's instance, from a
     assert pool.drain() == 6
-    pool.resume()
+    pool.resume()  # each used now: 0 and 1 by message, 2 and 3 in the store (b woken)
     assert [i.state for i in pool.status().instances] == ["idle"] * 4
     after = pool.enqueue_many([{"m": m} for m in range(4)])
     until(lambda: pool.status().succeeded == 4, "the events after the resume running")
     for result in after:
         assert ran.who_ran(result) == {"a" if result.instance_index < 2 else "b"}
+    pool.pause()  # the same way
+    assert [i.state for i in pool.status().instances] == ["paused"] * 4

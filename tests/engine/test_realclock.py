@@ -105,7 +105,7 @@ def test_join_times_out_while_a_handler_is_blocked(tmp_path: Path) -> None:
         assert running.wait(10)
 
         assert not pool.join(timeout=0.05)
-        assert pool.status().instances[0].state == "processing"
+        assert pool.status().instance(0).state == "processing"
         release.set()
         assert pool.join(timeout=10)
         assert pool.status().succeeded == 1

@@ -111,7 +111,7 @@ def full_disk_run(path: Path, full_disk: Switch) -> tuple[bytes, list[PoolEvent]
         drive(clock, 100)
 
         # Down, its restart due at t=123: status says so, from memory.
-        status = pool.status().instances[0]
+        status = pool.status().instance(0)
         assert (status.state, status.crash_streak, status.restart_at) == ("restarting", 10, 123)
         assert (status.restarts, status.pending) == (0, 1)  # no recovery committed
         # Calls fail at once instead of waiting out the backoff; a kill has nothing to kill.
@@ -124,7 +124,7 @@ def full_disk_run(path: Path, full_disk: Switch) -> tuple[bytes, list[PoolEvent]
         assert len(kinds(seen, "crashed")) == crashes
 
         drive(clock, 250)
-        assert pool.status().instances[0].restart_at == 303
+        assert pool.status().instance(0).restart_at == 303
     finally:
         runtime.close()  # with a restart due at t=303: it never happens
     assert not clock.pending()
@@ -163,13 +163,13 @@ def test_a_loop_whose_recoveries_commit_still_backs_off_and_a_success_ends_it(
         pool = runtime.define("p", execute=lambda ctx: None, retry=NO_WAIT)
         pool.enqueue("damaged")
         drive(clock, 10)
-        status = pool.status().instances[0]
+        status = pool.status().instance(0)
         assert (status.state, status.crash_streak, status.restart_at) == ("restarting", 7, 15)
         assert (status.restarts, status.attempt) == (6, 7)  # six recoveries committed
 
         damaged.on = False  # repaired: the attempt after the restart at t=15 succeeds
         drive(clock)
-        status = pool.status().instances[0]
+        status = pool.status().instance(0)
         assert (status.state, status.crash_streak, status.restart_at) == ("idle", 0, None)
         assert (status.restarts, status.succeeded) == (7, 1)
 
@@ -210,11 +210,11 @@ def test_define_returns_when_the_first_recovery_loops_and_leaves_it_to_the_backo
         thread.join(TIMEOUT)
         assert defined, "define did not return"
         pool = defined[0]
-        assert pool.status().instances[0].state == "restarting"
+        assert pool.status().instance(0).state == "restarting"
         assert kinds(seen, "restart_delayed") == [(4, 0.0)]
 
         drive(clock)  # restart after restart, until one recovery commits
-        status = pool.status().instances[0]
+        status = pool.status().instance(0)
         assert (status.state, status.restart_at) == ("idle", None)
         assert status.restarts == len(kinds(seen, "crashed")) > 4
 
@@ -237,7 +237,7 @@ def test_close_does_not_wait_out_a_restart_backoff_under_the_real_clock(
         pool = runtime.define("p", execute=lambda ctx: None, retry=NO_WAIT)
         pool.enqueue("damaged")
         assert waiting.wait(TIMEOUT), "the fourth crash in a row did not delay its restart"
-        status = pool.status().instances[0]
+        status = pool.status().instance(0)
         assert (status.state, status.crash_streak) == ("restarting", 4)
         assert status.restart_at is not None
         assert time.time() + 20 < status.restart_at <= time.time() + 30

@@ -743,7 +743,7 @@ def test_results_and_reads_match_a_worker_pools(created: Path) -> None:
         assert repr(pool) == f"<ProducerPool 'orders' of {str(created)!r}>"
     with Runtime(created) as runtime:  # the owner's status reads the same
         owner = runtime.define("orders", execute=lambda ctx: None, concurrency=4)
-        assert owner.status().instances[first.instance_index].enqueued == 3
+        assert owner.status().instance(first.instance_index).enqueued == 3
 
 
 def test_a_connection_in_the_owners_process_shares_its_environment(store_path: Path) -> None:

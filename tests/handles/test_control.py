@@ -66,7 +66,7 @@ def test_a_paused_instance_starts_nothing_more_and_a_resume_starts_it_at_once(
     status = _status(store_path)
     counts = (status.enqueued, status.succeeded, status.drained, status.pending)
     assert counts == (3, 2, 1, 0)
-    assert status.instances[0].state == "idle"
+    assert status.instance(0).state == "idle"
     _checked(store_path)
 
 

@@ -124,7 +124,7 @@ def test_a_delay_of_zero_or_a_past_not_before_is_an_ordinary_event(
         pool, log = define(runtime)
         result = pool.enqueue("x", **kwargs)
         assert (result.position, pool.status().scheduled) == (0, 0)
-        assert pool.status().instances[0].next_alarm_at == 5.0
+        assert pool.status().instance(0).next_alarm_at == 5.0
         clock_of(runtime).advance(0)
         assert log.ran == [("x", 5.0)]
 
@@ -139,7 +139,7 @@ def test_a_delayed_event_starts_exactly_at_its_due_time_and_not_before(sim: Runt
     assert result.duplicate is False
     status = pool.status()
     assert (status.pending, status.scheduled) == (1, 1)
-    assert status.instances[0].next_alarm_at == 2.5
+    assert status.instance(0).next_alarm_at == 2.5
     clock_of(sim).run_until(math.nextafter(2.5, 0.0))
     assert log.ran == []
     clock_of(sim).run_until(2.5)
@@ -164,7 +164,7 @@ def test_a_scheduled_event_does_not_hold_up_the_due_events(sim: Runtime) -> None
     pool.enqueue_many(["a", "b"])
     clock_of(sim).advance(1)
     assert log.ran == [("a", 0.0), ("b", 0.0)]
-    assert pool.status().instances[0].next_alarm_at == 10.0
+    assert pool.status().instance(0).next_alarm_at == 10.0
     assert pool.join(timeout=10)
     assert log.ran[-1] == ("later", 10.0)
 
@@ -209,10 +209,10 @@ def test_a_delayed_event_waits_behind_a_started_event_in_backoff(sim: Runtime) -
     pool.enqueue("flaky")
     pool.enqueue("soon", delay=3)
     clock_of(sim).advance(0)
-    instance = pool.status().instances[0]
+    instance = pool.status().instance(0)
     assert (instance.state, instance.next_alarm_at) == ("backoff", 3.0)  # the earliest work
     clock_of(sim).advance(3)
-    instance = pool.status().instances[0]
+    instance = pool.status().instance(0)
     assert (instance.scheduled, instance.next_alarm_at) == (0, 10.0)  # moved, not started
     assert pool.join(timeout=10)
     assert log.ran == [("flaky", 0.0), ("flaky", 10.0), ("soon", 10.0)]
@@ -240,12 +240,12 @@ def test_a_paused_instance_runs_nothing_and_its_due_events_run_when_resumed(
     pool, log = define(sim)
     pool.enqueue("x", delay=2)
     pool.pause()
-    assert pool.status().instances[0].next_alarm_at is None
+    assert pool.status().instance(0).next_alarm_at is None
     clock_of(sim).advance(5)
     assert log.ran == []
     assert pool.status().scheduled == 1
     pool.resume()
-    assert pool.status().instances[0].next_alarm_at == 2.0  # due: fires when driven
+    assert pool.status().instance(0).next_alarm_at == 2.0  # due: fires when driven
     clock_of(sim).advance(0)
     assert log.ran == [("x", 5.0)]
     checks_out(sim)
@@ -256,7 +256,7 @@ def test_a_crash_loses_no_scheduled_event_and_runs_none_early(sim: Runtime) -> N
     pool.enqueue_many(["a", "b", "c"], delay=4, partition_key="k")
     index = pool.enqueue("probe", partition_key="k").instance_index
     sim.kill("p", index)
-    status = pool.status().instances[index]
+    status = pool.status().instance(index)
     assert (status.restarts, status.pending, status.scheduled) == (1, 4, 3)
     clock_of(sim).run_until(3.9)
     assert log.ran == [("probe", 0.0)]
@@ -277,7 +277,7 @@ def test_a_reopened_store_keeps_its_scheduled_events(store_path: Path, reopen_at
     with Runtime(store_path, clock=clock) as runtime:
         pool, log = define(runtime)
         assert (pool.status().pending, pool.status().scheduled) == (2, 2)
-        assert pool.status().instances[0].next_alarm_at == 3.0
+        assert pool.status().instance(0).next_alarm_at == 3.0
         assert pool.join(timeout=10)
         if reopen_at < 3.0:
             assert log.ran == [("sooner", 3.0), ("later", 5.0)]
@@ -290,7 +290,7 @@ def test_the_alarm_slot_points_at_the_earliest_due_work(sim: Runtime) -> None:
     pool, _ = define(sim, concurrency=1)
 
     def alarm() -> float | None:
-        return pool.status().instances[0].next_alarm_at
+        return pool.status().instance(0).next_alarm_at
 
     pool.enqueue("x", delay=8)
     assert alarm() == 8.0

@@ -177,7 +177,7 @@ def test_killing_the_target_before_the_delivery_lands_keeps_the_due_time(sim: Ru
     pool.enqueue("parent", partition_key=key[0])
     assert pool.join(timeout=10)
     assert seen == [(0.0, "parent", 0), (9.0, "child", 1)]
-    assert pool.status().instances[1].restarts == 1
+    assert pool.status().instance(1).restarts == 1
 
 
 @pytest.mark.threaded

@@ -106,8 +106,10 @@ def test_a_producer_pauses_drains_and_resumes_a_live_pool(
     wake-up alone starts what was enqueued after."""
     pool = runtime.define("jobs", execute=handler, concurrency=2)
     jobs = connection.pool("jobs")
-    jobs.pause()
-    assert [i.state for i in pool.status().instances] == ["paused", "paused"]
+    jobs.pause()  # the pool as a whole: its instances, never used, start paused
+    status = pool.status()
+    assert (status.paused, status.instances) == (True, [])
+    assert [status.instance(i).state for i in range(2)] == ["paused", "paused"]
     jobs.enqueue_many([{"n": n} for n in range(4)])
     assert jobs.drain(1) == 2
     assert jobs.drain() == 2

@@ -112,7 +112,7 @@ def test_a_crash_during_every_fire_until_it_commits_fires_it_once(tmp_path: Path
         pool = runtime.define("p", execute=handler, retry=RETRY)
         pool.schedule("t", "t", every=PERIOD)  # (the fault is drawn in fires only)
         clock(runtime).run_until(100.0)
-        restarts = pool.status().instances[0].restarts
+        restarts = pool.status().instance(0).restarts
         (info,) = pool.schedules()
     assert restarts > 0
     assert len(handled) == info.fired

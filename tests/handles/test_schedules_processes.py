@@ -75,7 +75,7 @@ def test_a_producer_defines_lists_and_removes_schedules_with_no_owner(tmp_path: 
     with Runtime(store) as runtime:  # the owner reads what the producer stored
         pool = runtime.define("jobs", execute=lambda ctx: None, concurrency=2)
         assert [s.name for s in pool.schedules()] == ["nightly"]
-        assert pool.status().instances[0].next_alarm_at == info.next_at
+        assert pool.status().instance(0).next_alarm_at == info.next_at
 
 
 def test_a_producers_schedule_wakes_the_running_worker(

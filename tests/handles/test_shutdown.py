@@ -290,7 +290,7 @@ def test_a_hook_run_by_a_recovery_during_define_may_use_the_runtime(tmp_path: Pa
         assert ["q"] in seen and ("dead_lettered", 1) in seen, seen
         assert pool.status().dead_lettered == 1
         assert other.join(timeout=30)
-        assert other.status().instances[0].restarts == 1
+        assert other.status().instance(0).restarts == 1
         runtime.close()
         """,
         tmp_path / "store",
@@ -414,7 +414,7 @@ def test_a_running_handler_gets_the_grace_period_to_finish(tmp_path: Path) -> No
     )
     assert _released(store)
     with Runtime(store) as runtime:
-        instance = runtime.define("p", execute=lambda ctx: None).status().instances[0]
+        instance = runtime.define("p", execute=lambda ctx: None).status().instance(0)
     assert (instance.succeeded, instance.pending, instance.attempt) == (1, 0, 0)
 
 
@@ -462,7 +462,7 @@ def test_a_handler_that_never_returns_is_abandoned_at_exit(
         assert pool.join(timeout=WAIT)
         status = pool.status()
         dead = pool.dead_letters()
-    assert status.instances[0].restarts == 0  # reopening is not a restart
+    assert status.instance(0).restarts == 0  # reopening is not a restart
     if max_attempts == 1:
         assert [(d.event, d.attempts, d.error) for d in dead] == [("stuck", 1, interrupted)]
         assert (status.dead_lettered, status.succeeded, attempts) == (1, 0, [])

@@ -710,7 +710,7 @@ class PoolMachine(RuleBasedStateMachine):
         expected = sum(instance.drain(now) for instance in self._chosen(index))
         assert self.pool.drain(index) == expected
         for instance in self._chosen(index):
-            assert self.pool.status().instances[instance.index].next_alarm_at is None
+            assert self.pool.status().instance(instance.index).next_alarm_at is None
 
     @rule(index=st.integers(0, CONCURRENCY - 1))
     def kill(self, index: int) -> None:
@@ -841,7 +841,11 @@ class PoolMachine(RuleBasedStateMachine):
         status = self.pool.status()
         now = self.clock.now()
         assert (status.name, status.concurrency) == (POOL, CONCURRENCY)
-        for got, want in zip(status.instances, self.model, strict=True):
+        listed = [got.index for got in status.instances]  # those ever used, by index
+        assert listed == sorted(listed)
+        assert len(listed) == status.used
+        for want in self.model:
+            got = status.instance(want.index)
             finished = got.succeeded + got.dead_lettered + got.drained + got.cancelled
             assert got.enqueued == finished + got.pending
             assert got.processed == got.succeeded + got.dead_lettered
@@ -959,7 +963,7 @@ def test_an_event_that_crashes_its_instance_every_time_is_dead_lettered() -> Non
         assert (letter.instance_index, letter.event["id"]) == (index, 0)
         assert letter.attempts == MAX_ATTEMPTS
         assert "crash" in letter.error
-        status = machine.pool.status().instances[index]
+        status = machine.pool.status().instance(index)
         assert (status.succeeded, status.dead_lettered, status.pending) == (2, 1, 0)
         assert status.restarts == MAX_ATTEMPTS
         # Attempts 1, 2, 3 at 0, 1, 3 (the policy's delays), then the two behind it.
@@ -1420,7 +1424,8 @@ class FaultyPoolMachine(RuleBasedStateMachine):
         except InstanceCrashedError:
             self._after_crashed_call()
             return  # one instance's call crashed (rolled back); calls are one by one
-        for got in pool.status().instances:
+        status = pool.status()
+        for got in map(status.instance, range(POOLS[into])):
             if index is None or got.index == index:
                 assert (got.state == "paused") == paused
 
@@ -1473,9 +1478,9 @@ class FaultyPoolMachine(RuleBasedStateMachine):
     def kill(self, index: int) -> None:
         name, instance = instance_of(index)
         pool = self._pool(name)
-        before = pool.status().instances[instance]
+        before = pool.status().instance(instance)
         self.runtime.kill(name, instance)  # waits for the restart
-        after = pool.status().instances[instance]
+        after = pool.status().instance(instance)
         if before.state == "restarting":  # no incarnation to kill: nothing happens
             assert (after.state, after.restarts) == ("restarting", before.restarts)
         else:  # unless the restart's recovery crashed, and then restarts back off
@@ -1536,7 +1541,7 @@ class FaultyPoolMachine(RuleBasedStateMachine):
                 assert self.crashed[index] >= meta.restarts >= self.restarts[index]
                 self.restarts[index] = meta.restarts
                 if name in self.pools:  # a pool left undefined has no instances running
-                    state = self.pools[name].status().instances[instance].state
+                    state = self.pools[name].status().instance(instance).state
                     assert (state == "restarting") == waits
 
     @invariant()
@@ -1621,7 +1626,7 @@ def test_define_survives_a_crash_in_its_first_recovery(tmp_path: Path) -> None:
         assert crashes
         # If the crashes went on (4 in a row), define left the restart to its backoff.
         assert pool.join(timeout=10)
-        assert pool.status().instances[0].restarts == len(crashes)
+        assert pool.status().instance(0).restarts == len(crashes)
 
 
 def test_a_call_after_a_crashed_call_reaches_the_restarted_instance(tmp_path: Path) -> None:
@@ -1645,5 +1650,5 @@ def test_a_call_after_a_crashed_call_reaches_the_restarted_instance(tmp_path: Pa
             # Sent after the crash was reported: it must reach the restarted instance.
             pool.pause(0)
             pool.resume(0)
-            got = pool.status().instances[0]
+            got = pool.status().instance(0)
             assert (got.restarts, got.enqueued) == (round_ + 1, 0)

@@ -27,7 +27,8 @@ def test_submit_and_send_return_without_waiting_and_committed_reads_the_outcome(
         assert isinstance(stored, EnqueueResult)
         assert stored.instance_index == index
         assert paused.get(timeout=0) is None  # a pause answers nothing
-        assert [i.state for i in pool.status().instances] == ["idle", "paused"]
+        status = pool.status()
+        assert [status.instance(i).state for i in range(2)] == ["idle", "paused"]
         with runtime.committed() as txn:
             state = read_instance(txn, "p", stored.instance_index)
         assert (state.meta.enqueued, state.meta.pending) == (1, 1)

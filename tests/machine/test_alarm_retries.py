@@ -88,7 +88,7 @@ class Rig:
 
     @property
     def instance(self) -> Any:
-        return self.pool.status().instances[0]
+        return self.pool.status().instance(0)
 
     def close(self) -> None:
         self.runtime.close()

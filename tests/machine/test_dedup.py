@@ -95,7 +95,7 @@ def test_a_second_enqueue_of_a_pending_key_stores_nothing_and_answers_the_first(
     )
     status = pool.status()
     assert (status.enqueued, status.pending, status.duplicates) == (2, 2, 1)
-    assert status.instances[0].duplicates == 1
+    assert status.instance(0).duplicates == 1
     checks_out(sim)
     pool.resume()
     assert pool.join(timeout=10)

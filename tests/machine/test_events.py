@@ -315,7 +315,7 @@ def test_cancel_from_a_handler_refuses_its_own_instance_only(sim: Runtime) -> No
     pool.resume(canceller.instance_index)
     assert pool.join(timeout=10)  # the victim's instance is paused, and empty now
     assert answers == ["ConfigurationError", True]
-    assert pool.status().instances[victim.instance_index].cancelled == 1
+    assert pool.status().instance(victim.instance_index).cancelled == 1
 
 
 def test_a_drained_event_is_remembered_as_drained(sim: Runtime) -> None:

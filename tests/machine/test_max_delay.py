@@ -192,7 +192,7 @@ def test_a_follow_up_not_before_counts_from_the_clock_at_the_call(store_path: Pa
         runtime.clock.advance(0)
         assert [exc.argument for exc in caught] == ["not_before"]
         assert pool.status().scheduled == 1
-        assert pool.status().instances[0].next_alarm_at == start + MAX_DELAY
+        assert pool.status().instance(0).next_alarm_at == start + MAX_DELAY
 
 
 def test_a_due_time_max_delay_ahead_is_accepted(store_path: Path) -> None:
@@ -204,7 +204,7 @@ def test_a_due_time_max_delay_ahead_is_accepted(store_path: Path) -> None:
         pool.enqueue_many(["c"], not_before=start + MAX_DELAY)
         status = pool.status()
         assert (status.enqueued, status.scheduled) == (3, 3)
-        assert status.instances[0].next_alarm_at == start + MAX_DELAY
+        assert status.instance(0).next_alarm_at == start + MAX_DELAY
 
 
 @pytest.mark.threaded
@@ -284,7 +284,7 @@ def test_a_retry_after_in_milliseconds_leaves_other_pools_retries_alone(tmp_path
         before = time.time()
         slow.enqueue("x")
         assert not slow.join(timeout=0.2)  # its first attempt ran; the retry waits a year
-        instance = slow.status().instances[0]
+        instance = slow.status().instance(0)
         assert instance.state == "backoff"
         assert instance.next_alarm_at is not None
         assert before + MAX_DELAY <= instance.next_alarm_at <= time.time() + MAX_DELAY
@@ -312,14 +312,14 @@ def test_a_far_alarm_in_an_old_store_leaves_the_real_clock_working(tmp_path: Pat
         pool.enqueue("x")
         assert isinstance(runtime.clock, SimulatedClock)
         runtime.clock.advance(0)
-        assert pool.status().instances[0].next_alarm_at == 1e15 + 10
+        assert pool.status().instance(0).next_alarm_at == 1e15 + 10
     with Runtime(path) as runtime:
         old = runtime.define("old", execute=fail_once, retry=policy)
         fresh = runtime.define("fresh", execute=fail_briefly, retry=policy)
         fresh.enqueue("y")
         assert fresh.join(timeout=WAIT)
         assert fresh.status().succeeded == 1
-        assert old.status().instances[0].state == "backoff"
+        assert old.status().instance(0).state == "backoff"
 
 
 @pytest.mark.parametrize("field", ["initial_delay", "max_delay"])

@@ -21,6 +21,7 @@ from dopool._store.layout import (
     Meta,
     Namespace,
     OutboxRecord,
+    PoolRecord,
     PresenceRecord,
     alarm_entry_key,
     lease_key,
@@ -35,7 +36,7 @@ from dopool._store.layout import (
 )
 from dopool._store.txn import Txn
 
-FIXTURE = Path(__file__).parents[1] / "support" / "fixtures" / "store-v8"  # (make_store.py)
+FIXTURE = Path(__file__).parents[1] / "support" / "fixtures" / "store-v9"  # (make_store.py)
 QUEUED = Namespace("orders", 1).queue_key(-2, 4, 1000.0)  # a pending event of the fixture
 INVOICES = Namespace("invoices", 0)  # holds a follow-up for orders:1, link 0, in its outbox
 
@@ -63,7 +64,7 @@ def problems(path: Path) -> list[str]:
 def test_a_sound_store_checks_out(store: Path) -> None:
     result = invoke("check", str(store))
     assert result.exit_code == 0, result.output
-    assert "format 8, 49 records, 3 instances; pools: invoices (1), orders (2)" in result.stdout
+    assert "format 9, 49 records, 3 instances; pools: invoices (1), orders (2)" in result.stdout
     assert "ok: every record and every counter checks out" in result.stdout
 
 
@@ -122,7 +123,7 @@ def test_keys_of_no_known_kind_and_misplaced_instances_are_reported(store: Path)
     with edit(store) as txn:
         txn.put(b"Zstray", b"1")
         txn.put(b"Iorders:5\x00m", txn.get(b"Iorders:1\x00m"))  # sealed under another key
-        txn.put(b"Pbad name", seal_pool(b"Pbad name", 1))
+        txn.put(b"Pbad name", seal_pool(b"Pbad name", PoolRecord(1)))
     assert problems(store) == [
         "orders:5: damaged: checksum mismatch",
         "None: pool record of an invalid name 'bad name'",
@@ -165,7 +166,7 @@ def test_check_store_reads_a_snapshot_in_one_pass(store: Path) -> None:
     with lmdb.open(str(store / "data"), readonly=True, lock=False) as env, env.begin() as txn:
         report = check_store(txn)
     assert report.ok
-    assert (report.format_version, report.records, report.instances) == (8, 49, 3)
+    assert (report.format_version, report.records, report.instances) == (9, 49, 3)
     assert report.pools == {"invoices": 1, "orders": 2}
 
 
@@ -291,8 +292,8 @@ def test_leases_and_presences_are_checked(store: Path) -> None:
         txn.put(b"Wbad-presence", b"\0\0\0\0junk")
         put_presence(txn, "w-1-a", PresenceRecord(1, "h", 1000.0))  # sound
     found = problems(store)
-    assert any("a lease of ghost:0, which no pool record has" in p for p in found), found
-    assert any("a lease of orders:2, which no pool record has" in p for p in found), found
+    assert any("lease unit 0 of pool 'ghost', which no pool record has" in p for p in found), found
+    assert any("lease unit 2 of pool 'orders', which no pool record has" in p for p in found), found
     assert any("a lease naming no worker ('two words')" in p for p in found), found
     assert sum("damaged: checksum mismatch" in p for p in found) == 2, found
     assert len(found) == 5, found

@@ -736,12 +736,12 @@ def test_storeview_reads_status_and_dead_letters_and_acts(tmp_path: Path) -> Non
         pools = view.pools()
         assert pools == {"sim": 4}
         status = view.status("sim", 4)
-        letters = view.dead_letters("sim", 4)
+        letters = view.dead_letters("sim")
     assert status.dead_lettered == len(letters) > 0
     assert status.enqueued == status.succeeded + status.dead_lettered
     assert redrive(store, pools) == {"sim": (len(letters), len(letters))}
     with open_view(store) as view:
-        assert view.dead_letters("sim", 4) == []
+        assert view.dead_letters("sim") == []
         assert view.status("sim", 4).pending == len(letters)
     assert purge(store, pools) == {"sim": (0, 0)}
 

@@ -28,7 +28,7 @@ ENQUEUER = textwrap.dedent(
 
     with Runtime(sys.argv[1], durability=sys.argv[2]) as runtime:
         pool = runtime.define("p", execute=lambda ctx: None)
-        pool.pause()  # nothing runs: the commits are the enqueues' (and the pause's)
+        pool.pause(0)  # its one instance, started: nothing runs, the commits are the enqueues'
         before = runtime._store.commit_counts[0]
         for number in range(int(sys.argv[3])):
             pool.enqueue(number)

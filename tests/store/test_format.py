@@ -35,6 +35,7 @@ from dopool._store.layout import (
     Meta,
     Namespace,
     OutboxRecord,
+    PoolRecord,
     PresenceRecord,
     RecordKind,
     ScheduleBook,
@@ -42,12 +43,14 @@ from dopool._store.layout import (
     alarm_entry_key,
     all_leases,
     all_presences,
+    get_pool_record,
     lease_key,
     open_sealed,
     pack,
     parse_alarm_entry,
     parse_dedup_key,
     parse_work_entry,
+    pool_key,
     read_dedup,
     read_lifecycle,
     read_outbox,
@@ -55,7 +58,6 @@ from dopool._store.layout import (
     seal_event,
     seal_format,
     seal_outbox,
-    seal_pool,
     work_entry_key,
 )
 from dopool._store.layout import migrate as migration
@@ -69,7 +71,8 @@ FIXTURE_4 = FIXTURES / "store-v4"  # format 4, written at commit 9270e60 (make_s
 FIXTURE_5 = FIXTURES / "store-v5"  # format 5, written at commit 5f125b8 (make_store.py then)
 FIXTURE_6 = FIXTURES / "store-v6"  # format 6, written at commit a59b992 (make_store.py then)
 FIXTURE_7 = FIXTURES / "store-v7"  # format 7, written at commit eb274bf (make_store.py then)
-FIXTURE_8 = FIXTURES / "store-v8"  # format 8, make_store.py
+FIXTURE_8 = FIXTURES / "store-v8"  # format 8, written at commit 3719304 (make_store.py then)
+FIXTURE_9 = FIXTURES / "store-v9"  # format 9, make_store.py
 OWNER = "host-4121-0a1b2c3d"  # the worker the lease and presence of store-v6 and v7 name
 # The events the fixtures of formats 1 and 2 (and format 3, at 1000.0) hold pending.
 ID_5 = EventRecord(b"\x82\xa2id\x05\xa4tags\x92\xa1x\xa1y", 1000.0, "bob", 9)
@@ -98,8 +101,13 @@ def records(path: Path) -> dict[bytes, bytes]:
 
 
 def test_the_fixture_of_this_format_is_the_current_version() -> None:
-    assert FORMAT_VERSION == 8
-    assert records(FIXTURE_8)[b"F"] == seal_format(b"F")
+    assert FORMAT_VERSION == 9
+    assert records(FIXTURE_9)[b"F"] == seal_format(b"F")
+
+
+def pools(found: dict[bytes, bytes]) -> list[bytes]:
+    """The pool records' keys: format 9 gives each record a field (the whole-pool pause)."""
+    return [key for key in found if key[:1] == b"P"]
 
 
 def outbox(found: dict[bytes, bytes]) -> list[bytes]:
@@ -159,7 +167,7 @@ def test_the_format_4_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert index.get(txn, "order-1") == DedupRecord("order-1", 1, 0, 0, 0, 1000.0, 1000.0)
             assert index.count_expiries(txn) == 2
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 8, 27)
+            assert (report.ok, report.format_version, report.records) == (True, 9, 27)
             indexed = EventIndex(zero)
             assert [indexed.locate(txn, n) for n in (3, 4, 0)] == [
                 Located(zero.queue_key(9, 3, 1000.0), False),
@@ -178,7 +186,7 @@ def test_the_format_4_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
     assert len(entries(path)) == 4
     # events: expires_at; the outbox entry: format 7's due
     assert changed == sorted(
-        [b"F", *metas, *events, *entries(path), *outbox(before), *indexes(path)]
+        [b"F", *metas, *events, *entries(path), *outbox(before), *indexes(path), *pools(before)]
     )
 
 
@@ -230,7 +238,7 @@ def _only_metas_and_the_outbox_changed(
     assert len(metas) == 3
     assert len(outbox(before)) == 1
     indexed = [key for key in after if key[:1] in (b"A", b"U")]  # format 8's indexes
-    assert changed == sorted([b"F", *metas, *outbox(before), *indexed])
+    assert changed == sorted([b"F", *metas, *outbox(before), *indexed, *pools(before)])
 
 
 # -- the committed store of format 7 ----------------------------------------------------
@@ -273,7 +281,7 @@ def test_the_format_7_fixture_decodes_to_exactly_what_was_written(tmp_path: Path
                 ("orders", 0, LeaseRecord(OWNER, 4121, "host", 2, 1030.0))
             ]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 8, 49)
+            assert (report.ok, report.format_version, report.records) == (True, 9, 49)
     finally:
         store.close()
 
@@ -292,9 +300,46 @@ def test_the_format_7_fixture_gains_exactly_the_index_entries_of_its_metas(
     after = records(path)
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     work = [work_entry_key("invoices", 0), work_entry_key("orders", 0), work_entry_key("orders", 1)]
-    assert changed == sorted([b"F", *work])
+    pools = [pool_key("invoices"), pool_key("orders")]  # (format 9's step)
+    assert changed == sorted([b"F", *work, *pools])
     assert [after[key] for key in work] == [b"", b"", b""]
-    assert records(FIXTURE_8) == after  # what make_store.py writes today, byte for byte
+    eight = copy(FIXTURE_8, tmp_path / "8")
+    Store(eight).close()
+    assert records(eight) == after  # what make_store.py wrote at format 8, migrated alike
+
+
+# -- the committed store of format 8 ----------------------------------------------------
+
+
+def test_the_format_8_fixture_gains_the_whole_pool_pause_in_its_pool_records(
+    tmp_path: Path,
+) -> None:
+    """store-v8, written by the format-8 code: the migration to format 9 gives each pool
+    record a last field, ``paused`` (false: format 8 paused instances one by one), and
+    changes nothing else but the format record. make_store.py now pauses orders as a
+    whole, so store-v9 differs from it there alone."""
+    path = copy(FIXTURE_8, tmp_path)
+    before = records(path)
+    assert before[b"F"][4:] == bytes([0x91, 8])
+    assert before[pool_key("orders")][4:] == bytes([0x91, 2])  # [concurrency]
+    Store(path).close()  # opening migrates it
+    after = records(path)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert changed == sorted([b"F", pool_key("invoices"), pool_key("orders")])
+    assert after[pool_key("orders")][4:] == bytes([0x92, 2, 0xC2])  # [concurrency, false]
+    assert after[pool_key("invoices")][4:] == bytes([0x92, 1, 0xC2])
+    nine = records(FIXTURE_9)
+    assert nine[pool_key("orders")][4:] == bytes([0x92, 2, 0xC3])  # paused as a whole
+    assert {k: v for k, v in nine.items() if k != pool_key("orders")} == {
+        k: v for k, v in after.items() if k != pool_key("orders")
+    }  # what make_store.py writes today, byte for byte, but that pause
+    store = Store(copy(FIXTURE_9, tmp_path / "9"))
+    try:
+        with store.read() as txn:
+            assert get_pool_record(txn, "orders") == PoolRecord(2, paused=True)
+            assert get_pool_record(txn, "invoices") == PoolRecord(1, paused=False)
+    finally:
+        store.close()
 
 
 def test_the_keys_of_the_alarm_and_work_indexes_have_their_documented_bytes() -> None:
@@ -368,7 +413,7 @@ def _the_fixture_of_format_5_reads_as_written(path: Path, *, records: int) -> No
             )
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 8, records)
+            assert (report.ok, report.format_version, report.records) == (True, 9, records)
             assert list(Namespace("invoices", 0).iter_outbox(txn)) == [(1, REFUND_9)]
     finally:
         store.close()
@@ -501,7 +546,7 @@ def test_the_format_3_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 8, 22)
+            assert (report.ok, report.format_version, report.records) == (True, 9, 22)
     finally:
         store.close()
     after = records(path)
@@ -513,7 +558,7 @@ def test_the_format_3_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
     rewritten = [key for key in before if key[:1] == b"I" and key.split(b"\x00")[1][:1] in b"mqwdo"]
     assert len(rewritten) == 3 + 4 + 1 + 1
     assert len(entries(path)) == 4
-    assert changed == sorted([b"F", *rewritten, *entries(path), *indexes(path)])
+    assert changed == sorted([b"F", *rewritten, *entries(path), *indexes(path), *pools(before)])
 
 
 def test_the_keys_of_format_3_have_their_documented_bytes() -> None:
@@ -606,7 +651,7 @@ def test_the_format_2_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 8, 20)
+            assert (report.ok, report.format_version, report.records) == (True, 9, 20)
     finally:
         store.close()
     after = records(path)
@@ -631,6 +676,7 @@ def test_the_format_2_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             *entries(path),
             *outbox(before),
             *indexes(path),
+            *pools(before),
         ]
     )
 
@@ -687,7 +733,7 @@ def write_format_2_store(path: Path) -> dict[int, bytes]:
     )
     with raw_env(path) as env, env.begin(write=True) as txn:
         txn.put(b"F", seal(b"F", pack([2])))
-        txn.put(b"Ph", seal_pool(b"Ph", 1))
+        txn.put(b"Ph", seal(b"Ph", pack([1])))  # format 2 to 8: [concurrency]
         txn.put(prefix + b"m", seal(prefix + b"m", pack(meta)))
         for sequence, key in keys.items():
             record = (pack(sequence), 1.0, None, 5 if sequence == 2 else 0)  # format 2's
@@ -717,7 +763,7 @@ def test_a_format_2_store_built_by_hand_keeps_its_order_and_its_backoff(
     try:
         # 9 to format 4; its meta again, an index entry for each of 4 events, and the 3
         # sound ones rewritten (expires_at)
-        assert "migrated from format 2 to 8 (20 records rewritten)" in caplog.text
+        assert "migrated from format 2 to 9 (21 records rewritten)" in caplog.text
         ns = Namespace("h", 0)
         with runtime._store.read() as txn:
             meta = ns.load_meta(txn)
@@ -862,6 +908,7 @@ def test_the_format_1_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             *new_queue,
             *entries(path),
             *indexes(path),
+            *pools(before),
         ]
     )
 
@@ -899,7 +946,7 @@ def test_a_format_1_outbox_is_migrated_and_delivered_exactly_once(
         runtime = Runtime(path, clock=SimulatedClock(2000.0), seed=7)
     try:
         # 9 to format 4, and both metas again (no event is pending)
-        assert "migrated from format 1 to 8 (15 records rewritten)" in caplog.text
+        assert "migrated from format 1 to 9 (16 records rewritten)" in caplog.text
         with runtime._store.read() as txn:
             zero, one = Namespace("orders", 0), Namespace("orders", 1)
             assert zero.load_meta(txn).links == {"orders:1": 2}

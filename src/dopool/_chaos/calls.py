@@ -13,7 +13,16 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from dopool._chaos.clockdriver import ClockDriver
-from dopool._chaos.history import Ack, Cancelled, Dup, History, Purged, Redriven, Resumed
+from dopool._chaos.history import (
+    Ack,
+    Cancelled,
+    Dup,
+    History,
+    PoolPaused,
+    Purged,
+    Redriven,
+    Resumed,
+)
 from dopool._chaos.scenario import When, when_args
 from dopool._chaos.snapshot import InstanceSnapshot
 from dopool._errors import InstanceCrashedError, QueueFullError
@@ -42,6 +51,11 @@ class Calls(ABC):
     @abstractmethod
     def _flat(self, pool: str, index: int) -> int:
         """Instance ``index`` of ``pool`` as the history numbers it."""
+
+    def _whole(self, pool: WorkerPool, *, paused: bool) -> None:
+        """Say in the history that ``pool`` is paused (or resumed) as a whole now."""
+        every = tuple(self._flat(pool.name, i) for i in range(pool.concurrency))
+        self.history.add(PoolPaused(every, paused))
 
     @abstractmethod
     def _read_store(self) -> list[InstanceSnapshot]:
@@ -205,9 +219,17 @@ class Calls(ABC):
             after = self._letters(pool)
             self.history.add(Purged(tuple(entry for entry in letters if entry not in after)))
 
+    def _pause(self, pool: WorkerPool, index: int | None) -> None:
+        """``pool.pause(index)``; of the whole pool, the history says so first."""
+        if index is None:
+            self._whole(pool, paused=True)
+        pool.pause(index)
+
     def _resume(self, pool: WorkerPool, index: int | None) -> None:
         """``pool.resume(index)``, which also wakes a stalled instance; the history says so."""
         chosen = range(pool.concurrency) if index is None else [index]
+        if index is None:
+            self._whole(pool, paused=False)
         try:
             pool.resume(index)
         finally:

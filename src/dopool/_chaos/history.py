@@ -97,6 +97,15 @@ class Resumed(NamedTuple):
     insts: tuple[int, ...]
 
 
+class PoolPaused(NamedTuple):
+    """The runner is about to pause (or resume) a pool as a whole, whose instances are
+    ``insts`` (flat numbers): the pool's record says so first, and an instance never
+    used reads paused (or not) from it, with no event of its own."""
+
+    insts: tuple[int, ...]
+    paused: bool
+
+
 class Cancelled(NamedTuple):
     """``cancel`` of entry ``(inst, seq)`` answered ``answer`` (a crash answers nothing)."""
 
@@ -113,7 +122,20 @@ class Fired(NamedTuple):
     occurrences: int
 
 
-Record = Ev | Exec | Ack | Dup | Call | Phase | Redriven | Purged | Resumed | Cancelled | Fired
+Record = (
+    Ev
+    | Exec
+    | Ack
+    | Dup
+    | Call
+    | Phase
+    | Redriven
+    | Purged
+    | Resumed
+    | PoolPaused
+    | Cancelled
+    | Fired
+)
 
 
 @dataclass

@@ -17,6 +17,7 @@ from dopool._chaos.history import (
     Fired,
     History,
     Phase,
+    PoolPaused,
     Purged,
     Redriven,
     Resumed,
@@ -58,6 +59,9 @@ class _Instance:
     restart_due: float | None = None  # when a restart waiting out its backoff may come
     stalled: bool = False  # its alarm was given up, and no write has set one since
     evicted: bool = False  # since its last ``evicted``, no ``activated`` (or recovery)
+    # Said something that stores its meta (all but ``activated``, ``evicted``): until
+    # then it is paused as its pool is as a whole (``PoolPaused``).
+    used: bool = False
 
 
 @dataclass
@@ -126,6 +130,10 @@ class Replay:
             elif isinstance(record, Resumed):
                 for number in record.insts:
                     self.instances[number].stalled = False
+            elif isinstance(record, PoolPaused):
+                for number in record.insts:
+                    if not self.instances[number].used:
+                        self.instances[number].paused = record.paused
             elif isinstance(record, Cancelled):
                 self._answered(record)
             elif isinstance(record, Fired):
@@ -151,6 +159,8 @@ class Replay:
             inst.restart_due = None
         if inst.evicted and kind not in ("activated", "crashed", "restart_delayed", "recovered"):
             self._bad(f"instance {ev.inst} said {kind!r} while evicted, not started again")
+        if kind not in ("activated", "evicted"):
+            inst.used = True
         if kind in ("enqueued", "resumed", "drained"):
             inst.stalled = False  # a write that sets an alarm, or nothing left to stall
         if kind == "enqueued":

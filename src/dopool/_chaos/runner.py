@@ -332,7 +332,7 @@ class Runner(Calls):
             elif kind == "cancel":
                 self._cancel(pool, args["back"])
             elif kind == "pause":
-                pool.pause(args["index"])
+                self._pause(pool, args["index"])
             elif kind == "resume":
                 self._resume(pool, args["index"])
             elif kind == "drain":

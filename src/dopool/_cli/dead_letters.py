@@ -112,11 +112,8 @@ def _read(
 ) -> tuple[dict[str, list[DeadLetter]], int]:
     """The matching dead letters by pool, and how many the pools (or the instance) hold."""
     index, filters = selection
-    letters = {
-        name: view.dead_letters(name, count, index, filters)
-        for name, count in sorted(pools.items())
-    }
-    total = sum(view.count_dead_letters(name, count, index) for name, count in pools.items())
+    letters = {name: view.dead_letters(name, index, filters) for name in sorted(pools)}
+    total = sum(view.count_dead_letters(name, index) for name in pools)
     return letters, total
 
 

@@ -1,8 +1,9 @@
 """Choosing an instance for an event, from a pool's routing table.
 
 A :class:`RoutingTable` is an immutable snapshot of a pool's placement: its
-concurrency, and where each instance is served (here, by another worker process,
-or by nobody known). In a runtime, the pool's router actor
+concurrency, and where each lease unit's instances are served (here, by another worker
+process, or by nobody known; :mod:`dopool._cluster.units`), so that its size is bounded
+whatever the number of instances. In a runtime, the pool's router actor
 (:mod:`dopool._engine.router`) is its single writer: it builds each new table and
 publishes it in :attr:`Router.table`, one attribute assignment. Callers read that
 attribute without a lock and route from their own thread, so an enqueue costs no
@@ -20,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from dopool._cluster.units import unit_of, units
+
 T = TypeVar("T")
 
 #: A batch's positions that one instance takes: a range, or a list once dedup keys
@@ -33,9 +36,9 @@ class RoutingTable:
 
     Attributes:
         concurrency: the pool's number of instances.
-        here: the instances this process serves (all of them in an exclusive or
-            simulated runtime; those a shared worker holds the leases of).
-        owners: per instance, the worker id its lease names (whom to wake), or None
+        here: the lease units whose instances this process serves (all of them in an
+            exclusive or simulated runtime; those a shared worker holds the leases of).
+        owners: per lease unit, the worker id its lease names (whom to wake), or None
             when none is known.
         version: how many tables the router actor published before this one.
     """
@@ -48,16 +51,21 @@ class RoutingTable:
     @classmethod
     def local(cls, concurrency: int) -> RoutingTable:
         """Every instance served here (an exclusive or simulated runtime)."""
-        return cls(concurrency, frozenset(range(concurrency)), (None,) * concurrency)
+        count = units(concurrency)
+        return cls(concurrency, frozenset(range(count)), (None,) * count)
 
     @classmethod
     def elsewhere(cls, concurrency: int) -> RoutingTable:
         """No instance served here, no owner known (a producer; a shared worker at first)."""
-        return cls(concurrency, frozenset(), (None,) * concurrency)
+        return cls(concurrency, frozenset(), (None,) * units(concurrency))
+
+    def serves(self, index: int) -> bool:
+        """Whether this process serves instance ``index``."""
+        return unit_of(index, self.concurrency) in self.here
 
     def owner(self, index: int) -> str | None:
         """The worker serving instance ``index``, if known."""
-        return self.owners[index]
+        return self.owners[unit_of(index, self.concurrency)]
 
 
 def stable_hash(partition_key: str) -> int:

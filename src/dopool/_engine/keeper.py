@@ -3,25 +3,30 @@ and stop its instances as they are taken, lost and released (:mod:`dopool._clust
 
 Every ``ttl / 3`` seconds its renewal thread runs one renewal transaction for all the
 runtime's leases, and does nothing after it that could make the next one late, whatever
-the number of instances: it hands on what the renewal decided. In a shared runtime:
+the number of instances: it hands on what the renewal decided. A lease covers a *unit*
+of a pool's instances (:mod:`dopool._cluster.units`; one instance per unit in a pool of
+up to 4,096). In a shared runtime:
 
-- an instance whose lease it **took** is started by the starter thread, which reopens
-  its actors and sends each its recovery, as after a crash (a lease taken over after it
-  expired counts a restart), without waiting for them; ``define`` waits for its own;
-- one whose lease it **lost** (another worker took it over while this one hung) is
-  stopped, not restarted: its transactions were already refused (fencing);
-- those it must **release** (more than its fair share) stop gracefully on a helper
-  thread, one per renewal: their mailboxes close, their running handlers finish, then
-  their leases are deleted, together, and the next renewal of another worker takes them.
+- the instances of a unit whose lease it **took** are started by the starter thread,
+  which reopens their actors and sends each its recovery, as after a crash (a lease taken
+  over after it expired counts a restart), without waiting for them; ``define`` waits
+  for its own;
+- those of a unit whose lease it **lost** (another worker took it over while this one
+  hung) are stopped, not restarted: their transactions were already refused (fencing);
+- those of the units it must **release** (more than its fair share) stop gracefully on a
+  helper thread, one per renewal: their mailboxes close, their running handlers finish,
+  then their leases are deleted, together, and the next renewal of another worker takes
+  them.
 
-Losing an instance is losing that instance: one retaken by another worker before it
-started here, or while it recovers, is passed over, and the others start.
+Losing a unit is losing its instances: one retaken by another worker before its
+instances started here, or while they recover, is passed over, and the others start.
 
 An instance not served here is *vacant*: its mailbox has no actor, and a caller's
 message to it fails with :class:`~dopool._errors.NotLeasedError` (an enqueue, pause,
 resume or drain is then made in the store instead, see :mod:`dopool._cluster.remote`). An
 exclusive runtime starts its instances itself, each when first used
-(:mod:`dopool._engine.cells`); its keeper only writes and renews their leases.
+(:mod:`dopool._engine.cells`); its keeper only writes and renews the leases of every
+unit, at most 4,096 per pool whatever its size.
 
 After a renewal or a stop that changed what this process serves, or whom a lease
 names, the keeper tells each pool's router actor (:mod:`dopool._engine.router`), which
@@ -44,7 +49,8 @@ import pykka
 
 from dopool._clock.clocks import Clock
 from dopool._clock.turn import Turn
-from dopool._cluster.leases import RENEWALS, LeaseBook, Taken, Where, Worker, lease_owner
+from dopool._cluster.leases import RENEWALS, LeaseBook, Taken, Where, Worker, unit_owner
+from dopool._cluster.units import span, units
 from dopool._engine.cells import Cells
 from dopool._engine.messages import Reply
 from dopool._engine.router import Placement
@@ -73,12 +79,11 @@ class _Starts:
 
 @dataclass(frozen=True, slots=True)
 class _Stop:
-    """An instance stopping here: its actor (None: none started), and whether its lease
-    is to be released once it has stopped (its lease lost: not)."""
+    """A lease unit's instances stopping here: each one's supervisor and actor (None: none
+    started), and whether the lease is to be released once they have stopped (lost: not)."""
 
     where: Where
-    supervisor: Supervisor
-    ref: pykka.ActorRef[Any] | None
+    actors: tuple[tuple[Supervisor, pykka.ActorRef[Any] | None], ...]
     release: bool
 
 
@@ -106,10 +111,10 @@ class LeaseKeeper:
         self._lock = Turn()
         self._stop = threading.Event()
         self._serving = True  # False once the runtime closes: nothing more starts
-        # Instances taken but whose actor the starter has not started yet.
+        # Units taken but whose instances the starter has not started yet.
         self._starting: dict[Where, Taken] = {}
-        # Instances whose actor is stopping here: not taken again until it has stopped,
-        # so that an instance never has two actors in this process.
+        # Units whose instances' actors are stopping here: not taken again until they have
+        # stopped, so that an instance never has two actors in this process.
         self._stopping: set[Where] = set()
         self._starts: queue.SimpleQueue[_Starts | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="dopool-leases", daemon=True)
@@ -144,8 +149,9 @@ class LeaseKeeper:
         concurrency: int,
         placement: Placement | None = None,
     ) -> None:
-        """Serve ``name`` from now on: take its leases (a shared runtime's fair share) and,
-        with ``pool`` (shared), start the instances taken and wait for their recoveries;
+        """Serve ``name`` from now on: take its leases (a shared runtime's fair share of its
+        units) and, with ``pool`` (shared), start the instances of the units taken and wait
+        for their recoveries;
         tell ``placement`` (its router actor) where they are served. Starts the threads
         first, so that renewals stay on time while the instances start."""
         with self._lock:
@@ -194,7 +200,8 @@ class LeaseKeeper:
             with self._store.write() as txn:
                 now = self._store.lease_time()
                 renewal = self.book.renew(txn, now, frozenset(self._stopping))
-                self._owners = self._read_owners(txn)
+                # (An exclusive runtime serves every instance: it wakes nobody.)
+                self._owners = self._read_owners(txn) if self.shared else {}
         except BaseException:
             self.book.restore(before)  # rolled back: what it held before, it still holds
             raise
@@ -207,14 +214,14 @@ class LeaseKeeper:
             renewal.live,
         )
         stops = []
-        for pool, index in renewal.lost:
+        for pool, unit in renewal.lost:
             logger.warning(
-                "the lease of %s:%d was taken over by another worker (this one did not "
-                "renew it in time): the instance stops here",
+                "the lease of %s:%s was taken over by another worker (this one did not "
+                "renew it in time): its instances stop here",
                 pool,
-                index,
+                self._shown(pool, unit),
             )
-            stops.extend(self._retire(pool, index, release=False))
+            stops.extend(self._retire(pool, unit, release=False))
         for where in renewal.release:
             stops.extend(self._retire(*where, release=True))
         if stops:
@@ -225,7 +232,7 @@ class LeaseKeeper:
         starts = None
         if taken:
             for t in taken:
-                self._starting[(t.pool, t.index)] = t
+                self._starting[(t.pool, t.unit)] = t
             starts = _Starts(taken)
             self._starts.put(starts)
         for owner, presence in renewal.gone:
@@ -238,27 +245,27 @@ class LeaseKeeper:
     def _read_owners(self, txn: Txn) -> dict[str, tuple[str | None, ...]]:
         """Whom each lease of each pool names, read in the renewal's transaction."""
         return {
-            name: tuple(lease_owner(txn, name, index) for index in range(placement.concurrency))
+            name: tuple(unit_owner(txn, name, u) for u in range(units(placement.concurrency)))
             for name, placement in self._placements.items()
         }
 
     def _place(self) -> None:
         """Tell each pool's router actor where its instances are served, if that changed:
-        here, those whose lease this worker holds and whose actor is not stopping (all of
-        them in an exclusive runtime). One still to start is here already: a call that
-        finds its mailbox vacant meanwhile stores its enqueue through the store, which
-        the instance's recovery then finds. A tell: the keeper never waits for the
-        actor. Called with the lock."""
+        here, those of the units whose lease this worker holds and whose actors are not
+        stopping (all of them in an exclusive runtime). One still to start is here
+        already: a call that finds its mailbox vacant meanwhile stores its enqueue through
+        the store, which the instance's recovery then finds. A tell: the keeper never waits
+        for the actor. Called with the lock."""
         held = self.book.held
         for name, placement in self._placements.items():
-            every = range(placement.concurrency)
+            every = range(units(placement.concurrency))
             if self.shared:
                 here = frozenset(
-                    i for i in every if (name, i) in held and (name, i) not in self._stopping
+                    u for u in every if (name, u) in held and (name, u) not in self._stopping
                 )
             else:
                 here = frozenset(every)
-            told = (here, self._owners.get(name, (None,) * placement.concurrency))
+            told = (here, self._owners.get(name, (None,) * len(every)))
             if self._told.get(name) != told:
                 self._told[name] = told
                 placement.placed(*told)
@@ -283,10 +290,11 @@ class LeaseKeeper:
                 starts.sent.set()
 
     def _start_all(self, starts: _Starts) -> None:
-        """Start each instance taken that is still to start here, and send its recovery.
-        The lock is taken for one instance at a time: a renewal never waits for a batch."""
+        """Start the instances of each unit taken that is still to start here, and send
+        each its recovery. The lock is taken for one unit at a time: a renewal never waits
+        for a batch."""
         for taken in starts.taken:
-            where = (taken.pool, taken.index)
+            where = (taken.pool, taken.unit)
             with self._lock:
                 if self._starting.get(where) is not taken:
                     continue  # lost or released before it started: passed over
@@ -294,19 +302,29 @@ class LeaseKeeper:
                 if not self._serving:
                     self._release_now(where)
                     continue
-                cell = self._pools[taken.pool][taken.index]  # made vacant if it was not
-                supervisor = cell.supervisor
-                cell.memory.forget()
-                supervisor.reopen()  # starts the actor
+                pool = self._pools[taken.pool]
+                for index in span(taken.unit, pool.concurrency):
+                    cell = pool[index]  # made vacant if it was not
+                    supervisor = cell.supervisor
+                    cell.memory.forget()
+                    supervisor.reopen()  # starts the actor
+                    reply = send_recovery(supervisor, restarts=1 if taken.expired else 0)
+                    starts.replies.append((supervisor, reply))
                 logger.info(
-                    "took the lease of %s:%d (epoch %d%s)",
+                    "took the lease of %s:%s (epoch %d%s)",
                     taken.pool,
-                    taken.index,
+                    self._shown(taken.pool, taken.unit),
                     taken.epoch,
                     ", after its holder's expired" if taken.expired else "",
                 )
-                reply = send_recovery(supervisor, restarts=1 if taken.expired else 0)
-                starts.replies.append((supervisor, reply))
+
+    def _shown(self, name: str, unit: int) -> str:
+        """A lease unit as a log line names it: its instance, or its range of them."""
+        placement = self._placements.get(name)
+        if placement is None:
+            return str(unit)
+        covered = span(unit, placement.concurrency)
+        return str(covered.start) if len(covered) == 1 else f"{covered.start}-{covered.stop - 1}"
 
     def _release_now(self, where: Where) -> None:
         """Give up a lease taken while the runtime began to close (the lock held)."""
@@ -314,47 +332,52 @@ class LeaseKeeper:
             with self._store.write() as txn:
                 self.book.release(txn, *where)
         except Exception:  # its expiry frees it instead
-            logger.debug("releasing %s:%d", *where, exc_info=True)
+            logger.debug("releasing %s:%s", where[0], self._shown(*where), exc_info=True)
 
     # -- stopping --------------------------------------------------------------------------
 
-    def _retire(self, name: str, index: int, *, release: bool) -> list[_Stop]:
-        """Stop an instance here: vacant at once; its actor is stopped by
-        :meth:`_stop_all` (its handler may take a while). Called with the lock."""
+    def _retire(self, name: str, unit: int, *, release: bool) -> list[_Stop]:
+        """Stop a unit's instances here: vacant at once; their actors are stopped by
+        :meth:`_stop_all` (a handler may take a while). Called with the lock."""
         pool = self._pools.get(name)
         if pool is None:
             return []
-        where = (name, index)
-        self._starting.pop(where, None)  # not started yet: it never will be
-        supervisor = pool[index].supervisor
-        # Vacant at once: a caller is told another worker serves it, and a follow-up for it
-        # is delivered into its namespace (its actor here may still finish a handler).
-        ref = supervisor.close(vacant=True)
+        where = (name, unit)
+        self._starting.pop(where, None)  # not started yet: they never will be
+        actors = []
+        for index in span(unit, pool.concurrency):
+            cell = pool.get(index)  # (one never made starts vacant: nothing to stop)
+            if cell is not None:
+                # Vacant at once: a caller is told another worker serves it, and a follow-up
+                # for it is delivered into its namespace (its actor may finish a handler).
+                actors.append((cell.supervisor, cell.supervisor.close(vacant=True)))
         if where in self._stopping:  # a stop on its way already (lost while released)
             return []
         self._stopping.add(where)
-        return [_Stop(where, supervisor, ref, release)]
+        return [_Stop(where, tuple(actors), release)]
 
     def _stop_all(self, stops: list[_Stop]) -> None:
-        """Stop the actors of ``stops`` together, and settle each once it has stopped,
-        those done so far in one transaction (a helper thread's work)."""
-        futures: list[tuple[_Stop, pykka.Future[Any] | None]] = []
+        """Stop the actors of ``stops`` together, and settle each unit once its actors have
+        stopped, those done so far in one transaction (a helper thread's work)."""
+        futures: list[tuple[_Stop, list[pykka.Future[Any]]]] = []
         for stop in stops:
-            future = None
-            if stop.ref is not None:
-                with suppress(pykka.ActorDeadError):
-                    future = stop.ref.stop(block=False)
-            futures.append((stop, future))
+            pending = []
+            for _, ref in stop.actors:
+                if ref is not None:
+                    with suppress(pykka.ActorDeadError):
+                        pending.append(ref.stop(block=False))
+            futures.append((stop, pending))
         deadline = time.monotonic() + _STOP_WAIT
         while futures:
-            done: list[tuple[_Stop, pykka.Future[Any] | None]] = []
-            waiting: list[tuple[_Stop, pykka.Future[Any] | None]] = []
-            for stop, future in futures:
-                (done if _finished(future, 0.0) else waiting).append((stop, future))
+            done: list[tuple[_Stop, list[pykka.Future[Any]]]] = []
+            waiting: list[tuple[_Stop, list[pykka.Future[Any]]]] = []
+            for stop, pending in futures:
+                pending[:] = [future for future in pending if not _finished(future, 0.0)]
+                (waiting if pending else done).append((stop, pending))
             if not done:
                 left = deadline - time.monotonic()
                 if left > 0:  # a long handler must not hold the others' releases up
-                    _finished(waiting[0][1], min(left, _SETTLE_EVERY))
+                    _finished(waiting[0][1][0], min(left, _SETTLE_EVERY))
                     continue
                 done, waiting = waiting, []  # hung: their leases expire meanwhile
             futures = waiting
@@ -364,22 +387,25 @@ class LeaseKeeper:
         """Their actors have stopped: clear their alarms, release the leases to release
         (in one transaction), and leave the addresses vacant."""
         for stop in stops:
-            self._clock.set_alarm(stop.supervisor.mailbox, None)
+            for supervisor, _ in stop.actors:
+                self._clock.set_alarm(supervisor.mailbox, None)
         with self._lock:
             releasing = [stop.where for stop in stops if stop.release]
             if releasing and not self._stop.is_set():
                 try:
                     with self._store.write() as txn:
-                        for pool, index in releasing:
-                            self.book.release(txn, pool, index)
+                        for pool, unit in releasing:
+                            self.book.release(txn, pool, unit)
                 except Exception:  # the store closed meanwhile: the leases expire
                     logger.debug("releasing %s", releasing, exc_info=True)
                 else:
-                    for pool, index in releasing:
-                        logger.info("released the lease of %s:%d (fair share)", pool, index)
+                    for pool, unit in releasing:
+                        shown = self._shown(pool, unit)
+                        logger.info("released the lease of %s:%s (fair share)", pool, shown)
             for stop in stops:
                 if self._serving:
-                    stop.supervisor.vacate()
+                    for supervisor, _ in stop.actors:
+                        supervisor.vacate()
                 self._stopping.discard(stop.where)
             self._place()
 
@@ -390,9 +416,9 @@ class LeaseKeeper:
             self._serving = False
             self.book.stop_taking()
 
-    def close(self, keep: Iterable[Where] = ()) -> None:
-        """Stop renewing; delete the leases held (but ``keep``, left to expire) and the
-        presence, so other workers take them at once."""
+    def close(self, keep: Iterable[tuple[str, int]] = ()) -> None:
+        """Stop renewing; delete the leases held (but those of the instances ``keep``, ``(pool,
+        index)``, left to expire) and the presence, so other workers take them at once."""
         self._stop.set()
         self._starts.put(None)
         if self._started:
@@ -408,10 +434,8 @@ class LeaseKeeper:
                 logger.warning("removing the leases at close failed", exc_info=True)
 
 
-def _finished(future: pykka.Future[Any] | None, timeout: float) -> bool:
+def _finished(future: pykka.Future[Any], timeout: float) -> bool:
     """Whether an actor's stop ``future`` is done, waiting at most ``timeout`` seconds."""
-    if future is None:
-        return True
     try:
         future.get(timeout=timeout)
     except pykka.Timeout:

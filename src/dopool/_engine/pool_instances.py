@@ -92,10 +92,10 @@ class Instances:
         the store too)."""
         assert self.away is not None, "only a shared worker has instances served elsewhere"
         away, table = self.away, self.router.table
-        elsewhere = [i for i in indices if i not in table.here]
+        elsewhere = [i for i in indices if not table.serves(i)]
         answers = {c.index: c.drained for c in away.control(verb, elsewhere)} if elsewhere else {}
         for index in indices:
-            if index in table.here:
+            if table.serves(index):
                 try:
                     answers[index] = call(index)
                 except NotLeasedError:
@@ -107,7 +107,7 @@ class Instances:
         the same change made in the store (a shared worker's, for an instance another
         worker serves or one released since the table was published)."""
         elsewhere = self.away
-        if elsewhere is None or index in self.router.table.here:
+        if elsewhere is None or self.router.table.serves(index):
             try:
                 return here(index)
             except NotLeasedError:

@@ -7,7 +7,8 @@ actor alone builds the next table and publishes it:
 
 - :class:`Placed`: the lease keeper's word after a renewal that changed what this
   process serves or whom a lease names (a worker joined, died, left), and at an
-  exclusive runtime's start: which instances are served here, and each one's owner.
+  exclusive runtime's start: which lease units' instances are served here, and whom
+  each unit's lease names.
 - :class:`Current`: asked, answers the table published once every message told
   before it is handled (tests and tools wait on it, with a timeout).
 
@@ -36,7 +37,8 @@ logger = logging.getLogger("dopool")
 
 @dataclass(frozen=True, slots=True)
 class Placed:
-    """Where the pool's instances are served now, as the lease keeper knows it."""
+    """Where the pool's instances are served now, as the lease keeper knows it: the lease
+    units served here, and per unit the owner its lease names."""
 
     here: frozenset[int]
     owners: tuple[str | None, ...]
@@ -110,7 +112,8 @@ class Placement:
         return self.router.table.concurrency
 
     def placed(self, here: frozenset[int], owners: tuple[str | None, ...]) -> None:
-        """Tell the actor where the instances are served now; never waits, never raises
+        """Tell the actor where the lease units' instances are served now (``here``: the
+        units served here; ``owners``: whom each unit's lease names); never waits, never raises
         once the actor has stopped (the runtime is closing)."""
         with suppress(pykka.ActorDeadError):
             self._ref.tell(Placed(here, owners))

@@ -206,9 +206,11 @@ class InstanceShell:
         meta = memory.meta
         if meta is not None:
             memory.meta = None
-            if raw == memory.raw:  # nobody else wrote it since
+            # Nobody else wrote it since. (A meta is kept only once saved: one never
+            # stored, whose pause its pool's record decides, is always read anew.)
+            if raw == memory.raw:
                 return meta
-        return self._ns.decode_meta(raw)
+        return self._ns.decode_meta(txn, raw)
 
     def _save_meta(self, txn: Txn, meta: Meta) -> None:
         self._raw = self._ns.save_meta(txn, meta)

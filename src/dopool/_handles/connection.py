@@ -46,7 +46,7 @@ from __future__ import annotations
 import os
 import secrets
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from datetime import datetime, timedelta
 from functools import partial
@@ -81,7 +81,7 @@ from dopool._handles.filters import Filters, listed
 from dopool._handles.schedules import definition, read_schedules, schedule_info
 from dopool._machine.lifecycle import lookup, parse_event_id
 from dopool._machine.machine import QueueMachine
-from dopool._machine.status import read_pool_status
+from dopool._machine.status import Listing, read_pool_status
 from dopool._machine.types import DefineSchedule, Effects, Item, QueueRules, Unschedule
 from dopool._machine.validation import (
     check_path,
@@ -93,7 +93,13 @@ from dopool._machine.validation import (
 )
 from dopool._pools import FilterOptions, Pool, ScheduleOptions
 from dopool._store.environment import Environment, open_shared, opened_before_fork
-from dopool._store.layout import Namespace, get_pool, pool_records
+from dopool._store.layout import (
+    Namespace,
+    get_pool,
+    pool_records,
+    set_pool_paused,
+    used_instances,
+)
 from dopool._store.txn import Txn
 from dopool._types import DeadLetter, EnqueueResult, EventInfo, PoolStatus, ScheduleInfo
 
@@ -476,11 +482,14 @@ class ProducerPool(Pool):
         return cancel(self._connection, self._name, event_id)
 
     # -- reading committed state -------------------------------------------------------
-    def status(self) -> PoolStatus:
+    def status(
+        self, *, instances: Iterable[int] | None = None, limit: int | None = None
+    ) -> PoolStatus:
         """As :meth:`Pool.status`, with no restart state (that is the owner's memory)."""
         with self._connection.reading(self._name) as txn:
             concurrency = self._table(txn).concurrency  # PoolNotFoundError if none
-            return read_pool_status(txn, self._name, concurrency)
+            listing = Listing(instances, limit).check(concurrency)
+            return read_pool_status(txn, self._name, concurrency, listing)
 
     def event(self, event_id: str) -> EventInfo | None:
         """As :meth:`Pool.event`, finished events kept for the ``keep_finished`` this
@@ -498,8 +507,9 @@ class ProducerPool(Pool):
         matching = Filters.of(filters)
         with self._connection.reading(self._name) as txn:
             concurrency = self._table(txn).concurrency  # PoolNotFoundError if none
+            used = used_instances(txn, self._name)  # (one never used holds none)
         if index is None:
-            indices: Iterable[int] = range(concurrency)
+            indices: Iterable[int] = used
         elif isinstance(index, bool) or not isinstance(index, int):
             raise ConfigurationError(f"instance index must be an int, got {index!r}")
         elif not 0 <= index < concurrency:
@@ -531,7 +541,9 @@ def control(
     """Pause, resume or drain ``pool``'s instance ``index`` (all when None) of the store.
 
     One transaction for all of them, durable when this returns; then the owner, if
-    one listens, is told to wake each instance changed.
+    one listens, is told to wake each instance changed. All of them are those ever used
+    (the others hold nothing), and a pause or resume of the whole pool is stored for it,
+    so that an instance first used later starts paused, or not, as it says.
 
     Raises:
         PoolNotFoundError: no runtime ever defined the pool in this store.
@@ -545,8 +557,12 @@ def control(
     now = connection.now()
 
     def body(txn: Txn) -> list[Changed]:
-        concurrency = get_pool(txn, pool) or 0
-        indices = _chosen(pool, concurrency, index)
+        if index is None:
+            if verb != "drain":
+                set_pool_paused(txn, pool, verb == "pause")
+            indices = used_instances(txn, pool)
+        else:
+            indices = [_checked(pool, get_pool(txn, pool) or 0, index)]
         answers = []
         for i in indices:
             answers.append(transition(txn, producer_machine(pool, i, rules), i, verb, now))
@@ -584,16 +600,14 @@ def cancel(connection: Connection, pool: str, event_id: str) -> bool:
     return cancelled
 
 
-def _chosen(pool: str, concurrency: int, index: int | None) -> Sequence[int]:
-    if index is None:
-        return range(concurrency)
+def _checked(pool: str, concurrency: int, index: int) -> int:
     if isinstance(index, bool) or not isinstance(index, int):
         raise ConfigurationError(f"instance index must be an int, got {index!r}")
     if not 0 <= index < concurrency:
         raise ConfigurationError(
             f"pool {pool!r} has no instance {index} (concurrency {concurrency})"
         )
-    return [index]
+    return index
 
 
 def check_lock_timeout(seconds: object) -> float | None:

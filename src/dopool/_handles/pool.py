@@ -21,6 +21,7 @@ from dopool._engine.shell import InstanceEnv, PoolSpec
 from dopool._engine.wait_graph import acting
 from dopool._errors import (
     ConfigurationError,
+    DamagedRecordError,
     DopoolError,
     InstanceCrashedError,
     NotLeasedError,
@@ -29,7 +30,7 @@ from dopool._errors import (
 from dopool._handles.filters import Filters, by_instance, chosen, listed
 from dopool._handles.schedules import definition, read_schedules, schedule_info
 from dopool._machine.lifecycle import lookup, parse_event_id
-from dopool._machine.status import instance_status, pool_status
+from dopool._machine.status import Listing, read_pool_status
 from dopool._machine.types import (
     Cancel,
     DefineSchedule,
@@ -44,7 +45,13 @@ from dopool._machine.types import (
 )
 from dopool._machine.validation import due_time, prepare, prepare_many, with_ttl
 from dopool._pools import FilterOptions, Pool, ScheduleOptions
-from dopool._store.layout import Namespace, follow_ups_to, work_index
+from dopool._store.layout import (
+    Namespace,
+    follow_ups_to,
+    set_pool_paused,
+    used_instances,
+    work_index,
+)
 from dopool._types import DeadLetter, EnqueueResult, EventInfo, PoolStatus, ScheduleInfo
 
 if TYPE_CHECKING:
@@ -202,7 +209,7 @@ class WorkerPool(Pool):
         table = self._router.table  # the router actor's, published: read once, no lock
         if len(items) == 1:  # the common case: stored from this thread, no hop at all
             index = self._router.choose(partition_key, table)
-            if index not in table.here:  # another worker serves it
+            if not table.serves(index):  # another worker serves it
                 return self._away_one(index, items, None)
             try:
                 stored = self._direct_to(index).enqueue(items)
@@ -218,7 +225,7 @@ class WorkerPool(Pool):
         results: list[Any] = [None] * len(items)
         keys = [item.dedup_key for item in items]
         groups = self._router.split(len(items), partition_key, keys if any(keys) else None, table)
-        away = {i: p for i, p in groups.items() if i not in table.here}
+        away = {i: p for i, p in groups.items() if not table.serves(i)}
         failure = self._instances.store_away(away, items, results) if away else None
         parts = [(index, pick(items, p)) for index, p in groups.items() if index not in away]
         # Parts sent at once would commit in thread order; under a simulated
@@ -340,7 +347,7 @@ class WorkerPool(Pool):
         for addressed in [index] if among is None or index is not None else among:
             self._refuse_own_instance(addressed)
         if among is None and not filters.given:
-            requests = {i: verb(None) for i in indices}
+            requests = {i: verb(None) for i in self._holding(indices)}
         else:
             now = self._context.clock.now()
             picked = chosen(self._read, self.name, indices, filters, now, among)
@@ -349,36 +356,66 @@ class WorkerPool(Pool):
             return sum(self._act(i, request) for i, request in requests.items())
         return sum(self._calls.send_each([(i, partial(Control, r)) for i, r in requests.items()]))
 
-    def _indices(self, index: int | None) -> range | list[int]:
-        """Every instance's index, or ``index`` checked."""
-        return range(self.concurrency) if index is None else [self._instances.check(index)]
+    def _indices(self, index: int | None) -> list[int]:
+        """``index`` checked, or (None) every instance ever used: the others hold nothing."""
+        if index is not None:
+            return [self._instances.check(index)]
+        with self._read() as txn:
+            return used_instances(txn, self.name)
+
+    def _holding(self, indices: list[int]) -> list[int]:
+        """Those of ``indices`` whose meta says they hold dead letters (or is damaged: the
+        instance answers for itself), so that no other instance is started for nothing."""
+        held = []
+        with self._read() as txn:
+            for index in indices:
+                try:
+                    meta = Namespace(self.name, index).load_meta(txn)
+                except DamagedRecordError:
+                    held.append(index)
+                    continue
+                if meta.held_dead_letters:
+                    held.append(index)
+        return held
 
     def _each(self, index: int | None, request: Pause | Resume | Drain) -> list[Any]:
-        """Send a request to one instance or to all at once, then gather the answers."""
+        """Send a request to one instance or to all those ever used at once, then gather
+        the answers. A pause or resume of the whole pool is stored for it first, in the
+        transaction that reads which instances were used: one first used after it starts
+        paused, or not, as it says (docs/api.md, "pause")."""
         self._check_open()
-        indices = self._indices(index)
         self._refuse_own_instance(index)
+        if index is not None or isinstance(request, Drain):
+            indices = self._indices(index)
+        else:
+            with self._env.store.write() as txn:
+                set_pool_paused(txn, self.name, isinstance(request, Pause))
+                indices = used_instances(txn, self.name)
         message, verb = partial(Control, request), _VERBS.get(type(request))
         if verb is None or self._instances.away is None:  # all here (but a shared worker's)
             return self._calls.send_each([(i, message) for i in indices])
         return self._instances.control(verb, indices, lambda i: self._calls.call(i, message))
 
     # -- reading committed state -------------------------------------------------
-    def status(self) -> PoolStatus:
+    def status(
+        self, *, instances: Iterable[int] | None = None, limit: int | None = None
+    ) -> PoolStatus:
         self._check_open()
+        listing = Listing(instances, limit).check(self.concurrency)
         # The restart state is in memory (of the instances started), read without waiting.
         made = self._instances.cells.made()
         restarts = {
             cell.index: (cell.supervisor.crash_streak, cell.supervisor.restart_at) for cell in made
         }
         with self._read() as txn:
-            instances = [
-                instance_status(
-                    self.name, i, Namespace(self.name, i).load_meta(txn), *restarts.get(i, _NEW)
-                )
-                for i in range(self.concurrency)
-            ]
-        return pool_status(self.name, instances, active=len(made))
+            return read_pool_status(
+                txn,
+                self.name,
+                self.concurrency,
+                listing,
+                lambda index: restarts.get(index, _NEW),
+                active=len(made),
+            )
 
     def event(self, event_id: str) -> EventInfo | None:
         self._check_open()

@@ -23,6 +23,7 @@ from dopool._clock.clocks import Clock, RealClock, SimulatedClock
 from dopool._cluster.leases import DEFAULT_LEASE_TTL, check_lease_ttl
 from dopool._cluster.remote import Away
 from dopool._cluster.routing import Router, RoutingTable
+from dopool._cluster.units import LEASE_UNITS
 from dopool._engine.actor import InstanceActor
 from dopool._engine.cells import Cell, Cells
 from dopool._engine.closing import Closing, Stops, deadline_after, stopped, wait_until
@@ -42,7 +43,7 @@ from dopool._handles.pool import WorkerPool
 from dopool._machine.types import Item
 from dopool._machine.validation import check_path, check_pool_name, prepare
 from dopool._store.environment import Store
-from dopool._store.layout import Namespace, follow_ups_to
+from dopool._store.layout import Namespace, follow_ups_to, used_instances
 from dopool._store.txn import Txn
 from dopool._types import PoolEvent
 from dopool._usercode import check_synchronous, ran
@@ -278,6 +279,13 @@ class Runtime:
                 raise PoolClosedError(name)
             if name in self._pools:
                 raise ConfigurationError(f"pool {name!r} is already defined in this runtime")
+            if self.shared and concurrency > LEASE_UNITS:
+                # A shared worker still starts every instance of each lease unit it takes.
+                raise ConfigurationError(
+                    f"pool {name!r}: a shared worker serves pools of at most {LEASE_UNITS} "
+                    f"instances (concurrency {concurrency}); define it in an exclusive "
+                    "Runtime, or with fewer instances"
+                )
             others = self._keeper.others if self.shared and self._keeper else None
             record_concurrency(self._store, name, concurrency, others)
             schema = options.schema
@@ -479,7 +487,7 @@ def record_concurrency(
                 f"{concurrency} (a dead worker's presence expires within its lease ttl)"
             )
         if previous is not None:
-            for index in range(previous):
+            for index in used_instances(txn, name):  # (one never used holds nothing)
                 meta = Namespace(name, index).load_meta(txn)
                 held = meta.held_dead_letters
                 if meta.pending or meta.outbox or held:

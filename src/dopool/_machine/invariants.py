@@ -72,6 +72,7 @@ from dopool._store.layout import (
     queue_key_sequence,
     read_dedup,
     started_event,
+    used_instances,
     work_index,
 )
 from dopool._store.txn import Txn
@@ -349,8 +350,8 @@ def read_links(txn: Txn, pools: dict[str, int]) -> LinkTally:
         DamagedRecordError: a meta or a delivery mark is damaged.
     """
     tally = LinkTally()
-    for pool, concurrency in pools.items():
-        for index in range(concurrency):
+    for pool in pools:
+        for index in used_instances(txn, pool):  # (one never used has no link)
             namespace = Namespace(pool, index)
             ident = f"{pool}:{index}"
             tally.add_meta(ident, namespace.load_meta(txn))
@@ -454,13 +455,13 @@ def read_dedup_tally(txn: Txn, pools: dict[str, int]) -> DedupTally:
     a damaged event is passed over (it is never run), a damaged entry makes its pool
     uncertain."""
     tally = DedupTally()
-    for pool, concurrency in pools.items():
+    for pool in pools:
         for key, raw in DedupIndex(pool).entries(txn):
             try:
                 tally.add_entry(pool, read_dedup(key, raw))
             except DamagedRecordError:
                 tally.uncertain.add(pool)
-        for index in range(concurrency):
+        for index in used_instances(txn, pool):  # (one never used holds no event)
             namespace = Namespace(pool, index)
             for kind, key in namespace.iter_keys(txn):
                 if kind is RecordKind.EVENT or kind is RecordKind.DELAYED:
@@ -493,7 +494,9 @@ def index_violations(txn: Txn, pools: dict[str, int]) -> list[str]:
         elif named[0] in pools:
             work.add(named)
     for pool, concurrency in pools.items():
-        for index in range(concurrency):
+        # Those ever used, and those an entry names (one never used should have none).
+        known = {i for p, i in [*alarms, *work] if p == pool}.union(used_instances(txn, pool))
+        for index in sorted(i for i in known if i < concurrency):
             held = alarms.pop((pool, index), [])
             indexed = (pool, index) in work
             work.discard((pool, index))

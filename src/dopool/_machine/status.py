@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable
 from contextlib import suppress
-from typing import Any
+from typing import Any, NamedTuple
 
+from dopool._errors import ConfigurationError, shown
 from dopool._machine.alarm import stalled
-from dopool._store.layout import DeadRecord, Meta, Namespace, started_event, unpack
+from dopool._store.layout import (
+    DeadRecord,
+    Meta,
+    Namespace,
+    pool_paused,
+    started_event,
+    unpack,
+    used_instances,
+)
 from dopool._types import DeadLetter, InstanceState, InstanceStatus, PoolStatus
 
 
@@ -56,26 +65,93 @@ def instance_status(
     )
 
 
-def pool_status(
-    name: str, instances: Sequence[InstanceStatus], active: int | None = None
+#: The counters of :class:`InstanceStatus` that a :class:`PoolStatus` sums.
+_SUMMED = (
+    "enqueued",
+    "pending",
+    "scheduled",
+    "processed",
+    "succeeded",
+    "dead_lettered",
+    "drained",
+    "duplicates",
+    "cancelled",
+    "expired",
+    "schedules",
+)
+
+_NO_RESTART = (0, None)  # the restart state of an instance not running here
+
+
+class Listing(NamedTuple):
+    """Which instances a pool's status lists (``status(instances=, limit=)``): those ever
+    used among ``instances`` (None: all of them), by index, at most ``limit`` (None: no
+    bound). The sums are over the whole pool whatever is listed."""
+
+    instances: Iterable[int] | None = None
+    limit: int | None = None
+
+    def check(self, concurrency: int) -> Listing:
+        """This listing, its values checked against a pool of ``concurrency``.
+
+        Raises:
+            ConfigurationError: ``limit`` not an int >= 0; ``instances`` not an iterable
+                of instance indices of the pool (a ``range`` is taken as it is).
+        """
+        limit, chosen = self.limit, self.instances
+        if limit is not None and (not _count(limit)):
+            raise ConfigurationError(f"limit must be an int >= 0 or None, got {shown(limit)}")
+        if chosen is None or isinstance(chosen, range):
+            return self
+        if isinstance(chosen, str | bytes) or not isinstance(chosen, Iterable):
+            raise ConfigurationError(
+                f"instances must be a range or an iterable of instance indices, got {shown(chosen)}"
+            )
+        picked = frozenset(chosen)
+        for index in picked:
+            if not _count(index) or index >= concurrency:
+                raise ConfigurationError(
+                    f"instances names {shown(index)}, which is no instance of a pool of "
+                    f"{concurrency} (0 to {concurrency - 1})"
+                )
+        return Listing(picked, limit)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def read_pool_status(
+    txn: Any,
+    name: str,
+    concurrency: int,
+    listing: Listing = Listing(),  # noqa: B008  (immutable)
+    restart_state: Callable[[int], tuple[int, float | None]] | None = None,
+    active: int | None = None,
 ) -> PoolStatus:
-    """A pool's status: its instances' counters summed; ``active``: how many run here."""
+    """A pool's status as committed: the counters of every instance ever used, summed (one
+    meta read each; an instance never used counts nothing), and those ``listing`` chooses.
+    ``restart_state(index)``: an instance's crash streak and restart time, from its
+    runtime's memory (none when read from outside it); ``active``: how many run here."""
+    used = used_instances(txn, name)
+    chosen, limit = listing.instances, listing.limit
+    rows: list[InstanceStatus] = []
+    sums = dict.fromkeys(_SUMMED, 0)
+    for index in used:
+        restart = _NO_RESTART if restart_state is None else restart_state(index)
+        status = instance_status(name, index, Namespace(name, index).load_meta(txn), *restart)
+        for counter in _SUMMED:
+            sums[counter] += getattr(status, counter)
+        if (chosen is None or index in chosen) and (limit is None or len(rows) < limit):
+            rows.append(status)
     return PoolStatus(
         name=name,
-        concurrency=len(instances),
-        enqueued=sum(s.enqueued for s in instances),
-        pending=sum(s.pending for s in instances),
-        scheduled=sum(s.scheduled for s in instances),
-        processed=sum(s.processed for s in instances),
-        succeeded=sum(s.succeeded for s in instances),
-        dead_lettered=sum(s.dead_lettered for s in instances),
-        drained=sum(s.drained for s in instances),
-        instances=list(instances),
-        duplicates=sum(s.duplicates for s in instances),
-        cancelled=sum(s.cancelled for s in instances),
-        expired=sum(s.expired for s in instances),
-        schedules=sum(s.schedules for s in instances),
+        concurrency=concurrency,
+        instances=rows,
+        used=len(used),
+        paused=pool_paused(txn, name),
         active=active,
+        **sums,
     )
 
 
@@ -98,15 +174,6 @@ def dead_letter_from_record(index: int, sequence: int, dead: DeadRecord) -> Dead
         damaged=dead.damaged,
         dedup_key=dead.dedup_key,
     )
-
-
-def read_pool_status(txn: Any, name: str, concurrency: int) -> PoolStatus:
-    """A pool's status as committed, read from outside its runtime (no restart in memory)."""
-    instances = [
-        instance_status(name, index, Namespace(name, index).load_meta(txn))
-        for index in range(concurrency)
-    ]
-    return pool_status(name, instances)
 
 
 def position(meta: Meta, priority: int) -> int:

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from dopool._cluster.units import units
 from dopool._errors import DamagedRecordError
 from dopool._machine.invariants import (
     DedupTally,
@@ -156,7 +157,7 @@ def check_store(txn: Txn) -> CheckReport:
             elif (name := pool_name_of(key)) is not None:
                 _check_pool_name(name, key, problems)
                 pools[name] = 0  # until read: a damaged record is reported as that alone
-                pools[name] = read_pool(key, value)
+                pools[name] = read_pool(key, value).concurrency
             else:
                 problems.append(Problem(None, key, "a key of no known kind"))
         except DamagedRecordError as exc:
@@ -176,10 +177,10 @@ def check_store(txn: Txn) -> CheckReport:
         for pool in sorted(dedup.entries.keys() - pools.keys())
     )
     problems.extend(
-        Problem(None, key, f"a lease of {pool}:{index}, which no pool record has")
-        for (pool, index), key in sorted(leases.items())
+        Problem(None, key, f"lease unit {unit} of pool {pool!r}, which no pool record has")
+        for (pool, unit), key in sorted(leases.items())
         # (a pool record found damaged, concurrency 0 here, is reported as that alone)
-        if pool not in pools or 0 < pools[pool] <= index
+        if pool not in pools or 0 < units(pools[pool]) <= unit
     )
     known = {name: count for name, count in sorted(pools.items()) if count}
     problems.extend(Problem(None, None, what) for what in index_violations(txn, known))

@@ -39,10 +39,17 @@ from dopool._errors import ConfigurationError, StorageError
 from dopool._handles.filters import Filters, listed
 from dopool._handles.schedules import read_schedules
 from dopool._handles.tools import ToolRuntime
-from dopool._machine.status import read_pool_status
+from dopool._machine.status import Listing, read_pool_status
 from dopool._ops.check import CheckReport, check_store
 from dopool._store.environment import check_store_path, open_readonly
-from dopool._store.layout import LeaseRecord, Namespace, all_leases, follow_ups_to, pool_records
+from dopool._store.layout import (
+    LeaseRecord,
+    Namespace,
+    all_leases,
+    follow_ups_to,
+    pool_records,
+    used_instances,
+)
 from dopool._types import DeadLetter, PoolStatus, ScheduleInfo
 
 _ANY = Filters()
@@ -77,28 +84,35 @@ class StoreView:
             return pool_records(txn)
 
     def leases(self) -> dict[tuple[str, int], LeaseRecord]:
-        """Every instance's lease, by ``(pool, index)``: which worker serves it, until when."""
+        """Every lease, by ``(pool, unit)``: which worker serves the instances of that lease
+        unit (:mod:`dopool._cluster.units`), until when."""
         with self._read() as txn:
             return {(pool, index): record for pool, index, record in all_leases(txn)}
 
-    def status(self, name: str, concurrency: int) -> PoolStatus:
+    def status(self, name: str, concurrency: int, listing: Listing = Listing()) -> PoolStatus:  # noqa: B008
         """The same figures as ``pool.status()``, read from committed state."""
         with self._read() as txn:
-            return read_pool_status(txn, name, concurrency)
+            return read_pool_status(txn, name, concurrency, listing.check(concurrency))
 
     def dead_letters(
-        self, name: str, concurrency: int, index: int | None = None, filters: Filters = _ANY
+        self, name: str, index: int | None = None, filters: Filters = _ANY
     ) -> list[DeadLetter]:
         """The pool's dead letters (or instance ``index``'s) that match ``filters``, by
         instance then sequence (damaged ones marked so); ages are on the wall clock."""
-        indices = range(concurrency) if index is None else [index]
-        return listed(self._read, name, indices, filters, RealClock().now())
+        return listed(self._read, name, self._indices(name, index), filters, RealClock().now())
 
-    def count_dead_letters(self, name: str, concurrency: int, index: int | None = None) -> int:
+    def count_dead_letters(self, name: str, index: int | None = None) -> int:
         """How many dead letters the pool (or instance ``index``) holds."""
-        indices = range(concurrency) if index is None else [index]
         with self._read() as txn:
+            indices = [index] if index is not None else used_instances(txn, name)
             return sum(Namespace(name, i).count_dead_letters(txn) for i in indices)
+
+    def _indices(self, name: str, index: int | None) -> list[int]:
+        """``[index]``, or (None) every instance of pool ``name`` ever used."""
+        if index is not None:
+            return [index]
+        with self._read() as txn:
+            return used_instances(txn, name)
 
     def schedules(self, name: str) -> list[ScheduleInfo]:
         """The pool's recurring schedules, sorted by name."""
@@ -143,10 +157,10 @@ def _act(
     runtime = ToolRuntime(where, clock=SimulatedClock(RealClock().now()), durability="sync")
     try:
         with runtime.committed() as txn:
-            for name, concurrency in pools.items():
+            for name in pools:
                 interrupted = [
                     index
-                    for index in range(concurrency)
+                    for index in used_instances(txn, name)
                     if Namespace(name, index).load_meta(txn).running
                 ]
                 if interrupted:

@@ -176,7 +176,9 @@ def measure(
                 max_depth=track.max_depth,
                 utilisation=_busy(track.busy, track.busy_since, now) / elapsed if elapsed else 0.0,
             )
-            for s, track in zip(status.instances, collector.tracks, strict=True)
+            for s, track in zip(
+                map(status.instance, range(status.concurrency)), collector.tracks, strict=True
+            )
         ]
         results.append(
             PoolResult(

@@ -31,8 +31,10 @@ from dopool._store.layout import (
     FORMAT_KEY,
     FORMAT_VERSION,
     MIGRATES_FROM,
+    PoolRecord,
     get_pool,
     migrate_store,
+    pool_paused,
     put_pool,
     read_format,
     seal_format,
@@ -165,7 +167,9 @@ class Store:
         return get_pool(txn, name)
 
     def put_pool(self, txn: Txn, name: str, concurrency: int) -> None:
-        put_pool(txn, name, concurrency)
+        """Store a pool's concurrency, keeping its whole-pool pause, if any."""
+        paused = pool_paused(txn, name)
+        put_pool(txn, name, PoolRecord(concurrency, paused))
 
     def close(self) -> None:
         with self._close_lock:

@@ -24,7 +24,9 @@ Keys (all integers big-endian, so LMDB's byte order is numeric order)::
     I <pool>:0 \\0 t <at:8> <name>        a schedule's next fire time, by time
     K <pool> \\0 <name>                   a dedup key's index entry (the pool's own)
     E <pool> \\0 <finished:8> <name>      a finished dedup key's expiry, by finish time
-    L <pool> \\0 <index:4>                an instance's lease: the worker serving it
+    L <pool> \\0 <unit:4>                 a lease: the worker serving a unit of the
+                                          pool's instances (one instance per unit in
+                                          a pool of up to 4,096)
     W <owner>                             a live worker's presence (its owner id)
     A <due:8> <pool> \\0 <index:8>        the alarm index: an instance whose alarm slot
                                           is set, by due time, store-wide
@@ -81,7 +83,7 @@ _INDEX_TAG, _FINISHED_TAG, _FORGET_TAG = b"n", b"f", b"e"
 _RECURRING_TAG, _FIRE_TAG = b"r", b"t"
 _DEDUP_PREFIX = b"K"  # a pool's dedup index: one entry per key
 _EXPIRY_PREFIX = b"E"  # a pool's finished dedup keys, by finish time
-_LEASE_PREFIX = b"L"  # an instance's lease
+_LEASE_PREFIX = b"L"  # a lease of a unit of a pool's instances
 _PRESENCE_PREFIX = b"W"  # a worker's presence
 _ALARM_PREFIX = b"A"  # the alarm index: an entry per instance whose alarm slot is set
 _WORK_PREFIX = b"U"  # the work index: an entry per instance with work (unfinished)
@@ -396,9 +398,9 @@ def pool_name_of(key: bytes) -> str | None:
 MAX_OWNER = 200
 
 
-def lease_key(pool: str, index: int) -> bytes:
-    """The key of instance ``index`` of ``pool``'s lease."""
-    return _LEASE_PREFIX + pool.encode() + b"\0" + _U32.pack(index)
+def lease_key(pool: str, unit: int) -> bytes:
+    """The key of the lease of ``pool``'s lease unit ``unit``."""
+    return _LEASE_PREFIX + pool.encode() + b"\0" + _U32.pack(unit)
 
 
 def lease_prefix() -> bytes:
@@ -407,7 +409,7 @@ def lease_prefix() -> bytes:
 
 
 def parse_lease_key(key: bytes) -> tuple[str, int] | None:
-    """The ``(pool, index)`` a lease key names; None if ``key`` is not one."""
+    """The ``(pool, unit)`` a lease key names; None if ``key`` is not one."""
     if key[:1] != _LEASE_PREFIX:
         return None
     pool, nul, index = key[1:].partition(b"\0")
@@ -507,7 +509,7 @@ def describe_key(key: bytes) -> str:
         return f"pool record {key[1:].decode(errors='backslashreplace')!r}"
     lease = parse_lease_key(key)
     if lease is not None:
-        return f"lease of instance {lease[0]}:{lease[1]}"
+        return f"lease of unit {lease[1]} of pool {lease[0]}"
     owner = presence_owner(key)
     if owner is not None:
         return f"presence of worker {owner}"

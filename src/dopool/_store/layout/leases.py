@@ -1,8 +1,9 @@
 """The store's leases and presences, read and written in a transaction.
 
-An instance's lease names the worker serving it (:class:`LeaseRecord`); a worker's
-presence says it is alive (:class:`PresenceRecord`). What they mean, and who writes
-them when, is :mod:`dopool._lease`'s.
+A lease names the worker serving a unit of a pool's instances (:class:`LeaseRecord`;
+one instance per unit in a pool of up to 4,096, see :mod:`dopool._cluster.units`); a
+worker's presence says it is alive (:class:`PresenceRecord`). What they mean, and who
+writes them when, is :mod:`dopool._cluster.leases`'s.
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ from dopool._store.txn import Txn
 
 
 class LeaseRecord(NamedTuple):
-    """Which worker serves an instance, until when (docs/deployment.md, "Leases").
+    """Which worker serves a lease unit's instances, until when (docs/deployment.md, "Leases").
 
     ``owner`` is the worker's id (unique per process), ``epoch`` counts the takeovers
-    of the instance, ``expires_at`` is the host's lease clock's seconds (docs/store-format.md).
+    of the unit, ``expires_at`` is the host's lease clock's seconds (docs/store-format.md).
     """
 
     owner: str
@@ -83,27 +84,27 @@ def read_presence(key: bytes, value: bytes) -> PresenceRecord:
     return PresenceRecord(*_laid_out(key, value, _PRESENCE_LAYOUT))
 
 
-def get_lease(txn: Txn, pool: str, index: int) -> LeaseRecord | None:
-    """Instance ``index`` of ``pool``'s lease, or None if nobody holds one."""
-    key = lease_key(pool, index)
+def get_lease(txn: Txn, pool: str, unit: int) -> LeaseRecord | None:
+    """The lease of ``pool``'s lease unit ``unit``, or None if nobody holds one."""
+    key = lease_key(pool, unit)
     raw = txn.get(key)
     return None if raw is None else read_lease(key, raw)
 
 
-def put_lease(txn: Txn, pool: str, index: int, record: LeaseRecord) -> bytes:
-    """Write ``pool:index``'s lease; returns its stored bytes."""
-    key = lease_key(pool, index)
+def put_lease(txn: Txn, pool: str, unit: int, record: LeaseRecord) -> bytes:
+    """Write the lease of ``pool``'s ``unit``; returns its stored bytes."""
+    key = lease_key(pool, unit)
     sealed = seal_lease(key, record)
     txn.put(key, sealed)
     return sealed
 
 
-def delete_lease(txn: Txn, pool: str, index: int) -> None:
-    txn.delete(lease_key(pool, index))
+def delete_lease(txn: Txn, pool: str, unit: int) -> None:
+    txn.delete(lease_key(pool, unit))
 
 
 def all_leases(txn: Txn) -> Iterator[tuple[str, int, LeaseRecord]]:
-    """Every lease in the store that reads: ``(pool, index, record)``, by pool and index.
+    """Every lease in the store that reads: ``(pool, unit, record)``, by pool and unit.
 
     A damaged one (its key or its record) is passed over: it names no worker, and
     ``dopool check`` reports it.

@@ -8,18 +8,19 @@ import re
 #: The version of the store's layout (keys and records). A store records the version
 #: it was created with; a runtime migrates a store of an older version it knows
 #: (:data:`MIGRATES_FROM`) when it opens it, and refuses any other version.
-FORMAT_VERSION = 8
+FORMAT_VERSION = 9
 
 #: The older versions a runtime migrates in place (``_store/layout/migrate.py``).
-MIGRATES_FROM = (1, 2, 3, 4, 5, 6, 7)
+MIGRATES_FROM = (1, 2, 3, 4, 5, 6, 7, 8)
 
 #: A pool's name: it is part of the keys of its instances, of the delivery marks of
 #: the instances its follow-ups reach, and of the outbox entries sent to it.
 POOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
-#: The most instances a pool may have: each is a thread, started when the pool is
-#: defined. A stored pool record above it is damaged.
-MAX_CONCURRENCY = 4096
+#: The most instances a pool may have. Nothing is stored, and nothing runs, per instance
+#: until it is first used; an instance's index is 4 bytes in a delivery mark's key. A
+#: stored pool record above it is damaged.
+MAX_CONCURRENCY = 2**32
 
 # The largest event, partition key and dedup key stored, encoded; the range of priorities.
 MAX_EVENT_BYTES = 128 * 1024

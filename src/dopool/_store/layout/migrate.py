@@ -50,6 +50,11 @@ index by due time, and a work index of the instances with pending events or
 follow-ups in their outbox): each instance's entries are written from its meta, which
 does not change. A damaged meta gets none (its instance cannot run).
 
+Format 8 → 9: a pool may have up to 2**32 instances, and may be paused as a whole: each
+pool record gains a last field, ``paused`` (false). A lease now covers a unit of a pool's
+instances (:mod:`dopool._cluster.units`), which for every pool format 8 could hold (up to
+4,096 instances) is one instance, so its leases keep their keys and meaning.
+
 A record that fails the older format's checks is not rewritten (a record that moves
 to a new key moves with its bytes as found): the new format's checks then find it
 damaged, as the old ones would have. The caller commits the transaction, or rolls it
@@ -64,6 +69,7 @@ from dopool._errors import DamagedRecordError
 from dopool._store.layout.events import EventIndex
 from dopool._store.layout.keys import (
     _INSTANCE_PREFIX,
+    _POOL_PREFIX,
     FORMAT_KEY,
     RecordKind,
     _mark_suffix,
@@ -73,7 +79,7 @@ from dopool._store.layout.keys import (
     parse_instance_key,
     work_entry_key,
 )
-from dopool._store.layout.namespace import Namespace
+from dopool._store.layout.namespace import Namespace, _iter_prefix
 from dopool._store.layout.records import (
     _DEAD_LAYOUT_3,
     _EVENT_LAYOUT_3,
@@ -84,15 +90,18 @@ from dopool._store.layout.records import (
     _META_LAYOUT_6,
     _OUTBOX_LAYOUT_6,
     Layout,
+    PoolRecord,
     _laid_out,
     _tally,
     open_sealed,
     pack,
     read_link,
     read_meta,
+    read_pool_8,
     seal,
     seal_format,
     seal_link,
+    seal_pool,
 )
 from dopool._store.txn import Txn
 
@@ -105,14 +114,15 @@ _OUTBOX_LAYOUT_1: Layout = _OUTBOX_LAYOUT_6[1:]  # no "pool"
 
 
 def migrate_store(txn: Txn, found: int) -> int:
-    """Rewrite a store of format ``found`` (1 to 7) in ``txn`` as this format; how many
+    """Rewrite a store of format ``found`` (1 to 8) in ``txn`` as this format; how many
     records changed or were added (format 5 to 6 changes none but the format record)."""
     changed = _from_1(txn) if found == 1 else 0
     changed += _from_2(txn) if found <= 2 else 0
     changed += _from_3(txn) if found <= 3 else 0
     changed += _from_4(txn) if found <= 4 else 0
     changed += _from_6(txn) if found <= 6 else 0
-    changed += _from_7(txn)
+    changed += _from_7(txn) if found <= 7 else 0
+    changed += _from_8(txn)
     txn.put(FORMAT_KEY, seal_format(FORMAT_KEY))
     return changed
 
@@ -329,3 +339,19 @@ def _from_7(txn: Txn) -> int:
             txn.put(work_entry_key(parsed.pool, parsed.instance), b"")
             written += 1
     return written
+
+
+# -- format 8 to 9 ---------------------------------------------------------------------
+
+
+def _from_8(txn: Txn) -> int:
+    """Give every pool record its whole-pool pause (not paused); how many."""
+    changed = 0
+    for key, value in list(_iter_prefix(txn, _POOL_PREFIX)):
+        try:
+            concurrency = read_pool_8(key, value)
+        except DamagedRecordError:
+            continue  # as found: the newer checks find it damaged too
+        txn.put(key, seal_pool(key, PoolRecord(concurrency, paused=False)))
+        changed += 1
+    return changed

@@ -48,6 +48,7 @@ from dopool._store.layout.records import (
     EventRecord,
     Meta,
     OutboxRecord,
+    PoolRecord,
     damaged,
     open_sealed,
     pack,
@@ -130,17 +131,18 @@ class Namespace:
         return self._seen
 
     def load_meta(self, txn: Txn) -> Meta:
-        return self.decode_meta(txn.get(self._meta))
+        return self.decode_meta(txn, txn.get(self._meta))
 
     def meta_bytes(self, txn: Txn) -> bytes | None:
         """The meta record's stored bytes, undecoded (None if it was never written)."""
         raw: bytes | None = txn.get(self._meta)
         return raw
 
-    def decode_meta(self, raw: bytes | None) -> Meta:
-        """The meta record from its stored bytes (:meth:`meta_bytes`); a new one for None."""
+    def decode_meta(self, txn: Txn, raw: bytes | None) -> Meta:
+        """The meta record from its stored bytes (:meth:`meta_bytes`, read in ``txn``); for
+        None, a new instance's: paused if its pool was paused as a whole."""
         if raw is None:
-            return Meta()
+            return Meta(paused=pool_paused(txn, self.pool))
         return read_meta(self._meta, raw)
 
     def save_meta(self, txn: Txn, meta: Meta) -> bytes:
@@ -467,14 +469,35 @@ def _delete_prefix(txn: Txn, prefix: bytes, length: int | None = None) -> int:
 
 def get_pool(txn: Txn, name: str) -> int | None:
     """The concurrency a pool was stored with, or None for a pool never defined."""
+    record = get_pool_record(txn, name)
+    return None if record is None else record.concurrency
+
+
+def get_pool_record(txn: Txn, name: str) -> PoolRecord | None:
+    """A pool's record (its concurrency and whole-pool pause), or None if never defined."""
     key = pool_key(name)
     raw = txn.get(key)
     return None if raw is None else read_pool(key, raw)
 
 
-def put_pool(txn: Txn, name: str, concurrency: int) -> None:
+def put_pool(txn: Txn, name: str, record: PoolRecord) -> None:
     key = pool_key(name)
-    txn.put(key, seal_pool(key, concurrency))
+    txn.put(key, seal_pool(key, record))
+
+
+def set_pool_paused(txn: Txn, name: str, paused: bool) -> None:
+    """Store whether ``name`` (a pool the store knows) is paused as a whole."""
+    record = get_pool_record(txn, name)
+    assert record is not None, f"pool {name!r} has no record"
+    if record.paused != paused:
+        put_pool(txn, name, record._replace(paused=paused))
+
+
+def pool_paused(txn: Txn, name: str) -> bool:
+    """Whether ``name`` was paused as a whole (``pool.pause()``): an instance of it never
+    used starts paused. False for a pool never defined."""
+    record = get_pool_record(txn, name)
+    return record is not None and record.paused
 
 
 def pool_records(txn: Txn) -> dict[str, int]:
@@ -484,7 +507,7 @@ def pool_records(txn: Txn) -> dict[str, int]:
         name = pool_name_of(key)
         if name is None:
             raise damaged(key, raw, "the pool name is not UTF-8")
-        pools[name] = read_pool(key, raw)
+        pools[name] = read_pool(key, raw).concurrency
     return pools
 
 
@@ -544,4 +567,25 @@ def instances_waiting(txn: Txn, pool: str) -> list[int]:
         alarmed = parse_alarm_entry(key)
         if alarmed is not None and alarmed[1] == pool:
             found.add(alarmed[2])
+    return sorted(found)
+
+
+def used_instances(txn: Txn, pool: str) -> list[int]:
+    """The instances of ``pool`` that have ever been used (any record in their namespace),
+    by index. The cursor leaps from one namespace to the next, so the cost is one B-tree
+    search per instance used, whatever its records and whatever the pool's size."""
+    prefix = _INSTANCE_PREFIX + pool.encode() + b":"
+    found = []
+    with txn.cursor() as cursor:
+        at = cursor.set_range(prefix)
+        while at:
+            key = cursor.key()
+            if not key.startswith(prefix):
+                break
+            ident = key[len(prefix) :].partition(b"\0")[0]
+            # (A key ``dopool check`` would report, its index not a number as the layout
+            # writes it, names no instance.)
+            if ident.isdigit() and str(int(ident)).encode() == ident:
+                found.append(int(ident))
+            at = cursor.set_range(prefix + ident + b"\x01")  # past every key of ``ident``
     return sorted(found)

@@ -349,14 +349,33 @@ def read_link(key: bytes, value: bytes) -> int:
     return int(link)
 
 
-def seal_pool(key: bytes, concurrency: int) -> bytes:
-    return seal(key, pack([concurrency]))
+class PoolRecord(NamedTuple):
+    """A pool, as the store knows it: its number of instances, and whether it was paused
+    as a whole (``pool.pause()``), so that an instance never used starts paused."""
+
+    concurrency: int
+    paused: bool = False
 
 
-def read_pool(key: bytes, value: bytes) -> int:
-    """A pool record's stored concurrency."""
+_POOL_LAYOUT: Layout = (("concurrency", _count), ("paused", _flag))
+
+
+def seal_pool(key: bytes, record: PoolRecord) -> bytes:
+    return seal(key, pack(list(record)))
+
+
+def read_pool(key: bytes, value: bytes) -> PoolRecord:
+    """A pool record's stored concurrency and pause."""
+    record = PoolRecord(*_laid_out(key, value, _POOL_LAYOUT))
+    if not 1 <= record.concurrency <= MAX_CONCURRENCY:
+        raise damaged(key, value, f"concurrency is {record.concurrency!r}")
+    return record
+
+
+def read_pool_8(key: bytes, value: bytes) -> int:
+    """A format-8 pool record's concurrency (the migration reads it; it had no pause)."""
     (concurrency,) = _fields(key, value, 1)
-    if not (_count(concurrency) and 1 <= concurrency <= MAX_CONCURRENCY):
+    if not (_count(concurrency) and 1 <= concurrency <= 4096):  # format 8's most
         raise damaged(key, value, f"concurrency is {concurrency!r}")
     return int(concurrency)
 
