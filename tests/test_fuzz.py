@@ -289,8 +289,8 @@ def test_the_fixture_holds_every_kind_of_record_for_the_flips() -> None:
     """Follow-ups between pools included: a mark of another pool's source, an outbox
     entry for another pool, a meta whose links name another pool's instances."""
     keys = [key for key, _ in RECORDS]
-    assert INVOICES.mark_prefix + b"orders\x00\x00\x00\x00\x01" in keys
-    assert Namespace("orders", 0).mark_prefix + b"invoices\x00\x00\x00\x00\x00" in keys
+    assert INVOICES.mark_prefix + b"orders\x00" + (1).to_bytes(8, "big") in keys
+    assert Namespace("orders", 0).mark_prefix + b"invoices\x00" + bytes(8) in keys
     assert CROSS in keys
     assert INVOICES.meta_key in keys
 

@@ -101,6 +101,7 @@ class InstanceStatus:
     cancelled: int = 0
     expired: int = 0  # of ``dead_lettered``, the events not started within their ttl
     schedules: int = 0  # recurring schedules stored here (instance 0's only)
+    key: str | None = None  # a per-key pool's instance: its partition key
 
 
 @dataclass(frozen=True, slots=True)

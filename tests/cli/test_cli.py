@@ -987,7 +987,7 @@ BAD_POOL_RECORDS: list[tuple[str, Callable[[Store, Txn], None], tuple[str, ...]]
     ("format-8", put_pool([2]), ("pool record 'jobs'", "not an array of 2")),
     ("str-concurrency", put_pool(["2", False]), ("pool record 'jobs'", "concurrency' is '2'")),
     ("float-concurrency", put_pool([2.5, False]), ("jobs", "concurrency' is 2.5")),
-    ("zero-concurrency", put_pool([0, False]), ("jobs", "concurrency is 0")),
+    ("zero-concurrency", put_pool([0, False]), ("jobs", "concurrency' is 0")),
     ("negative-concurrency", put_pool([-3, False]), ("jobs", "concurrency' is -3")),
     ("over-the-maximum", put_pool([MAX_CONCURRENCY + 1, False]), ("jobs", "4294967297")),
     ("paused-not-a-flag", put_pool([2, "yes"]), ("jobs", "paused' is 'yes'")),

@@ -371,12 +371,10 @@ class _Cells:
 
     name = "orders"
     on_demand = True
+    concurrency = 1
 
     def __init__(self, mailbox: _Mailbox, memory: InstanceMemory) -> None:
         self._cell = _Cell(mailbox, memory)
-
-    def __len__(self) -> int:
-        return 1
 
     def __getitem__(self, index: int) -> _Cell:
         assert index == 0

@@ -110,6 +110,17 @@ def pools(found: dict[bytes, bytes]) -> list[bytes]:
     return [key for key in found if key[:1] == b"P"]
 
 
+def marks(found: dict[bytes, bytes]) -> list[bytes]:
+    """The delivery marks' keys: format 9 keys each by an 8-byte source index."""
+    return [key for key in found if key[:1] == b"I" and key.split(b"\x00")[1][:1] == b"s"]
+
+
+def nines(before: dict[bytes, bytes], after: dict[bytes, bytes]) -> list[bytes]:
+    """What format 9's step changes: the pool records, the metas, and the marks (moved)."""
+    metas = [key for key in after if key[:1] == b"I" and key.endswith(b"\x00m")]
+    return [*pools(before), *metas, *marks(before), *marks(after)]
+
+
 def outbox(found: dict[bytes, bytes]) -> list[bytes]:
     """The outbox entries among a store's records."""
     return [key for key in found if key[:1] == b"I" and key.split(b"\x00")[1][:1] == b"o"]
@@ -185,9 +196,15 @@ def test_the_format_4_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
     assert (len(metas), len(events)) == (3, 4)  # two pending events on each of orders
     assert len(entries(path)) == 4
     # events: expires_at; the outbox entry: format 7's due
-    assert changed == sorted(
-        [b"F", *metas, *events, *entries(path), *outbox(before), *indexes(path), *pools(before)]
-    )
+    assert set(changed) == {
+        b"F",
+        *metas,
+        *events,
+        *entries(path),
+        *outbox(before),
+        *indexes(path),
+        *nines(before, after),
+    }
 
 
 # -- format 5, migrated in place when a runtime opens it -----------------------------------
@@ -238,7 +255,7 @@ def _only_metas_and_the_outbox_changed(
     assert len(metas) == 3
     assert len(outbox(before)) == 1
     indexed = [key for key in after if key[:1] in (b"A", b"U")]  # format 8's indexes
-    assert changed == sorted([b"F", *metas, *outbox(before), *indexed, *pools(before)])
+    assert set(changed) == {b"F", *metas, *outbox(before), *indexed, *nines(before, after)}
 
 
 # -- the committed store of format 7 ----------------------------------------------------
@@ -300,8 +317,7 @@ def test_the_format_7_fixture_gains_exactly_the_index_entries_of_its_metas(
     after = records(path)
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     work = [work_entry_key("invoices", 0), work_entry_key("orders", 0), work_entry_key("orders", 1)]
-    pools = [pool_key("invoices"), pool_key("orders")]  # (format 9's step)
-    assert changed == sorted([b"F", *work, *pools])
+    assert set(changed) == {b"F", *work, *nines(before, after)}
     assert [after[key] for key in work] == [b"", b"", b""]
     eight = copy(FIXTURE_8, tmp_path / "8")
     Store(eight).close()
@@ -315,9 +331,10 @@ def test_the_format_8_fixture_gains_the_whole_pool_pause_in_its_pool_records(
     tmp_path: Path,
 ) -> None:
     """store-v8, written by the format-8 code: the migration to format 9 gives each pool
-    record a last field, ``paused`` (false: format 8 paused instances one by one), and
-    changes nothing else but the format record. make_store.py now pauses orders as a
-    whole, so store-v9 differs from it there alone."""
+    record a last field, ``paused`` (false: format 8 paused instances one by one), each
+    meta a last field, ``key`` (nil: no pool had an instance per key), and each delivery
+    mark's key an 8-byte source index, and changes nothing else but the format record.
+    make_store.py now pauses orders as a whole, so store-v9 differs from it there alone."""
     path = copy(FIXTURE_8, tmp_path)
     before = records(path)
     assert before[b"F"][4:] == bytes([0x91, 8])
@@ -325,7 +342,12 @@ def test_the_format_8_fixture_gains_the_whole_pool_pause_in_its_pool_records(
     Store(path).close()  # opening migrates it
     after = records(path)
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-    assert changed == sorted([b"F", pool_key("invoices"), pool_key("orders")])
+    assert set(changed) == {b"F", *nines(before, after)}
+    assert len(marks(before)) == len(marks(after)) == 3  # each moved, none lost
+    for mark in marks(before):
+        assert mark not in after
+        moved = mark[:-4] + bytes(4) + mark[-4:]  # the same index, in 8 bytes
+        assert after[moved][4:] == before[mark][4:]  # the same link, sealed for its key
     assert after[pool_key("orders")][4:] == bytes([0x92, 2, 0xC2])  # [concurrency, false]
     assert after[pool_key("invoices")][4:] == bytes([0x92, 1, 0xC2])
     nine = records(FIXTURE_9)
@@ -558,7 +580,13 @@ def test_the_format_3_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
     rewritten = [key for key in before if key[:1] == b"I" and key.split(b"\x00")[1][:1] in b"mqwdo"]
     assert len(rewritten) == 3 + 4 + 1 + 1
     assert len(entries(path)) == 4
-    assert changed == sorted([b"F", *rewritten, *entries(path), *indexes(path), *pools(before)])
+    assert set(changed) == {
+        b"F",
+        *rewritten,
+        *entries(path),
+        *indexes(path),
+        *nines(before, after),
+    }
 
 
 def test_the_keys_of_format_3_have_their_documented_bytes() -> None:
@@ -666,19 +694,17 @@ def test_the_format_2_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
     metas = [b"Iinvoices:0\x00m", b"Iorders:0\x00m", b"Iorders:1\x00m"]
     dead = [key for key in before if b"\x00d" in key]
     assert len(entries(path)) == 3
-    assert changed == sorted(
-        [
-            b"F",
-            *metas,
-            *dead,
-            *old_queue,
-            *new_queue,
-            *entries(path),
-            *outbox(before),
-            *indexes(path),
-            *pools(before),
-        ]
-    )
+    assert set(changed) == {
+        b"F",
+        *metas,
+        *dead,
+        *old_queue,
+        *new_queue,
+        *entries(path),
+        *outbox(before),
+        *indexes(path),
+        *nines(before, after),
+    }
 
 
 def format_2_meta(**fields: object) -> list[object]:
@@ -763,7 +789,7 @@ def test_a_format_2_store_built_by_hand_keeps_its_order_and_its_backoff(
     try:
         # 9 to format 4; its meta again, an index entry for each of 4 events, and the 3
         # sound ones rewritten (expires_at)
-        assert "migrated from format 2 to 9 (21 records rewritten)" in caplog.text
+        assert "migrated from format 2 to 9 (22 records rewritten)" in caplog.text
         ns = Namespace("h", 0)
         with runtime._store.read() as txn:
             meta = ns.load_meta(txn)
@@ -845,7 +871,7 @@ def test_a_delivery_mark_has_its_documented_key(store_path: Path) -> None:
     with store.write() as txn:
         ns.set_delivered(txn, "a", 258, 7)
     store.close()
-    assert records(store_path)[b"Ib:3\x00sa\x00\x00\x00\x01\x02"][4:] == b"\x91\x07"
+    assert records(store_path)[b"Ib:3\x00sa\x00" + (258).to_bytes(8, "big")][4:] == b"\x91\x07"
 
 
 # -- format 1, migrated in place when a runtime opens it -----------------------------------
@@ -896,21 +922,19 @@ def test_the_format_1_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
     old_queue = [key for key in before if b"\x00q" in key]
     new_queue = [key for key in after if b"\x00q" in key]
     assert len(old_queue) == len(new_queue) == 3
-    assert changed == sorted(
-        [
-            b"F",
-            b"Iorders:0\x00m",
-            b"Iorders:1\x00m",
-            b"Iorders:1\x00s\x00\x00\x00\x00",
-            b"Iorders:1\x00sorders\x00\x00\x00\x00\x00",
-            *[key for key in before if b"\x00d" in key],  # format 4's dedup key
-            *old_queue,
-            *new_queue,
-            *entries(path),
-            *indexes(path),
-            *pools(before),
-        ]
-    )
+    assert set(changed) == {
+        b"F",
+        b"Iorders:0\x00m",
+        b"Iorders:1\x00m",
+        b"Iorders:1\x00s\x00\x00\x00\x00",
+        b"Iorders:1\x00sorders\x00" + bytes(8),  # its source's pool, and an 8-byte index
+        *[key for key in before if b"\x00d" in key],  # format 4's dedup key
+        *old_queue,
+        *new_queue,
+        *entries(path),
+        *indexes(path),
+        *nines(before, after),
+    }
 
 
 def test_the_format_1_fixture_runs_its_pending_events_in_order(tmp_path: Path) -> None:
@@ -946,7 +970,7 @@ def test_a_format_1_outbox_is_migrated_and_delivered_exactly_once(
         runtime = Runtime(path, clock=SimulatedClock(2000.0), seed=7)
     try:
         # 9 to format 4, and both metas again (no event is pending)
-        assert "migrated from format 1 to 9 (16 records rewritten)" in caplog.text
+        assert "migrated from format 1 to 9 (18 records rewritten)" in caplog.text
         with runtime._store.read() as txn:
             zero, one = Namespace("orders", 0), Namespace("orders", 1)
             assert zero.load_meta(txn).links == {"orders:1": 2}

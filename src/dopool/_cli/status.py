@@ -139,6 +139,9 @@ def _status_table(
         box=box.SIMPLE_HEAD,
     )
     table.add_column("instance", no_wrap=True)
+    keyed = any(s.key is not None for s in item.instances)  # a per-key pool's
+    if keyed:
+        table.add_column("key", no_wrap=True)
     table.add_column("state")
     for name in ("pending", "scheduled", "enqueued", "succeeded", "dead", "drained", "restarts"):
         table.add_column(name, justify="right")
@@ -157,6 +160,7 @@ def _status_table(
         current = "-" if s.current_sequence is None else f"#{s.current_sequence} (try {s.attempt})"
         table.add_row(
             Text(_clean(s.instance_id)),
+            *([Text(_clean(s.key or "-"))] if keyed else []),
             Text(s.state, style=styles.get(s.state, "")),
             f"{s.pending:,}",
             f"{s.scheduled:,}",

@@ -14,6 +14,7 @@ cell is dropped, and the next message starts it again from its namespace.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Hashable, Iterator, Set
 from functools import partial
@@ -95,7 +96,9 @@ class PoolKeys(Set[Hashable]):
         return digits.isdigit() and str(int(digits)) == digits and int(digits) < self._concurrency
 
     def __len__(self) -> int:
-        return self._concurrency
+        # (len() holds at most sys.maxsize: a per-key pool's 2**64 keys count as that
+        # many, more than anyone iterates; Activity.busy only compares the sizes.)
+        return min(self._concurrency, sys.maxsize)
 
     def __iter__(self) -> Iterator[str]:
         return (f"{self._prefix}{index}" for index in range(self._concurrency))
@@ -160,9 +163,6 @@ class Cells:
         self._faults: dict[int, FaultInjector] = {}
         self._closed = False
         self._on_start = on_start
-
-    def __len__(self) -> int:
-        return self.concurrency
 
     def __getitem__(self, index: int) -> Cell:
         """Instance ``index``'s cell (``0 <= index < len(self)``), made if it was not."""

@@ -12,14 +12,14 @@ import difflib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Required, TypedDict
+from typing import Any, Literal, Required, TypedDict
 
 from dopool._engine.context import EventContext
 from dopool._errors import ConfigurationError, shown
 from dopool._machine.alarm import MAX_ALARM_RETRIES
 from dopool._machine.types import QueueRules
 from dopool._retry import RetryPolicy
-from dopool._store.layout import MAX_CONCURRENCY
+from dopool._store.layout import MAX_CONCURRENCY, PER_KEY
 from dopool._types import DeadLetter, EmptyInfo
 from dopool._usercode import check_synchronous
 
@@ -33,7 +33,7 @@ class PoolOptionsDict(TypedDict, total=False):
     """The keywords of ``define``: see :class:`PoolOptions`."""
 
     execute: Required[Callable[[EventContext], Any]]
-    concurrency: int
+    concurrency: int | Literal["per-key"]
     retry: RetryPolicy | None
     schema: Schema | None
     on_dead_letter: Callable[[DeadLetter], Any] | None
@@ -54,6 +54,7 @@ class PoolOptions:
     """
 
     execute: Callable[[EventContext], Any]
+    # An int, or "per-key": an instance per partition key, kept here as PER_KEY (2**64).
     concurrency: int = 1
     retry: RetryPolicy | None = None
     schema: Schema | None = None
@@ -71,9 +72,12 @@ class PoolOptions:
         if not callable(self.execute):
             raise ConfigurationError(f"execute must be callable, got {shown(self.execute)}")
         check_synchronous(self.execute, "execute")
-        if not _is_int(self.concurrency) or not 1 <= self.concurrency <= MAX_CONCURRENCY:
+        given: object = self.concurrency  # (define's keywords may say "per-key")
+        if given == "per-key":
+            object.__setattr__(self, "concurrency", PER_KEY)
+        elif not _is_int(self.concurrency) or not 1 <= self.concurrency <= MAX_CONCURRENCY:
             raise ConfigurationError(
-                f"concurrency must be an int >= 1 and <= {MAX_CONCURRENCY}, "
+                f"concurrency must be an int >= 1 and <= {MAX_CONCURRENCY}, or 'per-key', "
                 f"got {shown(self.concurrency)}"
             )
         if self.retry is not None and not isinstance(self.retry, RetryPolicy):
@@ -150,6 +154,7 @@ class PoolOptions:
             alarm_retries=self.alarm_retries,
             dedup_window=self.dedup_window,
             keep_finished=self.keep_finished,
+            per_key=self.concurrency == PER_KEY,
         )
 
 

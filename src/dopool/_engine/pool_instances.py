@@ -52,7 +52,7 @@ class Instances:
         """
         if isinstance(index, bool) or not isinstance(index, int):
             raise ConfigurationError(f"instance index must be an int, got {shown(index)}")
-        concurrency = len(self.cells)
+        concurrency = self.cells.concurrency
         if not 0 <= index < concurrency:
             raise ConfigurationError(
                 f"pool {self.name!r} has no instance {index} (concurrency {concurrency})"

@@ -329,7 +329,7 @@ class InstanceShell:
             self._send(address.cells, oseq, record)
 
     def _send(self, cells: Cells, oseq: int, record: OutboxRecord) -> None:
-        if record.target >= len(cells):  # a crafted record: reported, never lost
+        if record.target >= cells.concurrency:  # a crafted record: reported, never lost
             logger.error(
                 "instance %s: follow-up %d is for instance %d of pool %r, which has %d: "
                 "kept in the outbox",
@@ -337,7 +337,7 @@ class InstanceShell:
                 oseq,
                 record.target,
                 record.pool,
-                len(cells),
+                cells.concurrency,
             )
             return
         target = cells[record.target].mailbox
@@ -417,7 +417,7 @@ class InstanceShell:
             if address is None:
                 return None
             cells = address.cells
-        return cells[index].mailbox if 0 <= index < len(cells) else None
+        return cells[index].mailbox if 0 <= index < cells.concurrency else None
 
 
 def _call_hook(name: str, hook: Callable[[Any], Any], argument: Any) -> None:

@@ -314,7 +314,7 @@ class StoreWatcher:
         that one's transaction reads what was committed before. (So an instance busy in a
         long handler gets one alarm, not one per datagram or per poll.)"""
         cells = self._pools.get(pool)
-        if cells is None or not 0 <= index < len(cells):
+        if cells is None or not 0 <= index < cells.concurrency:
             return  # a pool this runtime has not defined waits for one that does
         # Started (its recovery first) if it was not running here; a shared worker's keeper
         # has made every instance it serves, and those it does not are not its to wake.
@@ -376,7 +376,7 @@ def _with_work(txn: Any, pool: str) -> list[int]:
 def _stale(txn: Any, cells: Cells, index: int) -> bool:
     """Whether instance ``index`` is not running here, or another process changed its meta
     since its last transaction here."""
-    if not 0 <= index < len(cells):
+    if not 0 <= index < cells.concurrency:
         return False  # a stray entry (``dopool check`` reports it)
     cell = cells.get(index)
     return cell is None or Namespace(cells.name, index).meta_bytes(txn) != cell.memory.raw

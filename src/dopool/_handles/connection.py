@@ -84,6 +84,7 @@ from dopool._machine.machine import QueueMachine
 from dopool._machine.status import Listing, read_pool_status
 from dopool._machine.types import DefineSchedule, Effects, Item, QueueRules, Unschedule
 from dopool._machine.validation import (
+    check_keyed,
     check_path,
     check_pool_name,
     due_time,
@@ -391,6 +392,7 @@ class ProducerPool(Pool):
 
         def body(txn: Txn) -> list[Share]:
             table = self._table(txn)
+            check_keyed(self._name, table.concurrency, partition_key)
             groups: dict[int, Positions]
             if len(items) == 1:
                 groups = {self._router.choose(partition_key, table): range(1)}
@@ -409,7 +411,9 @@ class ProducerPool(Pool):
         return results
 
     def schedule(self, name: str, event: Any, **options: Unpack[ScheduleOptions]) -> ScheduleInfo:
-        spec = definition(name, event, options, self._schema)
+        with self._connection.reading(self._name) as txn:
+            concurrency = self._table(txn).concurrency  # PoolNotFoundError if none
+        spec = definition(name, event, options, self._schema, concurrency)
         return schedule_info(self._schedules_write(DefineSchedule(spec)))
 
     def unschedule(self, name: str) -> bool:

@@ -43,7 +43,7 @@ from dopool._machine.types import (
     Resume,
     Unschedule,
 )
-from dopool._machine.validation import due_time, prepare, prepare_many, with_ttl
+from dopool._machine.validation import check_keyed, due_time, prepare, prepare_many, with_ttl
 from dopool._pools import FilterOptions, Pool, ScheduleOptions
 from dopool._store.layout import (
     Namespace,
@@ -206,6 +206,7 @@ class WorkerPool(Pool):
     def _route(self, items: tuple[Item, ...], partition_key: str | None) -> list[EnqueueResult]:
         """Send each instance its share from this thread, then gather the answers. In a
         shared worker, the shares of instances others serve are stored as a producer's."""
+        check_keyed(self.name, self.concurrency, partition_key)
         table = self._router.table  # the router actor's, published: read once, no lock
         if len(items) == 1:  # the common case: stored from this thread, no hop at all
             index = self._router.choose(partition_key, table)
@@ -281,7 +282,7 @@ class WorkerPool(Pool):
     def schedule(self, name: str, event: Any, **options: Unpack[ScheduleOptions]) -> ScheduleInfo:
         self._check_open()
         self._refuse_own_instance(0)
-        spec = definition(name, event, options, self._schema)
+        spec = definition(name, event, options, self._schema, self.concurrency)
         return schedule_info(self._act(0, DefineSchedule(spec)))
 
     def unschedule(self, name: str) -> bool:

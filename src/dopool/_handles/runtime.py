@@ -41,7 +41,7 @@ from dopool._engine.wakeups import DEFAULT_POLL_INTERVAL, check_poll_interval, w
 from dopool._errors import ConfigurationError, PoolClosedError, SimulationStalledError, shown
 from dopool._handles.pool import WorkerPool
 from dopool._machine.types import Item
-from dopool._machine.validation import check_path, check_pool_name, prepare
+from dopool._machine.validation import check_keyed, check_path, check_pool_name, prepare
 from dopool._store.environment import Store
 from dopool._store.layout import Namespace, follow_ups_to, used_instances
 from dopool._store.txn import Txn
@@ -291,6 +291,7 @@ class Runtime:
             schema = options.schema
 
             def prepare_follow_up(event: Any, partition_key: str | None, priority: int) -> Item:
+                check_keyed(name, concurrency, partition_key)  # in the handler, at once
                 return prepare(event, partition_key=partition_key, priority=priority, schema=schema)
 
             spec = PoolSpec(name=name, options=options, prepare=prepare_follow_up)

@@ -19,7 +19,14 @@ from dopool._errors import DamagedRecordError, ScheduleDefinitionError
 from dopool._machine.recurring import cron_problem
 from dopool._machine.validation import prepare
 from dopool._pools import ScheduleOptions
-from dopool._store.layout import MIN_EVERY, Namespace, ScheduleBook, ScheduleRecord, unpack
+from dopool._store.layout import (
+    MIN_EVERY,
+    PER_KEY,
+    Namespace,
+    ScheduleBook,
+    ScheduleRecord,
+    unpack,
+)
 from dopool._store.txn import Txn
 from dopool._types import ScheduleInfo
 
@@ -28,13 +35,15 @@ MAX_NAME = 200
 
 
 def definition(
-    name: Any, event: Any, options: ScheduleOptions, schema: Schema | None
+    name: Any, event: Any, options: ScheduleOptions, schema: Schema | None, concurrency: int
 ) -> ScheduleRecord:
-    """A schedule's definition, checked, as the record to store (no fire time yet).
+    """A schedule's definition for a pool of ``concurrency``, checked, as the record to
+    store (no fire time yet).
 
     Raises:
         ScheduleDefinitionError: a bad name, not exactly one of ``every`` and ``cron``,
-            an ``every`` that is not seconds > 0, a bad cron expression.
+            an ``every`` that is not seconds > 0, a bad cron expression, no partition key
+            for a pool with an instance per key.
         EventValidationError, EventTooLargeError: the event or its partition key, as
             an enqueue's (the pool's ``schema`` applies).
     """
@@ -57,6 +66,13 @@ def definition(
             raise ScheduleDefinitionError(
                 schedule=name, argument="cron", value=cron, reason=problem
             )
+    if partition_key is None and concurrency == PER_KEY:
+        raise ScheduleDefinitionError(
+            schedule=name,
+            argument="partition_key",
+            value=None,
+            reason="the pool has an instance per partition key: its events need one",
+        )
     item = prepare(event, partition_key=partition_key, priority=priority, schema=schema)
     return ScheduleRecord(name, item.event, seconds, cron, partition_key, priority, None)
 

@@ -249,6 +249,8 @@ class QueueMachine:
         meta.scheduled += scheduled
         meta.pending += len(items)
         meta.enqueued += len(items)
+        if self._rules.per_key and meta.key is None and items:  # the instance's first
+            meta.key = items[0].partition_key
         if items and meta.alarm_failures:  # (the hot path skips the call)
             wake(meta)  # a write ends a stall: the caller's rearm sets the alarm
         return results

@@ -62,6 +62,7 @@ def instance_status(
         cancelled=meta.cancelled,
         expired=meta.expired,
         schedules=meta.schedules,
+        key=meta.key,
     )
 
 

@@ -41,6 +41,7 @@ class QueueRules:
     alarm_retries: int | None = None
     dedup_window: float = 0.0
     keep_finished: float = 0.0  # seconds a finished event stays known to ``event()``
+    per_key: bool = False  # an instance per partition key: its meta keeps the key
 
     @property
     def max_attempts(self) -> int:

@@ -21,6 +21,7 @@ from dopool._store.layout import (
     MAX_DEDUP_KEY_BYTES,
     MAX_EVENT_BYTES,
     MAX_PARTITION_KEY_BYTES,
+    PER_KEY,
     POOL_NAME,
     PRIORITY_MAX,
     PRIORITY_MIN,
@@ -185,6 +186,19 @@ def prepare(
             position=position,
         )
     return Item(_encode(event, schema, position), partition_key, priority, due, dedup_key)
+
+
+def check_keyed(pool: str, concurrency: int, partition_key: str | None) -> None:
+    """Refuse an event without a partition key for a pool with an instance per key.
+
+    Raises:
+        EventValidationError: ``concurrency`` is :data:`PER_KEY` and ``partition_key`` None.
+    """
+    if partition_key is None and concurrency == PER_KEY:
+        raise EventValidationError(
+            f"pool {pool!r} has an instance per partition key (concurrency='per-key'): "
+            "its events need a partition_key"
+        )
 
 
 def _check_key(argument: str, key: Any, limit: int, position: int | None) -> None:

@@ -11,7 +11,7 @@ Keys (all integers big-endian, so LMDB's byte order is numeric order)::
                                           one pending event not due yet (scheduled)
     I <pool>:<index> \\0 d <seq:8>          one dead letter
     I <pool>:<index> \\0 o <oseq:8>         one follow-up waiting in the outbox
-    I <pool>:<index> \\0 s <source pool> \\0 <source:4>
+    I <pool>:<index> \\0 s <source pool> \\0 <source:8>
                                           the last follow-up link accepted from a
                                           source instance (of any pool)
     I <pool>:<index> \\0 n <seq:8>          an unfinished event's index entry: its key's
@@ -40,7 +40,9 @@ FIFO. The first scheduled key is the next event to fall due; moving it into the 
 queue keeps its rank, due and sequence. Enqueue is one put and dequeue one
 ``set_range`` through the B-tree; nothing scans.
 
-Format 1 keyed a delivery mark by the source's index alone (``s <source:4>``), so
+Formats 2 to 8 gave a delivery mark's source index 4 bytes; :func:`format_8_mark` gives
+such a key its format-9 form. Format 1 keyed a delivery mark by the source's index alone
+(``s <source:4>``), so
 sources of two pools would share one; :func:`format_1_mark` reads such a key for
 the migration (:mod:`.migrate`). Format 2's queue keys had no due time
 (``q <rank:4> <seq:8>``); :func:`format_2_queue_key` gives one its format-3 key.
@@ -209,18 +211,18 @@ _SUFFIX_LENGTHS = {
 
 def _mark_suffix(pool: str, index: int) -> bytes:
     """A delivery mark's suffix: its source's pool, a NUL, and its source's index."""
-    return pool.encode() + b"\0" + _U32.pack(index)
+    return pool.encode() + b"\0" + _U64.pack(index)
 
 
 def _mark_source(suffix: bytes) -> tuple[str, int] | None:
     """The source ``(pool, index)`` a delivery mark's suffix names; None if it names none."""
     pool, nul, index = suffix.partition(b"\0")
-    if not nul or len(index) != _U32.size:
+    if not nul or len(index) != _U64.size:
         return None
     name = pool.decode("ascii", errors="replace")
     if not POOL_NAME.fullmatch(name):
         return None
-    return name, _U32.unpack(index)[0]
+    return name, _U64.unpack(index)[0]
 
 
 def _valid_suffix(tag: bytes, suffix: bytes) -> bool:
@@ -283,6 +285,21 @@ def format_1_mark(key: bytes) -> tuple[str, int, int] | None:
     if not pool or not index.isdigit():
         return None
     return pool, int(index), _U32.unpack_from(rest, 1)[0]
+
+
+def format_8_mark(key: bytes) -> bytes | None:
+    """Format 9's key for ``key`` if it is a delivery mark of formats 2 to 8, else None.
+
+    Those keyed it ``s <source pool> \\0 <source:4>``: a source's index now takes 8 bytes
+    (a per-key pool's instance is any 64-bit hash).
+    """
+    _, nul, rest = key[1:].partition(b"\0")
+    if key[:1] != _INSTANCE_PREFIX or not nul or rest[:1] != _MARK_TAG:
+        return None
+    pool, nul, index = rest[1:].partition(b"\0")
+    if not nul or len(index) != _U32.size or not POOL_NAME.fullmatch(pool.decode(errors="replace")):
+        return None
+    return key[: len(key) - _U32.size] + _U64.pack(_U32.unpack(index)[0])
 
 
 def format_2_queue_key(key: bytes) -> bytes | None:

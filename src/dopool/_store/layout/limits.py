@@ -17,10 +17,13 @@ MIGRATES_FROM = (1, 2, 3, 4, 5, 6, 7, 8)
 #: the instances its follow-ups reach, and of the outbox entries sent to it.
 POOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
-#: The most instances a pool may have. Nothing is stored, and nothing runs, per instance
-#: until it is first used; an instance's index is 4 bytes in a delivery mark's key. A
-#: stored pool record above it is damaged.
+#: The most instances a numbered pool may have. Nothing is stored, and nothing runs, per
+#: instance until it is first used. A stored pool record above it is damaged.
 MAX_CONCURRENCY = 2**32
+
+#: The concurrency of a pool with an instance per partition key (``concurrency="per-key"``):
+#: an instance's index is its key's 64-bit hash, so every index below it is an instance.
+PER_KEY = 2**64
 
 # The largest event, partition key and dedup key stored, encoded; the range of priorities.
 MAX_EVENT_BYTES = 128 * 1024

@@ -76,6 +76,7 @@ from dopool._store.layout.keys import (
     alarm_entry_key,
     format_1_mark,
     format_2_queue_key,
+    format_8_mark,
     parse_instance_key,
     work_entry_key,
 )
@@ -88,6 +89,7 @@ from dopool._store.layout.records import (
     _META_LAYOUT_3,
     _META_LAYOUT_4,
     _META_LAYOUT_6,
+    _META_LAYOUT_8,
     _OUTBOX_LAYOUT_6,
     Layout,
     PoolRecord,
@@ -96,7 +98,6 @@ from dopool._store.layout.records import (
     open_sealed,
     pack,
     read_link,
-    read_meta,
     read_pool_8,
     seal,
     seal_format,
@@ -110,6 +111,7 @@ _META_LAYOUT_1: Layout = tuple(
     (name, _tally if name == "links" else check) for name, check in _META_LAYOUT_2
 )
 _META_NAMES_2 = tuple(name for name, _ in _META_LAYOUT_2)
+_META_NAMES_8 = tuple(name for name, _ in _META_LAYOUT_8)
 _OUTBOX_LAYOUT_1: Layout = _OUTBOX_LAYOUT_6[1:]  # no "pool"
 
 
@@ -322,20 +324,22 @@ _LAYOUTS_6: dict[RecordKind, Layout] = {
 
 
 def _from_7(txn: Txn) -> int:
-    """Write every instance's alarm and work index entries from its meta; how many."""
+    """Write every instance's alarm and work index entries from its meta (laid out as
+    format 8's); how many."""
     written = 0
     for key in _instance_keys(txn):
         parsed = parse_instance_key(key)
         if parsed is None or parsed.kind is not RecordKind.META:
             continue
         try:
-            meta = read_meta(key, txn.get(key))
+            fields = _laid_out(key, txn.get(key), _META_LAYOUT_8)
+            meta = dict(zip(_META_NAMES_8, fields, strict=True))
         except DamagedRecordError:
             continue  # no entries: its instance cannot run (dopool check reports it)
-        if meta.alarm is not None:
-            txn.put(alarm_entry_key(meta.alarm, parsed.pool, parsed.instance), b"")
+        if meta["alarm"] is not None:
+            txn.put(alarm_entry_key(meta["alarm"], parsed.pool, parsed.instance), b"")
             written += 1
-        if meta.has_work:
+        if meta["pending"] > 0 or meta["outbox"] > 0:
             txn.put(work_entry_key(parsed.pool, parsed.instance), b"")
             written += 1
     return written
@@ -345,7 +349,9 @@ def _from_7(txn: Txn) -> int:
 
 
 def _from_8(txn: Txn) -> int:
-    """Give every pool record its whole-pool pause (not paused); how many."""
+    """Give every pool record its whole-pool pause (not paused) and every meta its
+    per-key pool's key (nil), and key every delivery mark by an 8-byte source index;
+    how many records changed."""
     changed = 0
     for key, value in list(_iter_prefix(txn, _POOL_PREFIX)):
         try:
@@ -354,4 +360,14 @@ def _from_8(txn: Txn) -> int:
             continue  # as found: the newer checks find it damaged too
         txn.put(key, seal_pool(key, PoolRecord(concurrency, paused=False)))
         changed += 1
-    return changed
+    for key in _instance_keys(txn):
+        moved = format_8_mark(key)
+        if moved is not None:
+            value = txn.get(key)
+            txn.delete(key)
+            try:
+                txn.put(moved, seal_link(moved, read_link(key, value)))
+            except DamagedRecordError:
+                txn.put(moved, value)  # moved with its bytes as found: damaged there too
+            changed += 1
+    return changed + _append_fields(txn, {RecordKind.META: _META_LAYOUT_8}, [None], [])

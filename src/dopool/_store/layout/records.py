@@ -30,6 +30,7 @@ from dopool._store.layout.keys import _QUEUE_TAG, _RANK_DUE_SEQ, describe_key
 from dopool._store.layout.limits import (
     FORMAT_VERSION,
     MAX_CONCURRENCY,
+    PER_KEY,
     POOL_NAME,
     PRIORITY_MAX,
     PRIORITY_MIN,
@@ -350,26 +351,34 @@ def read_link(key: bytes, value: bytes) -> int:
 
 
 class PoolRecord(NamedTuple):
-    """A pool, as the store knows it: its number of instances, and whether it was paused
-    as a whole (``pool.pause()``), so that an instance never used starts paused."""
+    """A pool, as the store knows it: its number of instances (:data:`PER_KEY` for an
+    instance per partition key), and whether it was paused as a whole (``pool.pause()``),
+    so that an instance never used starts paused."""
 
     concurrency: int
     paused: bool = False
 
 
-_POOL_LAYOUT: Layout = (("concurrency", _count), ("paused", _flag))
+#: How a per-key pool's concurrency is stored (an instance index is any 64-bit hash).
+_PER_KEY_TEXT = "per-key"
+
+
+def _concurrency(value: Any) -> bool:
+    return value == _PER_KEY_TEXT or (_count(value) and 1 <= value <= MAX_CONCURRENCY)
+
+
+_POOL_LAYOUT: Layout = (("concurrency", _concurrency), ("paused", _flag))
 
 
 def seal_pool(key: bytes, record: PoolRecord) -> bytes:
-    return seal(key, pack(list(record)))
+    concurrency = _PER_KEY_TEXT if record.concurrency == PER_KEY else record.concurrency
+    return seal(key, pack([concurrency, record.paused]))
 
 
 def read_pool(key: bytes, value: bytes) -> PoolRecord:
-    """A pool record's stored concurrency and pause."""
-    record = PoolRecord(*_laid_out(key, value, _POOL_LAYOUT))
-    if not 1 <= record.concurrency <= MAX_CONCURRENCY:
-        raise damaged(key, value, f"concurrency is {record.concurrency!r}")
-    return record
+    """A pool record's stored concurrency (:data:`PER_KEY` for ``"per-key"``) and pause."""
+    concurrency, paused = _laid_out(key, value, _POOL_LAYOUT)
+    return PoolRecord(PER_KEY if concurrency == _PER_KEY_TEXT else concurrency, paused)
 
 
 def read_pool_8(key: bytes, value: bytes) -> int:
@@ -433,6 +442,7 @@ class Meta:
     last_started: float | None = None  # when the current event's last attempt started
     schedules: int = 0  # recurring schedules stored (``r`` keys: instance 0's only)
     next_fire: float | None = None  # the earliest fire time among them (the first ``t`` key)
+    key: str | None = None  # a per-key pool's instance: the partition key it was first sent
     # Not stored in the record: what the store's alarm and work indexes hold for this
     # instance, as of the meta's load or last save (``Namespace.save_meta`` keeps them).
     indexed_alarm: float | None = field(default=None, compare=False, repr=False)
@@ -486,8 +496,10 @@ _META_LAYOUT_6: Layout = (
     ("last_error", _text_or_none),
     ("last_started", _time_or_none),
 )
-# Format 7's: format 6's, then the recurring schedules' fields.
-_META_LAYOUT: Layout = (*_META_LAYOUT_6, ("schedules", _count), ("next_fire", _time_or_none))
+# Format 7's (and 8's): format 6's, then the recurring schedules' fields.
+_META_LAYOUT_8: Layout = (*_META_LAYOUT_6, ("schedules", _count), ("next_fire", _time_or_none))
+# Format 9's: format 8's, then a per-key pool's instance's partition key.
+_META_LAYOUT: Layout = (*_META_LAYOUT_8, ("key", _text_or_none))
 _META_NAMES = tuple(name for name, _ in _META_LAYOUT)
 _meta_values = attrgetter(*_META_NAMES)  # every field in stored order, in one C call
 
