@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dopool._cluster.routing import RoutingTable
-from dopool._cluster.units import LEASE_UNITS, first, span, unit_of, units
+from dopool._cluster.units import LEASE_UNITS, first, named, span, unit_of, units
 
 
 def test_a_pool_up_to_the_limit_has_one_unit_per_instance() -> None:
@@ -57,3 +57,9 @@ def test_a_routing_table_is_as_large_as_the_units_whatever_the_pool() -> None:
     assert served.owner(covered.stop - 1) == "w2"
     assert served.owner(covered.stop) is None
     assert RoutingTable.elsewhere(10**6).serves(0) is False
+
+
+def test_a_unit_is_named_by_the_instances_it_covers() -> None:
+    assert [named(u, 3) for u in range(3)] == ["0", "1", "2"]
+    assert named(0, 10**6) == "0-243"
+    assert named(LEASE_UNITS - 1, 10**6) == "999755-999999"

@@ -14,7 +14,7 @@ from rich.text import Text
 from dopool._cli._store import _chosen_pools, _when
 from dopool._cli._terminal import _clean, _console
 from dopool._cli._values import JSON_TAGS, _json_text
-from dopool._cluster.units import span, unit_of
+from dopool._cluster.units import named, unit_of
 from dopool._machine.status import Listing
 from dopool._ops.storeview import open_view
 from dopool._store.layout import LeaseRecord
@@ -63,7 +63,7 @@ def status(path: Path, pool_name: str | None, first: int, limit: int | None, as_
                 **dataclasses.asdict(status),
                 "follow_ups_in_outboxes": waiting,
                 "leases": {
-                    _covered(unit, status.concurrency): _lease_json(record, now)
+                    named(unit, status.concurrency): _lease_json(record, now)
                     for (pool, unit), record in sorted(leases.items())
                     if pool == status.name
                 },
@@ -99,13 +99,6 @@ def _holders(leases: dict[int, LeaseRecord], now: float) -> Text:
         state = f"{least:,.0f}s left" if least > 0 else f"expired {-least:,.0f}s ago"
         parts.append(f"{pid}@{_clean(host)} holds {len(left):,} ({state})")
     return Text("leases: " + ", ".join(parts))
-
-
-def _covered(unit: int, concurrency: int) -> str:
-    """The instances a lease unit covers, as ``--json`` names its lease: ``"7"``, or
-    ``"4096-4340"`` in a pool of more than 4,096 instances."""
-    covered = span(unit, concurrency)
-    return str(covered.start) if len(covered) == 1 else f"{covered.start}-{covered.stop - 1}"
 
 
 def _lease_text(record: LeaseRecord | None, now: float) -> Text:

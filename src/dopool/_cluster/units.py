@@ -32,6 +32,13 @@ def span(unit: int, concurrency: int) -> range:
     return range(first(unit, concurrency), first(unit + 1, concurrency))
 
 
+def named(unit: int, concurrency: int) -> str:
+    """The instances ``unit`` covers, as logs and ``dopool status`` name its lease: ``"7"``,
+    or ``"0-243"`` (unit 0 of a pool of a million)."""
+    covered = span(unit, concurrency)
+    return str(covered.start) if len(covered) == 1 else f"{covered.start}-{covered.stop - 1}"
+
+
 def unit_of(index: int, concurrency: int) -> int:
     """The unit whose span holds instance ``index``: the last whose first instance is at
     or before it (``first(u) <= index`` exactly when ``u * concurrency < (index + 1) *

@@ -50,7 +50,7 @@ import pykka
 from dopool._clock.clocks import Clock
 from dopool._clock.turn import Turn
 from dopool._cluster.leases import RENEWALS, LeaseBook, Taken, Where, Worker, unit_owner
-from dopool._cluster.units import span, units
+from dopool._cluster.units import named, span, units
 from dopool._engine.cells import Cells
 from dopool._engine.messages import Reply
 from dopool._engine.router import Placement
@@ -321,10 +321,7 @@ class LeaseKeeper:
     def _shown(self, name: str, unit: int) -> str:
         """A lease unit as a log line names it: its instance, or its range of them."""
         placement = self._placements.get(name)
-        if placement is None:
-            return str(unit)
-        covered = span(unit, placement.concurrency)
-        return str(covered.start) if len(covered) == 1 else f"{covered.start}-{covered.stop - 1}"
+        return str(unit) if placement is None else named(unit, placement.concurrency)
 
     def _release_now(self, where: Where) -> None:
         """Give up a lease taken while the runtime began to close (the lock held)."""

@@ -511,9 +511,9 @@ class ProducerPool(Pool):
         matching = Filters.of(filters)
         with self._connection.reading(self._name) as txn:
             concurrency = self._table(txn).concurrency  # PoolNotFoundError if none
-            used = used_instances(txn, self._name)  # (one never used holds none)
+            used = used_instances(txn, self._name) if index is None else []
         if index is None:
-            indices: Iterable[int] = used
+            indices: Iterable[int] = used  # (one never used holds none)
         elif isinstance(index, bool) or not isinstance(index, int):
             raise ConfigurationError(f"instance index must be an int, got {index!r}")
         elif not 0 <= index < concurrency:

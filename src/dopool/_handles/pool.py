@@ -62,9 +62,6 @@ if TYPE_CHECKING:
 _VERBS: dict[Any, Verb] = {Pause: "pause", Resume: "resume", Drain: "drain"}
 
 
-_NEW = (0, None)  # the restart state of an instance not started: no crash, no restart
-
-
 class WorkerPool(Pool):
     """A named pool of ``concurrency`` instances sharing one handler; create one with
     :meth:`WorkerPool.define` or :meth:`Runtime.define`.
@@ -414,7 +411,7 @@ class WorkerPool(Pool):
                 self.name,
                 self.concurrency,
                 listing,
-                lambda index: restarts.get(index, _NEW),
+                restarts,
                 active=len(made),
             )
 

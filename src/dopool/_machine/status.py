@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Mapping
 from contextlib import suppress
 from typing import Any, NamedTuple
 
@@ -81,7 +81,7 @@ _SUMMED = (
     "schedules",
 )
 
-_NO_RESTART = (0, None)  # the restart state of an instance not running here
+_NO_RESTART = (0, None)  # the restart state of an instance not running: none
 
 
 class Listing(NamedTuple):
@@ -127,19 +127,21 @@ def read_pool_status(
     name: str,
     concurrency: int,
     listing: Listing = Listing(),  # noqa: B008  (immutable)
-    restart_state: Callable[[int], tuple[int, float | None]] | None = None,
+    restarts: Mapping[int, tuple[int, float | None]] | None = None,
     active: int | None = None,
 ) -> PoolStatus:
     """A pool's status as committed: the counters of every instance ever used, summed (one
     meta read each; an instance never used counts nothing), and those ``listing`` chooses.
-    ``restart_state(index)``: an instance's crash streak and restart time, from its
-    runtime's memory (none when read from outside it); ``active``: how many run here."""
+    ``restarts``: the crash streak and restart time of the instances running, by index,
+    from the runtime's memory (none when read from outside it); ``active``: how many run
+    here."""
+    restarts = restarts or {}
     used = used_instances(txn, name)
     chosen, limit = listing.instances, listing.limit
     rows: list[InstanceStatus] = []
     sums = dict.fromkeys(_SUMMED, 0)
     for index in used:
-        restart = _NO_RESTART if restart_state is None else restart_state(index)
+        restart = restarts.get(index, _NO_RESTART)
         status = instance_status(name, index, Namespace(name, index).load_meta(txn), *restart)
         for counter in _SUMMED:
             sums[counter] += getattr(status, counter)
