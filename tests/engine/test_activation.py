@@ -25,6 +25,7 @@ from dopool import (
 from dopool._clock.quiescence import Activity
 from dopool._engine.actor import InstanceActor
 from dopool._engine.cells import PoolKeys
+from dopool._engine.evicted import RETRY_START
 from dopool._store.layout import Namespace
 from worker_support import until
 
@@ -250,6 +251,40 @@ def test_an_evicted_instances_delayed_event_and_retry_run_on_time(tmp_path: Path
         assert started(pool) == []  # both waiting, evicted
         assert pool.join()
         assert ran == [("flaky", 1, 0.0), ("flaky", 2, 50.0), ("later", 1, 100.0)]
+        assert pool.status().succeeded == 2
+
+
+def test_an_evicted_instance_that_cannot_start_when_due_is_tried_again_and_others_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start that fails in the runtime's timer (no thread left, say) loses no alarm: that
+    instance is tried again RETRY_START later, and the timer goes on for the others (with
+    the failure left to escape the timer, it ends the run: neither event runs)."""
+    ran: list[tuple[object, float]] = []
+    with Runtime.simulated(tmp_path / "store") as runtime:
+        pool = runtime.define(
+            "p",
+            execute=lambda ctx: ran.append((ctx.event, ctx.started_at)),
+            concurrency=8,
+            idle_timeout=10.0,
+        )
+        first = pool.enqueue("first", partition_key="a", delay=100.0).instance_index
+        second = pool.enqueue("second", partition_key="b", delay=200.0).instance_index
+        assert first != second
+        clock(runtime).run_until(30.0)
+        assert started(pool) == []  # both waiting, evicted
+        cells, failures = pool._instances.cells, [first]
+        real_open = type(cells).open
+
+        def failing_open(self: Any, index: int) -> Any:
+            if failures and index == failures[0]:
+                failures.pop()
+                raise RuntimeError("can't start new thread")
+            return real_open(self, index)
+
+        monkeypatch.setattr(type(cells), "open", failing_open)
+        assert pool.join()
+        assert ran == [("first", 100.0 + RETRY_START), ("second", 200.0)]
         assert pool.status().succeeded == 2
 
 

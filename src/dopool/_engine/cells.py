@@ -196,10 +196,12 @@ class Cells:
             if self._closed:
                 mailbox.close()
             elif self._serve:
-                if self._on_start is not None:
-                    self._on_start(self.name, index)
                 reply = mailbox.reply()
                 cell.supervisor.activate(reply)
+                # Told once started (a start that raised leaves its evicted alarm noted);
+                # no eviction of it can come before: it takes this lock.
+                if self._on_start is not None:
+                    self._on_start(self.name, index)
             else:
                 cell.supervisor.vacate()
             # Listed only now: whoever finds it may send at once, after the recovery.

@@ -18,13 +18,19 @@ store's poll, starts the instance (:mod:`dopool._engine.wakeups`).
 from __future__ import annotations
 
 import heapq
+import logging
 import threading
 from collections.abc import Callable
 
 from dopool._clock.clocks import Clock
 from dopool._engine.cells import Cells
 
+logger = logging.getLogger("dopool")
+
 Where = tuple[str, int]  # a pool's name, an instance's index
+
+#: Seconds of the runtime's clock after which a start that failed is tried again.
+RETRY_START = 1.0
 
 
 class EvictedAlarms:
@@ -79,11 +85,31 @@ class EvictedAlarms:
                 if self._due.get((pool, index)) == at:
                     del self._due[pool, index]
                     due.append((pool, index))
-        for pool, index in due:  # in due time order, then by pool and index
-            cells = self._pools(pool)
-            if cells is not None and cells.get(index) is None:
-                cells.open(index)  # started: its recovery re-arms its alarm, due now
-        self._tell()
+        try:
+            for pool, index in due:  # in due time order, then by pool and index
+                cells = self._pools(pool)
+                if cells is not None and cells.get(index) is None:
+                    self._start(cells, index, now)
+        finally:
+            self._tell()  # whatever a start did, the timer is set for the next
+
+    def _start(self, cells: Cells, index: int, now: float) -> None:
+        """Start an evicted instance whose alarm is due: its recovery re-arms its alarm, due
+        now. One that cannot start now (no thread left for it, say) is noted again for
+        ``RETRY_START`` seconds later, and the others start meanwhile."""
+        try:
+            cells.open(index)
+        except Exception:
+            logger.exception(
+                "could not start instance %s:%d for its alarm; trying again in %g s",
+                cells.name,
+                index,
+                RETRY_START,
+            )
+            with self._lock:
+                if not self._closed and (cells.name, index) not in self._due:
+                    self._due[cells.name, index] = at = now + RETRY_START
+                    heapq.heappush(self._heap, (at, cells.name, index))
 
     def close(self) -> None:
         """The runtime is closing: fire no more."""
