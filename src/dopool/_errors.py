@@ -23,6 +23,7 @@ Every exception derives from :class:`DopoolError`::
     │   ├── DamagedRecordError a stored record failed its checksum or its layout
     │   └── StoreClosedError   a write after the store closed (an abandoned handler's)
     ├── InstanceCrashedError   the instance died while the call was waiting on it
+    ├── InstanceStartError     no thread could be started for an instance (a process limit)
     ├── NotLeasedError         a shared worker's runtime.kill of another's instance
     ├── SimulationStalledError a wait under virtual time that nothing can end
     ├── PermanentError         raised by a handler: dead-letter this event now
@@ -422,6 +423,25 @@ class InstanceCrashedError(DopoolError):
     def __init__(self, instance_id: str) -> None:
         self.instance_id = instance_id
         super().__init__(f"instance {instance_id} crashed before answering")
+
+
+class InstanceStartError(DopoolError):
+    """The runtime could not start an instance's thread (the process's thread limit, or
+    memory for its stack): nothing of the call was stored. ``Runtime(max_active=)``
+    bounds the threads instances use.
+
+    Attributes:
+        instance_id: the instance, ``"pool:index"``.
+        reason: what starting the thread raised.
+    """
+
+    def __init__(self, instance_id: str, reason: str) -> None:
+        self.instance_id = instance_id
+        self.reason = reason
+        super().__init__(
+            f"could not start a thread for instance {instance_id} ({reason}); lower "
+            "Runtime(max_active=), or raise the process's thread limit"
+        )
 
 
 class NotLeasedError(DopoolError):

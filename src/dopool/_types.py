@@ -131,6 +131,9 @@ class PoolStatus:
     # store alone (a producer's ``status()``, ``dopool status``). The runtime's memory, not
     # committed state: two statuses of the same committed state compare equal.
     active: int | None = field(default=None, compare=False)
+    # Instances waiting in line for one of the runtime's slots (``Runtime(max_active=)``);
+    # None when read from the store alone. Memory too, not compared.
+    waiting: int | None = field(default=None, compare=False)
 
     def instance(self, index: int) -> InstanceStatus:
         """Instance ``index``'s status: as listed, or, for one not listed, that of an

@@ -274,15 +274,15 @@ def test_an_evicted_instance_that_cannot_start_when_due_is_tried_again_and_other
         clock(runtime).run_until(30.0)
         assert started(pool) == []  # both waiting, evicted
         cells, failures = pool._instances.cells, [first]
-        real_open = type(cells).open
+        real_ready = type(cells).ready
 
-        def failing_open(self: Any, index: int) -> Any:
+        def failing_ready(self: Any, index: int) -> Any:
             if failures and index == failures[0]:
                 failures.pop()
                 raise RuntimeError("can't start new thread")
-            return real_open(self, index)
+            return real_ready(self, index)
 
-        monkeypatch.setattr(type(cells), "open", failing_open)
+        monkeypatch.setattr(type(cells), "ready", failing_ready)
         assert pool.join()
         assert ran == [("first", 100.0 + RETRY_START), ("second", 200.0)]
         assert pool.status().succeeded == 2

@@ -18,7 +18,7 @@ from typing import Any, TypeVar, cast
 import pytest
 from pykka.messages import _ActorStop
 
-from activation import activate
+from activation import activate, direct_path
 from dopool import (
     ConfigurationError,
     DopoolError,
@@ -444,7 +444,7 @@ def test_an_enqueue_before_the_restarted_instance_recovered_waits_for_the_recove
         with ThreadPoolExecutor(1) as executor:
             try:
                 assert recovering.wait(TIMEOUT)  # the successor is in place, not recovered
-                turn = pool._direct_to(0)._memory.turn
+                turn = direct_path(pool, 0)._memory.turn
                 turn.acquire()  # once the dead incarnation has let go of it,
                 turn.release()  # the turn is free, and the kill flag is the successor's
                 enqueue = executor.submit(pool.enqueue, "x")
@@ -632,7 +632,7 @@ def test_a_subscriber_enqueuing_to_the_publishing_instance_is_refused_not_deadlo
     try:
         result = call_with_timeout(lambda: pool.enqueue("x"))
     except TimeoutError:
-        pool._direct_to(0)._memory.turn.release()  # unblock the actor, so the runtime can close
+        direct_path(pool, 0)._memory.turn.release()  # unblock the actor, so the runtime can close
         pytest.fail("a subscriber's enqueue to the publishing instance deadlocked")
 
     assert result.sequence == 0
@@ -671,7 +671,7 @@ def test_a_rolled_back_transaction_leaves_the_stored_meta_to_the_next_one(sim: R
     pool = sim.define("p", execute=noop)
     pool.pause()
     pool.enqueue("first")
-    instance = pool._direct_to(0)
+    instance = direct_path(pool, 0)
     memory = instance._memory
 
     def stored() -> Meta:

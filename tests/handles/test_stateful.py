@@ -421,6 +421,8 @@ class Keys:
 class PoolMachine(RuleBasedStateMachine):
     """Drives one pool and its model with the same calls, and compares them."""
 
+    max_active: int | None = None  # the runtime's bound on the instances running at once
+
     def __init__(self) -> None:
         super().__init__()
         self.path = Path(tempfile.mkdtemp(prefix="dopool-stateful-"))
@@ -447,7 +449,7 @@ class PoolMachine(RuleBasedStateMachine):
         shutil.rmtree(self.path, ignore_errors=True)
 
     def _open(self) -> tuple[Runtime, WorkerPool]:
-        runtime = Runtime(self.path, clock=self.clock, seed=0)
+        runtime = Runtime(self.path, clock=self.clock, seed=0, max_active=self.max_active)
         pool = runtime.define(
             POOL,
             execute=self._execute,
@@ -940,6 +942,20 @@ class PoolMachine(RuleBasedStateMachine):
 
 TestPool = PoolMachine.TestCase
 TestPool.settings = settings(TestPool.settings, max_examples=150, stateful_step_count=50)
+
+
+class BoundedPoolMachine(PoolMachine):
+    """The same model, the runtime running fewer instances at once than the pool has: they
+    wait in line for a slot (their enqueues and requests made in the store from the
+    caller's thread), and give theirs up while others wait."""
+
+    max_active = CONCURRENCY - 1
+
+
+TestBoundedPool = BoundedPoolMachine.TestCase
+TestBoundedPool.settings = settings(
+    TestBoundedPool.settings, max_examples=60, stateful_step_count=50
+)
 
 
 def test_an_event_that_crashes_its_instance_every_time_is_dead_lettered() -> None:

@@ -12,7 +12,7 @@ import msgpack
 import pykka
 import pytest
 
-from activation import activate
+from activation import activate, direct_path
 from cli_support import invoke
 from dopool import (
     DamagedRecordError,
@@ -345,7 +345,7 @@ def test_an_enqueue_to_an_instance_whose_meta_is_damaged_names_the_record(
         key = Namespace("p", 0)._meta
         with runtime._store.write() as txn:
             txn.put(key, b"\x00\x00\x00\x00")
-        pool._direct_to(0)._memory.meta = None  # forget the copy of the last commit
+        direct_path(pool, 0)._memory.meta = None  # forget the copy of the last commit
         with pytest.raises(DamagedRecordError, match="checksum mismatch"):
             pool.enqueue("x")
         with pytest.raises(DamagedRecordError):

@@ -12,6 +12,7 @@ import lmdb
 import pytest
 
 from dopool import (
+    DamagedRecordError,
     EventContext,
     Runtime,
     SimulatedClock,
@@ -24,6 +25,7 @@ from dopool._store.environment import Store
 from dopool._store.layout import (
     FORMAT_VERSION,
     MIGRATED_DUE,
+    PER_KEY,
     DeadRecord,
     DedupIndex,
     DedupRecord,
@@ -61,6 +63,7 @@ from dopool._store.layout import (
     work_entry_key,
 )
 from dopool._store.layout import migrate as migration
+from dopool._store.layout.dedup import seal_dedup
 
 FIXTURES = Path(__file__).parents[1] / "support" / "fixtures"
 FIXTURE_1 = FIXTURES / "store-v1"  # format 1, written at commit 837caa8 (make_store.py then)
@@ -863,6 +866,23 @@ def test_an_outbox_record_has_its_documented_layout() -> None:
     value = seal_outbox(key, delayed)
     assert value[-10:] == b"\xff\xcb@\x10\x00\x00\x00\x00\x00\x00"
     assert read_outbox(key, value) == delayed
+
+
+def test_records_naming_an_instance_take_a_per_key_pools_whole_range() -> None:
+    """A per-key pool's instances reach 2**64 - 1: a follow-up's target and a dedup key's
+    instance past 2**63 read back (they read as damaged before, so a follow-up resent at
+    recovery was dropped); a negative one is damaged (msgpack holds none past 2**64 - 1)."""
+    key = Namespace("p", 0).prefix + b"o" + (5).to_bytes(8, "big")
+    for target in (2**63, PER_KEY - 1):
+        record = OutboxRecord("q", target, 0, b"\xa1x", 3.5, "room", 0)
+        assert read_outbox(key, seal_outbox(key, record)) == record
+    with pytest.raises(DamagedRecordError, match="target"):
+        read_outbox(key, seal_outbox(key, OutboxRecord("q", -1, 0, b"", 0.0, None, 0)))
+    dedup_key = b"Dp\x00order"
+    entry = DedupRecord("order", PER_KEY - 1, 0, 0, 0, 1.0)
+    assert read_dedup(dedup_key, seal_dedup(dedup_key, entry)) == entry
+    with pytest.raises(DamagedRecordError, match="instance"):
+        read_dedup(dedup_key, seal_dedup(dedup_key, entry._replace(instance=-1)))
 
 
 def test_a_delivery_mark_has_its_documented_key(store_path: Path) -> None:

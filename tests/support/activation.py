@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 
 from dopool import EventContext, Runtime, WorkerPool
+from dopool._engine.direct import DirectEnqueue
 
 
 def activate(pool: WorkerPool, *indices: int) -> None:
@@ -36,3 +37,11 @@ def leave_an_interrupted_attempt(path: Path, pool: str) -> None:
     finally:
         runtime.close(timeout=0)  # abandoned: the next open counts its attempt as interrupted
         release.set()  # its outcome can no longer commit: the store is closed
+
+
+def direct_path(pool: WorkerPool, index: int) -> DirectEnqueue:
+    """Instance ``index``'s direct enqueue path (the instance started if it was not), for a
+    test that reaches into it; the instance must not be waiting for a slot."""
+    direct = pool._direct_to(index)
+    assert direct is not None, f"instance {index} waits for a slot"
+    return direct

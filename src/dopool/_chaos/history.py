@@ -153,6 +153,9 @@ class History:
 
     concurrency: int
     retry: RetryPolicy | None
+    # The runtime bounds the instances running (``max_active``): a caller's enqueue or
+    # request for one waiting in line is made in the store, its events said by the caller.
+    bounded: bool = False
     records: list[Record] = field(default_factory=list)
     names: dict[Entry, str] = field(default_factory=dict)  # entry -> event id
     contents: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> event

@@ -94,7 +94,9 @@ class Runner(Calls):
     def __init__(self, scenario: Scenario, *, keep_log: bool = False) -> None:
         self.scenario = scenario
         self.keep_log = keep_log
-        self.history = History(sum(scenario.pools.values()), scenario.retry)
+        self.history = History(
+            sum(scenario.pools.values()), scenario.retry, bounded=scenario.max_active is not None
+        )
         self.enqueued: list[tuple[str, int, int]] = []  # for cancel steps (Calls._cancel)
         self.model = Model(self.history)
         self.clock = SimulatedClock()
@@ -186,6 +188,7 @@ class Runner(Calls):
             durability="async",  # actor crashes only: the OS page cache is durable enough
             faults=scenario.faults,
             trace=trace,
+            max_active=scenario.max_active,
         )
         self.runtime = runtime
         self._unsubscribe = runtime.subscribe(self._on_event)

@@ -47,6 +47,11 @@ few virtual seconds (:data:`IDLE_TIMEOUTS`), so that instances are evicted betwe
 steps, while delayed events, retries and schedules wait, and started again mid-run by
 the next message or their alarm; the others keep the default (60 s, which a run rarely
 reaches). That draw comes from ``random.Random(f"eviction:{seed}")``.
+
+About a third of the seeds (:data:`SLOTS_SHARE`) bound the runtime to 1 to 3 instances
+running at once (``max_active``), fewer than the pools have, so that instances wait in
+line for a slot, their enqueues stored from the caller's thread, and give their slots up
+mid-run while others wait. That draw comes from ``random.Random(f"slots:{seed}")``.
 """
 
 from __future__ import annotations
@@ -91,6 +96,8 @@ CANCEL_FAULTS = (0.05, 0.3)  # the range of crash_during_cancel, with faults
 SCHEDULE_SHARE = 0.25  # of the seeds, those that define recurring schedules
 EVICTION_SHARE = 0.5  # of the seeds, those whose instances are evicted after a short idle
 IDLE_TIMEOUTS = (0.5, 1.0, 2.0, 4.0)  # virtual seconds
+SLOTS_SHARE = 0.35  # of the seeds, those whose runtime bounds the instances running at once
+MAX_ACTIVE = (1, 2, 3)  # the bounds they choose among
 SCHEDULE_EVERY = (1.5, 2.5, 4.0)  # virtual seconds
 
 #: When an enqueue makes its events due: ``("delay", seconds)``, or ``("not_before", s)``
@@ -189,6 +196,7 @@ class Scenario:
     second: int = 0  # instances of SECOND_POOL; 0: the scenario has one pool
     dedup_window: float = 0.0  # the pools'
     idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT  # the pools'
+    max_active: int | None = None  # the runtime's (None: no bound, a simulated clock's)
 
     @property
     def max_attempts(self) -> int:
@@ -225,7 +233,8 @@ class Scenario:
         lines = [
             f"seed {self.seed}: concurrency={self.concurrency} retry={self.retry!r} "
             f"max_queue_depth={self.max_queue_depth} alarm_retries={self.alarm_retries}"
-            f" dedup_window={self.dedup_window} idle_timeout={self.idle_timeout}{second}",
+            f" dedup_window={self.dedup_window} idle_timeout={self.idle_timeout}"
+            f" max_active={self.max_active}{second}",
             f"  faults: {faults or 'none'}",
         ]
         lines += [f"  step {n}: {step.describe()}" for n, step in enumerate(self.steps)]
@@ -273,6 +282,8 @@ def generate(seed: int, *, steps: int | None = None) -> Scenario:
     idle_timeout = DEFAULT_IDLE_TIMEOUT
     if eviction.random() < EVICTION_SHARE:
         idle_timeout = eviction.choice(IDLE_TIMEOUTS)
+    slots = random.Random(f"slots:{seed}")
+    max_active = slots.choice(MAX_ACTIVE) if slots.random() < SLOTS_SHARE else None
     return Scenario(
         seed,
         concurrency,
@@ -284,6 +295,7 @@ def generate(seed: int, *, steps: int | None = None) -> Scenario:
         second,
         window,
         idle_timeout,
+        max_active,
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from dopool._clock.clocks import Clock
 from dopool._cluster.leases import lease_owner
@@ -23,14 +23,20 @@ from dopool._machine.machine import QueueMachine
 from dopool._machine.types import Effects, Item, QueueRules, Request
 from dopool._store.environment import Store
 from dopool._store.txn import Txn
-from dopool._types import EnqueueResult
+from dopool._types import EnqueueResult, PoolEvent
 from dopool.chaos import FaultInjector
 
 Verb = Literal["pause", "resume", "drain"]
 
-#: One instance's share of a batch as stored: its index, its positions in the batch,
-#: its results (or the error that refused it, storing nothing) and whom to wake.
-Share = tuple[int, Positions, list[EnqueueResult] | DopoolError, str | None]
+
+class Share(NamedTuple):
+    """One instance's share of a batch as stored."""
+
+    instance: int
+    positions: Positions  # in the batch
+    answer: list[EnqueueResult] | DopoolError  # its results, or what refused it (storing nothing)
+    owner: str | None  # whom to wake: the worker its lease names
+    alarm: float | None  # its alarm slot as the transaction left it
 
 
 def store_shares(
@@ -40,10 +46,15 @@ def store_shares(
     items: tuple[Item, ...],
     groups: dict[int, Positions],
     now: float,
+    events: list[PoolEvent] | None = None,
+    *,
+    owners: bool = True,
 ) -> list[Share]:
     """Store each instance's share of ``items`` in ``txn``, as its own runtime would, and
-    read whom to wake from its lease in ``txn``. ``machine(index)``: instance ``index`` of
-    ``pool``'s queue machine."""
+    read whom to wake from its lease in ``txn`` (unless not ``owners``: the caller's own
+    runtime serves it). ``machine(index)``: instance ``index`` of ``pool``'s queue machine.
+    ``events``: where the pool events of the shares stored go, to publish once committed
+    (a machine that listens makes them)."""
     shares: list[Share] = []
     for index, positions in groups.items():
         queue = machine(index)
@@ -53,7 +64,10 @@ def store_shares(
         answer = effects.answers[0][1]
         if not isinstance(answer, DopoolError):  # a refused share changes nothing
             queue.namespace.save_meta(txn, meta)
-        shares.append((index, positions, answer, lease_owner(txn, pool, index)))
+            if events is not None:
+                events.extend(effects.events)
+        owner = lease_owner(txn, pool, index) if owners else None
+        shares.append(Share(index, positions, answer, owner, meta.alarm))
     return shares
 
 
@@ -63,7 +77,7 @@ def settle(
     """Once the shares are durable: wake each instance written, put its results in
     place; the first refusal, if any."""
     failure: DopoolError | None = None
-    for index, positions, answer, owner in shares:
+    for index, positions, answer, owner, _alarm in shares:
         if isinstance(answer, DopoolError):
             failure = failure or answer
             continue
@@ -188,9 +202,12 @@ def cancel_in(txn: Txn, machine: QueueMachine, sequence: int, now: float) -> boo
     return cancelled
 
 
-def producer_machine(pool: str, index: int, rules: QueueRules) -> QueueMachine:
+def producer_machine(
+    pool: str, index: int, rules: QueueRules, listening: Callable[[], bool] | None = None
+) -> QueueMachine:
     """The queue machine of instance ``index`` of ``pool``, for transactions made outside
-    its owner: no retries, follow-ups, faults nor pool events (nobody subscribes here)."""
+    its actor: no retries, follow-ups nor faults; pool events only if ``listening()`` (a
+    producer's has nobody subscribed)."""
     return QueueMachine(
         pool=pool,
         index=index,
@@ -199,7 +216,7 @@ def producer_machine(pool: str, index: int, rules: QueueRules) -> QueueMachine:
         route=_no_route,
         faults=FaultInjector(None, pool, index),
         fault_point=_no_fault,
-        listening=_not_listening,
+        listening=_not_listening if listening is None else listening,
     )
 
 

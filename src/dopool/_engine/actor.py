@@ -22,9 +22,9 @@ from typing import Any, cast
 import pykka
 
 from dopool._clock.threads import Future, Inbox
-from dopool._engine.cells import Cell
+from dopool._engine.cells import Cell, Cells
 from dopool._engine.context import EventContext
-from dopool._engine.mailbox import Mailbox, fail_reply
+from dopool._engine.mailbox import fail_reply
 from dopool._engine.memory import UNTOLD
 from dopool._engine.messages import (
     Alarm,
@@ -45,6 +45,7 @@ from dopool._errors import (
     DamagedRecordError,
     DopoolError,
     InstanceCrashedError,
+    InstanceStartError,
     PermanentError,
     StorageError,
     StoreClosedError,
@@ -85,6 +86,9 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         }
         # Sources asked to deliver again (a link went missing), until the link expected comes.
         self._asked: set[tuple[str, int]] = set()
+        self._where = (spec.name, cell.index)  # its place in the runtime's slots
+        self._worked = False  # this incarnation ran an attempt (see ``_yield_slot``)
+        self._evicted = False
         self._resolve = partial(env.directory.resolve, own=spec.name)
 
     # pykka's extension points for an actor's inbox, future and loop: the clock's
@@ -100,8 +104,12 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         runner = self._clock.backend.runner
         if runner is not None:
             runner.spawn(self._actor_loop, self._id)
-        else:
+            return
+        try:
             super()._start_actor_loop()
+        except RuntimeError as exc:  # "can't start new thread": the process's limit
+            pykka.ActorRegistry.unregister(self.actor_ref)  # (start() registered it)
+            raise InstanceStartError(self._id, str(exc)) from exc
 
     def on_start(self) -> None:
         # The actor's own thread (or greenlet) always acts for its instance: this lets
@@ -111,6 +119,10 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
     def on_receive(self, message: Any) -> None:
         memory = self._memory
         turn = memory.turn
+        slots = self._env.slots
+        counted = slots.limit is not None
+        if counted:
+            slots.idle.pop(self._where, None)
         turn.acquire()  # the instance acts on one thing at a time: a message or a caller
         try:
             self._fault_point("receive")  # a kill lands before any later message
@@ -148,10 +160,21 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             self._crash(f"{type(exc).__name__}: {exc}", message)
         finally:
             turn.release()
+            if counted and self._inbox.empty() and self._cell.mailbox.idle():
+                # Idle in its slot: asked to give it up when instances begin to wait for
+                # one (registered before the check, so that the first to wait sees it
+                # here or it sees the line), and at once if some wait already.
+                slots.idle[self._where] = self._cell.idle_timer
+                if slots.crowded and type(message) is not Evict:
+                    self._cell.idle_timer.fire_alarm()
             self._mailbox.finished()
 
     def on_stop(self) -> None:
-        """Run an attempt a caller started just before the runtime closed: it was committed."""
+        """Run an attempt a caller started just before the runtime closed: it was committed.
+        An evicted incarnation gives its slot to the first instance in line instead."""
+        if self._evicted:
+            self._env.slots.give_back()
+            return
         if self._kill.raised:
             return  # a crash: the successor's recovery settles it
         with self._memory.turn:
@@ -173,6 +196,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             and not self._memory.turn.contended()
             and not self._kill.raised
             and not self._mailbox.closed
+            and not self._env.slots.crowded  # it yields its slot after this attempt
         )
 
     # -- crashes -------------------------------------------------------------
@@ -260,6 +284,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         and no trip through the clock.
         """
         while started is not None:
+            self._worked = True
             key, record, attempt, started_at = started
             sequence = queue_key_sequence(key)
             if self._env.listening():
@@ -374,28 +399,62 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
     def _on_evict(self, _message: Evict) -> None:
         """The idle timer fired: stop the actor if the instance has had nothing to do for
         ``idle_timeout``, else wait again. Nothing is written: the store already holds all
-        an instance is (docs/guarantees.md, "Instances started when first used")."""
+        an instance is (docs/guarantees.md, "Instances started when first used"). While
+        instances wait for a slot, it need not have been idle that long, and one with
+        work may go too (:meth:`_yield_slot`)."""
         timeout = self._idle_timeout()
         if timeout is None or self._mailbox.closed:
             return
         now = self._clock.now()
+        if self._env.slots.crowded and self._yield_slot(now):
+            return
         deadline = self._memory.last_active + timeout
         if now < deadline:
             self._clock.set_alarm(self._cell.idle_timer, deadline, recurring=True)
             return
         idle, alarm = self._evictable(now + timeout)
-        if not idle or not self._env.cells.evict(self._cell):
+        if not idle or not self._evict(alarm):
             self._arm_idle_timer(now)
-            return
+
+    def _yield_slot(self, now: float) -> bool:
+        """Give the instance's slot to the first instance waiting for one: evicted now if it
+        has nothing to do before ``now``; if it has (an event due: its alarm), only once it
+        has run an attempt since it started, and then it goes to the back of the line. Not
+        while a message or a caller waits for it, nor mid-attempt, nor while it keeps a
+        recurring schedule's fires. Whether it went."""
+        memory = self._memory
+        if not self._inbox.empty() or memory.turn.contended() or memory.handed_off is not None:
+            return False
+        try:
+            with self._store.read() as txn:
+                meta = self._ns.load_meta(txn)
+        except DamagedRecordError:
+            return False
+        running = meta.current is not None and meta.retry_at is None
+        due = meta.alarm is not None and meta.alarm <= now
+        if running or meta.next_fire is not None or (due and not self._worked):
+            return False
+        return self._evict(meta.alarm, due=due)
+
+    def _evict(self, alarm: float | None, *, due: bool = False) -> bool:
+        """Stop this incarnation and drop its cell, unless a message waits for it: its slot
+        goes to the first in line, and the next message starts the instance again, as does
+        its ``alarm`` when it comes due (at once, from the back of the line, if ``due``)."""
+        if not self._env.cells.evict(self._cell):
+            return False
+        self._evicted = True  # its slot goes back once it has stopped (``on_stop``)
         # No actor answers at the old address any more: the clock forgets it, and the
         # runtime's timer of evicted instances starts this one when its alarm comes due.
         self._clock.set_alarm(self._mailbox, None)
         self._memory.told_alarm = None
-        if alarm is not None:
+        if due:
+            self._env.slots.wait(self._spec.name, self._index)
+        elif alarm is not None:
             self._env.evicted.note(self._spec.name, self._index, alarm)
         if self._env.listening():
-            self._env.emit(self._machine.event("evicted", now))
+            self._env.emit(self._machine.event("evicted", self._clock.now()))
         self.stop()
+        return True
 
     def _evictable(self, horizon: float) -> tuple[bool, float | None]:
         """Whether the instance has nothing to do before ``horizon`` (no message or caller
@@ -480,7 +539,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
                 damage.reason,
             )
             return
-        source = self.mailbox_of(source_pool, source_index)
+        source = self.cells_of(source_pool, source_index)
         if record.link > expected:
             logger.warning(
                 "instance %s: follow-up link %d from instance %s:%d arrived before link %d; "
@@ -498,8 +557,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         self._publish(meta, effects)
         if source is None:  # not in this runtime: its recovery resends, and is acknowledged
             return
-        ack = Delivered(message.oseq)
-        self._clock.deliver(source.order, partial(source.send, ack))
+        self.send_later(source, source_index, Delivered(message.oseq))
 
     def _on_delivered(self, message: Delivered) -> None:
         def body(txn: Txn) -> None:
@@ -510,15 +568,16 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
 
         self._transact(body)
 
-    def _ask_again(self, pool: str, index: int, source: Mailbox | None) -> None:
+    def _ask_again(self, pool: str, index: int, source: Cells | None) -> None:
         """Ask the source to deliver its follow-ups for this instance again, once until the
         link expected comes (each later early link would ask again). A source not served
         here needs no asking: it delivers through the store, earlier links first."""
-        if source is None or source.vacant or (pool, index) in self._asked:
+        if source is None or (pool, index) in self._asked:
+            return
+        if not source.on_demand and source[index].mailbox.vacant:
             return
         self._asked.add((pool, index))
-        redeliver = Redeliver(self._spec.name, self._index)
-        self._clock.deliver(source.order, partial(source.send, redeliver))
+        self.send_later(source, index, Redeliver(self._spec.name, self._index))
 
     def _on_redeliver(self, message: Redeliver) -> None:
         """A target missed a link: deliver the outbox's follow-ups for it again, in link

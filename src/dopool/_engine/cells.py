@@ -10,6 +10,12 @@ makes its :class:`Cell` and, in a runtime that serves the instance, starts its a
 whose first message is its recovery (docs/guarantees.md, "Crashes and recovery").
 An instance idle for its pool's ``idle_timeout`` is evicted: its actor stops and its
 cell is dropped, and the next message starts it again from its namespace.
+
+Each actor started here holds one of the runtime's slots (:mod:`dopool._engine.slots`).
+An instance that needs an actor while none is free waits in line: with no cell at all if
+what it has to do is in the store (:meth:`Cells.ready`), or with a *held* cell, whose
+mailbox keeps the messages sent to it until the slot comes and its actor starts, its
+recovery first (:meth:`Cells.open`).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable, Hashable, Iterator, Set
+from contextlib import contextmanager
 from functools import partial
 from typing import Any, Protocol
 
@@ -26,6 +33,7 @@ from dopool._clock.clocks import Clock
 from dopool._engine.mailbox import Mailbox
 from dopool._engine.memory import InstanceMemory
 from dopool._engine.messages import Evict, Reply
+from dopool._engine.slots import Slots
 from dopool._engine.supervisor import KillFlag, Supervisor
 from dopool._machine.types import Item
 from dopool._types import EnqueueResult
@@ -126,6 +134,7 @@ class Cells:
         "_on_start",
         "_plan",
         "_serve",
+        "_slots",
         "_start",
         "_waiter",
         "concurrency",
@@ -140,10 +149,12 @@ class Cells:
         start: Callable[[Cell, KillFlag], pykka.ActorRef[Any]],
         *,
         serve: bool,
+        slots: Slots,
         faults: FaultPlan | None = None,
         on_start: Callable[[str, int], None] | None = None,
     ) -> None:
         """``start(cell, kill_flag)``: an incarnation of the instance's actor, started;
+        ``slots``: the runtime's, which each actor started on demand holds one of;
         ``on_start(pool, index)``: told of each instance started (the runtime's timer of
         evicted instances' alarms forgets it)."""
         self.name = name
@@ -151,6 +162,7 @@ class Cells:
         self._clock = clock
         self._start = start
         self._serve = serve
+        self._slots = slots
         self._plan = faults
         backend = clock.backend
         self._activity = clock.activity
@@ -180,48 +192,160 @@ class Cells:
 
     def open(self, index: int) -> tuple[Cell, Reply | None]:
         """Instance ``index``'s cell, and, if this call made and started it, the reply its
-        recovery answers (waiting for it is the caller's choice)."""
-        with self._lock:
+        recovery answers (waiting for it is the caller's choice). With no slot free, the
+        cell made is held: its mailbox keeps what is sent to it, and the instance waits
+        in line for a slot."""
+        cell = self._made.get(index)
+        if cell is not None:
+            return cell, None
+        held = False
+        with self._slot_given_back_on_failure() as taken, self._lock:
             cell = self._made.get(index)
             if cell is not None:
                 return cell, None
-            key = f"{self.name}:{index}"
-            mailbox = Mailbox(self.name, index, key, self._activity, self._latch)
-            memory = InstanceMemory(self._waiter(f"the turn of {key}"))
-            faults = self._faults.get(index) or FaultInjector(self._plan, self.name, index)
-            if self._plan is not None:  # its draws go on across evictions, as across crashes
-                self._faults[index] = faults
-            cell = Cell(mailbox, memory, faults, self._clock, self._start)
+            cell = self._make(index)
             reply = None
             if self._closed:
-                mailbox.close()
-            elif self._serve:
-                reply = mailbox.reply()
-                cell.supervisor.activate(reply)
-                # Told once started (a start that raised leaves its evicted alarm noted);
-                # no eviction of it can come before: it takes this lock.
-                if self._on_start is not None:
-                    self._on_start(self.name, index)
-            else:
+                cell.mailbox.close()
+            elif not self._serve:
                 cell.supervisor.vacate()
+            elif taken(self._slots.take()):
+                reply = cell.mailbox.reply()
+                self._activate(cell, reply)
+            else:
+                cell.mailbox.hold()
+                held = True
             # Listed only now: whoever finds it may send at once, after the recovery.
             self._made[index] = cell
-            return cell, reply
+        if held:
+            self._slots.wait(self.name, index)
+        return cell, reply
+
+    def start(self, index: int) -> tuple[Cell, Reply | None] | None:
+        """Instance ``index``'s cell, running (started by this call if it was not, with its
+        recovery's reply as :meth:`open` gives it); None, making nothing, if it would wait
+        for a slot (an enqueue for it is stored from the caller's thread instead)."""
+        cell = self._made.get(index)
+        if cell is None and self._serve and self._slots.limit is not None:
+            with self._slot_given_back_on_failure() as taken, self._lock:
+                cell = self._made.get(index)
+                if cell is None and not self._closed:
+                    if not taken(self._slots.take()):
+                        return None
+                    cell = self._make(index)
+                    reply = cell.mailbox.reply()
+                    self._activate(cell, reply)
+                    self._made[index] = cell
+                    return cell, reply
+        if cell is None:
+            return self.open(index)
+        return None if cell.mailbox.held else (cell, None)
+
+    def waits(self, index: int) -> bool:
+        """Whether instance ``index`` would wait for a slot now (a hint, read without the
+        lock; nothing is made)."""
+        if not self._serve or self._slots.limit is None:
+            return False
+        cell = self._made.get(index)
+        return cell.mailbox.held if cell is not None else not self._slots.free
+
+    def ready(self, index: int) -> Cell | None:
+        """Instance ``index`` has something to do that the store holds (an enqueue stored
+        from a caller's thread, an alarm come due): started if a slot is free, else put in
+        line (nothing more is made); a running one is sent an alarm, whose transaction
+        reads the store anew. The instance's cell if it runs here."""
+        if not self._serve:
+            return self._made.get(index)
+        with self._slot_given_back_on_failure() as taken, self._lock:
+            cell = self._made.get(index)
+            if cell is None and not self._closed and taken(self._slots.take()):
+                cell = self._make(index)
+                self._activate(cell, None)
+                self._made[index] = cell
+                return cell
+        if cell is None:
+            if not self._closed:
+                self._slots.wait(self.name, index)
+            return None
+        if cell.mailbox.held:
+            return None
+        cell.mailbox.fire_alarm()
+        return cell
+
+    def grant(self, index: int) -> bool:
+        """Start instance ``index`` in the slot it waited for (:class:`Slots` calls this);
+        False if it needs none: it runs already, or the runtime is closing."""
+        with self._lock:
+            if self._closed:
+                return False
+            cell = self._made.get(index)
+            if cell is None:
+                cell = self._make(index)
+                self._activate(cell, None)
+                self._made[index] = cell
+                return True
+            if not cell.mailbox.held:
+                return False
+            self._activate(cell, None)  # its recovery first, then what its mailbox kept
+            return True
+
+    @contextmanager
+    def _slot_given_back_on_failure(self) -> Iterator[Callable[[bool], bool]]:
+        """Gives back the slot a start took if the start raised (no thread left, say), once
+        this pool's lock is released: handing a slot on may start another of its instances."""
+        took: list[bool] = []
+
+        def taken(answer: bool) -> bool:
+            took.append(answer)
+            return answer
+
+        try:
+            yield taken
+        except BaseException:
+            if any(took) and self._slots.limit is not None:
+                self._slots.give_back()
+            raise
+
+    def _make(self, index: int) -> Cell:
+        """A new cell for instance ``index``, neither started nor listed; with the lock."""
+        key = f"{self.name}:{index}"
+        mailbox = Mailbox(self.name, index, key, self._activity, self._latch)
+        memory = InstanceMemory(self._waiter(f"the turn of {key}"))
+        faults = self._faults.get(index) or FaultInjector(self._plan, self.name, index)
+        if self._plan is not None:  # its draws go on across evictions, as across crashes
+            self._faults[index] = faults
+        return Cell(mailbox, memory, faults, self._clock, self._start)
+
+    def _activate(self, cell: Cell, reply: Reply | None) -> None:
+        """Start ``cell``'s actor, its recovery first; with the lock."""
+        cell.supervisor.activate(reply)
+        # Told once started (a start that raised leaves its evicted alarm noted);
+        # no eviction of it can come before: it takes this lock.
+        if self._on_start is not None:
+            self._on_start(self.name, cell.index)
 
     def evict(self, cell: Cell) -> bool:
         """Drop ``cell``, its instance evicted (called by its actor, with its turn held):
         the next message for the instance starts a new one. False, changing nothing, if a
-        message waits for the actor (:meth:`Mailbox.retire`)."""
+        message waits for the actor (:meth:`Mailbox.retire`). The actor gives its slot
+        back once it has stopped (``InstanceActor.on_stop``): a thread is never counted
+        out of the runtime's ``max_active`` before it ends."""
         with self._lock:
             if self._made.get(cell.index) is not cell:
                 return False
             if not cell.mailbox.retire(partial(self._address, cell.index)):
                 return False
             del self._made[cell.index]
-            return True
+        self._slots.idle.pop((self.name, cell.index), None)
+        return True
 
     def _address(self, index: int) -> Mailbox:
         return self[index].mailbox
+
+    @property
+    def waiting(self) -> int:
+        """How many of the pool's instances wait for a slot."""
+        return self._slots.waiting(self.name)
 
     def made(self) -> list[Cell]:
         """The cells made so far, by index."""

@@ -5,7 +5,8 @@ do so: its alarm stays in the store (and in the store-wide alarm index, written 
 same transaction that set it). When an instance is evicted with its alarm set, its actor
 tells :class:`EvictedAlarms` when that alarm is due; the runtime keeps one clock alarm at
 the earliest of those, and when it fires, starts every evicted instance whose alarm is due
-(its recovery re-arms that alarm, which fires at once). An instance started again before
+(its recovery re-arms that alarm, which fires at once), or puts it in line for a slot
+(:mod:`dopool._engine.slots`). An instance started again before
 then (a message for it) is forgotten here, so the clock is never driven to a time at
 which nothing is due: a simulated run's virtual time moves as it would without evictions.
 
@@ -98,7 +99,7 @@ class EvictedAlarms:
         now. One that cannot start now (no thread left for it, say) is noted again for
         ``RETRY_START`` seconds later, and the others start meanwhile."""
         try:
-            cells.open(index)
+            cells.ready(index)  # (in line, if the runtime's slots are all taken)
         except Exception:
             logger.exception(
                 "could not start instance %s:%d for its alarm; trying again in %g s",

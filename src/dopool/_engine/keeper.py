@@ -480,12 +480,15 @@ def serve_pool(
         keeper.add_pool(cells.name, None, cells.concurrency, placement)
     with store.read() as txn:
         waiting = instances_waiting(txn, cells.name)
-    # One instance at a time, in index order, so a simulated run's trace is deterministic.
+    # One instance at a time, in index order, so a simulated run's trace is deterministic;
+    # those beyond the runtime's slots wait in line (``max_active``).
     for index in waiting:
         if index < cells.concurrency:  # (``define`` refused a concurrency that strands work)
-            cell, reply = cells.open(index)
-            if reply is not None:
-                await_recovery(cell.supervisor, reply)
+            started = cells.start(index)
+            if started is None:
+                cells.ready(index)
+            elif started[1] is not None:
+                await_recovery(started[0].supervisor, started[1])
 
 
 def _alive(pid: int) -> bool:

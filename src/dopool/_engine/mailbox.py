@@ -24,13 +24,16 @@ class Mailbox:
     the gap. While a restart waits out a backoff there is no actor behind it:
     the engine's messages are kept for the successor, and a caller's fails at
     once. A refused message with a reply future gets an error, so no caller
-    waits forever.
+    waits forever. An instance waiting for a slot (:mod:`dopool._engine.slots`) has no
+    actor yet either: its mailbox is *held*, and keeps every message, a caller's too,
+    for the actor the slot starts.
     """
 
     __slots__ = (
         "_activity",
         "_answer",
         "_closed",
+        "_held",
         "_kept",
         "_latch",
         "_lock",
@@ -64,6 +67,8 @@ class Mailbox:
         # While no actor is behind the address: the messages for the next one, in
         # order, each counted as sent.
         self._kept: list[Any] | None = None
+        # Waiting for a slot (``hold``): a caller's message is kept too, not failed.
+        self._held = False
         # No actor here because another worker serves the instance (``vacate``).
         self._vacant = False
         # Once the instance is evicted (``retire``): the address of its next incarnation,
@@ -82,13 +87,33 @@ class Mailbox:
 
     def attach(self, ref: pykka.ActorRef[Any], first: Any = None) -> None:
         """Put the first actor behind the address; ``first``, if given, is its first
-        message (sent before any other sender can reach it)."""
+        message (sent before any other sender can reach it), then what a held address
+        kept, in order."""
         with self._lock:
             self._ref = ref
             self._vacant = False
             if first is not None:
                 self._activity.sent(self.key)
                 ref.tell(first)
+            if self._held:
+                kept, self._kept, self._held = self._kept or [], None, False
+                self._activity.sleep_end(self.key)
+                for message in kept:  # each counted when kept
+                    ref.tell(message)
+
+    @property
+    def held(self) -> bool:
+        """Whether the instance waits for a slot, its messages kept (see :meth:`hold`)."""
+        return self._held
+
+    def hold(self) -> None:
+        """No actor here until :meth:`attach`, which the instance's slot brings: every
+        message is kept for it meanwhile. Counted asleep, like a restart waiting out its
+        backoff: a simulated clock may move on while the instances in their slots sleep."""
+        with self._lock:
+            self._held = True
+            self._kept = []
+            self._activity.sleep_begin(self.key)
 
     @property
     def vacant(self) -> bool:
@@ -132,7 +157,8 @@ class Mailbox:
             return True
 
     def send(self, message: Any) -> bool:
-        """Queue ``message`` for the actor; False (and the reply failed) if it cannot take it."""
+        """Queue ``message`` for the actor (or keep it for the next); False (and the reply
+        failed) if it cannot take it."""
         with self._lock:
             successor = self._successor
             if successor is None:
@@ -154,14 +180,15 @@ class Mailbox:
         return False
 
     def _keep(self, kept: list[Any], message: Any) -> bool:
-        """No actor is behind the address: keep an engine message, fail a caller's.
+        """No actor is behind the address: keep an engine message, and a caller's if the
+        address is held (its slot will come), else fail it.
 
         A caller is not kept waiting for a restart's backoff (up to a minute, or
         for ever under a simulated clock nobody drives): it gets
         :class:`InstanceCrashedError` at once, as if the instance had crashed
         under its call. Called with the lock.
         """
-        if getattr(message, "reply", None) is not None:
+        if not self._held and getattr(message, "reply", None) is not None:
             fail_reply(message, InstanceCrashedError(self.key))
             return False
         self._activity.sent(self.key)
@@ -246,15 +273,18 @@ class Mailbox:
         another worker serves the instance now (a caller is told so).
 
         Messages kept for a successor are dropped: storage holds what they
-        stand for.
+        stand for. A caller's kept by a held address is answered as refused.
         """
         with self._lock:
             self._closed = True
             self._vacant = self._vacant or vacant
             kept, self._kept = self._kept, None
+            self._held = False
             if kept is not None:
                 self._activity.done(self.key, len(kept))
                 self._activity.sleep_end(self.key)
+                for message in kept:
+                    fail_reply(message, PoolClosedError(self.pool))
             return self._ref
 
 

@@ -10,6 +10,7 @@ from dopool._cluster.routing import Positions, Router
 from dopool._engine.cells import Cells
 from dopool._engine.messages import Enqueue, Reply
 from dopool._engine.router import Placement
+from dopool._engine.stored import StoredCalls
 from dopool._engine.supervisor import Supervisor
 from dopool._errors import (
     ConfigurationError,
@@ -29,7 +30,7 @@ class Instances:
     sends through it, and so do the tools (:mod:`dopool._handles.tools`). Nothing here waits.
     """
 
-    __slots__ = ("away", "cells", "name", "placement", "router")
+    __slots__ = ("away", "cells", "name", "placement", "router", "stored")
 
     def __init__(
         self,
@@ -37,12 +38,14 @@ class Instances:
         cells: Cells,
         placement: Placement,
         away: Away | None = None,
+        stored: StoredCalls | None = None,
     ) -> None:
         self.name = name
         self.cells = cells  # each made when first used
         self.placement = placement  # the pool's router actor
         self.router: Router = placement.router  # its published table, read by the callers
         self.away = away  # a shared worker's enqueues into instances others serve
+        self.stored = stored  # an exclusive runtime's into instances waiting for a slot
 
     def check(self, index: int) -> int:
         """``index``, if the pool has such an instance.

@@ -23,9 +23,10 @@ from dopool._cluster.routing import Router
 from dopool._engine.cells import Cell, Cells
 from dopool._engine.directory import Directory
 from dopool._engine.evicted import EvictedAlarms
-from dopool._engine.mailbox import Mailbox, fail_reply
+from dopool._engine.mailbox import fail_reply
 from dopool._engine.messages import Deliver, Enqueue
 from dopool._engine.options import PoolOptions
+from dopool._engine.slots import Slots
 from dopool._errors import (
     DamagedRecordError,
     DopoolError,
@@ -68,6 +69,7 @@ class InstanceEnv:
     in_handler: Local  # .instance: (pool, index) whose thread this is, mid-message
     cells: Cells  # the pool's instances, each made when first used
     evicted: EvictedAlarms  # the runtime's timer for evicted instances' alarms
+    slots: Slots  # the runtime's slots for instance actors, and the line waiting for one
     # A shared runtime's fencing check (``LeaseBook.holds``): whether the store's lease
     # of (pool, index) is still this worker's; None where no other worker can write.
     holds: Callable[[Txn, str, int], bool] | None = None
@@ -340,12 +342,17 @@ class InstanceShell:
                 cells.concurrency,
             )
             return
-        target = cells[record.target].mailbox
-        if target.vacant and self._env.holds is not None:  # another worker serves it
-            self._deliver_across(oseq, record)
+        if self._env.holds is not None and cells[record.target].mailbox.vacant:
+            self._deliver_across(oseq, record)  # another worker serves it
             return
         deliver = Deliver(self._spec.name, self._index, oseq, record)
-        self._clock.deliver(target.order, partial(target.send, deliver))
+        self.send_later(cells, record.target, deliver)
+
+    def send_later(self, cells: Cells, index: int, message: Any) -> None:
+        """Send ``message`` to instance ``index`` of ``cells`` via the clock, its address
+        looked up when it is delivered: an instance not running is started then (or put
+        in line for a slot, the message kept for it), not before it has anything to do."""
+        self._clock.deliver((cells.name, index), partial(_send_to, cells, index, message))
 
     def _deliver_across(self, oseq: int, record: OutboxRecord) -> None:
         """Deliver a follow-up into an instance another worker process serves, in one
@@ -408,8 +415,9 @@ class InstanceShell:
         if self._env.wake is not None:
             self._env.wake(record.pool, record.target, owner)
 
-    def mailbox_of(self, pool: str, index: int) -> Mailbox | None:
-        """Instance ``index`` of ``pool``'s address (this pool, or another defined one)."""
+    def cells_of(self, pool: str, index: int) -> Cells | None:
+        """The instances of ``pool`` (this pool, or another defined one), if it has an
+        instance ``index``."""
         if pool == self._spec.name:
             cells = self._env.cells
         else:
@@ -417,7 +425,11 @@ class InstanceShell:
             if address is None:
                 return None
             cells = address.cells
-        return cells[index].mailbox if 0 <= index < cells.concurrency else None
+        return cells if 0 <= index < cells.concurrency else None
+
+
+def _send_to(cells: Cells, index: int, message: Any) -> None:
+    cells[index].mailbox.send(message)
 
 
 def _call_hook(name: str, hook: Callable[[Any], Any], argument: Any) -> None:

@@ -316,10 +316,13 @@ class StoreWatcher:
         cells = self._pools.get(pool)
         if cells is None or not 0 <= index < cells.concurrency:
             return  # a pool this runtime has not defined waits for one that does
-        # Started (its recovery first) if it was not running here; a shared worker's keeper
-        # has made every instance it serves, and those it does not are not its to wake.
-        cell = cells[index] if cells.on_demand else cells.get(index)
+        # Started (its recovery reads the store) if it was not running here, or put in line
+        # for a slot; a shared worker's keeper has made every instance it serves, and
+        # those it does not are not its to wake.
+        cell = cells.get(index)
         if cell is None:
+            if cells.on_demand:
+                cells.ready(index)
             return
         memory = cell.memory
         if memory.woken:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import suppress
 from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, Unpack
 
 from dopool._cluster.remote import Verb
-from dopool._cluster.routing import pick, place
+from dopool._cluster.routing import Positions, pick, place
 from dopool._engine.calls import Calls
 from dopool._engine.direct import DirectEnqueue
 from dopool._engine.messages import Control, Enqueue
@@ -177,12 +177,13 @@ class WorkerPool(Pool):
             items = with_ttl(items, ttl, due, self._context.clock.now())
         return self._route(items, partition_key)
 
-    def _direct_to(self, index: int) -> DirectEnqueue:
-        """Instance ``index``'s direct path (the instance started if it was not)."""
-        cells = self._instances.cells
-        cell, recovery = cells.get(index), None
-        if cell is None:
-            cell, recovery = cells.open(index)
+    def _direct_to(self, index: int) -> DirectEnqueue | None:
+        """Instance ``index``'s direct path (the instance started if it was not); None if
+        it waits for a slot (its enqueues are stored from here: :meth:`_store_waiting`)."""
+        started = self._instances.cells.start(index)
+        if started is None:
+            return None
+        cell, recovery = started
         direct = cell.direct
         if not isinstance(direct, DirectEnqueue):
             direct = cell.direct = DirectEnqueue(self._spec, cell, self._env)
@@ -193,6 +194,15 @@ class WorkerPool(Pool):
                 with suppress(InstanceCrashedError):
                     self._calls.wait(recovery)
         return direct
+
+    def _store_waiting(
+        self, groups: dict[int, Positions], items: tuple[Item, ...], results: list[Any]
+    ) -> DopoolError | None:
+        """Store the shares of instances waiting for a slot from this thread; the first
+        refused. (Only an exclusive runtime's instances wait for one.)"""
+        stored = self._instances.stored
+        assert stored is not None, "an instance waits for a slot only in an exclusive runtime"
+        return stored.enqueue(items, groups, results)
 
     def _due(
         self, delay: float | timedelta | None, not_before: float | datetime | None
@@ -209,8 +219,11 @@ class WorkerPool(Pool):
             index = self._router.choose(partition_key, table)
             if not table.serves(index):  # another worker serves it
                 return self._away_one(index, items, None)
+            direct = self._direct_to(index)
+            if direct is None:  # waiting for a slot: stored from here all the same
+                return self._one(self._store_waiting, index, items)
             try:
-                stored = self._direct_to(index).enqueue(items)
+                stored = direct.enqueue(items)
             except InstanceCrashedError:
                 self._calls.settle_crash()
                 raise
@@ -225,20 +238,29 @@ class WorkerPool(Pool):
         groups = self._router.split(len(items), partition_key, keys if any(keys) else None, table)
         away = {i: p for i, p in groups.items() if not table.serves(i)}
         failure = self._instances.store_away(away, items, results) if away else None
-        parts = [(index, pick(items, p)) for index, p in groups.items() if index not in away]
         # Parts sent at once would commit in thread order; under a simulated
         # clock each part goes in turn instead, so the run is reproducible, and
-        # so they do from an instance's thread (see ``Calls.one_at_a_time``).
-        send = self._instances.send
-        futures = (
-            [] if self._calls.one_at_a_time() else [send(i, partial(Enqueue, p)) for i, p in parts]
-        )
-        for number, (index, part) in enumerate(parts):
+        # so they do from an instance's thread (see ``Calls.one_at_a_time``). The part of
+        # an instance that waits for a slot is stored from here instead, decided as its
+        # turn comes (the part before may have taken the last slot).
+        cells, send = self._instances.cells, self._instances.send
+        here = [(index, p) for index, p in groups.items() if index not in away]
+        at_once = not self._calls.one_at_a_time()
+        futures = {
+            index: send(index, partial(Enqueue, pick(items, p)))
+            for index, p in here
+            if at_once and cells.start(index) is not None
+        }
+        for index, positions in here:
             try:
-                if futures:
-                    stored = self._calls.wait(futures[number])
+                if index not in futures if at_once else cells.waits(index):
+                    refused = self._store_waiting({index: positions}, items, results)
+                    failure = failure or refused
+                    continue
+                if at_once:
+                    stored = self._calls.wait(futures[index])
                 else:
-                    stored = self._calls.call(index, partial(Enqueue, part))
+                    stored = self._calls.call(index, partial(Enqueue, pick(items, positions)))
             except NotLeasedError as exc:  # released since the table was published
                 mine = {index: groups[index]}
                 failure = failure or self._instances.store_away(mine, items, results, exc)
@@ -253,8 +275,17 @@ class WorkerPool(Pool):
         return results
 
     def _away_one(self, index: int, items: tuple[Item, ...], refused: Any) -> list[EnqueueResult]:
+        return self._one(partial(self._instances.store_away, refused=refused), index, items)
+
+    @staticmethod
+    def _one(
+        store: Callable[[dict[int, Positions], tuple[Item, ...], list[Any]], DopoolError | None],
+        index: int,
+        items: tuple[Item, ...],
+    ) -> list[EnqueueResult]:
+        """One event stored from this thread on instance ``index`` by ``store``; its result."""
         results: list[Any] = [None]
-        failure = self._instances.store_away({index: range(1)}, items, results, refused)
+        failure = store({index: range(1)}, items, results)
         if failure is not None:
             raise failure
         return results
@@ -290,10 +321,34 @@ class WorkerPool(Pool):
     def _act(self, index: int, request: Request) -> Any:
         """Instance ``index``'s answer to ``request``: from its actor, or, in a shared worker
         while another worker serves it, the same transition made in the store."""
-        send, message = self._calls.send_each, partial(Control, request)
         return self._instances.either(
-            index, lambda i: send([(i, message)])[0], lambda away: away.apply(index, request)
+            index,
+            lambda i: self._control([(i, request)])[0],
+            lambda away: away.apply(index, request),
         )
+
+    def _control(self, requests: list[tuple[int, Request]]) -> list[Any]:
+        """Each instance's answer to its request: from its actor, or, for one waiting for a
+        slot, the same transition made in the store from this thread (no caller waits for
+        a slot: docs/guarantees.md, "At most max_active at once"). One instance after
+        another where calls are ordered (see :meth:`Calls.send_each`), each decided as its
+        turn comes; else all sent at once, those not waiting started first."""
+        stored, cells = self._instances.stored, self._instances.cells
+        if stored is None:
+            return self._calls.send_each([(i, partial(Control, r)) for i, r in requests])
+        if self._calls.one_at_a_time():
+            return [
+                stored.apply(i, r) if cells.waits(i) else self._calls.call(i, partial(Control, r))
+                for i, r in requests
+            ]
+        futures = [
+            None if cells.start(i) is None else self._instances.send(i, partial(Control, r))
+            for i, r in requests
+        ]
+        return [
+            stored.apply(i, r) if future is None else future.get()
+            for (i, r), future in zip(requests, futures, strict=True)
+        ]
 
     def schedules(self) -> list[ScheduleInfo]:
         self._check_open()
@@ -352,7 +407,7 @@ class WorkerPool(Pool):
             requests = {i: verb(picked[i]) for i in sorted(picked)}
         if self._instances.away is not None:
             return sum(self._act(i, request) for i, request in requests.items())
-        return sum(self._calls.send_each([(i, partial(Control, r)) for i, r in requests.items()]))
+        return sum(self._control(list(requests.items())))
 
     def _indices(self, index: int | None) -> list[int]:
         """``index`` checked, or (None) every instance ever used: the others hold nothing."""
@@ -389,9 +444,10 @@ class WorkerPool(Pool):
             with self._env.store.write() as txn:
                 set_pool_paused(txn, self.name, isinstance(request, Pause))
                 indices = used_instances(txn, self.name)
-        message, verb = partial(Control, request), _VERBS.get(type(request))
+        verb = _VERBS.get(type(request))
         if verb is None or self._instances.away is None:  # all here (but a shared worker's)
-            return self._calls.send_each([(i, message) for i in indices])
+            return self._control([(i, request) for i in indices])
+        message = partial(Control, request)
         return self._instances.control(verb, indices, lambda i: self._calls.call(i, message))
 
     # -- reading committed state -------------------------------------------------
@@ -401,7 +457,8 @@ class WorkerPool(Pool):
         self._check_open()
         listing = Listing(instances, limit).check(self.concurrency)
         # The restart state is in memory (of the instances started), read without waiting.
-        made = self._instances.cells.made()
+        cells = self._instances.cells
+        made = cells.made()
         restarts = {
             cell.index: (cell.supervisor.crash_streak, cell.supervisor.restart_at) for cell in made
         }
@@ -412,7 +469,8 @@ class WorkerPool(Pool):
                 self.concurrency,
                 listing,
                 restarts,
-                active=len(made),
+                active=sum(not cell.mailbox.held for cell in made),
+                waiting=cells.waiting,
             )
 
     def event(self, event_id: str) -> EventInfo | None:

@@ -35,6 +35,8 @@ from dopool._engine.pool_context import PoolContext
 from dopool._engine.pool_instances import Instances
 from dopool._engine.router import Placement
 from dopool._engine.shell import InstanceEnv, PoolSpec
+from dopool._engine.slots import DEFAULT_MAX_ACTIVE, Slots, check_max_active
+from dopool._engine.stored import StoredCalls
 from dopool._engine.supervisor import KillFlag
 from dopool._engine.wait_graph import WaitGraph
 from dopool._engine.wakeups import DEFAULT_POLL_INTERVAL, check_poll_interval, watch_store
@@ -74,6 +76,10 @@ class Runtime:
         shared: open the store as one of several worker processes (real clock only):
             each serves the instances whose leases it holds.
         lease_ttl: under a real clock, seconds a lease lasts unless renewed.
+        max_active: the most instance actors running at once (each its own thread under
+            a real clock); an instance with work beyond that waits in line for a slot.
+            None: ``DEFAULT_MAX_ACTIVE`` (1024) under a real clock, no bound under a
+            simulated one. A shared worker's instances are not counted yet.
 
     Raises:
         StoreLockedError: another runtime holds ``path`` (any, or an exclusive one if
@@ -93,8 +99,10 @@ class Runtime:
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         shared: bool = False,
         lease_ttl: float = DEFAULT_LEASE_TTL,
+        max_active: int | None = None,
     ) -> None:
         check_path(path)
+        check_max_active(max_active)
         check_poll_interval(poll_interval)
         self.lease_ttl = check_lease_ttl(lease_ttl)
         check_seed(seed)
@@ -134,6 +142,10 @@ class Runtime:
         self._directory = Directory(self.clock, WorkerPool)
         # One timer for the alarms of every evicted instance of its pools.
         self._evicted = EvictedAlarms(self.clock, self._cells_of)
+        if max_active is None and isinstance(self.clock, RealClock):
+            max_active = DEFAULT_MAX_ACTIVE
+        self.max_active = max_active
+        self._slots = Slots(max_active, self.clock, self._grant)
         # What each pool uses of this runtime, handed to it by _define_pool.
         self._pool_context = PoolContext(
             read=self._store.read,
@@ -308,6 +320,7 @@ class Runtime:
                 self.clock,
                 start,
                 serve=not self.shared,
+                slots=self._slots,
                 faults=self.faults,
                 on_start=self._evicted.started,
             )
@@ -318,7 +331,20 @@ class Runtime:
                 None if wake is None else Away(self._store, self.clock, name, options.rules, wake)
             )
             placement = Placement(name, router, self.clock.backend)
-            instances = Instances(name, cells, placement, away)
+            stored = (
+                None
+                if self.shared
+                else StoredCalls(
+                    self._store,
+                    self.clock,
+                    cells,
+                    options.rules,
+                    self._evicted,
+                    self._listening,
+                    self._emit,
+                )
+            )
+            instances = Instances(name, cells, placement, away, stored)
             env = InstanceEnv(
                 store=self._store,
                 clock=self.clock,
@@ -330,6 +356,7 @@ class Runtime:
                 in_handler=self._in_handler,
                 cells=cells,
                 evicted=self._evicted,
+                slots=self._slots,
                 holds=self._keeper.book.holds if self.shared and self._keeper else None,
                 wake=wake,
             )
@@ -361,6 +388,11 @@ class Runtime:
         """The instances of the pool ``name``, if it is defined here."""
         instances = self._pools.get(name)
         return None if instances is None else instances.cells
+
+    def _grant(self, name: str, index: int) -> bool:
+        """Start instance ``index`` of pool ``name`` in the slot it waited for."""
+        cells = self._cells_of(name)
+        return cells is not None and cells.grant(index)
 
     def close(self, timeout: float | None = None) -> None:
         """Stop every actor gracefully (a running handler finishes), then close the store.
@@ -400,6 +432,7 @@ class Runtime:
             pools, self._cells = self._cells, []
             self._defined.clear()
         self._evicted.close()  # no evicted instance is started now
+        self._slots.close()  # nor one waiting for a slot
         if self._keeper is not None:  # no lease taken starts an instance now (not under
             self._keeper.stop_serving()  # the lock: a recovery it waits for may emit)
         stops = [

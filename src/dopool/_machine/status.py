@@ -129,12 +129,13 @@ def read_pool_status(
     listing: Listing = Listing(),  # noqa: B008  (immutable)
     restarts: Mapping[int, tuple[int, float | None]] | None = None,
     active: int | None = None,
+    waiting: int | None = None,
 ) -> PoolStatus:
     """A pool's status as committed: the counters of every instance ever used, summed (one
     meta read each; an instance never used counts nothing), and those ``listing`` chooses.
     ``restarts``: the crash streak and restart time of the instances running, by index,
     from the runtime's memory (none when read from outside it); ``active``: how many run
-    here."""
+    here, ``waiting``: how many wait for a slot to."""
     restarts = restarts or {}
     used = used_instances(txn, name)
     chosen, limit = listing.instances, listing.limit
@@ -154,6 +155,7 @@ def read_pool_status(
         used=len(used),
         paused=pool_paused(txn, name),
         active=active,
+        waiting=waiting,
         **sums,
     )
 

@@ -28,12 +28,13 @@ from dopool._store.layout.keys import (
     expiry_prefix,
     queue_key_sequence,
 )
-from dopool._store.layout.limits import PRIORITY_MAX, PRIORITY_MIN
+from dopool._store.layout.limits import PER_KEY, PRIORITY_MAX, PRIORITY_MIN
 from dopool._store.layout.namespace import Namespace, _count_prefix, _iter_prefix
 from dopool._store.layout.records import (
     Layout,
     _count,
     _fields,
+    _instance,
     _laid_out,
     _priority,
     _text,
@@ -70,7 +71,7 @@ class DedupRecord(NamedTuple):
 
 _DEDUP_LAYOUT: Layout = (
     ("dedup_key", _text),
-    ("instance", _count),
+    ("instance", _instance),
     ("sequence", _count),
     ("position", _count),
     ("priority", _priority),
@@ -97,7 +98,7 @@ def read_dedup(key: bytes, value: bytes) -> DedupRecord:
             if (
                 type(dedup_key) is str
                 and type(instance) is int
-                and 0 <= instance < 2**63
+                and 0 <= instance < PER_KEY
                 and type(sequence) is int
                 and 0 <= sequence < 2**63
                 and type(position) is int

@@ -137,6 +137,11 @@ def _count(value: Any) -> bool:
     return type(value) is int and 0 <= value < 2**63
 
 
+def _instance(value: Any) -> bool:
+    """An instance's index: below ``PER_KEY`` (a per-key pool's reach 2**64 - 1)."""
+    return type(value) is int and 0 <= value < PER_KEY
+
+
 def _integer(value: Any) -> bool:
     return type(value) is int and -(2**63) <= value < 2**63
 
@@ -281,7 +286,7 @@ _DEAD_LAYOUT_3: Layout = (
 _DEAD_LAYOUT: Layout = (*_DEAD_LAYOUT_3, ("dedup_key", _text_or_none))
 _OUTBOX_LAYOUT_6: Layout = (  # formats 2 to 6
     ("pool", _pool_name),
-    ("target", _count),
+    ("target", _instance),
     ("link", _count),
     ("event", _blob),
     ("enqueued_at", _time),
