@@ -145,6 +145,54 @@ def test_an_idle_instance_gives_its_slot_up_at_once_when_another_waits(tmp_path:
     assert ran == [("a", 0.0), ("b", 50.0)]
 
 
+def test_an_instance_never_evicted_for_idleness_still_gives_its_slot_up(tmp_path: Path) -> None:
+    ran: list[str] = []
+    with Runtime.simulated(tmp_path / "store", max_active=1) as runtime:
+        pool = runtime.define(
+            "rooms",
+            execute=lambda ctx: ran.append(ctx.event),
+            concurrency="per-key",
+            idle_timeout=None,
+        )
+        pool.enqueue("a", partition_key="a")
+        assert pool.join()
+        pool.enqueue("b", partition_key="b")
+        assert pool.join()
+        assert pool.status().active == 1  # b, never evicted now that nobody waits
+    assert ran == ["a", "b"]
+
+
+def test_a_kill_of_a_waiting_instance_crashes_it_as_it_starts(tmp_path: Path) -> None:
+    ran: list[tuple[str, float]] = []
+    seen: list[tuple[str, float]] = []
+
+    def work(ctx: EventContext) -> None:
+        ran.append((ctx.event, ctx.started_at))
+        ctx.sleep(5)
+
+    with Runtime.simulated(tmp_path / "store", max_active=1) as runtime:
+        pool = runtime.define(
+            "rooms",
+            execute=work,
+            concurrency="per-key",
+            idle_timeout=1000,
+        )
+        pool.enqueue("a", partition_key="a")
+        b = pool.enqueue("b", partition_key="b").instance_index
+
+        def restarts(event: PoolEvent) -> None:
+            if event.instance_index == b and event.kind in ("crashed", "recovered"):
+                seen.append((event.kind, event.time))
+
+        runtime.subscribe(restarts)
+        runtime.kill("rooms", b)  # nothing runs it yet: it crashes when its slot comes
+        assert seen == []
+        assert pool.join()
+        assert pool.status().instance(b).restarts == 1
+    assert seen == [("crashed", 5.0), ("recovered", 5.0)]
+    assert ran == [("a", 0.0), ("b", 5.0)]
+
+
 def test_a_follow_up_to_a_waiting_instance_is_kept_for_it_and_nothing_deadlocks(
     tmp_path: Path,
 ) -> None:

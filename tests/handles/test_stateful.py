@@ -951,6 +951,14 @@ class BoundedPoolMachine(PoolMachine):
 
     max_active = CONCURRENCY - 1
 
+    @rule(index=st.integers(0, CONCURRENCY - 1))
+    def kill(self, index: int) -> None:
+        """As :meth:`PoolMachine.kill`, but for an instance waiting for a slot: that one
+        crashes only as it starts, which the model does not time (a test of its own,
+        tests/engine/test_slots.py, checks it)."""
+        if not self.pool._instances.cells.waits(index):
+            super().kill(index)
+
 
 TestBoundedPool = BoundedPoolMachine.TestCase
 TestBoundedPool.settings = settings(

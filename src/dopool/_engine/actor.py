@@ -120,7 +120,8 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         memory = self._memory
         turn = memory.turn
         slots = self._env.slots
-        counted = slots.limit is not None
+        counted = slots.limit is not None and self._env.holds is None  # (a shared worker's:
+        # its lease keeper starts and stops its instances, which hold no slot)
         if counted:
             slots.idle.pop(self._where, None)
         turn.acquire()  # the instance acts on one thing at a time: a message or a caller
@@ -402,11 +403,13 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         an instance is (docs/guarantees.md, "Instances started when first used"). While
         instances wait for a slot, it need not have been idle that long, and one with
         work may go too (:meth:`_yield_slot`)."""
-        timeout = self._idle_timeout()
-        if timeout is None or self._mailbox.closed:
-            return
+        if self._env.holds is not None or self._mailbox.closed:
+            return  # (a shared worker's instance: its lease keeper stops it)
         now = self._clock.now()
         if self._env.slots.crowded and self._yield_slot(now):
+            return
+        timeout = self._idle_timeout()
+        if timeout is None:
             return
         deadline = self._memory.last_active + timeout
         if now < deadline:

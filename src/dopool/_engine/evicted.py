@@ -56,13 +56,19 @@ class EvictedAlarms:
         self._at: float | None = None  # when the clock fires this; None: not set
         self._closed = False
 
-    def note(self, pool: str, index: int, due: float) -> None:
-        """Instance ``index`` of ``pool`` was evicted with its alarm due at ``due``."""
+    def note(self, pool: str, index: int, due: float | None) -> None:
+        """Instance ``index`` of ``pool``, not running, has its alarm due at ``due`` (evicted
+        with it set, or set by a caller's call made in the store); None: no alarm, any
+        noted before is forgotten."""
         with self._lock:
             if self._closed:
                 return
-            self._due[pool, index] = due
-            heapq.heappush(self._heap, (due, pool, index))
+            if due is None:
+                if self._due.pop((pool, index), None) is None:
+                    return
+            else:
+                self._due[pool, index] = due
+                heapq.heappush(self._heap, (due, pool, index))
         self._tell()
 
     def started(self, pool: str, index: int) -> None:

@@ -93,19 +93,10 @@ class Slots:
         limit = self.limit
         return limit is None or (not self._line and self._active < limit)
 
-    @property
-    def active(self) -> int:
-        """How many actors hold a slot now."""
-        return self._active
-
     def waiting(self, pool: str | None = None) -> int:
         """How many instances wait for a slot (of ``pool``, if given)."""
         with self._lock:
             return len(self._line) if pool is None else self._per_pool[pool]
-
-    def is_waiting(self, pool: str, index: int) -> bool:
-        """Whether instance ``index`` of ``pool`` is in line."""
-        return (pool, index) in self._line
 
     def take(self) -> bool:
         """Take a free slot for an instance starting now, unless others wait for one (they

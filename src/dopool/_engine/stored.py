@@ -128,11 +128,12 @@ class StoredCalls:
 
     def _written(self, index: int, alarm: float | None, now: float) -> None:
         """Instance ``index`` was written with its alarm slot at ``alarm``: in line for a
-        slot if something is due now, its alarm noted if later; sent an alarm if running."""
+        slot if something is due now, its alarm noted if later (or any noted before
+        forgotten if none: a drain emptied it, say); sent an alarm if running."""
         cells = self._cells
-        if cells.get(index) is None and alarm is not None and alarm > now:
+        if cells.get(index) is None and (alarm is None or alarm > now):
             self._evicted.note(cells.name, index, alarm)
-        elif alarm is not None or cells.get(index) is not None:
+        else:
             cells.ready(index)
 
 
