@@ -253,7 +253,8 @@ class WorkerPool(Pool):
         }
         for index, positions in here:
             try:
-                if index not in futures if at_once else cells.waits(index):
+                waiting = (index not in futures) if at_once else cells.waits(index)
+                if waiting:
                     refused = self._store_waiting({index: positions}, items, results)
                     failure = failure or refused
                     continue
