@@ -232,11 +232,7 @@ class Cells:
                 if cell is None and not self._closed:
                     if not taken(self._slots.take()):
                         return None
-                    cell = self._make(index)
-                    reply = cell.mailbox.reply()
-                    self._activate(cell, reply)
-                    self._made[index] = cell
-                    return cell, reply
+                    return self._start_new(index, recovery=True)
         if cell is None:
             return self.open(index)
         return None if cell.mailbox.held else (cell, None)
@@ -259,10 +255,7 @@ class Cells:
         with self._slot_given_back_on_failure() as taken, self._lock:
             cell = self._made.get(index)
             if cell is None and not self._closed and taken(self._slots.take()):
-                cell = self._make(index)
-                self._activate(cell, None)
-                self._made[index] = cell
-                return cell
+                return self._start_new(index)[0]
         if cell is None:
             if not self._closed:
                 self._slots.wait(self.name, index)
@@ -280,9 +273,7 @@ class Cells:
                 return False
             cell = self._made.get(index)
             if cell is None:
-                cell = self._make(index)
-                self._activate(cell, None)
-                self._made[index] = cell
+                self._start_new(index)
                 return True
             if not cell.mailbox.held:
                 return False
@@ -315,6 +306,15 @@ class Cells:
         if self._plan is not None:  # its draws go on across evictions, as across crashes
             self._faults[index] = faults
         return Cell(mailbox, memory, faults, self._clock, self._start)
+
+    def _start_new(self, index: int, *, recovery: bool = False) -> tuple[Cell, Reply | None]:
+        """A new cell for instance ``index``, started in the slot taken for it and listed;
+        with the lock. ``recovery``: with the reply its recovery answers."""
+        cell = self._make(index)
+        reply = cell.mailbox.reply() if recovery else None
+        self._activate(cell, reply)
+        self._made[index] = cell  # listed only once started: whoever finds it may send
+        return cell, reply
 
     def _activate(self, cell: Cell, reply: Reply | None) -> None:
         """Start ``cell``'s actor, its recovery first; with the lock."""
