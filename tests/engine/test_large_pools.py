@@ -129,14 +129,15 @@ def test_a_change_of_concurrency_reads_only_the_instances_used(tmp_path: Path) -
         assert runtime.define("p", execute=noop, concurrency=2 * MILLION).concurrency == 2 * MILLION
 
 
-def test_a_shared_worker_refuses_a_pool_larger_than_its_lease_units(tmp_path: Path) -> None:
+def test_a_shared_worker_serves_a_pool_of_2_to_the_32_by_its_lease_units(tmp_path: Path) -> None:
     with Runtime(tmp_path / "store", shared=True) as runtime:
-        with pytest.raises(ConfigurationError, match="at most 4096 instances") as caught:
-            runtime.define("p", execute=noop, concurrency=LEASE_UNITS + 1)
-        assert "exclusive Runtime" in str(caught.value)
+        pool = runtime.define("p", execute=noop, concurrency=2**32)
+        assert pool._instances.cells.made() == []  # nothing started for them
         with runtime._store.read() as txn:
-            assert runtime._store.get_pool(txn, "p") is None  # nothing stored
-        assert runtime.define("p", execute=noop, concurrency=LEASE_UNITS).concurrency == 4096
+            assert len(list(all_leases(txn))) == LEASE_UNITS
+        result = pool.enqueue(1, partition_key="k")
+        assert pool.join(timeout=TIMEOUT)
+        assert [cell.index for cell in pool._instances.cells.made()] == [result.instance_index]
 
 
 def test_an_instance_running_but_never_used_reads_a_whole_pool_pause_made_meanwhile(

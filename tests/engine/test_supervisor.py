@@ -246,26 +246,3 @@ def test_closing_cancels_a_waiting_restart() -> None:
     assert not clock.activity.busy({KEY})
     with pytest.raises(PoolClosedError):
         supervisor.kill()
-
-
-def test_an_instance_taken_again_goes_from_vacant_to_served_with_no_gap_between() -> None:
-    """A shared runtime takes an instance's lease (``Supervisor.reopen``): while its actor
-    starts, a follow-up's sender must see the address vacant (and deliver through the
-    store), and once it is up, reach the actor; an address neither vacant nor served
-    would drop the follow-up, and every later one from its source would wait behind it."""
-    clock = SimulatedClock()
-    mailbox = Mailbox("p", 0, KEY, clock.activity)
-    seen: list[tuple[bool, bool]] = []
-    started = _Ref()
-
-    def start(_kill: KillFlag) -> pykka.ActorRef[Any]:
-        seen.append((mailbox.vacant, mailbox.send(Alarm())))  # a sender, while it starts
-        return _ref(started)
-
-    supervisor = Supervisor(mailbox, clock, start)
-    supervisor.vacate()  # another worker served it
-    supervisor.reopen()
-    assert seen == [(True, False)]  # vacant: the sender goes through the store
-    assert not mailbox.vacant
-    assert mailbox.send(Alarm())
-    assert len(started.told) == 1

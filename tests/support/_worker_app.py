@@ -1,9 +1,10 @@
 """The app ``tests/ops/test_worker.py`` runs with ``dopool worker _worker_app:app``.
 
-It defines pool ``jobs`` (``WORKER_CONCURRENCY`` instances, 2 by default, three
-attempts). Its handler and a subscriber write what happened as JSON lines to the
-pipe whose write end is ``WORKER_LOG_FD``: ``{"e": "start"|"end", "p", "k", "index",
-"sequence", "attempt"}`` from the handler, ``{"e": "pool", "kind", "index",
+It defines pool ``jobs`` (``WORKER_CONCURRENCY`` instances, 2 by default, or
+``per-key``; three attempts; ``WORKER_IDLE_TIMEOUT`` seconds of ``idle_timeout``). Its
+handler and a subscriber write what happened as JSON lines to the pipe whose write end
+is ``WORKER_LOG_FD``: ``{"e": "start"|"end", "p", "k", "key", "index", "sequence",
+"attempt"}`` from the handler, ``{"e": "pool", "kind", "index",
 "sequence"}`` for each pool event. So the test waits on evidence, not on time.
 
 An event is a dict: ``gate: true`` makes the handler read one byte from the pipe
@@ -18,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from typing import Any
+from typing import Any, Literal
 
 from dopool import EventContext, PoolEvent, RetryPolicy, Runtime
 
@@ -35,6 +36,7 @@ def handle(ctx: EventContext) -> None:
     what = {
         "p": event.get("p"),
         "k": event.get("k"),
+        "key": ctx.partition_key,
         "index": ctx.instance_index,
         "sequence": ctx.sequence,
         "attempt": ctx.attempt,
@@ -58,13 +60,16 @@ def _on_event(event: PoolEvent) -> None:
 
 
 def app(runtime: Runtime) -> None:
-    concurrency = int(os.environ.get("WORKER_CONCURRENCY", "2"))
+    size = os.environ.get("WORKER_CONCURRENCY", "2")
+    concurrency: int | Literal["per-key"] = "per-key" if size == "per-key" else int(size)
+    idle = os.environ.get("WORKER_IDLE_TIMEOUT")
     runtime.subscribe(_on_event)
     runtime.define(
         "jobs",
         execute=handle,
         concurrency=concurrency,
         retry=RetryPolicy(max_attempts=3, initial_delay=0.01, max_delay=0.01),
+        idle_timeout=60.0 if idle is None else float(idle),
     )
 
 

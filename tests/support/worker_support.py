@@ -103,12 +103,14 @@ class Worker:
         evidence: Evidence,
         *args: str,
         app: str = "app",
-        concurrency: int = 2,
+        concurrency: int | str = 2,
         work: float = 0.0,
+        idle_timeout: float | None = None,
         spec: str | None = None,
         log: Path | None = None,
     ) -> None:
-        """``work``: the seconds each attempt of the app's handler takes; ``spec``: another
+        """``work``: the seconds each attempt of the app's handler takes; ``idle_timeout``: its
+        pool's (60 s by default); ``spec``: another
         APP than ``_worker_app:<app>``; ``log``: a file for its stderr (a pipe otherwise,
         read when it has exited: a worker that logs much would fill it and block)."""
         env = {
@@ -118,6 +120,7 @@ class Worker:
             "WORKER_GATE_FD": str(evidence.gate_read),
             "WORKER_CONCURRENCY": str(concurrency),
             "WORKER_HANDLER_SECONDS": str(work),
+            **({} if idle_timeout is None else {"WORKER_IDLE_TIMEOUT": str(idle_timeout)}),
         }
         command = [sys.executable, "-m", "dopool", "worker", spec or f"_worker_app:{app}"]
         sink = None if log is None else log.open("w")

@@ -14,6 +14,7 @@ import click
 from dopool._cli._errors import CliError, CliUsageError
 from dopool._cli._terminal import _clean
 from dopool._cluster.leases import DEFAULT_LEASE_TTL, check_lease_ttl
+from dopool._engine.slots import DEFAULT_MAX_ACTIVE, check_max_active
 from dopool._engine.wakeups import DEFAULT_POLL_INTERVAL, check_poll_interval
 from dopool._errors import ConfigurationError, StoreLockedError
 from dopool._ops.worker import (
@@ -27,6 +28,7 @@ from dopool._ops.worker import (
     serve,
     signals,
 )
+from dopool._store.layout.limits import PER_KEY
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -54,6 +56,11 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
     help="own the store alone (the store lock exclusive), serving every instance",
 )  # fmt: skip
 @click.option(
+    "--max-active", type=int, default=None, metavar="N",
+    help=f"the most instances running at once (threads), the others waiting their turn "
+    f"[default: {DEFAULT_MAX_ACTIVE}]",
+)  # fmt: skip
+@click.option(
     "--grace", type=float, default=DEFAULT_GRACE, show_default=True, metavar="SECONDS",
     help="after SIGTERM, SIGINT or SIGHUP, how long running handlers get to finish",
 )  # fmt: skip
@@ -68,6 +75,7 @@ def worker(
     poll_interval: float,
     lease_ttl: float,
     exclusive: bool,
+    max_active: int | None,
     grace: float,
     log_level: str,
 ) -> None:
@@ -88,6 +96,7 @@ def worker(
         ("--poll-interval", check_poll_interval, poll_interval),
         ("--lease-ttl", check_lease_ttl, lease_ttl),
         ("--grace", check_grace, grace),
+        ("--max-active", check_max_active, max_active),
     )
     for flag, check, value in checks:  # refused by their flags' names, before anything opens
         try:
@@ -110,6 +119,7 @@ def worker(
                 poll_interval=poll_interval,
                 shared=not exclusive,
                 lease_ttl=lease_ttl,
+                max_active=max_active,
                 loading=wait.loading,
             )
         except Interrupted as exc:
@@ -118,11 +128,13 @@ def worker(
         except StoreLockedError as exc:
             why = "runs" if exclusive else "owns it exclusively"
             raise CliError(f"{_clean(exc)}; another worker or runtime {why}") from None
-        pools = ", ".join(f"{_clean(name)} ({p.concurrency})" for name, p in runtime.pools.items())
-        instances = sum(p.concurrency for p in runtime.pools.values())
+        pools = ", ".join(
+            f"{_clean(name)} ({'per-key' if p.concurrency == PER_KEY else p.concurrency})"
+            for name, p in runtime.pools.items()
+        )
         _say(
-            f"dopool worker: store {_clean(runtime.path)}, pools {pools}, {instances} "
-            f"instances, pid {os.getpid()}, durability {durability}, "
+            f"dopool worker: store {_clean(runtime.path)}, pools {pools}, at most "
+            f"{runtime.max_active} active, pid {os.getpid()}, durability {durability}, "
             + ("exclusive" if exclusive else f"shared, lease ttl {lease_ttl:g} s"),
         )
         stopped = serve(runtime, grace, wait, _stopping(grace))

@@ -120,8 +120,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         memory = self._memory
         turn = memory.turn
         slots = self._env.slots
-        counted = slots.limit is not None and self._env.holds is None  # (a shared worker's:
-        # its lease keeper starts and stops its instances, which hold no slot)
+        counted = slots.limit is not None
         if counted:
             slots.idle.pop(self._where, None)
         turn.acquire()  # the instance acts on one thing at a time: a message or a caller
@@ -383,16 +382,11 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             message.reply.set(None)
 
     # -- eviction ------------------------------------------------------------------
-    def _idle_timeout(self) -> float | None:
-        """The pool's ``idle_timeout``; None where instances are not evicted: under a
-        shared runtime, whose lease keeper starts and stops them."""
-        return None if self._env.holds is not None else self._spec.options.idle_timeout
-
     def _arm_idle_timer(self, now: float) -> None:
         """Have the clock fire this incarnation's idle timer ``idle_timeout`` from now. It
         is armed once, and re-armed only when it fires: activity in between moves the
         deadline (``memory.last_active``), not the timer. It keeps no simulated clock busy."""
-        timeout = self._idle_timeout()
+        timeout = self._spec.options.idle_timeout
         # (Near the largest float there is no later time left: no timer, and no eviction.)
         if timeout is not None and now < now + timeout < math.inf:
             self._clock.set_alarm(self._cell.idle_timer, now + timeout, recurring=True)
@@ -403,12 +397,12 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         an instance is (docs/guarantees.md, "Instances started when first used"). While
         instances wait for a slot, it need not have been idle that long, and one with
         work may go too (:meth:`_yield_slot`)."""
-        if self._env.holds is not None or self._mailbox.closed:
-            return  # (a shared worker's instance: its lease keeper stops it)
+        if self._mailbox.closed:
+            return
         now = self._clock.now()
         if self._env.slots.crowded and self._yield_slot(now):
             return
-        timeout = self._idle_timeout()
+        timeout = self._spec.options.idle_timeout
         if timeout is None:
             return
         deadline = self._memory.last_active + timeout
@@ -577,7 +571,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         here needs no asking: it delivers through the store, earlier links first."""
         if source is None or (pool, index) in self._asked:
             return
-        if not source.on_demand and source[index].mailbox.vacant:
+        if not source.serves(index):
             return
         self._asked.add((pool, index))
         self.send_later(source, index, Redeliver(self._spec.name, self._index))

@@ -11,6 +11,12 @@ whose first message is its recovery (docs/guarantees.md, "Crashes and recovery")
 An instance idle for its pool's ``idle_timeout`` is evicted: its actor stops and its
 cell is dropped, and the next message starts it again from its namespace.
 
+A shared worker serves only the instances of the lease units it holds
+(:mod:`dopool._cluster.units`), told by its lease keeper (:meth:`Cells.serve`,
+:meth:`Cells.unserve`): an instance of another unit gets a *vacant* cell, made for the call
+and never listed, whose mailbox refuses callers (they store what they send, as a
+producer does); one of a unit it serves starts on demand as in an exclusive runtime.
+
 Each actor started here holds one of the runtime's slots (:mod:`dopool._engine.slots`).
 An instance that needs an actor while none is free waits in line: with no cell at all if
 what it has to do is in the store (:meth:`Cells.ready`), or with a *held* cell, whose
@@ -30,6 +36,7 @@ from typing import Any, Protocol
 import pykka
 
 from dopool._clock.clocks import Clock
+from dopool._cluster.units import unit_of
 from dopool._engine.mailbox import Mailbox
 from dopool._engine.memory import InstanceMemory
 from dopool._engine.messages import Evict, Reply
@@ -115,9 +122,9 @@ class PoolKeys(Set[Hashable]):
 class Cells:
     """A pool's instances by index, each made (and, if served here, started) on first use.
 
-    ``serve``: whether a new instance is served here at once (an exclusive runtime's);
-    else it starts vacant, and the lease keeper starts it once it takes its lease (a
-    shared worker's, :mod:`dopool._engine.keeper`). Once :meth:`close` has been called a
+    ``serve_all``: whether every instance is served here (an exclusive runtime's); else
+    only those of the lease units :meth:`serve` named (a shared worker's, whose lease
+    keeper names them, :mod:`dopool._engine.keeper`). Once :meth:`close` has been called a
     new instance starts closed: it refuses every message, and nothing runs it.
 
     Looking up an instance already made takes no lock; making one takes the pool's.
@@ -132,10 +139,11 @@ class Cells:
         "_lock",
         "_made",
         "_on_start",
+        "_owed",
         "_plan",
-        "_serve",
         "_slots",
         "_start",
+        "_units",
         "_waiter",
         "concurrency",
         "name",
@@ -148,7 +156,7 @@ class Cells:
         clock: Clock,
         start: Callable[[Cell, KillFlag], pykka.ActorRef[Any]],
         *,
-        serve: bool,
+        serve_all: bool,
         slots: Slots,
         faults: FaultPlan | None = None,
         on_start: Callable[[str, int], None] | None = None,
@@ -161,7 +169,12 @@ class Cells:
         self.concurrency = concurrency
         self._clock = clock
         self._start = start
-        self._serve = serve
+        # The lease units served here (a shared worker's); None: every instance. Changed
+        # under the lock, read without it (a set's ``in`` is atomic).
+        self._units: set[int] | None = None if serve_all else set()
+        # Restarts to count with the recovery of an instance waiting in line (one taken
+        # over after its lease expired, :meth:`ready`).
+        self._owed: dict[int, int] = {}
         self._slots = slots
         self._plan = faults
         backend = clock.backend
@@ -181,10 +194,40 @@ class Cells:
         cell = self._made.get(index)
         return self.open(index)[0] if cell is None else cell
 
-    @property
-    def on_demand(self) -> bool:
-        """Whether an instance made here is served at once (else it waits for its lease)."""
-        return self._serve
+    def serves(self, index: int) -> bool:
+        """Whether instance ``index`` is served here (read without the lock: a hint)."""
+        units = self._units
+        return units is None or unit_of(index, self.concurrency) in units
+
+    def serve(self, unit: int) -> None:
+        """Serve the instances of lease ``unit`` from now on: each starts when first needed
+        (a shared worker's lease keeper, having taken the lease, calls this)."""
+        assert self._units is not None, "an exclusive runtime serves every instance"
+        with self._lock:
+            self._units.add(unit)
+
+    def unserve(self, units: Set[int]) -> dict[int, list[Cell]]:
+        """Serve the instances of ``units`` no more: the cells made of them are dropped
+        (returned by unit, for the lease keeper to close and stop), and their next use
+        makes vacant ones. Restarts owed to those waiting in line are forgotten; their
+        turn in it, when it comes, starts nothing (:meth:`grant`)."""
+        assert self._units is not None, "an exclusive runtime serves every instance"
+        dropped: dict[int, list[Cell]] = {}
+        with self._lock:
+            self._units -= units
+            for index in [i for i in self._made if unit_of(i, self.concurrency) in units]:
+                unit = unit_of(index, self.concurrency)
+                dropped.setdefault(unit, []).append(self._made.pop(index))
+            for index in [i for i in self._owed if unit_of(i, self.concurrency) in units]:
+                del self._owed[index]
+        for cells in dropped.values():
+            for cell in cells:
+                self._slots.idle.pop((self.name, cell.index), None)
+        return dropped
+
+    def _serves(self, index: int) -> bool:
+        """:meth:`serves`, decided: called with the lock."""
+        return self._units is None or unit_of(index, self.concurrency) in self._units
 
     def get(self, index: int) -> Cell | None:
         """Instance ``index``'s cell if it has been made, else None (nothing is made)."""
@@ -194,7 +237,7 @@ class Cells:
         """Instance ``index``'s cell, and, if this call made and started it, the reply its
         recovery answers (waiting for it is the caller's choice). With no slot free, the
         cell made is held: its mailbox keeps what is sent to it, and the instance waits
-        in line for a slot."""
+        in line for a slot. One not served here gets a vacant cell, which is not kept."""
         cell = self._made.get(index)
         if cell is not None:
             return cell, None
@@ -205,10 +248,11 @@ class Cells:
                 return cell, None
             cell = self._make(index)
             reply = None
+            if not self._serves(index):  # for this call alone: nothing is kept of it
+                cell.supervisor.vacate()
+                return cell, None
             if self._closed:
                 cell.mailbox.close()
-            elif not self._serve:
-                cell.supervisor.vacate()
             elif taken(self._slots.take()):
                 reply = cell.mailbox.reply()
                 self._activate(cell, reply)
@@ -221,18 +265,19 @@ class Cells:
             self._slots.wait(self.name, index)
         return cell, reply
 
-    def start(self, index: int) -> tuple[Cell, Reply | None] | None:
+    def start(self, index: int, *, restarts: int = 0) -> tuple[Cell, Reply | None] | None:
         """Instance ``index``'s cell, running (started by this call if it was not, with its
-        recovery's reply as :meth:`open` gives it); None, making nothing, if it would wait
-        for a slot (an enqueue for it is stored from the caller's thread instead)."""
+        recovery's reply as :meth:`open` gives it, ``restarts`` counted with it); None,
+        making nothing, if it would wait for a slot (an enqueue for it is stored from the
+        caller's thread instead). A vacant cell if it is not served here."""
         cell = self._made.get(index)
-        if cell is None and self._serve and self._slots.limit is not None:
+        if cell is None and (restarts or self._slots.limit is not None):
             with self._slot_given_back_on_failure() as taken, self._lock:
                 cell = self._made.get(index)
-                if cell is None and not self._closed:
+                if cell is None and not self._closed and self._serves(index):
                     if not taken(self._slots.take()):
                         return None
-                    return self._start_new(index, recovery=True)
+                    return self._start_new(index, recovery=True, restarts=restarts)
         if cell is None:
             return self.open(index)
         return None if cell.mailbox.held else (cell, None)
@@ -240,25 +285,28 @@ class Cells:
     def waits(self, index: int) -> bool:
         """Whether instance ``index`` would wait for a slot now (a hint, read without the
         lock; nothing is made)."""
-        if not self._serve or self._slots.limit is None:
+        if self._slots.limit is None or not self.serves(index):
             return False
         cell = self._made.get(index)
         return cell.mailbox.held if cell is not None else not self._slots.free
 
-    def ready(self, index: int) -> Cell | None:
+    def ready(self, index: int, *, restarts: int = 0) -> Cell | None:
         """Instance ``index`` has something to do that the store holds (an enqueue stored
         from a caller's thread, an alarm come due): started if a slot is free, else put in
-        line (nothing more is made); a running one is sent an alarm, whose transaction
-        reads the store anew. The instance's cell if it runs here."""
-        if not self._serve:
-            return self._made.get(index)
+        line (nothing more is made), ``restarts`` counted with its recovery either way; a
+        running one is sent an alarm, whose transaction reads the store anew. The
+        instance's cell if it runs here; None for one not served here (nothing done)."""
         with self._slot_given_back_on_failure() as taken, self._lock:
             cell = self._made.get(index)
-            if cell is None and not self._closed and taken(self._slots.take()):
-                return self._start_new(index)[0]
+            if cell is None:
+                if self._closed or not self._serves(index):
+                    return None
+                if taken(self._slots.take()):
+                    return self._start_new(index, restarts=restarts)[0]
+                if restarts:
+                    self._owed[index] = self._owed.get(index, 0) + restarts
         if cell is None:
-            if not self._closed:
-                self._slots.wait(self.name, index)
+            self._slots.wait(self.name, index)
             return None
         if cell.mailbox.held:
             return None
@@ -273,11 +321,14 @@ class Cells:
                 return False
             cell = self._made.get(index)
             if cell is None:
-                self._start_new(index)
+                if not self._serves(index):  # its lease was lost or released meanwhile
+                    return False
+                self._start_new(index, restarts=self._owed.pop(index, 0))
                 return True
             if not cell.mailbox.held:
                 return False
-            self._activate(cell, None)  # its recovery first, then what its mailbox kept
+            # Its recovery first, then what its mailbox kept.
+            self._activate(cell, None, self._owed.pop(index, 0))
             return True
 
     @contextmanager
@@ -307,18 +358,21 @@ class Cells:
             self._faults[index] = faults
         return Cell(mailbox, memory, faults, self._clock, self._start)
 
-    def _start_new(self, index: int, *, recovery: bool = False) -> tuple[Cell, Reply | None]:
+    def _start_new(
+        self, index: int, *, recovery: bool = False, restarts: int = 0
+    ) -> tuple[Cell, Reply | None]:
         """A new cell for instance ``index``, started in the slot taken for it and listed;
-        with the lock. ``recovery``: with the reply its recovery answers."""
+        with the lock. ``recovery``: with the reply its recovery answers, which counts
+        ``restarts``."""
         cell = self._make(index)
         reply = cell.mailbox.reply() if recovery else None
-        self._activate(cell, reply)
+        self._activate(cell, reply, restarts)
         self._made[index] = cell  # listed only once started: whoever finds it may send
         return cell, reply
 
-    def _activate(self, cell: Cell, reply: Reply | None) -> None:
-        """Start ``cell``'s actor, its recovery first; with the lock."""
-        cell.supervisor.activate(reply)
+    def _activate(self, cell: Cell, reply: Reply | None, restarts: int = 0) -> None:
+        """Start ``cell``'s actor, its recovery first (counting ``restarts``); with the lock."""
+        cell.supervisor.activate(reply, restarts)
         # Told once started (a start that raised leaves its evicted alarm noted);
         # no eviction of it can come before: it takes this lock.
         if self._on_start is not None:

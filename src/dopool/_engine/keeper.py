@@ -7,24 +7,28 @@ the number of instances: it hands on what the renewal decided. A lease covers a 
 of a pool's instances (:mod:`dopool._cluster.units`; one instance per unit in a pool of
 up to 4,096). In a shared runtime:
 
-- the instances of a unit whose lease it **took** are started by the starter thread,
-  which reopens their actors and sends each its recovery, as after a crash (a lease taken
-  over after it expired counts a restart), without waiting for them; ``define`` waits
-  for its own;
+- the instances of a unit whose lease it **took** are served from then on
+  (:meth:`Cells.serve`): each starts when first needed, as in an exclusive runtime, and
+  is evicted when idle. The starter thread starts at once those the store's work and
+  alarm indexes name in the unit (each recovers as after a crash; one taken over after
+  its holder's lease expired counts a restart), without waiting for them, or puts them in
+  line for one of the runtime's slots; ``define`` waits for those it started;
 - those of a unit whose lease it **lost** (another worker took it over while this one
   hung) are stopped, not restarted: their transactions were already refused (fencing);
 - those of the units it must **release** (more than its fair share) stop gracefully on a
   helper thread, one per renewal: their mailboxes close, their running handlers finish,
   then their leases are deleted, together, and the next renewal of another worker takes
-  them.
+  them. Their slots go back once their actors have stopped.
 
-Losing a unit is losing its instances: one retaken by another worker before its
-instances started here, or while they recover, is passed over, and the others start.
+So what a worker keeps in memory and starts grows with the instances that have work, not
+with the size of its units (a per-key pool's unit spans 2**52 instances). Losing a unit
+is losing its instances: one retaken by another worker before its instances started
+here, or while they recover, is passed over, and the others start.
 
 An instance not served here is *vacant*: its mailbox has no actor, and a caller's
 message to it fails with :class:`~dopool._errors.NotLeasedError` (an enqueue, pause,
 resume or drain is then made in the store instead, see :mod:`dopool._cluster.remote`). An
-exclusive runtime starts its instances itself, each when first used
+exclusive runtime serves every instance, each started when first used
 (:mod:`dopool._engine.cells`); its keeper only writes and renews the leases of every
 unit, at most 4,096 per pool whatever its size.
 
@@ -50,11 +54,12 @@ import pykka
 from dopool._clock.clocks import Clock
 from dopool._clock.turn import Turn
 from dopool._cluster.leases import RENEWALS, LeaseBook, Taken, Where, Worker, unit_owner
-from dopool._cluster.units import named, span, units
-from dopool._engine.cells import Cells
+from dopool._cluster.units import named, unit_of, units
+from dopool._engine.cells import Cell, Cells
 from dopool._engine.messages import Reply
 from dopool._engine.router import Placement
-from dopool._engine.supervisor import Supervisor, await_recovery, send_recovery
+from dopool._engine.slots import Slots
+from dopool._engine.supervisor import Supervisor, await_recovery
 from dopool._engine.wakeups import Notifier, worker_socket
 from dopool._errors import ConfigurationError, NotLeasedError, PoolClosedError
 from dopool._store.environment import Store
@@ -79,11 +84,13 @@ class _Starts:
 
 @dataclass(frozen=True, slots=True)
 class _Stop:
-    """A lease unit's instances stopping here: each one's supervisor and actor (None: none
-    started), and whether the lease is to be released once they have stopped (lost: not)."""
+    """A lease unit's instances stopping here: each one's cell and actor (None: none
+    running), how many slots they hold, and whether the lease is to be released once they
+    have stopped (lost: not)."""
 
     where: Where
-    actors: tuple[tuple[Supervisor, pykka.ActorRef[Any] | None], ...]
+    actors: tuple[tuple[Cell, pykka.ActorRef[Any] | None], ...]
+    slots: int
     release: bool
 
 
@@ -95,12 +102,14 @@ class LeaseKeeper:
             and leases expire by its lease clock).
         book: the runtime's :class:`LeaseBook`.
         clock: the runtime's clock: its alarms are cleared for the instances that stop here.
+        slots: the runtime's slots, which the actors that stop here give back.
     """
 
-    def __init__(self, store: Store, book: LeaseBook, clock: Clock) -> None:
+    def __init__(self, store: Store, book: LeaseBook, clock: Clock, slots: Slots) -> None:
         self.book = book
         self._store = store
         self._clock = clock
+        self._slots = slots
         self._pools: dict[str, Cells] = {}  # a shared runtime's pools, by name
         self._placements: dict[str, Placement] = {}  # each pool's router actor
         self._owners: dict[str, tuple[str | None, ...]] = {}  # as the last renewal read
@@ -213,7 +222,6 @@ class LeaseKeeper:
             len(renewal.release),
             renewal.live,
         )
-        stops = []
         for pool, unit in renewal.lost:
             logger.warning(
                 "the lease of %s:%s was taken over by another worker (this one did not "
@@ -221,9 +229,9 @@ class LeaseKeeper:
                 pool,
                 self._shown(pool, unit),
             )
-            stops.extend(self._retire(pool, unit, release=False))
-        for where in renewal.release:
-            stops.extend(self._retire(*where, release=True))
+        stops = self._retire(renewal.lost, release=False) + self._retire(
+            renewal.release, release=True
+        )
         if stops:
             threading.Thread(
                 target=self._stop_all, args=(stops,), name="dopool-release", daemon=True
@@ -290,9 +298,11 @@ class LeaseKeeper:
                 starts.sent.set()
 
     def _start_all(self, starts: _Starts) -> None:
-        """Start the instances of each unit taken that is still to start here, and send
-        each its recovery. The lock is taken for one unit at a time: a renewal never waits
-        for a batch."""
+        """Serve the instances of each unit taken that is still to start here, then start
+        those with work or an alarm (found from the store's indexes, after the units are
+        served: what a caller stored meanwhile is found, or its wake-up starts it). The
+        lock is taken for one unit at a time: a renewal never waits for a batch."""
+        served: dict[str, dict[int, int]] = {}  # per pool, each unit's restarts to count
         for taken in starts.taken:
             where = (taken.pool, taken.unit)
             with self._lock:
@@ -302,14 +312,8 @@ class LeaseKeeper:
                 if not self._serving:
                     self._release_now(where)
                     continue
-                pool = self._pools[taken.pool]
-                for index in span(taken.unit, pool.concurrency):
-                    cell = pool[index]  # made vacant if it was not
-                    supervisor = cell.supervisor
-                    cell.memory.forget()
-                    supervisor.reopen()  # starts the actor
-                    reply = send_recovery(supervisor, restarts=1 if taken.expired else 0)
-                    starts.replies.append((supervisor, reply))
+                self._pools[taken.pool].serve(taken.unit)
+                served.setdefault(taken.pool, {})[taken.unit] = 1 if taken.expired else 0
                 logger.info(
                     "took the lease of %s:%s (epoch %d%s)",
                     taken.pool,
@@ -317,6 +321,26 @@ class LeaseKeeper:
                     taken.epoch,
                     ", after its holder's expired" if taken.expired else "",
                 )
+        for name, restarts in served.items():
+            cells = self._pools[name]
+            with self._store.read() as txn:
+                waiting = instances_waiting(txn, name)
+            for index in waiting:
+                # (A stray index past the pool's end has no unit; one lost since is left
+                # alone by the calls below.)
+                unit = unit_of(index, cells.concurrency)
+                if unit in restarts:
+                    self._start_one(cells, index, restarts[unit], starts)
+
+    @staticmethod
+    def _start_one(cells: Cells, index: int, restarts: int, starts: _Starts) -> None:
+        """Start instance ``index`` now, its recovery's reply kept for ``define`` to wait
+        for, or put it in line for a slot; ``restarts`` counted with its recovery."""
+        started = cells.start(index, restarts=restarts)
+        if started is None:
+            cells.ready(index, restarts=restarts)
+        elif started[1] is not None:
+            starts.replies.append((started[0].supervisor, started[1]))
 
     def _shown(self, name: str, unit: int) -> str:
         """A lease unit as a log line names it: its instance, or its range of them."""
@@ -333,25 +357,31 @@ class LeaseKeeper:
 
     # -- stopping --------------------------------------------------------------------------
 
-    def _retire(self, name: str, unit: int, *, release: bool) -> list[_Stop]:
-        """Stop a unit's instances here: vacant at once; their actors are stopped by
-        :meth:`_stop_all` (a handler may take a while). Called with the lock."""
-        pool = self._pools.get(name)
-        if pool is None:
-            return []
-        where = (name, unit)
-        self._starting.pop(where, None)  # not started yet: they never will be
-        actors = []
-        for index in span(unit, pool.concurrency):
-            cell = pool.get(index)  # (one never made starts vacant: nothing to stop)
-            if cell is not None:
-                # Vacant at once: a caller is told another worker serves it, and a follow-up
-                # for it is delivered into its namespace (its actor may finish a handler).
-                actors.append((cell.supervisor, cell.supervisor.close(vacant=True)))
-        if where in self._stopping:  # a stop on its way already (lost while released)
-            return []
-        self._stopping.add(where)
-        return [_Stop(where, tuple(actors), release)]
+    def _retire(self, wheres: list[Where], *, release: bool) -> list[_Stop]:
+        """Stop the instances of the units ``wheres`` here: vacant at once; their actors are
+        stopped by :meth:`_stop_all` (a handler may take a while). Called with the lock."""
+        by_pool: dict[str, set[int]] = {}
+        for name, unit in wheres:
+            if name in self._pools:
+                self._starting.pop((name, unit), None)  # not started yet: they never will be
+                by_pool.setdefault(name, set()).add(unit)
+        stops = []
+        for name, pool_units in by_pool.items():
+            # Vacant at once: a caller is told another worker serves them, and a follow-up
+            # for one is delivered into its namespace (its actor may finish a handler).
+            dropped = self._pools[name].unserve(pool_units)
+            for unit in sorted(pool_units):
+                cells = dropped.get(unit, [])
+                # Each started one holds a slot (one restarting after a backoff too); one
+                # held in line holds none.
+                slots = sum(not cell.mailbox.held for cell in cells)
+                actors = tuple((cell, cell.supervisor.close(vacant=True)) for cell in cells)
+                where = (name, unit)
+                if where in self._stopping:  # a stop on its way already (lost while released;
+                    continue  # its cells were dropped then: none here)
+                self._stopping.add(where)
+                stops.append(_Stop(where, actors, slots, release))
+        return stops
 
     def _stop_all(self, stops: list[_Stop]) -> None:
         """Stop the actors of ``stops`` together, and settle each unit once its actors have
@@ -381,11 +411,14 @@ class LeaseKeeper:
             self._settle([stop for stop, _ in done])
 
     def _settle(self, stops: list[_Stop]) -> None:
-        """Their actors have stopped: clear their alarms, release the leases to release
-        (in one transaction), and leave the addresses vacant."""
+        """Their actors have stopped: clear their alarms, give their slots back, and release
+        the leases to release (in one transaction)."""
         for stop in stops:
-            for supervisor, _ in stop.actors:
-                self._clock.set_alarm(supervisor.mailbox, None)
+            for cell, _ in stop.actors:
+                self._clock.set_alarm(cell.mailbox, None)
+                self._clock.set_alarm(cell.idle_timer, None)
+            for _ in range(stop.slots):
+                self._slots.give_back()
         with self._lock:
             releasing = [stop.where for stop in stops if stop.release]
             if releasing and not self._stop.is_set():
@@ -400,9 +433,6 @@ class LeaseKeeper:
                         shown = self._shown(pool, unit)
                         logger.info("released the lease of %s:%s (fair share)", pool, shown)
             for stop in stops:
-                if self._serving:
-                    for supervisor, _ in stop.actors:
-                        supervisor.vacate()
                 self._stopping.discard(stop.where)
             self._place()
 
@@ -458,12 +488,15 @@ def check_shared(shared: object, clock: Clock) -> bool:
     return shared
 
 
-def keep_leases(clock: Clock, store: Store, ttl: float, *, shared: bool) -> LeaseKeeper | None:
+def keep_leases(
+    clock: Clock, store: Store, ttl: float, slots: Slots, *, shared: bool
+) -> LeaseKeeper | None:
     """A real-clock runtime's keeper (its thread starts with the first pool); None under
     a simulated clock, which holds no leases."""
     if not clock.watches_store:
         return None
-    return LeaseKeeper(store, LeaseBook(Worker.this_process(), ttl, exclusive=not shared), clock)
+    book = LeaseBook(Worker.this_process(), ttl, exclusive=not shared)
+    return LeaseKeeper(store, book, clock, slots)
 
 
 def serve_pool(

@@ -129,16 +129,6 @@ class Mailbox:
             self._ref = None
             self._vacant = True
 
-    def reopen(self, ref: pykka.ActorRef[Any]) -> None:
-        """Take messages again after :meth:`close` or :meth:`vacate`, for the actor ``ref``
-        (a shared runtime's, taking the instance's lease): closed or vacant until this
-        returns, served after, with no moment between when a message would be dropped."""
-        with self._lock:
-            self._closed = False
-            self._vacant = False
-            self._ref = ref
-            self._kept = None
-
     @property
     def retired(self) -> bool:
         """Whether the instance was evicted from this address (see :meth:`retire`)."""

@@ -37,15 +37,15 @@ class Instances:
         name: str,
         cells: Cells,
         placement: Placement,
+        stored: StoredCalls,
         away: Away | None = None,
-        stored: StoredCalls | None = None,
     ) -> None:
         self.name = name
         self.cells = cells  # each made when first used
         self.placement = placement  # the pool's router actor
         self.router: Router = placement.router  # its published table, read by the callers
         self.away = away  # a shared worker's enqueues into instances others serve
-        self.stored = stored  # an exclusive runtime's into instances waiting for a slot
+        self.stored = stored  # calls on instances waiting for a slot
 
     def check(self, index: int) -> int:
         """``index``, if the pool has such an instance.

@@ -342,7 +342,7 @@ class InstanceShell:
                 cells.concurrency,
             )
             return
-        if self._env.holds is not None and cells[record.target].mailbox.vacant:
+        if not cells.serves(record.target):
             self._deliver_across(oseq, record)  # another worker serves it
             return
         deliver = Deliver(self._spec.name, self._index, oseq, record)

@@ -10,7 +10,9 @@ is told as its alarm slot now says: put in line if something is due, its alarm n
 with the runtime's timer of evicted instances if it is due later (a delayed event, a
 schedule's next fire). An actor that started meanwhile is sent an alarm: its
 transactions read the meta anew whenever another writer changed it
-(``InstanceShell._load_meta``), so nothing is overwritten.
+(``InstanceShell._load_meta``), so nothing is overwritten. In a shared worker, an
+instance whose lease was lost or released meanwhile is the new holder's to start: it is
+woken as a producer wakes it.
 
 The pool events of what a call commits (``enqueued``, ``paused``, ...) are published
 here, after the commit, as the actor would have; while anybody listens, one caller at a
@@ -26,6 +28,7 @@ from functools import partial
 from typing import Any
 
 from dopool._clock.clocks import Clock
+from dopool._cluster.leases import lease_owner
 from dopool._cluster.remote import producer_machine, settle, store_shares
 from dopool._cluster.routing import Positions
 from dopool._engine.cells import Cells
@@ -47,6 +50,8 @@ class StoredCalls:
         evicted: the runtime's timer of evicted instances' alarms.
         listening: whether anybody takes pool events (else none are made).
         emit: publishes a pool event.
+        wake: a shared worker's wake-up of the worker serving an instance, ``(index,
+            owner)``; None in an exclusive runtime, which serves every instance.
     """
 
     __slots__ = (
@@ -58,6 +63,7 @@ class StoredCalls:
         "_lock",
         "_machine",
         "_store",
+        "_wake",
     )
 
     def __init__(
@@ -69,6 +75,7 @@ class StoredCalls:
         evicted: EvictedAlarms,
         listening: Callable[[], bool],
         emit: Callable[[PoolEvent], None],
+        wake: Callable[[int, str | None], None] | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -76,6 +83,7 @@ class StoredCalls:
         self._evicted = evicted
         self._listening = listening
         self._emit = emit
+        self._wake = wake
         self._lock = threading.Lock()
         # (A machine per call: kept, one per instance of a per-key pool would add up.)
         self._machine = partial(producer_machine, cells.name, rules=rules, listening=listening)
@@ -90,12 +98,19 @@ class StoredCalls:
             now = self._clock.now()
             with self._store.write() as txn:
                 shares = store_shares(
-                    txn, self._cells.name, self._machine, items, groups, now, events, owners=False
+                    txn,
+                    self._cells.name,
+                    self._machine,
+                    items,
+                    groups,
+                    now,
+                    events,
+                    owners=self._wake is not None,
                 )
         failure = settle(shares, results, _nobody)
         for share in shares:
             if not isinstance(share.answer, DopoolError):
-                self._written(share.instance, share.alarm, now)
+                self._written(share.instance, share.alarm, now, share.owner)
         return failure
 
     def apply(self, index: int, request: Request) -> Any:
@@ -109,8 +124,9 @@ class StoredCalls:
                 meta = machine.namespace.load_meta(txn)
                 result = machine.control(txn, meta, request, now, effects)
                 machine.namespace.save_meta(txn, meta)
+                owner = lease_owner(txn, self._cells.name, index) if self._wake else None
             events.extend(effects.events)
-        self._written(index, meta.alarm, now)
+        self._written(index, meta.alarm, now, owner)
         return result
 
     @contextmanager
@@ -126,12 +142,15 @@ class StoredCalls:
             for event in events:
                 self._emit(event)
 
-    def _written(self, index: int, alarm: float | None, now: float) -> None:
+    def _written(self, index: int, alarm: float | None, now: float, owner: str | None) -> None:
         """Instance ``index`` was written with its alarm slot at ``alarm``: in line for a
         slot if something is due now, its alarm noted if later (or any noted before
-        forgotten if none: a drain emptied it, say); sent an alarm if running."""
+        forgotten if none: a drain emptied it, say); sent an alarm if running. One served
+        here no more: ``owner``, whom its lease names, is woken."""
         cells = self._cells
-        if cells.get(index) is None and (alarm is None or alarm > now):
+        if self._wake is not None and not cells.serves(index):
+            self._wake(index, owner)
+        elif cells.get(index) is None and (alarm is None or alarm > now):
             self._evicted.note(cells.name, index, alarm)
         else:
             cells.ready(index)

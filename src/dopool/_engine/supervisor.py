@@ -120,29 +120,16 @@ class Supervisor:
         self.crash_streak = 0
         self._waiting: _WaitingRestart | None = None
 
-    def activate(self, reply: Reply | None = None) -> None:
+    def activate(self, reply: Reply | None = None, restarts: int = 0) -> None:
         """Start the first incarnation, its recovery its first message (answering
-        ``reply``, not waited for). Until that recovery commits, a caller sends the
-        instance messages rather than act for it (:meth:`takes_direct_calls`)."""
+        ``reply``, not waited for), which counts ``restarts`` (one for an instance a shared
+        worker took over after its lease expired). Until that recovery commits, a caller
+        sends the instance messages rather than act for it (:meth:`takes_direct_calls`)."""
         with self._lock:
             self._recovering = True
-        self.mailbox.attach(self._start(self._kill), Recover(reply, restarts=0, start=True))
-
-    def reopen(self) -> None:
-        """Start a closed (or never started) instance again, as new: a shared runtime's
-        instance whose lease it takes (:mod:`dopool._engine.keeper`).
-
-        The address goes from vacant to served in one step (``Mailbox.reopen``): a
-        follow-up sent meanwhile is either delivered through the store (vacant) or
-        reaches the new actor, never dropped by an address that is neither.
-        """
-        with self._lock:
-            kill = self._kill = KillFlag()
-            self.kill_reason = None
-            self._recovering = False
-            self._unrecorded = 0
-            self.crash_streak = 0
-        self.mailbox.reopen(self._start(kill))
+            self._unrecorded += restarts
+        recover = Recover(reply, restarts=restarts, start=True)
+        self.mailbox.attach(self._start(self._kill), recover)
 
     def vacate(self) -> None:
         """Leave the address without an actor, refusing callers: not served here."""

@@ -317,12 +317,10 @@ class StoreWatcher:
         if cells is None or not 0 <= index < cells.concurrency:
             return  # a pool this runtime has not defined waits for one that does
         # Started (its recovery reads the store) if it was not running here, or put in line
-        # for a slot; a shared worker's keeper has made every instance it serves, and
-        # those it does not are not its to wake.
+        # for a slot; one another worker serves is not this one's to wake.
         cell = cells.get(index)
         if cell is None:
-            if cells.on_demand:
-                cells.ready(index)
+            cells.ready(index)
             return
         memory = cell.memory
         if memory.woken:

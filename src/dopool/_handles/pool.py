@@ -199,10 +199,8 @@ class WorkerPool(Pool):
         self, groups: dict[int, Positions], items: tuple[Item, ...], results: list[Any]
     ) -> DopoolError | None:
         """Store the shares of instances waiting for a slot from this thread; the first
-        refused. (Only an exclusive runtime's instances wait for one.)"""
-        stored = self._instances.stored
-        assert stored is not None, "an instance waits for a slot only in an exclusive runtime"
-        return stored.enqueue(items, groups, results)
+        refused."""
+        return self._instances.stored.enqueue(items, groups, results)
 
     def _due(
         self, delay: float | timedelta | None, not_before: float | datetime | None
@@ -335,8 +333,6 @@ class WorkerPool(Pool):
         another where calls are ordered (see :meth:`Calls.send_each`), each decided as its
         turn comes; else all sent at once, those not waiting started first."""
         stored, cells = self._instances.stored, self._instances.cells
-        if stored is None:
-            return self._calls.send_each([(i, partial(Control, r)) for i, r in requests])
         if self._calls.one_at_a_time():
             return [
                 stored.apply(i, r) if cells.waits(i) else self._calls.call(i, partial(Control, r))

@@ -13,6 +13,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 from typing import IO, Any, Self, Unpack
@@ -23,7 +24,6 @@ from dopool._clock.clocks import Clock, RealClock, SimulatedClock
 from dopool._cluster.leases import DEFAULT_LEASE_TTL, check_lease_ttl
 from dopool._cluster.remote import Away
 from dopool._cluster.routing import Router, RoutingTable
-from dopool._cluster.units import LEASE_UNITS
 from dopool._engine.actor import InstanceActor
 from dopool._engine.cells import Cell, Cells
 from dopool._engine.closing import Closing, Stops, deadline_after, stopped, wait_until
@@ -163,7 +163,9 @@ class Runtime:
                 self._store.close()
                 raise ConfigurationError(f"cannot open trace file {str(trace)!r}: {exc}") from exc
         self.poll_interval = float(poll_interval)  # the watcher last: nothing above closes it
-        self._keeper = keep_leases(self.clock, self._store, self.lease_ttl, shared=shared)
+        self._keeper = keep_leases(
+            self.clock, self._store, self.lease_ttl, self._slots, shared=shared
+        )
         owner = None if self._keeper is None or not shared else self._keeper.book.worker.owner
         self._watcher = watch_store(self.clock, self.path, self.poll_interval, self._store, owner)
         self._pid = os.getpid()
@@ -291,13 +293,6 @@ class Runtime:
                 raise PoolClosedError(name)
             if name in self._pools:
                 raise ConfigurationError(f"pool {name!r} is already defined in this runtime")
-            if self.shared and concurrency > LEASE_UNITS:
-                # A shared worker still starts every instance of each lease unit it takes.
-                raise ConfigurationError(
-                    f"pool {name!r}: a shared worker serves pools of at most {LEASE_UNITS} "
-                    f"instances (concurrency {concurrency}); define it in an exclusive "
-                    "Runtime, or with fewer instances"
-                )
             others = self._keeper.others if self.shared and self._keeper else None
             record_concurrency(self._store, name, concurrency, others)
             schema = options.schema
@@ -319,7 +314,7 @@ class Runtime:
                 concurrency,
                 self.clock,
                 start,
-                serve=not self.shared,
+                serve_all=not self.shared,
                 slots=self._slots,
                 faults=self.faults,
                 on_start=self._evicted.started,
@@ -331,20 +326,17 @@ class Runtime:
                 None if wake is None else Away(self._store, self.clock, name, options.rules, wake)
             )
             placement = Placement(name, router, self.clock.backend)
-            stored = (
-                None
-                if self.shared
-                else StoredCalls(
-                    self._store,
-                    self.clock,
-                    cells,
-                    options.rules,
-                    self._evicted,
-                    self._listening,
-                    self._emit,
-                )
+            stored = StoredCalls(
+                self._store,
+                self.clock,
+                cells,
+                options.rules,
+                self._evicted,
+                self._listening,
+                self._emit,
+                None if wake is None else partial(wake, name),
             )
-            instances = Instances(name, cells, placement, away, stored)
+            instances = Instances(name, cells, placement, stored, away)
             env = InstanceEnv(
                 store=self._store,
                 clock=self.clock,

@@ -102,11 +102,13 @@ def open_worker(
     poll_interval: float,
     shared: bool = True,
     lease_ttl: float = DEFAULT_LEASE_TTL,
+    max_active: int | None = None,
     loading: Callable[[], AbstractContextManager[object]] = nullcontext,
 ) -> Runtime:
     """Load ``app``, open a real-clock runtime on ``store`` and have the app define its pools.
 
     ``shared``: as one of several workers, each serving the instances it leases.
+    ``max_active``: the most instance actors at once (``Runtime``'s option).
     ``loading``: what the app's import runs in (:meth:`Signals.loading`: a signal
     then ends it, and one that came during it opens nothing).
 
@@ -136,6 +138,7 @@ def open_worker(
         poll_interval=poll_interval,
         shared=shared,
         lease_ttl=lease_ttl,
+        max_active=max_active,
     )
     try:
         loaded.define_pools(runtime)

@@ -46,7 +46,12 @@ from dopool._store.writerlock import WriterLock
 
 # Virtual address space only: LMDB grows the file as pages are used.
 _MAP_SIZE = 1 << 36
-_MAX_READERS = 512
+# Read transactions open at once, over every process on the store: each thread reading
+# holds a slot only while it reads, but a worker may run ``max_active`` actors (1,024 by
+# default) that all read at once (when instances begin to wait for a slot, every idle one
+# looks at its meta), and several workers share the table. A slot is 64 bytes of LMDB's
+# lock file; the first process to open the store sizes it, later ones use what it has.
+_MAX_READERS = 16384
 
 logger = logging.getLogger("dopool")
 
