@@ -70,6 +70,7 @@ def run(scenario: Scenario) -> SimPyRun:
     started = time.perf_counter()
     schedule = arrivals(scenario)
     env = simpy.Environment()
+    assert isinstance(pool.instances, int), "refused by benchmark_pool"
     servers = [simpy.Resource(env, capacity=1) for _ in range(pool.instances)]
     route = _router(pool.instances)
     in_system = [math.nan] * len(schedule)
@@ -109,6 +110,7 @@ def benchmark_pool(scenario: Scenario) -> Pool:
             f"{pool.service.distribution} service",
         ),
         (pool.routing not in ("round-robin", "partition"), f"{pool.routing} routing"),
+        (not isinstance(pool.instances, int), "an instance per key"),
         (pool.failure_probability > 0, "failures"),
         (pool.poison_share > 0, "poison events"),
         (bool(pool.follow_ups), "follow-ups"),

@@ -16,6 +16,16 @@ on the mean and p99 of the latency. ``--no-simpy`` skips it. Example::
     python -m benchmarks.simulate                       # the target scenario
     python -m benchmarks.simulate --events 20000 --json sim-bench.json
 
+``--per-key KEYS`` then runs a Durable-Object design in the same process: an instance
+per partition key (``instances = "per-key"``), ``KEYS`` keys drawn by a Zipf law (s =
+1.1), ``--events`` arrivals at 1,000/s with exponential service of mean 2 ms (the
+busiest key's instance about 27% busy), every instance activated on demand and evicted
+after 60 idle seconds. It prints that run's events per wall second, its ratio to the
+16-instance run's (issue 29's target: at least 0.8 for 100,000 keys and 1,000,000
+events), its activations and peak active instances, and the peak resident memory::
+
+    python -m benchmarks.simulate --no-simpy --per-key 100000 --events 1000000
+
 To see where the time goes (every thread, native frames included)::
 
     py-spy record --threads --native -o profile.svg -- python -m benchmarks.simulate
@@ -37,12 +47,13 @@ from typing import Any
 from benchmarks import simpy_model
 from dopool._sim.driver import Run, run
 from dopool._sim.latency import Latency
-from dopool._sim.scenario import Arrivals, Scenario, Service
+from dopool._sim.scenario import Arrivals, Partitions, Scenario, Service
 
 TARGET_SCENARIO = (100_000, 16)  # events, instances: what issue 15's targets are for
 TARGET_RATE = 25_000.0  # issue 15: dopool's events per wall second...
 TARGET_RATIO = 0.25  # ...and its rate over the SimPy model's, in the same run
 AGREEMENT = 1e-9  # relative: the two compute the same FIFO queues from the same draws
+PER_KEY_TARGET = 0.8  # issue 29: the per-key run's events per wall second over the 16's
 
 
 def scenario(events: int, instances: int, rate: float, seed: int) -> Scenario:
@@ -53,6 +64,20 @@ def scenario(events: int, instances: int, rate: float, seed: int) -> Scenario:
         instances=instances,
         arrivals=(Arrivals(process="poisson", rate=rate, total=events),),
         service=Service(distribution="exponential", mean=0.05),
+    )
+
+
+def per_key_scenario(events: int, keys: int, seed: int) -> Scenario:
+    """An instance per key, ``keys`` of them by Zipf's law, ``events`` arrivals."""
+    return Scenario(
+        name="benchmark-per-key",
+        description=f"{events:,} events on {keys:,} per-key instances (Zipf 1.1)",
+        seed=seed,
+        instances="per-key",
+        routing="partition",
+        partitions=Partitions(keys=keys, zipf=1.1),
+        arrivals=(Arrivals(process="poisson", rate=1000.0, total=events),),
+        service=Service(distribution="exponential", mean=0.002),
     )
 
 
@@ -67,11 +92,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--no-simpy", action="store_true", help="skip the SimPy model of the same scenario"
     )
+    parser.add_argument(
+        "--per-key",
+        type=int,
+        metavar="KEYS",
+        help="then run an instance per key, KEYS Zipf-drawn keys, --events arrivals; the "
+        "16-instance run then has its default 100,000 events",
+    )
     args = parser.parse_args(argv)
 
-    chosen = scenario(args.events, args.instances, args.rate, args.seed)
+    baseline = TARGET_SCENARIO[0] if args.per_key else args.events
+    chosen = scenario(baseline, args.instances, args.rate, args.seed)
     print(
-        f"dopool simulate benchmark: {args.events:,} events, {args.instances} instances, "
+        f"dopool simulate benchmark: {baseline:,} events, {args.instances} instances, "
         f"Poisson {args.rate:g}/s, exponential service 50 ms; Python "
         f"{platform.python_version()} on {os.cpu_count()} CPUs"
     )
@@ -88,17 +121,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{'pass' if result.passed else 'FAIL'}"
     )
     peak = _peak_rss_mib()
-    print(f"peak resident memory {peak:,.0f} MiB ({peak * 1024 / args.events:,.2f} KiB per event)")
-    targeted = (args.events, args.instances) == TARGET_SCENARIO
+    print(f"peak resident memory {peak:,.0f} MiB ({peak * 1024 / baseline:,.2f} KiB per event)")
+    targeted = (baseline, args.instances) == TARGET_SCENARIO
     if not targeted:
         print("(issue 15's targets are for the default: 100,000 events on 16 instances)")
     beside: dict[str, Any] = {}
     agreed = True
     if not args.no_simpy:
         beside, agreed = _beside_simpy(chosen, finished, targeted)
+    if args.per_key:
+        keyed, passed = _per_key(args.per_key, args.events, args.seed, finished)
+        beside.update(keyed)
+        agreed = agreed and passed
     if args.json is not None:
         document = {
-            "events": args.events,
+            "events": baseline,
             "instances": args.instances,
             "rate": args.rate,
             "seed": args.seed,
@@ -114,6 +151,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         args.json.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     return 0 if result.passed and agreed else 1
+
+
+def _per_key(keys: int, events: int, seed: int, base: Run) -> tuple[dict[str, Any], bool]:
+    """Run :func:`per_key_scenario` after the 16-instance run ``base``; print and return
+    its figures, and whether its invariants passed."""
+    print(f"per key: {events:,} events on {keys:,} keys (Zipf 1.1), an instance each")
+    finished = run(per_key_scenario(events, keys, seed))
+    result, rate = finished.result, finished.events_per_wall_second
+    ratio = rate / base.events_per_wall_second
+    active = result.activations
+    used = sum(len(pool.instances) for pool in result.pools)
+    peak = _peak_rss_mib()
+    print(
+        f"wall time {finished.wall_seconds:.1f} s · {rate:,.0f} events per wall second · "
+        f"{ratio:.2f}x the 16-instance run's (target {PER_KEY_TARGET:g}x: "
+        f"{'met' if ratio >= PER_KEY_TARGET else 'MISSED'}) · invariants "
+        f"{'pass' if result.passed else 'FAIL'}"
+    )
+    print(
+        f"{used:,} instances used · {active.started:,} activations, {active.evicted:,} "
+        f"evictions · active instances peak {active.peak:,}, mean {active.mean:,.0f} · "
+        f"peak resident memory {peak:,.0f} MiB"
+    )
+    figures = {
+        "per_key": {
+            "keys": keys,
+            "events": events,
+            "wall_seconds": round(finished.wall_seconds, 3),
+            "events_per_wall_second": round(rate, 1),
+            "ratio_to_16_instances": round(ratio, 3),
+            "instances_used": used,
+            "activations": active.started,
+            "active_peak": active.peak,
+            "active_mean": round(active.mean, 1),
+            "peak_rss_mib": round(peak, 1),
+            "invariants_passed": result.passed,
+        }
+    }
+    return figures, result.passed
 
 
 def _peak_rss_mib() -> float:

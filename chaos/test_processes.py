@@ -30,13 +30,17 @@ from dopool._chaos.procs.plan import (
     BIG_CONCURRENCY,
     BIG_EVERY,
     FREEZE_TTLS,
+    PER_KEY_ACTIVE,
+    PER_KEY_IDLE,
     Behaviour,
     Plan,
     Send,
     draw,
+    draw_big,
 )
 from dopool._chaos.procs.records import Answer, Attempt, Freeze, Records, Refusal
 from dopool._chaos.procs.seed import run_seed
+from dopool._store.layout.limits import PER_KEY
 from dopool._store.writerlock import WRITER_LOCK
 from dopool._types import InstanceStatus, PoolStatus
 
@@ -145,6 +149,9 @@ def test_a_fixed_share_of_the_seeds_is_of_the_big_family() -> None:
     plans = [draw(seed) for seed in range(100)]
     assert [p.seed for p in plans if p.big] == list(range(BIG_AT, 100, BIG_EVERY))
     for plan in (p for p in plans if p.big):
+        if plan.per_key:
+            _is_the_per_key_run_of_its_big_plan(plan)
+            continue
         assert BIG_CONCURRENCY[0] <= plan.concurrency <= BIG_CONCURRENCY[1]
         assert plan.workers in (2, 3)
         assert plan.chains == plan.workers + 1
@@ -161,6 +168,23 @@ def test_a_fixed_share_of_the_seeds_is_of_the_big_family() -> None:
         assert len(set(keyed)) > len(keyed) / 2  # many partitions
     assert draw(BIG).big
     assert draw(BIG).workers == 2
+    keyed_seeds = [p.seed for p in plans if p.per_key]
+    assert 0 < len(keyed_seeds) < len([p for p in plans if p.big])  # some of them
+
+
+def _is_the_per_key_run_of_its_big_plan(plan: Plan) -> None:
+    """A per-key big plan: its big plan's streams, each event of the first producer's
+    sweep sent alone with a key of its own; evictions and few slots."""
+    big = draw_big(plan.seed)
+    assert plan.concurrency == PER_KEY
+    assert plan.size == "per-key"
+    assert plan.idle_timeout in PER_KEY_IDLE
+    assert plan.max_active in PER_KEY_ACTIVE
+    assert plan.streams[1:] == big.streams[1:]
+    sweep = plan.streams[0]
+    assert [send.ids for send in sweep] == [(i,) for send in big.streams[0] for i in send.ids]
+    assert len({send.partition_key for send in sweep}) == len(sweep)  # a key each
+    assert (plan.workers, plan.events) == (big.workers, big.events)
 
 
 # -- the frozen-writer fault on a process of the test's own ------------------------------

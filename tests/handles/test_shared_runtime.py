@@ -73,12 +73,13 @@ def _leases_of(runtime: Runtime) -> list[tuple[str, int]]:
         return [(pool, index) for pool, index, _ in all_leases(txn)]
 
 
-def _leave_work(path: Path, concurrency: int) -> None:
-    """Leave an event due in a second on each instance of a pool ``jobs``, enqueued by an
-    exclusive runtime, closed since: a shared worker that takes the leases starts them."""
+def _leave_work(path: Path, concurrency: int, delay: float = 1.0) -> None:
+    """Leave an event due in ``delay`` seconds on each instance of a pool ``jobs``,
+    enqueued by an exclusive runtime, closed since: a shared worker that takes the leases
+    starts them."""
     with Runtime(path) as runtime:
         pool = runtime.define("jobs", execute=lambda _event: None, concurrency=concurrency)
-        results = [pool.enqueue({"early": n}, delay=1.0) for n in range(concurrency)]
+        results = [pool.enqueue({"early": n}, delay=delay) for n in range(concurrency)]
         assert {result.instance_index for result in results} == set(range(concurrency))
 
 
@@ -189,7 +190,9 @@ def test_a_graceful_close_hands_the_instances_over_at_once_without_a_restart(
 def test_a_hung_worker_loses_its_leases_and_commits_nothing_more(
     store_path: Path, ran: Ran, opened: list[Runtime]
 ) -> None:
-    _leave_work(store_path, 4)  # so that a and then b start every instance at once
+    # Due in an hour: still pending when b takes the instances over, so that a, and then
+    # b, start every instance at once.
+    _leave_work(store_path, 4, delay=3600.0)
     a = _shared(store_path, "a", ran)
     opened.append(a)
     keeper_a = a._keeper

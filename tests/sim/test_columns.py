@@ -13,7 +13,7 @@ from dopool._sim.scenario import Arrivals, Scenario, Service
 
 
 def test_times_read_like_a_dict_and_gaps_read_as_absent() -> None:
-    times = Times(2)
+    times = Times()
     times.put((0, 0), 1.5)
     times.put((0, 3), 2.5)  # a gap: sequences 1 and 2 have no time
     times.put((1, 0), 0.0)
@@ -37,7 +37,7 @@ def test_times_read_like_a_dict_and_gaps_read_as_absent() -> None:
 
 
 def test_numbers_and_marks() -> None:
-    numbers = Numbers(1)
+    numbers = Numbers()
     numbers.put((0, 2), 7)
     assert list(numbers.items()) == [((0, 2), 7)]
     assert (0, 0) not in numbers
@@ -49,7 +49,7 @@ def test_numbers_and_marks() -> None:
     with pytest.raises(ValueError, match=">= 0"):
         numbers.put((0, 1), -1)
 
-    marks = Marks(2)
+    marks = Marks()
     marks.add((1, 4))
     marks.add((1, 4))
     assert (1, 4) in marks

@@ -113,11 +113,11 @@ def test_a_bad_delay_names_its_field(overrides: dict[str, object], field: str) -
 
 
 def test_the_end_of_run_check_finds_an_early_start_and_an_out_of_order_one() -> None:
-    collector = Collector("p", 1, delays=True)
+    collector = Collector("p", delays=True)
     collector.enqueued_at.put((0, 0), 0.0)
     collector.enqueued_at.put((0, 1), 0.0)
     collector.enqueued_at.put((0, 2), 0.0)
-    due = Times(1)
+    due = Times()
     due.put((0, 0), 10.0)  # #0 delayed to 10, #1 and #2 due at once
     track = collector.tracks[0]
     track.first_starts = array("q", [0, 2, 1])

@@ -615,7 +615,7 @@ def test_percentiles_are_nearest_rank() -> None:
 
 
 def test_the_collector_flags_out_of_order_and_repeated_starts() -> None:
-    collector = Collector("p", 1)
+    collector = Collector("p")
     for kind, sequence, time in [
         ("enqueued", 0, 0.0),
         ("enqueued", 1, 0.0),
@@ -631,7 +631,7 @@ def test_the_collector_flags_out_of_order_and_repeated_starts() -> None:
 
 
 def test_the_collector_follows_crashes_dead_letters_drains_and_stalls() -> None:
-    collector = Collector("p", 1)
+    collector = Collector("p")
     for kind, sequence, time in [
         ("enqueued", 0, 0.0),
         ("enqueued", 1, 0.0),
@@ -674,7 +674,7 @@ def test_the_collector_follows_crashes_dead_letters_drains_and_stalls() -> None:
 
 
 def test_the_end_of_a_run_reads_latencies_and_unsettled_events_column_by_column() -> None:
-    collector = Collector("p", 2)
+    collector = Collector("p")
     for kind, index, sequence, time in [
         ("enqueued", 0, 0, 1.0),
         ("enqueued", 0, 1, 1.0),
@@ -692,7 +692,7 @@ def test_the_end_of_a_run_reads_latencies_and_unsettled_events_column_by_column(
         ("succeeded", 0, 6, 5.0),
     ]:
         collector(PoolEvent(kind, "p", index, sequence, 1, time))  # type: ignore[arg-type]
-    arrived = Times(2)
+    arrived = Times()
     for key in [(0, 0), (0, 1), (0, 3), (0, 5)]:  # (0, 2) unknown, (1, 0) not an arrival
         arrived.put(key, 0.5)
     # (0, 2) and (0, 3) are still queued; (0, 5) the collector never saw
@@ -711,7 +711,7 @@ def test_the_end_of_a_run_reads_latencies_and_unsettled_events_column_by_column(
 def test_the_counters_invariant_reports_the_stores_broken_invariants() -> None:
     """The report's "counters" check is dopool._machine.invariants' plus the stream's depth."""
     with ToolRuntime.simulated(seed=0) as runtime:
-        collector = Collector(POOL, 2)
+        collector = Collector(POOL)
         runtime.subscribe(collector)
         pool = runtime.define(POOL, execute=lambda ctx: None, concurrency=2)
         pool.pause()

@@ -65,13 +65,15 @@ def _render_report(
         + f"{result.failed:,} failed enqueues (instance crashed, nothing stored)"
         + (f" · {result.waiting:,} enqueues still waiting" if result.waiting else ""),
     )
-    instances = len(result.instances)
+    instances = f"{len(result.instances):,} instances" + (
+        "" if all(pool.every_instance for pool in result.pools) else " used"
+    )
     if len(result.pools) > 1:
-        shape = f"{len(result.pools)} pools, {instances} instances"
+        shape = f"{len(result.pools)} pools, {instances}"
     elif chosen.app is not None:
-        shape = f"{instances} instances"
+        shape = instances
     else:
-        shape = f"{instances} instances, {chosen.routing} routing"
+        shape = f"{instances}, {chosen.routing} routing"
     summary.add_row(
         "throughput",
         f"{result.throughput:,.1f} events/s over {result.virtual_time:,.1f} virtual s "
@@ -209,10 +211,10 @@ def _stalls(result: Result) -> str:
     still = [stall for stall in result.stalls if stall.until is None]
     if still:
         held = sum(
-            pool.instances[stall.instance].pending
+            found.pending
             for stall in still
             for pool in result.pools
-            if pool.name == stall.pool
+            if pool.name == stall.pool and (found := pool.instance(stall.instance)) is not None
         )
         text += (
             f"; {len(still):,} still stalled at the end (instance "
@@ -262,10 +264,16 @@ def _instances_table(result: Result) -> Table:
     table.add_column("max depth", justify="right")
     table.add_column("utilisation", no_wrap=True)
     peak = result.max_depth
-    for item in result.instances[:MAX_INSTANCE_ROWS]:
+    shown = result.instances
+    if len(shown) > MAX_INSTANCE_ROWS:  # the busiest, busiest first
+        ranked = sorted(shown, key=lambda i: (-i.utilisation, -i.enqueued, i.pool, i.index))
+        shown = ranked[:MAX_INSTANCE_ROWS]
+        table.title = f"instances: the {MAX_INSTANCE_ROWS} busiest"
+    for item in shown:
         style = "bold red" if peak > 1 and item.max_depth == peak else ""
+        named = str(item.index) if item.key is None else f"key {item.key}"
         table.add_row(
-            _clean(f"{item.pool}:{item.index}") if several else str(item.index),
+            _clean(f"{item.pool}:{named}") if several else _clean(named),
             f"{item.enqueued:,}",
             f"{item.succeeded:,}",
             f"{item.dead_lettered:,}",

@@ -24,6 +24,7 @@ BUILTINS = (
     "crash-storm",
     "maintenance",
     "daily-cycle",
+    "chat-rooms",
 )
 
 

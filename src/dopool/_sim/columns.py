@@ -8,7 +8,9 @@ are consecutive from 0 (docs/guarantees.md, "Counters"), so each figure is a
 typed array per instance instead, indexed by sequence: 8 bytes a figure (one
 for a mark). A gap (a sequence with no figure, e.g. an event still pending)
 holds a marker that reads as absent: NaN for a time, -1 for a number, 0 for a
-mark.
+mark. An instance's array is made with its first figure (:class:`Arrays`), so a run
+keeps nothing for the instances it never used: a pool of a million, or a per-key
+one, costs what its used instances do.
 
 The classes are read-only mappings keyed by ``(instance, sequence)`` for the
 report's code; the collector, which writes a figure per pool event, reaches
@@ -40,6 +42,30 @@ def put(column: array[Any], sequence: int, value: float, absent: float) -> None:
         column.append(value)
 
 
+class Arrays(dict[int, "array[Any]"]):
+    """Each instance's array of a column, by index: looking an instance up makes its
+    (empty) array if it has none, as the collector writes a figure; readers use ``get``,
+    which makes nothing. Iterated in the order the instances were first written to."""
+
+    __slots__ = ("code",)
+
+    def __init__(self, code: str) -> None:
+        super().__init__()
+        self.code = code
+
+    def __missing__(self, index: int) -> array[Any]:
+        made = self[index] = array(self.code)
+        return made
+
+    def by_index(self) -> list[tuple[int, array[Any]]]:
+        """``(index, array)`` by instance index."""
+        return sorted(self.items(), key=_first)
+
+
+def _first(item: tuple[int, Any]) -> int:
+    return item[0]
+
+
 class _Column(Mapping[Key, V]):
     """A figure per event, read as a mapping; :meth:`_absent` says which values mark
     none. Subclasses give the array's type code and the marker."""
@@ -48,8 +74,8 @@ class _Column(Mapping[Key, V]):
     _code: str
     _marker: float
 
-    def __init__(self, instances: int) -> None:
-        self.columns: list[array[Any]] = [array(self._code) for _ in range(instances)]
+    def __init__(self) -> None:
+        self.columns = Arrays(self._code)
 
     @staticmethod
     @abstractmethod
@@ -63,9 +89,10 @@ class _Column(Mapping[Key, V]):
         index, sequence = key
         if index < 0 or sequence < 0:
             raise KeyError(key)
+        column = self.columns.get(index)
         try:
-            value: V = self.columns[index][sequence]
-        except IndexError:
+            value: V = column[sequence]  # type: ignore[index]
+        except (IndexError, TypeError):  # (TypeError: no column)
             raise KeyError(key) from None
         if self._absent(value):
             raise KeyError(key)
@@ -89,7 +116,7 @@ class _Column(Mapping[Key, V]):
     def items(self) -> Iterator[tuple[Key, V]]:  # type: ignore[override]
         """``(key, value)`` by instance, then sequence: one pass, no lookups."""
         absent = self._absent
-        for index, column in enumerate(self.columns):
+        for index, column in self.columns.by_index():
             for sequence, value in enumerate(column):
                 if not absent(value):
                     yield (index, sequence), value
@@ -108,7 +135,7 @@ class Times(_Column[float]):
     def __len__(self) -> int:
         """How many events have a time: each column's length less its NaNs, counted
         without a Python call per event."""
-        return sum(len(column) - sum(map(isnan, column)) for column in self.columns)
+        return sum(len(column) - sum(map(isnan, column)) for column in self.columns.values())
 
     def put(self, key: Key, time: float) -> None:
         """Set the event's time (replacing one it had)."""
@@ -116,8 +143,9 @@ class Times(_Column[float]):
 
     def overlaid(self, other: Times) -> Times:
         """A copy of these times, each replaced by ``other``'s where it has one."""
-        merged = Times(len(self.columns))
-        merged.columns = [array("d", column) for column in self.columns]
+        merged = Times()
+        for index, column in self.columns.items():
+            merged.columns[index] = array("d", column)
         for key, time in other.items():
             merged.put(key, time)
         return merged
@@ -127,7 +155,11 @@ def differences(ends: Times, starts: Times) -> list[float]:
     """``ends - starts`` for each event with both, by instance then sequence: column by
     column (a run measures one per event)."""
     samples = []
-    for done, began in zip(ends.columns, starts.columns, strict=True):
+    began_at = starts.columns
+    for index, done in ends.columns.by_index():
+        began = began_at.get(index)
+        if began is None:
+            continue
         for end, start in zip(done, began, strict=False):
             if not (isnan(end) or isnan(start)):
                 samples.append(end - start)
@@ -156,8 +188,8 @@ class Marks:
 
     __slots__ = ("columns",)
 
-    def __init__(self, instances: int) -> None:
-        self.columns = [array("b") for _ in range(instances)]
+    def __init__(self) -> None:
+        self.columns = Arrays("b")
 
     def add(self, key: Key) -> None:
         put(self.columns[key[0]], key[1], 1, 0)
@@ -168,19 +200,19 @@ class Marks:
         index, sequence = key
         if not (isinstance(index, int) and isinstance(sequence, int)):
             return False
-        if index < 0 or sequence < 0 or index >= len(self.columns):
+        column = self.columns.get(index)
+        if column is None or sequence < 0:
             return False
-        column = self.columns[index]
         return sequence < len(column) and column[sequence] == 1
 
     def __iter__(self) -> Iterator[Key]:
-        for index, column in enumerate(self.columns):
+        for index, column in self.columns.by_index():
             for sequence, marked in enumerate(column):
                 if marked:
                     yield (index, sequence)
 
     def __len__(self) -> int:
-        return sum(column.count(1) for column in self.columns)
+        return sum(column.count(1) for column in self.columns.values())
 
 
 class Steps(Sequence[tuple[float, int]]):

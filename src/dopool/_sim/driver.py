@@ -37,7 +37,6 @@ from dopool._errors import (
     ConfigurationError,
     EventTooLargeError,
     EventValidationError,
-    ScenarioError,
 )
 from dopool._handles.pool import WorkerPool
 from dopool._handles.tools import ToolRuntime
@@ -49,7 +48,7 @@ from dopool._sim.interrupt import Interrupt, interruptible
 from dopool._sim.measure import Answers, measure
 from dopool._sim.metrics import Collector, Residency, Result
 from dopool._sim.pools import pool_named
-from dopool._sim.scenario import Scenario
+from dopool._sim.scenario import Scenario, check_instance
 from dopool._sim.sections import Kill as PlannedKill
 from dopool._sim.sections import Pause as PlannedPause
 from dopool._sim.trace import Trace
@@ -168,7 +167,7 @@ def _run(
         pools = dict(runtime.pools)
         if schedule is None:
             schedule = arrivals(scenario, list(pools))
-        answers = Answers({name: pool.concurrency for name, pool in pools.items()})
+        answers = Answers(pools)
         padding = b"\0" * scenario.payload_bytes if app else b""
         paddings = {design.name: b"\0" * design.payload_bytes for design in scenario.resolved_pools}
         upcoming = iter(schedule)
@@ -249,15 +248,13 @@ def _define_pools(
     collectors: dict[str, Collector] = {}
     run = Residency()  # the instances running, over every pool
     for name, design in designs.items():
-        collectors[name] = Collector(
-            name, design.instances, delays=design.delayed_share > 0, residency=run
-        )
+        collectors[name] = Collector(name, delays=design.delayed_share > 0, residency=run)
         runtime.subscribe(collectors[name])
         spec = design.retry
         runtime.define(
             name,
             execute=make_handler(scenario.seed, design, designs, lineage),
-            concurrency=design.instances,
+            concurrency=design.instances,  # an int, or "per-key"
             retry=RetryPolicy(
                 max_attempts=spec.max_attempts,
                 initial_delay=spec.initial_delay,
@@ -297,16 +294,9 @@ def _define_app_pools(scenario: Scenario, runtime: ToolRuntime, app: App) -> dic
     for kind, items in placed:
         for position, item in enumerate(items):
             name = pool_named(item.pool, names, f"{kind}[{position}].pool")
-            concurrency = pools[name].concurrency
-            if item.instance is not None and item.instance >= concurrency:
-                raise ScenarioError(
-                    f"{kind}[{position}].instance",
-                    f"must be < instances ({concurrency}) of pool {name!r}, got {item.instance}",
-                )
+            check_instance(f"{kind}[{position}]", item, name, pools[name].concurrency)
     run = Residency()  # the instances running, over every pool
-    collectors = {
-        name: Collector(name, pool.concurrency, residency=run) for name, pool in pools.items()
-    }
+    collectors = {name: Collector(name, residency=run) for name in pools}
     for collector in collectors.values():
         for event in early:
             collector(event)

@@ -11,7 +11,7 @@ import math
 from collections.abc import Collection, Iterator
 
 from dopool._sim.latency import Latency
-from dopool._sim.metrics import Result
+from dopool._sim.metrics import Result, Stall
 
 #: What each whole-run figure means, in the order they are listed.
 DESCRIPTIONS: dict[str, str] = {
@@ -181,9 +181,7 @@ def figures(result: Result) -> dict[str, float]:
         default=0.0,
     )
     named["stalled"] = len(still)
-    named["stalled_events"] = sum(
-        result.pools[_position(result, s.pool)].instances[s.instance].pending for s in still
-    )
+    named["stalled_events"] = sum(_pending(result, stall) for stall in still)
     named["invariants_passed"] = 1.0 if result.passed else 0.0
     if len(result.pools) > 1:
         for pool in result.pools:
@@ -214,6 +212,12 @@ def figures(result: Result) -> dict[str, float]:
             }
         )
     return {name: float(value) for name, value in named.items()}
+
+
+def _pending(result: Result, stall: Stall) -> int:
+    """The events a stalled instance holds, as its pool's result lists it."""
+    found = result.pools[_position(result, stall.pool)].instance(stall.instance)
+    return 0 if found is None else found.pending
 
 
 def _position(result: Result, pool: str) -> int:

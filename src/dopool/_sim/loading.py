@@ -174,6 +174,9 @@ def parse_value(path: str, text: str) -> Any:
     if optional and text.strip().lower() in ("none", ""):
         return None
     base = annotation.split("|")[0].strip()
+    word = text.strip()
+    if word and (f"Literal['{word}']" in annotation or f'Literal["{word}"]' in annotation):
+        return word  # the field's word: "per-key" instances
     if base == "int":
         try:
             return int(text.replace("_", ""))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from math import isnan, nan
@@ -16,6 +17,7 @@ from dopool._sim.latency import Latency
 from dopool._sim.metrics import (
     Collector,
     InstanceResult,
+    InstanceTrack,
     Invariant,
     PoolResult,
     Requests,
@@ -25,6 +27,7 @@ from dopool._sim.metrics import (
 from dopool._sim.order import check_delayed_order
 from dopool._sim.scenario import Scenario
 from dopool._sim.workload import Arrival, Lineage
+from dopool._store.layout import used_instances
 from dopool._types import EnqueueResult, PoolStatus
 
 MAX_DEAD_LETTERS_LISTED = 20
@@ -53,10 +56,10 @@ class Answers:
     run keeps a few bytes per arrival (:mod:`dopool._sim.columns`), not its reply.
     """
 
-    def __init__(self, concurrency: Mapping[str, int]) -> None:
-        self.arrived_at = {name: Times(count) for name, count in concurrency.items()}
-        self.request_of = {name: Numbers(count) for name, count in concurrency.items()}
-        self.stored: dict[str, int] = dict.fromkeys(concurrency, 0)
+    def __init__(self, pools: Iterable[str]) -> None:
+        self.arrived_at = {name: Times() for name in pools}
+        self.request_of = {name: Numbers() for name in self.arrived_at}
+        self.stored: dict[str, int] = dict.fromkeys(self.arrived_at, 0)
         self.offered: dict[str, int] = {}
         self.rejected: dict[str, int] = {}
         self.duplicates: dict[str, int] = {}  # answered with the event holding their key
@@ -107,13 +110,13 @@ class Answers:
                 self.delayed[pool] = self.delayed.get(pool, 0) + 1
                 due_at = self._due_at.get(pool)
                 if due_at is None:
-                    due_at = self._due_at[pool] = Times(len(self.arrived_at[pool].columns))
+                    due_at = self._due_at[pool] = Times()
                 due_at.put((index, sequence), arrival.time + arrival.delay)
 
     def due_times(self, pool: str) -> Times:
         """When each delayed arrival stored into ``pool`` became due (none: empty)."""
         due_at = self._due_at.get(pool)
-        return Times(len(self.arrived_at[pool].columns)) if due_at is None else due_at
+        return Times() if due_at is None else due_at
 
     def starts(self, pool: str) -> Times:
         """When each stored arrival into ``pool`` was due: its arrival, or for a delayed
@@ -128,6 +131,9 @@ class Answers:
 # behind a running handler, with that handler's outcome; the few still waiting at a
 # fold are kept for the next.
 _FOLD_EVERY = 4096
+#: A pool of up to this many instances has every one in its result; a larger one, the
+#: instances its run used.
+EVERY_INSTANCE_LISTED = 1024
 
 
 def measure(
@@ -149,6 +155,7 @@ def measure(
     missing: list[str] = []
     outbox = 0
     problems: list[str] = []
+    depth_series: list[Steps] = []
     statuses = {name: pool.status() for name, pool in pools.items()}
     for name, pool in pools.items():
         collector, status = collectors[name], statuses[name]
@@ -162,6 +169,9 @@ def measure(
         outbox += held
         problems.extend(found)
         waiting = answers.waiting.get(name, 0)
+        shown = _listed(status, collector)
+        tracks = [collector.tracks.get(index) or InstanceTrack() for index in shown]
+        depth_series.extend(Steps(track.changed_at, track.depths) for track in tracks)
         instances = [
             InstanceResult(
                 pool=name,
@@ -175,10 +185,9 @@ def measure(
                 restarts=s.restarts,
                 max_depth=track.max_depth,
                 utilisation=_busy(track.busy, track.busy_since, now) / elapsed if elapsed else 0.0,
+                key=s.key,
             )
-            for s, track in zip(
-                map(status.instance, range(status.concurrency)), collector.tracks, strict=True
-            )
+            for s, track in zip(map(status.instance, shown), tracks, strict=True)
         ]
         results.append(
             PoolResult(
@@ -197,6 +206,7 @@ def measure(
                 latency=Latency.of(mine, unfinished=status.pending + waiting + held),
                 instances=instances,
                 waiting=waiting,
+                concurrency=status.concurrency,
                 latencies=mine,
             )
         )
@@ -306,25 +316,32 @@ def measure(
             key=lambda stall: (stall.since, stall.pool, stall.instance),
         ),
         alarm_policy=_alarm_policy(scenario),
-        depth_series=[
-            Steps(track.changed_at, track.depths) for c in collectors.values() for track in c.tracks
-        ],
+        depth_series=depth_series,
         latencies=latencies,
         in_progress=sum(
-            track.busy_since is not None for c in collectors.values() for track in c.tracks
+            track.busy_since is not None for c in collectors.values() for track in c.tracks.values()
         ),
         outbox=outbox,
         not_arrived=expected - answers.sent,
     )
 
 
+def _listed(status: PoolStatus, collector: Collector) -> list[int]:
+    """The instances a pool's result lists, by index: every one of a pool of up to
+    :data:`EVERY_INSTANCE_LISTED` (an idle one says something of the routing), else those
+    the run used (an event followed, or a record in the store)."""
+    if status.concurrency <= EVERY_INSTANCE_LISTED:
+        return list(range(status.concurrency))
+    return sorted({s.index for s in status.instances}.union(collector.tracks))
+
+
 # These two run once per event of the run: column by column, not key by key.
 def _since_handed(collector: Collector, due: Times, handed: Callable[[Key], float]) -> list[float]:
     """Each success's latency, in their order: from its due time, else from its handing."""
-    starts = due.columns
+    starts, empty = due.columns, array("d")
     samples = []
     for (index, sequence), end in collector.successes():
-        column = starts[index]
+        column = starts.get(index, empty)
         start = column[sequence] if sequence < len(column) else nan
         samples.append(end - (handed((index, sequence)) if isnan(start) else start))
     return samples
@@ -333,7 +350,9 @@ def _since_handed(collector: Collector, due: Times, handed: Callable[[Key], floa
 def _unaccounted(arrived: Times, collector: Collector) -> Iterator[Key]:
     """The stored arrivals the collector saw neither succeed, nor die, nor still queued."""
     queued, successes = collector.pending_keys(), collector.succeeded_at.columns
-    for index, (column, ends) in enumerate(zip(arrived.columns, successes, strict=True)):
+    empty: array[float] = array("d")
+    for index, column in arrived.columns.by_index():
+        ends = successes.get(index, empty)
         for sequence, time in enumerate(column):
             if isnan(time) or (sequence < len(ends) and not isnan(ends[sequence])):
                 continue
@@ -483,15 +502,17 @@ def _store_checks(
 ) -> tuple[int, list[str]]:
     """Guarantee 4 (counters, docs/guarantees.md) from the store, its alarm and work
     indexes, and the event stream agreeing; returns the follow-ups still in the pool's
-    outboxes, and the problems."""
+    outboxes, and the problems. Read for the instances the store or the events name (an
+    instance neither names has nothing to check)."""
     problems: list[str] = []
     outbox = 0
     with runtime.committed() as txn:
-        for index in range(pool.concurrency):
+        named = set(used_instances(txn, pool.name)).union(collector.tracks)
+        for index in sorted(named):
             state = read_instance(txn, pool.name, index)
             outbox += state.meta.outbox
             problems.extend(violations(state))
-            track = collector.tracks[index]
+            track = collector.tracks.get(index) or InstanceTrack()
             if track.depth != state.meta.pending:
                 problems.append(
                     f"{state.name}: events say {track.depth} pending, store {state.meta.pending}"

@@ -14,6 +14,7 @@ callbacks never overlap and need no lock.
 
 from __future__ import annotations
 
+import bisect
 import math
 from array import array
 from collections import deque
@@ -24,6 +25,7 @@ from typing import Any, ClassVar
 
 from dopool._sim.columns import Key, Marks, Numbers, Steps, Times, put
 from dopool._sim.latency import Latency
+from dopool._store.layout.limits import PER_KEY
 from dopool._types import PoolEvent
 
 MAX_VIOLATIONS = 20  # kept per check: the first few say enough
@@ -49,6 +51,21 @@ class InstanceTrack:
     # pool with delayed arrivals, whose order is checked at the end (``delayed_order``).
     first_starts: array[int] = field(default_factory=lambda: array("q"))
     first_started_at: array[float] = field(default_factory=lambda: array("d"))
+
+
+class Tracks(dict[int, InstanceTrack]):
+    """Each instance's :class:`InstanceTrack`, by index, made as its first event is
+    followed (looking it up makes it; ``get`` makes nothing)."""
+
+    __slots__ = ()
+
+    def __missing__(self, index: int) -> InstanceTrack:
+        made = self[index] = InstanceTrack()
+        return made
+
+    def by_index(self) -> list[tuple[int, InstanceTrack]]:
+        """``(index, track)`` by instance index."""
+        return sorted(self.items(), key=lambda item: item[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +149,6 @@ class Collector:
     def __init__(
         self,
         pool: str,
-        instances: int,
         *,
         delays: bool = False,
         residency: Residency | None = None,
@@ -143,13 +159,15 @@ class Collector:
         # With delayed arrivals an instance starts its events by due time, not by
         # sequence: the order is checked at the end, once the due times are known.
         self.delays = delays
-        self.tracks = [InstanceTrack() for _ in range(instances)]
+        # Each instance's, made with its first event: a run keeps nothing for the
+        # instances it never used.
+        self.tracks = Tracks()
         # Per event, as columns (dopool._sim.columns): a run keeps them to its end.
-        self.enqueued_at = Times(instances)
-        self.succeeded_at = Times(instances)  # its keys: the events that succeeded
-        self.succeeded_attempt = Numbers(instances)  # the attempt whose success committed
-        self.dead = Marks(instances)
-        self._success_index = array("q")  # the successes in the order they were told:
+        self.enqueued_at = Times()
+        self.succeeded_at = Times()  # its keys: the events that succeeded
+        self.succeeded_attempt = Numbers()  # the attempt whose success committed
+        self.dead = Marks()
+        self._success_index = array("Q")  # the successes in the order they were told:
         self._success_sequence = array("q")  # (instance, sequence) by position
         self._enqueued = self.enqueued_at.columns  # the arrays, written without a lookup
         self._succeeded = self.succeeded_at.columns
@@ -174,7 +192,7 @@ class Collector:
         """The stalls no write has ended (yet)."""
         return [
             Stall(self.pool, index, track.stalled[0], None, track.stalled[1])
-            for index, track in enumerate(self.tracks)
+            for index, track in self.tracks.by_index()
             if track.stalled is not None
         ]
 
@@ -317,7 +335,7 @@ class Collector:
 
     def pending_keys(self) -> set[Key]:
         """The (instance, sequence) of every event still queued, as the events tell it."""
-        return {(i, s) for i, track in enumerate(self.tracks) for s in track.queue}
+        return {(i, s) for i, track in self.tracks.items() for s in track.queue}
 
 
 def note(violations: list[str], text: str) -> None:
@@ -339,11 +357,13 @@ class InstanceResult:
     restarts: int
     max_depth: int
     utilisation: float
+    key: str | None = None  # a per-key pool's instance: its partition key
 
     def to_json_dict(self) -> dict[str, Any]:
         return {
             "pool": self.pool,
             "index": self.index,
+            **({} if self.key is None else {"key": self.key}),
             "enqueued": self.enqueued,
             "succeeded": self.succeeded,
             "dead_lettered": self.dead_lettered,
@@ -388,16 +408,31 @@ class PoolResult:
     retries: int
     crashes: int
     latency: Latency
+    # Every instance of a pool of up to 1,024 by index; of a larger one, those its run
+    # used (dopool._sim.measure.EVERY_INSTANCE_LISTED).
     instances: list[InstanceResult]
     waiting: int = 0
     delayed: int = 0  # arrivals stored with a delay (delayed_share)
+    concurrency: int = 0  # the pool's instances (PER_KEY: one per key)
     # For plots only; not part of the JSON document.
     latencies: list[float] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def utilisation(self) -> float:
+        """The mean over the instances listed (a large pool's: those used)."""
         shares = [instance.utilisation for instance in self.instances]
         return math.fsum(shares) / len(shares) if shares else 0.0
+
+    @property
+    def every_instance(self) -> bool:
+        """Whether :attr:`instances` lists every instance of the pool, used or not."""
+        return len(self.instances) == self.concurrency
+
+    def instance(self, index: int) -> InstanceResult | None:
+        """Instance ``index``'s figures, if listed."""
+        at = bisect.bisect_left(self.instances, index, key=_index_of)
+        found = self.instances[at] if at < len(self.instances) else None
+        return found if found is not None and found.index == index else None
 
     @property
     def max_depth(self) -> int:
@@ -406,6 +441,8 @@ class PoolResult:
     def to_json_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "instances": "per-key" if self.concurrency == PER_KEY else self.concurrency,
+            "instances_listed": len(self.instances),
             "offered": self.offered,
             "arrivals_enqueued": self.acknowledged,
             "rejected_queue_full": self.rejected,
@@ -422,6 +459,10 @@ class PoolResult:
             "max_queue_depth": self.max_depth,
             "latency": self.latency.to_json_dict(),
         }
+
+
+def _index_of(instance: InstanceResult) -> int:
+    return instance.index
 
 
 @dataclass(frozen=True, slots=True)

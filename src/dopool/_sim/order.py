@@ -8,6 +8,7 @@ due times, which the run knows only once each enqueue is answered.
 
 from __future__ import annotations
 
+from array import array
 from math import nan
 
 from dopool._sim.columns import Times
@@ -21,8 +22,10 @@ def check_delayed_order(collector: Collector, due_at: Times) -> None:
     of its delay (``due_at``) if that is later. Each start was the first due event
     then, and an event stored later is due later: so the first starts must come in
     increasing (due, sequence) order."""
-    for index, track in enumerate(collector.tracks):
-        stored, delayed = collector.enqueued_at.columns[index], due_at.columns[index]
+    empty: array[float] = array("d")
+    for index, track in collector.tracks.by_index():
+        stored = collector.enqueued_at.columns.get(index, empty)
+        delayed = due_at.columns.get(index, empty)
         previous: tuple[float, int] | None = None
         for sequence, started in zip(track.first_starts, track.first_started_at, strict=True):
             due = stored[sequence] if sequence < len(stored) else nan

@@ -13,7 +13,7 @@ import difflib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Literal
 
 from dopool._engine.options import DEFAULT_IDLE_TIMEOUT
 from dopool._errors import MAX_DELAY, ConfigurationError, ScenarioError
@@ -23,11 +23,13 @@ from dopool._sim.sections import (
     MAX_INSTANCES,
     MAX_PAYLOAD_BYTES,
     MAX_TIME,
+    PER_KEY_INSTANCES,
     ROUTINGS,
     Partitions,
     Retry,
     Service,
 )
+from dopool._store.layout.limits import PER_KEY
 
 DEFAULT_POOL = "sim"  # the pool of a scenario without [[pools]]
 FANOUTS = ("fixed", "poisson", "geometric")
@@ -96,7 +98,7 @@ class Pool:
     """One pool of a scenario, every setting resolved."""
 
     name: str
-    instances: int = 4
+    instances: int | Literal["per-key"] = 4
     routing: str = "round-robin"
     max_queue_depth: int | None = None
     payload_bytes: int = 0
@@ -114,8 +116,21 @@ class Pool:
     follow_ups: tuple[FollowUp, ...] = ()
 
     def __post_init__(self) -> None:
-        number("instances", self.instances, integer=True, minimum=1, maximum=MAX_INSTANCES)
         assign(self, "routing", choice("routing", self.routing, ROUTINGS))
+        if self.instances == PER_KEY_INSTANCES:
+            if self.routing != "partition":
+                raise ScenarioError(
+                    "routing",
+                    f'must be "partition" with instances = "{PER_KEY_INSTANCES}" (each '
+                    f'event goes to its key\'s instance), got "{self.routing}"',
+                )
+        elif isinstance(self.instances, str):
+            raise ScenarioError(
+                "instances",
+                f'must be an integer or "{PER_KEY_INSTANCES}", got {self.instances!r}',
+            )
+        else:
+            number("instances", self.instances, integer=True, minimum=1, maximum=MAX_INSTANCES)
         if self.max_queue_depth is not None:
             number("max_queue_depth", self.max_queue_depth, integer=True, minimum=1)
         number("payload_bytes", self.payload_bytes, integer=True, minimum=0)
@@ -137,6 +152,12 @@ class Pool:
         if self.delayed_share > 0 and delay <= 0:
             raise ScenarioError("delay", "must be > 0 when delayed_share is set")
         assign(self, "delay", delay)
+
+    @property
+    def concurrency(self) -> int:
+        """The pool's number of instances, as the engine counts them (``PER_KEY`` for
+        ``"per-key"``)."""
+        return PER_KEY if self.instances == PER_KEY_INSTANCES else int(self.instances)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ Python keyword, so their field is ``Scenario.asserts``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Literal
 
 from dopool._engine.options import DEFAULT_IDLE_TIMEOUT
 from dopool._errors import ScenarioError
@@ -33,6 +33,7 @@ from dopool._sim.sections import (
     DEFAULT_TOTAL,
     GATES,
     MAX_EVENTS,
+    MAX_PAUSED_ALL,
     MAX_TIME,
     Arrivals,
     Faults,
@@ -44,6 +45,7 @@ from dopool._sim.sections import (
     Service,
     about,
 )
+from dopool._store.layout.limits import PER_KEY
 
 __all__ = [
     "DEFAULT_TOTAL",
@@ -101,7 +103,8 @@ class Scenario:
         name, description: shown in the report; the description says what it teaches.
         seed: every random draw of the run (arrivals, service times, failures,
             follow-ups, retry jitter, faults) derives from it.
-        instances: the pool's concurrency.
+        instances: the pool's concurrency, or ``"per-key"`` (an instance per partition
+            key; ``routing = "partition"``).
         routing: ``"round-robin"``, or ``"partition"`` (by the events' partition keys).
         duration: stop at this virtual time (events still pending are reported as
             pending); absent = run until every event is processed.
@@ -132,7 +135,7 @@ class Scenario:
     name: str = "custom"
     description: str = ""
     seed: int = 0
-    instances: int = 4
+    instances: int | Literal["per-key"] = 4
     routing: str = "round-robin"
     duration: float | None = None
     max_queue_depth: int | None = None
@@ -200,12 +203,7 @@ class Scenario:
                 if self.app is not None:
                     continue  # the app's pools are known when it runs
                 pool = pool_of(item.pool, resolved, f"{path}.pool")
-                if item.instance is not None and item.instance >= pool.instances:
-                    raise ScenarioError(
-                        f"{path}.instance",
-                        f"must be < instances ({pool.instances}) of pool {pool.name!r}, "
-                        f"got {item.instance}",
-                    )
+                check_instance(path, item, pool.name, pool.concurrency)
         self._check_pauses(resolved)
 
     def _check_pauses(self, pools: tuple[Pool, ...]) -> None:
@@ -348,3 +346,20 @@ def _toml_value(value: Any) -> str:
         for char in text
     )
     return f'"{text}"'
+
+
+def check_instance(path: str, item: Pause | Kill, pool: str, concurrency: int) -> None:
+    """Refuse a pause or kill (``path``, ``pauses[0]``) of an instance ``pool`` lacks, or a
+    pause of every instance of a pool too large for one message each."""
+    if item.instance is not None and item.instance >= concurrency:
+        shown = "per-key" if concurrency == PER_KEY else concurrency
+        raise ScenarioError(
+            f"{path}.instance",
+            f"must be < instances ({shown}) of pool {pool!r}, got {item.instance}",
+        )
+    if item.instance is None and concurrency > MAX_PAUSED_ALL:
+        raise ScenarioError(
+            f"{path}.instance",
+            f"must name one instance: a pause of every instance of a pool of more than "
+            f"{MAX_PAUSED_ALL:,} sends each a message (pool {pool!r})",
+        )

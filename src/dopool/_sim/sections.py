@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from dopool._errors import MAX_DELAY, ScenarioError
 from dopool._sim import gates
 from dopool._sim.checks import assign, choice, number, probability, text
+from dopool._store.layout.limits import MAX_CONCURRENCY
 
 ROUTINGS = ("round-robin", "partition")
 PROCESSES = ("steady", "poisson", "bursts", "phases", "daily", "replay")
@@ -33,7 +34,11 @@ BOUNDS: dict[str, dict[str, Any]] = {  # the optional numbers of daily and repla
 DISTRIBUTIONS = ("fixed", "exponential", "lognormal")
 
 DEFAULT_TOTAL = 1000
-MAX_INSTANCES = 1024
+MAX_INSTANCES = MAX_CONCURRENCY  # a pool's instances, as the engine takes them (2**32)
+PER_KEY_INSTANCES = "per-key"  # ``instances = "per-key"``: an instance per partition key
+#: A pause of every instance (``instance`` absent) sends each its own message: in a pool
+#: of more than this many, the pause names its instance.
+MAX_PAUSED_ALL = 1024
 MAX_EVENTS = 10_000_000
 MAX_PAYLOAD_BYTES = 100_000  # below the engine's 128 KiB event limit, with room for the rest
 MAX_KEYS = 1_000_000

@@ -66,9 +66,10 @@ def define(runtime: Runtime) -> None:
     runtime.define(
         POOL,
         execute=handle,
-        concurrency=plan.concurrency,
+        concurrency=plan.size,
         retry=RETRY,
         dedup_window=plan.dedup_window,
+        idle_timeout=plan.idle_timeout,
     )
     os.write(pipe, READY[int(os.environ["DOPOOL_CHAOS_CHAIN"])])
 

@@ -21,15 +21,22 @@ its own as well.
 One seed in :data:`BIG_EVERY` (those whose number is :data:`BIG_AT` modulo it) is of
 the **big** family instead (:func:`draw_big`): a pool of 2,048 to 4,096 instances
 shared by two or three workers, a third or fourth worker joining mid-run and one
-leaving, and producers whose events reach every instance.
+leaving, and producers whose events reach every instance. Half of those (drawn from a
+generator of their own, :func:`_per_key`) run the same streams on a **per-key** pool
+instead: each event of the first producer's sweep its own key, so thousands of
+instances are activated on demand, evicted after a short ``idle_timeout`` and started
+again, in workers of few slots (``--max-active``), while workers join, leave and die.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, replace
+from typing import Literal
 
+from dopool._engine.options import DEFAULT_IDLE_TIMEOUT
 from dopool._retry import RetryPolicy
+from dopool._store.layout.limits import PER_KEY
 
 POOL = "mp"
 #: High enough that no planned failure and no kill dead-letters an event by accident:
@@ -51,6 +58,11 @@ BIG_KEYED = 300  # the most events a big seed's producer other than the first se
 #: The big family's --lease-ttl: a third of it between renewals leaves a worker of
 #: thousands of instance threads, on a loaded two-core machine, a margin 0.6 s does not.
 BIG_LEASE_TTL = 2.0
+#: The share of the big family's seeds run on a per-key pool (:func:`_per_key`), the
+#: idle timeouts their pool takes, and the --max-active their workers take.
+PER_KEY_SHARE = 0.5
+PER_KEY_IDLE = (0.2, 1.0)
+PER_KEY_ACTIVE = (16, 64)
 #: A freeze keeps its target stopped for ``FREEZE_TTLS`` times the lease ttl at most.
 FREEZE_TTLS = 3.0
 
@@ -125,6 +137,14 @@ class Plan:
     lease_ttl: float = LEASE_TTL  # the workers' --lease-ttl
     big: bool = False  # of the big family (draw_big)
     lock_timeout: float | None = None  # the producers' connect(lock_timeout=); None: 10 s
+    per_key: bool = False  # the pool is "per-key" (concurrency PER_KEY)
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT  # the pool's
+    max_active: int | None = None  # the workers' --max-active; None: the default
+
+    @property
+    def size(self) -> int | Literal["per-key"]:
+        """The pool's ``concurrency`` as ``define`` takes it."""
+        return "per-key" if self.per_key else self.concurrency
 
     @property
     def producers(self) -> int:
@@ -143,9 +163,15 @@ class Plan:
         verbs = " ".join(a.describe() for a in self.actions)
         keyed = sum(1 for s in self.streams for send in s for k in send.dedup_keys if k)
         family = " (big family)" if self.big else ""
+        size = f"of {self.concurrency}"
+        if self.per_key:
+            size = (
+                f"per key, idle timeout {self.idle_timeout:g} s, workers' max active "
+                f"{self.max_active}"
+            )
         timeout = "" if self.lock_timeout is None else f", lock timeout {self.lock_timeout:g} s"
         return (
-            f"seed {self.seed}{family}: pool {POOL!r} of {self.concurrency}, "
+            f"seed {self.seed}{family}: pool {POOL!r} {size}, "
             f"{self.producers} producers, "
             f"{self.events} events ({keyed} keyed, window {self.dedup_window:g} s), "
             f"durability {self.durability}{timeout}; {self.workers} worker(s), lease ttl "
@@ -156,6 +182,9 @@ class Plan:
 def draw(seed: int) -> Plan:
     """The scenario of ``seed``: of the big family or not, and its frozen writers."""
     plan = draw_big(seed) if seed % BIG_EVERY == BIG_AT else _draw(seed)
+    keyed = random.Random(f"dopool-procs-per-key:{seed}")
+    if plan.big and keyed.random() < PER_KEY_SHARE:
+        plan = _per_key(plan, keyed)
     rng = random.Random(f"dopool-procs-freeze:{seed}")
     freezes = _freezes(rng, plan)
     longest = max((a.seconds for a in freezes), default=0.0)
@@ -276,6 +305,31 @@ def draw_big(seed: int) -> Plan:
         workers=workers,
         lease_ttl=BIG_LEASE_TTL,
         big=True,
+    )
+
+
+def _per_key(plan: Plan, rng: random.Random) -> Plan:
+    """``plan``'s streams on a per-key pool: each event the first producer sent without a
+    key is sent alone, with a key of its own (an instance each); the other producers'
+    keys stay. Instances idle for ``PER_KEY_IDLE`` seconds are evicted, and each worker
+    runs few at once (``PER_KEY_ACTIVE``), so the slots' line moves all run long."""
+    streams = []
+    for stream in plan.streams:
+        sends: list[Send] = []
+        for send in stream:
+            if send.partition_key is not None:
+                sends.append(send)
+                continue
+            for ident in send.ids:  # (the big family's events carry no dedup key)
+                sends.append(Send((ident,), f"s{ident}", send.priority, send.delay, (None,)))
+        streams.append(tuple(sends))
+    return replace(
+        plan,
+        concurrency=PER_KEY,
+        streams=tuple(streams),
+        per_key=True,
+        idle_timeout=rng.choice(PER_KEY_IDLE),
+        max_active=rng.choice(PER_KEY_ACTIVE),
     )
 
 

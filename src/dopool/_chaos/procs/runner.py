@@ -131,6 +131,8 @@ class Processes:
         command = [sys.executable, "-m", "dopool", "worker", APP, "--store", str(self.store)]
         options = ["--durability", self.plan.durability, "--poll-interval", str(POLL)]
         options += ["--lease-ttl", str(self.plan.lease_ttl)]
+        if self.plan.max_active is not None:
+            options += ["--max-active", str(self.plan.max_active)]
         # Warnings too: a live worker losing a lease logs one, and the checker reads them.
         options += ["--grace", str(GRACE), "--log-level", "warning"]
         with (
