@@ -262,3 +262,20 @@ def test_two_worker_processes_serve_a_per_key_pool_fed_through_connect(
     assert first.stop() == 0
     assert second.stop() == 0
     assert invoke("check", str(store_path)).exit_code == 0
+
+
+def test_a_restart_owed_to_an_instance_taken_over_is_counted_whoever_starts_it(
+    store_path: Path, seen: Seen, opened: list[Runtime]
+) -> None:
+    """A unit taken over after its lease expired owes each instance with work a restart;
+    the store's poll (or a wake-up) may start one before the keeper does, and the restart
+    is counted all the same (CI once saw it lost that way)."""
+    rooms = _worker(store_path, "a", seen, opened, concurrency=4)
+    cells = rooms._instances.cells
+    dropped = cells.unserve({1})  # as if lost, then taken again after its expiry
+    assert dropped == {}
+    cells.serve(1, [1])
+    cell = cells.ready(1)  # the poll's start, not the keeper's
+    assert cell is not None
+    until(lambda: rooms.status().instance(1).restarts == 1, "the restart counted")
+    assert rooms.status().instance(0).restarts == 0

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable, Hashable, Iterator, Set
+from collections.abc import Callable, Hashable, Iterable, Iterator, Set
 from contextlib import contextmanager
 from functools import partial
 from typing import Any, Protocol
@@ -172,8 +172,8 @@ class Cells:
         # The lease units served here (a shared worker's); None: every instance. Changed
         # under the lock, read without it (a set's ``in`` is atomic).
         self._units: set[int] | None = None if serve_all else set()
-        # Restarts to count with the recovery of an instance waiting in line (one taken
-        # over after its lease expired, :meth:`ready`).
+        # A restart to count with the next start of an instance (one with work, taken over
+        # after its lease expired: :meth:`serve`), whoever starts it.
         self._owed: dict[int, int] = {}
         self._slots = slots
         self._plan = faults
@@ -199,12 +199,16 @@ class Cells:
         units = self._units
         return units is None or unit_of(index, self.concurrency) in units
 
-    def serve(self, unit: int) -> None:
+    def serve(self, unit: int, restarted: Iterable[int] = ()) -> None:
         """Serve the instances of lease ``unit`` from now on: each starts when first needed
-        (a shared worker's lease keeper, having taken the lease, calls this)."""
+        (a shared worker's lease keeper, having taken the lease, calls this). Those of
+        ``restarted`` (taken over after the lease expired, with work) count a restart with
+        their first recovery here, whatever starts them: the keeper, or a wake-up first."""
         assert self._units is not None, "an exclusive runtime serves every instance"
         with self._lock:
             self._units.add(unit)
+            for index in restarted:
+                self._owed[index] = 1
 
     def unserve(self, units: Set[int]) -> dict[int, list[Cell]]:
         """Serve the instances of ``units`` no more: the cells made of them are dropped
@@ -265,19 +269,19 @@ class Cells:
             self._slots.wait(self.name, index)
         return cell, reply
 
-    def start(self, index: int, *, restarts: int = 0) -> tuple[Cell, Reply | None] | None:
+    def start(self, index: int) -> tuple[Cell, Reply | None] | None:
         """Instance ``index``'s cell, running (started by this call if it was not, with its
-        recovery's reply as :meth:`open` gives it, ``restarts`` counted with it); None,
-        making nothing, if it would wait for a slot (an enqueue for it is stored from the
-        caller's thread instead). A vacant cell if it is not served here."""
+        recovery's reply as :meth:`open` gives it); None, making nothing, if it would wait
+        for a slot (an enqueue for it is stored from the caller's thread instead). A vacant
+        cell if it is not served here."""
         cell = self._made.get(index)
-        if cell is None and (restarts or self._slots.limit is not None):
+        if cell is None and self._slots.limit is not None:
             with self._slot_given_back_on_failure() as taken, self._lock:
                 cell = self._made.get(index)
                 if cell is None and not self._closed and self._serves(index):
                     if not taken(self._slots.take()):
                         return None
-                    return self._start_new(index, recovery=True, restarts=restarts)
+                    return self._start_new(index, recovery=True)
         if cell is None:
             return self.open(index)
         return None if cell.mailbox.held else (cell, None)
@@ -290,21 +294,19 @@ class Cells:
         cell = self._made.get(index)
         return cell.mailbox.held if cell is not None else not self._slots.free
 
-    def ready(self, index: int, *, restarts: int = 0) -> Cell | None:
+    def ready(self, index: int) -> Cell | None:
         """Instance ``index`` has something to do that the store holds (an enqueue stored
         from a caller's thread, an alarm come due): started if a slot is free, else put in
-        line (nothing more is made), ``restarts`` counted with its recovery either way; a
-        running one is sent an alarm, whose transaction reads the store anew. The
-        instance's cell if it runs here; None for one not served here (nothing done)."""
+        line (nothing more is made); a running one is sent an alarm, whose transaction
+        reads the store anew. The instance's cell if it runs here; None for one not served
+        here (nothing done)."""
         with self._slot_given_back_on_failure() as taken, self._lock:
             cell = self._made.get(index)
             if cell is None:
                 if self._closed or not self._serves(index):
                     return None
                 if taken(self._slots.take()):
-                    return self._start_new(index, restarts=restarts)[0]
-                if restarts:
-                    self._owed[index] = self._owed.get(index, 0) + restarts
+                    return self._start_new(index)[0]
         if cell is None:
             self._slots.wait(self.name, index)
             return None
@@ -323,12 +325,11 @@ class Cells:
             if cell is None:
                 if not self._serves(index):  # its lease was lost or released meanwhile
                     return False
-                self._start_new(index, restarts=self._owed.pop(index, 0))
+                self._start_new(index)
                 return True
             if not cell.mailbox.held:
                 return False
-            # Its recovery first, then what its mailbox kept.
-            self._activate(cell, None, self._owed.pop(index, 0))
+            self._activate(cell, None)  # its recovery first, then what its mailbox kept
             return True
 
     @contextmanager
@@ -358,21 +359,19 @@ class Cells:
             self._faults[index] = faults
         return Cell(mailbox, memory, faults, self._clock, self._start)
 
-    def _start_new(
-        self, index: int, *, recovery: bool = False, restarts: int = 0
-    ) -> tuple[Cell, Reply | None]:
+    def _start_new(self, index: int, *, recovery: bool = False) -> tuple[Cell, Reply | None]:
         """A new cell for instance ``index``, started in the slot taken for it and listed;
-        with the lock. ``recovery``: with the reply its recovery answers, which counts
-        ``restarts``."""
+        with the lock. ``recovery``: with the reply its recovery answers."""
         cell = self._make(index)
         reply = cell.mailbox.reply() if recovery else None
-        self._activate(cell, reply, restarts)
+        self._activate(cell, reply)
         self._made[index] = cell  # listed only once started: whoever finds it may send
         return cell, reply
 
-    def _activate(self, cell: Cell, reply: Reply | None, restarts: int = 0) -> None:
-        """Start ``cell``'s actor, its recovery first (counting ``restarts``); with the lock."""
-        cell.supervisor.activate(reply, restarts)
+    def _activate(self, cell: Cell, reply: Reply | None) -> None:
+        """Start ``cell``'s actor, its recovery first (counting a restart it is owed, see
+        :meth:`serve`); with the lock."""
+        cell.supervisor.activate(reply, self._owed.pop(cell.index, 0) if self._owed else 0)
         # Told once started (a start that raised leaves its evicted alarm noted);
         # no eviction of it can come before: it takes this lock.
         if self._on_start is not None:

@@ -299,10 +299,17 @@ class LeaseKeeper:
 
     def _start_all(self, starts: _Starts) -> None:
         """Serve the instances of each unit taken that is still to start here, then start
-        those with work or an alarm (found from the store's indexes, after the units are
+        those with work or an alarm (found from the store's indexes after the units are
         served: what a caller stored meanwhile is found, or its wake-up starts it). The
         lock is taken for one unit at a time: a renewal never waits for a batch."""
-        served: dict[str, dict[int, int]] = {}  # per pool, each unit's restarts to count
+        # Read before: which instances a unit taken after its expiry had work for, each
+        # owed a restart whoever starts it first (the poll may, once the unit is served).
+        expired = {taken.pool for taken in starts.taken if taken.expired}
+        before = {
+            name: self._by_unit(self._pools[name], waiting)
+            for name, waiting in self._waiting(expired).items()
+        }
+        served: dict[str, set[int]] = {}
         for taken in starts.taken:
             where = (taken.pool, taken.unit)
             with self._lock:
@@ -312,8 +319,9 @@ class LeaseKeeper:
                 if not self._serving:
                     self._release_now(where)
                     continue
-                self._pools[taken.pool].serve(taken.unit)
-                served.setdefault(taken.pool, {})[taken.unit] = 1 if taken.expired else 0
+                restarted = before.get(taken.pool, {}).get(taken.unit, []) if taken.expired else []
+                self._pools[taken.pool].serve(taken.unit, restarted)
+                served.setdefault(taken.pool, set()).add(taken.unit)
                 logger.info(
                     "took the lease of %s:%s (epoch %d%s)",
                     taken.pool,
@@ -321,24 +329,36 @@ class LeaseKeeper:
                     taken.epoch,
                     ", after its holder's expired" if taken.expired else "",
                 )
-        for name, restarts in served.items():
+        for name, waiting in self._waiting(set(served)).items():
             cells = self._pools[name]
-            with self._store.read() as txn:
-                waiting = instances_waiting(txn, name)
             for index in waiting:
-                # (A stray index past the pool's end has no unit; one lost since is left
-                # alone by the calls below.)
-                unit = unit_of(index, cells.concurrency)
-                if unit in restarts:
-                    self._start_one(cells, index, restarts[unit], starts)
+                # (One lost since is left alone by the calls below.)
+                if unit_of(index, cells.concurrency) in served[name]:
+                    self._start_one(cells, index, starts)
+
+    def _waiting(self, pools: set[str]) -> dict[str, list[int]]:
+        """The instances with work or an alarm of each of ``pools``, from the indexes."""
+        if not pools:
+            return {}
+        with self._store.read() as txn:
+            return {name: instances_waiting(txn, name) for name in sorted(pools)}
 
     @staticmethod
-    def _start_one(cells: Cells, index: int, restarts: int, starts: _Starts) -> None:
+    def _by_unit(cells: Cells, indexes: list[int]) -> dict[int, list[int]]:
+        """``indexes`` of ``cells``' pool by lease unit (a stray one past the pool's end is
+        of no unit it has)."""
+        grouped: dict[int, list[int]] = {}
+        for index in indexes:
+            grouped.setdefault(unit_of(index, cells.concurrency), []).append(index)
+        return grouped
+
+    @staticmethod
+    def _start_one(cells: Cells, index: int, starts: _Starts) -> None:
         """Start instance ``index`` now, its recovery's reply kept for ``define`` to wait
-        for, or put it in line for a slot; ``restarts`` counted with its recovery."""
-        started = cells.start(index, restarts=restarts)
+        for, or put it in line for a slot."""
+        started = cells.start(index)
         if started is None:
-            cells.ready(index, restarts=restarts)
+            cells.ready(index)
         elif started[1] is not None:
             starts.replies.append((started[0].supervisor, started[1]))
 

@@ -145,6 +145,10 @@ class Namespace:
             return Meta(paused=pool_paused(txn, self.pool))
         return read_meta(self._meta, raw)
 
+    def sealed(self, meta: Meta) -> bytes:
+        """The bytes :meth:`save_meta` would store for ``meta`` (nothing is stored)."""
+        return seal_meta(self._meta, meta)
+
     def save_meta(self, txn: Txn, meta: Meta) -> bytes:
         """Store ``meta``, and its entries in the store's alarm and work indexes where they
         changed (in the same transaction); returns the bytes stored."""
