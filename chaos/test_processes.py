@@ -29,6 +29,7 @@ from dopool._chaos.procs.plan import (
     BIG_AT,
     BIG_CONCURRENCY,
     BIG_EVERY,
+    BIG_MAX_ACTIVE,
     FREEZE_TTLS,
     PER_KEY_ACTIVE,
     PER_KEY_IDLE,
@@ -153,6 +154,7 @@ def test_a_fixed_share_of_the_seeds_is_of_the_big_family() -> None:
             _is_the_per_key_run_of_its_big_plan(plan)
             continue
         assert BIG_CONCURRENCY[0] <= plan.concurrency <= BIG_CONCURRENCY[1]
+        assert plan.max_active == BIG_MAX_ACTIVE
         assert plan.workers in (2, 3)
         assert plan.chains == plan.workers + 1
         (joins,) = [a for a in plan.actions if a.verb == "start"]
