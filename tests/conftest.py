@@ -58,6 +58,15 @@ def sim(store_path: Path, request: pytest.FixtureRequest) -> Iterator[Runtime]:
 
 
 @pytest.fixture
+def opened() -> Iterator[list[Runtime]]:
+    """Runtimes a test opens (shared workers, say), closed at its end, the last first."""
+    runtimes: list[Runtime] = []
+    yield runtimes
+    for runtime in reversed(runtimes):
+        runtime.close()
+
+
+@pytest.fixture
 def evidence() -> Iterator[Evidence]:
     """What ``dopool worker`` processes' handlers write, in order (``worker_support``)."""
     found = Evidence()

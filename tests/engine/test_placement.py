@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +20,6 @@ from dopool import RetryPolicy, Runtime
 from dopool._cluster.routing import Router, RoutingTable
 from dopool._engine.keeper import LeaseKeeper
 from worker_support import WAIT, Ran, until
-
-
-@pytest.fixture
-def opened() -> Iterator[list[Runtime]]:
-    runtimes: list[Runtime] = []
-    yield runtimes
-    for runtime in reversed(runtimes):
-        runtime.close()
 
 
 def test_a_shared_workers_cancel_reaches_an_instance_another_serves(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from dopool import EventContext, PoolEvent, Runtime
 from dopool._cluster.units import LEASE_UNITS, unit_of
 from dopool._store.layout import all_leases
 from dopool._store.layout.limits import PER_KEY
-from worker_support import Evidence, Worker, until, workers
+from worker_support import Evidence, Worker, until
 
 TTL = 0.6  # seconds; renewed every 0.2 s
 MILLION = 1_000_000
@@ -66,14 +66,6 @@ class Seen:
 @pytest.fixture
 def seen() -> Seen:
     return Seen()
-
-
-@pytest.fixture
-def opened() -> Iterator[list[Runtime]]:
-    runtimes: list[Runtime] = []
-    yield runtimes
-    for runtime in runtimes:
-        runtime.close()
 
 
 def _worker(
@@ -203,11 +195,6 @@ def test_taking_a_unit_starts_only_its_instances_with_work_and_a_release_gives_s
         unit = unit_of(a._instances.router.choose(key), MILLION)
         with seen.lock:
             assert [who for who, _ in seen.ran[key]] == ["a" if unit in mine else "b"]
-
-
-@pytest.fixture
-def worker() -> Iterator[Callable[..., Worker]]:
-    yield from workers()
 
 
 def _lease_pids(store: Path) -> Counter[int]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,14 +91,6 @@ def _metas(runtime: Runtime) -> list[Any]:
 @pytest.fixture
 def ran() -> Ran:
     return Ran()
-
-
-@pytest.fixture
-def opened() -> Iterator[list[Runtime]]:
-    runtimes: list[Runtime] = []
-    yield runtimes
-    for runtime in runtimes:
-        runtime.close()
 
 
 def test_shared_needs_a_real_clock(store_path: Path) -> None:

@@ -195,7 +195,8 @@ class Cells:
         return self.open(index)[0] if cell is None else cell
 
     def serves(self, index: int) -> bool:
-        """Whether instance ``index`` is served here (read without the lock: a hint)."""
+        """Whether instance ``index`` is served here (without the lock, a hint; with it,
+        decided: :meth:`serve` and :meth:`unserve` change it under the lock)."""
         units = self._units
         return units is None or unit_of(index, self.concurrency) in units
 
@@ -219,19 +220,16 @@ class Cells:
         dropped: dict[int, list[Cell]] = {}
         with self._lock:
             self._units -= units
-            for index in [i for i in self._made if unit_of(i, self.concurrency) in units]:
+            for index in list(self._made):
                 unit = unit_of(index, self.concurrency)
-                dropped.setdefault(unit, []).append(self._made.pop(index))
+                if unit in units:
+                    dropped.setdefault(unit, []).append(self._made.pop(index))
             for index in [i for i in self._owed if unit_of(i, self.concurrency) in units]:
                 del self._owed[index]
         for cells in dropped.values():
             for cell in cells:
                 self._slots.idle.pop((self.name, cell.index), None)
         return dropped
-
-    def _serves(self, index: int) -> bool:
-        """:meth:`serves`, decided: called with the lock."""
-        return self._units is None or unit_of(index, self.concurrency) in self._units
 
     def get(self, index: int) -> Cell | None:
         """Instance ``index``'s cell if it has been made, else None (nothing is made)."""
@@ -252,7 +250,7 @@ class Cells:
                 return cell, None
             cell = self._make(index)
             reply = None
-            if not self._serves(index):  # for this call alone: nothing is kept of it
+            if not self.serves(index):  # for this call alone: nothing is kept of it
                 cell.supervisor.vacate()
                 return cell, None
             if self._closed:
@@ -278,7 +276,7 @@ class Cells:
         if cell is None and self._slots.limit is not None:
             with self._slot_given_back_on_failure() as taken, self._lock:
                 cell = self._made.get(index)
-                if cell is None and not self._closed and self._serves(index):
+                if cell is None and not self._closed and self.serves(index):
                     if not taken(self._slots.take()):
                         return None
                     return self._start_new(index, recovery=True)
@@ -303,7 +301,7 @@ class Cells:
         with self._slot_given_back_on_failure() as taken, self._lock:
             cell = self._made.get(index)
             if cell is None:
-                if self._closed or not self._serves(index):
+                if self._closed or not self.serves(index):
                     return None
                 if taken(self._slots.take()):
                     return self._start_new(index)[0]
@@ -323,7 +321,7 @@ class Cells:
                 return False
             cell = self._made.get(index)
             if cell is None:
-                if not self._serves(index):  # its lease was lost or released meanwhile
+                if not self.serves(index):  # its lease was lost or released meanwhile
                     return False
                 self._start_new(index)
                 return True
