@@ -46,7 +46,7 @@ from dopool._sim.scenario import Scenario
 
 # Flags that set one scenario field each: (option name, dotted field, help).
 FIELD_FLAGS: tuple[tuple[str, str, str], ...] = (
-    ("--instances", "instances", "number of instances (pool concurrency)"),
+    ("--instances", "instances", "number of instances (pool concurrency), or per-key"),
     ("--routing", "routing", "round-robin, or partition (by partition key)"),
     (
         "--arrival",
