@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from dopool import Runtime
+from dopool._engine.actor import forget_instance, running_instances
 from worker_support import Evidence, Worker, workers
 
 # "fixed" (the default): the same examples every run, so a local run repeats. "explore":
@@ -33,12 +34,17 @@ def _stop_stray_actors() -> Iterator[None]:
     """Fail the test that leaves actors running (it forgot to close a runtime), after
     stopping them, so that they cannot leak into later tests."""
     yield
-    stray = [ref.actor_class.__name__ for ref in pykka.ActorRegistry.get_all()]
+    instances = running_instances()  # (not in pykka's registry: see InstanceActor.launch)
+    stray = [ref.actor_class.__name__ for ref in pykka.ActorRegistry.get_all() + instances]
     try:
+        for ref in instances:
+            ref.stop(block=False)
         pykka.ActorRegistry.stop_all()
     finally:  # one that cannot stop (a failed test's) must not fail every later test
         for ref in pykka.ActorRegistry.get_all():
             pykka.ActorRegistry.unregister(ref)
+        for ref in running_instances():
+            forget_instance(ref)
     if stray:
         pytest.fail(f"the test left {len(stray)} actor(s) running: {', '.join(stray)}")
 

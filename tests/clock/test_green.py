@@ -8,12 +8,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import pykka
 import pytest
 
 from activation import leave_an_interrupted_attempt
 from dopool import EventContext, PoolEvent, Runtime, SimulatedClock, SimulationStalledError
 from dopool._clock.greenlets import GreenletBackend, Scheduler, TaskLocal
+from dopool._engine.actor import forget_instance, running_instances
 from dopool.chaos import FaultPlan
 
 
@@ -365,8 +365,8 @@ def test_instances_waiting_for_ever_are_a_named_stall_and_close_still_closes(
     runtime.close()
     assert runtime.closed
     assert "p:0" in caplog.text
-    for ref in pykka.ActorRegistry.get_all():  # the abandoned actor can never stop
-        pykka.ActorRegistry.unregister(ref)
+    for ref in running_instances():  # the abandoned actor can never stop
+        forget_instance(ref)
 
 
 def test_a_call_at_callback_waits_for_an_instance_by_running_it(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from dopool import (
     connect,
 )
 from dopool._clock.quiescence import Activity
-from dopool._engine.actor import InstanceActor
+from dopool._engine.actor import running_instances
 from dopool._engine.cells import PoolKeys
 from dopool._engine.evicted import RETRY_START
 from dopool._store.layout import Namespace
@@ -38,7 +38,7 @@ def noop(ctx: EventContext) -> None:
 
 def instance_actors() -> list[pykka.ActorRef[Any]]:
     """The instance actors running in this process (a pool's router actor is not one)."""
-    return [ref for ref in pykka.ActorRegistry.get_all() if ref.actor_class is InstanceActor]
+    return running_instances()
 
 
 def started(pool: WorkerPool) -> list[int]:

@@ -20,7 +20,7 @@ from dopool import (
     SimulatedClock,
     WorkerPool,
 )
-from dopool._engine.actor import InstanceActor
+from dopool._engine.actor import running_instances
 from dopool._engine.slots import DEFAULT_MAX_ACTIVE
 from dopool._ops.check import check_store
 
@@ -263,7 +263,7 @@ def test_a_thread_that_cannot_start_is_a_clean_error_that_stores_nothing(
             pool.enqueue("a", partition_key="a")
         assert caught.value.instance_id.startswith("rooms:")
         assert "can't start new thread" in str(caught.value)
-        assert [r for r in pykka.ActorRegistry.get_all() if r.actor_class is InstanceActor] == []
+        assert running_instances() == []
         status = pool.status()
         assert (status.enqueued, status.pending, status.active, status.waiting) == (0, 0, 0, 0)
         failing[0] = False
@@ -279,7 +279,7 @@ def test_under_a_real_clock_threads_stay_within_max_active(tmp_path: Path) -> No
 
     def work(ctx: EventContext) -> None:
         with lock:
-            peak[0] = max(peak[0], len(pykka.ActorRegistry.get_by_class(InstanceActor)))
+            peak[0] = max(peak[0], len(running_instances()))
 
     with Runtime(tmp_path / "store", durability="async", max_active=8) as runtime:
         runtime.subscribe(running)

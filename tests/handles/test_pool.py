@@ -44,6 +44,7 @@ from dopool import (
     WorkerPool,
 )
 from dopool._cluster.routing import stable_hash
+from dopool._engine.actor import running_instances
 from dopool._store.layout import MAX_CONCURRENCY, pack, seal
 
 MAX_EVENT_BYTES = 128 * 1024
@@ -1156,7 +1157,7 @@ def test_a_concurrency_over_the_maximum_is_refused_before_anything_starts(
     with pytest.raises(ConfigurationError) as info:
         sim.define("p", execute=noop, concurrency=concurrency)
     assert f"<= {MAX_CONCURRENCY}" in str(info.value)
-    assert pykka.ActorRegistry.get_all() == []
+    assert pykka.ActorRegistry.get_all() == running_instances() == []
     with sim._store.read() as txn:
         assert sim._store.get_pool(txn, "p") is None
 
@@ -1184,7 +1185,7 @@ def test_a_corrupt_stored_concurrency_is_a_damaged_record(sim: Runtime, body: An
     with pytest.raises(DamagedRecordError, match="pool record 'p'") as info:
         sim.define("p", execute=noop, concurrency=2)
     assert info.value.key == b"Pp"
-    assert pykka.ActorRegistry.get_all() == []
+    assert pykka.ActorRegistry.get_all() == running_instances() == []
 
 
 def test_the_maximum_concurrency_is_documented_and_fits_the_benchmarks() -> None:

@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pykka
 import pytest
 
 import dopool._handles.runtime
@@ -28,6 +27,7 @@ from dopool import (
     SimulatedClock,
     StorageError,
 )
+from dopool._engine.actor import running_instances
 from dopool._engine.closing import wait_until
 from dopool._engine.pool_context import PoolContext
 from dopool._engine.wait_graph import WaitGraph
@@ -529,7 +529,7 @@ def test_close_with_a_timeout_abandons_a_handler_that_does_not_return(
         assert "p:0 still running after the grace period" in caplog.text
     finally:
         release.set()  # its outcome finds the store closed, and the actor stops
-        until(lambda: not pykka.ActorRegistry.get_all(), "the abandoned actor to stop")
+        until(lambda: not running_instances(), "the abandoned actor to stop")
 
 
 def test_an_abandoned_handler_returning_after_the_store_closed_commits_nothing(

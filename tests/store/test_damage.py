@@ -22,6 +22,7 @@ from dopool import (
     Runtime,
     SimulatedClock,
 )
+from dopool._engine.actor import running_instances
 from dopool._ops.check import check_store
 from dopool._store.environment import Store
 from dopool._store.layout import (
@@ -234,7 +235,7 @@ def test_a_damaged_meta_record_refuses_the_pool_and_leaves_no_actor(
             runtime.define("p", execute=Seen())
         assert caught.value.key == key
         assert caught.value.reason == "checksum mismatch"
-        assert pykka.ActorRegistry.get_all() == []
+        assert pykka.ActorRegistry.get_all() == running_instances() == []
         # Logged by name, without a traceback (dopool worker prints its log on stderr).
         assert "damaged meta record of instance p:0" in caplog.text
         errors = [record for record in caplog.records if record.levelno >= logging.ERROR]

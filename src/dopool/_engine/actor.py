@@ -56,6 +56,22 @@ from dopool._usercode import ran
 
 logger = logging.getLogger("dopool")
 
+# The incarnations running in this process. They are not in pykka's ActorRegistry, a list
+# that each stop scans: a run that evicts instances by the thousand would spend its time
+# there (see :meth:`InstanceActor.launch`).
+_RUNNING: set[pykka.ActorRef[Any]] = set()
+
+
+def running_instances() -> list[pykka.ActorRef[Any]]:
+    """The instance actors running in this process, of every runtime (for tests)."""
+    return list(_RUNNING)
+
+
+def forget_instance(ref: pykka.ActorRef[Any]) -> None:
+    """Stop listing ``ref`` as running: one that can never stop (for tests, as pykka's
+    ``ActorRegistry.unregister``)."""
+    _RUNNING.discard(ref)
+
 
 class InstanceActor(InstanceShell, pykka.ThreadingActor):
     """One instance of a pool. Handles one message at a time, in its own thread."""
@@ -90,6 +106,22 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         self._evicted = False
         self._resolve = partial(env.directory.resolve, own=spec.name)
 
+    @classmethod
+    def launch(
+        cls, spec: PoolSpec, cell: Cell, env: InstanceEnv, kill: KillFlag
+    ) -> pykka.ActorRef[Any]:
+        """Start an incarnation, as pykka's ``start`` does, but listed in this module's set
+        of running instances (:func:`running_instances`), not pykka's ActorRegistry."""
+        actor = cls(spec, cell, env, kill)
+        ref = actor.actor_ref
+        _RUNNING.add(ref)
+        try:
+            actor._start_actor_loop()
+        except BaseException:
+            _RUNNING.discard(ref)
+            raise
+        return ref
+
     # pykka's extension points for an actor's inbox, future and loop: the clock's
     # backend decides whether the loop runs on a thread or as a greenlet.
     def _create_actor_inbox(self) -> Inbox:  # type: ignore[override]  # pykka's is static
@@ -107,7 +139,6 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         try:
             super()._start_actor_loop()
         except RuntimeError as exc:  # "can't start new thread": the process's limit
-            pykka.ActorRegistry.unregister(self.actor_ref)  # (start() registered it)
             raise InstanceStartError(self._id, str(exc)) from exc
 
     def on_start(self) -> None:
@@ -171,6 +202,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
     def on_stop(self) -> None:
         """Run an attempt a caller started just before the runtime closed: it was committed.
         An evicted incarnation gives its slot to the first instance in line instead."""
+        _RUNNING.discard(self.actor_ref)
         if self._evicted:
             self._env.slots.give_back()
             return

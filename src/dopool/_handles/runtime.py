@@ -306,7 +306,7 @@ class Runtime:
 
             def start(cell: Cell, kill: KillFlag) -> pykka.ActorRef[Any]:
                 # An incarnation of the cell's instance, which recovers from its namespace.
-                return InstanceActor.start(spec, cell, env, kill)
+                return InstanceActor.launch(spec, cell, env, kill)
 
             # A shared worker serves none of them until its keeper takes their leases.
             cells = Cells(
