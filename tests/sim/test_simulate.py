@@ -14,6 +14,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,6 +40,7 @@ from dopool._sim.scenario import (
     Service,
 )
 from dopool._sim.workload import POOL, Lineage, arrivals, make_handler, service_time
+from dopool._store import environment
 from dopool._store.layout import Namespace
 from dopool._types import PoolEvent
 
@@ -357,6 +359,33 @@ def test_the_store_must_be_fresh(tmp_path: Path) -> None:
     (tmp_path / "old" / "x").write_text("")
     with pytest.raises(ConfigurationError, match="not an empty directory"):
         run(small("steady"), store=tmp_path / "old")
+
+
+def test_only_a_temporary_store_is_written_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store a run makes and deletes is opened with LMDB's writemap (a copy less per
+    page and commit); one kept with --store is not (its data file would show the map's
+    64 GiB). Both runs give the same bytes."""
+    opened: dict[str, bool] = {}
+    real = environment.lmdb.open
+
+    def spy(path: str, **options: Any) -> Any:
+        opened[path] = options["writemap"]
+        return real(path, **options)
+
+    monkeypatch.setattr(environment.lmdb, "open", spy)
+    scenario = small("crash-storm", 100)
+    kept = tmp_path / "kept"
+    documents = [
+        json.dumps(run(scenario, store=where).result.to_json_dict()) for where in (None, kept)
+    ]
+    assert documents[0] == documents[1]
+    assert opened.pop(str(kept / "data")) is False
+    [(temporary, writemap)] = opened.items()
+    assert writemap is True
+    assert not Path(temporary).exists()  # deleted after the run
+    assert (kept / "data" / "data.mdb").stat().st_size < 2**30
 
 
 def test_same_seed_same_bytes_other_seed_other_run(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from types import MappingProxyType
-from typing import IO, Any, Self, Unpack
+from typing import IO, Any, ClassVar, Self, Unpack
 
 import pykka
 
@@ -87,6 +87,10 @@ class Runtime:
         ConfigurationError: a bad option.
     """
 
+    # A store thrown away after this runtime, opened by nobody else (see Store's
+    # ``scratch``): :class:`dopool._handles.tools.ScratchRuntime`'s.
+    _scratch_store: ClassVar[bool] = False
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -123,7 +127,12 @@ class Runtime:
         waiter = backend.waiter("the store")  # a writer waiting for another
         one_thread = backend.runner is not None
         self._store = Store(
-            path, durability=durability, latch=waiter, one_thread=one_thread, shared=shared
+            path,
+            durability=durability,
+            latch=waiter,
+            one_thread=one_thread,
+            shared=shared,
+            scratch=self._scratch_store,
         )
         self.path = self._store.path
         self._lock = threading.RLock()

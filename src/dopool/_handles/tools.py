@@ -16,6 +16,9 @@ the tools need that docs/api.md does not offer:
 - :meth:`~ToolRuntime.send`: send a caller's request to one instance without waiting,
   likewise.
 
+A simulation's temporary store, which nobody opens after the run, is opened as a
+:class:`ScratchRuntime`: LMDB then writes its pages in place.
+
 So a tool holds only the runtime it opened and the pools it defined: it reads none
 of the engine's attributes (tests/test_structure.py checks it), and nothing is
 registered anywhere.
@@ -93,3 +96,11 @@ class ToolRuntime(Runtime):
         if address is None or address.handle() is not pool:
             raise ConfigurationError(f"{shown(pool)} is not a pool of this runtime")
         return self._pools[pool.name], address.prepare
+
+
+class ScratchRuntime(ToolRuntime):
+    """A :class:`ToolRuntime` on a store that is deleted after it, which nobody else
+    opens: a simulation's temporary store (LMDB writes its pages in place; see
+    :class:`dopool._store.environment.Store`'s ``scratch``)."""
+
+    _scratch_store = True

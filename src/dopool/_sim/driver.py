@@ -39,7 +39,7 @@ from dopool._errors import (
     EventValidationError,
 )
 from dopool._handles.pool import WorkerPool
-from dopool._handles.tools import ToolRuntime
+from dopool._handles.tools import ScratchRuntime, ToolRuntime
 from dopool._machine.types import Pause, Resume
 from dopool._ops.app import App, AppError, load_app, raised
 from dopool._retry import RetryPolicy
@@ -107,7 +107,7 @@ def run(
     wall = time.perf_counter()
     try:
         with fewer_collections(), interruptible() as interrupt:
-            result = _run(scenario, path, trace, progress, interrupt)
+            result = _run(scenario, path, trace, progress, interrupt, temporary is not None)
     finally:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
@@ -143,6 +143,7 @@ def _run(
     trace: str | os.PathLike[str] | None,
     progress: Progress | None,
     interrupt: Interrupt,
+    scratch: bool,
 ) -> Result:
     # First: a bad replay file fails before a store is made (an app's pools come later).
     schedule = arrivals(scenario) if scenario.app is None else None
@@ -150,7 +151,8 @@ def _run(
     faults = None
     if scenario.faults.any:
         faults = FaultPlan(seed=scenario.seed, **asdict(scenario.faults))
-    runtime = ToolRuntime(path, clock=clock, seed=scenario.seed, durability="async", faults=faults)
+    opening = ScratchRuntime if scratch else ToolRuntime
+    runtime = opening(path, clock=clock, seed=scenario.seed, durability="async", faults=faults)
     stopped = False
     tracer: Trace | None = None
     try:

@@ -73,10 +73,15 @@ class Store:
         latch: Waiter | None = None,
         one_thread: bool = False,
         shared: bool = False,
+        scratch: bool = False,
     ) -> None:
         """``latch``: what a writer waiting for another waits on (``Backend.waiter``);
         ``one_thread``: every writer runs on one thread (the greenlet backend);
-        ``shared``: take the store lock shared, as one of several workers."""
+        ``shared``: take the store lock shared, as one of several workers;
+        ``scratch``: a store deleted after this use, which nobody else opens (a
+        simulation's temporary one): LMDB writes its pages in place in the memory
+        map, sparing a copy of every page a commit changed (``writemap``; its data
+        file then takes the map's size, sparse: 64 GiB as ``ls`` shows it)."""
         self.path = Path(path)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -86,7 +91,7 @@ class Store:
         sync = durability == "sync"
         try:
             _check_data_file(self.path)
-            self._shared = Environment.acquire(self.path, sync=sync, create=True)
+            self._shared = Environment.acquire(self.path, sync=sync, create=True, writemap=scratch)
         except BaseException:
             self._lock.release()
             raise
@@ -210,10 +215,13 @@ class Environment:
         self.users = 0
 
     @classmethod
-    def acquire(cls, path: Path, *, sync: bool, create: bool) -> Environment:
+    def acquire(
+        cls, path: Path, *, sync: bool, create: bool, writemap: bool = False
+    ) -> Environment:
         """The environment of the store at ``path``: the one open in this process, or a new one.
 
-        ``create``: a runtime's (:func:`_check_opened`). A runtime refuses an
+        ``create``: a runtime's (:func:`_check_opened`); ``writemap``: LMDB's option, for
+        a new one (see :class:`Store`'s ``scratch``). A runtime refuses an
         environment that a connection of this process opened with another durability:
         its commits would be fsynced, or not, against its option.
 
@@ -232,7 +240,7 @@ class Environment:
                     opened_before_fork("a runtime or connection", path, inherited[0])
                 )
             if shared is None:
-                env, writer = _open_env(path, sync=sync, create=create)
+                env, writer = _open_env(path, sync=sync, create=create, writemap=writemap)
                 shared = cls(env, key, sync, writer)
                 _environments[key] = shared
             elif create and shared.sync != sync:
@@ -288,7 +296,9 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_unlock_in_child)
 
 
-def _open_env(path: Path, *, sync: bool, create: bool) -> tuple[Any, WriterLock]:
+def _open_env(
+    path: Path, *, sync: bool, create: bool, writemap: bool = False
+) -> tuple[Any, WriterLock]:
     """Open and check the store's LMDB environment (read-write), and its writer lock;
     see :func:`_check_opened`."""
     try:
@@ -303,6 +313,7 @@ def _open_env(path: Path, *, sync: bool, create: bool) -> tuple[Any, WriterLock]
             create=create,
             sync=sync,
             metasync=sync,
+            writemap=writemap,
             readahead=False,
             max_readers=_MAX_READERS,
             max_spare_txns=16,
