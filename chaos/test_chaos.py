@@ -12,6 +12,7 @@ calls ``runtime.kill`` after a sleep.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -31,7 +32,17 @@ from dopool._chaos.checker import check_history
 from dopool._chaos.history import Ack, Call, Dup, Ev, Exec, Fired, History, Resumed
 from dopool._chaos.result import Result, replay_command
 from dopool._chaos.runner import Runner, run_seed
-from dopool._chaos.scenario import Scenario, Step, generate, make_event
+from dopool._chaos.scenario import (
+    LARGE_POOLS,
+    POOL,
+    SCALE_KEYS,
+    Scenario,
+    Step,
+    generate,
+    make_event,
+)
+from dopool._cluster.routing import stable_hash
+from dopool._store.layout import PER_KEY
 from dopool.chaos import FaultPlan
 
 QUICK_SEEDS = range(300)
@@ -77,7 +88,8 @@ def test_replay_command_writes_the_same_trace_twice(
 def test_generation_is_a_function_of_the_seed() -> None:
     assert generate(7) == generate(7)
     assert generate(7) != generate(8)
-    assert {generate(seed).concurrency for seed in range(40)} == {1, 2, 3, 4}
+    sizes = {generate(seed).concurrency for seed in range(80)}
+    assert sizes == {1, 2, 3, 4, *LARGE_POOLS}  # the large ones: the scale seeds'
 
 
 def test_enqueue_many_crash_keeps_the_trace_deterministic() -> None:
@@ -312,7 +324,7 @@ def test_about_half_the_seeds_key_their_events() -> None:
 
 
 def _history(*records: object, names: dict[tuple[int, int], str] | None = None) -> History:
-    history = History(1, RetryPolicy(max_attempts=2, initial_delay=1.0, jitter=0.0))
+    history = History(RetryPolicy(max_attempts=2, initial_delay=1.0, jitter=0.0))
     for ident in ("a", "b"):
         history.contents[ident] = make_event(ident)
     history.names.update(names or {(0, 0): "a", (0, 1): "b"})
@@ -359,7 +371,7 @@ def test_checker_accepts_a_clean_fabricated_history() -> None:
     assert check_history(_history(*CLEAN)) == []
 
 
-@pytest.mark.parametrize("wake", [Resumed((0,)), Ev("resumed", 0, None, None, 0.0, None)])
+@pytest.mark.parametrize("wake", [Resumed(0, 1), Ev("resumed", 0, None, None, 0.0, None)])
 def test_checker_accepts_a_stall_that_a_resume_ended(wake: Ev | Resumed) -> None:
     assert check_history(_history(*CLEAN[:5], GIVEN_UP, wake, *CLEAN[5:])) == []
 
@@ -454,7 +466,7 @@ def test_checker_catches_a_duplicate_answered_with_another_keys_event(
 def _two_instances(kids_first: tuple[str, str], arrived: tuple[str, str]) -> History:
     """Instance 0 runs "p" (its follow-ups ``kids_first``); they reach instance 1 as
     ``arrived`` (sequence 0 and 1), and run."""
-    history = History(2, None)
+    history = History(None)
     for ident in ("p", *kids_first):
         history.contents[ident] = make_event(ident)
     history.names.update({(0, 0): "p", (1, 0): arrived[0], (1, 1): arrived[1]})
@@ -496,6 +508,45 @@ def test_some_seeds_have_a_second_pool_and_send_follow_ups_across() -> None:
     # Follow-ups of the first pool's events ran on the second pool's instances (3..5).
     assert any(line.startswith("Exec(id='e") and ", inst=5," in line for line in result.log)
     assert "Phase(name='defining')" in "".join(result.log)  # a reopen left it out a while
+
+
+def test_about_three_seeds_in_ten_make_the_first_pool_large_or_per_key() -> None:
+    scenarios = [generate(seed) for seed in range(200)]
+    scaled = [s for s in scenarios if s.concurrency in LARGE_POOLS]
+    assert 35 < len(scaled) < 85
+    assert {s.concurrency for s in scaled} == set(LARGE_POOLS)
+    for scenario in scaled:
+        reached = {stable_hash(key) % scenario.concurrency for key in SCALE_KEYS}
+        for step in scenario.steps:
+            if step.args.get("pool", POOL) == POOL and step.args.get("index") is not None:
+                assert step.args["index"] in reached, step  # an instance a key reaches
+            if scenario.concurrency != PER_KEY:
+                continue
+            if step.kind in ("enqueue_many", "schedule"):  # a per-key pool needs a key
+                assert step.args["pk"] in SCALE_KEYS, step
+            contents = list(step.args.get("events", []))
+            while contents:
+                content = contents.pop()
+                assert content["pk"] in SCALE_KEYS, step
+                contents.extend(content["kids"])
+
+
+@pytest.mark.parametrize("seed", [237, 176])
+def test_per_key_pools_through_evictions_slots_and_a_whole_pool_pause(seed: int) -> None:
+    """237: schedules, faults, idle timeout 2 s, 3 slots; 176: a second pool taking
+    follow-ups both ways, 2 slots, a reopen. Both pause the per-key pool as a whole."""
+    scenario = generate(seed)
+    assert scenario.concurrency == PER_KEY
+    assert scenario.max_active is not None
+    assert any(step.kind == "pause" and step.args["index"] is None for step in scenario.steps)
+    result = run_seed(seed, keep_log=True)
+    assert result.ok, result.report()
+    log = "\n".join(result.log)
+    instances = {int(n) for n in re.findall(r"Ev\(kind='evicted', inst=(\d+)", log)}
+    assert len([n for n in instances if 2**32 <= n < PER_KEY]) >= 3  # keys' instances
+    assert re.search(r"Ev\(kind='activated', inst=\d{11,}", log)
+    if scenario.second:  # the second pool's instances come after every key's
+        assert any(int(n) >= PER_KEY for n in re.findall(r"Exec\(id='[^']+', inst=(\d+)", log))
 
 
 def test_failure_report_names_the_seed_and_the_replay_command() -> None:
@@ -577,7 +628,7 @@ def test_schedules_through_fire_crashes_kills_a_pause_and_a_reopen_in_a_checked_
 def test_checker_counts_each_schedules_occurrences() -> None:
     """An occurrence ended more often than its schedule fired, or fewer, is reported."""
     content = make_event("sched-s0")
-    history = History(1, None)
+    history = History(None)
     history.contents["sched-s0"] = content
     records: list[object] = [Call(0, "advance")]
     for seq in range(2):

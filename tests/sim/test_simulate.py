@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import lmdb
 import pytest
 
 from dopool import ConfigurationError, Runtime, SimulatedClock
@@ -40,7 +41,6 @@ from dopool._sim.scenario import (
     Service,
 )
 from dopool._sim.workload import POOL, Lineage, arrivals, make_handler, service_time
-from dopool._store import environment
 from dopool._store.layout import Namespace
 from dopool._types import PoolEvent
 
@@ -368,13 +368,13 @@ def test_only_a_temporary_store_is_written_in_place(
     page and commit); one kept with --store is not (its data file would show the map's
     64 GiB). Both runs give the same bytes."""
     opened: dict[str, bool] = {}
-    real = environment.lmdb.open
+    real = lmdb.open
 
     def spy(path: str, **options: Any) -> Any:
         opened[path] = options["writemap"]
         return real(path, **options)
 
-    monkeypatch.setattr(environment.lmdb, "open", spy)
+    monkeypatch.setattr(lmdb, "open", spy)  # (as the store calls it: lmdb.open)
     scenario = small("crash-storm", 100)
     kept = tmp_path / "kept"
     documents = [

@@ -17,6 +17,7 @@ from dopool._chaos.history import (
     Ack,
     Cancelled,
     Dup,
+    Ev,
     History,
     PoolPaused,
     Purged,
@@ -39,6 +40,10 @@ class Calls(ABC):
     history: History
     driver: ClockDriver
     enqueued: list[tuple[str, int, int]]  # (pool, index, sequence) of each acknowledged event
+    # A drain is under way: an event enqueued meanwhile (a schedule's fire, due while its
+    # instance waited for a slot, that the drain started) is named from storage at once,
+    # since the drain may remove it before anything else can read it.
+    draining = False
 
     @abstractmethod
     def _committed(self) -> AbstractContextManager[Txn]:
@@ -52,17 +57,21 @@ class Calls(ABC):
     def _flat(self, pool: str, index: int) -> int:
         """Instance ``index`` of ``pool`` as the history numbers it."""
 
+    @abstractmethod
+    def _span(self, pool: str) -> tuple[int, int]:
+        """The history's numbers of ``pool``'s instances: ``first`` to ``end - 1``."""
+
     def _whole(self, pool: WorkerPool, *, paused: bool) -> None:
         """Say in the history that ``pool`` is paused (or resumed) as a whole now."""
-        every = tuple(self._flat(pool.name, i) for i in range(pool.concurrency))
-        self.history.add(PoolPaused(every, paused))
+        self.history.add(PoolPaused(*self._span(pool.name), paused))
 
     @abstractmethod
-    def _read_store(self) -> list[InstanceSnapshot]:
-        """Committed storage, every instance of every pool."""
+    def _read_store(self) -> dict[int, InstanceSnapshot]:
+        """Committed storage, by the history's numbers: every instance ever used, and every
+        one the history names."""
 
     @abstractmethod
-    def _snapshot(self) -> list[InstanceSnapshot]:
+    def _snapshot(self) -> dict[int, InstanceSnapshot]:
         """Committed storage, each queued and dead entry named in the history."""
 
     def _enqueue(
@@ -121,7 +130,8 @@ class Calls(ABC):
             if result.duplicate:  # nothing of it stored (its event is not known here)
                 continue
             inst = self._flat(pool.name, result.instance_index)
-            queued = snapshots[inst].queue.get(result.sequence)
+            snapshot = snapshots.get(inst)
+            queued = None if snapshot is None else snapshot.queue.get(result.sequence)
             if queued is None or queued[1] is None:
                 self.history.problem(f"enqueue_many reported {result} stored, but it is not")
                 continue
@@ -140,11 +150,27 @@ class Calls(ABC):
 
     def _drain(self, pool: WorkerPool, index: int | None) -> None:
         before = self._snapshot()
-        indices = range(pool.concurrency) if index is None else [index]
-        expected = sum(len(before[self._flat(pool.name, i)].queue) for i in indices)
-        removed = pool.drain(index)
-        if removed != expected:
-            self.history.problem(f"drain({index}) returned {removed}, {expected} were pending")
+        first, end = self._span(pool.name)
+        if index is not None:
+            first = self._flat(pool.name, index)
+            end = first + 1
+        expected = sum(len(snap.queue) for n, snap in before.items() if first <= n < end)
+        records = self.history.records
+        seen = len(records)
+        self.draining = True
+        try:
+            removed = pool.drain(index)
+        finally:
+            self.draining = False
+        arrived = sum(
+            isinstance(r, Ev) and r.kind == "enqueued" and first <= r.inst < end
+            for r in records[seen:]
+        )
+        if not expected <= removed <= expected + arrived:
+            self.history.problem(
+                f"drain({index}) returned {removed}, {expected} were pending and {arrived} "
+                "arrived during it"
+            )
 
     def _letters(self, pool: WorkerPool) -> dict[tuple[int, int], DeadLetter]:
         """The pool's dead letters by entry, each named in the history."""
@@ -200,11 +226,11 @@ class Calls(ABC):
     def _pending(self, pool: WorkerPool) -> set[tuple[int, int]]:
         """The pool's pending events as (index, sequence), from the last snapshot read."""
         snapshots = self._read_store()
-        first = self._flat(pool.name, 0)
+        first, end = self._span(pool.name)
         return {
             (number - first, seq)
-            for number, snap in enumerate(snapshots)
-            if first <= number < first + pool.concurrency
+            for number, snap in snapshots.items()
+            if first <= number < end
             for seq in snap.queue
         }
 
@@ -227,13 +253,16 @@ class Calls(ABC):
 
     def _resume(self, pool: WorkerPool, index: int | None) -> None:
         """``pool.resume(index)``, which also wakes a stalled instance; the history says so."""
-        chosen = range(pool.concurrency) if index is None else [index]
         if index is None:
             self._whole(pool, paused=False)
+            first, end = self._span(pool.name)
+        else:
+            first = self._flat(pool.name, index)
+            end = first + 1
         try:
             pool.resume(index)
         finally:
-            self.history.add(Resumed(tuple(self._flat(pool.name, i) for i in chosen)))
+            self.history.add(Resumed(first, end))
 
 
 def _redrive_duplicates(

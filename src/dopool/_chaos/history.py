@@ -87,22 +87,25 @@ class Purged(NamedTuple):
 
 
 class Resumed(NamedTuple):
-    """The runner called ``resume`` on instances ``insts`` (flat numbers), which wakes a stall.
+    """The runner called ``resume`` on the instances numbered ``first`` to ``end - 1``
+    (flat numbers: one instance, or a whole pool), which wakes a stall.
 
     Added once the call is over, whether or not a crash interrupted it: a resume
     of an instance that is not paused emits no event, and this is how the replay
     learns that the instance may start attempts again.
     """
 
-    insts: tuple[int, ...]
+    first: int
+    end: int
 
 
 class PoolPaused(NamedTuple):
     """The runner is about to pause (or resume) a pool as a whole, whose instances are
-    ``insts`` (flat numbers): the pool's record says so first, and an instance never
-    used reads paused (or not) from it, with no event of its own."""
+    numbered ``first`` to ``end - 1`` (flat numbers): the pool's record says so first,
+    and an instance never used reads paused (or not) from it, with no event of its own."""
 
-    insts: tuple[int, ...]
+    first: int
+    end: int
     paused: bool
 
 
@@ -151,7 +154,6 @@ class History:
     were committed.
     """
 
-    concurrency: int
     retry: RetryPolicy | None
     # The runtime bounds the instances running (``max_active``): a caller's enqueue or
     # request for one waiting in line is made in the store, its events said by the caller.

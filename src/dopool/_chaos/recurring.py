@@ -45,7 +45,7 @@ def define(
     )
     first = firsts.setdefault(name, info)
     if first is info:  # a new definition is a write: it wakes a stalled instance 0
-        history.add(Resumed((0,)))
+        history.add(Resumed(0, 1))
     else:  # the same again changes nothing
         _check(info, first, history)
 

@@ -63,8 +63,10 @@ class _Instance:
     restart_due: float | None = None  # when a restart waiting out its backoff may come
     stalled: bool = False  # its alarm was given up, and no write has set one since
     evicted: bool = False  # since its last ``evicted``, no ``activated`` (or recovery)
-    # Said something that stores its meta (all but ``activated``, ``evicted``): until
-    # then it is paused as its pool is as a whole (``PoolPaused``).
+    # Said something that stores its meta (all but ``activated``, ``evicted``), or storage
+    # held its meta at a checkpoint (a call that changed nothing said nothing, nor a batch
+    # whose events were all duplicates): until then it is paused as its pool is as a
+    # whole (``PoolPaused``).
     used: bool = False
 
 
@@ -88,7 +90,12 @@ class Replay:
 
     def __init__(self, history: History) -> None:
         self.history = history
-        self.instances = [_Instance() for _ in range(history.concurrency)]
+        # By flat number, each made when the history first names it: a pool may have
+        # 2**32 instances, or one per key, of which a run touches a few dozen.
+        self.instances: dict[int, _Instance] = {}
+        # The last whole-pool pause or resume of each pool, (first, end) -> paused: an
+        # instance the history names later, never used, is paused as its pool is.
+        self._whole: dict[tuple[int, int], bool] = {}
         self.entries: dict[Entry, _EntryState] = {}
         self.expected: Counter[str] = Counter()  # id -> times it must end
         self.duplicates: list[Dup] = []  # enqueues answered with an existing event
@@ -100,6 +107,14 @@ class Replay:
         self._closing = False
         self._seen: set[str] = set()
         self._unanswered: set[Entry] = set()  # cancelled, the cancel's answer not seen yet
+
+    def instance(self, number: int) -> _Instance:
+        """The replay of instance ``number`` (flat), made on first use."""
+        inst = self.instances.get(number)
+        if inst is None:
+            paused = any(first <= number < end and p for (first, end), p in self._whole.items())
+            inst = self.instances[number] = _Instance(paused=paused)
+        return inst
 
     def successes_in_order(self) -> list[tuple[int, tuple[str, ...]]]:
         """Each committed success so far, in commit order: its instance and its follow-ups."""
@@ -126,24 +141,31 @@ class Replay:
                 if record.name == "opening":
                     # A restart still waiting when the runtime closed never happens, nor
                     # counts; the new runtime's instances start with none.
-                    for inst in self.instances:
+                    for inst in self.instances.values():
                         inst.unrecorded = 0
                         inst.restart_due = None
             elif isinstance(record, Redriven):
                 self._redriven(record)
             elif isinstance(record, Resumed):
-                for number in record.insts:
-                    self.instances[number].stalled = False
+                for inst in self._between(record.first, record.end):
+                    inst.stalled = False  # (one not named yet is not stalled)
             elif isinstance(record, PoolPaused):
-                for number in record.insts:
-                    if not self.instances[number].used:
-                        self.instances[number].paused = record.paused
+                self._whole[record.first, record.end] = record.paused
+                for inst in self._between(record.first, record.end):
+                    if not inst.used:
+                        inst.paused = record.paused
             elif isinstance(record, Cancelled):
                 self._answered(record)
             elif isinstance(record, Fired):
                 self.expected[record.id] += record.occurrences
             else:
                 self._purged(record)
+
+    def _between(self, first: int, end: int) -> list[_Instance]:
+        """The instances numbered ``first`` to ``end - 1`` that the history named so far."""
+        if end - first == 1:  # (one instance: named now)
+            return [self.instance(first)]
+        return [inst for number, inst in self.instances.items() if first <= number < end]
 
     def _bad(self, text: str) -> None:
         message = f"step {self._step}: {text}"
@@ -152,7 +174,7 @@ class Replay:
             self.violations.append(message)
 
     def _event(self, ev: Ev) -> None:
-        inst = self.instances[ev.inst]
+        inst = self.instance(ev.inst)
         kind = ev.kind
         if inst.restart_due is not None:  # the instance acts again: its restart came
             if ev.time < inst.restart_due - EPSILON:
@@ -314,7 +336,7 @@ class Replay:
 
     def _exec(self, ex: Exec) -> None:
         self.executions += 1
-        attempt = self.instances[ex.inst].attempt
+        attempt = self.instance(ex.inst).attempt
         if attempt is None or (attempt.seq, attempt.attempt) != (ex.seq, ex.attempt):
             self._bad(
                 f"handler ran {ex.id} as ({ex.inst}, {ex.seq}) attempt {ex.attempt}, "
@@ -449,11 +471,11 @@ class Replay:
 
     def _redriven(self, record: Redriven) -> None:
         for index, seq, ident in record.entries:
-            if self.instances[index].dead.pop(seq, None) is None:
+            if self.instance(index).dead.pop(seq, None) is None:
                 self._bad(f"redrove ({index}, {seq}), which was not a dead letter")
             self.expected[ident] += 1
 
     def _purged(self, record: Purged) -> None:
         for index, seq in record.entries:
-            if self.instances[index].dead.pop(seq, None) is None:
+            if self.instance(index).dead.pop(seq, None) is None:
                 self._bad(f"purged ({index}, {seq}), which was not a dead letter")

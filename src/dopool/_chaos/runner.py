@@ -39,7 +39,7 @@ from dopool._chaos.clockdriver import ClockDriver, _Stop
 from dopool._chaos.history import Ack, Call, Ev, Exec, History, Phase
 from dopool._chaos.result import Result
 from dopool._chaos.scenario import POOL, SECOND_POOL, Scenario, Step, generate
-from dopool._chaos.snapshot import InstanceSnapshot, read_store
+from dopool._chaos.snapshot import InstanceSnapshot, read_store, stored_id
 from dopool._clock.clocks import SimulatedClock
 from dopool._engine.context import EventContext
 from dopool._errors import (
@@ -58,6 +58,7 @@ from dopool._machine.invariants import (
     read_dedup_tally,
     read_links,
 )
+from dopool._store.layout import used_instances
 from dopool._store.txn import Txn
 from dopool._types import PoolEvent, ScheduleInfo
 
@@ -94,9 +95,7 @@ class Runner(Calls):
     def __init__(self, scenario: Scenario, *, keep_log: bool = False) -> None:
         self.scenario = scenario
         self.keep_log = keep_log
-        self.history = History(
-            sum(scenario.pools.values()), scenario.retry, bounded=scenario.max_active is not None
-        )
+        self.history = History(scenario.retry, bounded=scenario.max_active is not None)
         self.enqueued: list[tuple[str, int, int]] = []  # for cancel steps (Calls._cancel)
         self.model = Model(self.history)
         self.clock = SimulatedClock()
@@ -155,7 +154,7 @@ class Runner(Calls):
 
     def _result(self, violations: list[str], idle: bool) -> Result:
         model = self.model
-        instances = model.instances
+        instances = list(model.instances.values())
         result = Result(
             seed=self.scenario.seed,
             violations=violations,
@@ -209,7 +208,7 @@ class Runner(Calls):
             self.pools[name] = self.runtime.define(
                 name,
                 execute=self._execute,
-                concurrency=scenario.pools[name],
+                concurrency=scenario.defined(name),
                 retry=scenario.retry,
                 max_queue_depth=scenario.max_queue_depth,
                 alarm_retries=scenario.alarm_retries,
@@ -251,12 +250,21 @@ class Runner(Calls):
     def _flat(self, pool: str, index: int) -> int:
         return self.scenario.flat(pool, index)
 
+    def _span(self, pool: str) -> tuple[int, int]:
+        return self.scenario.span(pool)
+
     # -- what the engine calls -------------------------------------------------------------
     def _on_event(self, event: PoolEvent) -> None:
+        inst = self._flat(event.pool, event.instance_index)
+        if self.draining and event.kind == "enqueued" and event.sequence is not None:
+            with self._committed() as txn:  # (committed before its event is emitted)
+                ident = stored_id(txn, event.pool, event.instance_index, event.sequence)
+            if ident is not None:
+                self.history.name((inst, event.sequence), ident, "storage, during a drain")
         self.history.add(
             Ev(
                 event.kind,
-                self._flat(event.pool, event.instance_index),
+                inst,
                 event.sequence,
                 event.attempt,
                 event.time,
@@ -437,24 +445,27 @@ class Runner(Calls):
     def _dedup_window(self) -> float:
         return self.scenario.dedup_window
 
-    def _read_store(self) -> list[InstanceSnapshot]:
-        """Every instance's committed state, and the events it holds, in one snapshot.
-
-        The instances of both pools, in the history's order; a pool not defined in this
-        runtime is read as stored.
-        """
+    def _read_store(self) -> dict[int, InstanceSnapshot]:
+        """The committed state of every instance ever used and of every one the history
+        names, and the events each holds, in one snapshot, by the history's numbers; a pool
+        not defined in this runtime is read as stored."""
         assert self.runtime is not None
+        scenario = self.scenario
+        named: dict[str, set[int]] = {name: set() for name in scenario.pools}
+        for number in self.model.instances:
+            pool, index = scenario.where(number)
+            named[pool].add(index)
+        snapshots: dict[int, InstanceSnapshot] = {}
         with self.runtime.committed() as txn:
-            return [
-                snapshot
-                for name, concurrency in self.scenario.pools.items()
-                for snapshot in read_store(txn, name, concurrency)
-            ]
+            for name, indices in named.items():
+                read = read_store(txn, name, sorted(indices.union(used_instances(txn, name))))
+                snapshots.update((self._flat(name, i), snap) for i, snap in read.items())
+        return snapshots
 
-    def _snapshot(self) -> list[Any]:
+    def _snapshot(self) -> dict[int, InstanceSnapshot]:
         """Read storage, learning which event every queued and dead entry holds."""
         snapshots = self._read_store()
-        for index, snap in enumerate(snapshots):
+        for index, snap in snapshots.items():
             for seq, (_, ident) in snap.queue.items():
                 if ident is not None:
                     self.history.name((index, seq), ident, "storage")
@@ -466,12 +477,14 @@ class Runner(Calls):
     def _checkpoint(self, *, final: bool = False) -> None:
         """Compare storage and status with the replay; the system is quiescent here."""
         assert self.runtime is not None
-        snapshots = self._snapshot()
+        snapshots = self._snapshot()  # (naming entries: before the replay needs the names)
+        self.model.catch_up()
+        if not set(self.model.instances) <= set(snapshots):
+            snapshots = self._snapshot()  # and the instances the replay has named since
         with self.runtime.committed() as txn:
             links = link_violations(read_links(txn, self.scenario.pools))
             dedup = dedup_violations(read_dedup_tally(txn, self.scenario.pools))
             indexes = index_violations(txn, self.scenario.pools)
-        self.model.catch_up()
         self.model.compare(snapshots, links=links, dedup=dedup, indexes=indexes, final=final)
         for pool in self.pools.values():
             for inst in pool.status().instances:

@@ -52,16 +52,27 @@ About a third of the seeds (:data:`SLOTS_SHARE`) bound the runtime to 1 to 3 ins
 running at once (``max_active``), fewer than the pools have, so that instances wait in
 line for a slot, their enqueues stored from the caller's thread, and give their slots up
 mid-run while others wait. That draw comes from ``random.Random(f"slots:{seed}")``.
+
+About three seeds in ten (:data:`SCALE_SHARE`) make the first pool large: 2**20 or 2**32
+instances, or one per partition key (``concurrency="per-key"``; :data:`LARGE_POOLS`).
+Their partition keys come from a wider set (:data:`SCALE_KEYS`, skewed like the usual
+ones), so that a run touches a few dozen instances among billions, each started on
+demand and, in the eviction seeds, evicted and started again; the steps that name an
+instance name one a key reaches. In a per-key seed every enqueue, follow-up and schedule
+carries a key (a per-key pool refuses one without). Those draws come from
+``random.Random(f"scale:{seed}")``, after all the rest.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
+from dopool._cluster.routing import stable_hash
 from dopool._engine.options import DEFAULT_IDLE_TIMEOUT
 from dopool._retry import RetryPolicy
+from dopool._store.layout import PER_KEY
 from dopool.chaos import FaultPlan
 
 POOL = "chaos"
@@ -99,6 +110,10 @@ IDLE_TIMEOUTS = (0.5, 1.0, 2.0, 4.0)  # virtual seconds
 SLOTS_SHARE = 0.35  # of the seeds, those whose runtime bounds the instances running at once
 MAX_ACTIVE = (1, 2, 3)  # the bounds they choose among
 SCHEDULE_EVERY = (1.5, 2.5, 4.0)  # virtual seconds
+SCALE_SHARE = 0.3  # of the seeds, those whose first pool is large or per-key
+LARGE_POOLS = (2**20, 2**32, PER_KEY)  # the first pool's concurrency in such a seed
+SCALE_KEYS = tuple(f"r{n}" for n in range(24))  # their partition keys
+SCALE_WEIGHTS = tuple(1.0 / (rank + 1) for rank in range(len(SCALE_KEYS)))
 
 #: When an enqueue makes its events due: ``("delay", seconds)``, or ``("not_before", s)``
 #: for the clock time ``s`` seconds after the call (before it, if negative).
@@ -187,7 +202,7 @@ class Scenario:
     """Everything one run needs; a pure function of ``seed``."""
 
     seed: int
-    concurrency: int
+    concurrency: int  # the first pool's (PER_KEY: an instance per partition key)
     retry: RetryPolicy | None
     faults: FaultPlan | None
     max_queue_depth: int | None
@@ -214,6 +229,22 @@ class Scenario:
         """The instance's number in the checker's history: the second pool's come after."""
         return index if pool == POOL else self.concurrency + index
 
+    def span(self, pool: str) -> tuple[int, int]:
+        """The flat numbers of ``pool``'s instances: ``first`` to ``end - 1``."""
+        first = self.flat(pool, 0)
+        return first, first + self.pools[pool]
+
+    def where(self, number: int) -> tuple[str, int]:
+        """The pool and index of the instance numbered ``number`` (flat)."""
+        if number < self.concurrency:
+            return POOL, number
+        return SECOND_POOL, number - self.concurrency
+
+    def defined(self, pool: str) -> int | Literal["per-key"]:
+        """``pool``'s concurrency as ``define`` takes it."""
+        size = self.pools[pool]
+        return "per-key" if size == PER_KEY else size
+
     def describe(self) -> str:
         """A few lines naming the configuration and every step."""
         faults = "none"
@@ -231,7 +262,7 @@ class Scenario:
                 f"(instances {first}..{first + self.second - 1} in the history)"
             )
         lines = [
-            f"seed {self.seed}: concurrency={self.concurrency} retry={self.retry!r} "
+            f"seed {self.seed}: concurrency={self.defined(POOL)} retry={self.retry!r} "
             f"max_queue_depth={self.max_queue_depth} alarm_retries={self.alarm_retries}"
             f" dedup_window={self.dedup_window} idle_timeout={self.idle_timeout}"
             f" max_active={self.max_active}{second}",
@@ -284,6 +315,11 @@ def generate(seed: int, *, steps: int | None = None) -> Scenario:
         idle_timeout = eviction.choice(IDLE_TIMEOUTS)
     slots = random.Random(f"slots:{seed}")
     max_active = slots.choice(MAX_ACTIVE) if slots.random() < SLOTS_SHARE else None
+    scale = random.Random(f"scale:{seed}")
+    if scale.random() < SCALE_SHARE:
+        concurrency = scale.choice(LARGE_POOLS)
+        schedules: dict[str, str | None] = {}
+        plan = tuple(_scaled(step, scale, concurrency, schedules) for step in plan)
     return Scenario(
         seed,
         concurrency,
@@ -510,3 +546,37 @@ def _with_schedules(plan: tuple[Step, ...], rng: random.Random) -> tuple[Step, .
         for _ in range(1 if rng.random() < 0.7 else 2):  # a second time: nothing changes
             steps.insert(rng.randint(0, len(steps)), Step("schedule", args))
     return tuple(steps)
+
+
+def _scaled(
+    step: Step, rng: random.Random, concurrency: int, schedules: dict[str, str | None]
+) -> Step:
+    """``step`` for a first pool of ``concurrency`` instances (see the module docstring):
+    keys from :data:`SCALE_KEYS` (every one set, for a per-key pool), and an instance a
+    key reaches where the step names one of the first pool's. A schedule keeps the key
+    it was first given (``schedules``, by name): defined again, it is the same one."""
+
+    def key(pk: str | None) -> str | None:
+        if pk is None and concurrency != PER_KEY:
+            return None  # round-robin, over instances 0, 1, 2...
+        return rng.choices(SCALE_KEYS, SCALE_WEIGHTS)[0]
+
+    def event(content: dict[str, Any], pk: str | None) -> dict[str, Any]:
+        kids = [event(kid, key(kid["pk"])) for kid in content["kids"]]
+        return {**content, "pk": pk, "kids": kids}
+
+    args = dict(step.args)
+    if step.kind == "enqueue":
+        args["events"] = [event(content, key(content["pk"])) for content in args["events"]]
+    elif step.kind == "enqueue_many":
+        args["pk"] = key(args["pk"])
+        args["events"] = [event(content, args["pk"]) for content in args["events"]]
+    elif step.kind == "schedule":
+        name = args["name"]
+        if name not in schedules:
+            schedules[name] = key(args["pk"])
+        args["pk"] = schedules[name]
+    elif args.get("index") is not None and args.get("pool", POOL) == POOL:
+        reached = rng.choices(SCALE_KEYS, SCALE_WEIGHTS)[0]
+        args["index"] = stable_hash(reached) % concurrency
+    return Step(step.kind, args)

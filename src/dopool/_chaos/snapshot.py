@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,16 +33,18 @@ class InstanceSnapshot:
     dead: dict[int, tuple[str | None, int]]  # sequence -> (id, attempts)
     bad_keys: list[str]
     scheduled: dict[int, float]  # sequence -> due time, of those not moved into the queue
+    stored: bool  # its meta is (the instance was used)
 
     @property
     def meta(self) -> Meta:
         return self.state.meta
 
 
-def read_store(txn: Txn, pool: str, concurrency: int) -> list[InstanceSnapshot]:
-    """Read every instance's state, and the events it holds, in one read transaction."""
-    snapshots = []
-    for index in range(concurrency):
+def read_store(txn: Txn, pool: str, indices: Iterable[int]) -> dict[int, InstanceSnapshot]:
+    """Read the state of the instances ``indices`` of ``pool``, and the events each holds,
+    in one read transaction, by index."""
+    snapshots = {}
+    for index in indices:
         ns = Namespace(pool, index)
         queue: dict[int, tuple[int, str | None]] = {}
         scheduled: dict[int, float] = {}
@@ -64,11 +67,27 @@ def read_store(txn: Txn, pool: str, concurrency: int) -> list[InstanceSnapshot]:
             for sequence, record in ns.iter_dead_letters(txn)
         }
         state = read_instance(txn, pool, index)
-        snapshots.append(
-            InstanceSnapshot(state=state, queue=queue, dead=dead, bad_keys=bad, scheduled=scheduled)
+        snapshots[index] = InstanceSnapshot(
+            state=state,
+            queue=queue,
+            dead=dead,
+            bad_keys=bad,
+            scheduled=scheduled,
+            stored=ns.meta_bytes(txn) is not None,
         )
     return snapshots
 
 
 def _event_id(event: Any) -> str | None:
     return event.get("id") if isinstance(event, dict) else None
+
+
+def stored_id(txn: Txn, pool: str, index: int, sequence: int) -> str | None:
+    """The id of the event pending at ``sequence`` of instance ``index`` of ``pool`` (due
+    or scheduled), None if none is."""
+    ns = Namespace(pool, index)
+    for key in [*ns.iter_event_keys(txn), *ns.iter_delayed_keys(txn)]:
+        if queue_key_sequence(key) == sequence:
+            record = ns.get_event(txn, key)
+            return None if record is None else _event_id(unpack(record.event))
+    return None
