@@ -87,18 +87,6 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         self._inbox = cast(Inbox, self.actor_inbox)  # see _create_actor_inbox
         # ``ctx.sleep``: the clock's sleep, counted against this instance.
         self._sleep_in_handler = partial(self._clock.sleep, key=self._mailbox.key)
-        self._handlers: dict[type, Callable[[Any], None]] = {
-            Enqueue: self._on_enqueue,
-            Alarm: self._on_alarm,
-            Recover: self._on_recover,
-            Deliver: self._on_deliver,
-            Delivered: self._on_delivered,
-            Kill: self._on_kill,
-            Evict: self._on_evict,
-            HandedOff: self._on_handed_off,
-            Resend: self._on_resend,
-            Redeliver: self._on_redeliver,
-        }
         # Sources asked to deliver again (a link went missing), until the link expected comes.
         self._asked: set[tuple[str, int]] = set()
         self._where = (spec.name, cell.index)  # its place in the runtime's slots
@@ -158,9 +146,9 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             self._fault_point("receive")  # a kill lands before any later message
             if memory.handed_off is not None:  # a caller started it: it runs first
                 self._execute_attempts(memory.take_handed_off())
-            handle = self._handlers.get(type(message))
+            handle = _HANDLERS.get(type(message))
             if handle is not None:
-                handle(message)
+                handle(self, message)
             elif isinstance(message, Control):
                 self._on_control(message)
             else:
@@ -396,7 +384,8 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
 
         def body(txn: Txn) -> Meta:
             meta = self._load_meta(txn)
-            before = self._ns.sealed(meta)  # (bytes: a deep copy cost 30 times more)
+            # Its bytes, as stored if it is (a deep copy of the meta cost 30 times more).
+            before = self._ns.sealed(meta) if self._raw is None else self._raw
             self._machine.recover(txn, meta, message.restarts, now, effects)
             # A recovery that changes nothing writes nothing: an instance never used (no
             # meta stored) costs no write, nor does starting an evicted one again.
@@ -405,7 +394,12 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             return meta
 
         meta = self._transact(body)
-        self._memory.told_alarm = UNTOLD  # the clock must be told again
+        memory = self._memory
+        if memory.meta is None and memory.raw is not None:
+            # Nothing written: the meta read is the one stored, whose bytes memory.raw
+            # holds, and the next transaction starts from it (``_load_meta``).
+            memory.meta = meta
+        memory.told_alarm = UNTOLD  # the clock must be told again
         self._supervisor.recovered(message.restarts)
         self._publish(meta, effects)
         self._arm_idle_timer(now)
@@ -623,3 +617,19 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
     def _on_resend(self, message: Resend) -> None:
         """A pool was defined: send the follow-ups held for it (nothing to commit)."""
         self.resend_held(message.pool)
+
+
+# What handles each message, by its type: the class's, so that starting an incarnation
+# makes no table (eleven objects, and a reference cycle through the actor, a start).
+_HANDLERS: dict[type, Callable[[InstanceActor, Any], None]] = {
+    Enqueue: InstanceActor._on_enqueue,
+    Alarm: InstanceActor._on_alarm,
+    Recover: InstanceActor._on_recover,
+    Deliver: InstanceActor._on_deliver,
+    Delivered: InstanceActor._on_delivered,
+    Kill: InstanceActor._on_kill,
+    Evict: InstanceActor._on_evict,
+    HandedOff: InstanceActor._on_handed_off,
+    Resend: InstanceActor._on_resend,
+    Redeliver: InstanceActor._on_redeliver,
+}
