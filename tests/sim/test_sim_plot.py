@@ -12,7 +12,15 @@ from dopool import ConfigurationError
 from dopool._sim import loading as sc
 from dopool._sim.driver import run
 from dopool._sim.metrics import Result
-from dopool._sim.plot import COLUMNS, build_figure, ccdf, depth_grid, save_figure
+from dopool._sim.plot import (
+    COLUMNS,
+    MAX_ROWS,
+    build_figure,
+    ccdf,
+    depth_grid,
+    row_labels,
+    save_figure,
+)
 
 # The figure tests need matplotlib (dopool[plot]); the binning and the CCDF do not.
 needs_matplotlib = pytest.mark.skipif(
@@ -145,10 +153,45 @@ def test_a_run_cut_short_says_its_tail_is_optimistic() -> None:
 @needs_matplotlib
 def test_many_rows_label_every_kth() -> None:
     scenario = sc.with_overrides(
-        sc.builtin("steady"), {"instances": 100, "arrivals.rate": 400, "arrivals.total": 200}
+        sc.builtin("steady"), {"instances": 48, "arrivals.rate": 400, "arrivals.total": 200}
     )
     depth, _, _ = panels(build_figure(run(scenario).result, title="wide"))
-    assert depth.images[0].get_array().shape == (100, COLUMNS)
+    assert depth.images[0].get_array().shape == (48, COLUMNS)
     labels = [label.get_text() for label in depth.get_yticklabels()]
-    assert labels[:3] == ["0", "4", "8"]
-    assert len(labels) == 25
+    assert labels[:3] == ["0", "2", "4"]
+    assert len(labels) == 24
+    assert "busiest" not in depth.get_title()
+
+
+@needs_matplotlib
+def test_more_instances_than_rows_plot_the_busiest_by_key_and_those_running() -> None:
+    """A per-key design: the heatmap keeps the 64 busiest instances, as the report's table
+    does, each named by its key, and a third panel shows the instances running."""
+    scenario = sc.with_overrides(
+        sc.builtin("chat-rooms"),
+        {"arrivals.total": 1500, "partitions.keys": 400, "idle_timeout": 1.0},
+    )
+    result = run(scenario).result
+    assert len(result.instances) > MAX_ROWS
+    figure = build_figure(result, title="rooms")
+    depth, _, _ = panels(figure)
+    assert depth.images[0].get_array().shape == (MAX_ROWS, COLUMNS)
+    listed = f"the {MAX_ROWS} busiest of {len(result.instances):,} instances"
+    assert depth.get_title().endswith(listed)
+    shown = [result.instances[position] for position in result.busiest(MAX_ROWS)]
+    assert shown[0].utilisation == max(i.utilisation for i in result.instances)
+    assert row_labels(result) == [f"key {item.key}" for item in shown]
+    grid = depth.images[0].get_array()
+    assert [int(row.max()) for row in grid] == [item.max_depth for item in shown]
+    (running,) = [axis for axis in figure.axes if axis.get_ylabel() == "instances running"]
+    (line,) = running.get_lines()
+    assert max(line.get_ydata()) == result.activations.peak
+    assert line.get_ydata()[0] == 0
+    assert f"at most {result.activations.peak:,}" in running.get_title()
+    assert result.activations.evicted > 0
+
+
+@needs_matplotlib
+def test_a_run_without_evictions_has_no_panel_of_instances_running(sixteen: Result) -> None:
+    figure = build_figure(sixteen, title="steady")
+    assert [axis for axis in figure.axes if axis.get_ylabel() == "instances running"] == []

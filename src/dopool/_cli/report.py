@@ -264,10 +264,8 @@ def _instances_table(result: Result) -> Table:
     table.add_column("max depth", justify="right")
     table.add_column("utilisation", no_wrap=True)
     peak = result.max_depth
-    shown = result.instances
-    if len(shown) > MAX_INSTANCE_ROWS:  # the busiest, busiest first
-        ranked = sorted(shown, key=lambda i: (-i.utilisation, -i.enqueued, i.pool, i.index))
-        shown = ranked[:MAX_INSTANCE_ROWS]
+    shown = [result.instances[position] for position in result.busiest(MAX_INSTANCE_ROWS)]
+    if len(result.instances) > MAX_INSTANCE_ROWS:  # the busiest, busiest first
         table.title = f"instances: the {MAX_INSTANCE_ROWS} busiest"
     for item in shown:
         style = "bold red" if peak > 1 and item.max_depth == peak else ""

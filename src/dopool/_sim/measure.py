@@ -280,7 +280,8 @@ def measure(
     pending = sum(s.pending for s in every)
     waiting = sum(answers.waiting.values())
     runs = [collector.run for collector in collectors.values()]
-    activations = runs[0].summary(now) if runs else Residency().summary(now)
+    run = runs[0] if runs else Residency()
+    activations = run.summary(now)
     return Result(
         scenario=scenario.to_dict(),
         finished=pending == 0 and outbox == 0 and answers.sent == expected,
@@ -317,6 +318,7 @@ def measure(
         ),
         alarm_policy=_alarm_policy(scenario),
         depth_series=depth_series,
+        running_series=run.series(),
         latencies=latencies,
         in_progress=sum(
             track.busy_since is not None for c in collectors.values() for track in c.tracks.values()

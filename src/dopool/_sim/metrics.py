@@ -121,6 +121,9 @@ class Residency:
     peak: int = 0
     area: float = 0.0  # instance-seconds run until ``since``
     since: float = 0.0
+    # The instances running after each change, and when (for ``--plot``).
+    times: array[float] = field(default_factory=lambda: array("d"))
+    counts: array[int] = field(default_factory=lambda: array("q"))
 
     def change(self, delta: int, time: float) -> None:
         """One instance started (``delta`` 1) or evicted (-1) at ``time``."""
@@ -133,6 +136,12 @@ class Residency:
         else:
             self.evicted += 1
             self.running = max(0, self.running - 1)
+        self.times.append(time)
+        self.counts.append(self.running)
+
+    def series(self) -> Steps:
+        """The instances running over virtual time, from ``(0, 0)``, as steps."""
+        return Steps(array("d", [0.0]) + self.times, array("q", [0]) + self.counts)
 
     def summary(self, end: float) -> Activations:
         """The figures of a run that ended at ``end`` (virtual seconds)."""
@@ -551,6 +560,8 @@ class Result:
     delayed: int = field(default=0, kw_only=True)  # arrivals stored with a delay
     depth_series: list[Steps] = field(repr=False, compare=False)  # per instance
     latencies: list[float] = field(repr=False, compare=False)
+    # The instances running over virtual time (every pool's), from (0, 0).
+    running_series: Steps | None = field(default=None, repr=False, compare=False, kw_only=True)
 
     @property
     def throughput(self) -> float:
@@ -560,6 +571,20 @@ class Result:
     @property
     def max_depth(self) -> int:
         return max((i.max_depth for i in self.instances), default=0)
+
+    def busiest(self, count: int) -> list[int]:
+        """The positions in :attr:`instances` (and :attr:`depth_series`) of the ``count``
+        busiest instances, busiest first (by utilisation, then events enqueued); all of
+        them, as listed, when there are no more than ``count``."""
+        listed = self.instances
+        if len(listed) <= count:
+            return list(range(len(listed)))
+
+        def rank(position: int) -> tuple[float, int, str, int]:
+            item = listed[position]
+            return -item.utilisation, -item.enqueued, item.pool, item.index
+
+        return sorted(range(len(listed)), key=rank)[:count]
 
     @property
     def unfinished(self) -> int:

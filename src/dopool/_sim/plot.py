@@ -1,10 +1,13 @@
 """``--plot``: queue depth by instance over virtual time, and the latency tail.
 
 Two panels, readable at many instances: the depth of each instance's queue as a
-heatmap (a row per instance, ``pool:index`` with several pools; a column per bin of
-virtual time, coloured by the deepest the queue got in it; a colour bar), and the
-latency as a complementary CDF, P[latency > x] against x on a log scale, so the
-tail shows: a line per pool with several, and one end to end with follow-ups.
+heatmap (a row per instance, ``pool:index`` with several pools, ``key …`` for an
+instance of a per-key pool; the :data:`MAX_ROWS` busiest when more were used; a column
+per bin of virtual time, coloured by the deepest the queue got in it; a colour bar),
+and the latency as a complementary CDF, P[latency > x] against x on a log scale, so the
+tail shows: a line per pool with several, and one end to end with follow-ups. A run
+whose instances were evicted (started on demand, ``idle_timeout``) gets a third panel:
+the instances running over virtual time.
 
 :func:`build_figure` makes the figure, :func:`save_figure` writes it. matplotlib is
 the optional ``dopool[plot]`` extra: it is imported only here, only when a plot is
@@ -24,6 +27,7 @@ from dopool._sim.latency import percentile
 from dopool._sim.metrics import Result
 
 COLUMNS = 200  # bins of virtual time in the depth heatmap
+MAX_ROWS = 64  # rows of the heatmap at most: the busiest instances (the report's rule)
 MAX_ROW_LABELS = 32  # more rows than this: label every k-th
 REFERENCES = ((50, 0.5), (95, 0.05), (99, 0.01))  # a percentile, and where its CCDF is
 
@@ -101,10 +105,22 @@ def ccdf(samples: Sequence[float]) -> tuple[list[float], list[float]]:
     return xs, ys
 
 
+def rows(result: Result) -> list[int]:
+    """The heatmap's rows: positions in ``result.instances``, every instance listed, or the
+    :data:`MAX_ROWS` busiest, busiest first."""
+    return result.busiest(MAX_ROWS)
+
+
 def row_labels(result: Result) -> list[str]:
-    """An instance per row: its index, or ``pool:index`` when there are several pools."""
+    """Each row's instance: its index (its key, in a per-key pool), after its pool's name
+    when there are several pools."""
     several = len(result.pools) > 1
-    return [f"{i.pool}:{i.index}" if several else str(i.index) for i in result.instances]
+    labels = []
+    for position in rows(result):
+        item = result.instances[position]
+        named = str(item.index) if item.key is None else f"key {item.key}"
+        labels.append(f"{item.pool}:{named}" if several else named)
+    return labels
 
 
 def latency_lines(result: Result) -> list[tuple[str, list[float]]]:
@@ -122,12 +138,15 @@ def latency_lines(result: Result) -> list[tuple[str, list[float]]]:
 # -- the figure -------------------------------------------------------------------------
 def build_figure(result: Result, *, title: str) -> Any:
     """The two panels of ``result`` as a matplotlib ``Figure`` (not yet written)."""
-    rows = len(result.instances)
-    height = 4.5 + min(rows, 64) * 0.06
-    figure = _figure_class()(figsize=(11, height + 4.0), layout="constrained")
-    depth_axis, latency_axis = figure.subplots(2, 1, gridspec_kw={"height_ratios": [height, 4.0]})
-    _depth_panel(figure, depth_axis, result, title)
-    _latency_panel(latency_axis, result)
+    height = 4.5 + len(rows(result)) * 0.06
+    running = result.running_series if result.activations.evicted else None
+    ratios = [height, 4.0] + ([3.0] if running is not None else [])
+    figure = _figure_class()(figsize=(11, sum(ratios)), layout="constrained")
+    axes = figure.subplots(len(ratios), 1, gridspec_kw={"height_ratios": ratios})
+    _depth_panel(figure, axes[0], result, title)
+    _latency_panel(axes[1], result)
+    if running is not None:
+        _running_panel(axes[2], result, running)
     return figure
 
 
@@ -152,7 +171,7 @@ def plot(result: Result, path: str | os.PathLike[str], *, title: str) -> None:
 
 def _depth_panel(figure: Any, axis: Any, result: Result, title: str) -> None:
     end = max(result.virtual_time, 1e-9)
-    grid = depth_grid(result.depth_series, end)
+    grid = depth_grid([result.depth_series[position] for position in rows(result)], end)
     labels = row_labels(result)
     image = axis.imshow(
         grid,
@@ -168,10 +187,14 @@ def _depth_panel(figure: Any, axis: Any, result: Result, title: str) -> None:
     axis.set_yticklabels(labels[::every], fontsize="small")
     axis.set_xlabel("virtual time (s)")
     axis.set_ylabel("pool:instance" if len(result.pools) > 1 else "instance")
-    axis.set_title(
+    heading = (
         f"{title}: queue depth by instance over virtual time "
         f"(deepest in each {end / COLUMNS:.3g} s)"
     )
+    listed = len(result.instances)
+    if listed > len(labels):
+        heading += f"\nthe {len(labels)} busiest of {listed:,} instances"
+    axis.set_title(heading)
     figure.colorbar(image, ax=axis, label="queue depth (pending events)")
 
 
@@ -215,3 +238,20 @@ def _latency_panel(axis: Any, result: Result) -> None:
     axis.set_ylim(smallest / 2, 1.5)
     axis.set_xlim(left=0)
     axis.legend(loc="upper right", fontsize="small")
+
+
+def _running_panel(axis: Any, result: Result, running: Sequence[tuple[float, int]]) -> None:
+    """The instances running (every pool's) over virtual time, as steps."""
+    activity = result.activations
+    times = [time for time, _ in running] + [result.virtual_time]
+    counts = [count for _, count in running]
+    axis.step(times, [*counts, counts[-1]], where="post", linewidth=1.2)
+    axis.set_xlim(0, max(result.virtual_time, 1e-9))
+    axis.set_ylim(bottom=0)
+    axis.set_xlabel("virtual time (s)")
+    axis.set_ylabel("instances running")
+    axis.set_title(
+        f"instances running: at most {activity.peak:,}, {activity.mean:,.1f} on average; "
+        f"{activity.started:,} started, {activity.per_second:,.2f} per virtual second"
+    )
+    axis.grid(alpha=0.3)
