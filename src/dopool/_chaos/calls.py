@@ -61,6 +61,14 @@ class Calls(ABC):
     def _span(self, pool: str) -> tuple[int, int]:
         """The history's numbers of ``pool``'s instances: ``first`` to ``end - 1``."""
 
+    def _numbers(self, pool: WorkerPool, index: int | None) -> tuple[int, int]:
+        """The history's numbers of instance ``index`` of ``pool``, or of all its instances
+        (None): ``first`` to ``end - 1``."""
+        if index is None:
+            return self._span(pool.name)
+        first = self._flat(pool.name, index)
+        return first, first + 1
+
     def _whole(self, pool: WorkerPool, *, paused: bool) -> None:
         """Say in the history that ``pool`` is paused (or resumed) as a whole now."""
         self.history.add(PoolPaused(*self._span(pool.name), paused))
@@ -150,10 +158,7 @@ class Calls(ABC):
 
     def _drain(self, pool: WorkerPool, index: int | None) -> None:
         before = self._snapshot()
-        first, end = self._span(pool.name)
-        if index is not None:
-            first = self._flat(pool.name, index)
-            end = first + 1
+        first, end = self._numbers(pool, index)
         expected = sum(len(snap.queue) for n, snap in before.items() if first <= n < end)
         records = self.history.records
         seen = len(records)
@@ -255,14 +260,10 @@ class Calls(ABC):
         """``pool.resume(index)``, which also wakes a stalled instance; the history says so."""
         if index is None:
             self._whole(pool, paused=False)
-            first, end = self._span(pool.name)
-        else:
-            first = self._flat(pool.name, index)
-            end = first + 1
         try:
             pool.resume(index)
         finally:
-            self.history.add(Resumed(first, end))
+            self.history.add(Resumed(*self._numbers(pool, index)))
 
 
 def _redrive_duplicates(

@@ -248,7 +248,7 @@ def _define_pools(
     """Define the scenario's pools, each with the simulated handler; their collectors."""
     designs = {pool.name: pool for pool in scenario.resolved_pools}
     collectors: dict[str, Collector] = {}
-    run = Residency()  # the instances running, over every pool
+    run = Residency(steps=True)  # the instances running, over every pool
     for name, design in designs.items():
         collectors[name] = Collector(name, delays=design.delayed_share > 0, residency=run)
         runtime.subscribe(collectors[name])
@@ -297,7 +297,7 @@ def _define_app_pools(scenario: Scenario, runtime: ToolRuntime, app: App) -> dic
         for position, item in enumerate(items):
             name = pool_named(item.pool, names, f"{kind}[{position}].pool")
             check_instance(f"{kind}[{position}]", item, name, pools[name].concurrency)
-    run = Residency()  # the instances running, over every pool
+    run = Residency(steps=True)  # the instances running, over every pool
     collectors = {name: Collector(name, residency=run) for name in pools}
     for collector in collectors.values():
         for event in early:

@@ -121,7 +121,9 @@ class Residency:
     peak: int = 0
     area: float = 0.0  # instance-seconds run until ``since``
     since: float = 0.0
-    # The instances running after each change, and when (for ``--plot``).
+    # With ``steps`` (the run's, not each pool's): the instances running after each
+    # change, and when (for ``--plot``).
+    steps: bool = False
     times: array[float] = field(default_factory=lambda: array("d"))
     counts: array[int] = field(default_factory=lambda: array("q"))
 
@@ -136,11 +138,13 @@ class Residency:
         else:
             self.evicted += 1
             self.running = max(0, self.running - 1)
-        self.times.append(time)
-        self.counts.append(self.running)
+        if self.steps:
+            self.times.append(time)
+            self.counts.append(self.running)
 
     def series(self) -> Steps:
-        """The instances running over virtual time, from ``(0, 0)``, as steps."""
+        """The instances running over virtual time, from ``(0, 0)``, as steps (kept with
+        ``steps`` only)."""
         return Steps(array("d", [0.0]) + self.times, array("q", [0]) + self.counts)
 
     def summary(self, end: float) -> Activations:
