@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -21,8 +20,8 @@ pytestmark = pytest.mark.threaded
 TIMEOUT = 10.0
 
 
-class _SignallingDeque(deque[Any]):
-    """A deque that wakes whoever waits for it to reach a length."""
+class _SignallingQueue(list[Any]):
+    """A waiter queue that wakes whoever waits for it to reach a length."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -43,13 +42,13 @@ class _SignallingDeque(deque[Any]):
 @pytest.fixture
 def turn() -> Turn:
     turn = Turn()
-    turn._waiters = _SignallingDeque()
+    turn._waiters = _SignallingQueue()
     return turn
 
 
-def queued(turn: Turn) -> _SignallingDeque:
+def queued(turn: Turn) -> _SignallingQueue:
     waiters = turn._waiters
-    assert isinstance(waiters, _SignallingDeque)
+    assert isinstance(waiters, _SignallingQueue)
     return waiters
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -514,7 +513,7 @@ def test_async_close_waits_for_an_open_transaction_then_refuses_bodies(
     assert_closed_keeping(store, store_path, b"gate", b"held")
 
 
-class _Waiters(deque[Any]):
+class _Waiters(list[Any]):
     """A turn's queue of waiters that signals when a writer joins it."""
 
     def __init__(self) -> None:
