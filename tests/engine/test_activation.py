@@ -4,7 +4,9 @@ name, and a message, a follow-up, a kill or a producer's wake-up starts the one 
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from dopool import (
     connect,
 )
 from dopool._clock.quiescence import Activity
-from dopool._engine.actor import running_instances
+from dopool._engine.actor import InstanceActor, running_instances
 from dopool._engine.cells import PoolKeys
 from dopool._engine.evicted import RETRY_START
 from dopool._store.layout import Namespace
@@ -229,6 +231,35 @@ def test_an_idle_instance_is_evicted_after_its_idle_timeout_and_a_message_restar
     assert [e.kind for e in seen if e.kind in ("crashed", "recovered")] == []
     moves = [(e.kind, e.time) for e in seen if e.kind in ("activated", "evicted")]
     assert moves == [("activated", 0.0), ("evicted", 19.0), ("activated", 20.0)]
+
+
+@pytest.mark.parametrize("backend", ["greenlet", "threads"])
+def test_an_evicted_incarnation_is_freed_at_once_not_by_the_cyclic_collector(
+    tmp_path: Path, backend: str
+) -> None:
+    """Its actor, queue machine and cell hold each other (callbacks) while it runs; once
+    evicted they are dropped, so nothing waits for the cyclic collector."""
+    with Runtime.simulated(tmp_path / "store", backend=backend) as runtime:
+        pool = runtime.define("p", execute=noop, concurrency="per-key", idle_timeout=1.0)
+        for key in ("a", "b", "c"):
+            pool.enqueue(key, partition_key=key)
+        assert pool.join()
+        actors = [
+            weakref.ref(item)
+            for item in gc.get_objects()
+            if type(item) is InstanceActor and item._store is runtime._store
+        ]
+        assert len(actors) == 3
+        gc.collect()
+        gc.disable()
+        try:
+            clock(runtime).run_until(5.0)
+            assert started(pool) == []
+            until(lambda: instance_actors() == [], "the evicted actors to end")
+            assert [actor for actor in actors if actor() is not None] == []
+            assert gc.collect() == 0  # (nothing of theirs was left for it)
+        finally:
+            gc.enable()
 
 
 def test_an_evicted_instances_delayed_event_and_retry_run_on_time(tmp_path: Path) -> None:

@@ -193,6 +193,14 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         _RUNNING.discard(self.actor_ref)
         if self._evicted:
             self._env.slots.give_back()
+            # Its cell is dropped, and nothing acts for it again (a caller's direct path
+            # finds its mailbox retired): freed at once, not by the cyclic collector.
+            cell = self._cell
+            self.dismantle()
+            if cell.direct is not None:
+                cell.direct.dismantle()
+                cell.direct = None
+            cell.supervisor.dismantle()
             return
         if self._kill.raised:
             return  # a crash: the successor's recovery settles it

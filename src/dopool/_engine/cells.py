@@ -53,6 +53,9 @@ class DirectPath(Protocol):
 
     def enqueue(self, items: tuple[Item, ...]) -> list[EnqueueResult] | None: ...
 
+    def dismantle(self) -> None:
+        """Break its reference cycles, once its instance is evicted (nothing calls it after)."""
+
 
 class IdleTimer:
     """An instance's idle timer: the clock fires it like an alarm, and it asks the actor to

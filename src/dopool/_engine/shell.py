@@ -138,6 +138,11 @@ class InstanceShell:
         # are sent (before any later one to that pool) once the pool is defined.
         self._held: dict[str, list[tuple[int, OutboxRecord]]] = {}
 
+    def dismantle(self) -> None:
+        """Break the cycle of this shell and its queue machine, once nothing acts for the
+        instance through it again (see :meth:`QueueMachine.dismantle`)."""
+        self._machine.dismantle()
+
     def _fault_point(self, point: str, fault: str | None = None) -> None:
         """Crash here if this incarnation was killed, or if the fault plan says so.
 

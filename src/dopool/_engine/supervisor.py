@@ -120,6 +120,13 @@ class Supervisor:
         self.crash_streak = 0
         self._waiting: _WaitingRestart | None = None
 
+    def dismantle(self) -> None:
+        """Drop the start function (bound to the cell that holds this supervisor: a
+        cycle), once the cell is dropped for good (its instance evicted); see
+        :meth:`dopool._machine.machine.QueueMachine.dismantle`. Nothing may start an
+        incarnation here after."""
+        del self._start
+
     def activate(self, reply: Reply | None = None, restarts: int = 0) -> None:
         """Start the first incarnation, its recovery its first message (answering
         ``reply``, not waited for), which counts ``restarts`` (one for an instance a shared

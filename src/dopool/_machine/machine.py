@@ -136,6 +136,14 @@ class QueueMachine:
     def namespace(self) -> Namespace:
         return self._ns
 
+    def dismantle(self) -> None:
+        """Drop the parts (which hold this machine's methods) and the fault point (the
+        shell's): the references that make an incarnation a cycle. For one that has
+        stopped for good (evicted), so that it is freed as its last reference goes, not
+        by the cyclic collector, which spent 16% of a simulation evicting instances
+        after half a second (docs/benchmarks.md). Nothing may call the machine after."""
+        del self._dead, self._follow_ups, self._life, self._recurring, self._fault_point
+
     # -- enqueue -----------------------------------------------------------------
     def accept(self, txn: Txn, meta: Meta, batches: Batches, now: float, fx: Effects) -> None:
         """Append each batch that fits; ``fx.answers`` gets ``(token, answer)`` for each.
