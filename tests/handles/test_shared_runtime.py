@@ -495,3 +495,38 @@ def test_a_long_handler_does_not_hold_up_the_release_of_the_other_instances(
     finally:
         go.set()
     until(lambda: _held(b) == {2, 3}, "b taking instance 2 once its handler returned")
+
+
+def test_a_close_gives_an_instance_it_was_releasing_the_grace_and_keeps_its_lease(
+    store_path: Path, opened: list[Runtime], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A close while a released instance's handler still runs waits for it as for any
+    other, and abandons it with a warning after the grace, its lease left to expire: were
+    the lease deleted, the worker that joined would run the instance while the handler
+    still ran here, and the process's exit would cut that handler short unannounced."""
+    started, go = threading.Event(), threading.Event()
+
+    def gated(ctx: EventContext) -> None:
+        if ctx.event.get("gate"):
+            started.set()
+            go.wait(WAIT)
+
+    a = Runtime(store_path, shared=True, lease_ttl=TTL, poll_interval=0.05)
+    opened.append(a)
+    pool = a.define("jobs", execute=gated, concurrency=4)
+    key = next(f"k{n}" for n in range(1000) if Router(4).choose(f"k{n}") == 2)
+    pool.enqueue({"gate": True}, partition_key=key)
+    assert started.wait(WAIT)
+    owner_a = _book(a).worker.owner
+    try:
+        b = _shared(store_path, "b", Ran())
+        opened.append(b)
+        until(lambda: 3 in _held(b), "a releasing instances 2 and 3, 2's handler running")
+        a.close(timeout=0.3)
+        assert "abandoned" in caplog.text
+        assert "jobs:2" in caplog.text
+        assert _leases(b)[2].owner == owner_a  # left to expire, not handed on
+        assert 2 not in _held(b)
+    finally:
+        go.set()
+    until(lambda: _held(b) == {0, 1, 2, 3}, "b taking every lease, 2's once it expired")

@@ -124,7 +124,8 @@ class LeaseKeeper:
         self._starting: dict[Where, Taken] = {}
         # Units whose instances' actors are stopping here: not taken again until they have
         # stopped, so that an instance never has two actors in this process.
-        self._stopping: set[Where] = set()
+        self._stopping: dict[Where, _Stop] = {}
+        self._stoppers: list[threading.Thread] = []  # the threads that stop them
         self._starts: queue.SimpleQueue[_Starts | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="dopool-leases", daemon=True)
         self._starter = threading.Thread(target=self._start_loop, name="dopool-starts", daemon=True)
@@ -233,9 +234,11 @@ class LeaseKeeper:
             renewal.release, release=True
         )
         if stops:
-            threading.Thread(
+            stopper = threading.Thread(
                 target=self._stop_all, args=(stops,), name="dopool-release", daemon=True
-            ).start()
+            )
+            self._stoppers = [t for t in self._stoppers if t.is_alive()] + [stopper]
+            stopper.start()
         taken = [t for t in renewal.taken if t.pool in self._pools]
         starts = None
         if taken:
@@ -399,8 +402,8 @@ class LeaseKeeper:
                 where = (name, unit)
                 if where in self._stopping:  # a stop on its way already (lost while released;
                     continue  # its cells were dropped then: none here)
-                self._stopping.add(where)
-                stops.append(_Stop(where, actors, slots, release))
+                stop = self._stopping[where] = _Stop(where, actors, slots, release)
+                stops.append(stop)
         return stops
 
     def _stop_all(self, stops: list[_Stop]) -> None:
@@ -453,7 +456,7 @@ class LeaseKeeper:
                         shown = self._shown(pool, unit)
                         logger.info("released the lease of %s:%s (fair share)", pool, shown)
             for stop in stops:
-                self._stopping.discard(stop.where)
+                self._stopping.pop(stop.where, None)
             self._place()
 
     def stop_serving(self) -> None:
@@ -463,9 +466,15 @@ class LeaseKeeper:
             self._serving = False
             self.book.stop_taking()
 
-    def close(self, keep: Iterable[tuple[str, int]] = ()) -> None:
-        """Stop renewing; delete the leases held (but those of the instances ``keep``, ``(pool,
-        index)``, left to expire) and the presence, so other workers take them at once."""
+    def close(
+        self, keep: Iterable[tuple[str, int]] = (), deadline: float | None = None
+    ) -> list[Cell]:
+        """Stop renewing; wait until ``deadline`` (``time.monotonic()``; None: as long as
+        they take) for the instances stopping here (leases lost or released) to finish
+        their handlers; delete the leases held (but those of the instances ``keep``, ``(pool,
+        index)``, and of those still stopping, left to expire) and the presence, so other
+        workers take them at once. Returns the cells whose actors are still running: the
+        caller abandons them with its own."""
         self._stop.set()
         self._starts.put(None)
         if self._started:
@@ -473,12 +482,24 @@ class LeaseKeeper:
             self._starter.join()
         if self._notifier is not None:
             self._notifier.close()
+        # No renewal starts a stop now. A released unit's lease is deleted only once its
+        # actors have stopped: another worker taking it sooner would run an instance twice.
+        for stopper in self._stoppers:
+            stopper.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         with self._lock:
+            still = [
+                cell
+                for stop in self._stopping.values()
+                for cell, ref in stop.actors
+                if ref is not None and ref.is_alive()
+            ]
+            kept = [*keep, *(cell.mailbox.order for cell in still)]
             try:
                 with self._store.write() as txn:
-                    self.book.leave(txn, keep)
+                    self.book.leave(txn, kept)
             except Exception:  # their expiry frees them instead
                 logger.warning("removing the leases at close failed", exc_info=True)
+        return still
 
 
 def _finished(future: pykka.Future[Any], timeout: float) -> bool:

@@ -471,7 +471,9 @@ class Runtime:
                     abandoned.append(mailbox)
             self.clock.set_alarm(mailbox, None)
         if self._keeper is not None:  # others take the leases now; the abandoned expire
-            self._keeper.close(keep=[mailbox.order for mailbox in abandoned])
+            keep = [mailbox.order for mailbox in abandoned]
+            # Those a lost or released lease was stopping get the same grace.
+            abandoned += [cell.mailbox for cell in self._keeper.close(keep, deadline)]
         for instances in self._pools.values():  # no keeper tells them anything now
             stopped(instances.placement.stop(), EXIT_GRACE)
         if abandoned:
