@@ -126,6 +126,7 @@ def test_the_guarantees_are_numbered_and_link_to_their_sections() -> None:
         ("3", "order-and-priority"),
         ("4", "counters"),
         ("5", "determinism-under-the-simulated-clock"),
+        ("6", "an-instances-own-storage"),
     ]
     assert {anchor for _, anchor in listed} <= anchors(page)
 

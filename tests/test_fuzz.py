@@ -30,9 +30,16 @@ from dopool import (
     SimulatedClock,
 )
 from dopool._ops.check import check_store
-from dopool._store.layout import Namespace, read_dead, read_event, read_meta, read_outbox
+from dopool._store.layout import (
+    Namespace,
+    StoredValues,
+    read_dead,
+    read_event,
+    read_meta,
+    read_outbox,
+)
 
-FIXTURE = Path(__file__).parent / "support" / "fixtures" / "store-v9"
+FIXTURE = Path(__file__).parent / "support" / "fixtures" / "store-v10"
 # The fixture's records, by what they are (see tests/support/fixtures/make_store.py).
 META = Namespace("orders", 1).prefix + b"m"
 QUEUED = Namespace("orders", 1).queue_key(-2, 4, 1000.0)
@@ -287,8 +294,11 @@ def test_a_flipped_bit_in_any_record_is_found_and_never_run(
 
 def test_the_fixture_holds_every_kind_of_record_for_the_flips() -> None:
     """Follow-ups between pools included: a mark of another pool's source, an outbox
-    entry for another pool, a meta whose links name another pool's instances."""
+    entry for another pool, a meta whose links name another pool's instances; and stored
+    values, one named by its key and one by a digest."""
     keys = [key for key, _ in RECORDS]
+    stored = StoredValues(Namespace("orders", 1))
+    assert {stored.key("billed"), stored.key("é" * 200 + "x")} <= set(keys)
     assert INVOICES.mark_prefix + b"orders\x00" + (1).to_bytes(8, "big") in keys
     assert Namespace("orders", 0).mark_prefix + b"invoices\x00" + bytes(8) in keys
     assert CROSS in keys

@@ -6,6 +6,7 @@ queue and one alarm slot, fed by a router, under a real or simulated clock.
 
 from dopool._clock.clocks import RealClock, SimulatedClock
 from dopool._engine.context import EventContext
+from dopool._engine.storage import Storage
 from dopool._errors import (
     ConfigurationError,
     DamagedRecordError,
@@ -27,6 +28,7 @@ from dopool._errors import (
     ScheduleError,
     SimulationStalledError,
     StorageError,
+    StorageItemError,
     StoreBusyError,
     StoreDamagedError,
     StoreFormatError,
@@ -36,7 +38,7 @@ from dopool._errors import (
 from dopool._handles.connection import Connection, ProducerPool, connect
 from dopool._handles.pool import WorkerPool
 from dopool._handles.runtime import Runtime
-from dopool._pools import Pool
+from dopool._pools import Pool, StorageView
 from dopool._retry import RetryPolicy
 from dopool._types import (
     DeadLetter,
@@ -85,7 +87,10 @@ __all__ = [
     "ScheduleInfo",
     "SimulatedClock",
     "SimulationStalledError",
+    "Storage",
     "StorageError",
+    "StorageItemError",
+    "StorageView",
     "StoreBusyError",
     "StoreDamagedError",
     "StoreFormatError",

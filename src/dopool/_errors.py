@@ -13,6 +13,7 @@ Every exception derives from :class:`DopoolError`::
     ├── EventValidationError   not msgpack-encodable, or rejected by the pool's schema
     │   └── ScheduleError      a ``delay`` or ``not_before`` that names no due time, a bad ``ttl``
     ├── EventTooLargeError     encoded event over 128 KiB, partition key over 2 KiB
+    ├── StorageItemError       a ``ctx.storage`` key or value refused: nothing buffered
     ├── QueueFullError         an instance already holds ``max_queue_depth`` events
     ├── StoreLockedError       another runtime holds the store directory
     ├── StoreBusyError         a producer waited its bound for the writer lock: nothing written
@@ -280,6 +281,37 @@ class EventTooLargeError(DopoolError):
         self.position = position
         where = f" (event {position} of the batch)" if position is not None else ""
         super().__init__(f"{what} is {size} bytes, over the limit of {limit} bytes{where}")
+
+
+class StorageItemError(DopoolError):
+    """A key or value refused by an instance's storage (``ctx.storage``): not a str key,
+    a value msgpack cannot encode, or over its size limit. Nothing was buffered.
+
+    Attributes:
+        what: ``"key"`` or ``"value"``.
+        key: the key it was given for (the value given, if not a str key).
+        reason: what is wrong.
+        size: the encoded size in bytes, when the limit is the problem, else None.
+        limit: that limit in bytes, else None.
+    """
+
+    def __init__(
+        self,
+        what: str,
+        key: object,
+        reason: str,
+        *,
+        size: int | None = None,
+        limit: int | None = None,
+    ) -> None:
+        self.what = what
+        self.key = key
+        self.reason = reason
+        self.size = size
+        self.limit = limit
+        named = shown(key)
+        named = named if len(named) <= 80 else f"{named[:77]}..."
+        super().__init__(f"storage {what} for key {named} refused: {reason}")
 
 
 class QueueFullError(DopoolError):

@@ -30,6 +30,42 @@ class FilterOptions(TypedDict, total=False):
     where: Callable[[DeadLetter], object] | None
 
 
+class StorageView(Protocol):
+    """An instance's own stored values, read-only: what ``pool.storage(...)`` returns
+    (and what ``ctx.storage`` offers besides its writes). Values come back decoded (tuples
+    as lists), a fresh copy at each read; keys are listed in order.
+
+    Raises (every method):
+        StorageItemError: a key that is not a str or is over 2 KiB of UTF-8.
+        DamagedRecordError: a stored value on the way failed its checks.
+    """
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value under ``key``, or ``default`` if there is none."""
+        ...
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, Any]:
+        """The values under ``keys`` that have one, by key, in the order asked."""
+        ...
+
+    def list(
+        self,
+        *,
+        prefix: str = "",
+        start: str | None = None,
+        end: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """The values whose keys start with ``prefix``, from ``start`` (included) to
+        ``end`` (excluded), at most ``limit`` of them, in key order (of the keys' UTF-8
+        bytes, which is their code points' order).
+
+        Raises:
+            ConfigurationError: a bound that is not a str, a ``limit`` not an int >= 0.
+        """
+        ...
+
+
 class Pool(Protocol):
     """A pool's handle: enqueue, control, recurring schedules and committed state.
 
@@ -173,6 +209,18 @@ class Pool(Protocol):
         Raises:
             EventIdError: not an event id of this pool.
             DamagedRecordError: the event's stored record is damaged.
+        """
+        ...
+
+    def storage(
+        self, *, partition_key: str | None = None, instance: int | None = None
+    ) -> StorageView:
+        """The stored values (``ctx.storage``) of one instance, read-only: the one
+        ``partition_key`` routes to, or ``instance`` (an index). Each read sees what is
+        committed when it is made; nothing runs or waits for an instance.
+
+        Raises:
+            ConfigurationError: neither or both given, or no such instance.
         """
         ...
 

@@ -102,6 +102,7 @@ class InstanceStatus:
     expired: int = 0  # of ``dead_lettered``, the events not started within their ttl
     schedules: int = 0  # recurring schedules stored here (instance 0's only)
     key: str | None = None  # a per-key pool's instance: its partition key
+    stored: int = 0  # values in its own storage (``ctx.storage``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +125,7 @@ class PoolStatus:
     cancelled: int = 0
     expired: int = 0  # of ``dead_lettered``, the events not started within their ttl
     schedules: int = 0  # recurring schedules (``pool.schedules()``)
+    stored: int = 0  # values in its instances' own storage (``ctx.storage``)
     used: int = 0  # instances ever used (any record stored), listed or not
     # Paused as a whole (``pause()``, no ``resume()`` since): an instance never used is paused.
     paused: bool = False

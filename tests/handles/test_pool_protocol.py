@@ -44,7 +44,7 @@ def public(handle: type) -> set[str]:
 def test_the_protocol_lists_what_both_handles_define() -> None:
     assert [
         *("cancel", "dead_letters", "drain", "enqueue", "enqueue_many", "event", "name"),
-        *("pause", "resume", "schedule", "schedules", "status", "unschedule"),
+        *("pause", "resume", "schedule", "schedules", "status", "storage", "unschedule"),
     ] == MEMBERS
     assert public(WorkerPool) & public(ProducerPool) == set(MEMBERS)
 

@@ -23,6 +23,7 @@ from dopool._store.layout import (
     OutboxRecord,
     PoolRecord,
     PresenceRecord,
+    StoredValues,
     alarm_entry_key,
     lease_key,
     pack,
@@ -36,8 +37,9 @@ from dopool._store.layout import (
 )
 from dopool._store.txn import Txn
 
-FIXTURE = Path(__file__).parents[1] / "support" / "fixtures" / "store-v9"  # (make_store.py)
+FIXTURE = Path(__file__).parents[1] / "support" / "fixtures" / "store-v10"  # (make_store.py)
 QUEUED = Namespace("orders", 1).queue_key(-2, 4, 1000.0)  # a pending event of the fixture
+STORED = StoredValues(Namespace("orders", 1))  # holds "billed" and two long keys
 INVOICES = Namespace("invoices", 0)  # holds a follow-up for orders:1, link 0, in its outbox
 
 
@@ -64,7 +66,7 @@ def problems(path: Path) -> list[str]:
 def test_a_sound_store_checks_out(store: Path) -> None:
     result = invoke("check", str(store))
     assert result.exit_code == 0, result.output
-    assert "format 9, 49 records, 3 instances; pools: invoices (1), orders (2)" in result.stdout
+    assert "format 10, 52 records, 3 instances; pools: invoices (1), orders (2)" in result.stdout
     assert "ok: every record and every counter checks out" in result.stdout
 
 
@@ -166,7 +168,7 @@ def test_check_store_reads_a_snapshot_in_one_pass(store: Path) -> None:
     with lmdb.open(str(store / "data"), readonly=True, lock=False) as env, env.begin() as txn:
         report = check_store(txn)
     assert report.ok
-    assert (report.format_version, report.records, report.instances) == (9, 49, 3)
+    assert (report.format_version, report.records, report.instances) == (10, 52, 3)
     assert report.pools == {"invoices": 1, "orders": 2}
 
 
@@ -361,3 +363,33 @@ def test_alarm_and_work_index_entries_the_metas_do_not_bear_out_are_reported(
         "None: orders:0: alarm at None, the alarm index holds [5.0]",
         "None: orders:1: 2 pending and 0 in the outbox, the work index lacks it",
     ]
+
+
+# -- an instance's own storage ---------------------------------------------------------
+
+
+def test_a_stored_value_that_fails_its_checksum_is_reported_alone(store: Path) -> None:
+    key = STORED.key("é" * 200 + "x")  # a long key's, named by its digest
+    with edit(store) as txn:
+        value = bytearray(txn.get(key))
+        value[-1] ^= 0x01
+        txn.put(key, bytes(value))
+    assert problems(store) == ["orders:1: damaged: checksum mismatch"]
+
+
+def test_stored_values_the_meta_does_not_count_are_reported(store: Path) -> None:
+    with edit(store) as txn:
+        txn.delete(STORED.key("billed"))  # a value lost
+        StoredValues(Namespace("orders", 0)).put(txn, "stray", pack(1))  # one never counted
+    assert problems(store) == [
+        "orders:0: meta counts 0 stored values, the store holds 1",
+        "orders:1: meta counts 3 stored values, the store holds 2",
+    ]
+
+
+def test_a_stored_value_that_does_not_decode_is_reported(store: Path) -> None:
+    """A crafted record with a sound checksum: a read of it would raise in the handler."""
+    key = STORED.key("billed")
+    with edit(store) as txn:
+        txn.put(key, seal(key, pack(["billed", b"\xc1"])))  # 0xC1: no msgpack value
+    assert problems(store) == ["orders:1: its value does not decode (FormatError)"]

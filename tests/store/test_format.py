@@ -1,5 +1,5 @@
 """The store format: its version record, its pinned layout, the migrations of formats 1
-to 4, and stores that are refused."""
+to 9, and stores that are refused."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ from dopool._ops.storeview import open_view
 from dopool._store.environment import Store
 from dopool._store.layout import (
     FORMAT_VERSION,
+    MAX_STORAGE_KEY_BYTES,
+    MAX_STORAGE_VALUE_BYTES,
     MIGRATED_DUE,
     PER_KEY,
     DeadRecord,
@@ -42,6 +44,8 @@ from dopool._store.layout import (
     RecordKind,
     ScheduleBook,
     ScheduleRecord,
+    StoredRecord,
+    StoredValues,
     alarm_entry_key,
     all_leases,
     all_presences,
@@ -56,10 +60,12 @@ from dopool._store.layout import (
     read_dedup,
     read_lifecycle,
     read_outbox,
+    read_stored,
     seal,
     seal_event,
     seal_format,
     seal_outbox,
+    unpack,
     work_entry_key,
 )
 from dopool._store.layout import migrate as migration
@@ -75,7 +81,8 @@ FIXTURE_5 = FIXTURES / "store-v5"  # format 5, written at commit 5f125b8 (make_s
 FIXTURE_6 = FIXTURES / "store-v6"  # format 6, written at commit a59b992 (make_store.py then)
 FIXTURE_7 = FIXTURES / "store-v7"  # format 7, written at commit eb274bf (make_store.py then)
 FIXTURE_8 = FIXTURES / "store-v8"  # format 8, written at commit 3719304 (make_store.py then)
-FIXTURE_9 = FIXTURES / "store-v9"  # format 9, make_store.py
+FIXTURE_9 = FIXTURES / "store-v9"  # format 9, written at commit a2b332a (make_store.py then)
+FIXTURE_10 = FIXTURES / "store-v10"  # format 10, make_store.py
 OWNER = "host-4121-0a1b2c3d"  # the worker the lease and presence of store-v6 and v7 name
 # The events the fixtures of formats 1 and 2 (and format 3, at 1000.0) hold pending.
 ID_5 = EventRecord(b"\x82\xa2id\x05\xa4tags\x92\xa1x\xa1y", 1000.0, "bob", 9)
@@ -104,8 +111,8 @@ def records(path: Path) -> dict[bytes, bytes]:
 
 
 def test_the_fixture_of_this_format_is_the_current_version() -> None:
-    assert FORMAT_VERSION == 9
-    assert records(FIXTURE_9)[b"F"] == seal_format(b"F")
+    assert FORMAT_VERSION == 10
+    assert records(FIXTURE_10)[b"F"] == seal_format(b"F")
 
 
 def pools(found: dict[bytes, bytes]) -> list[bytes]:
@@ -181,7 +188,7 @@ def test_the_format_4_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert index.get(txn, "order-1") == DedupRecord("order-1", 1, 0, 0, 0, 1000.0, 1000.0)
             assert index.count_expiries(txn) == 2
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 9, 27)
+            assert (report.ok, report.format_version, report.records) == (True, 10, 27)
             indexed = EventIndex(zero)
             assert [indexed.locate(txn, n) for n in (3, 4, 0)] == [
                 Located(zero.queue_key(9, 3, 1000.0), False),
@@ -301,7 +308,7 @@ def test_the_format_7_fixture_decodes_to_exactly_what_was_written(tmp_path: Path
                 ("orders", 0, LeaseRecord(OWNER, 4121, "host", 2, 1030.0))
             ]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 9, 49)
+            assert (report.ok, report.format_version, report.records) == (True, 10, 49)
     finally:
         store.close()
 
@@ -336,8 +343,9 @@ def test_the_format_8_fixture_gains_the_whole_pool_pause_in_its_pool_records(
     """store-v8, written by the format-8 code: the migration to format 9 gives each pool
     record a last field, ``paused`` (false: format 8 paused instances one by one), each
     meta a last field, ``key`` (nil: no pool had an instance per key), and each delivery
-    mark's key an 8-byte source index, and changes nothing else but the format record.
-    make_store.py now pauses orders as a whole, so store-v9 differs from it there alone."""
+    mark's key an 8-byte source index, and changes nothing else but the format record
+    (and format 10's step, every meta's ``stored``). make_store.py's format-9 version
+    paused orders as a whole, so store-v9, migrated alike, differs from it there alone."""
     path = copy(FIXTURE_8, tmp_path)
     before = records(path)
     assert before[b"F"][4:] == bytes([0x91, 8])
@@ -353,16 +361,191 @@ def test_the_format_8_fixture_gains_the_whole_pool_pause_in_its_pool_records(
         assert after[moved][4:] == before[mark][4:]  # the same link, sealed for its key
     assert after[pool_key("orders")][4:] == bytes([0x92, 2, 0xC2])  # [concurrency, false]
     assert after[pool_key("invoices")][4:] == bytes([0x92, 1, 0xC2])
-    nine = records(FIXTURE_9)
+    nine_path = copy(FIXTURE_9, tmp_path / "9")
+    Store(nine_path).close()
+    nine = records(nine_path)
     assert nine[pool_key("orders")][4:] == bytes([0x92, 2, 0xC3])  # paused as a whole
     assert {k: v for k, v in nine.items() if k != pool_key("orders")} == {
         k: v for k, v in after.items() if k != pool_key("orders")
-    }  # what make_store.py writes today, byte for byte, but that pause
-    store = Store(copy(FIXTURE_9, tmp_path / "9"))
+    }  # what make_store.py wrote at format 9, byte for byte, but that pause
+    store = Store(nine_path)
     try:
         with store.read() as txn:
             assert get_pool_record(txn, "orders") == PoolRecord(2, paused=True)
             assert get_pool_record(txn, "invoices") == PoolRecord(1, paused=False)
+    finally:
+        store.close()
+
+
+# -- the committed store of format 9 ----------------------------------------------------
+
+
+def stored(found: dict[bytes, bytes]) -> list[bytes]:
+    """The stored values' keys (format 10's), in the store's order."""
+    return [key for key in found if key[:1] == b"I" and key.split(b"\x00")[1][:1] == b"v"]
+
+
+def fields(key: bytes, found: dict[bytes, bytes]) -> list[object]:
+    """The fields of the record under ``key``."""
+    return list(unpack(open_sealed(key, found[key])))
+
+
+def test_the_format_9_fixture_gains_a_count_of_stored_values_in_its_metas(
+    tmp_path: Path,
+) -> None:
+    """store-v9, written by the format-9 code: the migration to format 10 gives each meta
+    a last field, ``stored`` (0: no instance had storage of its own), and changes nothing
+    else but the format record. make_store.py now stores three values in orders:1's
+    storage, so store-v10 differs from it there alone: those records and that meta."""
+    path = copy(FIXTURE_9, tmp_path)
+    before = records(path)
+    assert before[b"F"][4:] == bytes([0x91, 9])
+    store = Store(path)  # opening migrates it
+    try:
+        with store.read() as txn:
+            report = check_store(txn)
+            assert (report.ok, report.format_version, report.records) == (True, 10, 49)
+    finally:
+        store.close()
+    after = records(path)
+    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    metas = [key for key in before if key[:1] == b"I" and key.endswith(b"\x00m")]
+    assert len(metas) == 3
+    assert changed == {b"F", *metas}
+    for meta in metas:
+        assert fields(meta, after) == [*fields(meta, before), 0]
+    ten = records(FIXTURE_10)
+    meta = Namespace("orders", 1).meta_key
+    assert len(stored(ten)) == 3
+    assert {k: v for k, v in ten.items() if k not in {meta, *stored(ten)}} == {
+        k: v for k, v in after.items() if k != meta
+    }  # what make_store.py writes today, byte for byte, but orders:1's storage
+    assert fields(meta, ten) == [*fields(meta, after)[:-1], 3]
+
+
+# -- the current format: an instance's own storage ---------------------------------------
+
+LONG = "é" * 200  # 400 bytes of UTF-8: the longest storage key named as it is
+
+
+def test_the_format_10_fixture_decodes_to_exactly_what_was_written(tmp_path: Path) -> None:
+    """orders:1's storage, as make_store.py's handler put it at event 7's success: a short
+    key and two long ones sharing their first 400 bytes, whose records sort by digest the
+    other way round; the poisoned event's put went with its failed attempt."""
+    one, zero = StoredValues(Namespace("orders", 1)), StoredValues(Namespace("orders", 0))
+    assert stored(records(FIXTURE_10)) == [
+        one.key("billed"),
+        one.key(LONG + "y"),
+        one.key(LONG + "x"),
+    ]
+    store = Store(copy(FIXTURE_10, tmp_path))
+    try:
+        with store.read() as txn:
+            assert list(one.items(txn)) == [
+                StoredRecord("billed", pack([7])),
+                StoredRecord(LONG + "x", pack({"blob": b"\x00\xff"})),
+                StoredRecord(LONG + "y", pack(1.5)),
+            ]
+            assert one.get(txn, LONG + "y") == pack(1.5)
+            assert (Namespace("orders", 1).load_meta(txn).stored, one.count(txn)) == (3, 3)
+            assert (Namespace("orders", 0).load_meta(txn).stored, zero.count(txn)) == (0, 0)
+            report = check_store(txn)
+            assert (report.ok, report.format_version, report.records) == (True, 10, 52)
+    finally:
+        store.close()
+
+
+def test_the_keys_and_records_of_stored_values_have_their_documented_bytes(
+    store_path: Path,
+) -> None:
+    """``v <name>``: the key's UTF-8 bytes up to 400 of them, else its first 400 bytes (cut
+    inside a character too), ``0xFF`` and its 16-byte BLAKE2b digest; the record is
+    ``[key (str), value (bin: msgpack)]``, and reads back as written."""
+    values = StoredValues(Namespace("p", 0))
+    assert values.key("k") == b"Ip:0\x00vk"
+    assert values.key(LONG) == b"Ip:0\x00v" + LONG.encode()
+    for long in (LONG + "a", "a" + LONG):  # the second's first 400 bytes end inside an "é"
+        digest = hashlib.blake2b(long.encode(), digest_size=16).digest()
+        assert values.key(long) == b"Ip:0\x00v" + long.encode()[:400] + b"\xff" + digest
+    key = values.key("k")
+    value = seal(key, pack(["k", pack([1, 2])]))
+    assert value[4:] == b"\x92\xa1k\xc4\x03\x92\x01\x02"
+    assert read_stored(key, value, len(b"Ip:0\x00v")) == StoredRecord("k", b"\x92\x01\x02")
+    store = Store(store_path)
+    try:
+        with store.write() as txn:
+            assert values.put(txn, "k", pack([1, 2]))  # a new key
+            assert values.put(txn, "a" + LONG, pack(None))
+            assert values.put(txn, LONG + "a", pack(None))
+            assert not values.put(txn, "k", pack([3]))  # replaced
+            assert values.delete(txn, LONG + "a")
+            assert not values.delete(txn, LONG + "a")
+        with store.read() as txn:
+            assert [values.get(txn, k) for k in ("k", "a" + LONG, LONG + "a")] == [
+                pack([3]),
+                pack(None),
+                None,
+            ]
+            assert values.count(txn) == 2
+    finally:
+        store.close()
+    found = records(store_path)
+    assert found[key] == seal(key, pack(["k", pack([3])]))
+    assert stored(found) == [values.key("a" + LONG), key]
+
+
+def test_a_stored_value_under_another_key_flipped_or_over_its_limits_is_damaged() -> None:
+    values = StoredValues(Namespace("p", 0))
+    at = len(values.key(""))  # where a name starts
+    key, other, long = values.key("k"), values.key("j"), "k" * (MAX_STORAGE_KEY_BYTES + 1)
+    value = seal(key, pack(["k", pack(1)]))
+    over = bytes(MAX_STORAGE_VALUE_BYTES + 1)
+    for where, raw, reason in [
+        (other, value, "checksum mismatch"),  # moved: the checksum covers the key
+        (other, seal(other, pack(["k", pack(1)])), "holds the key 'k', stored elsewhere"),
+        (key, value[:-1] + bytes([value[-1] ^ 0x04]), "checksum mismatch"),
+        (key, seal(key, pack(["k", over])), f"a value of {len(over)}"),
+        (values.key(long), seal(values.key(long), pack([long, b""])), "a key of 2049 bytes"),
+        (key, seal(key, pack(["k"])), "not an array of 2 fields"),
+        (key, seal(key, pack(["k", "1"])), "field 'value'"),
+    ]:
+        with pytest.raises(DamagedRecordError, match=reason):
+            read_stored(where, raw, at)
+    at_the_limit = seal(key, pack(["k", over[1:]]))
+    assert read_stored(key, at_the_limit, at) == StoredRecord("k", over[1:])
+
+
+def test_stored_values_are_listed_in_key_order_though_long_keys_sort_by_digest(
+    store_path: Path,
+) -> None:
+    """Long keys sharing their first 400 bytes are named by digests, which sort them in no
+    useful order: ``items`` reads such a run whole and sorts it by the keys, and its
+    bounds (a prefix, a start included, an end excluded) hold across it."""
+    run = [LONG + tail for tail in ("x", "y", "yy", "z")]
+    keys = ["", "a", "b", "ba", "zz", LONG[:-1] + "z", LONG, "a" + LONG, *run]
+    values = StoredValues(Namespace("p", 0))
+    assert sorted(run, key=values.key) == [LONG + tail for tail in ("yy", "z", "y", "x")]
+    store = Store(store_path)
+    try:
+        with store.write() as txn:
+            for key in keys:
+                values.put(txn, key, pack(key))
+        with store.read() as txn:
+            for prefix, start, end in [
+                ("", None, None),
+                (LONG, None, None),
+                ("", LONG + "y", None),
+                (LONG, None, LONG + "yy"),
+                (LONG + "y", None, None),
+                ("", "b", LONG + "x"),
+                ("b", "a", "bb"),
+                ("a", "b", None),
+                ("", "zz", "zz"),
+            ]:
+                listed = [record.key for record in values.items(txn, prefix, start, end)]
+                wanted = [k for k in sorted(keys) if k.startswith(prefix) and k >= (start or "")]
+                assert listed == [k for k in wanted if end is None or k < end], (prefix, start, end)
+            assert [record.value for record in values.items(txn)] == [pack(k) for k in sorted(keys)]
     finally:
         store.close()
 
@@ -438,7 +621,7 @@ def _the_fixture_of_format_5_reads_as_written(path: Path, *, records: int) -> No
             )
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 9, records)
+            assert (report.ok, report.format_version, report.records) == (True, 10, records)
             assert list(Namespace("invoices", 0).iter_outbox(txn)) == [(1, REFUND_9)]
     finally:
         store.close()
@@ -571,7 +754,7 @@ def test_the_format_3_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 9, 22)
+            assert (report.ok, report.format_version, report.records) == (True, 10, 22)
     finally:
         store.close()
     after = records(path)
@@ -682,7 +865,7 @@ def test_the_format_2_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 9, 20)
+            assert (report.ok, report.format_version, report.records) == (True, 10, 20)
     finally:
         store.close()
     after = records(path)
@@ -791,8 +974,8 @@ def test_a_format_2_store_built_by_hand_keeps_its_order_and_its_backoff(
         runtime = Runtime(path, clock=clock)
     try:
         # 9 to format 4; its meta again, an index entry for each of 4 events, and the 3
-        # sound ones rewritten (expires_at)
-        assert "migrated from format 2 to 9 (22 records rewritten)" in caplog.text
+        # sound ones rewritten (expires_at); its meta once more to format 10
+        assert "migrated from format 2 to 10 (23 records rewritten)" in caplog.text
         ns = Namespace("h", 0)
         with runtime._store.read() as txn:
             meta = ns.load_meta(txn)
@@ -989,8 +1172,8 @@ def test_a_format_1_outbox_is_migrated_and_delivered_exactly_once(
     with caplog.at_level(logging.INFO, logger="dopool"):
         runtime = Runtime(path, clock=SimulatedClock(2000.0), seed=7)
     try:
-        # 9 to format 4, and both metas again (no event is pending)
-        assert "migrated from format 1 to 9 (18 records rewritten)" in caplog.text
+        # 9 to format 4, and both metas again (no event is pending), and to format 10
+        assert "migrated from format 1 to 10 (20 records rewritten)" in caplog.text
         with runtime._store.read() as txn:
             zero, one = Namespace("orders", 0), Namespace("orders", 1)
             assert zero.load_meta(txn).links == {"orders:1": 2}

@@ -9,7 +9,7 @@ SRC = Path(__file__).parents[2] / "src" / "dopool"
 LAYOUT = SRC / "_store" / "layout"
 
 # The format key, the pool, instance and dedup prefixes, and the tags of an instance's keys.
-KEY_BYTES = {b"F", b"P", b"I", b"K", b"E", b"m", b"q", b"w", b"d", b"o", b"s", b"n", b"f", b"e"}
+KEY_BYTES = {b"F", b"P", b"I", b"K", b"E"} | {bytes([tag]) for tag in b"mqwdosnfev"}
 
 
 def test_only_the_keys_module_of_the_layout_spells_a_key() -> None:

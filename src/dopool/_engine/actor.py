@@ -39,6 +39,7 @@ from dopool._engine.messages import (
     Resend,
 )
 from dopool._engine.shell import Crash, InstanceEnv, InstanceShell, PoolSpec, UndecodableEventError
+from dopool._engine.storage import Storage
 from dopool._engine.supervisor import KillFlag
 from dopool._errors import (
     DamagedRecordError,
@@ -93,6 +94,11 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         self._worked = False  # this incarnation ran an attempt (see ``_yield_slot``)
         self._evicted = False
         self._resolve = partial(env.directory.resolve, own=spec.name)
+
+    def _open_storage(self) -> Storage:
+        """``ctx.storage`` for an attempt of this instance (made when a handler first
+        uses it)."""
+        return Storage(self._store.read, self._spec.name, self._index)
 
     @classmethod
     def launch(
@@ -345,6 +351,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             _target=self._resolve,
             _wall=self._clock.wall,
             _now=self._clock.now,
+            _open_storage=self._open_storage,
         )
         if failure is None:
             try:
@@ -353,7 +360,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
                     ran(returned, "the handler", PermanentError)
             except BaseException as exc:  # SystemExit too: a handler never takes the actor down
                 failure = exc
-        follow_ups = ctx._end()  # a context kept for later adds nothing now: it raises
+        follow_ups, writes = ctx._end()  # a context kept for later adds nothing now
         self._fault_point("after_execute", "crash_after_execute")
         now = self._clock.now()
         effects = Effects()
@@ -365,7 +372,9 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             meta = self._load_meta(txn)
             machine.finish_attempt(meta)
             if failure is None:
-                machine.succeed(txn, meta, key, attempt, follow_ups, now, effects, record.dedup_key)
+                machine.succeed(
+                    txn, meta, key, attempt, follow_ups, now, effects, record.dedup_key, writes
+                )
             else:
                 machine.fail(txn, meta, key, record, failure, now, effects)
             self._accept(txn, meta, now, effects)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from dopool._engine.storage import Storage, Writes
 from dopool._errors import ConfigurationError, as_seconds, shown
 from dopool._machine.followups import FollowUp, Target
 from dopool._machine.types import Item
@@ -25,6 +26,8 @@ class EventContext:
         attempt: 1 for the first execution.
         is_retry: ``attempt > 1``.
         enqueued_at, started_at: clock times (virtual under a simulated clock).
+        storage: the instance's own storage (:class:`~dopool.Storage`): its writes
+            commit with this event's success and are discarded if the attempt fails.
     """
 
     event: Any
@@ -42,6 +45,8 @@ class EventContext:
     # The pool ``ctx.enqueue(pool=...)`` names, or None for this one (raises if none).
     _target: Callable[[object], Target | None] = field(repr=False)
     _now: Callable[[], float] = field(repr=False)  # the clock's now (a not_before's limit)
+    _open_storage: Callable[[], Storage] = field(repr=False)  # made on first use
+    _storage: Storage | None = field(default=None, repr=False)
     _follow_ups: list[FollowUp] = field(default_factory=list, repr=False)
     _wall: bool = field(default=False, repr=False)  # the clock reads wall time
     _ended: bool = field(default=False, repr=False)  # the attempt's outcome is being settled
@@ -49,6 +54,15 @@ class EventContext:
     @property
     def is_retry(self) -> bool:
         return self.attempt > 1
+
+    @property
+    def storage(self) -> Storage:
+        storage = self._storage
+        if storage is None:
+            storage = self._storage = self._open_storage()
+            if self._ended:
+                storage._end()  # read-only now, as any context's after its attempt
+        return storage
 
     def enqueue(
         self,
@@ -106,10 +120,11 @@ class EventContext:
             seconds = value
         self._sleep(seconds)
 
-    def _end(self) -> list[FollowUp]:
-        """End the attempt (its handler returned): its follow-ups, which no call adds to now."""
+    def _end(self) -> tuple[list[FollowUp], Writes]:
+        """End the attempt (its handler returned): its follow-ups and storage writes, which
+        no call adds to now."""
         self._ended = True
-        return self._follow_ups
+        return self._follow_ups, ({} if self._storage is None else self._storage._end())
 
     def _check_running(self, verb: str) -> None:
         if self._ended:

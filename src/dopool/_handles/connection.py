@@ -69,6 +69,7 @@ from dopool._cluster.remote import (
 )
 from dopool._cluster.routing import Positions, Router, RoutingTable
 from dopool._engine.options import PoolOptions, Schema
+from dopool._engine.storage import ReadOnlyStorage
 from dopool._engine.wakeups import Notifier
 from dopool._errors import (
     ConfigurationError,
@@ -92,7 +93,7 @@ from dopool._machine.validation import (
     prepare_many,
     with_ttl,
 )
-from dopool._pools import FilterOptions, Pool, ScheduleOptions
+from dopool._pools import FilterOptions, Pool, ScheduleOptions, StorageView
 from dopool._store.environment import Environment, open_shared, opened_before_fork
 from dopool._store.layout import (
     Namespace,
@@ -504,6 +505,15 @@ class ProducerPool(Pool):
             ns = Namespace(self._name, index)
             keep, now = self._options.keep_finished, self._connection.now()
             return lookup(txn, ns, ns.load_meta(txn), self._name, index, sequence, keep, now)
+
+    def storage(
+        self, *, partition_key: str | None = None, instance: int | None = None
+    ) -> StorageView:
+        """As :meth:`Pool.storage`; each read is a read transaction of the connection's."""
+        with self._connection.reading(self._name) as txn:
+            concurrency = self._table(txn).concurrency  # PoolNotFoundError if none
+        read = partial(self._connection.reading, self._name)
+        return ReadOnlyStorage.of(read, self._name, concurrency, partition_key, instance)
 
     def dead_letters(
         self, index: int | None = None, **filters: Unpack[FilterOptions]

@@ -18,6 +18,7 @@ from dopool._engine.options import PoolOptionsDict
 from dopool._engine.pool_context import PoolContext
 from dopool._engine.pool_instances import Instances
 from dopool._engine.shell import InstanceEnv, PoolSpec
+from dopool._engine.storage import ReadOnlyStorage
 from dopool._engine.wait_graph import acting
 from dopool._errors import (
     ConfigurationError,
@@ -44,7 +45,7 @@ from dopool._machine.types import (
     Unschedule,
 )
 from dopool._machine.validation import check_keyed, due_time, prepare, prepare_many, with_ttl
-from dopool._pools import FilterOptions, Pool, ScheduleOptions
+from dopool._pools import FilterOptions, Pool, ScheduleOptions, StorageView
 from dopool._store.layout import (
     Namespace,
     follow_ups_to,
@@ -477,6 +478,12 @@ class WorkerPool(Pool):
         with self._read() as txn:
             ns = Namespace(self.name, index)
             return lookup(txn, ns, ns.load_meta(txn), self.name, index, sequence, keep, now)
+
+    def storage(
+        self, *, partition_key: str | None = None, instance: int | None = None
+    ) -> StorageView:
+        self._check_open()
+        return ReadOnlyStorage.of(self._read, self.name, self.concurrency, partition_key, instance)
 
     def dead_letters(
         self, index: int | None = None, **filters: Unpack[FilterOptions]

@@ -97,6 +97,7 @@ class InstanceState:
     unindexed: int = 0  # pending events without an index entry
     stray_entries: int = 0  # index entries that name no pending event
     remembered_keys: int = 0  # remembered finished events
+    stored_keys: int = 0  # values of the instance's own storage
 
     @property
     def name(self) -> str:
@@ -119,6 +120,7 @@ class KeyTally:
     sequences: set[int] = field(default_factory=set)  # of the pending events
     entries: set[int] = field(default_factory=set)  # of the index entries
     remembered: int = 0
+    stored: int = 0
 
     def add(self, kind: RecordKind, key: bytes) -> None:
         """Count ``key``, a key of ``kind`` (the meta and delivery marks count for nothing)."""
@@ -144,6 +146,8 @@ class KeyTally:
             self.entries.add(queue_key_sequence(key))  # its key ends with the sequence
         elif kind is RecordKind.FINISHED:
             self.remembered += 1
+        elif kind is RecordKind.STORED:
+            self.stored += 1
 
     @property
     def empty(self) -> bool:
@@ -168,6 +172,7 @@ class KeyTally:
             unindexed=len(self.sequences - self.entries),
             stray_entries=len(self.entries - self.sequences),
             remembered_keys=self.remembered,
+            stored_keys=self.stored,
         )
 
 
@@ -200,6 +205,7 @@ def broken_invariants(state: InstanceState) -> list[str]:
         ("dead letters", meta.held_dead_letters, state.dead_letter_keys),
         ("outbox entries", meta.outbox, state.outbox_keys),
         ("remembered events", meta.remembered, state.remembered_keys),
+        ("stored values", meta.stored, state.stored_keys),
     )
     for what, recorded, keys in counts:
         if recorded != keys:

@@ -16,7 +16,7 @@ priority (guarantee 3), counters (guarantee 4), and what a crash counts as.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -54,6 +54,7 @@ from dopool._store.layout import (
     Meta,
     Namespace,
     OutboxRecord,
+    StoredValues,
     queue_key_priority,
     queue_key_sequence,
 )
@@ -344,9 +345,18 @@ class QueueMachine:
         now: float,
         fx: Effects,
         dedup_key: str | None = None,
+        writes: Mapping[str, bytes | None] | None = None,
     ) -> None:
-        """The current event succeeded: remove it, and store its follow-ups."""
+        """The current event succeeded: remove it, store its follow-ups, and apply its
+        handler's writes to the instance's storage (``None``: delete the key)."""
         self._finish(txn, meta, key, "succeeded", None, now)
+        if writes:
+            stored = StoredValues(self._ns)
+            for name, value in writes.items():
+                if value is None:
+                    meta.stored -= stored.delete(txn, name)
+                else:
+                    meta.stored += stored.put(txn, name, value)
         meta.succeeded += 1
         if dedup_key is not None:
             self._dedup.release(txn, dedup_key, self._index, queue_key_sequence(key), now)

@@ -63,6 +63,7 @@ def instance_status(
         expired=meta.expired,
         schedules=meta.schedules,
         key=meta.key,
+        stored=meta.stored,
     )
 
 
@@ -79,6 +80,7 @@ _SUMMED = (
     "cancelled",
     "expired",
     "schedules",
+    "stored",
 )
 
 _NO_RESTART = (0, None)  # the restart state of an instance not running: none

@@ -66,6 +66,7 @@ from dopool._store.layout import (
     read_pool,
     read_presence,
     read_schedule,
+    read_stored,
     unpack,
     valid_owner,
 )
@@ -255,6 +256,14 @@ def _check_instance_record(
         at, name = fire_time(key[key.index(b"\0") + 2 :])
         instance.fires.append((at, name, key))
         read_fire(key, value)
+    elif kind is RecordKind.STORED:
+        stored = read_stored(key, value, key.index(b"\0") + 2)
+        try:
+            unpack(stored.value)
+        except Exception as exc:
+            problems.append(
+                Problem(where, key, f"its value does not decode ({type(exc).__name__})")
+            )
     else:
         source = mark_source(key)  # (a damaged event raised before it was counted)
         links.add_mark(where, source, read_link(key, value))

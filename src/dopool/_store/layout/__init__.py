@@ -11,6 +11,7 @@
 - :mod:`.events`: an instance's event index and remembered finished events;
 - :mod:`.leases`: the workers' leases and presences, read and written in a transaction;
 - :mod:`.schedules`: a pool's recurring schedules, in instance 0's namespace;
+- :mod:`.storage`: an instance's own storage (``ctx.storage``), its values in its namespace;
 - :mod:`.migrate`: a store of an older format rewritten as this one.
 
 Everything outside this package sees records, namespaces and parsed keys, never a
@@ -90,6 +91,8 @@ from dopool._store.layout.limits import (
     MAX_DEDUP_KEY_BYTES,
     MAX_EVENT_BYTES,
     MAX_PARTITION_KEY_BYTES,
+    MAX_STORAGE_KEY_BYTES,
+    MAX_STORAGE_VALUE_BYTES,
     MIGRATES_FROM,
     MIN_EVERY,
     PER_KEY,
@@ -140,6 +143,7 @@ from dopool._store.layout.records import (
     unpack,
 )
 from dopool._store.layout.schedules import ScheduleBook, ScheduleRecord, read_fire, read_schedule
+from dopool._store.layout.storage import StoredRecord, StoredValues, read_stored
 
 __all__ = [
     "FINISHED_STATES",
@@ -149,6 +153,8 @@ __all__ = [
     "MAX_DEDUP_KEY_BYTES",
     "MAX_EVENT_BYTES",
     "MAX_PARTITION_KEY_BYTES",
+    "MAX_STORAGE_KEY_BYTES",
+    "MAX_STORAGE_VALUE_BYTES",
     "MIGRATED_DUE",
     "MIGRATES_FROM",
     "MIN_EVERY",
@@ -175,6 +181,8 @@ __all__ = [
     "RecordKind",
     "ScheduleBook",
     "ScheduleRecord",
+    "StoredRecord",
+    "StoredValues",
     "alarm_entry_key",
     "alarm_index",
     "all_leases",
@@ -238,6 +246,7 @@ __all__ = [
     "read_pool",
     "read_presence",
     "read_schedule",
+    "read_stored",
     "schedule_name",
     "seal",
     "seal_dead",

@@ -20,6 +20,8 @@ Keys (all integers big-endian, so LMDB's byte order is numeric order)::
     I <pool>:<index> \\0 f <seq:8>          a finished event, remembered (keep_finished)
     I <pool>:<index> \\0 e <finished:8> <seq:8>
                                           when a remembered event finished: its expiry
+    I <pool>:<index> \\0 v <name>         one value of the instance's own storage
+                                          (``ctx.storage``), by its key's name
     I <pool>:0 \\0 r <name>               a recurring schedule (instance 0's only)
     I <pool>:0 \\0 t <at:8> <name>        a schedule's next fire time, by time
     K <pool> \\0 <name>                   a dedup key's index entry (the pool's own)
@@ -58,6 +60,13 @@ A schedule's ``name`` in its keys (:func:`schedule_name`) follows the same rule 
 dedup key's: its UTF-8 bytes up to :data:`DIRECT_NAME` of them, else ``0xFF`` and a
 BLAKE2b digest; the record holds the full name.
 
+A stored value's ``name`` (:func:`storage_name`) keeps its key's order, which
+``storage.list`` pages through: the key's UTF-8 bytes up to :data:`STORED_DIRECT` of
+them, else its first :data:`STORED_DIRECT` bytes, ``0xFF`` and the BLAKE2b digest of the
+whole key (16 bytes). Keys sort as their names do, but for long keys that share their
+first :data:`STORED_DIRECT` bytes, which sort by digest: the reader orders such a run
+by the full keys, which the records hold.
+
 This is the only module that spells a key's bytes (``tests/store/test_layout_structure.py``).
 Its names with a leading underscore are the layout's own: :mod:`.records` and
 :mod:`.namespace` use them, and no module outside :mod:`dopool._store.layout` does.
@@ -83,6 +92,7 @@ _WAIT_TAG = b"w"  # a scheduled event, not due yet
 _INDEX_TAG, _FINISHED_TAG, _FORGET_TAG = b"n", b"f", b"e"
 # A recurring schedule's record, and its next fire time (both in instance 0's namespace):
 _RECURRING_TAG, _FIRE_TAG = b"r", b"t"
+_STORED_TAG = b"v"  # a value of the instance's own storage
 _DEDUP_PREFIX = b"K"  # a pool's dedup index: one entry per key
 _EXPIRY_PREFIX = b"E"  # a pool's finished dedup keys, by finish time
 _LEASE_PREFIX = b"L"  # a lease of a unit of a pool's instances
@@ -93,6 +103,9 @@ _DIGEST = 16  # the bytes of a long dedup key's digest
 _DIGESTED = b"\xff"  # the first byte of a digested name: never in UTF-8
 #: The longest dedup key, in UTF-8 bytes, that names its index entry as it is.
 DIRECT_NAME = 255
+#: The longest storage key, in UTF-8 bytes, that names its record as it is: with the
+#: longest instance prefix (88 bytes) and a digested name, a key stays within LMDB's 511.
+STORED_DIRECT = 400
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _F64 = struct.Struct(">d")
@@ -180,6 +193,7 @@ class RecordKind(enum.Enum):
     FORGET = "finished event's expiry"
     SCHEDULE = "schedule record"
     FIRE = "schedule's fire time"
+    STORED = "stored value"
 
 
 _KIND_OF_TAG = {
@@ -194,6 +208,7 @@ _KIND_OF_TAG = {
     _FORGET_TAG: RecordKind.FORGET,
     _RECURRING_TAG: RecordKind.SCHEDULE,
     _FIRE_TAG: RecordKind.FIRE,
+    _STORED_TAG: RecordKind.STORED,
 }
 # The length of the suffix after each tag of an instance's namespace; a delivery
 # mark's varies with its source's pool name (see ``_valid_suffix``).
@@ -233,6 +248,8 @@ def _valid_suffix(tag: bytes, suffix: bytes) -> bool:
         return _valid_name(suffix)
     if tag == _FIRE_TAG:
         return len(suffix) > 8 and _valid_name(suffix[8:])
+    if tag == _STORED_TAG:
+        return _valid_stored_name(suffix)
     return _SUFFIX_LENGTHS.get(tag) == len(suffix)
 
 
@@ -330,6 +347,31 @@ def dedup_name(dedup_key: str) -> bytes:
 def schedule_name(name: str) -> bytes:
     """What names a schedule in its keys: :func:`dedup_name`'s rule."""
     return dedup_name(name)
+
+
+def storage_name(key: str) -> bytes:
+    """What names a storage key in its record's key, in the keys' order but within a run
+    of long keys: its UTF-8 bytes, or for a key over :data:`STORED_DIRECT` bytes, its first
+    :data:`STORED_DIRECT` bytes, ``0xFF`` and the whole key's BLAKE2b digest (16 bytes)."""
+    data = key.encode()
+    if len(data) <= STORED_DIRECT:
+        return data
+    digest = hashlib.blake2b(data, digest_size=_DIGEST).digest()
+    return data[:STORED_DIRECT] + _DIGESTED + digest
+
+
+def stored_run(name: bytes) -> bytes | None:
+    """The first bytes a long key's name shares with the other long keys it sorts among
+    by digest (None for a key's name that holds the key itself)."""
+    return name[:STORED_DIRECT] if len(name) > STORED_DIRECT else None
+
+
+def _valid_stored_name(name: bytes) -> bool:
+    """Whether ``name`` is what :func:`storage_name` makes of some key (its first bytes
+    are not checked as UTF-8: a long key's may end inside a character)."""
+    if len(name) > STORED_DIRECT:
+        return len(name) == STORED_DIRECT + 1 + _DIGEST and name[STORED_DIRECT:][:1] == _DIGESTED
+    return _DIGESTED not in name
 
 
 def fire_time(suffix: bytes) -> tuple[float, bytes]:

@@ -8,10 +8,10 @@ import re
 #: The version of the store's layout (keys and records). A store records the version
 #: it was created with; a runtime migrates a store of an older version it knows
 #: (:data:`MIGRATES_FROM`) when it opens it, and refuses any other version.
-FORMAT_VERSION = 9
+FORMAT_VERSION = 10
 
 #: The older versions a runtime migrates in place (``_store/layout/migrate.py``).
-MIGRATES_FROM = (1, 2, 3, 4, 5, 6, 7, 8)
+MIGRATES_FROM = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 
 #: A pool's name: it is part of the keys of its instances, of the delivery marks of
 #: the instances its follow-ups reach, and of the outbox entries sent to it.
@@ -30,6 +30,10 @@ MAX_EVENT_BYTES = 128 * 1024
 MAX_PARTITION_KEY_BYTES = 2 * 1024
 MAX_DEDUP_KEY_BYTES = 2 * 1024
 PRIORITY_MIN = -(2**31)
+# The largest key (UTF-8) and value (msgpack) of an instance's own storage, as Durable
+# Objects' storage has them.
+MAX_STORAGE_KEY_BYTES = 2 * 1024
+MAX_STORAGE_VALUE_BYTES = 128 * 1024
 PRIORITY_MAX = 2**31 - 1
 
 #: The shortest ``every`` of a recurring schedule: a schedule firing more often would be

@@ -55,6 +55,9 @@ pool record gains a last field, ``paused`` (false). A lease now covers a unit of
 instances (:mod:`dopool._cluster.units`), which for every pool format 8 could hold (up to
 4,096 instances) is one instance, so its leases keep their keys and meaning.
 
+Format 9 → 10: an instance has storage of its own (``v <name>`` keys): the meta gains
+``stored`` (0), since no instance of format 9 had any.
+
 A record that fails the older format's checks is not rewritten (a record that moves
 to a new key moves with its bytes as found): the new format's checks then find it
 damaged, as the old ones would have. The caller commits the transaction, or rolls it
@@ -90,6 +93,7 @@ from dopool._store.layout.records import (
     _META_LAYOUT_4,
     _META_LAYOUT_6,
     _META_LAYOUT_8,
+    _META_LAYOUT_9,
     _OUTBOX_LAYOUT_6,
     Layout,
     PoolRecord,
@@ -116,7 +120,7 @@ _OUTBOX_LAYOUT_1: Layout = _OUTBOX_LAYOUT_6[1:]  # no "pool"
 
 
 def migrate_store(txn: Txn, found: int) -> int:
-    """Rewrite a store of format ``found`` (1 to 8) in ``txn`` as this format; how many
+    """Rewrite a store of format ``found`` (1 to 9) in ``txn`` as this format; how many
     records changed or were added (format 5 to 6 changes none but the format record)."""
     changed = _from_1(txn) if found == 1 else 0
     changed += _from_2(txn) if found <= 2 else 0
@@ -124,7 +128,8 @@ def migrate_store(txn: Txn, found: int) -> int:
     changed += _from_4(txn) if found <= 4 else 0
     changed += _from_6(txn) if found <= 6 else 0
     changed += _from_7(txn) if found <= 7 else 0
-    changed += _from_8(txn)
+    changed += _from_8(txn) if found <= 8 else 0
+    changed += _from_9(txn)
     txn.put(FORMAT_KEY, seal_format(FORMAT_KEY))
     return changed
 
@@ -371,3 +376,12 @@ def _from_8(txn: Txn) -> int:
                 txn.put(moved, value)  # moved with its bytes as found: damaged there too
             changed += 1
     return changed + _append_fields(txn, {RecordKind.META: _META_LAYOUT_8}, [None], [])
+
+
+# -- format 9 to 10 --------------------------------------------------------------------
+
+
+def _from_9(txn: Txn) -> int:
+    """Give every meta its count of stored values (0: no instance had storage); how many
+    records changed."""
+    return _append_fields(txn, {RecordKind.META: _META_LAYOUT_9}, [0], [])

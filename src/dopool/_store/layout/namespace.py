@@ -434,15 +434,16 @@ def _dead_or_damaged(key: bytes, raw: bytes) -> DeadRecord:
 
 
 def _iter_prefix(
-    txn: Txn, prefix: bytes, length: int | None = None
+    txn: Txn, prefix: bytes, length: int | None = None, start: bytes | None = None
 ) -> Iterator[tuple[bytes, bytes]]:
-    """The records under ``prefix``; with ``length``, only keys of that length.
+    """The records under ``prefix``; with ``length``, only keys of that length; with
+    ``start`` (a key under ``prefix``), from there on.
 
     A key of the wrong length is no record of the layout (``dopool check``
     reports it); skipping it keeps one stray key from stopping an instance.
     """
     with txn.cursor() as cursor:
-        if not cursor.set_range(prefix):
+        if not cursor.set_range(prefix if start is None else start):
             return
         for key, value in cursor:
             if not key.startswith(prefix):

@@ -448,6 +448,7 @@ class Meta:
     schedules: int = 0  # recurring schedules stored (``r`` keys: instance 0's only)
     next_fire: float | None = None  # the earliest fire time among them (the first ``t`` key)
     key: str | None = None  # a per-key pool's instance: the partition key it was first sent
+    stored: int = 0  # values in the instance's own storage (``v`` keys)
     # Not stored in the record: what the store's alarm and work indexes hold for this
     # instance, as of the meta's load or last save (``Namespace.save_meta`` keeps them).
     indexed_alarm: float | None = field(default=None, compare=False, repr=False)
@@ -504,7 +505,9 @@ _META_LAYOUT_6: Layout = (
 # Format 7's (and 8's): format 6's, then the recurring schedules' fields.
 _META_LAYOUT_8: Layout = (*_META_LAYOUT_6, ("schedules", _count), ("next_fire", _time_or_none))
 # Format 9's: format 8's, then a per-key pool's instance's partition key.
-_META_LAYOUT: Layout = (*_META_LAYOUT_8, ("key", _text_or_none))
+_META_LAYOUT_9: Layout = (*_META_LAYOUT_8, ("key", _text_or_none))
+# Format 10's: format 9's, then the count of the instance's stored values.
+_META_LAYOUT: Layout = (*_META_LAYOUT_9, ("stored", _count))
 _META_NAMES = tuple(name for name, _ in _META_LAYOUT)
 _meta_values = attrgetter(*_META_NAMES)  # every field in stored order, in one C call
 
