@@ -412,6 +412,15 @@ def test_the_checker_accepts_clean_records() -> None:
     assert check(PLAN, _records(*CLEAN), _ending()) == []
 
 
+def test_a_handlers_storage_counter_must_be_its_instances_successes() -> None:
+    """Guarantee 6: the counter each handler keeps in its storage commits with its
+    successes only, so it equals the instance's ``succeeded``."""
+    ending = _ending()
+    assert check(PLAN, _records(*CLEAN), replace(ending, counted={0: 2})) == []
+    violations = check(PLAN, _records(*CLEAN), replace(ending, counted={0: 3}))
+    assert violations == ["instance 0: its handler's storage counts 3 successes, the meta 2"]
+
+
 def test_a_success_repeated_is_interrupted_only_in_a_killed_worker() -> None:
     again = (*CLEAN[:1], Attempt(1, "0.0", 0, 0, 2, "ok"), *CLEAN[1:])
     assert check(PLAN, _records(*again), _ending(killed={0})) == []

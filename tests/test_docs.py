@@ -507,7 +507,8 @@ def test_every_flag_the_pages_show_exists() -> None:
 
 
 @pytest.mark.parametrize(
-    "command", ["worker", "pause", "resume", "drain", "schedules", "status", "check", "chaos"]
+    "command",
+    ["worker", "pause", "resume", "drain", "schedules", "status", "check", "chaos", "storage"],
 )
 def test_every_flag_of_a_store_command_is_shown(command: str) -> None:
     """A command's flags all appear on some ``dopool COMMAND`` line (simulate's and

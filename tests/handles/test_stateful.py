@@ -69,6 +69,8 @@ from dopool import (
 )
 from dopool._cluster.routing import stable_hash
 from dopool._machine.invariants import (
+    SUCCESS_COUNTER,
+    counter_violations,
     dedup_violations,
     index_violations,
     link_violations,
@@ -147,6 +149,14 @@ def policy_delay(attempt: int) -> float:
     return float(min(2 ** (attempt - 1), 10))
 
 
+def storage_write(event_id: int) -> tuple[str, int | None]:
+    """What event ``event_id``'s handler writes to its instance's storage, every
+    attempt: a value under one of a few keys, or (one in four) the key deleted. Only a
+    success's writes commit (guarantee 6)."""
+    key = f"k{event_id % 3}"
+    return (key, None) if event_id % 4 == 3 else (key, event_id)
+
+
 def child_payload(parent_id: int) -> dict[str, Any]:
     """The follow-up a spawning event enqueues on its own partition."""
     return {"id": -parent_id - 1, "fail": 0, "mode": "error", "spawn": False}
@@ -217,6 +227,7 @@ class Instance:
     restarts: int = 0
     crashes: list[tuple[str, float]] = field(default_factory=list)  # crashed/recovered events
     keys: Keys | None = None  # the pool's dedup keys, told when a keyed event finishes
+    stored: dict[str, int] = field(default_factory=dict)  # its own storage, as committed
 
     @property
     def pending(self) -> int:
@@ -345,6 +356,11 @@ class Instance:
                 error, delay = "ValueError", policy_delay(self.attempt)
             elif self.attempt > event.payload["fail"]:
                 self.succeeded += 1
+                key, value = storage_write(event.payload["id"])
+                if value is None:
+                    self.stored.pop(key, None)
+                else:
+                    self.stored[key] = value
                 self._finished(event, t)
                 self._settle(event, t)
                 continue
@@ -485,6 +501,13 @@ class PoolMachine(RuleBasedStateMachine):
             self.wrong.append(f"is_retry {ctx.is_retry} on attempt {ctx.attempt}")
         if (ctx.pool_name, ctx.instance_id) != (POOL, f"{POOL}:{ctx.instance_index}"):
             self.wrong.append(f"names {ctx.pool_name!r}, {ctx.instance_id!r}")
+        key, value = storage_write(event["id"])  # discarded with a failed attempt
+        if value is None:
+            ctx.storage.delete(key)
+        else:
+            ctx.storage.put(key, value)
+        storage = ctx.storage  # the counter guarantee 6 keeps equal to the successes
+        storage.put(SUCCESS_COUNTER, storage.get(SUCCESS_COUNTER, 0) + 1)
         if event["spawn"] and ctx.partition_key is not None:
             # Enqueued before the outcome is known: a failed attempt must discard it.
             child = child_payload(event["id"])
@@ -895,6 +918,11 @@ class PoolMachine(RuleBasedStateMachine):
                 assert state.pending_keys == instance.pending
                 assert state.dead_letter_keys == len(instance.dead)
                 assert state.outbox_keys == 0
+                meta = state.meta  # guarantee 6: the handler's writes, once per success
+                assert counter_violations(txn, POOL, instance.index, meta) == []
+                stored = self.pool.storage(instance=instance.index).list()
+                stored.pop(SUCCESS_COUNTER, None)
+                assert stored == dict(sorted(instance.stored.items()))
             # At most one pending event per dedup key, the one its index entry names.
             assert dedup_violations(read_dedup_tally(txn, {POOL: CONCURRENCY})) == []
             # The store's alarm and work indexes agree with every meta.

@@ -106,7 +106,7 @@ class Model(Replay):
         for text in snap.bad_keys:
             self._bad(f"{where}: {text}")
         # Storage structure, from storage alone (docs/guarantees.md, "Counters").
-        for text in violations(snap.state):
+        for text in [*violations(snap.state), *snap.counted]:
             self._bad(text)
         if len(snap.queue) != snap.state.pending_keys:
             self._bad(f"{where}: {snap.state.pending_keys} queue keys, {len(snap.queue)} events")

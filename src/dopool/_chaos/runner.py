@@ -52,6 +52,7 @@ from dopool._errors import (
 from dopool._handles.pool import WorkerPool
 from dopool._handles.tools import ToolRuntime
 from dopool._machine.invariants import (
+    SUCCESS_COUNTER,
     dedup_violations,
     index_violations,
     link_violations,
@@ -284,6 +285,8 @@ class Runner(Calls):
         else:
             outcome = "ok"
         kids = tuple(f"{ident}.{attempt}.{n}" for n in range(len(event["kids"])))
+        storage = ctx.storage  # committed with a success only (guarantee 6)
+        storage.put(SUCCESS_COUNTER, storage.get(SUCCESS_COUNTER, 0) + 1)
         history = self.history
         inst = self._flat(ctx.pool_name, ctx.instance_index)
         history.name((inst, ctx.sequence), ident, "its handler")

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from dopool._machine.invariants import InstanceState, read_instance
+from dopool._machine.invariants import InstanceState, counter_violations, read_instance
 from dopool._store.layout import (
     Meta,
     Namespace,
@@ -34,6 +34,7 @@ class InstanceSnapshot:
     bad_keys: list[str]
     scheduled: dict[int, float]  # sequence -> due time, of those not moved into the queue
     stored: bool  # its meta is (the instance was used)
+    counted: list[str]  # its handler's success counter against its meta (guarantee 6)
 
     @property
     def meta(self) -> Meta:
@@ -74,6 +75,7 @@ def read_store(txn: Txn, pool: str, indices: Iterable[int]) -> dict[int, Instanc
             bad_keys=bad,
             scheduled=scheduled,
             stored=ns.meta_bytes(txn) is not None,
+            counted=counter_violations(txn, pool, index, state.meta),
         )
     return snapshots
 

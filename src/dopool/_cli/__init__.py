@@ -9,9 +9,9 @@ flags, the rendering, and one rule: an error is one line on stderr
 or scenario; ``dopool worker`` also exits 3 when it stopped at once, attempts
 interrupted.
 
-One module per command (``simulate``, ``status``, ``dead-letters``, ``schedules``, ``check``,
-``chaos``, ``worker``; ``control`` has ``pause``, ``resume`` and ``drain``); ``report``
-renders a simulate run; the private modules hold what the
+One module per command (``simulate``, ``status``, ``dead-letters``, ``schedules``,
+``storage``, ``check``, ``chaos``, ``worker``; ``control`` has ``pause``, ``resume`` and
+``drain``); ``report`` renders a simulate run; the private modules hold what the
 commands share: ``_errors``, ``_terminal``, ``_values``, ``_store``.
 """
 
@@ -34,6 +34,7 @@ from dopool._cli import (
     schedules,
     simulate,
     status,
+    storage,
     worker,
 )
 from dopool._cli._errors import _OneLineErrors
@@ -55,6 +56,7 @@ cli.add_command(simulate.simulate)
 cli.add_command(status.status)
 cli.add_command(dead_letters.dead_letters)
 cli.add_command(schedules.schedules)
+cli.add_command(storage.storage)
 cli.add_command(check.check)
 cli.add_command(worker.worker)
 cli.add_command(control.pause)

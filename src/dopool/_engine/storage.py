@@ -18,12 +18,13 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from dopool._cluster.routing import stable_hash
-from dopool._errors import ConfigurationError, StorageItemError, shown
+from dopool._errors import ConfigurationError, DamagedRecordError, StorageItemError, shown
 from dopool._store.layout import (
     MAX_STORAGE_KEY_BYTES,
     MAX_STORAGE_VALUE_BYTES,
     Namespace,
     StoredValues,
+    describe_key,
     pack,
     unpack,
 )
@@ -84,8 +85,9 @@ class ReadOnlyStorage:
 
     def get(self, key: str, default: Any = None) -> Any:
         """The value under ``key``, or ``default`` if there is none."""
-        raw = self._raw(_key(key))
-        return default if raw is None else unpack(raw)
+        key = _key(key)
+        raw = self._raw(key)
+        return default if raw is None else self._decoded(key, raw)
 
     def get_many(self, keys: Iterable[str]) -> dict[str, Any]:
         """The values under ``keys`` that have one, by key, in the order asked."""
@@ -95,7 +97,7 @@ class ReadOnlyStorage:
             for key in wanted:
                 raw = self._raw(key, txn)
                 if raw is not None:
-                    found[key] = unpack(raw)
+                    found[key] = self._decoded(key, raw)
         return found
 
     def list(
@@ -120,10 +122,21 @@ class ReadOnlyStorage:
         with self._read() as txn:
             committed = ((r.key, r.value) for r in self._values.items(txn, prefix, start, end))
             for key, raw in self._overlaid(committed, prefix, start, end):
-                listed[key] = unpack(raw)
+                listed[key] = self._decoded(key, raw)
                 if len(listed) == limit:
                     break
         return listed
+
+    def _decoded(self, key: str, raw: bytes) -> Any:
+        """A stored value, decoded; one that does not decode is a damaged record."""
+        try:
+            return unpack(raw)
+        except Exception as exc:
+            stored = self._values.key(key)
+            reason = f"its value does not decode ({type(exc).__name__})"
+            raise DamagedRecordError(
+                key=stored, value=raw, reason=reason, what=describe_key(stored)
+            ) from None
 
     def _raw(self, key: str, txn: Txn | None = None) -> bytes | None:
         """The value of ``key`` as msgpack (None: it has none), read in ``txn`` or a new

@@ -46,6 +46,12 @@ index entry, and none otherwise; no entry names anything else.
 simulate report's "counters" invariant, the chaos checker and the stateful
 tests all take these checks from here, and keep only what is theirs: damaged
 records and stray keys, the event stream, the replayed history, the model.
+
+And guarantee 6 ("An instance's own storage") as a checking handler sees it
+(:func:`counter_violations`): a handler that adds one, in its instance's storage, to the
+counter under :data:`SUCCESS_COUNTER` at every attempt has a counter equal to the meta's
+``succeeded`` in every snapshot, since its writes commit with its successes and with
+nothing else. The chaos harness's handlers count so.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ from dopool._store.layout import (
     Namespace,
     OutboxRecord,
     RecordKind,
+    StoredValues,
     alarm_index,
     dead_letter_sequence,
     delayed_key_due,
@@ -72,6 +79,7 @@ from dopool._store.layout import (
     queue_key_sequence,
     read_dedup,
     started_event,
+    unpack,
     used_instances,
     work_index,
 )
@@ -529,3 +537,23 @@ def index_violations(txn: Txn, pools: dict[str, int]) -> list[str]:
 def dedup_violations(tally: DedupTally) -> list[str]:
     """:func:`broken_dedup` as lines naming the pool."""
     return [f"pool {pool}: {what}" for pool, _, what in broken_dedup(tally)]
+
+
+# -- an instance's own storage (guarantee 6) ---------------------------------------------
+
+#: The key under which a checking handler counts its attempts in its instance's storage:
+#: only a success's writes commit, so the stored count is the instance's successes.
+SUCCESS_COUNTER = "checked.successes"
+
+
+def counter_violations(txn: Txn, pool: str, index: int, meta: Meta) -> list[str]:
+    """Whether instance ``pool:index``'s stored counter (:data:`SUCCESS_COUNTER`, none
+    stored: 0) is its meta's ``succeeded``, as a line naming both if not."""
+    raw = StoredValues(Namespace(pool, index)).get(txn, SUCCESS_COUNTER)
+    counted = 0 if raw is None else unpack(raw)
+    if counted == meta.succeeded:
+        return []
+    return [
+        f"{pool}:{index}: its handler's storage counts {counted!r} successes, "
+        f"the meta {meta.succeeded}"
+    ]

@@ -35,6 +35,7 @@ import lmdb
 
 from dopool._clock.clocks import RealClock, SimulatedClock
 from dopool._engine.context import EventContext
+from dopool._engine.storage import ReadOnlyStorage
 from dopool._errors import ConfigurationError, StorageError
 from dopool._handles.filters import Filters, listed
 from dopool._handles.schedules import read_schedules
@@ -118,6 +119,13 @@ class StoreView:
         """The pool's recurring schedules, sorted by name."""
         with self._read() as txn:
             return read_schedules(txn, name)
+
+    def storage(
+        self, name: str, concurrency: int, partition_key: str | None, instance: int | None
+    ) -> ReadOnlyStorage:
+        """One instance's own stored values (``ctx.storage``), read-only: the one
+        ``partition_key`` routes to, or ``instance``, as ``pool.storage(...)`` names it."""
+        return ReadOnlyStorage.of(self._read, name, concurrency, partition_key, instance)
 
     def follow_ups_to(self, name: str) -> dict[str, int]:
         """The follow-ups for pool ``name`` still in an outbox, counted by instance id."""

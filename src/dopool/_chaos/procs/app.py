@@ -26,6 +26,7 @@ from dopool._chaos.procs.records import Record
 from dopool._engine.context import EventContext
 from dopool._errors import PermanentError
 from dopool._handles.runtime import Runtime
+from dopool._machine.invariants import SUCCESS_COUNTER
 
 READY = (b"R", b"Q", b"U", b"V")  # by chain: the first worker's, the second's...
 STARTED = b"S"
@@ -51,6 +52,8 @@ def define(runtime: Runtime) -> None:
         ident = ctx.event["id"]
         where = (ident, ctx.instance_index, ctx.sequence, ctx.attempt)
         behaviour = behaviours.get(ident, Behaviour())
+        storage = ctx.storage  # committed with a success only (guarantee 6)
+        storage.put(SUCCESS_COUNTER, storage.get(SUCCESS_COUNTER, 0) + 1)
         record.line("S", *where, time.monotonic_ns())
         os.write(pipe, SLOW if behaviour.slow else STARTED)
         if behaviour.slow:

@@ -20,6 +20,7 @@ import signal
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Any
 
 from dopool._chaos.procs.plan import MAX_ATTEMPTS, Behaviour, Plan, Send
 from dopool._chaos.procs.records import Attempt, Records, Refusal
@@ -44,6 +45,8 @@ class Ending:
     # When each SIGKILL was sent (the system's monotonic clock, ns), by generation: with
     # two workers, generations do not follow each other, times do.
     kill_times: dict[int, int] = field(default_factory=dict)
+    # Each instance's stored success counter, by index (None: not read).
+    counted: dict[int, Any] | None = None
 
 
 def check(plan: Plan, records: Records, ending: Ending) -> list[str]:
@@ -294,6 +297,13 @@ def _counters(
     }
     out += [
         f"{name} is {got}, expected {want}" for name, (got, want) in expected.items() if got != want
+    ]
+    counted = ending.counted
+    out += [  # guarantee 6: only a success's storage writes commit
+        f"instance {i.index}: its handler's storage counts {counted.get(i.index)!r} "
+        f"successes, the meta {i.succeeded}"
+        for i in status.instances
+        if counted is not None and counted.get(i.index) != i.succeeded
     ]
 
 

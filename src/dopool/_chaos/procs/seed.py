@@ -19,6 +19,7 @@ from dopool._chaos.procs.runner import Processes, Stuck, drive, finish
 from dopool._chaos.result import Result
 from dopool._errors import DopoolError
 from dopool._handles.connection import connect
+from dopool._machine.invariants import SUCCESS_COUNTER
 from dopool._ops.storeview import open_view
 
 #: A line a worker logged at WARNING or above (``dopool worker --log-level warning``).
@@ -70,6 +71,10 @@ def _ending(processes: Processes) -> checker.Ending:
     with connect(processes.store, durability="async") as connection:
         pool = connection.pool(POOL)
         status, dead_letters = pool.status(), pool.dead_letters()
+        counted = {  # each handler's success counter (guarantee 6)
+            i.index: pool.storage(instance=i.index).get(SUCCESS_COUNTER, 0)
+            for i in status.instances
+        }
     with open_view(processes.store) as view:
         report = view.check()
     problems = [f"{p.instance or 'store'}: {p.what}" for p in report.problems]
@@ -87,6 +92,7 @@ def _ending(processes: Processes) -> checker.Ending:
     return checker.Ending(
         status=status,
         dead_letters=dead_letters,
+        counted=counted,
         problems=problems,
         killed={g.number for g in gens if g.ended == "killed"},
         kill_times={g.number: g.killed_at for g in gens if g.killed_at is not None},
