@@ -22,7 +22,7 @@ def test_there_are_examples() -> None:
 def test_an_example_runs_small_and_keeps_the_guarantees(
     path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.chdir(ROOT)  # an app is named relative to where dopool runs
+    monkeypatch.chdir(ROOT)  # the scenarios named as docs/simulate.md names them
     out = tmp_path / "run.json"
     scenario = str(path.relative_to(ROOT))
     args = ["simulate", "--scenario", scenario, "-q", "--events", "150", "--json", str(out)]

@@ -247,6 +247,50 @@ def test_a_point_that_is_not_a_valid_scenario_is_refused_before_any_run() -> Non
         )
 
 
+PIPELINE = str(Path(__file__).parents[2] / "examples" / "pipeline.toml")
+
+
+@pytest.mark.parametrize(
+    ("scenario", "spec", "words"),
+    [
+        ("steady", "partitions.keys=4,8", "keys are drawn only with routing = 'partition'"),
+        ("burst", "arrivals.rate=10,20", "process 'bursts' does not read it (steady and"),
+        ("steady", "arrivals.burst_size=5,10", "process 'poisson' does not read it (bursts do)"),
+        ("steady", "arrivals.time_scale=1,2", "(replay do)"),
+        ("steady", "service.sigma=0.5,1", "the distribution is 'exponential'"),
+        ("steady", "delay=1,2", "no arrival is delayed (delayed_share is 0)"),
+        ("steady", "dedup_window=1,2", "no arrival carries a dedup key (duplicate_share is 0)"),
+        (PIPELINE, "instances=1,2", "every [[pools]] table sets its own"),
+        (PIPELINE, "service.mean=0.1,0.2", "every [[pools]] table sets its own"),
+        (PIPELINE, "pools.fraud.partitions.zipf=0,1", "keys are drawn only with routing"),
+    ],
+)
+def test_a_field_no_run_reads_is_refused_by_name_before_any_run(
+    scenario: str, spec: str, words: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sweep, "_execute", lambda *args: pytest.fail("a point ran"))
+    loaded = sc.resolve(scenario)
+    axis = parse_axis(spec, loaded)
+    with pytest.raises(ScenarioError) as caught:
+        run_sweep(loaded, [parse_axis("seed=1,2"), axis])
+    assert (caught.value.field, caught.value.source) == (axis.field, "--sweep")
+    assert str(caught.value).startswith(
+        f"--sweep: field '{axis.field}' changes nothing in this sweep's runs: "
+    )
+    assert words in str(caught.value)
+
+
+def test_a_field_some_point_reads_may_be_swept() -> None:
+    # The delay is read where delayed_share > 0: at half the points.
+    scenario = sc.with_overrides(sc.builtin("steady"), {"arrivals.total": 50})
+    axes = [parse_axis("delayed_share=0,0.5"), parse_axis("delay=1,2")]
+    result = run_sweep(scenario, axes)
+    ends = [point.figures["virtual_time"].mean for point in result.points]
+    assert ends[0] == ends[1] < ends[2] < ends[3]  # the last delayed arrival is due later
+    keyed = sc.with_overrides(scenario, {"routing": "partition"})
+    assert len(run_sweep(keyed, [parse_axis("partitions.keys=1,8")]).points) == 2
+
+
 def test_seeds_past_the_largest_are_refused_naming_the_repeat_and_the_bound() -> None:
     last = 2**63 - 1
     with pytest.raises(ScenarioError) as caught:

@@ -7,7 +7,8 @@ built-in name or flags), ``workload`` (its arrivals and its handler),
 collector that follows a run's events, and the records of its result),
 ``measure`` (the result read at the end of a run), ``figures`` (a result's
 figures by name), ``gates`` (pass/fail checks on them), ``sweep`` (a grid of
-runs over several seeds, and their statistics), ``trace`` (``--trace``'s JSON
+runs over several seeds, and their statistics), ``ignored`` (the fields a run does
+not read, which a sweep refuses), ``trace`` (``--trace``'s JSON
 lines), ``plot`` and ``sweep_plot`` (optional matplotlib figures). None of it imports
 click or rich; only :mod:`dopool._cli` does.
 """

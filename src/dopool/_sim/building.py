@@ -1,4 +1,9 @@
-"""Building a scenario from TOML data: every table checked, errors named by dotted path."""
+"""Building a scenario from TOML data: every table checked, errors named by dotted path.
+
+A path in a scenario file (a replay's ``arrivals.file``, an app's file) is relative
+to the file: :func:`read_file` joins it to the file's folder as it reads it, before
+flags change anything, so a path a flag gives stays relative to where dopool runs.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +11,24 @@ import difflib
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import MISSING, fields, replace
+from dataclasses import MISSING, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from dopool._errors import ScenarioError
 from dopool._sim.pools import PoolTable
-from dopool._sim.scenario import GATES, LISTS, PRESETS, SECTIONS, Arrivals, Gate, Scenario
+from dopool._sim.scenario import (
+    APP_PARAMS,
+    GATES,
+    LISTS,
+    NO_APP,
+    PRESETS,
+    SECTIONS,
+    Arrivals,
+    Gate,
+    Scenario,
+)
 from dopool._sim.sections import Section
 
 BUILTINS = (
@@ -39,7 +54,7 @@ def from_mapping(data: Mapping[str, Any]) -> Scenario:
     preset = data.get("preset")
     if isinstance(preset, str) and preset in PRESETS:
         data = _under(PRESETS[preset], data)
-    top = {GATES if f.name == "asserts" else f.name for f in fields(Scenario)}
+    top = {GATES if f.name == "asserts" else f.name for f in fields(Scenario)} - {"app_params"}
     _refuse_unknown("", data, top)
     arguments: dict[str, Any] = {}
     for key, value in data.items():
@@ -53,6 +68,8 @@ def from_mapping(data: Mapping[str, Any]) -> Scenario:
             arguments[key] = _build_array(key, LISTS[key], value)
         elif key == GATES:
             arguments["asserts"] = _build_array(key, Gate, value)
+        elif key == "app" and isinstance(value, Mapping):
+            arguments.update(_app(value))
         else:
             arguments[key] = value
     scenario: Scenario = _construct("", Scenario, arguments)
@@ -85,6 +102,19 @@ def _pool_tables(value: object) -> tuple[PoolTable, ...]:
         settings = {key: item[key] for key in item if key != "name"}
         tables.append(PoolTable(item["name"], settings))
     return tuple(tables)
+
+
+def _app(table: Mapping[str, Any]) -> dict[str, Any]:
+    """``[app]``: its ``function`` (what ``app = "..."`` names) and its ``params``."""
+    _refuse_unknown("app", table, {"function", "params"})
+    params = table.get("params", {})
+    if not isinstance(params, Mapping):
+        raise ScenarioError(APP_PARAMS, f"must be a table, got {params!r}")
+    if "function" not in table:
+        if params:  # set by a flag (app.NAME), or the file leaves the app to --app
+            raise ScenarioError(f"app.{next(iter(params))}", NO_APP)
+        raise ScenarioError("app.function", "is required: the app's 'module:function'")
+    return {"app": table["function"], "app_params": params}
 
 
 def _build(path: str, kind: type[Any], value: object, *, nested: bool = False) -> Any:
@@ -137,13 +167,12 @@ def _refuse_unknown(path: str, data: Mapping[str, Any], known: set[str]) -> None
             raise ScenarioError(name, f"is not a scenario field{hint}")
 
 
-def read(name_or_path: str) -> tuple[dict[str, Any], str, str | None]:
-    """The TOML data of a built-in scenario or a scenario file, where it came from, and
-    the folder its relative paths are relative to (a file's)."""
+def read(name_or_path: str) -> tuple[dict[str, Any], str]:
+    """The TOML data of a built-in scenario or a scenario file, and where it came from."""
     if name_or_path in BUILTINS:
         source = f"built-in scenario '{name_or_path}'"
         path = resources.files("dopool._sim").joinpath("scenarios", f"{name_or_path}.toml")
-        return parse(path.read_text("utf-8"), source), source, None
+        return parse(path.read_text("utf-8"), source), source
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.exists() or "/" in name_or_path:
         return read_file(path)
@@ -153,7 +182,8 @@ def read(name_or_path: str) -> tuple[dict[str, Any], str, str | None]:
     )
 
 
-def read_file(path: Path) -> tuple[dict[str, Any], str, str | None]:
+def read_file(path: Path) -> tuple[dict[str, Any], str]:
+    """A scenario file's TOML data, its relative paths joined to its folder, and its name."""
     source = str(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -162,7 +192,28 @@ def read_file(path: Path) -> tuple[dict[str, Any], str, str | None]:
     except UnicodeDecodeError as exc:
         problem = f"is not UTF-8 text ({exc.reason} at byte {exc.start})"
         raise ScenarioError("", problem, source=source) from None
-    return parse(text, source), source, os.path.dirname(source)
+    return _located(parse(text, source), os.path.dirname(source)), source
+
+
+def _located(data: dict[str, Any], folder: str) -> dict[str, Any]:
+    """``data`` with its relative paths joined to ``folder``: each stream's replay ``file``,
+    and the app's when it names a file (``path/app.py:build``; a module is no path)."""
+    streams = data.get("arrivals")
+    for stream in streams if isinstance(streams, list) else [streams]:
+        if isinstance(stream, dict) and isinstance(stream.get("file"), str):
+            stream["file"] = _joined(folder, stream["file"])
+    table, key = (data["app"], "function") if isinstance(data.get("app"), dict) else (data, "app")
+    spec = table.get(key)
+    if isinstance(spec, str):
+        target, colon, name = spec.rpartition(":")
+        if colon and (target.endswith(".py") or "/" in target):  # as load_app tells a file
+            table[key] = f"{_joined(folder, target)}:{name}"
+    return data
+
+
+def _joined(folder: str, path: str) -> str:
+    """``path`` relative to ``folder``, or as it is if absolute."""
+    return path if os.path.isabs(path) else os.path.normpath(os.path.join(folder, path))
 
 
 def parse(text: str, source: str) -> dict[str, Any]:
@@ -172,21 +223,12 @@ def parse(text: str, source: str) -> dict[str, Any]:
         raise ScenarioError("", f"is not valid TOML: {exc}", source=source) from None
 
 
-def built(data: Mapping[str, Any], source: str, folder: str | None = None) -> Scenario:
-    """The scenario ``data`` gives; a relative replay file is joined to ``folder``."""
+def built(data: Mapping[str, Any], source: str) -> Scenario:
+    """The scenario ``data`` gives; an error names ``source``."""
     try:
-        scenario = from_mapping(data)
+        return from_mapping(data)
     except ScenarioError as exc:
         raise exc.from_source(source) from None
-    if folder is None:
-        return scenario
-    streams = tuple(
-        stream
-        if stream.file is None or os.path.isabs(stream.file)
-        else replace(stream, file=os.path.normpath(os.path.join(folder, stream.file)))
-        for stream in scenario.arrivals
-    )
-    return scenario if streams == scenario.arrivals else replace(scenario, arrivals=streams)
 
 
 def normalized(data: Mapping[str, Any]) -> dict[str, Any]:

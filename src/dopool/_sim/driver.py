@@ -19,7 +19,9 @@ the same scenario and seed give the same run, event for event.
 
 from __future__ import annotations
 
+import difflib
 import gc
+import inspect
 import math
 import os
 import shutil
@@ -27,7 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,7 @@ from dopool._errors import (
     ConfigurationError,
     EventTooLargeError,
     EventValidationError,
+    ScenarioError,
 )
 from dopool._handles.pool import WorkerPool
 from dopool._handles.tools import ScratchRuntime, ToolRuntime
@@ -145,8 +148,10 @@ def _run(
     interrupt: Interrupt,
     scratch: bool,
 ) -> Result:
-    # First: a bad replay file fails before a store is made (an app's pools come later).
+    # First: a bad replay file, app or parameter fails before a store is made (an app's
+    # pools come later).
     schedule = arrivals(scenario) if scenario.app is None else None
+    app = None if scenario.app is None else _with_params(load_app(scenario.app), scenario)
     clock = SimulatedClock()
     faults = None
     if scenario.faults.any:
@@ -160,11 +165,9 @@ def _run(
             tracer = Trace(trace)
             unsubscribe = runtime.subscribe(tracer)
         lineage = Lineage()
-        if scenario.app is None:
+        if app is None:
             collectors = _define_pools(scenario, runtime, lineage)
-            app = None
         else:
-            app = load_app(scenario.app)
             collectors = _define_app_pools(scenario, runtime, app)
         pools = dict(runtime.pools)
         if schedule is None:
@@ -270,6 +273,36 @@ def _define_pools(
             idle_timeout=design.idle_timeout,
         )
     return collectors
+
+
+def _with_params(app: App, scenario: Scenario) -> App:
+    """``app`` whose function is called with the scenario's parameters as keyword
+    arguments, after the runtime: ``build(runtime, **params)``.
+
+    Raises:
+        ScenarioError: the function takes no such parameter (``app.NAME``), or needs
+            one the scenario does not give; found from its signature, before it runs.
+    """
+    params = scenario.app_params
+    try:
+        signature = inspect.signature(app.build)
+    except (TypeError, ValueError):  # none to read: the call itself will say
+        signature = None
+    if signature is not None:
+        taken = list(signature.parameters.values())[1:]  # the first is the runtime's
+        named = [p.name for p in taken if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        shown = f"{app.spec!r} (it takes {', '.join(named) or 'only the runtime'})"
+        if not any(p.kind is p.VAR_KEYWORD for p in taken):
+            for name in params:
+                if name not in named:
+                    hint = difflib.get_close_matches(name, named, n=1)
+                    problem = f"is not a parameter of {shown}"
+                    problem += f"; did you mean '{hint[0]}'?" if hint else ""
+                    raise ScenarioError(f"app.{name}", problem)
+        for p in taken:
+            if p.name in named and p.default is p.empty and p.name not in params:
+                raise ScenarioError(f"app.{p.name}", f"is required by {shown}")
+    return replace(app, build=partial(app.build, **params)) if params else app
 
 
 def _define_app_pools(scenario: Scenario, runtime: ToolRuntime, app: App) -> dict[str, Collector]:

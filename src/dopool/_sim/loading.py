@@ -3,8 +3,10 @@ reads and checks the data), changed by flags, and what the flags changed."""
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import re
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -63,10 +65,10 @@ def resolve(name_or_path: str, overrides: Mapping[str, Any] | None = None) -> Sc
     (dotted paths, as :func:`with_overrides` takes) applied before it is checked:
     a flag may give what the file leaves to it (``--app`` for a scenario naming an
     app's pools)."""
-    data, source, folder = read(name_or_path)
+    data, source = read(name_or_path)
     if overrides:
         data = _without_none(_applied(normalized(data), overrides))
-    return built(data, source, folder)
+    return built(data, source)
 
 
 # -- overrides (flags) --------------------------------------------------------------
@@ -95,6 +97,8 @@ def _split(path: str) -> tuple[str, list[str]]:
 def _field_kind(path: str) -> tuple[type[Any], str, str]:
     """``(dataclass, field name, annotation)`` of a dotted path, or a ScenarioError."""
     where, rest = _split(path)
+    if rest[0] == "app" and len(rest) > 1 and not where:
+        return Scenario, _param(path), "Any"
     if rest[0] in (GATES, "asserts") and not where:
         raise ScenarioError(
             rest[0], "can only be set in a scenario file ([[assert]]) or by --assert"
@@ -127,9 +131,17 @@ def _field_kind(path: str) -> tuple[type[Any], str, str]:
         raise ScenarioError(
             name, f"is a table; set one of its fields, e.g. '{name}.{_first(name)}'"
         )
-    if name not in specs or (kind is Pool and name == "name"):
+    if name not in specs or (kind is Pool and name == "name") or name == "app_params":
         raise ScenarioError(path, _not_a_field(path))
     return kind, name, str(specs[name].type)
+
+
+def _param(path: str) -> str:
+    """The name of the app's parameter that ``app.NAME`` sets."""
+    name = path.removeprefix("app.")
+    if not name.isidentifier():
+        raise ScenarioError(path, "names a parameter of the app as 'app.NAME'")
+    return name
 
 
 def _not_a_field(path: str, problem: str = "is not a scenario field") -> str:
@@ -143,10 +155,11 @@ def _first(section: str) -> str:
 
 def settable_fields(scenario: Scenario | None = None) -> list[str]:
     """Every dotted path a flag can set (a pool's too, given the scenario)."""
+    tables = ("pools", "asserts", "app_params")
     paths = [
         f.name
         for f in fields(Scenario)
-        if f.name not in SECTIONS and f.name not in LISTS and f.name not in ("pools", "asserts")
+        if f.name not in SECTIONS and f.name not in LISTS and f.name not in tables
     ]
     for section, kind in SECTIONS.items():
         paths.extend(f"{section}.{f.name}" for f in fields(kind) if f.name not in kind.arrays)
@@ -168,11 +181,22 @@ def numeric_fields(scenario: Scenario | None = None) -> list[str]:
 
 
 def parse_value(path: str, text: str) -> Any:
-    """Turn a flag's text into the field's type; ``none`` clears an optional field."""
+    """Turn a flag's text into the field's type; ``none`` clears an optional field.
+
+    An app's parameter (``app.NAME``) has no type here: its text is read as a TOML value
+    (``30``, ``0.5``, ``true``, ``"text"``, ``[1, 2]``), else it is the text itself
+    (``fast``); ``none`` removes it, so the app's default applies.
+    """
     _, _, annotation = _field_kind(path)
-    optional = "None" in annotation
+    optional = "None" in annotation or annotation == "Any"
     if optional and text.strip().lower() in ("none", ""):
         return None
+    if annotation == "Any":
+        try:
+            value = tomllib.loads(f"value = {text.strip()}")["value"]
+        except tomllib.TOMLDecodeError:
+            return text.strip()
+        return text.strip() if isinstance(value, datetime.date | datetime.time) else value
     base = annotation.split("|")[0].strip()
     word = text.strip()
     if word and (f"Literal['{word}']" in annotation or f'Literal["{word}"]' in annotation):
@@ -205,6 +229,9 @@ def _applied(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, An
     for path, raw in overrides.items():
         _field_kind(path)
         value = parse_value(path, raw) if isinstance(raw, str) else raw
+        if path.startswith("app.") or (path == "app" and isinstance(data.get("app"), dict)):
+            _set_app(data, path, value)
+            continue
         where, rest = _split(path)
         target = _table(data, where, path)
         for name in rest[:-1]:
@@ -218,6 +245,23 @@ def _applied(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, An
         if "duration" in given and "total" not in given:
             stream["total"] = None
     return data
+
+
+def _set_app(data: dict[str, Any], path: str, value: Any) -> None:
+    """Set the app (``app``: its function) or one of its parameters (``app.NAME``, None
+    removes it) in ``data``, whose ``app`` becomes a table (``[app]``) when it has some."""
+    table = data.get("app")
+    if path == "app" and value is None:  # no app: no parameters either
+        data["app"] = None
+        return
+    if value is None and not isinstance(table, dict):
+        return  # no parameter to remove
+    if not isinstance(table, dict):
+        table = data["app"] = {"function": table, "params": {}}
+    if path == "app":
+        table["function"] = value
+    else:
+        table.setdefault("params", {})[_param(path)] = value
 
 
 def _table(data: dict[str, Any], where: str, path: str) -> dict[str, Any]:
@@ -259,7 +303,7 @@ def _without_none(data: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, dict):
             result[key] = _without_none(value)
         elif isinstance(value, list):
-            result[key] = [_without_none(item) for item in value]
+            result[key] = [_without_none(i) if isinstance(i, dict) else i for i in value]
         elif value is not None:
             result[key] = value
     return result
@@ -323,7 +367,10 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in data.items():
         path = f"{prefix}.{key}" if prefix else key
-        if isinstance(value, Mapping):
+        if path == "app" and isinstance(value, Mapping):  # its function, its parameters
+            flat["app"] = value["function"]
+            flat.update({f"app.{name}": item for name, item in value["params"].items()})
+        elif isinstance(value, Mapping):
             flat.update(_flatten(value, path))
         elif isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
             for position, item in enumerate(value):

@@ -10,11 +10,15 @@ section (``[partitions]``, ``[service]``, ``[retry]``, ``[faults]``), the
 arrivals as one ``[arrivals]`` table or several ``[[arrivals]]``, the pools as
 ``[[pools]]`` (see :mod:`dopool._sim.pools`), and arrays of tables for
 ``[[pauses]]``, ``[[kills]]`` and ``[[assert]]`` (the gates: ``assert`` is a
-Python keyword, so their field is ``Scenario.asserts``).
+Python keyword, so their field is ``Scenario.asserts``). An app is ``app =
+"module:function"``, or an ``[app]`` table with its ``function`` and ``params``
+(``Scenario.app`` and ``Scenario.app_params``).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -93,6 +97,9 @@ SECTIONS: dict[str, type[Any]] = {
     "faults": Faults,
 }
 LISTS: dict[str, type[Any]] = {"pauses": Pause, "kills": Kill}
+APP_PARAMS = "app.params"  # the app's table: its function, and the parameters it is given
+NO_APP = "is a parameter of an app, and the scenario names none (--app)"
+BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,7 +135,10 @@ class Scenario:
             pool named ``sim``; with some, they are every pool's defaults.
         app: ``"module:function"`` that defines the pools with real handlers instead
             (:mod:`dopool._ops.app`); the pool fields then only shape the arrivals'
-            partition keys.
+            partition keys. A file's path in a scenario file is joined to its folder
+            as it is read (:mod:`dopool._sim.building`).
+        app_params: keyword arguments of the app's function (``[app] params`` in a
+            file, ``app.NAME`` on the command line), TOML values.
         asserts: the gates checked on the run's figures (``[[assert]]`` in a file).
     """
 
@@ -156,6 +166,7 @@ class Scenario:
     faults: Faults = field(default_factory=Faults)
     pools: tuple[PoolTable, ...] = ()
     app: str | None = None
+    app_params: dict[str, Any] = field(default_factory=dict)
     pauses: tuple[Pause, ...] = ()
     kills: tuple[Kill, ...] = ()
     asserts: tuple[Gate, ...] = ()
@@ -190,6 +201,7 @@ class Scenario:
                 raise ScenarioError("app", f"must be 'module:function', got {self.app!r}")
             if tables:
                 raise ScenarioError("pools", "cannot be given with an app: it defines the pools")
+        self._check_params()
         resolved = resolve(defaults, tables)
         object.__setattr__(self, "_resolved", resolved)
         self._check_arrivals(resolved)
@@ -224,6 +236,18 @@ class Scenario:
                         "pause, or let one end before the next begins",
                     )
             spans.append((pool, pause.instance, start, end, position))
+
+    def _check_params(self) -> None:
+        if not isinstance(self.app_params, Mapping):
+            raise ScenarioError(APP_PARAMS, f"must be a table, got {self.app_params!r}")
+        params = dict(self.app_params)
+        object.__setattr__(self, "app_params", params)
+        for name, value in params.items():
+            if not (isinstance(name, str) and name.isidentifier()):
+                raise ScenarioError(APP_PARAMS, f"names {name!r}, not a keyword argument's name")
+            if self.app is None:
+                raise ScenarioError(f"app.{name}", NO_APP)
+            _check_param(f"app.{name}", value)
 
     def _check_gates(self) -> None:
         object.__setattr__(self, "asserts", tuple(self.asserts))
@@ -287,6 +311,10 @@ class Scenario:
                 value = [table.to_dict() for table in value]
             elif spec.name in LISTS or spec.name == "asserts":
                 value = [_fields(item) for item in value]
+            elif spec.name == "app_params":
+                continue  # in the app's table, as in a file
+            elif spec.name == "app" and self.app_params:
+                value = {"function": value, "params": dict(self.app_params)}
             result[GATES if spec.name == "asserts" else spec.name] = value
         return result
 
@@ -339,6 +367,11 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, Mapping):  # an inline table: an app's, its parameters
+        pairs = (f"{_toml_key(key)} = {_toml_value(item)}" for key, item in value.items())
+        return "{ " + ", ".join(pairs) + " }" if value else "{}"
     text = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     # Any other control character (a tab aside) is escaped too: TOML refuses it raw.
     text = "".join(
@@ -346,6 +379,24 @@ def _toml_value(value: Any) -> str:
         for char in text
     )
     return f'"{text}"'
+
+
+def _toml_key(key: str) -> str:
+    return key if BARE_KEY.fullmatch(key) else _toml_value(key)
+
+
+def _check_param(path: str, value: object) -> None:
+    """An app's parameter holds what TOML and JSON both do: no dates, no objects."""
+    if isinstance(value, list | tuple):
+        for item in value:
+            _check_param(path, item)
+    elif isinstance(value, Mapping) and all(isinstance(key, str) for key in value):
+        for item in value.values():
+            _check_param(path, item)
+    elif isinstance(value, Mapping) or not isinstance(value, str | int | float):  # bool is an int
+        raise ScenarioError(
+            path, f"must be a string, number, boolean, array or table, got {value!r}"
+        )
 
 
 def check_instance(path: str, item: Pause | Kill, pool: str, concurrency: int) -> None:

@@ -32,9 +32,10 @@ from typing import Any
 from dopool._errors import ConfigurationError, DopoolError, ScenarioError
 from dopool._sim.driver import run
 from dopool._sim.figures import DESCRIPTIONS, figures
+from dopool._sim.ignored import ignored
 from dopool._sim.interrupt import interrupt_workers, worker_setup
 from dopool._sim.loading import numeric_fields, parse_value, with_overrides, with_seed
-from dopool._sim.scenario import Scenario
+from dopool._sim.scenario import NO_APP, Scenario
 
 #: The table's columns unless chosen: what compares two designs at a glance.
 DEFAULT_FIGURES = ("utilisation", "mean", "p99", "throughput", "dead_lettered", "pending")
@@ -134,14 +135,18 @@ class Axis:
 
 def parse_axis(spec: str, scenario: Scenario | None = None) -> Axis:
     """``FIELD=V1,V2,...``; each part a value or a range (see :func:`expand_range`).
-    Given the ``scenario``, a field of one of its pools (``pools.NAME.instances``) too."""
+    Given the ``scenario``, a field of one of its pools (``pools.NAME.instances``) too.
+    A parameter of the app (``app.NAME``) takes any value a flag gives it
+    (:func:`~dopool._sim.loading.parse_value`); a range, numbers."""
     field, sep, text = spec.partition("=")
     field = field.strip()
     parts = [part.strip() for part in text.split(",")]
     if not sep or not field or not any(parts):
         raise SweepError(f"--sweep expects FIELD=V1,V2,... or FIELD=START..STOP, got {spec!r}")
     numeric = numeric_fields(scenario)
-    if field not in numeric:
+    if field.startswith("app.") and scenario is not None and scenario.app is None:
+        raise ScenarioError(field, NO_APP, source="--sweep")
+    if field not in numeric and not field.startswith("app."):
         problem = f"is not a numeric scenario field{_hint(field, numeric)}"
         raise ScenarioError(field, problem, source="--sweep")
     values: list[Any] = []
@@ -179,13 +184,13 @@ def expand_range(field: str, text: str) -> list[Any]:
     stop_text, op, step_text = _split_step(rest)
     start, stop = parse_value(field, start_text), parse_value(field, stop_text)
     where = f"--sweep {field}={text}"
-    if start is None or stop is None:
+    if not (_numeric(start) and _numeric(stop)):
         raise SweepError(f"{where}: a range needs a number at each end")
     integer = isinstance(start, int)
     if op is None and not integer:
         raise SweepError(f"{where}: a range of a float field needs a step, START..STOP+STEP")
     step = parse_value(field, step_text) if op is not None else 1
-    if step is None:
+    if not _numeric(step):
         raise SweepError(f"{where}: the step must be a number")
     if not all(math.isfinite(number) for number in (start, stop, step)):
         raise SweepError(f"{where}: a range needs finite numbers")  # nan: 1,000 values
@@ -198,7 +203,7 @@ def expand_range(field: str, text: str) -> list[Any]:
     values: list[Any] = []
     for index in itertools.count():
         value = start * step**index if op == "x" else start + step * index
-        if not integer:
+        if isinstance(value, float):
             value = float(f"{value:.12g}")
         if value > stop * (1 + 1e-9) + (0 if op == "x" else abs(step) * 1e-9):
             return values
@@ -206,6 +211,10 @@ def expand_range(field: str, text: str) -> list[Any]:
             raise SweepError(f"{where}: more than {MAX_VALUES:,} values")
         values.append(value)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _split_step(text: str) -> tuple[str, str | None, str]:
@@ -269,6 +278,8 @@ def value_text(value: Any) -> str:
     """A swept value as the table and store directories show it: ``none``, ``20``, ``0.05``."""
     if value is None:
         return "none"
+    if isinstance(value, bool):  # an app's parameter, as TOML and a flag write it
+        return "true" if value else "false"
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
         return str(int(value))
     return str(value)
@@ -393,12 +404,14 @@ def run_sweep(
         raise SweepError(f"--jobs must be >= 1, got {jobs}")
     plans: list[tuple[int, int, Scenario, str | None]] = []  # (point, seed, scenario, store)
     points = grid(axes)
+    variants = []
     for index, values in enumerate(points):
         overrides = {axis.field: value for axis, value in zip(axes, values, strict=True)}
         try:
             variant = with_overrides(scenario, overrides) if overrides else scenario
         except ScenarioError as exc:
             raise exc.from_source(f"--sweep {label(axes, values)}") from None
+        variants.append(variant)
         for seed in range(variant.seed, variant.seed + repeat):
             where = None
             if store is not None:
@@ -409,6 +422,7 @@ def run_sweep(
             except ScenarioError as exc:  # seed + repeat - 1 past the largest seed
                 raise exc.from_source(f"--repeat {repeat}") from None
             plans.append((index, seed, seeded, where))
+    refuse_ignored(axes, variants)
     for _, _, _, where in plans:  # refuse a used store before the first run, not midway
         if where is not None and Path(where).exists() and _used(Path(where)):
             raise ConfigurationError(
@@ -425,6 +439,21 @@ def run_sweep(
         repeat,
         tuple(_point(values, runs) for values, runs in zip(points, by_point, strict=True)),
     )
+
+
+def refuse_ignored(axes: Sequence[Axis], variants: Sequence[Scenario]) -> None:
+    """Refuse a swept field that no point's run reads (:func:`~dopool._sim.ignored.ignored`):
+    every value would give the same run, and the table would not say so."""
+    found: list[dict[str, str]] = []  # each variant's, as far as a field needed them
+    for axis in axes:
+        for position, variant in enumerate(variants):
+            if position == len(found):
+                found.append(ignored(variant))
+            if axis.field not in found[position]:
+                break  # this point reads it
+        else:
+            problem = f"changes nothing in this sweep's runs: {found[0][axis.field]}"
+            raise ScenarioError(axis.field, problem, source="--sweep")
 
 
 def _used(path: Path) -> bool:
