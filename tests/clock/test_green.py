@@ -333,7 +333,7 @@ def test_dopool_simulate_gives_the_same_bytes_under_both_backends(
 
     from dopool._cli import cli
 
-    monkeypatch.chdir(Path(__file__).parents[2])  # an app is named relative to here
+    monkeypatch.chdir(Path(__file__).parents[2])  # the scenario files are named relative to here
     outputs = []
     for backend in ("threads", "greenlet"):
         monkeypatch.setenv("DOPOOL_SIM_BACKEND", backend)
