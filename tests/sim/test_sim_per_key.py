@@ -54,6 +54,24 @@ def test_a_per_key_pool_runs_an_instance_per_key_and_lists_those_used() -> None:
     assert pool.to_json_dict()["instances"] == "per-key"  # (in "pools", with several)
 
 
+def test_the_report_lists_the_busiest_instances_then_the_deepest_queues() -> None:
+    """Of more than 20 instances, the report's table shows the 10 busiest and then the
+    10 whose queues got deepest among the others, each by its key."""
+    result = run(rooms()).result
+    listed = result.instances
+    hot = result.hottest(10)
+    assert hot[:10] == result.busiest(10)
+    rest = sorted(
+        (i for n, i in enumerate(listed) if n not in hot[:10]), key=lambda i: -i.max_depth
+    )
+    assert [listed[n].max_depth for n in hot[10:]] == [i.max_depth for i in rest[:10]]
+    assert len(set(hot)) == 20
+    assert result.hottest(len(listed)) == list(range(len(listed)))  # few: all, as listed
+    shown = invoke("simulate", "--scenario", "chat-rooms", "--events", "1500", "--seed", "1")
+    assert "instances: the 10 busiest, then the 10 deepest queues of the others" in shown.output
+    assert "more instances: see --json" in shown.output
+
+
 def test_a_per_key_run_is_reproducible_to_the_byte() -> None:
     first, second = (json.dumps(run(rooms(events=400)).result.to_json_dict()) for _ in range(2))
     assert first == second

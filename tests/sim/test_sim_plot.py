@@ -165,8 +165,8 @@ def test_many_rows_label_every_kth() -> None:
 
 @needs_matplotlib
 def test_more_instances_than_rows_plot_the_busiest_by_key_and_those_running() -> None:
-    """A per-key design: the heatmap keeps the 64 busiest instances, as the report's table
-    does, each named by its key, and a third panel shows the instances running."""
+    """A per-key design: the heatmap keeps the 64 busiest instances (Result.busiest), each
+    named by its key, and a third panel shows the instances running."""
     scenario = sc.with_overrides(
         sc.builtin("chat-rooms"),
         {"arrivals.total": 1500, "partitions.keys": 400, "idle_timeout": 1.0},

@@ -17,7 +17,7 @@ from dopool._sim.loading import BUILTINS, Change
 from dopool._sim.metrics import Result, Stall
 from dopool._sim.scenario import Scenario
 
-MAX_INSTANCE_ROWS = 64
+HOT_ROWS = 10  # the instances table: the busiest, then the deepest queues, this many each
 MAX_DEAD_LETTER_ROWS = 10
 
 
@@ -264,9 +264,11 @@ def _instances_table(result: Result) -> Table:
     table.add_column("max depth", justify="right")
     table.add_column("utilisation", no_wrap=True)
     peak = result.max_depth
-    shown = [result.instances[position] for position in result.busiest(MAX_INSTANCE_ROWS)]
-    if len(result.instances) > MAX_INSTANCE_ROWS:  # the busiest, busiest first
-        table.title = f"instances: the {MAX_INSTANCE_ROWS} busiest"
+    shown = [result.instances[position] for position in result.hottest(HOT_ROWS)]
+    if len(result.instances) > 2 * HOT_ROWS:
+        table.title = (
+            f"instances: the {HOT_ROWS} busiest, then the {HOT_ROWS} deepest queues of the others"
+        )
     for item in shown:
         style = "bold red" if peak > 1 and item.max_depth == peak else ""
         named = str(item.index) if item.key is None else f"key {item.key}"
@@ -281,7 +283,7 @@ def _instances_table(result: Result) -> Table:
             Text(f"{item.max_depth:,}", style=style),
             f"{_bar(item.utilisation)} {item.utilisation:4.0%}",
         )
-    hidden = len(result.instances) - MAX_INSTANCE_ROWS
+    hidden = len(result.instances) - len(shown)
     if hidden > 0:
         table.caption = f"{hidden} more instances: see --json"
     return table

@@ -590,6 +590,24 @@ class Result:
 
         return sorted(range(len(listed)), key=rank)[:count]
 
+    def hottest(self, count: int) -> list[int]:
+        """The positions in :attr:`instances` of the ``count`` busiest instances (by
+        utilisation), then of the ``count`` deepest queues among the others (by the
+        deepest each got, then events enqueued); all of them, as listed, when there are
+        no more than twice ``count``."""
+        listed = self.instances
+        if len(listed) <= 2 * count:
+            return list(range(len(listed)))
+        busiest = self.busiest(count)
+        taken = set(busiest)
+
+        def rank(position: int) -> tuple[int, int, str, int]:
+            item = listed[position]
+            return -item.max_depth, -item.enqueued, item.pool, item.index
+
+        others = (position for position in range(len(listed)) if position not in taken)
+        return busiest + sorted(others, key=rank)[:count]
+
     @property
     def unfinished(self) -> int:
         """Events not finished when the run stopped: pending, waiting, in an outbox."""
