@@ -57,6 +57,12 @@ def build_interrupted(runtime: Runtime) -> None:
     runtime.define("thumbnails", execute=interrupting, concurrency=3)
 
 
+def with_timers(runtime: Runtime) -> None:
+    build(runtime)
+    for room in range(5):  # the app's own events, stored before the run
+        runtime.pools["thumbnails"].enqueue({"image": f"room-{room}", "megapixels": 1})
+
+
 def nothing(runtime: Runtime) -> None:
     pass
 
@@ -123,6 +129,23 @@ def test_an_app_runs_its_own_handlers_on_the_simulated_runtime(app: str) -> None
     assert result.retries > 0
     assert result.restarts == 1
     assert result.requests is None  # an app's events carry no request lineage
+
+
+def test_what_an_app_stores_as_it_builds_is_counted_apart_and_every_event_run_is_counted(
+    app: str,
+) -> None:
+    """An app's own events stored before the run (its timers, say) are neither arrivals
+    nor follow-ups, and events per wall second counts every event run to an outcome."""
+    finished = run(loading.loads(scenario_text(app, "with_timers")))
+    result = finished.result
+    assert result.passed, [check.detail for check in result.invariants]
+    assert (result.offered, result.seeded) == (200, 5)
+    assert result.succeeded + result.dead_lettered == 200 + result.follow_ups + 5
+    assert result.to_json_dict()["events"]["seeded"] == 5
+    (no_loss,) = [check for check in result.invariants if check.name == "no loss"]
+    assert "+ 5 stored by the app before the run" in no_loss.detail
+    done = result.succeeded + result.dead_lettered
+    assert finished.events_per_wall_second == done / finished.wall_seconds
 
 
 def test_an_app_run_is_byte_identical_for_the_same_seed(app: str) -> None:

@@ -74,8 +74,10 @@ class Run:
 
     @property
     def events_per_wall_second(self) -> float:
-        """Arrivals simulated per second of wall time."""
-        return self.result.offered / self.wall_seconds if self.wall_seconds > 0 else 0.0
+        """Events run to an outcome (succeeded or dead-lettered: arrivals, follow-ups and
+        an app's own alike) per second of wall time."""
+        done = self.result.succeeded + self.result.dead_lettered
+        return done / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
 
 # -- running --------------------------------------------------------------------------
@@ -335,6 +337,7 @@ def _define_app_pools(scenario: Scenario, runtime: ToolRuntime, app: App) -> dic
     for collector in collectors.values():
         for event in early:
             collector(event)
+        collector.seeded = collector.counts.get("enqueued", 0)
         runtime.subscribe(collector)
     return collectors
 

@@ -211,18 +211,20 @@ def measure(
             )
         )
     acknowledged = sum(answers.stored.values())
+    seeded = sum(collector.seeded for collector in collectors.values())
     settled = sum(s.succeeded + s.dead_lettered + s.pending + s.drained for s in statuses.values())
     if scenario.app is None:  # the simulated handlers say what they enqueued
         spawned = _spawned(collectors, lineage)
-    else:  # an app's handlers do not: take the store's word
-        spawned = sum(s.enqueued for s in statuses.values()) + outbox - acknowledged
-    lost = acknowledged + spawned - settled - outbox
+    else:  # an app's handlers do not: take the store's word, less what the app stored
+        stored = sum(s.enqueued for s in statuses.values()) + outbox
+        spawned = stored - acknowledged - seeded
+    lost = acknowledged + spawned + seeded - settled - outbox
     follow_ups = scenario.app is None and any(p.follow_ups for p in scenario.resolved_pools)
     for name, collector in collectors.items():
         if collector.delays:
             check_delayed_order(collector, answers.due_times(name))
     invariants = [
-        _no_loss(acknowledged, spawned, statuses.values(), outbox, lost, missing),
+        _no_loss(acknowledged, spawned, seeded, statuses.values(), outbox, lost, missing),
         Invariant(
             "at-least-once",
             not any(c.repeat_violations for c in collectors.values()),
@@ -310,6 +312,7 @@ def measure(
         pool_events=sum(sum(c.counts.values()) for c in collectors.values()),
         activations=activations,
         follow_ups=spawned,
+        seeded=seeded,
         pools=results,
         requests=_requests(answers, collectors, lineage) if follow_ups else None,
         stalls=sorted(
@@ -473,6 +476,7 @@ def _request(name: str, key: Key, answers: Answers, lineage: Lineage) -> int | N
 def _no_loss(
     acknowledged: int,
     spawned: int,
+    seeded: int,
     statuses: Iterable[PoolStatus],
     outbox: int,
     lost: int,
@@ -484,8 +488,10 @@ def _no_loss(
     pending = sum(s.pending for s in every)
     drained = sum(s.drained for s in every)
     stored = f"{acknowledged} enqueued"
-    if spawned:
-        stored = f"{acknowledged} arrivals + {spawned} follow-ups enqueued"
+    if spawned or seeded:
+        stored = f"{acknowledged} arrivals + {spawned} follow-ups"
+        stored += f" + {seeded} stored by the app before the run" if seeded else ""
+        stored += " enqueued"
     detail = (
         f"{stored} = {succeeded} succeeded + {dead} dead-lettered + "
         f"{pending} pending + {drained} drained"

@@ -186,6 +186,9 @@ class Collector:
         self._succeeded = self.succeeded_at.columns
         self._attempts = self.succeeded_attempt.columns
         self.counts: dict[str, int] = {}
+        # Events stored before the run: those an app enqueued as it defined its pools (its
+        # timers, say), which are neither arrivals nor follow-ups.
+        self.seeded = 0
         self.order_violations: list[str] = []
         self.stalls: list[Stall] = []  # ended ones; see ``open_stalls`` for the others
         self.repeat_violations: list[str] = []
@@ -515,8 +518,9 @@ class Result:
     ``latency`` runs from an event's arrival (the caller's ``enqueue``), or a
     follow-up's being stored, to its success; ``enqueue_wait`` from an arrival to its
     being stored. ``follow_ups`` counts the follow-ups committed (``acknowledged``
-    counts arrivals only). ``pools`` has each pool's figures, ``requests`` the end-to-end
-    figures of a design with follow-ups (None without).
+    counts arrivals only), and ``seeded`` the events an app stored as it defined its
+    pools, before the run (its timers, say). ``pools`` has each pool's figures,
+    ``requests`` the end-to-end figures of a design with follow-ups (None without).
 
     A run a ``duration`` stops may leave events unfinished (:attr:`unfinished`): still
     ``pending`` (``in_progress`` of them inside a handler), ``waiting`` to be stored, or
@@ -557,6 +561,7 @@ class Result:
     in_progress: int
     outbox: int
     not_arrived: int
+    seeded: int = field(default=0, kw_only=True)  # events an app stored before the run
     activations: Activations = field(
         default=Activations(0, 0, 0, 0.0, 0.0), kw_only=True
     )  # instances started and evicted
@@ -626,6 +631,7 @@ class Result:
                 "offered": self.offered,
                 "enqueued": self.acknowledged,
                 **({"follow_ups": self.follow_ups} if self.follow_ups else {}),
+                **({"seeded": self.seeded} if self.seeded else {}),
                 "rejected_queue_full": self.rejected,
                 "duplicates": self.duplicates,
                 **({"delayed": self.delayed} if self.delayed else {}),
