@@ -261,6 +261,7 @@ class PoolEvent:
     attempt: int | None = None
     time: float = 0.0
     error: str | None = None
+    due: float | None = None  # an ``enqueued`` event not due when stored: its due time
 
     def __init__(
         self,
@@ -271,6 +272,7 @@ class PoolEvent:
         attempt: int | None = None,
         time: float = 0.0,
         error: str | None = None,
+        due: float | None = None,
     ) -> None:
         # The dataclass's own __init__ for a frozen class sets each field through
         # object.__setattr__, twice the cost of setting the slots directly, and
@@ -282,10 +284,12 @@ class PoolEvent:
         _set_attempt(self, attempt)
         _set_time(self, time)
         _set_error(self, error)
+        _set_due(self, due)
 
     def to_json_dict(self) -> dict[str, Any]:
-        """The fields as a dict, in declaration order, for the JSON-lines trace."""
-        return {
+        """The fields as a dict, in declaration order, for the JSON-lines trace: ``due``
+        only where it is set."""
+        fields = {
             "kind": self.kind,
             "pool": self.pool,
             "instance_index": self.instance_index,
@@ -294,6 +298,9 @@ class PoolEvent:
             "time": self.time,
             "error": self.error,
         }
+        if self.due is not None:
+            fields["due"] = self.due
+        return fields
 
 
 # Each field's slot, set directly (see PoolEvent.__init__).
@@ -307,7 +314,7 @@ class PoolEvent:
     EnqueueResult.__dict__[name].__set__
     for name in ("sequence", "instance_index", "instance_id", "position", "duplicate")
 )
-_set_kind, _set_pool, _set_index, _set_sequence, _set_attempt, _set_time, _set_error = (
+_set_kind, _set_pool, _set_index, _set_sequence, _set_attempt, _set_time, _set_error, _set_due = (
     PoolEvent.__dict__[name].__set__
-    for name in ("kind", "pool", "instance_index", "sequence", "attempt", "time", "error")
+    for name in ("kind", "pool", "instance_index", "sequence", "attempt", "time", "error", "due")
 )

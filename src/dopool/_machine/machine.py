@@ -249,8 +249,8 @@ class QueueMachine:
                 )
                 counts[priority] = counts.get(priority, 0) + 1
             results.append(EnqueueResult(sequence, index, ident, position))
-            if listening:
-                fx.events.append(self.event("enqueued", now, sequence))
+            if listening:  # a scheduled one says when it is due
+                fx.events.append(self.event("enqueued", now, sequence, due=at if waiting else None))
         if claims:
             dedup.claim(txn, claims)
         if scheduled != len(items):
@@ -524,6 +524,7 @@ class QueueMachine:
         sequence: int | None = None,
         attempt: int | None = None,
         error: str | None = None,
+        due: float | None = None,
     ) -> PoolEvent:
         """A :class:`PoolEvent` of this instance."""
-        return PoolEvent(kind, self._pool, self._index, sequence, attempt, time, error)
+        return PoolEvent(kind, self._pool, self._index, sequence, attempt, time, error, due)

@@ -160,6 +160,8 @@ def measure(
     for name, pool in pools.items():
         collector, status = collectors[name], statuses[name]
         arrived, due = answers.arrived_at[name], answers.starts(name)
+        if len(collector.due_at):  # any event stored not yet due counts from its due time
+            due = due.overlaid(collector.due_at)
         handed = partial(_handed, name, arrived=due, collectors=collectors, lineage=lineage)
         mine = _since_handed(collector, due, handed)
         latencies.extend(mine)
@@ -222,7 +224,7 @@ def measure(
     follow_ups = scenario.app is None and any(p.follow_ups for p in scenario.resolved_pools)
     for name, collector in collectors.items():
         if collector.delays:
-            check_delayed_order(collector, answers.due_times(name))
+            check_delayed_order(collector, answers.due_times(name).overlaid(collector.due_at))
     invariants = [
         _no_loss(acknowledged, spawned, seeded, statuses.values(), outbox, lost, missing),
         Invariant(

@@ -177,6 +177,9 @@ class Collector:
         self.tracks = Tracks()
         # Per event, as columns (dopool._sim.columns): a run keeps them to its end.
         self.enqueued_at = Times()
+        # When each event stored not yet due (a delayed arrival, follow-up or app event)
+        # fell due; the first one turns on the order check by due time (``delays``).
+        self.due_at = Times()
         self.succeeded_at = Times()  # its keys: the events that succeeded
         self.succeeded_attempt = Numbers()  # the attempt whose success committed
         self.dead = Marks()
@@ -220,6 +223,9 @@ class Collector:
             column.append(time)
         else:
             put(column, sequence, time, nan)
+        if event.due is not None:  # stored not yet due: its start is checked by due time
+            self.due_at.put((event.instance_index, sequence), event.due)
+            self.delays = True
         track.queue.append(sequence)
         depth = track.depth = track.depth + 1
         track.max_depth = max(track.max_depth, depth)
