@@ -468,24 +468,32 @@ def test_a_lease_retaken_while_define_starts_its_instance_loses_that_instance_al
     until(lambda: pool.status().succeeded == served + 3, "the other instances serving")
 
 
-def test_a_long_handler_does_not_hold_up_the_release_of_the_other_instances(
-    store_path: Path, opened: list[Runtime]
-) -> None:
-    """A worker releasing its excess stops those instances together; one still running a
-    handler must not keep the others' leases from the worker that joined."""
-    started, go = threading.Event(), threading.Event()
+def _gated_on_instance_2(path: Path, opened: list[Runtime], go: threading.Event) -> Runtime:
+    """A shared worker alone on a pool ``jobs`` of 4, its instance 2 in a handler that
+    waits for ``go`` (returned once the handler runs)."""
+    started = threading.Event()
 
     def gated(ctx: EventContext) -> None:
         if ctx.event.get("gate"):
             started.set()
             go.wait(WAIT)
 
-    a = Runtime(store_path, shared=True, lease_ttl=TTL, poll_interval=0.05)
-    opened.append(a)
-    pool = a.define("jobs", execute=gated, concurrency=4)
+    runtime = Runtime(path, shared=True, lease_ttl=TTL, poll_interval=0.05)
+    opened.append(runtime)
+    pool = runtime.define("jobs", execute=gated, concurrency=4)
     key = next(f"k{n}" for n in range(1000) if Router(4).choose(f"k{n}") == 2)
     pool.enqueue({"gate": True}, partition_key=key)
     assert started.wait(WAIT)
+    return runtime
+
+
+def test_a_long_handler_does_not_hold_up_the_release_of_the_other_instances(
+    store_path: Path, opened: list[Runtime]
+) -> None:
+    """A worker releasing its excess stops those instances together; one still running a
+    handler must not keep the others' leases from the worker that joined."""
+    go = threading.Event()
+    _gated_on_instance_2(store_path, opened, go)
     try:
         b = _shared(store_path, "b", Ran())
         opened.append(b)
@@ -504,19 +512,8 @@ def test_a_close_gives_an_instance_it_was_releasing_the_grace_and_keeps_its_leas
     other, and abandons it with a warning after the grace, its lease left to expire: were
     the lease deleted, the worker that joined would run the instance while the handler
     still ran here, and the process's exit would cut that handler short unannounced."""
-    started, go = threading.Event(), threading.Event()
-
-    def gated(ctx: EventContext) -> None:
-        if ctx.event.get("gate"):
-            started.set()
-            go.wait(WAIT)
-
-    a = Runtime(store_path, shared=True, lease_ttl=TTL, poll_interval=0.05)
-    opened.append(a)
-    pool = a.define("jobs", execute=gated, concurrency=4)
-    key = next(f"k{n}" for n in range(1000) if Router(4).choose(f"k{n}") == 2)
-    pool.enqueue({"gate": True}, partition_key=key)
-    assert started.wait(WAIT)
+    go = threading.Event()
+    a = _gated_on_instance_2(store_path, opened, go)
     owner_a = _book(a).worker.owner
     try:
         b = _shared(store_path, "b", Ran())

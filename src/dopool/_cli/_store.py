@@ -1,4 +1,5 @@
-"""What ``status`` and ``dead-letters`` share: choosing a store's pools, a stored time as text."""
+"""What the commands that read a store share (``status``, ``dead-letters``, ``schedules``,
+``storage``): choosing a store's pools, a stored time as text."""
 
 from __future__ import annotations
 
