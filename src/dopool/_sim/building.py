@@ -1,8 +1,9 @@
 """Building a scenario from TOML data: every table checked, errors named by dotted path.
 
-A path in a scenario file (a replay's ``arrivals.file``, an app's file) is relative
-to the file: :func:`read_file` joins it to the file's folder as it reads it, before
-flags change anything, so a path a flag gives stays relative to where dopool runs.
+A path in a scenario file (a replay's ``arrivals.file``, a ``partitions.file``, an
+app's file) is relative to the file: :func:`read_file` joins it to the file's folder as
+it reads it, before flags change anything, so a path a flag gives stays relative to
+where dopool runs.
 """
 
 from __future__ import annotations
@@ -197,11 +198,17 @@ def read_file(path: Path) -> tuple[dict[str, Any], str]:
 
 def _located(data: dict[str, Any], folder: str) -> dict[str, Any]:
     """``data`` with its relative paths joined to ``folder``: each stream's replay ``file``,
-    and the app's when it names a file (``path/app.py:build``; a module is no path)."""
+    each ``partitions.file`` (a pool's too), and the app's when it names a file
+    (``path/app.py:build``; a module is no path)."""
     streams = data.get("arrivals")
     for stream in streams if isinstance(streams, list) else [streams]:
         if isinstance(stream, dict) and isinstance(stream.get("file"), str):
             stream["file"] = _joined(folder, stream["file"])
+    pools = data.get("pools")
+    for where in [data, *(pools if isinstance(pools, list) else [])]:
+        section = where.get("partitions") if isinstance(where, dict) else None
+        if isinstance(section, dict) and isinstance(section.get("file"), str):
+            section["file"] = _joined(folder, section["file"])
     table, key = (data["app"], "function") if isinstance(data.get("app"), dict) else (data, "app")
     spec = table.get(key)
     if isinstance(spec, str):

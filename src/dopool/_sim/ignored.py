@@ -96,6 +96,9 @@ def _unused(pool: Pool) -> dict[str, str]:
     if pool.routing != "partition":
         why = f"keys are drawn only with routing = 'partition', not '{pool.routing}'"
         found.update({f"partitions.{spec.name}": why for spec in fields(Partitions)})
+    elif pool.partitions.names is not None or pool.partitions.file is not None:
+        source = "names" if pool.partitions.file is None else "file"
+        found["partitions.keys"] = f"partitions.{source} gives the keys"
     if pool.service.distribution != "lognormal":
         found["service.sigma"] = (
             f"it shapes a lognormal service time, and the distribution is "

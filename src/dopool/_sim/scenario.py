@@ -358,8 +358,13 @@ def _assignments(table: dict[str, Any]) -> list[str]:
     return [
         f"{name} = {_toml_value(value)}"
         for name, value in table.items()
-        if value is not None and not isinstance(value, dict | list)
+        if value is not None and not isinstance(value, dict) and not _tables(value)
     ]
+
+
+def _tables(value: Any) -> bool:
+    """An array of tables (``follow_ups``, ``phases``), written as its own tables."""
+    return isinstance(value, list) and all(isinstance(item, dict) for item in value)
 
 
 def _toml_value(value: Any) -> str:

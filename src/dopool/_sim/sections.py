@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from dopool._errors import MAX_DELAY, ScenarioError
 from dopool._sim import gates
 from dopool._sim.checks import assign, choice, number, probability, text
-from dopool._store.layout.limits import MAX_CONCURRENCY
+from dopool._store.layout.limits import MAX_CONCURRENCY, MAX_PARTITION_KEY_BYTES
 
 ROUTINGS = ("round-robin", "partition")
 PROCESSES = ("steady", "poisson", "bursts", "phases", "daily", "replay")
@@ -42,6 +42,7 @@ MAX_PAUSED_ALL = 1024
 MAX_EVENTS = 10_000_000
 MAX_PAYLOAD_BYTES = 100_000  # below the engine's 128 KiB event limit, with room for the rest
 MAX_KEYS = 1_000_000
+DEFAULT_KEYS = 64
 # A storage or alarm fault that always fires would never let an instance recover or an
 # alarm land, so a run could never end: keep them below certainty.
 MAX_LIVELOCK_PROBABILITY = 0.5
@@ -205,21 +206,97 @@ def about(count: float) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class Partitions(Section):
-    """Partition keys ``k0 .. k{keys-1}``: key ``k`` is drawn with weight
-    ``1 / (k + 1) ** zipf`` (0 = uniform); ``hot_key_share`` sends that share
-    of all events to ``k0`` on top. Used only with ``routing = "partition"``.
+    """Partition keys ``k0 .. k{keys-1}``, or the ``names`` listed, or a ``file``'s
+    lines: the key at position ``k`` is drawn with weight ``1 / (k + 1) ** zipf``
+    (0 = uniform); ``hot_key_share`` sends that share of all events to the first on
+    top. With ``names`` or ``file``, ``keys`` is left out (or is their count). Used
+    only with ``routing = "partition"``.
     """
 
     section: ClassVar[str] = "partitions"
+    sparse: ClassVar[tuple[str, ...]] = ("names", "file")
 
-    keys: int = 64
+    keys: int = DEFAULT_KEYS
     zipf: float = 0.0
     hot_key_share: float = 0.0
+    names: tuple[str, ...] | None = None
+    file: str | None = None
 
     def _check(self) -> None:
         number("keys", self.keys, integer=True, minimum=1, maximum=MAX_KEYS)
         assign(self, "zipf", number("zipf", self.zipf, minimum=0.0, maximum=10.0))
         assign(self, "hot_key_share", probability("hot_key_share", self.hot_key_share))
+        if self.names is not None and self.file is not None:
+            raise ScenarioError("file", "cannot be given together with partitions.names")
+        if self.names is not None:
+            if not isinstance(self.names, list | tuple):
+                raise ScenarioError("names", f"must be an array of strings, got {self.names!r}")
+            assign(self, "names", tuple(self.names))
+        if self.names is None and self.file is None:
+            return
+        given = self.drawn()
+        if self.keys not in (DEFAULT_KEYS, len(given)):
+            source = "names" if self.file is None else "file"
+            raise ScenarioError(
+                "keys",
+                f"must be left out with partitions.{source}, which gives {len(given):,} "
+                f"keys, got {self.keys!r}",
+            )
+
+    def drawn(self) -> tuple[str, ...]:
+        """The keys, by position: the ``names``, the ``file``'s lines (read and checked
+        on each call), or ``k0 .. k{keys-1}``."""
+        if self.file is not None:
+            return _keys("file", _lines(text("file", self.file)))
+        if self.names is not None:
+            return _keys("names", [(f"names[{n}]", "", key) for n, key in enumerate(self.names)])
+        return tuple(f"k{n}" for n in range(self.keys))
+
+    def to_dict(self) -> dict[str, Any]:
+        """``keys`` is left out when ``names`` or ``file`` gives them."""
+        result = super().to_dict()
+        if self.names is not None or self.file is not None:
+            del result["keys"]
+        return result
+
+
+def _lines(path: str) -> list[tuple[str, str, object]]:
+    """A keys file's lines, each stripped, blank ones left out, as :func:`_keys` takes them."""
+    try:
+        with open(path, encoding="utf-8") as lines:
+            found = [("file", f"line {n}: ", line.strip()) for n, line in enumerate(lines, 1)]
+    except OSError as exc:
+        raise ScenarioError("file", f"cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        problem = f"is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        raise ScenarioError("file", problem) from None
+    return [item for item in found if item[2]]
+
+
+def _keys(field: str, items: list[tuple[str, str, object]]) -> tuple[str, ...]:
+    """Partition keys given as ``(path, where, key)``: at least one, at most
+    :data:`MAX_KEYS`, each a non-empty string of at most 2 KiB of UTF-8 (the engine's
+    partition key limit), none twice."""
+    if not items:
+        raise ScenarioError(field, "gives no keys: list at least one")
+    if len(items) > MAX_KEYS:
+        raise ScenarioError(field, f"gives {len(items):,} keys, over the limit of {MAX_KEYS:,}")
+    seen: dict[str, str] = {}
+    for path, where, key in items:
+        if not isinstance(key, str) or not key:
+            raise ScenarioError(path, f"{where}must be a non-empty string, got {key!r}")
+        try:
+            size = len(key.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise ScenarioError(path, f"{where}is not valid UTF-8 text ({exc.reason})") from None
+        if size > MAX_PARTITION_KEY_BYTES:
+            limit = f"over the partition key limit of {MAX_PARTITION_KEY_BYTES:,}"
+            raise ScenarioError(path, f"{where}is {size:,} bytes of UTF-8, {limit}")
+        if key in seen:
+            first = f"first given at {seen[key]}"
+            raise ScenarioError(path, f"{where}repeats the key {key!r} ({first})")
+        seen[key] = where.removesuffix(": ") or path
+    return tuple(seen)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -155,9 +155,9 @@ def key_picker(pool: Pool) -> KeyPicker:
     if pool.routing != "partition":
         return lambda _rng: None
     spec = pool.partitions
-    names = [f"k{n}" for n in range(spec.keys)]
+    names = spec.drawn()
     cumulative = list(
-        itertools.accumulate(1.0 / (rank + 1) ** spec.zipf for rank in range(spec.keys))
+        itertools.accumulate(1.0 / (rank + 1) ** spec.zipf for rank in range(len(names)))
     )
     total = cumulative[-1]
     hot = spec.hot_key_share
@@ -165,7 +165,7 @@ def key_picker(pool: Pool) -> KeyPicker:
     def pick(rng: random.Random) -> str:
         if hot > 0 and rng.random() < hot:
             return names[0]
-        return names[min(bisect.bisect_right(cumulative, rng.random() * total), spec.keys - 1)]
+        return names[min(bisect.bisect_right(cumulative, rng.random() * total), len(names) - 1)]
 
     return pick
 
