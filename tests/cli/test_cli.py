@@ -29,7 +29,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
-from cli_support import assert_one_line_error, invoke
+from cli_support import assert_one_line_error, held_by_child, invoke
 from dopool import EventContext, Runtime
 from dopool._chaos import harness, runner
 from dopool._cli import simulate as simulate_command
@@ -839,23 +839,8 @@ runtime.close()
 @pytest.fixture
 def held(real_store: Path) -> Iterator[tuple[Path, int]]:
     """The store, held open by a runtime in another process; yields (path, its pid)."""
-    child = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(real_store)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "holding"
+    with held_by_child(HOLDER, real_store) as child:
         yield real_store, child.pid
-    finally:
-        assert child.stdin is not None
-        child.stdin.write("\n")
-        child.stdin.close()
-        child.wait(timeout=30)
-        assert child.stdout is not None
-        child.stdout.close()
 
 
 @pytest.mark.threaded

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +12,7 @@ from typing import Any, Literal
 import pytest
 
 import dopool
-from cli_support import assert_one_line_error, invoke
+from cli_support import assert_one_line_error, held_by_child, invoke
 from dopool import EventContext, Runtime
 from dopool._store.environment import Store
 from dopool._store.layout import Namespace, StoredValues, pack, seal
@@ -375,23 +373,8 @@ runtime.close()
 @pytest.fixture
 def held(store: Path) -> Iterator[Path]:
     """The store, held open by a real-clock runtime in another process that stored a value."""
-    child = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(store)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "holding"
+    with held_by_child(HOLDER, store):
         yield store
-    finally:
-        assert child.stdin is not None
-        child.stdin.write("\n")
-        child.stdin.close()
-        child.wait(timeout=30)
-        assert child.stdout is not None
-        child.stdout.close()
 
 
 @pytest.mark.threaded
