@@ -262,6 +262,10 @@ class PoolEvent:
     time: float = 0.0
     error: str | None = None
     due: float | None = None  # an ``enqueued`` event not due when stored: its due time
+    # An attempt's outcome whose handler used ``ctx.storage``: the rows it read, and
+    # (a success) the rows committed with it, as Cloudflare bills them (StorageRows).
+    rows_read: int | None = None
+    rows_written: int | None = None
 
     def __init__(
         self,
@@ -273,6 +277,8 @@ class PoolEvent:
         time: float = 0.0,
         error: str | None = None,
         due: float | None = None,
+        rows_read: int | None = None,
+        rows_written: int | None = None,
     ) -> None:
         # The dataclass's own __init__ for a frozen class sets each field through
         # object.__setattr__, twice the cost of setting the slots directly, and
@@ -285,10 +291,12 @@ class PoolEvent:
         _set_time(self, time)
         _set_error(self, error)
         _set_due(self, due)
+        _set_rows_read(self, rows_read)
+        _set_rows_written(self, rows_written)
 
     def to_json_dict(self) -> dict[str, Any]:
-        """The fields as a dict, in declaration order, for the JSON-lines trace: ``due``
-        only where it is set."""
+        """The fields as a dict, in declaration order, for the JSON-lines trace: ``due``,
+        ``rows_read`` and ``rows_written`` only where they are set."""
         fields = {
             "kind": self.kind,
             "pool": self.pool,
@@ -300,6 +308,10 @@ class PoolEvent:
         }
         if self.due is not None:
             fields["due"] = self.due
+        if self.rows_read is not None:
+            fields["rows_read"] = self.rows_read
+        if self.rows_written is not None:
+            fields["rows_written"] = self.rows_written
         return fields
 
 
@@ -314,7 +326,21 @@ class PoolEvent:
     EnqueueResult.__dict__[name].__set__
     for name in ("sequence", "instance_index", "instance_id", "position", "duplicate")
 )
-_set_kind, _set_pool, _set_index, _set_sequence, _set_attempt, _set_time, _set_error, _set_due = (
+(
+    _set_kind,
+    _set_pool,
+    _set_index,
+    _set_sequence,
+    _set_attempt,
+    _set_time,
+    _set_error,
+    _set_due,
+    _set_rows_read,
+    _set_rows_written,
+) = (
     PoolEvent.__dict__[name].__set__
-    for name in ("kind", "pool", "instance_index", "sequence", "attempt", "time", "error", "due")
+    for name in (
+        *("kind", "pool", "instance_index", "sequence", "attempt", "time", "error", "due"),
+        *("rows_read", "rows_written"),
+    )
 )

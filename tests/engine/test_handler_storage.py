@@ -17,6 +17,7 @@ from dopool import (
     ConfigurationError,
     EventContext,
     PermanentError,
+    PoolEvent,
     RetryPolicy,
     Runtime,
     StorageItemError,
@@ -305,3 +306,63 @@ def test_a_handler_reading_storage_on_the_real_clock_sees_a_snapshot_of_its_own(
         go.set()
         assert pool.join(timeout=TIMEOUT)
     assert seen == [{"slow": 1}]  # another instance's values are its own
+
+
+def test_each_outcome_says_how_many_storage_rows_its_handler_read_and_wrote(
+    sim: Runtime,
+) -> None:
+    """The rows a Durable Object's storage would bill (docs/api.md, PoolEvent): a key a
+    get or get_many asks for, or a list returns (at least one a call), is read; a key a
+    put, put_many or delete names is written, and only a success commits any."""
+    seen: list[PoolEvent] = []
+    sim.subscribe(seen.append)
+
+    def handle(ctx: EventContext) -> None:
+        if ctx.event == "plain":
+            return
+        storage = ctx.storage
+        storage.get("a")  # 1 read, found or not
+        storage.get_many(["a", "b", "c"])  # 3
+        storage.list(prefix="nothing")  # 1: an empty list is a row too
+        storage.put("a", 1)  # 1 written
+        storage.put_many({"b": 2, "c": 3})  # 2
+        storage.delete("z")  # 1
+        if ctx.event == "fail" and ctx.attempt == 1:
+            raise ValueError("once")
+
+    pool = sim.define(
+        "p", execute=handle, retry=RetryPolicy(max_attempts=2, initial_delay=0.1, jitter=0.0)
+    )
+    for event in ("plain", "store", "fail"):
+        pool.enqueue(event)
+    assert pool.join(timeout=TIMEOUT)
+    outcomes = [
+        (e.kind, e.sequence, e.rows_read, e.rows_written)
+        for e in seen
+        if e.kind in ("succeeded", "retry_scheduled", "dead_lettered")
+    ]
+    assert outcomes == [
+        ("succeeded", 0, None, None),  # its handler never touched ctx.storage
+        ("succeeded", 1, 5, 4),
+        ("retry_scheduled", 2, 5, None),  # read, but nothing it wrote is committed
+        ("succeeded", 2, 5, 4),
+    ]
+    line = next(e for e in seen if e.kind == "succeeded" and e.sequence == 1).to_json_dict()
+    assert (line["rows_read"], line["rows_written"]) == (5, 4)
+    assert "rows_read" not in seen[0].to_json_dict()
+
+
+def test_a_dead_letter_says_how_many_rows_its_last_attempt_read(sim: Runtime) -> None:
+    seen: list[PoolEvent] = []
+    sim.subscribe(seen.append)
+
+    def handle(ctx: EventContext) -> None:
+        ctx.storage.list()  # nothing stored: one row
+        ctx.storage.put("never", "committed")
+        raise PermanentError("no")
+
+    pool = sim.define("p", execute=handle)
+    pool.enqueue("x")
+    assert pool.join(timeout=TIMEOUT)
+    dead = next(e for e in seen if e.kind == "dead_lettered")
+    assert (dead.rows_read, dead.rows_written) == (1, None)

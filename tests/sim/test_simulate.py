@@ -745,13 +745,13 @@ def test_the_counters_invariant_reports_the_stores_broken_invariants() -> None:
         pool = runtime.define(POOL, execute=lambda ctx: None, concurrency=2)
         pool.pause()
         pool.enqueue_many(range(4))
-        assert _store_checks(runtime, pool, collector) == (0, [])
+        assert _store_checks(runtime, pool, collector) == (0, [], 0)
         with runtime._store.write() as txn:
             namespace = Namespace(POOL, 1)
             meta = namespace.load_meta(txn)
             meta.enqueued += 1
             namespace.save_meta(txn, meta)
-        _, problems = _store_checks(runtime, pool, collector)
+        _, problems, _ = _store_checks(runtime, pool, collector)
     assert problems == [
         "sim:1: enqueued 3 != succeeded + dead_lettered + drained + cancelled + pending = 2"
     ]

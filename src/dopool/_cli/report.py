@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dopool._cli._terminal import _clean
+from dopool._sim.cost import Bill
 from dopool._sim.driver import Run
 from dopool._sim.latency import Latency
 from dopool._sim.loading import BUILTINS, Change
@@ -121,6 +122,9 @@ def _render_report(
         f"running, {active.mean:,.1f} on average · {active.per_second:,.3g} started per "
         "virtual s",
     )
+    month, run = _cost(result.cost)
+    summary.add_row("cost", month)
+    summary.add_row("", run)
     out.print(summary)
     out.print()
     if len(result.pools) > 1:
@@ -137,6 +141,49 @@ def _render_report(
             style="dim",
         )
     )
+
+
+def _cost(bill: Bill) -> tuple[str, str]:
+    """The bill's two lines: a month's dollars at the run's load, by line, largest first;
+    then the run's own, and what it used."""
+    month = bill.month()
+    plan = month.pop("plan")
+    named = {"requests": "requests", "duration": "duration", "rows_read": "rows read"}
+    named |= {"rows_written": "rows written", "stored": "stored data"}
+    billed = sorted(
+        ((dollars, line) for line, dollars in month.items() if dollars > 0), reverse=True
+    )
+    lines = [f"{named[line]} {_dollars(dollars)}" for dollars, line in billed]
+    lines.append(f"plan {_dollars(plan)}")
+    if len(billed) < len(month):
+        lines.append("the rest within the plan")
+    total = sum(month.values()) + plan
+    usage = bill.usage
+    while_ = "while busy" if bill.prices.duration == "busy" else "while resident"
+    return (
+        f"{_dollars(total)} a month at this load on Cloudflare: " + " · ".join(lines),
+        f"this run {_dollars(sum(bill.run().values()))}: {usage.requests:,} requests "
+        f"({usage.enqueues:,} enqueues, {usage.alarms:,} alarms) · {bill.gb_s:,.3g} GB-s "
+        f"{while_} · {usage.rows_read:,} rows read · {usage.rows_written:,} written · "
+        f"{_bytes(usage.stored_bytes)} stored",
+    )
+
+
+def _dollars(amount: float) -> str:
+    """``$1,234``, ``$12.34``, or ``$0.0012`` for less than a cent."""
+    if amount >= 1000:
+        return f"${amount:,.0f}"
+    if amount >= 0.01 or amount == 0:
+        return f"${amount:,.2f}"
+    return f"${amount:.2g}"
+
+
+def _bytes(count: int) -> str:
+    """``512 B``, ``12.3 kB``, ``4.56 MB``, ``7.89 GB`` (decimal units, as billed)."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= size:
+            return f"{count / size:,.3g} {unit}"
+    return f"{count} B"
 
 
 def _describe(

@@ -134,7 +134,7 @@ def _print_values(
     title = Text(
         f"{where} · {len(values):,} of {len(keys):,} keys have a value"
         if asked
-        else f"{where} · {len(values):,} values"
+        else f"{where} · {len(values):,} value{'' if len(values) == 1 else 's'}"
     )
     table = Table(
         title=title, title_justify="left", box=box.SIMPLE_HEAD, min_width=title.cell_len + 2

@@ -246,6 +246,8 @@ def _plain(value: float, symbol: str) -> str:
         return f"{value:.3f}" if abs(value) < 10 else f"{value:,.1f}"
     if symbol in ("%", "/s"):
         return f"{value:,.1f}"
+    if symbol == "$":
+        return f"{value:,.2f}"
     if value.is_integer():
         return f"{int(value):,}"
     return f"{value:,.2f}"

@@ -360,7 +360,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
                     ran(returned, "the handler", PermanentError)
             except BaseException as exc:  # SystemExit too: a handler never takes the actor down
                 failure = exc
-        follow_ups, writes = ctx._end()  # a context kept for later adds nothing now
+        follow_ups, writes, rows = ctx._end()  # a context kept for later adds nothing now
         self._fault_point("after_execute", "crash_after_execute")
         now = self._clock.now()
         effects = Effects()
@@ -373,10 +373,20 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             machine.finish_attempt(meta)
             if failure is None:
                 machine.succeed(
-                    txn, meta, key, attempt, follow_ups, now, effects, record.dedup_key, writes
+                    txn,
+                    meta,
+                    key,
+                    attempt,
+                    follow_ups,
+                    now,
+                    effects,
+                    record.dedup_key,
+                    writes,
+                    rows,
                 )
             else:
-                machine.fail(txn, meta, key, record, failure, now, effects)
+                read = None if rows is None else rows.read
+                machine.fail(txn, meta, key, record, failure, now, effects, read)
             self._accept(txn, meta, now, effects)
             machine.rearm(meta, now)
             started = machine.take_alarm(txn, meta, now, effects) if go_on else None

@@ -11,7 +11,7 @@ from typing import Any
 from dopool._engine.storage import Storage, Writes
 from dopool._errors import ConfigurationError, as_seconds, shown
 from dopool._machine.followups import FollowUp, Target
-from dopool._machine.types import Item
+from dopool._machine.types import Item, StorageRows
 from dopool._machine.validation import due_time
 from dopool._pools import Pool
 
@@ -120,11 +120,14 @@ class EventContext:
             seconds = value
         self._sleep(seconds)
 
-    def _end(self) -> tuple[list[FollowUp], Writes]:
+    def _end(self) -> tuple[list[FollowUp], Writes, StorageRows | None]:
         """End the attempt (its handler returned): its follow-ups and storage writes, which
-        no call adds to now."""
+        no call adds to now, and what it did with the storage (None: it never used it)."""
         self._ended = True
-        return self._follow_ups, ({} if self._storage is None else self._storage._end())
+        storage = self._storage
+        if storage is None:
+            return self._follow_ups, {}, None
+        return self._follow_ups, storage._end(), storage._rows()
 
     def _check_running(self, verb: str) -> None:
         if self._ended:

@@ -19,6 +19,7 @@ from typing import Any
 
 from dopool._cluster.routing import stable_hash
 from dopool._errors import ConfigurationError, DamagedRecordError, StorageItemError, shown
+from dopool._machine.types import StorageRows
 from dopool._store.layout import (
     MAX_STORAGE_KEY_BYTES,
     MAX_STORAGE_VALUE_BYTES,
@@ -48,12 +49,13 @@ class ReadOnlyStorage:
         DamagedRecordError: a stored value on the way failed its checks.
     """
 
-    __slots__ = ("_read", "_values", "instance_id")
+    __slots__ = ("_read", "_rows_read", "_values", "instance_id")
 
     def __init__(self, read: Reader, pool: str, index: int) -> None:
         self._read = read
         self._values = StoredValues(Namespace(pool, index))
         self.instance_id = f"{pool}:{index}"
+        self._rows_read = 0  # a handler's reads, as Cloudflare bills them (StorageRows)
 
     @classmethod
     def of(
@@ -87,6 +89,7 @@ class ReadOnlyStorage:
         """The value under ``key``, or ``default`` if there is none."""
         key = _key(key)
         raw = self._raw(key)
+        self._rows_read += 1
         return default if raw is None else self._decoded(key, raw)
 
     def get_many(self, keys: Iterable[str]) -> dict[str, Any]:
@@ -98,6 +101,7 @@ class ReadOnlyStorage:
                 raw = self._raw(key, txn)
                 if raw is not None:
                     found[key] = self._decoded(key, raw)
+        self._rows_read += len(wanted)
         return found
 
     def list(
@@ -125,6 +129,7 @@ class ReadOnlyStorage:
                 listed[key] = self._decoded(key, raw)
                 if len(listed) == limit:
                     break
+        self._rows_read += max(len(listed), 1)  # an empty list is billed a row too
         return listed
 
     def _decoded(self, key: str, raw: bytes) -> Any:
@@ -171,13 +176,14 @@ class Storage(ReadOnlyStorage):
         ConfigurationError: a write after the attempt ended.
     """
 
-    __slots__ = ("_ended", "_keys", "_writes")
+    __slots__ = ("_ended", "_keys", "_rows_written", "_writes")
 
     def __init__(self, read: Reader, pool: str, index: int) -> None:
         super().__init__(read, pool, index)
         self._writes: Writes = {}
         self._keys: list[str] = []  # the buffered keys, sorted (for list)
         self._ended = False
+        self._rows_written = 0  # each key a put, put_many or delete names (StorageRows)
 
     def put(self, key: str, value: Any) -> None:
         """Set ``key`` to ``value`` when the event's success commits."""
@@ -206,11 +212,16 @@ class Storage(ReadOnlyStorage):
         if key not in self._writes:
             bisect.insort(self._keys, key)
         self._writes[key] = raw
+        self._rows_written += 1
 
     def _end(self) -> Writes:
         """The attempt's writes, which nothing adds to now."""
         self._ended = True
         return self._writes
+
+    def _rows(self) -> StorageRows:
+        """What the handler did with the storage, in rows (:class:`StorageRows`)."""
+        return StorageRows(self._rows_read, self._rows_written)
 
     def _raw(self, key: str, txn: Txn | None = None) -> bytes | None:
         if key in self._writes:

@@ -85,15 +85,20 @@ class DeadLetters:
         now: float,
         fx: Effects,
         state: EventState = "dead_lettered",
+        rows_read: int | None = None,
     ) -> None:
-        """Move the event at ``key`` to the dead letters, in this transaction."""
+        """Move the event at ``key`` to the dead letters, in this transaction
+        (``rows_read``: the storage rows its last attempt's handler read)."""
         self._ns.put_dead_letter(txn, sequence, dead)
         meta.held_dead_letters += 1
         meta.dead_lettered += 1
         self._remove(txn, meta, key, state, dead.error, now)
         if dead.dedup_key is not None:
             self._dedup.release(txn, dead.dedup_key, self._index, sequence, now)
-        fx.events.append(self._event("dead_lettered", now, sequence, dead.attempts, dead.error))
+        event = self._event(
+            "dead_lettered", now, sequence, dead.attempts, dead.error, rows_read=rows_read
+        )
+        fx.events.append(event)
         fx.dead.append(dead_letter_from_record(self._index, sequence, dead))
         fx.empty = None if meta.pending else len(fx.events)
 
@@ -131,6 +136,7 @@ class DeadLetters:
         now: float,
         fx: Effects,
         state: EventState = "dead_lettered",
+        rows_read: int | None = None,
     ) -> None:
         """Move the event at ``key``, its record ``record``, to the dead letters after
         ``attempts``, failed with ``error`` (:meth:`bury`)."""
@@ -145,7 +151,7 @@ class DeadLetters:
             False,
             record.dedup_key,
         )
-        self.bury(txn, meta, key, queue_key_sequence(key), dead, now, fx, state)
+        self.bury(txn, meta, key, queue_key_sequence(key), dead, now, fx, state, rows_read)
 
     def redrive(
         self, txn: Txn, meta: Meta, wanted: frozenset[int] | None, now: float, fx: Effects

@@ -45,6 +45,7 @@ from dopool._machine.types import (
     Request,
     Resume,
     Started,
+    StorageRows,
     Unschedule,
 )
 from dopool._retry import next_delay, uniform_draw
@@ -346,9 +347,11 @@ class QueueMachine:
         fx: Effects,
         dedup_key: str | None = None,
         writes: Mapping[str, bytes | None] | None = None,
+        rows: StorageRows | None = None,
     ) -> None:
         """The current event succeeded: remove it, store its follow-ups, and apply its
-        handler's writes to the instance's storage (``None``: delete the key)."""
+        handler's writes to the instance's storage (``None``: delete the key); ``rows``,
+        what its handler did with the storage, goes on its ``succeeded`` event."""
         self._finish(txn, meta, key, "succeeded", None, now)
         if writes:
             stored = StoredValues(self._ns)
@@ -361,7 +364,8 @@ class QueueMachine:
         if dedup_key is not None:
             self._dedup.release(txn, dedup_key, self._index, queue_key_sequence(key), now)
         if self._listening():
-            fx.events.append(self.event("succeeded", now, queue_key_sequence(key), attempt))
+            sequence = queue_key_sequence(key)
+            fx.events.append(self.event("succeeded", now, sequence, attempt, rows=rows))
         if follow_ups:
             self._follow_ups.commit(txn, meta, follow_ups, now, fx)
         fx.empty = None if meta.pending else len(fx.events)
@@ -375,19 +379,24 @@ class QueueMachine:
         failure: BaseException,
         now: float,
         fx: Effects,
+        rows_read: int | None = None,
     ) -> None:
-        """Settle a failed attempt of the current event: schedule a retry or dead-letter it."""
+        """Settle a failed attempt of the current event: schedule a retry or dead-letter it.
+        ``rows_read``: the storage rows its handler read (none it wrote is committed)."""
         sequence = queue_key_sequence(key)
         error = failed(failure)
         attempt, rules = meta.attempt, self._rules
         draw = partial(uniform_draw, self._seed, self._pool, self._index, sequence, attempt)
         delay = next_delay(failure, attempt, rules.max_attempts, rules.retry, draw)
         if delay is None:
-            self._dead.bury_event(txn, meta, key, record, error, attempt, now, fx)
+            self._dead.bury_event(
+                txn, meta, key, record, error, attempt, now, fx, rows_read=rows_read
+            )
             return
         meta.retry_at = now + delay
         meta.last_error = error
-        fx.events.append(self.event("retry_scheduled", now, sequence, attempt, error))
+        retry = self.event("retry_scheduled", now, sequence, attempt, error, rows_read=rows_read)
+        fx.events.append(retry)
 
     def _finish(
         self, txn: Txn, meta: Meta, key: bytes, state: EventState, error: str | None, now: float
@@ -525,6 +534,13 @@ class QueueMachine:
         attempt: int | None = None,
         error: str | None = None,
         due: float | None = None,
+        *,
+        rows: StorageRows | None = None,
+        rows_read: int | None = None,
     ) -> PoolEvent:
-        """A :class:`PoolEvent` of this instance."""
-        return PoolEvent(kind, self._pool, self._index, sequence, attempt, time, error, due)
+        """A :class:`PoolEvent` of this instance; ``rows`` (a success's) or ``rows_read``
+        (a failed attempt's): what its handler did with the instance's storage."""
+        read, written = (rows_read, None) if rows is None else rows
+        return PoolEvent(
+            kind, self._pool, self._index, sequence, attempt, time, error, due, read, written
+        )

@@ -49,6 +49,17 @@ class QueueRules:
         return 1 if self.retry is None else self.retry.max_attempts
 
 
+class StorageRows(NamedTuple):
+    """What an attempt's handler did with its instance's storage, in rows as Cloudflare
+    bills a Durable Object's storage: read, each key a get or get_many asked for and each
+    value a list returned (at least one a call); written, each key a put, put_many or
+    delete named. The simulator's cost model sums them (docs/simulate.md, "What a design
+    costs")."""
+
+    read: int
+    written: int
+
+
 # What a transition that started an attempt hands to the code that executes it.
 Started = tuple[bytes, EventRecord, int, float]  # queue key, record, attempt, started_at
 Batches = Iterable[tuple[Any, tuple[Item, ...]]]  # (the caller's token, its items) each

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dopool._errors import ScenarioError
+from dopool._sim.checks import Section
 from dopool._sim.pools import PoolTable
 from dopool._sim.scenario import (
     APP_PARAMS,
@@ -30,7 +31,6 @@ from dopool._sim.scenario import (
     Gate,
     Scenario,
 )
-from dopool._sim.sections import Section
 
 BUILTINS = (
     "steady",

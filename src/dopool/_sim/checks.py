@@ -1,11 +1,42 @@
-"""Scenario field checks: each names the bad field by its dotted path."""
+"""Scenario field checks: each names the bad field by its dotted path; and the base of
+a scenario's tables, which checks its fields as it is made."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import fields
+from typing import Any, ClassVar
 
 from dopool._errors import ScenarioError
+
+
+# -- the tables ---------------------------------------------------------------------
+class Section:
+    """A table of the scenario: its checks name fields as ``<section>.<field>``."""
+
+    section: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        try:
+            self._check()
+        except ScenarioError as exc:
+            raise exc.within(self.section) from None
+
+    def _check(self) -> None:
+        """Validate the section's fields; each section overrides this."""
+
+    #: Fields that are arrays of tables (``[[arrivals.phases]]``), and the class of an item.
+    arrays: ClassVar[dict[str, type[Any]]] = {}
+    #: Fields :meth:`to_dict` leaves out while unset (None or empty): the scenarios
+    #: that do not use them read, as TOML and as JSON, as they did before them.
+    sparse: ClassVar[tuple[str, ...]] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field but the unset sparse ones; arrays of tables as lists of dicts."""
+        result = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+        for name in self.arrays:
+            result[name] = [{f.name: getattr(i, f.name) for f in fields(i)} for i in result[name]]
+        return {k: v for k, v in result.items() if k not in self.sparse or v not in (None, [])}
 
 
 # -- field checks ---------------------------------------------------------------

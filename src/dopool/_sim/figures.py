@@ -53,6 +53,13 @@ DESCRIPTIONS: dict[str, str] = {
     "stalled": "instances still stalled at the end: a write would have woken them",
     "stalled_events": "the events those instances held at the end",
     "invariants_passed": "1 if every checked guarantee held, else 0",
+    "cost.month": "US dollars a month on Cloudflare at the run's load, the plan included ([cost])",
+    "cost.run": "US dollars the run itself would cost on Cloudflare, before any allowance",
+    "cost.requests": "a month's dollars for requests (enqueues and alarm invocations)",
+    "cost.duration": "a month's dollars for duration (GB-s)",
+    "cost.rows_read": "a month's dollars for storage rows read",
+    "cost.rows_written": "a month's dollars for storage rows written",
+    "cost.stored": "a month's dollars for stored data",
 }
 
 
@@ -183,6 +190,7 @@ def figures(result: Result) -> dict[str, float]:
     named["stalled"] = len(still)
     named["stalled_events"] = sum(_pending(result, stall) for stall in still)
     named["invariants_passed"] = 1.0 if result.passed else 0.0
+    named.update(result.cost.figures())
     if len(result.pools) > 1:
         for pool in result.pools:
             prefix = f"{pool.name}."

@@ -13,6 +13,7 @@ from dopool._handles.pool import WorkerPool
 from dopool._handles.tools import ToolRuntime
 from dopool._machine.invariants import index_violations, read_instance, violations
 from dopool._sim.columns import Key, Numbers, Steps, Times, differences, put
+from dopool._sim.cost import Bill, Usage
 from dopool._sim.latency import Latency
 from dopool._sim.metrics import (
     Collector,
@@ -27,7 +28,7 @@ from dopool._sim.metrics import (
 from dopool._sim.order import check_delayed_order
 from dopool._sim.scenario import Scenario
 from dopool._sim.workload import Arrival, Lineage
-from dopool._store.layout import used_instances
+from dopool._store.layout import Namespace, StoredValues, used_instances
 from dopool._types import EnqueueResult, PoolStatus
 
 MAX_DEAD_LETTERS_LISTED = 20
@@ -68,6 +69,7 @@ class Answers:
         self.failed = 0
         self.waiting: dict[str, int] = {}
         self.sent = 0  # arrivals handed to their pool
+        self.last_arrival = 0.0  # the virtual time of the latest arrival (they come in order)
         self._unanswered: list[tuple[Arrival, Reply]] = []
 
     def expect(self, arrival: Arrival, reply: Reply) -> None:
@@ -93,6 +95,7 @@ class Answers:
     def _add(self, arrival: Arrival, answered: EnqueueResult | DopoolError | None) -> None:
         pool = arrival.pool
         self.offered[pool] = self.offered.get(pool, 0) + 1
+        self.last_arrival = max(self.last_arrival, arrival.time)
         if answered is None:
             self.waiting[pool] = self.waiting.get(pool, 0) + 1
         elif isinstance(answered, QueueFullError):
@@ -156,6 +159,7 @@ def measure(
     outbox = 0
     problems: list[str] = []
     depth_series: list[Steps] = []
+    stored_bytes = 0
     statuses = {name: pool.status() for name, pool in pools.items()}
     for name, pool in pools.items():
         collector, status = collectors[name], statuses[name]
@@ -167,9 +171,10 @@ def measure(
         latencies.extend(mine)
         waits.extend(differences(collector.enqueued_at, arrived))
         missing.extend(f"{name}:{i}#{s}" for i, s in _unaccounted(arrived, collector))
-        held, found = _store_checks(runtime, pool, collector)
+        held, found, kept = _store_checks(runtime, pool, collector)
         outbox += held
         problems.extend(found)
+        stored_bytes += kept
         waiting = answers.waiting.get(name, 0)
         shown = _listed(status, collector)
         tracks = [collector.tracks.get(index) or InstanceTrack() for index in shown]
@@ -286,6 +291,22 @@ def measure(
     runs = [collector.run for collector in collectors.values()]
     run = runs[0] if runs else Residency()
     activations = run.summary(now)
+    usage = Usage(
+        # The load is what arrived, from the start to the last arrival, and all the work
+        # it caused, the run's tail (timers, a queue draining) included.
+        seconds=answers.last_arrival or elapsed,
+        enqueues=sum(c.counts.get("enqueued", 0) for c in collectors.values()),
+        alarms=sum(c.alarms for c in collectors.values()),
+        busy=sum(
+            _busy(track.busy, track.busy_since, now)
+            for c in collectors.values()
+            for track in c.tracks.values()
+        ),
+        resident=activations.mean * elapsed,
+        rows_read=sum(c.rows_read for c in collectors.values()),
+        storage_rows_written=sum(c.rows_written for c in collectors.values()),
+        stored_bytes=stored_bytes,
+    )
     return Result(
         scenario=scenario.to_dict(),
         finished=pending == 0 and outbox == 0 and answers.sent == expected,
@@ -313,6 +334,7 @@ def measure(
         dead_letters=dead_letters,
         pool_events=sum(sum(c.counts.values()) for c in collectors.values()),
         activations=activations,
+        cost=Bill(scenario.cost, usage),
         follow_ups=spawned,
         seeded=seeded,
         pools=results,
@@ -509,23 +531,27 @@ def _no_loss(
 
 def _store_checks(
     runtime: ToolRuntime, pool: WorkerPool, collector: Collector
-) -> tuple[int, list[str]]:
+) -> tuple[int, list[str], int]:
     """Guarantee 4 (counters, docs/guarantees.md) from the store, its alarm and work
     indexes, and the event stream agreeing; returns the follow-ups still in the pool's
-    outboxes, and the problems. Read for the instances the store or the events name (an
-    instance neither names has nothing to check)."""
+    outboxes, the problems, and the bytes of the keys and values the instances store
+    (the cost model's stored data). Read for the instances the store or the events name
+    (an instance neither names has nothing to check)."""
     problems: list[str] = []
-    outbox = 0
+    outbox = stored = 0
     with runtime.committed() as txn:
         named = set(used_instances(txn, pool.name)).union(collector.tracks)
         for index in sorted(named):
             state = read_instance(txn, pool.name, index)
             outbox += state.meta.outbox
             problems.extend(violations(state))
+            if state.meta.stored:
+                values = StoredValues(Namespace(pool.name, index)).items(txn)
+                stored += sum(len(item.key.encode()) + len(item.value) for item in values)
             track = collector.tracks.get(index) or InstanceTrack()
             if track.depth != state.meta.pending:
                 problems.append(
                     f"{state.name}: events say {track.depth} pending, store {state.meta.pending}"
                 )
         problems.extend(index_violations(txn, {pool.name: pool.concurrency}))
-    return outbox, problems
+    return outbox, problems, stored

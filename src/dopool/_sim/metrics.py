@@ -24,6 +24,7 @@ from math import isnan, nan
 from typing import Any, ClassVar
 
 from dopool._sim.columns import Key, Marks, Numbers, Steps, Times, put
+from dopool._sim.cost import Bill, Prices, Usage
 from dopool._sim.latency import Latency
 from dopool._store.layout.limits import PER_KEY
 from dopool._types import PoolEvent
@@ -192,6 +193,11 @@ class Collector:
         # Events stored before the run: those an app enqueued as it defined its pools (its
         # timers, say), which are neither arrivals nor follow-ups.
         self.seeded = 0
+        # What the cost model reads (dopool._sim.cost): the handlers' storage rows, and
+        # the attempts run from an alarm (a due time, or a retry's backoff).
+        self.rows_read = 0
+        self.rows_written = 0
+        self.alarms = 0
         self.order_violations: list[str] = []
         self.stalls: list[Stall] = []  # ended ones; see ``open_stalls`` for the others
         self.repeat_violations: list[str] = []
@@ -265,6 +271,8 @@ class Collector:
 
     def _idle(self, event: PoolEvent, track: InstanceTrack, time: float) -> None:
         """An attempt ended without a success: retried later, or its instance crashed."""
+        if event.rows_read is not None:
+            self.rows_read += event.rows_read
         if track.busy_since is not None:
             track.busy += time - track.busy_since
             track.busy_since = None
@@ -277,6 +285,10 @@ class Collector:
         index = event.instance_index
         track.busy_since = time
         track.started += 1
+        attempt = event.attempt
+        retried = attempt is not None and attempt > 1  # after its backoff
+        if retried or (self.delays and (index, sequence) in self.due_at):  # or at its due time
+            self.alarms += 1
         succeeded = self._succeeded[index]
         if sequence < len(succeeded) and not isnan(succeeded[sequence]):
             note(
@@ -307,6 +319,9 @@ class Collector:
         if track.busy_since is not None:  # _idle(), inline: hot
             track.busy += time - track.busy_since
             track.busy_since = None
+        if event.rows_read is not None:
+            self.rows_read += event.rows_read
+            self.rows_written += event.rows_written or 0
         if event.kind == "succeeded":
             succeeded = self._succeeded[index]
             size = len(succeeded)
@@ -571,6 +586,7 @@ class Result:
     activations: Activations = field(
         default=Activations(0, 0, 0, 0.0, 0.0), kw_only=True
     )  # instances started and evicted
+    cost: Bill = field(default=Bill(Prices(), Usage()), kw_only=True)  # on Cloudflare
     # For plots only; not part of the JSON document.
     delayed: int = field(default=0, kw_only=True)  # arrivals stored with a delay
     depth_series: list[Steps] = field(repr=False, compare=False)  # per instance
@@ -666,6 +682,7 @@ class Result:
             "pauses": self.pauses,
             "max_queue_depth": self.max_depth,
             "activations": self.activations.to_json_dict(),
+            "cost": self.cost.to_json_dict(),
             **({"pools": [p.to_json_dict() for p in self.pools]} if len(self.pools) > 1 else {}),
             **({"end_to_end": self.requests.to_json_dict()} if self.requests else {}),
             "alarm_policy": self.alarm_policy,

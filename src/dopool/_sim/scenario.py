@@ -6,7 +6,7 @@ can find it in the file or the flag that set it. :mod:`dopool._sim.loading`
 makes a scenario from a TOML file, a built-in name or flags.
 
 The TOML layout mirrors the dataclasses: top-level fields, one table per
-section (``[partitions]``, ``[service]``, ``[retry]``, ``[faults]``), the
+section (``[partitions]``, ``[service]``, ``[retry]``, ``[faults]``, ``[cost]``), the
 arrivals as one ``[arrivals]`` table or several ``[[arrivals]]``, the pools as
 ``[[pools]]`` (see :mod:`dopool._sim.pools`), and arrays of tables for
 ``[[pauses]]``, ``[[kills]]`` and ``[[assert]]`` (the gates: ``assert`` is a
@@ -25,6 +25,7 @@ from typing import Any, Literal
 from dopool._engine.options import DEFAULT_IDLE_TIMEOUT
 from dopool._errors import ScenarioError
 from dopool._sim.checks import choice, number, text
+from dopool._sim.cost import Prices
 from dopool._sim.pools import (
     POOL_FIELDS,
     Pool,
@@ -63,6 +64,7 @@ __all__ = [
     "Kill",
     "Partitions",
     "Pause",
+    "Prices",
     "Retry",
     "Scenario",
     "Service",
@@ -95,6 +97,7 @@ SECTIONS: dict[str, type[Any]] = {
     "service": Service,
     "retry": Retry,
     "faults": Faults,
+    "cost": Prices,
 }
 LISTS: dict[str, type[Any]] = {"pauses": Pause, "kills": Kill}
 APP_PARAMS = "app.params"  # the app's table: its function, and the parameters it is given
@@ -140,6 +143,7 @@ class Scenario:
         app_params: keyword arguments of the app's function (``[app] params`` in a
             file, ``app.NAME`` on the command line), TOML values.
         asserts: the gates checked on the run's figures (``[[assert]]`` in a file).
+        cost: the prices the run's bill is reckoned at (``[cost]``, :mod:`dopool._sim.cost`).
     """
 
     name: str = "custom"
@@ -164,6 +168,7 @@ class Scenario:
     service: Service = field(default_factory=Service)
     retry: Retry = field(default_factory=Retry)
     faults: Faults = field(default_factory=Faults)
+    cost: Prices = field(default_factory=Prices)
     pools: tuple[PoolTable, ...] = ()
     app: str | None = None
     app_params: dict[str, Any] = field(default_factory=dict)

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from dopool._errors import MAX_DELAY, ScenarioError
 from dopool._sim import gates
-from dopool._sim.checks import assign, choice, number, probability, text
+from dopool._sim.checks import Section, assign, choice, number, probability, text
 from dopool._store.layout.limits import MAX_CONCURRENCY, MAX_PARTITION_KEY_BYTES
 
 ROUTINGS = ("round-robin", "partition")
@@ -49,34 +49,6 @@ MAX_LIVELOCK_PROBABILITY = 0.5
 
 
 # -- the sections -----------------------------------------------------------------
-class Section:
-    """A table of the scenario: its checks name fields as ``<section>.<field>``."""
-
-    section: ClassVar[str]
-
-    def __post_init__(self) -> None:
-        try:
-            self._check()
-        except ScenarioError as exc:
-            raise exc.within(self.section) from None
-
-    def _check(self) -> None:
-        """Validate the section's fields; each section overrides this."""
-
-    #: Fields that are arrays of tables (``[[arrivals.phases]]``), and the class of an item.
-    arrays: ClassVar[dict[str, type[Any]]] = {}
-    #: Fields :meth:`to_dict` leaves out while unset (None or empty): the scenarios
-    #: that do not use them read, as TOML and as JSON, as they did before them.
-    sparse: ClassVar[tuple[str, ...]] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        """Every field but the unset sparse ones; arrays of tables as lists of dicts."""
-        result = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
-        for name in self.arrays:
-            result[name] = [{f.name: getattr(i, f.name) for f in fields(i)} for i in result[name]]
-        return {k: v for k, v in result.items() if k not in self.sparse or v not in (None, [])}
-
-
 @dataclass(frozen=True, kw_only=True)
 class Phase:
     """A phase of ``process = "phases"``: ``duration`` seconds at ``rate``, or ramping

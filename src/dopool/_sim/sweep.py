@@ -21,7 +21,6 @@ import itertools
 import math
 import multiprocessing
 import os
-import re
 import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
@@ -31,14 +30,22 @@ from typing import Any
 
 from dopool._errors import ConfigurationError, DopoolError, ScenarioError
 from dopool._sim.driver import run
-from dopool._sim.figures import DESCRIPTIONS, figures
+from dopool._sim.figures import NAMES, figures
 from dopool._sim.ignored import ignored
 from dopool._sim.interrupt import interrupt_workers, worker_setup
 from dopool._sim.loading import numeric_fields, parse_value, with_overrides, with_seed
 from dopool._sim.scenario import NO_APP, Scenario
 
 #: The table's columns unless chosen: what compares two designs at a glance.
-DEFAULT_FIGURES = ("utilisation", "mean", "p99", "throughput", "dead_lettered", "pending")
+DEFAULT_FIGURES = (
+    "utilisation",
+    "mean",
+    "p99",
+    "throughput",
+    "dead_lettered",
+    "pending",
+    "cost.month",
+)
 CONFIDENCE = 0.95
 MAX_VALUES = 1000  # per axis: a range that expands further is refused
 MAX_RUNS = 10_000  # points x seeds
@@ -246,25 +253,18 @@ def grid(axes: Sequence[Axis]) -> list[tuple[Any, ...]]:
 
 
 def check_figures(names: Sequence[str], flag: str = "--sweep-figures") -> tuple[str, ...]:
-    """The figure names as given, each one a name of :data:`DESCRIPTIONS`.
-
-    A described name with a placeholder (``<pool>.p99``) admits any name in its
-    place (``orders.p99``); whether a run measures it is known only after the run.
+    """The figure names as given, each one a name a figure may have
+    (:data:`~dopool._sim.figures.NAMES`): a pool's (``orders.p99``) and the end-to-end
+    ones (``e2e.p99``) too; whether a run measures it is known only after the run.
     """
-    known = list(DESCRIPTIONS)
-    patterns = [_pattern(key) for key in known]
+    known = list(NAMES)
     for name in names:
-        if not any(pattern.fullmatch(name) for pattern in patterns):
+        if name not in NAMES:
             hint = _close(name, known)
             raise SweepError(f"{flag}: '{name}' is not a figure{hint}; see docs/simulate.md")
     if not names:
         raise SweepError(f"{flag}: no figure named")
     return tuple(names)
-
-
-def _pattern(key: str) -> re.Pattern[str]:
-    """A described name as a pattern: a placeholder such as ``<pool>`` stands for any name."""
-    return re.compile(re.sub(r"<[^<>.]+>", "[^.]+", re.escape(key)))
 
 
 def _close(name: str, known: list[str]) -> str:
@@ -286,8 +286,13 @@ def value_text(value: Any) -> str:
 
 
 def unit(name: str) -> str:
-    """How a figure reads: ``"s"`` (seconds), ``"%"`` (a share), ``"/s"`` (a rate), or ``""``."""
+    """How a figure reads: ``"s"`` (seconds), ``"%"`` (a share), ``"/s"`` (a rate), ``"$"``
+    (US dollars), or ``""``."""
     parts = name.split(".")
+    if parts[0] == "cost":
+        return "$"
+    if parts[0] == "active":  # instances running: a count
+        return ""
     if "utilisation" in parts:
         return "%"
     if parts[-1] in {"mean", "p50", "p95", "p99", "max", "virtual_time"}:
