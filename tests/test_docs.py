@@ -487,9 +487,6 @@ def flags_shown() -> dict[str, set[str]]:
 
 
 def flags_taken(command: str) -> set[str]:
-    if command == "chaos":  # argparse, in the harness
-        source = (ROOT / "src" / "dopool" / "_chaos" / "harness.py").read_text(encoding="utf-8")
-        return {"-h", "--help", *re.findall(r'add_argument\(\s*"(--[\w-]+)"', source)}
     assert isinstance(cli, click.Group)
     options = [param for param in cli.commands[command].params if isinstance(param, click.Option)]
     return {name for option in options for name in (*option.opts, *option.secondary_opts)} | {

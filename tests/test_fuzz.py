@@ -39,7 +39,7 @@ from dopool._store.layout import (
     read_outbox,
 )
 
-FIXTURE = Path(__file__).parent / "support" / "fixtures" / "store-v10"
+FIXTURE = Path(__file__).parent / "support" / "fixtures" / "store-v11"
 # The fixture's records, by what they are (see tests/support/fixtures/make_store.py).
 META = Namespace("orders", 1).prefix + b"m"
 QUEUED = Namespace("orders", 1).queue_key(-2, 4, 1000.0)
@@ -53,6 +53,8 @@ PENDING = {(0, 3): {"id": 5, "tags": ["x", "y"]}, (1, 3): {"id": 3, "blob": b"\x
 PENDING[1, 4] = {"id": 4}
 PENDING[1, 5] = {"refund_of": 9}
 PENDING[0, 4] = {"id": 10}  # scheduled for 1030.0: runs once the clock passes it
+# invoices:0's event 12, sequence 3, waits out a retry's backoff (until 1060.0).
+RETRIED = (0, 3, {"id": 12, "flaky": True})
 
 FUZZ = settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -173,19 +175,25 @@ def _problems(path: Path) -> list[Any]:
 
 
 def _run(path: Path) -> list[tuple[int, int, Any]]:
-    """Open the store, resume its pools, run them to the end: what orders' handler saw."""
+    """Open the store, resume its pools, run them to the end: what orders' handler saw
+    (invoices' sees its event in backoff run again, or nothing if that one is damaged)."""
     seen: list[tuple[int, int, Any]] = []
+    retried: list[tuple[int, int, Any]] = []
 
     def handler(ctx: EventContext) -> None:
         seen.append((ctx.instance_index, ctx.sequence, ctx.event))
 
+    def billing(ctx: EventContext) -> None:
+        retried.append((ctx.instance_index, ctx.sequence, ctx.event))
+
     runtime = Runtime(path, clock=SimulatedClock(5000.0), seed=0)
     try:
         pool = runtime.define("orders", execute=handler, concurrency=2)
-        invoices = runtime.define("invoices", execute=lambda ctx: None)
+        invoices = runtime.define("invoices", execute=billing)
         pool.resume()
         assert invoices.join(timeout=10)
         assert pool.join(timeout=10)
+        assert retried in ([], [RETRIED])
         return seen
     finally:
         runtime.close()
@@ -294,9 +302,14 @@ def test_a_flipped_bit_in_any_record_is_found_and_never_run(
 
 def test_the_fixture_holds_every_kind_of_record_for_the_flips() -> None:
     """Follow-ups between pools included: a mark of another pool's source, an outbox
-    entry for another pool, a meta whose links name another pool's instances; and stored
-    values, one named by its key and one by a digest."""
+    entry for another pool, a meta whose links name another pool's instances; stored
+    values, one named by its key and one by a digest; and a failure's traceback, in a dead
+    letter and in the meta of an instance whose event waits out a retry's backoff."""
     keys = [key for key, _ in RECORDS]
+    found = dict(RECORDS)
+    assert read_dead(DEAD, found[DEAD]).traceback
+    assert read_meta(INVOICES.meta_key, found[INVOICES.meta_key]).last_traceback
+    assert INVOICES.queue_key(0, 3, 1000.0) in keys  # that event
     stored = StoredValues(Namespace("orders", 1))
     assert {stored.key("billed"), stored.key("é" * 200 + "x")} <= set(keys)
     assert INVOICES.mark_prefix + b"orders\x00" + (1).to_bytes(8, "big") in keys
@@ -315,10 +328,14 @@ FLIP_SCRIPT = textwrap.dedent(
         if expected.get((ctx.instance_index, ctx.sequence)) != ctx.event:
             print("RAN A DAMAGED EVENT", ctx.instance_index, ctx.sequence, ctx.event)
             sys.exit(4)
+    def billing(ctx):
+        if (ctx.instance_index, ctx.sequence, ctx.event) != (0, 3, {"id": 12, "flaky": True}):
+            print("RAN A DAMAGED EVENT", "invoices", ctx.sequence, ctx.event)
+            sys.exit(4)
     try:
         with Runtime(sys.argv[1], clock=SimulatedClock(5000.0)) as runtime:
             pool = runtime.define("orders", execute=handler, concurrency=2)
-            invoices = runtime.define("invoices", execute=lambda ctx: None)
+            invoices = runtime.define("invoices", execute=billing)
             pool.resume()
             joined = invoices.join(timeout=20) and pool.join(timeout=20)
             print("joined" if joined else "timed out")

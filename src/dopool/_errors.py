@@ -36,6 +36,7 @@ Exceptions carry their data as attributes and build their own message.
 from __future__ import annotations
 
 import math
+import traceback
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -107,6 +108,7 @@ class FilterError(ConfigurationError):
 #: outcomes"): an exception carrying a whole response body would otherwise be stored in the
 #: meta record at each retry, in the dead letter, and in every event and trace line.
 MAX_ERROR_TEXT = 4096
+MAX_TRACEBACK_TEXT = 8192  # characters of a failure's traceback kept, its end
 
 
 def failed(failure: BaseException) -> str:
@@ -119,6 +121,19 @@ def failed(failure: BaseException) -> str:
     if len(text) <= MAX_ERROR_TEXT:
         return text
     return f"{text[:MAX_ERROR_TEXT]}... ({len(text) - MAX_ERROR_TEXT} more characters)"
+
+
+def failure_traceback(failure: BaseException) -> str:
+    """The traceback a failed attempt keeps (a dead letter's, ``pool.event``'s): as Python
+    prints it, its last ``MAX_TRACEBACK_TEXT`` characters (the innermost frames and the
+    exception) when it is longer, and UTF-8 as :func:`failed`'s text is."""
+    text = "".join(traceback.format_exception(failure)).rstrip("\n")
+    if not text.isascii():
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) <= MAX_TRACEBACK_TEXT:
+        return text
+    cut = len(text) - MAX_TRACEBACK_TEXT
+    return f"({cut} characters of the traceback left out)\n{text[cut:]}"
 
 
 def shown(value: Any) -> str:

@@ -211,6 +211,7 @@ class DeadLetter:
     priority: int = 0
     damaged: bool = False
     dedup_key: str | None = None
+    traceback: str | None = None  # the last failure's, as Python printed it (cut: its end)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +239,7 @@ class EventInfo:
     partition_key: str | None
     priority: int
     dedup_key: str | None
+    traceback: str | None = None  # the last failure's, while in backoff or dead-lettered
 
 
 @dataclass(frozen=True, slots=True)

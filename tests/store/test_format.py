@@ -1,11 +1,12 @@
 """The store format: its version record, its pinned layout, the migrations of formats 1
-to 9, and stores that are refused."""
+to 10, and stores that are refused."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
 import shutil
+import traceback
 from pathlib import Path
 
 import lmdb
@@ -19,6 +20,7 @@ from dopool import (
     StoreDamagedError,
     StoreFormatError,
 )
+from dopool._errors import MAX_TRACEBACK_TEXT, failure_traceback
 from dopool._ops.check import check_store
 from dopool._ops.storeview import open_view
 from dopool._store.environment import Store
@@ -57,13 +59,17 @@ from dopool._store.layout import (
     parse_dedup_key,
     parse_work_entry,
     pool_key,
+    read_dead,
     read_dedup,
     read_lifecycle,
+    read_meta,
     read_outbox,
     read_stored,
     seal,
+    seal_dead,
     seal_event,
     seal_format,
+    seal_meta,
     seal_outbox,
     unpack,
     work_entry_key,
@@ -82,7 +88,8 @@ FIXTURE_6 = FIXTURES / "store-v6"  # format 6, written at commit a59b992 (make_s
 FIXTURE_7 = FIXTURES / "store-v7"  # format 7, written at commit eb274bf (make_store.py then)
 FIXTURE_8 = FIXTURES / "store-v8"  # format 8, written at commit 3719304 (make_store.py then)
 FIXTURE_9 = FIXTURES / "store-v9"  # format 9, written at commit a2b332a (make_store.py then)
-FIXTURE_10 = FIXTURES / "store-v10"  # format 10, make_store.py
+FIXTURE_10 = FIXTURES / "store-v10"  # format 10, written at commit e50d88c (make_store.py then)
+FIXTURE_11 = FIXTURES / "store-v11"  # format 11, make_store.py
 OWNER = "host-4121-0a1b2c3d"  # the worker the lease and presence of store-v6 and v7 name
 # The events the fixtures of formats 1 and 2 (and format 3, at 1000.0) hold pending.
 ID_5 = EventRecord(b"\x82\xa2id\x05\xa4tags\x92\xa1x\xa1y", 1000.0, "bob", 9)
@@ -93,6 +100,18 @@ REFUND_9 = OutboxRecord("orders", 1, 0, b"\x81\xa9refund_of\t", 1000.0, "alice",
 POISON = DeadRecord(
     b"\x82\xa2id\x02\xa6poison\xc3", "PermanentError: poisoned", 1, 1000.0, 1000.0, "bob", 3, False
 )
+# The tracebacks store-v11 keeps, of make_store.py's handler (compiled as "<fixture>"): the
+# poisoned event's, dead-lettered, and invoices' event 12's, in backoff.
+POISON_TRACE = """\
+Traceback (most recent call last):
+  File "<fixture>", line 24, in handle
+  File "<fixture>", line 13, in poison
+fixture.PermanentError: poisoned"""
+FLAKY_TRACE = """\
+Traceback (most recent call last):
+  File "<fixture>", line 26, in handle
+  File "<fixture>", line 17, in fetch
+fixture.Unavailable: upstream timed out fetching 12"""
 
 
 def copy(fixture: Path, tmp_path: Path) -> Path:
@@ -111,8 +130,8 @@ def records(path: Path) -> dict[bytes, bytes]:
 
 
 def test_the_fixture_of_this_format_is_the_current_version() -> None:
-    assert FORMAT_VERSION == 10
-    assert records(FIXTURE_10)[b"F"] == seal_format(b"F")
+    assert FORMAT_VERSION == 11
+    assert records(FIXTURE_11)[b"F"] == seal_format(b"F")
 
 
 def pools(found: dict[bytes, bytes]) -> list[bytes]:
@@ -129,6 +148,11 @@ def nines(before: dict[bytes, bytes], after: dict[bytes, bytes]) -> list[bytes]:
     """What format 9's step changes: the pool records, the metas, and the marks (moved)."""
     metas = [key for key in after if key[:1] == b"I" and key.endswith(b"\x00m")]
     return [*pools(before), *metas, *marks(before), *marks(after)]
+
+
+def dead_letters(found: dict[bytes, bytes]) -> list[bytes]:
+    """The dead letters' keys: format 11 gives each record a field (the traceback)."""
+    return [key for key in found if key[:1] == b"I" and key.split(b"\x00")[1][:1] == b"d"]
 
 
 def outbox(found: dict[bytes, bytes]) -> list[bytes]:
@@ -188,7 +212,7 @@ def test_the_format_4_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert index.get(txn, "order-1") == DedupRecord("order-1", 1, 0, 0, 0, 1000.0, 1000.0)
             assert index.count_expiries(txn) == 2
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 10, 27)
+            assert (report.ok, report.format_version, report.records) == (True, 11, 27)
             indexed = EventIndex(zero)
             assert [indexed.locate(txn, n) for n in (3, 4, 0)] == [
                 Located(zero.queue_key(9, 3, 1000.0), False),
@@ -205,7 +229,8 @@ def test_the_format_4_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
     events = [key for key in before if key[:1] == b"I" and key.split(b"\x00")[1][:1] in b"qw"]
     assert (len(metas), len(events)) == (3, 4)  # two pending events on each of orders
     assert len(entries(path)) == 4
-    # events: expires_at; the outbox entry: format 7's due
+    # events: expires_at; the outbox entry: format 7's due; the dead letter: format 11's
+    # traceback
     assert set(changed) == {
         b"F",
         *metas,
@@ -214,6 +239,7 @@ def test_the_format_4_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
         *outbox(before),
         *indexes(path),
         *nines(before, after),
+        *dead_letters(before),
     }
 
 
@@ -265,7 +291,8 @@ def _only_metas_and_the_outbox_changed(
     assert len(metas) == 3
     assert len(outbox(before)) == 1
     indexed = [key for key in after if key[:1] in (b"A", b"U")]  # format 8's indexes
-    assert set(changed) == {b"F", *metas, *outbox(before), *indexed, *nines(before, after)}
+    dead = dead_letters(before)  # format 11's traceback
+    assert set(changed) == {b"F", *metas, *outbox(before), *indexed, *nines(before, after), *dead}
 
 
 # -- the committed store of format 7 ----------------------------------------------------
@@ -308,7 +335,7 @@ def test_the_format_7_fixture_decodes_to_exactly_what_was_written(tmp_path: Path
                 ("orders", 0, LeaseRecord(OWNER, 4121, "host", 2, 1030.0))
             ]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 10, 49)
+            assert (report.ok, report.format_version, report.records) == (True, 11, 49)
     finally:
         store.close()
 
@@ -327,7 +354,7 @@ def test_the_format_7_fixture_gains_exactly_the_index_entries_of_its_metas(
     after = records(path)
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     work = [work_entry_key("invoices", 0), work_entry_key("orders", 0), work_entry_key("orders", 1)]
-    assert set(changed) == {b"F", *work, *nines(before, after)}
+    assert set(changed) == {b"F", *work, *nines(before, after), *dead_letters(before)}
     assert [after[key] for key in work] == [b"", b"", b""]
     eight = copy(FIXTURE_8, tmp_path / "8")
     Store(eight).close()
@@ -344,8 +371,10 @@ def test_the_format_8_fixture_gains_the_whole_pool_pause_in_its_pool_records(
     record a last field, ``paused`` (false: format 8 paused instances one by one), each
     meta a last field, ``key`` (nil: no pool had an instance per key), and each delivery
     mark's key an 8-byte source index, and changes nothing else but the format record
-    (and format 10's step, every meta's ``stored``). make_store.py's format-9 version
-    paused orders as a whole, so store-v9, migrated alike, differs from it there alone."""
+    (and the later steps: format 10's, every meta's ``stored``, and format 11's, every
+    meta's ``last_traceback`` and every dead letter's ``traceback``). make_store.py's
+    format-9 version paused orders as a whole, so store-v9, migrated alike, differs from it
+    there alone."""
     path = copy(FIXTURE_8, tmp_path)
     before = records(path)
     assert before[b"F"][4:] == bytes([0x91, 8])
@@ -353,7 +382,7 @@ def test_the_format_8_fixture_gains_the_whole_pool_pause_in_its_pool_records(
     Store(path).close()  # opening migrates it
     after = records(path)
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-    assert set(changed) == {b"F", *nines(before, after)}
+    assert set(changed) == {b"F", *nines(before, after), *dead_letters(before)}
     assert len(marks(before)) == len(marks(after)) == 3  # each moved, none lost
     for mark in marks(before):
         assert mark not in after
@@ -395,8 +424,10 @@ def test_the_format_9_fixture_gains_a_count_of_stored_values_in_its_metas(
 ) -> None:
     """store-v9, written by the format-9 code: the migration to format 10 gives each meta
     a last field, ``stored`` (0: no instance had storage of its own), and changes nothing
-    else but the format record. make_store.py now stores three values in orders:1's
-    storage, so store-v10 differs from it there alone: those records and that meta."""
+    else but the format record (and format 11's step: each meta's ``last_traceback`` and
+    each dead letter's ``traceback``, nil). make_store.py's format-10 version stored three
+    values in orders:1's storage, so store-v10, migrated alike, differs from it there
+    alone: those records and that meta."""
     path = copy(FIXTURE_9, tmp_path)
     before = records(path)
     assert before[b"F"][4:] == bytes([0x91, 9])
@@ -404,26 +435,30 @@ def test_the_format_9_fixture_gains_a_count_of_stored_values_in_its_metas(
     try:
         with store.read() as txn:
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 10, 49)
+            assert (report.ok, report.format_version, report.records) == (True, 11, 49)
     finally:
         store.close()
     after = records(path)
     changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
     metas = [key for key in before if key[:1] == b"I" and key.endswith(b"\x00m")]
-    assert len(metas) == 3
-    assert changed == {b"F", *metas}
+    dead = dead_letters(before)
+    assert (len(metas), len(dead)) == (3, 1)
+    assert changed == {b"F", *metas, *dead}
     for meta in metas:
-        assert fields(meta, after) == [*fields(meta, before), 0]
-    ten = records(FIXTURE_10)
+        assert fields(meta, after) == [*fields(meta, before), 0, None]
+    assert fields(dead[0], after) == [*fields(dead[0], before), None]
+    ten_path = copy(FIXTURE_10, tmp_path / "10")
+    Store(ten_path).close()
+    ten = records(ten_path)
     meta = Namespace("orders", 1).meta_key
     assert len(stored(ten)) == 3
     assert {k: v for k, v in ten.items() if k not in {meta, *stored(ten)}} == {
         k: v for k, v in after.items() if k != meta
-    }  # what make_store.py writes today, byte for byte, but orders:1's storage
-    assert fields(meta, ten) == [*fields(meta, after)[:-1], 3]
+    }  # what make_store.py wrote at format 10, byte for byte, but orders:1's storage
+    assert fields(meta, ten) == [*fields(meta, after)[:-2], 3, None]
 
 
-# -- the current format: an instance's own storage ---------------------------------------
+# -- the committed store of format 10 ---------------------------------------------------
 
 LONG = "é" * 200  # 400 bytes of UTF-8: the longest storage key named as it is
 
@@ -450,9 +485,59 @@ def test_the_format_10_fixture_decodes_to_exactly_what_was_written(tmp_path: Pat
             assert (Namespace("orders", 1).load_meta(txn).stored, one.count(txn)) == (3, 3)
             assert (Namespace("orders", 0).load_meta(txn).stored, zero.count(txn)) == (0, 0)
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 10, 52)
+            assert (report.ok, report.format_version, report.records) == (True, 11, 52)
     finally:
         store.close()
+
+
+def test_the_format_10_fixture_gains_a_nil_traceback_in_its_dead_letters_and_metas(
+    tmp_path: Path,
+) -> None:
+    """store-v10, written by the format-10 code: the migration to format 11 gives each dead
+    letter a last field, ``traceback``, and each meta a last field, ``last_traceback``, both
+    nil (format 10 kept no traceback), and changes nothing else but the format record.
+    make_store.py now dead-letters the poisoned event with its traceback and leaves
+    invoices' event 12 in backoff after a failure, so store-v11 differs from it there alone:
+    that traceback, and that event's record, its index and alarm entries and its meta."""
+    path = copy(FIXTURE_10, tmp_path)
+    before = records(path)
+    assert before[b"F"][4:] == bytes([0x91, 10])
+    store = Store(path)  # opening migrates it
+    try:
+        with store.read() as txn:
+            report = check_store(txn)
+            assert (report.ok, report.format_version, report.records) == (True, 11, 52)
+            zero = Namespace("orders", 0)
+            assert [dead.traceback for _, dead in zero.iter_dead_letters(txn)] == [None]
+    finally:
+        store.close()
+    after = records(path)
+    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    metas = [key for key in before if key[:1] == b"I" and key.endswith(b"\x00m")]
+    dead = dead_letters(before)
+    assert (len(metas), len(dead)) == (3, 1)
+    assert changed == {b"F", *metas, *dead}
+    for key in [*metas, *dead]:
+        assert fields(key, after) == [*fields(key, before), None]
+    eleven = records(FIXTURE_11)
+    invoices = Namespace("invoices", 0)
+    added = {
+        invoices.queue_key(0, 3, 1000.0),  # event 12
+        invoices.prefix + b"n" + (3).to_bytes(8, "big"),  # its index entry
+        alarm_entry_key(1060.0, "invoices", 0),  # its retry
+    }
+    assert added.isdisjoint(after)
+    assert {k for k in after.keys() | eleven.keys() if after.get(k) != eleven.get(k)} == {
+        *added,
+        *dead,
+        invoices.meta_key,
+    }  # what make_store.py writes today, byte for byte, but those
+    assert fields(dead[0], eleven) == [*fields(dead[0], after)[:-1], POISON_TRACE]
+    assert fields(invoices.meta_key, after)[-1] is None
+    assert fields(invoices.meta_key, eleven)[-1] == FLAKY_TRACE
+
+
+# -- an instance's own storage (format 10) -----------------------------------------------
 
 
 def test_the_keys_and_records_of_stored_values_have_their_documented_bytes(
@@ -550,6 +635,149 @@ def test_stored_values_are_listed_in_key_order_though_long_keys_sort_by_digest(
         store.close()
 
 
+# -- the current format: a failure's traceback -------------------------------------------
+
+
+def test_the_format_11_fixture_decodes_to_exactly_what_was_written(tmp_path: Path) -> None:
+    """The poisoned event's dead letter keeps its traceback, and invoices:0's meta, its event
+    12 waiting out a retry's backoff, keeps that failure's as ``last_traceback``, as
+    make_store.py's handler raised them (compiled as ``<fixture>``, from the handler's frame
+    on); a read-only view's dead letters and ``pool.event()`` give them back."""
+    path = copy(FIXTURE_11, tmp_path)
+    assert records(path)[b"F"][4:] == bytes([0x91, 11])
+    zero, one, invoices = (
+        Namespace(*where) for where in [("orders", 0), ("orders", 1), ("invoices", 0)]
+    )
+    queued = invoices.queue_key(0, 3, 1000.0)
+    store = Store(path)
+    try:
+        with store.read() as txn:
+            assert list(zero.iter_dead_letters(txn)) == [
+                (0, POISON._replace(dedup_key="order-2", traceback=POISON_TRACE))
+            ]
+            assert invoices.load_meta(txn) == Meta(
+                tail=4,
+                pending=1,
+                enqueued=4,
+                succeeded=3,
+                alarm=1060.0,
+                current=queued,
+                attempt=1,
+                retry_at=1060.0,
+                outbox_next=2,
+                outbox=1,
+                priorities={0: 1},
+                links={"orders:0": 1, "orders:1": 1},
+                last_due=1000.0,
+                last_error="Unavailable: upstream timed out fetching 12",
+                last_started=1000.0,
+                last_traceback=FLAKY_TRACE,
+            )
+            assert invoices.get_event(txn, queued) == EventRecord(
+                b"\x82\xa2id\x0c\xa5flaky\xc3", 1000.0, None, 0
+            )
+            assert EventIndex(invoices).locate(txn, 3) == Located(queued, False)
+            assert [ns.load_meta(txn).last_traceback for ns in (zero, one)] == [None, None]
+            report = check_store(txn)
+            assert (report.ok, report.format_version, report.records) == (True, 11, 55)
+    finally:
+        store.close()
+    with open_view(path) as view:
+        assert [dead.traceback for dead in view.dead_letters("orders")] == [POISON_TRACE]
+    with Runtime.simulated(path, start=1000.0) as runtime:  # nothing drives its clock
+        orders = runtime.define(
+            "orders", execute=lambda ctx: None, concurrency=2, keep_finished=3600.0
+        )
+        poisoned = orders.event("orders:0:0")
+        assert poisoned is not None
+        assert (poisoned.state, poisoned.traceback) == ("dead_lettered", POISON_TRACE)
+        flaky = runtime.define("invoices", execute=lambda ctx: None).event("invoices:0:3")
+        assert flaky is not None
+        assert (flaky.state, flaky.retry_at, flaky.traceback) == ("backoff", 1060.0, FLAKY_TRACE)
+
+
+def raised(message: str) -> BaseException:
+    """A failure raised two calls deep, as a handler's would be."""
+
+    def inner() -> None:
+        raise ValueError(message)
+
+    def outer() -> None:
+        inner()
+
+    try:
+        outer()
+    except ValueError as exc:
+        return exc
+    raise AssertionError("not raised")
+
+
+def printed(failure: BaseException) -> str:
+    """The traceback as Python prints it, without its last newline."""
+    return "".join(traceback.format_exception(failure)).removesuffix("\n")
+
+
+def test_a_short_traceback_is_kept_whole_as_python_prints_it() -> None:
+    failure = raised("deep")
+    kept = failure_traceback(failure)
+    assert kept == printed(failure)
+    assert kept.startswith("Traceback (most recent call last):\n")
+    assert kept.endswith("\nValueError: deep")
+    assert 0 < kept.index(", in outer\n") < kept.index(", in inner\n")  # outermost first
+    # A lone surrogate, which UTF-8 cannot hold, is kept as its escape.
+    assert failure_traceback(raised("\udcff")).endswith("\nValueError: \\udcff")
+
+
+def test_a_traceback_over_the_limit_keeps_its_end_and_says_how_much_was_left_out() -> None:
+    """Its last ``MAX_TRACEBACK_TEXT`` characters (the innermost frames and the exception),
+    after a first line saying how many characters before them were left out."""
+    fill = MAX_TRACEBACK_TEXT - len(printed(raised("")))  # ": " and then the message
+    at_the_limit = raised("x" * (fill - 2))
+    assert len(printed(at_the_limit)) == MAX_TRACEBACK_TEXT
+    assert failure_traceback(at_the_limit) == printed(at_the_limit)
+    for over in (1, 10_000):
+        failure = raised("x" * (fill - 2 + over))
+        whole = printed(failure)
+        assert len(whole) == MAX_TRACEBACK_TEXT + over
+        note, kept = failure_traceback(failure).split("\n", 1)
+        assert note == f"({over} characters of the traceback left out)"
+        assert kept == whole[over:]
+        assert len(kept) == MAX_TRACEBACK_TEXT
+
+
+def test_a_traceback_that_is_not_a_str_is_damaged(tmp_path: Path) -> None:
+    """A dead letter's ``traceback`` and a meta's ``last_traceback`` are a str or nil; a dead
+    letter without one (format 10's layout) is damaged too. In a store, such a dead letter
+    is listed as damaged and ``dopool check`` names its field."""
+    key = Namespace("p", 0).dead_letter_key(0)
+    dead = POISON._replace(dedup_key="order-2", traceback=POISON_TRACE)
+    assert read_dead(key, seal_dead(key, dead)) == dead
+    assert read_dead(key, seal_dead(key, dead._replace(traceback=None))).traceback is None
+    for raw, reason in [
+        (seal(key, pack([*dead[:-1], POISON_TRACE.encode()])), "field 'traceback' is b'Trace"),
+        (seal(key, pack([*dead[:-1], 1])), "field 'traceback' is 1"),
+        (seal(key, pack(list(dead[:-1]))), "not an array of 10 fields"),
+    ]:
+        with pytest.raises(DamagedRecordError, match=reason):
+            read_dead(key, raw)
+    meta_key = Namespace("p", 0).meta_key
+    meta = Meta(last_error="ValueError: deep", last_traceback="Traceback")
+    assert read_meta(meta_key, seal_meta(meta_key, meta)).last_traceback == "Traceback"
+    laid = list(unpack(open_sealed(meta_key, seal_meta(meta_key, meta))))
+    with pytest.raises(DamagedRecordError, match="field 'last_traceback' is 7"):
+        read_meta(meta_key, seal(meta_key, pack([*laid[:-1], 7])))
+    path = copy(FIXTURE_11, tmp_path)
+    at = Namespace("orders", 0).dead_letter_key(0)
+    with raw_env(path) as env, env.begin(write=True) as txn:
+        txn.put(at, seal(at, pack([*dead[:-1], 7])))
+    with open_view(path) as view:
+        [listed] = view.dead_letters("orders")
+        assert (listed.damaged, listed.traceback) == (True, None)
+        assert [problem.what for problem in view.check().problems] == [
+            "damaged: field 'traceback' is 7"
+        ]
+
+
 def test_the_keys_of_the_alarm_and_work_indexes_have_their_documented_bytes() -> None:
     """``A <due:8> <pool> \\0 <index:u64>`` and ``U <pool> \\0 <index:u64>``."""
     alarm = alarm_entry_key(2.5, "orders", 7)
@@ -621,7 +849,7 @@ def _the_fixture_of_format_5_reads_as_written(path: Path, *, records: int) -> No
             )
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 10, records)
+            assert (report.ok, report.format_version, report.records) == (True, 11, records)
             assert list(Namespace("invoices", 0).iter_outbox(txn)) == [(1, REFUND_9)]
     finally:
         store.close()
@@ -754,7 +982,7 @@ def test_the_format_3_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 10, 22)
+            assert (report.ok, report.format_version, report.records) == (True, 11, 22)
     finally:
         store.close()
     after = records(path)
@@ -865,7 +1093,7 @@ def test_the_format_2_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 10, 20)
+            assert (report.ok, report.format_version, report.records) == (True, 11, 20)
     finally:
         store.close()
     after = records(path)
@@ -974,8 +1202,8 @@ def test_a_format_2_store_built_by_hand_keeps_its_order_and_its_backoff(
         runtime = Runtime(path, clock=clock)
     try:
         # 9 to format 4; its meta again, an index entry for each of 4 events, and the 3
-        # sound ones rewritten (expires_at); its meta once more to format 10
-        assert "migrated from format 2 to 10 (23 records rewritten)" in caplog.text
+        # sound ones rewritten (expires_at); its meta once more to format 10 and to 11
+        assert "migrated from format 2 to 11 (24 records rewritten)" in caplog.text
         ns = Namespace("h", 0)
         with runtime._store.read() as txn:
             meta = ns.load_meta(txn)
@@ -1172,8 +1400,8 @@ def test_a_format_1_outbox_is_migrated_and_delivered_exactly_once(
     with caplog.at_level(logging.INFO, logger="dopool"):
         runtime = Runtime(path, clock=SimulatedClock(2000.0), seed=7)
     try:
-        # 9 to format 4, and both metas again (no event is pending), and to format 10
-        assert "migrated from format 1 to 10 (20 records rewritten)" in caplog.text
+        # 9 to format 4, and both metas again (no event is pending), to format 10 and to 11
+        assert "migrated from format 1 to 11 (22 records rewritten)" in caplog.text
         with runtime._store.read() as txn:
             zero, one = Namespace("orders", 0), Namespace("orders", 1)
             assert zero.load_meta(txn).links == {"orders:1": 2}

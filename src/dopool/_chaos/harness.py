@@ -5,10 +5,11 @@
     dopool chaos --processes --seeds 40 [--start N] [--jobs J]  # real processes
     dopool chaos --processes --seed S [--keep]        # one seed's plan again
 
-(``python -m chaos`` in the repository is the same.) ``--processes`` runs the
-multi-process mode (:mod:`dopool._chaos.procs`): producer processes, ``dopool
-worker`` processes SIGKILLed and restarted, writers frozen holding the store's writer
-lock; a replay runs the same plan, not the same interleavings.
+The command, :func:`chaos`, is a click command like every ``dopool`` command; ``dopool
+chaos`` registers it, and ``python -m chaos`` in the repository runs it through
+:func:`main`. ``--processes`` runs the multi-process mode (:mod:`dopool._chaos.procs`):
+producer processes, ``dopool worker`` processes SIGKILLed and restarted, writers frozen
+holding the store's writer lock; a replay runs the same plan, not the same interleavings.
 
 Prints a progress line now and then and a summary of scenarios, events,
 executions, crashes, restarts and violations (with ``--processes``, also the big
@@ -18,13 +19,13 @@ broke an invariant, after printing, for each such seed, the command that replays
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+
+import click
 
 from dopool._chaos.procs import seed as procs
 from dopool._chaos.procs.plan import draw as draw_plan
@@ -34,57 +35,122 @@ from dopool._chaos.scenario import generate
 from dopool._sim.interrupt import interruptible
 
 PROGRESS_EVERY = 5.0  # wall seconds between progress lines
+USAGE_EXIT = 2  # a bad flag, as every dopool command exits
+INTERRUPTED_EXIT = 128 + 2  # as a shell reports a process that SIGINT ended
 
 
-class _Parser(argparse.ArgumentParser):
-    """Usage errors as one line, as every dopool command has them (not usage, then error)."""
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--seeds",
+    type=int,
+    default=200,
+    show_default=True,
+    metavar="N",
+    help="how many scenarios to run",
+)
+@click.option("--start", type=int, default=0, show_default=True, metavar="S", help="the first seed")
+@click.option("--seed", type=int, default=None, metavar="S", help="run only this seed (a replay)")
+@click.option(
+    "--trace",
+    type=click.Path(path_type=Path),
+    default=None,
+    metavar="FILE",
+    help="with --seed: write the runtime trace here",
+)
+@click.option(
+    "--jobs",
+    type=int,
+    default=1,
+    show_default=True,
+    metavar="J",
+    help="worker processes (long mode)",
+)
+@click.option("--verbose", is_flag=True, help="with --seed: print the scenario and its history")
+@click.option(
+    "--processes",
+    is_flag=True,
+    help="the multi-process mode: producer processes and dopool workers, SIGKILLed",
+)
+@click.option("--keep", is_flag=True, help="with --processes --seed: keep the run's directory")
+@click.pass_context
+def chaos(
+    ctx: click.Context,
+    seeds: int,
+    start: int,
+    seed: int | None,
+    trace: Path | None,
+    jobs: int,
+    verbose: bool,
+    processes: bool,
+    keep: bool,
+) -> None:
+    """Run the chaos harness: seeded scenarios under fault plans, invariants checked.
 
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"Error: {message} (see '{self.prog} --help')\n")
+    \b
+    dopool chaos --seeds N [--start S] [--jobs J]     runs seeds S .. S+N-1
+    dopool chaos --seed S [--trace FILE] [--verbose]  replays one seed exactly
+    dopool chaos --processes --seeds N [--start S] [--jobs J]
+                                     the same with producer and worker processes
+    dopool chaos --processes --seed S [--keep]        one seed's plan again
+
+    Prints progress, then a summary of scenarios, events, executions, crashes,
+    restarts and violations. Exits 1 if a scenario broke an invariant, after the
+    command that replays each such seed.
+    """
+
+    def refuse(message: str) -> None:
+        raise click.UsageError(message, ctx)
+
+    if processes and trace is not None:
+        refuse("--trace is for the in-process mode (--processes keeps records instead)")
+    if keep and not (processes and seed is not None):
+        refuse("--keep needs --processes --seed")
+    if trace is not None and (trace.is_dir() or not trace.resolve().parent.is_dir()):
+        refuse(f"--trace {str(trace)!r}: not a file in a directory that exists")
+    if seed is None and trace is not None:
+        refuse("--trace needs --seed")
+    if seed is None and (seeds < 1 or jobs < 1):
+        refuse("--seeds and --jobs must be at least 1")
+    ctx.exit(_run(range(start, start + seeds), seed, trace, jobs, verbose, processes, keep))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="dopool chaos", description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--seeds", type=int, default=200, help="how many scenarios to run")
-    parser.add_argument("--start", type=int, default=0, help="the first seed")
-    parser.add_argument("--seed", type=int, help="run only this seed (a replay)")
-    parser.add_argument("--trace", type=Path, help="with --seed: write the runtime trace here")
-    parser.add_argument("--jobs", type=int, default=1, help="worker processes (long mode)")
-    parser.add_argument(
-        "--verbose", action="store_true", help="with --seed: print the scenario and its history"
-    )
-    parser.add_argument(
-        "--processes",
-        action="store_true",
-        help="the multi-process mode: producer processes and dopool workers, SIGKILLed",
-    )
-    parser.add_argument(
-        "--keep", action="store_true", help="with --processes --seed: keep the run's directory"
-    )
-    args = parser.parse_args(argv)
-    if args.processes and args.trace is not None:
-        parser.error("--trace is for the in-process mode (--processes keeps records instead)")
-    if args.keep and not (args.processes and args.seed is not None):
-        parser.error("--keep needs --processes --seed")
-    if args.trace is not None and (args.trace.is_dir() or not args.trace.resolve().parent.is_dir()):
-        parser.error(f"--trace {str(args.trace)!r}: not a file in a directory that exists")
-    if args.seed is None and args.trace is not None:
-        parser.error("--trace needs --seed")
-    if args.seed is None and (args.seeds < 1 or args.jobs < 1):
-        parser.error("--seeds and --jobs must be at least 1")
+    """``python -m chaos``: :func:`chaos` on ``argv`` (the process's arguments if None);
+    its exit status. A bad flag is one ``Error: ...`` line on stderr and ``SystemExit(2)``,
+    as ``dopool chaos`` has it."""
     try:
-        if args.seed is not None:
-            if args.processes:
-                return _replay_processes(args.seed, keep=args.keep, verbose=args.verbose)
+        code = chaos.main(argv, prog_name="dopool chaos", standalone_mode=False)
+    except click.UsageError as exc:
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        print(f"Error: {exc.format_message()}{hint}", file=sys.stderr)
+        raise SystemExit(USAGE_EXIT) from None
+    return int(code or 0)
+
+
+def _run(
+    seeds: range,
+    seed: int | None,
+    trace: Path | None,
+    jobs: int,
+    verbose: bool,
+    processes: bool,
+    keep: bool,
+) -> int:
+    """The run the flags ask for, its exit status: 0 passed, 1 an invariant broke, 130
+    stopped by Ctrl-C (after one line on stderr)."""
+    try:
+        if seed is not None:
+            if processes:
+                return _replay_processes(seed, keep=keep, verbose=verbose)
             with interruptible() as interrupt:
-                code = _replay(args.seed, args.trace, verbose=args.verbose)
+                code = _replay(seed, trace, verbose=verbose)
             interrupt.check()
             return code
-        jobs = min(args.jobs, args.seeds)  # a process per seed at most, not --jobs of them
-        return _long(range(args.start, args.start + args.seeds), jobs, processes=args.processes)
+        jobs = min(jobs, len(seeds))  # a process per seed at most, not --jobs of them
+        return _long(seeds, jobs, processes=processes)
     except KeyboardInterrupt:
         print("Error: interrupted: the chaos run stopped before its end", file=sys.stderr)
-        return 128 + 2  # as a shell reports a process that SIGINT ended
+        return INTERRUPTED_EXIT
 
 
 def _replay_processes(seed: int, *, keep: bool, verbose: bool) -> int:

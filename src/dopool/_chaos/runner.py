@@ -41,6 +41,7 @@ from dopool._chaos.result import Result
 from dopool._chaos.scenario import POOL, SECOND_POOL, Scenario, Step, generate
 from dopool._chaos.snapshot import InstanceSnapshot, read_store, stored_id
 from dopool._clock.clocks import SimulatedClock
+from dopool._engine import logs
 from dopool._engine.context import EventContext
 from dopool._errors import (
     ConfigurationError,
@@ -116,9 +117,11 @@ class Runner(Calls):
 
     # -- the run ---------------------------------------------------------------------
     def run(self) -> Result:
-        """Run the scenario; its store goes, whatever happens (Ctrl-C too)."""
+        """Run the scenario; its store goes, whatever happens (Ctrl-C too). Its planned
+        failures and crashes are not logged: the result tells them."""
         try:
-            return self._run()
+            with logs.modelled():
+                return self._run()
         finally:
             shutil.rmtree(self._directory, ignore_errors=True)
 

@@ -22,8 +22,8 @@ try:
     import rich  # noqa: F401 - checked here; the modules below use it
 except ImportError as exc:  # the console script, installed without the ``cli`` extra
     raise SystemExit(
-        f"Error: the dopool command line needs click and rich ({exc.name} is missing): "
-        "pip install 'dopool[cli]'"
+        f"Error: the dopool command line needs click and rich ({exc.name} is missing), "
+        "dopool's 'cli' extra (pip install '.[cli]' in dopool's source tree)"
     ) from None
 
 from dopool._cli import (

@@ -168,6 +168,10 @@ def _print_dead_letters(
                 Text(f"· {attempts} · failed {_when(letter.failed_at)}{key}"),
             )
             out.print(Text(f"  error: {_clean(letter.error)}"), soft_wrap=True)
+            if letter.traceback is not None:
+                out.print(Text("  traceback:"))
+                for line in letter.traceback.splitlines():
+                    out.print(Text(f"    {_clean(line)}", style="dim"), soft_wrap=True)
             if letter.damaged:
                 out.print(Text("  damaged record: never redriven", style="red"))
             out.print(Text(f"  event: {_clean(_short(letter.event, 200))}"), soft_wrap=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from dopool._cluster.leases import DEFAULT_LEASE_TTL, check_lease_ttl
 from dopool._engine.slots import DEFAULT_MAX_ACTIVE, check_max_active
 from dopool._engine.wakeups import DEFAULT_POLL_INTERVAL, check_poll_interval
 from dopool._errors import ConfigurationError, StoreLockedError
+from dopool._ops.logs import LOG_FORMATS, configure
 from dopool._ops.worker import (
     DEFAULT_GRACE,
     EXIT_STOPPED,
@@ -68,6 +68,11 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
     "--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True,
     help="the level of the log lines written to stderr",
 )  # fmt: skip
+@click.option(
+    "--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True,
+    help="text lines, or one JSON object a line (time, level, logger, message, the event's "
+    "fields, traceback)",
+)  # fmt: skip
 def worker(
     app: str,
     store: Path,
@@ -78,6 +83,7 @@ def worker(
     max_active: int | None,
     grace: float,
     log_level: str,
+    log_format: str,
 ) -> None:
     """Run the pools APP defines on the store, in this process, until SIGTERM, SIGINT or SIGHUP.
 
@@ -103,11 +109,7 @@ def worker(
             check(value)
         except ConfigurationError as exc:
             raise CliUsageError(f"{flag}: {exc}") from None
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure(log_level, log_format)
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` would: the app's project importable
     with signals() as wait:

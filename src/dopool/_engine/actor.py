@@ -21,6 +21,7 @@ from typing import Any, cast
 import pykka
 
 from dopool._clock.threads import Future, Inbox
+from dopool._engine import logs
 from dopool._engine.cells import Cell, Cells
 from dopool._engine.context import EventContext
 from dopool._engine.mailbox import fail_reply
@@ -49,6 +50,7 @@ from dopool._errors import (
     PermanentError,
     StorageError,
     StoreClosedError,
+    failure_traceback,
 )
 from dopool._machine.types import Effects, Started
 from dopool._store.layout import EventRecord, Meta, OutboxRecord, queue_key_sequence, unpack
@@ -260,6 +262,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             supervisor.arm_restart()
         fail_reply(message, InstanceCrashedError(self._id))
         self._fail_taken(None)
+        logs.instance_crashed(self._id, reason, delay)
         self.stop()  # after the message in hand; the drained inbox holds nothing else
 
     # -- enqueue -----------------------------------------------------------
@@ -360,11 +363,16 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
                     ran(returned, "the handler", PermanentError)
             except BaseException as exc:  # SystemExit too: a handler never takes the actor down
                 failure = exc
+                if exc.__traceback__ is not None:  # from the handler's frame on, not ours
+                    exc.__traceback__ = exc.__traceback__.tb_next
         follow_ups, writes, rows = ctx._end()  # a context kept for later adds nothing now
         self._fault_point("after_execute", "crash_after_execute")
         now = self._clock.now()
         effects = Effects()
         machine = self._machine
+
+        retry_at: list[float | None] = [None]  # a failure's: when it is retried (None: dead)
+        trace = None if failure is None else failure_traceback(failure)  # outside the lock
 
         def body(txn: Txn) -> tuple[Meta, Started | None]:
             # Callers that waited for the handler commit with its outcome.
@@ -386,7 +394,8 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
                 )
             else:
                 read = None if rows is None else rows.read
-                machine.fail(txn, meta, key, record, failure, now, effects, read)
+                machine.fail(txn, meta, key, record, failure, now, effects, read, trace)
+                retry_at[0] = meta.retry_at if meta.current == key else None
             self._accept(txn, meta, now, effects)
             machine.rearm(meta, now)
             started = machine.take_alarm(txn, meta, now, effects) if go_on else None
@@ -395,6 +404,11 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
 
         meta, started = self._transact(body)
         self._publish(meta, effects)
+        if failure is None:
+            logs.attempt_succeeded(self._id, sequence, attempt)
+        else:
+            assert trace is not None
+            logs.attempt_failed(self._id, sequence, attempt, failure, retry_at[0], trace)
         return started
 
     # -- recovery ------------------------------------------------------------

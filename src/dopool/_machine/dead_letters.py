@@ -137,9 +137,10 @@ class DeadLetters:
         fx: Effects,
         state: EventState = "dead_lettered",
         rows_read: int | None = None,
+        trace: str | None = None,
     ) -> None:
         """Move the event at ``key``, its record ``record``, to the dead letters after
-        ``attempts``, failed with ``error`` (:meth:`bury`)."""
+        ``attempts``, failed with ``error`` and its traceback ``trace`` (:meth:`bury`)."""
         dead = DeadRecord(
             record.event,
             error,
@@ -150,6 +151,7 @@ class DeadLetters:
             record.priority,
             False,
             record.dedup_key,
+            trace,
         )
         self.bury(txn, meta, key, queue_key_sequence(key), dead, now, fx, state, rows_read)
 

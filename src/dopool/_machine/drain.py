@@ -48,7 +48,7 @@ def drain(ns: Namespace, txn: Txn, meta: Meta, now: float, instance: str) -> int
         meta.current = None
         meta.attempt = 0
         meta.retry_at = None
-        meta.last_error = None
+        meta.last_error = meta.last_traceback = None
     drained = count - meta.pending
     meta.drained += drained
     rearm(meta, now)

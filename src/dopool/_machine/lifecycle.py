@@ -10,6 +10,7 @@ and an expiry key per remembered finished one); the semantics are in docs/api.md
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import suppress
 
 from dopool._errors import DamagedRecordError, EventIdError
 from dopool._machine.alarm import rearm
@@ -112,9 +113,17 @@ def lookup(
             record.partition_key,
             priority,
             record.dedup_key,
+            meta.last_traceback if current else None,
         )
     done = events.finished(txn, sequence)
+    key = ns.dead_letter_key(sequence)
+    raw = txn.get(key)
     if done is not None and done.finished_at + keep_finished > now:
+        # A dead letter still held keeps its traceback; one damaged tells none.
+        dead = None
+        if raw is not None:
+            with suppress(DamagedRecordError):
+                dead = read_dead(key, raw)
         return EventInfo(
             ident,
             pool,
@@ -131,9 +140,8 @@ def lookup(
             done.partition_key,
             done.priority,
             done.dedup_key,
+            None if dead is None else dead.traceback,
         )
-    key = ns.dead_letter_key(sequence)
-    raw = txn.get(key)
     if raw is None:
         return None
     dead = read_dead(key, raw)
@@ -153,6 +161,7 @@ def lookup(
         dead.partition_key,
         dead.priority,
         dead.dedup_key,
+        dead.traceback,
     )
 
 

@@ -20,7 +20,13 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
-from dopool._errors import DamagedRecordError, DopoolError, QueueFullError, StorageError, failed
+from dopool._errors import (
+    DamagedRecordError,
+    DopoolError,
+    QueueFullError,
+    StorageError,
+    failed,
+)
 from dopool._machine.alarm import delivery_failed, rearm, wake
 from dopool._machine.dead_letters import DeadLetters
 from dopool._machine.dedup import Dedup, keyed, merge
@@ -380,9 +386,11 @@ class QueueMachine:
         now: float,
         fx: Effects,
         rows_read: int | None = None,
+        trace: str | None = None,
     ) -> None:
         """Settle a failed attempt of the current event: schedule a retry or dead-letter it.
-        ``rows_read``: the storage rows its handler read (none it wrote is committed)."""
+        ``rows_read``: the storage rows its handler read (none it wrote is committed);
+        ``trace``: the failure's traceback, kept while in backoff and by the dead letter."""
         sequence = queue_key_sequence(key)
         error = failed(failure)
         attempt, rules = meta.attempt, self._rules
@@ -390,11 +398,12 @@ class QueueMachine:
         delay = next_delay(failure, attempt, rules.max_attempts, rules.retry, draw)
         if delay is None:
             self._dead.bury_event(
-                txn, meta, key, record, error, attempt, now, fx, rows_read=rows_read
+                txn, meta, key, record, error, attempt, now, fx, rows_read=rows_read, trace=trace
             )
             return
         meta.retry_at = now + delay
         meta.last_error = error
+        meta.last_traceback = trace
         retry = self.event("retry_scheduled", now, sequence, attempt, error, rows_read=rows_read)
         fx.events.append(retry)
 
@@ -420,7 +429,7 @@ class QueueMachine:
             meta.current = None
             meta.attempt = 0
             meta.retry_at = None
-            meta.last_error = None
+            meta.last_error = meta.last_traceback = None
 
     # -- recovery ----------------------------------------------------------------------
     def recover(self, txn: Txn, meta: Meta, restarts: int, now: float, fx: Effects) -> None:

@@ -180,6 +180,7 @@ def dead_letter_from_record(index: int, sequence: int, dead: DeadRecord) -> Dead
         priority=dead.priority,
         damaged=dead.damaged,
         dedup_key=dead.dedup_key,
+        traceback=dead.traceback,
     )
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from dopool._clock.clocks import SimulatedClock
+from dopool._engine import logs
 from dopool._errors import (
     ConfigurationError,
     EventTooLargeError,
@@ -111,7 +112,9 @@ def run(
             )
     wall = time.perf_counter()
     try:
-        with fewer_collections(), interruptible() as interrupt:
+        # The report, the trace and the dead letters tell the failures and crashes a run
+        # has (its scenario's or its app's): none is logged.
+        with fewer_collections(), interruptible() as interrupt, logs.modelled():
             result = _run(scenario, path, trace, progress, interrupt, temporary is not None)
     finally:
         if temporary is not None:

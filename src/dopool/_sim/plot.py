@@ -36,7 +36,10 @@ class PlotUnavailableError(ConfigurationError):
     """matplotlib is not installed."""
 
     def __init__(self) -> None:
-        super().__init__("--plot needs matplotlib: pip install 'dopool[plot]'")
+        super().__init__(
+            "--plot needs matplotlib, dopool's 'plot' extra "
+            "(pip install '.[plot]' in dopool's source tree)"
+        )
 
 
 def check_available() -> None:

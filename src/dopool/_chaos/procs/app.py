@@ -23,6 +23,7 @@ import time
 
 from dopool._chaos.procs.plan import POOL, RETRY, Behaviour, draw
 from dopool._chaos.procs.records import Record
+from dopool._engine import logs
 from dopool._engine.context import EventContext
 from dopool._errors import PermanentError
 from dopool._handles.runtime import Runtime
@@ -42,6 +43,8 @@ class PlannedFailure(RuntimeError):
 def define(runtime: Runtime) -> None:
     die_with(int(os.environ["DOPOOL_CHAOS_PARENT"]))
     faulthandler.register(DUMP, all_threads=True)  # a stuck run's stacks, in worker-<g>.err
+    # The plan's failures are not logged (any other line at WARNING is a violation).
+    logs.leave_out((PlannedFailure, PermanentError), crashes=False)
     plan = draw(int(os.environ["DOPOOL_CHAOS_SEED"]))
     record = Record(os.environ["DOPOOL_CHAOS_RECORD"])
     pipe = int(os.environ["DOPOOL_CHAOS_FD"])

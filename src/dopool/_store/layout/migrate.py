@@ -58,6 +58,9 @@ instances (:mod:`dopool._cluster.units`), which for every pool format 8 could ho
 Format 9 → 10: an instance has storage of its own (``v <name>`` keys): the meta gains
 ``stored`` (0), since no instance of format 9 had any.
 
+Format 10 → 11: a failed attempt keeps its traceback: each dead letter gains a last field,
+``traceback``, and the meta gains ``last_traceback``, both nil (format 10 kept none).
+
 A record that fails the older format's checks is not rewritten (a record that moves
 to a new key moves with its bytes as found): the new format's checks then find it
 damaged, as the old ones would have. The caller commits the transaction, or rolls it
@@ -86,6 +89,7 @@ from dopool._store.layout.keys import (
 from dopool._store.layout.namespace import Namespace, _iter_prefix
 from dopool._store.layout.records import (
     _DEAD_LAYOUT_3,
+    _DEAD_LAYOUT_10,
     _EVENT_LAYOUT_3,
     _EVENT_LAYOUT_4,
     _META_LAYOUT_2,
@@ -94,6 +98,7 @@ from dopool._store.layout.records import (
     _META_LAYOUT_6,
     _META_LAYOUT_8,
     _META_LAYOUT_9,
+    _META_LAYOUT_10,
     _OUTBOX_LAYOUT_6,
     Layout,
     PoolRecord,
@@ -120,7 +125,7 @@ _OUTBOX_LAYOUT_1: Layout = _OUTBOX_LAYOUT_6[1:]  # no "pool"
 
 
 def migrate_store(txn: Txn, found: int) -> int:
-    """Rewrite a store of format ``found`` (1 to 9) in ``txn`` as this format; how many
+    """Rewrite a store of format ``found`` (1 to 10) in ``txn`` as this format; how many
     records changed or were added (format 5 to 6 changes none but the format record)."""
     changed = _from_1(txn) if found == 1 else 0
     changed += _from_2(txn) if found <= 2 else 0
@@ -129,7 +134,8 @@ def migrate_store(txn: Txn, found: int) -> int:
     changed += _from_6(txn) if found <= 6 else 0
     changed += _from_7(txn) if found <= 7 else 0
     changed += _from_8(txn) if found <= 8 else 0
-    changed += _from_9(txn)
+    changed += _from_9(txn) if found <= 9 else 0
+    changed += _from_10(txn)
     txn.put(FORMAT_KEY, seal_format(FORMAT_KEY))
     return changed
 
@@ -385,3 +391,12 @@ def _from_9(txn: Txn) -> int:
     """Give every meta its count of stored values (0: no instance had storage); how many
     records changed."""
     return _append_fields(txn, {RecordKind.META: _META_LAYOUT_9}, [0], [])
+
+
+# -- format 10 to 11 -------------------------------------------------------------------
+
+
+def _from_10(txn: Txn) -> int:
+    """Give every dead letter and meta a traceback, nil; how many records changed."""
+    layouts = {RecordKind.META: _META_LAYOUT_10, RecordKind.DEAD_LETTER: _DEAD_LAYOUT_10}
+    return _append_fields(txn, layouts, [None], [None])

@@ -243,6 +243,7 @@ class DeadRecord(NamedTuple):
     priority: int
     damaged: bool = False
     dedup_key: str | None = None
+    traceback: str | None = None  # the last failure's (format 11), cut to MAX_TRACEBACK_TEXT
 
 
 class OutboxRecord(NamedTuple):
@@ -283,7 +284,8 @@ _DEAD_LAYOUT_3: Layout = (
     ("priority", _priority),
     ("damaged", _flag),
 )
-_DEAD_LAYOUT: Layout = (*_DEAD_LAYOUT_3, ("dedup_key", _text_or_none))
+_DEAD_LAYOUT_10: Layout = (*_DEAD_LAYOUT_3, ("dedup_key", _text_or_none))  # formats 4 to 10
+_DEAD_LAYOUT: Layout = (*_DEAD_LAYOUT_10, ("traceback", _text_or_none))
 _OUTBOX_LAYOUT_6: Layout = (  # formats 2 to 6
     ("pool", _pool_name),
     ("target", _instance),
@@ -444,6 +446,7 @@ class Meta:
     expired: int = 0  # of ``dead_lettered``, the events not started within their ttl
     remembered: int = 0  # finished events remembered (``f`` keys), for keep_finished
     last_error: str | None = None  # the current event's last failure, while in backoff
+    last_traceback: str | None = None  # and its traceback (format 11)
     last_started: float | None = None  # when the current event's last attempt started
     schedules: int = 0  # recurring schedules stored (``r`` keys: instance 0's only)
     next_fire: float | None = None  # the earliest fire time among them (the first ``t`` key)
@@ -507,7 +510,9 @@ _META_LAYOUT_8: Layout = (*_META_LAYOUT_6, ("schedules", _count), ("next_fire", 
 # Format 9's: format 8's, then a per-key pool's instance's partition key.
 _META_LAYOUT_9: Layout = (*_META_LAYOUT_8, ("key", _text_or_none))
 # Format 10's: format 9's, then the count of the instance's stored values.
-_META_LAYOUT: Layout = (*_META_LAYOUT_9, ("stored", _count))
+_META_LAYOUT_10: Layout = (*_META_LAYOUT_9, ("stored", _count))
+# Format 11's: format 10's, then the traceback of the current event's last failure.
+_META_LAYOUT: Layout = (*_META_LAYOUT_10, ("last_traceback", _text_or_none))
 _META_NAMES = tuple(name for name, _ in _META_LAYOUT)
 _meta_values = attrgetter(*_META_NAMES)  # every field in stored order, in one C call
 
