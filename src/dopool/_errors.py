@@ -150,12 +150,18 @@ class StoreNotFoundError(ConfigurationError):
     Attributes:
         path: the path given.
         reason: what was found instead.
+        waited: the seconds ``dopool.connect(wait=...)`` waited for one (0: none).
     """
 
-    def __init__(self, path: str, reason: str) -> None:
+    def __init__(self, path: str, reason: str, waited: float = 0.0) -> None:
         self.path = path
         self.reason = reason
-        super().__init__(f"no dopool store at {path!r}: {reason}")
+        self.waited = waited
+        after = f", after waiting {waited:g} s for one" if waited else ""
+        super().__init__(
+            f"no dopool store at {path!r}: {reason}{after} (a store is created by the first "
+            "`dopool worker APP --store PATH`, or `Runtime(PATH)`, opened on it)"
+        )
 
 
 class PoolNotFoundError(ConfigurationError):

@@ -239,3 +239,33 @@ class Pool(Protocol):
             FilterError: a bad filter, or ``where`` raised.
         """
         ...
+
+    def redrive(
+        self,
+        dead_letters: Iterable[DeadLetter] | None = None,
+        *,
+        index: int | None = None,
+        **filters: Unpack[FilterOptions],
+    ) -> int:
+        """Re-enqueue dead letters on their own instance, as new events; how many (a
+        damaged one never is).
+
+        All, or those that match everything given: the records in ``dead_letters``,
+        instance ``index``, the filters of :meth:`dead_letters`. One transaction per
+        instance.
+
+        Raises:
+            FilterError: a bad filter, or ``where`` raised; nothing was redriven.
+            ConfigurationError: not DeadLetter records, or an index of no instance.
+        """
+        ...
+
+    def purge_dead_letters(
+        self,
+        dead_letters: Iterable[DeadLetter] | None = None,
+        *,
+        index: int | None = None,
+        **filters: Unpack[FilterOptions],
+    ) -> int:
+        """Delete dead letters chosen as :meth:`redrive` chooses; how many. Counters stay."""
+        ...

@@ -558,9 +558,67 @@ def test_a_store_nobody_created_is_refused(tmp_path: Path) -> None:
     with pytest.raises(StoreNotFoundError) as caught:
         dopool.connect(tmp_path / "missing")
     assert caught.value.path == str(tmp_path / "missing")
+    assert caught.value.waited == 0
+    assert "created by the first `dopool worker APP --store PATH`, or `Runtime(PATH)`" in str(
+        caught.value
+    )
     with pytest.raises(StoreNotFoundError, match=r"data\.mdb"):
         dopool.connect(tmp_path)
     assert list(tmp_path.iterdir()) == []  # nothing created
+
+
+def test_connect_waits_for_a_store_a_worker_creates_beside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A web process up before the worker that creates the store: ``wait=`` looks again
+    until it is there, then connects as if it had been."""
+    from dopool._store import environment
+
+    store, looked = tmp_path / "store", threading.Event()
+    check = environment.check_store_path
+
+    def checked(path: Any) -> Path:
+        try:
+            return check(path)
+        finally:
+            looked.set()  # a first look was made: the store is created after it
+
+    monkeypatch.setattr(environment, "check_store_path", checked)
+    connected: list[dopool.Connection | BaseException] = []
+
+    def connect() -> None:
+        try:
+            connected.append(dopool.connect(store, wait=60.0))
+        except BaseException as exc:
+            connected.append(exc)
+
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    assert looked.wait(30.0)
+    with Runtime(store) as runtime:
+        runtime.define("jobs", execute=lambda ctx: None)
+        thread.join(30.0)
+        (connection,) = connected
+        assert isinstance(connection, dopool.Connection)
+        with connection:
+            assert connection.pool("jobs").enqueue("x").sequence == 0
+
+
+def test_connect_waits_no_longer_than_asked_and_says_so(tmp_path: Path) -> None:
+    with pytest.raises(StoreNotFoundError) as caught:
+        dopool.connect(tmp_path / "never", wait=0.2)
+    assert caught.value.waited == 0.2
+    assert "no such directory, after waiting 0.2 s for one" in str(caught.value)
+    (tmp_path / "file").write_text("not a store")
+    with pytest.raises(StoreNotFoundError, match="not a directory") as caught:
+        dopool.connect(tmp_path / "file", wait=5.0)  # nothing will make a file a store
+    assert caught.value.waited == 0
+
+
+@pytest.mark.parametrize("wait", [-1, float("nan"), float("inf"), True, "1", None])
+def test_a_bad_wait_is_refused(tmp_path: Path, wait: Any) -> None:
+    with pytest.raises(ConfigurationError, match="wait must be a number of seconds"):
+        dopool.connect(tmp_path, wait=wait)
 
 
 def test_a_store_a_runtime_must_migrate_is_refused_as_dopool_status_does(tmp_path: Path) -> None:

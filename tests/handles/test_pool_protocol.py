@@ -44,7 +44,8 @@ def public(handle: type) -> set[str]:
 def test_the_protocol_lists_what_both_handles_define() -> None:
     assert [
         *("cancel", "dead_letters", "drain", "enqueue", "enqueue_many", "event", "name"),
-        *("pause", "resume", "schedule", "schedules", "status", "storage", "unschedule"),
+        *("pause", "purge_dead_letters", "redrive", "resume", "schedule", "schedules"),
+        *("status", "storage", "unschedule"),
     ] == MEMBERS
     assert public(WorkerPool) & public(ProducerPool) == set(MEMBERS)
 

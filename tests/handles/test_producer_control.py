@@ -313,3 +313,51 @@ def test_a_producer_cancel_sweeps_nothing_the_owner_remembers(
     info = pool.event(done.event_id)
     assert info is not None
     assert info.state == "succeeded"
+
+
+def test_a_producer_redrives_dead_letters_and_the_live_owner_runs_them(
+    runtime: Runtime, connection: dopool.Connection
+) -> None:
+    """The producer's write alone (no poll comes) wakes the owner, which runs the
+    redriven events at once: those chosen by filter, instance or record, and no other."""
+    fixed = threading.Event()  # the handler's bug is fixed: nothing fails any more
+    ran: list[Any] = []
+    ran_cond = threading.Condition()
+
+    def execute(ctx: EventContext) -> None:
+        if not fixed.is_set():
+            raise (KeyError if ctx.event["n"] % 2 else ValueError)(ctx.event["n"])
+        with ran_cond:
+            ran.append(ctx.event["n"])
+            ran_cond.notify_all()
+
+    pool = runtime.define("jobs", execute=execute, concurrency=2)
+    jobs = connection.pool("jobs")
+    jobs.enqueue_many([{"n": n} for n in range(6)])
+    assert pool.join(TIMEOUT)
+    assert jobs.status().dead_lettered == 6
+    fixed.set()
+
+    def ran_now(expected: set[int]) -> None:
+        with ran_cond:
+            assert ran_cond.wait_for(lambda: expected <= set(ran), TIMEOUT), ran
+
+    assert jobs.redrive(error="KeyError") == 3  # n = 1, 3, 5
+    ran_now({1, 3, 5})
+    first, second, third = jobs.dead_letters()  # n = 0, 2, 4: all on one instance
+    assert jobs.redrive([first]) == 1
+    ran_now({1, 3, 5, first.event["n"]})
+    other = 1 - first.instance_index  # (round-robin starts anywhere: either instance)
+    assert jobs.purge_dead_letters(index=other) == 0
+    assert jobs.purge_dead_letters(index=first.instance_index, error="ValueError: 4") == 1
+    assert [letter.event["n"] for letter in jobs.dead_letters()] == [2]
+    assert jobs.purge_dead_letters() == 1
+    assert jobs.dead_letters() == []
+    assert pool.join(TIMEOUT)
+    assert sorted(ran) == [0, 1, 3, 5]  # nothing run twice, nothing purged run
+    assert (second.event["n"], third.event["n"]) == (2, 4)
+    status = pool.status()
+    assert (status.succeeded, status.pending, status.dead_lettered) == (4, 0, 6)
+    assert jobs.redrive() == jobs.purge_dead_letters() == 0
+    with pytest.raises(ConfigurationError, match="no instance 2"):
+        jobs.redrive(index=2)

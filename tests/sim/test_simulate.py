@@ -785,7 +785,9 @@ def test_storeview_refuses_what_is_not_a_store(tmp_path: Path) -> None:
         pass
 
 
-def test_acting_refuses_an_interrupted_attempt(tmp_path: Path) -> None:
+def test_acting_leaves_an_interrupted_attempt_to_the_next_runtime(tmp_path: Path) -> None:
+    """A redrive is a producer's write: an attempt a crash interrupted is no business of
+    it; the next runtime's recovery settles that by the pool's own retry policy."""
     store = tmp_path / "store"
     clock = SimulatedClock()
     with Runtime(store, clock=clock) as runtime:
@@ -796,8 +798,9 @@ def test_acting_refuses_an_interrupted_attempt(tmp_path: Path) -> None:
         crashed = tmp_path / "crashed"
         shutil.copytree(store / "data", crashed / "data")
         clock.run_until_idle()
-    with pytest.raises(ConfigurationError, match="interrupted attempt on instance 0"):
-        redrive(crashed, {"p": 1})
+    assert redrive(crashed, {"p": 1}) == {"p": (0, 0)}
+    with open_view(crashed) as view:
+        assert view.status("p", 1).instance(0).state == "processing"  # the runtime's to settle
 
 
 # -- the core stays free of the CLI's dependencies ----------------------------------------------

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from dopool._cli._terminal import _clean
-from dopool._errors import DopoolError, ScenarioError, StoreLockedError
+from dopool._errors import DopoolError, ScenarioError
 
 USAGE_EXIT = 2
 FAILURE_EXIT = 1
@@ -59,9 +59,5 @@ def _one_line() -> Iterator[None]:
         raise CliUsageError(exc.format_message() + hint) from None
     except ScenarioError as exc:
         raise CliUsageError(_clean(exc)) from None
-    except StoreLockedError as exc:
-        raise CliError(
-            f"{_clean(exc)}; stop that runtime first (--redrive and --purge need the store lock)"
-        ) from None
     except DopoolError as exc:
         raise CliError(_clean(exc)) from None

@@ -55,8 +55,8 @@ def _age(ctx: click.Context, param: click.Parameter, value: str | None) -> float
 @click.option(
     "--instance", type=click.IntRange(min=0), metavar="I", help="only instance I (needs --pool)"
 )
-@click.option("--redrive", "do_redrive", is_flag=True, help="re-enqueue them (needs the lock)")
-@click.option("--purge", "do_purge", is_flag=True, help="delete them (needs the lock)")
+@click.option("--redrive", "do_redrive", is_flag=True, help="re-enqueue them, as new events")
+@click.option("--purge", "do_purge", is_flag=True, help="delete them (the counters stay)")
 @click.option(
     "--limit",
     type=click.IntRange(min=0),
@@ -80,9 +80,10 @@ def dead_letters(
     """List the dead letters in the store at PATH, or --redrive or --purge them.
 
     Without a filter, every dead letter; with filters, those that match all of them.
-    Ages are measured from the wall clock. Listing is read-only. Acting takes the
-    store lock: stop the runtime that holds the store first. Redriven events run
-    when the pool's own runtime next opens the store.
+    Ages are measured from the wall clock. Listing is read-only. Acting works live,
+    beside the workers that hold the store, as dopool pause does: one write per
+    instance, its owner woken. Redriven events run at once where a worker serves their
+    instance, else when a runtime next opens the store.
     """
     if do_redrive and do_purge:
         raise CliUsageError("--redrive and --purge exclude each other")
@@ -210,6 +211,6 @@ def _act(
         if matched > count:
             notes.append(f"{matched - count:,} damaged: never redriven")
         if redrive_them and count:
-            notes.append("they run when the pool's runtime next opens the store")
+            notes.append("a worker serving their instances runs them")
         line = f"{verb} {count:,} dead letters of pool '{_clean(name)}'"
         click.echo(line + (f" ({'; '.join(notes)})" if notes else ""))

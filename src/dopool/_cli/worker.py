@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from dopool import metrics
 from dopool._cli._errors import CliError, CliUsageError
 from dopool._cli._terminal import _clean
 from dopool._cluster.leases import DEFAULT_LEASE_TTL, check_lease_ttl
@@ -31,6 +33,7 @@ from dopool._ops.worker import (
 from dopool._store.layout.limits import PER_KEY
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+METRICS_HOST = "127.0.0.1"  # loopback: who may scrape is the operator's choice to widen
 
 
 @click.command()
@@ -73,6 +76,15 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
     help="text lines, or one JSON object a line (time, level, logger, message, the event's "
     "fields, traceback)",
 )  # fmt: skip
+@click.option(
+    "--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
+    help="serve Prometheus metrics at http://HOST:PORT/metrics (the 'metrics' extra; 0: a "
+    "free port, printed)",
+)  # fmt: skip
+@click.option(
+    "--metrics-host", default=None, metavar="HOST",
+    help=f"the address --metrics-port listens on [default: {METRICS_HOST}]",
+)  # fmt: skip
 def worker(
     app: str,
     store: Path,
@@ -84,6 +96,8 @@ def worker(
     grace: float,
     log_level: str,
     log_format: str,
+    metrics_port: int | None,
+    metrics_host: str | None,
 ) -> None:
     """Run the pools APP defines on the store, in this process, until SIGTERM, SIGINT or SIGHUP.
 
@@ -109,7 +123,11 @@ def worker(
             check(value)
         except ConfigurationError as exc:
             raise CliUsageError(f"{flag}: {exc}") from None
+    if metrics_host is not None and metrics_port is None:
+        raise CliUsageError("--metrics-host: needs --metrics-port")
     configure(log_level, log_format)
+    # Listening before the app loads: a port taken, or no extra, and nothing has run.
+    scraped = None if metrics_port is None else _serve_metrics(metrics_host, metrics_port)
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` would: the app's project importable
     with signals() as wait:
@@ -123,6 +141,8 @@ def worker(
                 lease_ttl=lease_ttl,
                 max_active=max_active,
                 loading=wait.loading,
+                # Registered before the app defines its pools: their first events count.
+                opened=None if scraped is None else metrics.register,
             )
         except Interrupted as exc:
             _say(f"dopool worker: stopped ({exc.signal}) while loading the app; nothing served")
@@ -139,10 +159,33 @@ def worker(
             f"{runtime.max_active} active, pid {os.getpid()}, durability {durability}, "
             + ("exclusive" if exclusive else f"shared, lease ttl {lease_ttl:g} s"),
         )
+        if scraped is not None:
+            _say(f"dopool worker: metrics at {scraped}")
         stopped = serve(runtime, grace, wait, _stopping(grace))
     _say(_summary(stopped))
     if stopped.exit_code != EXIT_STOPPED:
         leave(stopped.exit_code)  # abandoned handlers' threads must not hold the exit
+
+
+def _serve_metrics(host: str | None, port: int) -> str:
+    """Serve the process default registry's metrics (where ``metrics.register`` puts the
+    runtime's) on ``host:port`` from a daemon thread; the URL scraped."""
+    try:
+        metrics.check_available()
+    except metrics.MetricsUnavailableError as exc:
+        raise CliUsageError(f"--metrics-port: {exc}") from None
+    host = METRICS_HOST if host is None else host
+    client = importlib.import_module("prometheus_client")
+    try:
+        server, _ = client.start_http_server(port, addr=host)
+    except OSError as exc:  # taken, not an address of this host, a name that resolves not
+        reason = exc.strerror or str(exc)
+        raise CliError(
+            f"--metrics-port {port}: cannot listen on {_clean(host)} port {port}: {reason}"
+        ) from None
+    bound: int = server.server_port
+    shown = _clean(host)
+    return f"http://{f'[{shown}]' if ':' in host else shown}:{bound}/metrics"
 
 
 def _stopping(grace: float) -> Callable[[str, list[str]], None]:

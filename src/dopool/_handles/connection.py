@@ -73,17 +73,27 @@ from dopool._engine.storage import ReadOnlyStorage
 from dopool._engine.wakeups import Notifier
 from dopool._errors import (
     ConfigurationError,
+    DamagedRecordError,
     DopoolError,
     PoolClosedError,
     PoolNotFoundError,
     StorageError,
+    shown,
 )
-from dopool._handles.filters import Filters, listed
+from dopool._handles.filters import Filters, by_instance, chosen, listed
 from dopool._handles.schedules import definition, read_schedules, schedule_info
 from dopool._machine.lifecycle import lookup, parse_event_id
 from dopool._machine.machine import QueueMachine
 from dopool._machine.status import Listing, read_pool_status
-from dopool._machine.types import DefineSchedule, Effects, Item, QueueRules, Unschedule
+from dopool._machine.types import (
+    DefineSchedule,
+    Effects,
+    Item,
+    Purge,
+    QueueRules,
+    Redrive,
+    Unschedule,
+)
 from dopool._machine.validation import (
     check_keyed,
     check_path,
@@ -112,15 +122,22 @@ DURABILITY_MODES = ("sync", "async")
 #: lock) before it raises :class:`StoreBusyError` (``connect(lock_timeout=)``).
 DEFAULT_LOCK_TIMEOUT = 10.0
 MAX_LOCK_TIMEOUT = 1e9  # (threads cannot wait much longer at once: threading.TIMEOUT_MAX)
+MAX_WAIT = 1e9  # the longest connect(wait=) waits for a store to be created
 
 
 def connect(
-    path: str | Any, *, durability: str = "sync", lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT
+    path: str | Any,
+    *,
+    durability: str = "sync",
+    lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
+    wait: float = 0.0,
 ) -> Connection:
     """Open the store at ``path`` to enqueue into its pools from this process.
 
     Args:
         path: a store directory a runtime created (``str`` or ``os.PathLike``).
+        wait: seconds to wait for that store to be created, by a worker starting
+            beside this process (a web container up first, say); 0: not at all.
         durability: ``"sync"`` (an enqueue is fsynced before it returns) or
             ``"async"`` (it survives a crash of the process, not of the OS).
         lock_timeout: seconds a write (an enqueue, a pause...) waits while another
@@ -128,12 +145,13 @@ def connect(
             nothing; None: as long as that takes.
 
     Raises:
-        StoreNotFoundError: no store at ``path``.
+        StoreNotFoundError: no store at ``path`` (after ``wait`` seconds): the message
+            says what creates one.
         StoreFormatError: a store of another format, or one a runtime must migrate first.
         StorageError: the store cannot be opened, or is damaged.
         ConfigurationError: a bad argument.
     """
-    return Connection(path, durability=durability, lock_timeout=lock_timeout)
+    return Connection(path, durability=durability, lock_timeout=lock_timeout, wait=wait)
 
 
 class Connection:
@@ -148,13 +166,15 @@ class Connection:
         *,
         durability: str = "sync",
         lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
+        wait: float = 0.0,
     ) -> None:
         check_path(path)
         if durability not in DURABILITY_MODES:
             raise ConfigurationError(f"durability must be 'sync' or 'async', got {durability!r}")
         self.durability = durability
         self._lock_timeout = check_lock_timeout(lock_timeout)
-        self._shared: Environment = open_shared(path, sync=durability == "sync")
+        wait = _check_wait(wait)
+        self._shared: Environment = open_shared(path, sync=durability == "sync", wait=wait)
         self.path: Path = Path(path)
         # An environment this process opened before, for a runtime, without fsync: sync
         # each commit here instead.
@@ -415,25 +435,28 @@ class ProducerPool(Pool):
         with self._connection.reading(self._name) as txn:
             concurrency = self._table(txn).concurrency  # PoolNotFoundError if none
         spec = definition(name, event, options, self._schema, concurrency)
-        return schedule_info(self._schedules_write(DefineSchedule(spec)))
+        return schedule_info(self._control_in(0, DefineSchedule(spec)))
 
     def unschedule(self, name: str) -> bool:
-        return bool(self._schedules_write(Unschedule(name)))
+        return bool(self._control_in(0, Unschedule(name)))
 
-    def _schedules_write(self, request: DefineSchedule | Unschedule) -> Any:
-        """Instance 0's schedules changed in one write transaction; then its owner woken."""
+    def _control_in(
+        self, index: int, request: DefineSchedule | Unschedule | Redrive | Purge
+    ) -> Any:
+        """``request`` made on instance ``index`` (its transition, as its owner would make
+        it) in one write transaction; then its owner woken; its answer."""
         now = self._connection.now()
 
         def body(txn: Txn) -> Any:
             self._table(txn)  # PoolNotFoundError for a store replaced
-            machine = self._machine(0)
+            machine = self._machine(index)
             meta = machine.namespace.load_meta(txn)
             result = machine.control(txn, meta, request, now, Effects())
             machine.namespace.save_meta(txn, meta)
             return result
 
         result = self._connection.write(self._name, body)  # (PoolClosedError if closed)
-        self._connection.notify(self._name, 0)
+        self._connection.notify(self._name, index)
         return result
 
     def schedules(self) -> list[ScheduleInfo]:
@@ -485,6 +508,56 @@ class ProducerPool(Pool):
     def cancel(self, event_id: str) -> bool:
         """As :meth:`Pool.cancel`; the owner emits no ``cancelled`` pool event for it."""
         return cancel(self._connection, self._name, event_id)
+
+    def redrive(
+        self,
+        dead_letters: Iterable[DeadLetter] | None = None,
+        *,
+        index: int | None = None,
+        **filters: Unpack[FilterOptions],
+    ) -> int:
+        """As :meth:`Pool.redrive`, beside the owner: one write transaction per instance,
+        then its owner woken to run what was re-enqueued."""
+        return self._act_on_dead_letters(Redrive, dead_letters, index, Filters.of(filters))
+
+    def purge_dead_letters(
+        self,
+        dead_letters: Iterable[DeadLetter] | None = None,
+        *,
+        index: int | None = None,
+        **filters: Unpack[FilterOptions],
+    ) -> int:
+        """As :meth:`Pool.purge_dead_letters`, beside the owner, as :meth:`redrive` is."""
+        return self._act_on_dead_letters(Purge, dead_letters, index, Filters.of(filters))
+
+    def _act_on_dead_letters(
+        self,
+        verb: type[Redrive | Purge],
+        dead_letters: Iterable[DeadLetter] | None,
+        index: int | None,
+        filters: Filters,
+    ) -> int:
+        """Choose (in read snapshots), then act on each instance's in its own transaction."""
+        self._connection.check_open(self._name)
+        with self._connection.reading(self._name) as txn:
+            concurrency = self._table(txn).concurrency  # PoolNotFoundError if none
+            if index is None:
+                indices = used_instances(txn, self._name)  # (one never used holds none)
+                holding = [i for i in indices if _holds_dead_letters(txn, self._name, i)]
+            else:
+                indices = holding = [_checked(self._name, concurrency, index)]
+        among = None
+        if dead_letters is not None:
+            name = "redrive" if verb is Redrive else "purge_dead_letters"
+            among = by_instance(dead_letters, partial(_checked, self._name, concurrency), name)
+        if among is None and not filters.given:
+            requests = {i: verb(None) for i in holding}
+        else:
+            read = partial(self._connection.reading, self._name)
+            now = self._connection.now()
+            picked = chosen(read, self._name, indices, filters, now, among)
+            requests = {i: verb(picked[i]) for i in sorted(picked)}
+        return sum(int(self._control_in(i, request)) for i, request in requests.items())
 
     # -- reading committed state -------------------------------------------------------
     def status(
@@ -614,6 +687,15 @@ def cancel(connection: Connection, pool: str, event_id: str) -> bool:
     return cancelled
 
 
+def _holds_dead_letters(txn: Txn, pool: str, index: int) -> bool:
+    """Whether instance ``index``'s meta says it holds dead letters (or is damaged: its
+    transition then says what is wrong)."""
+    try:
+        return Namespace(pool, index).load_meta(txn).held_dead_letters > 0
+    except DamagedRecordError:
+        return True
+
+
 def _checked(pool: str, concurrency: int, index: int) -> int:
     if isinstance(index, bool) or not isinstance(index, int):
         raise ConfigurationError(f"instance index must be an int, got {index!r}")
@@ -646,3 +728,12 @@ def check_lock_timeout(seconds: object) -> float | None:
 
 def _no_handler(_ctx: Any) -> None:
     raise AssertionError("a producer runs no handler")  # pragma: no cover
+
+
+def _check_wait(wait: object) -> float:
+    """``connect``'s ``wait``: seconds, at least 0 and at most ``MAX_WAIT``."""
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= MAX_WAIT:
+        raise ConfigurationError(
+            f"wait must be a number of seconds from 0 to {MAX_WAIT:g}, got {shown(wait)}"
+        )
+    return float(wait)

@@ -10,13 +10,10 @@ pool's or another's (:meth:`StoreView.follow_ups_to`). A store of format 1 is
 refused (``StoreFormatError``): read-only, it cannot be migrated; a runtime
 migrates it when it opens it.
 
-Acting on dead letters (:func:`redrive` and :func:`purge`) needs the store
-lock, like any runtime: it opens one on a :class:`~dopool.SimulatedClock` set
-to the wall-clock time, which never fires an alarm, so no event is executed by
-the stand-in handler, and the redriven events run when the pool's own runtime
-next opens the store. It defines only the chosen pools: a follow-up in their
-outboxes for another pool waits there, as it would for any runtime that does
-not define that pool (and a store of format 1 is migrated by opening it).
+Acting on dead letters (:func:`redrive` and :func:`purge`) goes through a producer's
+connection (``ProducerPool.redrive``, ``purge_dead_letters``): one write transaction per
+instance, its owner woken to run what was re-enqueued, live beside a runtime holding the
+store or without one (the events then run when a runtime next opens it).
 
 Both listing and acting take the dead-letter filters (:class:`~dopool._handles.filters.Filters`)
 and an instance; ages are measured from the wall clock (the stand-in runtime's clock
@@ -33,13 +30,12 @@ from typing import Any
 
 import lmdb
 
-from dopool._clock.clocks import RealClock, SimulatedClock
-from dopool._engine.context import EventContext
+from dopool._clock.clocks import RealClock
 from dopool._engine.storage import ReadOnlyStorage
-from dopool._errors import ConfigurationError, StorageError
+from dopool._errors import StorageError
+from dopool._handles.connection import connect
 from dopool._handles.filters import Filters, listed
 from dopool._handles.schedules import read_schedules
-from dopool._handles.tools import ToolRuntime
 from dopool._machine.status import Listing, read_pool_status
 from dopool._ops.check import CheckReport, check_store
 from dopool._store.environment import check_store_path, open_readonly
@@ -149,47 +145,22 @@ def open_view(path: str | os.PathLike[str]) -> Iterator[StoreView]:
         env.close()
 
 
-def _stand_in(ctx: EventContext) -> None:
-    raise AssertionError("a maintenance runtime never executes events")  # pragma: no cover
-
-
 def _act(
     path: str | os.PathLike[str], pools: dict[str, int], action: str, selection: Selection
 ) -> dict[str, tuple[int, int]]:
-    where = check_store_path(path)
+    index, filters = selection
+    chosen: dict[str, Any] = {
+        "error": filters.error,
+        "older_than": filters.older_than,
+        "partition_key": filters.partition_key,
+    }
     done: dict[str, tuple[int, int]] = {}
-    # The store lock first (StoreLockedError names the holder), then a check that no
-    # attempt awaits recovery: opening a pool recovers it, and an interrupted attempt
-    # must be settled by the pool's own retry policy, not by this stand-in. (Read through
-    # the runtime's own environment: LMDB must not be opened twice in one process.)
-    runtime = ToolRuntime(where, clock=SimulatedClock(RealClock().now()), durability="sync")
-    try:
-        with runtime.committed() as txn:
-            for name in pools:
-                interrupted = [
-                    index
-                    for index in used_instances(txn, name)
-                    if Namespace(name, index).load_meta(txn).running
-                ]
-                if interrupted:
-                    raise ConfigurationError(
-                        f"pool {name!r} has an interrupted attempt on instance "
-                        f"{', '.join(map(str, interrupted))}; open the store with the pool's own "
-                        "runtime once (its retry policy settles the attempt), then retry"
-                    )
-        index, filters = selection
-        chosen: dict[str, Any] = {
-            "error": filters.error,
-            "older_than": filters.older_than,
-            "partition_key": filters.partition_key,
-        }
-        for name, concurrency in pools.items():
-            pool = runtime.define(name, execute=_stand_in, concurrency=concurrency)
-            matched = len(pool.dead_letters(index, **chosen))  # nobody else writes meanwhile
+    with connect(path) as connection:
+        for name in pools:
+            pool = connection.pool(name)
+            matched = len(pool.dead_letters(index, **chosen))
             act = pool.redrive if action == "redrive" else pool.purge_dead_letters
             done[name] = matched, act(index=index, **chosen)
-    finally:
-        runtime.close()
     return done
 
 
@@ -197,8 +168,10 @@ def redrive(
     path: str | os.PathLike[str], pools: dict[str, int], selection: Selection = (None, _ANY)
 ) -> dict[str, tuple[int, int]]:
     """Re-enqueue the dead letters of the given pools that match ``selection`` (an
-    instance index or None, and the filters); needs the store lock. Returns, by pool,
-    how many matched and how many were redriven (a damaged one never is)."""
+    instance index or None, and the filters), live beside a runtime owning the store or
+    without one. Returns, by pool, how many matched and how many were redriven (a
+    damaged one never is; a dead letter a runtime redrives meanwhile matched but is not
+    redriven again)."""
     return _act(path, pools, "redrive", selection)
 
 
@@ -206,5 +179,5 @@ def purge(
     path: str | os.PathLike[str], pools: dict[str, int], selection: Selection = (None, _ANY)
 ) -> dict[str, tuple[int, int]]:
     """Delete the dead letters of the given pools that match ``selection``, as
-    :func:`redrive`; needs the store lock. Returns how many matched and were deleted."""
+    :func:`redrive` does. Returns how many matched and were deleted."""
     return _act(path, pools, "purge", selection)

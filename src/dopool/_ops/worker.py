@@ -104,6 +104,7 @@ def open_worker(
     lease_ttl: float = DEFAULT_LEASE_TTL,
     max_active: int | None = None,
     loading: Callable[[], AbstractContextManager[object]] = nullcontext,
+    opened: Callable[[Runtime], object] | None = None,
 ) -> Runtime:
     """Load ``app``, open a real-clock runtime on ``store`` and have the app define its pools.
 
@@ -111,6 +112,8 @@ def open_worker(
     ``max_active``: the most instance actors at once (``Runtime``'s option).
     ``loading``: what the app's import runs in (:meth:`Signals.loading`: a signal
     then ends it, and one that came during it opens nothing).
+    ``opened``: called with the runtime before the app defines its pools, so that it
+    sees their first events (``--metrics-port`` registers the metrics there).
 
     Nothing is stored if the app cannot be loaded; a store this call created is removed
     again if the app raises or defines no pool.
@@ -141,6 +144,8 @@ def open_worker(
         max_active=max_active,
     )
     try:
+        if opened is not None:
+            opened(runtime)
         loaded.define_pools(runtime)
         if not runtime.pools:
             raise AppError(app, "defined no pool on the runtime (call runtime.define)")

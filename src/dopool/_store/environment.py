@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,6 +57,13 @@ _MAX_READERS = 16384
 logger = logging.getLogger("dopool")
 
 T = TypeVar("T")
+_NOT_A_DIRECTORY = "not a directory"
+_DATA_MISSING = "data/data.mdb is missing"
+_DATA_EMPTY = "data/data.mdb is empty"
+# What a store a runtime is creating looks like for a moment (LMDB makes its lock file,
+# then its data file, then writes it): what connect(wait=) looks again for.
+_BEING_CREATED = (_DATA_MISSING, _DATA_EMPTY)
+_WAIT_POLL = 0.05  # seconds between looks for a store connect(wait=) waits for
 
 
 class Store:
@@ -330,17 +338,37 @@ def _open_env(
     return env, writer
 
 
-def open_shared(path: str | os.PathLike[str], *, sync: bool) -> Environment:
-    """The store at ``path`` opened for a producer: no store lock, nothing created.
+def open_shared(path: str | os.PathLike[str], *, sync: bool, wait: float = 0.0) -> Environment:
+    """The store at ``path`` opened for a producer: no store lock, nothing created. With
+    ``wait``, a store not there yet, or still being created (its lock file made, its data
+    file not yet, or empty), is looked for again every :data:`_WAIT_POLL` seconds for
+    that many seconds: a producer started beside the worker that will create it.
 
     Raises:
-        StoreNotFoundError: no store at ``path``.
+        StoreNotFoundError: no store at ``path`` (after ``wait`` seconds).
         StoreFormatError: a store of another format, or one a runtime must migrate.
         StorageError: it cannot be opened, or it is damaged.
     """
-    where = check_store_path(path)
-    _check_data_file(where)
-    return Environment.acquire(where, sync=sync, create=False)
+    deadline = time.monotonic() + wait
+    pause = threading.Event()  # never set: a bounded wait between looks
+    while True:
+        try:
+            where = check_store_path(path)
+            _check_data_file(where)
+            return Environment.acquire(where, sync=sync, create=False)
+        except (StoreNotFoundError, StoreDamagedError) as exc:
+            if isinstance(exc, StoreNotFoundError):
+                being_made = exc.reason != _NOT_A_DIRECTORY
+            else:
+                being_made = exc.reason in _BEING_CREATED
+            left = deadline - time.monotonic()
+            if not being_made:
+                raise
+            if left <= 0:
+                if wait and isinstance(exc, StoreNotFoundError):
+                    raise StoreNotFoundError(exc.path, exc.reason, waited=wait) from None
+                raise
+            pause.wait(min(_WAIT_POLL, left))
 
 
 def check_store_path(path: str | os.PathLike[str]) -> Path:
@@ -355,7 +383,7 @@ def check_store_path(path: str | os.PathLike[str]) -> Path:
         if not where.exists():
             raise StoreNotFoundError(str(path), "no such directory")
         if not where.is_dir():
-            raise StoreNotFoundError(str(path), "not a directory")
+            raise StoreNotFoundError(str(path), _NOT_A_DIRECTORY)
         if not (where / "data" / "data.mdb").is_file():
             raise StoreNotFoundError(
                 str(path), "it has no data/data.mdb (is it a store directory?)"
@@ -375,12 +403,12 @@ def _check_data_file(path: Path) -> None:
         size = (data / "data.mdb").stat().st_size
     except FileNotFoundError:
         if (data / "lock.mdb").exists():  # made with the data file: it was there once
-            raise StoreDamagedError(path=str(path), reason="data/data.mdb is missing") from None
+            raise StoreDamagedError(path=str(path), reason=_DATA_MISSING) from None
         return
     except OSError as exc:
         raise StorageError(f"cannot read store {str(path)!r}: {exc}") from exc
     if size == 0:
-        raise StoreDamagedError(path=str(path), reason="data/data.mdb is empty")
+        raise StoreDamagedError(path=str(path), reason=_DATA_EMPTY)
 
 
 def _check_opened(env: Any, path: Path, *, create: bool, writer: WriterLock | None = None) -> None:
