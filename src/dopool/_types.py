@@ -103,6 +103,10 @@ class InstanceStatus:
     schedules: int = 0  # recurring schedules stored here (instance 0's only)
     key: str | None = None  # a per-key pool's instance: its partition key
     stored: int = 0  # values in its own storage (``ctx.storage``)
+    dead_letters_held: int = 0  # of ``dead_lettered``, those held now (not redriven, purged)
+    # When the event at the head of its queue fell due (the one running or in backoff, or
+    # the next to start); None with no event due. The clock's time, as next_alarm_at.
+    head_due_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +130,10 @@ class PoolStatus:
     expired: int = 0  # of ``dead_lettered``, the events not started within their ttl
     schedules: int = 0  # recurring schedules (``pool.schedules()``)
     stored: int = 0  # values in its instances' own storage (``ctx.storage``)
+    dead_letters_held: int = 0  # dead letters held now (not redriven nor purged)
+    # The earliest ``head_due_at`` of its instances: how long its most delayed queue's
+    # head has been due (None: no event due anywhere).
+    head_due_at: float | None = None
     used: int = 0  # instances ever used (any record stored), listed or not
     # Paused as a whole (``pause()``, no ``resume()`` since): an instance never used is paused.
     paused: bool = False

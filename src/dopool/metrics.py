@@ -16,7 +16,8 @@ documented with their names in docs/deployment.md, "Metrics":
   is held only until it starts, and at most ``max_tracked`` of them (the oldest forgotten,
   and counted);
 - **gauges** read from ``pool.status()`` when scraped: the pending and scheduled events
-  the store holds, whichever process stored them.
+  the store holds, whichever process stored them, the dead letters held, and how long
+  a queue's head has been due (``head_due_at``).
 
 Cardinality stays bounded: counters and gauges carry an ``instance_index`` label only
 for a pool of at most ``instance_labels_up_to`` instances (a per-key pool never), and
@@ -111,6 +112,17 @@ _GAUGES = (
         "pending",
     ),
     ("dopool_events_scheduled", "Of the pending events, those not due yet.", "scheduled"),
+    (
+        "dopool_dead_letters_held",
+        "Dead letters held: dead-lettered, and neither redriven nor purged since.",
+        "dead_letters_held",
+    ),
+)
+_HEAD_AGE = (
+    "dopool_queue_head_age_seconds",
+    "How long the event at the head of a queue (running, in backoff, or next to start) "
+    "has been due: the pool's most delayed queue, or one instance's where labelled; 0 "
+    "with nothing due.",
 )
 # The pool events the counters and histograms read; the others cost one lookup.
 _WATCHED = frozenset(
@@ -371,6 +383,7 @@ class RuntimeMetrics:
             (_DURATION[0], "histogram"),
             (_WAIT[0], "histogram"),
             *((name, "gauge") for name, _, _ in _GAUGES),
+            (_HEAD_AGE[0], "gauge"),
         ]
         return [core.Metric(name, "", typ) for name, typ in names]
 
@@ -428,6 +441,19 @@ class RuntimeMetrics:
                 else:
                     metric.add_sample(name, {"pool": pool}, getattr(status, field))
             yield metric
+        now = self.runtime.clock.now()
+        metric = core.Metric(*_HEAD_AGE, "gauge")
+        for pool, status in statuses.items():
+            if labelled[pool]:
+                for index in range(status.concurrency):
+                    due = status.instance(index).head_due_at
+                    age = 0.0 if due is None else max(now - due, 0.0)
+                    metric.add_sample(_HEAD_AGE[0], _label_set(pool, index), age)
+            else:
+                due = status.head_due_at
+                age = 0.0 if due is None else max(now - due, 0.0)
+                metric.add_sample(_HEAD_AGE[0], {"pool": pool}, age)
+        yield metric
 
 
 class _Histogram:

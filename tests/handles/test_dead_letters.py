@@ -29,6 +29,7 @@ from dopool import (
     SimulatedClock,
     WorkerPool,
 )
+from status_support import counters
 
 Filters = dict[str, Any]
 API = Path(__file__).parents[2] / "docs" / "api.md"
@@ -196,7 +197,9 @@ def test_purge_deletes_exactly_what_matches_and_changes_no_counter(
     assert pool.purge_dead_letters(**case) == len(wanted)
 
     assert pool.dead_letters() == [letter for letter in everything if letter not in wanted]
-    assert pool.status() == before
+    after = pool.status()
+    assert counters(after) == counters(before)
+    assert after.dead_letters_held == before.dead_letters_held - len(wanted)
 
 
 def test_given_dead_letters_and_filters_both_hold(broken: tuple[WorkerPool, Flaky]) -> None:
@@ -512,7 +515,7 @@ def test_filters_under_a_real_clock(real: Runtime) -> None:
 
     before = pool.status()
     assert pool.purge_dead_letters(partition_key="a", error="TimeoutError", where=where) == 2
-    assert pool.status() == before
+    assert counters(pool.status()) == counters(before)
     assert numbers(pool.dead_letters()) == [1, 3, 4, 5]
     handler.broken = False
     assert pool.redrive(error=re.compile("bad [13]")) == 2

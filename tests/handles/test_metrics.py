@@ -204,6 +204,39 @@ def test_the_gauges_are_the_status_read_at_the_scrape(
     assert scrape.value("dopool_events_scheduled", pool="big") == 0
 
 
+def test_dead_letters_held_and_the_age_of_a_queues_head(
+    sim: Runtime, registry: CollectorRegistry
+) -> None:
+    """The head of a paused queue has waited since it fell due; a purged dead letter is
+    no longer held (though still counted as dead-lettered)."""
+
+    def fails(ctx: EventContext) -> None:
+        raise ValueError(ctx.event)
+
+    dopool.metrics.register(sim, registry=registry, instance_labels_up_to=2)
+    clock = _clock(sim)
+    dead = sim.define("dead", execute=fails, concurrency=3)  # unlabelled: one series
+    dead.enqueue_many(["x", "y"])
+    assert dead.join()
+    waiting = sim.define("waiting", execute=_idle, concurrency=2)
+    waiting.pause(1)
+    waiting.enqueue("first", partition_key=None)  # round-robin: instance 0, then 1
+    clock.advance(10.0)
+    waiting.enqueue("second")  # instance 1, paused: due since 10 s ago
+    clock.advance(5.0)
+    scrape = Scrape(registry)
+    assert scrape.value("dopool_dead_letters_held", pool="dead") == 2
+    assert scrape.value("dopool_queue_head_age_seconds", pool="dead") == 0.0
+    one = {"pool": "waiting", "instance_index": "1"}
+    assert scrape.value("dopool_queue_head_age_seconds", **one) == 5.0
+    assert scrape.value("dopool_queue_head_age_seconds", pool="waiting", instance_index="0") == 0
+    assert waiting.status().head_due_at == waiting.status().instance(1).head_due_at
+    assert dead.purge_dead_letters() == 2
+    scrape = Scrape(registry)
+    assert scrape.value("dopool_dead_letters_held", pool="dead") == 0
+    assert dead.status().dead_lettered == 2
+
+
 def test_an_attempt_a_crash_cut_short_fails_and_has_no_duration(
     sim: Runtime, registry: CollectorRegistry
 ) -> None:

@@ -53,6 +53,8 @@ DOCUMENTED = {
     "dopool_queue_wait_seconds": "histogram",
     "dopool_events_pending": "gauge",
     "dopool_events_scheduled": "gauge",
+    "dopool_dead_letters_held": "gauge",
+    "dopool_queue_head_age_seconds": "gauge",
 }
 
 
@@ -135,6 +137,9 @@ def test_a_worker_serves_its_metrics_and_they_count_what_the_store_says(
         assert page.total("dopool_events_succeeded_total", **label) == instance.succeeded
         assert page.total("dopool_events_dead_lettered_total", **label) == instance.dead_lettered
         assert page.total("dopool_events_pending", **label) == instance.pending == 0
+        held = instance.dead_letters_held
+        assert page.total("dopool_dead_letters_held", **label) == held
+        assert page.total("dopool_queue_head_age_seconds", **label) == 0.0  # nothing due
     assert running.stop() == 0
     assert "stopped (SIGTERM)" in running.out[-1]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from contextlib import suppress
 from typing import Any, NamedTuple
@@ -13,6 +14,7 @@ from dopool._store.layout import (
     Meta,
     Namespace,
     pool_paused,
+    queue_key_due,
     started_event,
     unpack,
     used_instances,
@@ -21,9 +23,15 @@ from dopool._types import DeadLetter, InstanceState, InstanceStatus, PoolStatus
 
 
 def instance_status(
-    pool: str, index: int, meta: Meta, crash_streak: int = 0, restart_at: float | None = None
+    pool: str,
+    index: int,
+    meta: Meta,
+    crash_streak: int = 0,
+    restart_at: float | None = None,
+    head: bytes | None = None,
 ) -> InstanceStatus:
-    """An instance's status from its committed meta, and from its mailbox in memory.
+    """An instance's status from its committed meta, and from its mailbox in memory;
+    ``head``: the first key of its queue, if an event is due and none has started.
 
     ``state`` is the first of restarting, paused, processing, stalled, backoff, idle.
     """
@@ -64,7 +72,18 @@ def instance_status(
         schedules=meta.schedules,
         key=meta.key,
         stored=meta.stored,
+        dead_letters_held=meta.held_dead_letters,
+        head_due_at=_due(meta.current if meta.current is not None else head),
     )
+
+
+def _due(key: bytes | None) -> float | None:
+    """When the event under queue key ``key`` fell due (None: no key, or a key migrated
+    from format 2, whose due time is unknown)."""
+    if key is None:
+        return None
+    due = queue_key_due(key)
+    return due if math.isfinite(due) else None
 
 
 #: The counters of :class:`InstanceStatus` that a :class:`PoolStatus` sums.
@@ -81,6 +100,7 @@ _SUMMED = (
     "expired",
     "schedules",
     "stored",
+    "dead_letters_held",
 )
 
 _NO_RESTART = (0, None)  # the restart state of an instance not running: none
@@ -143,11 +163,18 @@ def read_pool_status(
     chosen, limit = listing.instances, listing.limit
     rows: list[InstanceStatus] = []
     sums = dict.fromkeys(_SUMMED, 0)
+    heads: list[float] = []
     for index in used:
         restart = restarts.get(index, _NO_RESTART)
-        status = instance_status(name, index, Namespace(name, index).load_meta(txn), *restart)
+        ns = Namespace(name, index)
+        meta = ns.load_meta(txn)
+        due = meta.current is None and meta.pending > meta.scheduled
+        head = ns.first_queue_key(txn) if due else None  # (one seek, no record read)
+        status = instance_status(name, index, meta, *restart, head=head)
         for counter in _SUMMED:
             sums[counter] += getattr(status, counter)
+        if status.head_due_at is not None:
+            heads.append(status.head_due_at)
         if (chosen is None or index in chosen) and (limit is None or len(rows) < limit):
             rows.append(status)
     return PoolStatus(
@@ -158,6 +185,7 @@ def read_pool_status(
         paused=pool_paused(txn, name),
         active=active,
         waiting=waiting,
+        head_due_at=min(heads, default=None),
         **sums,
     )
 

@@ -254,6 +254,15 @@ class Namespace:
         Raises:
             DamagedRecordError: the first record is damaged (its ``key`` says which).
         """
+        first = self._first_queued(txn)
+        return None if first is None else (first[0], read_event(*first))
+
+    def first_queue_key(self, txn: Txn) -> bytes | None:
+        """The queue's first key (its record unread): the next event to run, if any."""
+        first = self._first_queued(txn)
+        return None if first is None else first[0]
+
+    def _first_queued(self, txn: Txn) -> tuple[bytes, bytes] | None:
         queue, length = self._queue, len(self._queue) + _RANK_DUE_SEQ.size
         with txn.cursor() as cursor:
             found = cursor.set_range(queue)
@@ -262,7 +271,7 @@ class Namespace:
                 if not key.startswith(queue):
                     break
                 if len(key) == length:
-                    return key, read_event(key, raw)
+                    return bytes(key), bytes(raw)
                 found = cursor.next()  # a stray key of the wrong length: not an event
         return None
 
