@@ -505,7 +505,18 @@ def test_every_flag_the_pages_show_exists() -> None:
 
 @pytest.mark.parametrize(
     "command",
-    ["worker", "pause", "resume", "drain", "schedules", "status", "check", "chaos", "storage"],
+    [
+        "worker",
+        "pause",
+        "resume",
+        "drain",
+        "schedules",
+        "status",
+        "check",
+        "chaos",
+        "storage",
+        "dashboard",
+    ],
 )
 def test_every_flag_of_a_store_command_is_shown(command: str) -> None:
     """A command's flags all appear on some ``dopool COMMAND`` line (simulate's and

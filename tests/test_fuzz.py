@@ -31,19 +31,25 @@ from dopool import (
 )
 from dopool._ops.check import check_store
 from dopool._store.layout import (
+    MAX_TRACE_FIELDS,
+    MAX_TRACE_TEXT,
+    EventRecord,
     Namespace,
     StoredValues,
+    pack,
     read_dead,
     read_event,
     read_meta,
     read_outbox,
+    seal_event,
 )
 
-FIXTURE = Path(__file__).parent / "support" / "fixtures" / "store-v11"
+FIXTURE = Path(__file__).parent / "support" / "fixtures" / "store-v12"
 # The fixture's records, by what they are (see tests/support/fixtures/make_store.py).
 META = Namespace("orders", 1).prefix + b"m"
 QUEUED = Namespace("orders", 1).queue_key(-2, 4, 1000.0)
 DEAD = Namespace("orders", 0).prefix + b"d" + (0).to_bytes(8, "big")
+TRACED = Namespace("orders", 0).delayed_key(2, 4, 1030.0)  # event 10, its enqueue traced
 INVOICES = Namespace("invoices", 0)
 CROSS = INVOICES.outbox_key(1)  # a follow-up from invoices:0 for orders:1, undelivered
 PLANTED = INVOICES.outbox_key(9)  # no record of the fixture: planted by a test
@@ -234,6 +240,49 @@ def test_any_bytes_as_a_pending_event_are_dead_lettered_as_damaged(
         ]
 
 
+# A trace as a record might hold it: nil, another scalar, a list, or a map of up to two
+# fields more than kept, its keys and values text (some long enough to pass the most
+# characters kept, two or three together) or not.
+_texts = st.text(max_size=12) | st.just("x" * (MAX_TRACE_TEXT // 2))
+_packable = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats()
+    | st.binary(max_size=8)
+)
+_traces = (
+    _packable
+    | _texts
+    | st.lists(_texts, max_size=3)
+    | st.dictionaries(_texts | _packable, _texts | _packable, max_size=MAX_TRACE_FIELDS + 2)
+)
+
+
+def _carried(trace: Any) -> bool:
+    """Whether a propagator could have injected ``trace``: a small map of str to str."""
+    return (
+        isinstance(trace, dict)
+        and 0 < len(trace) <= MAX_TRACE_FIELDS
+        and all(type(key) is str and type(value) is str for key, value in trace.items())
+        and sum(len(key) + len(value) for key, value in trace.items()) <= MAX_TRACE_TEXT
+    )
+
+
+@FUZZ
+@given(_traces)
+def test_any_trace_in_a_sealed_event_is_read_as_written_or_named_damaged(trace: Any) -> None:
+    """Sealed under its key, so that only the layout's checks can refuse it: nil or a small
+    map of str to str reads back as written, anything else is damaged naming ``trace``."""
+    record = EventRecord(pack({"id": 10}), 1000.0, "bob", 2, trace=trace)
+    value = seal_event(TRACED, record)
+    if trace is None or _carried(trace):
+        assert read_event(TRACED, value) == record
+    else:
+        with pytest.raises(DamagedRecordError, match="field 'trace' is "):
+            read_event(TRACED, value)
+
+
 @FUZZ
 @given(st.binary(max_size=64))
 def test_any_bytes_as_a_meta_record_refuse_the_pool_by_name(scratch: Path, value: bytes) -> None:
@@ -303,12 +352,15 @@ def test_a_flipped_bit_in_any_record_is_found_and_never_run(
 def test_the_fixture_holds_every_kind_of_record_for_the_flips() -> None:
     """Follow-ups between pools included: a mark of another pool's source, an outbox
     entry for another pool, a meta whose links name another pool's instances; stored
-    values, one named by its key and one by a digest; and a failure's traceback, in a dead
-    letter and in the meta of an instance whose event waits out a retry's backoff."""
+    values, one named by its key and one by a digest; a failure's traceback, in a dead
+    letter and in the meta of an instance whose event waits out a retry's backoff; and a
+    trace context, in a scheduled event and in an outbox entry for another pool."""
     keys = [key for key, _ in RECORDS]
     found = dict(RECORDS)
     assert read_dead(DEAD, found[DEAD]).traceback
     assert read_meta(INVOICES.meta_key, found[INVOICES.meta_key]).last_traceback
+    assert read_event(TRACED, found[TRACED]).trace
+    assert read_outbox(CROSS, found[CROSS]).trace
     assert INVOICES.queue_key(0, 3, 1000.0) in keys  # that event
     stored = StoredValues(Namespace("orders", 1))
     assert {stored.key("billed"), stored.key("é" * 200 + "x")} <= set(keys)
@@ -324,8 +376,19 @@ FLIP_SCRIPT = textwrap.dedent(
     from dopool import DopoolError, Runtime, SimulatedClock
     expected = {(0, 3): {"id": 5, "tags": ["x", "y"]}, (1, 3): {"id": 3, "blob": b"\\0\\xff"},
                 (1, 4): {"id": 4}, (1, 5): {"refund_of": 9}, (0, 4): {"id": 10}}
+    # The fixture's recurring schedules (in orders:0's namespace) fire once the clock
+    # passes 8200.0, which a crash's backoff can take it to: "tick" on orders:1 (its
+    # partition key "alice"), "nightly" and the one named by 150 "é"s on orders:0 (routed
+    # by their names), each occurrence a new event, past the sequences the fixture issued.
+    recurring = {0: [{"nightly": True}, ["long"]], 1: [{"tick": True}]}
+    tails = {0: 6, 1: 5}
+    def valid(instance, sequence, event):  # by repr: True is no 1, nor 5.0 a 5
+        if (instance, sequence) in expected:
+            if repr(expected[instance, sequence]) == repr(event):
+                return True
+        return sequence >= tails[instance] and repr(event) in map(repr, recurring[instance])
     def handler(ctx):
-        if expected.get((ctx.instance_index, ctx.sequence)) != ctx.event:
+        if not valid(ctx.instance_index, ctx.sequence, ctx.event):
             print("RAN A DAMAGED EVENT", ctx.instance_index, ctx.sequence, ctx.event)
             sys.exit(4)
     def billing(ctx):

@@ -307,7 +307,7 @@ def test_a_store_of_another_format_is_refused_as_status_refuses_it(tmp_path: Pat
     shutil.copytree(FIXTURE_V9, path)
     before = (path / "data" / "data.mdb").read_bytes()
     refused = invoke("storage", str(path), "jobs", "--instance", "0")
-    assert_one_line_error(refused, 1, "has format version 9", "reads format 11 only")
+    assert_one_line_error(refused, 1, "has format version 9", "reads format 12 only")
     assert refused.stderr == invoke("status", str(path)).stderr
     assert (path / "data" / "data.mdb").read_bytes() == before  # read-only: not migrated
 

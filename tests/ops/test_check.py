@@ -37,7 +37,7 @@ from dopool._store.layout import (
 )
 from dopool._store.txn import Txn
 
-FIXTURE = Path(__file__).parents[1] / "support" / "fixtures" / "store-v11"  # (make_store.py)
+FIXTURE = Path(__file__).parents[1] / "support" / "fixtures" / "store-v12"  # (make_store.py)
 QUEUED = Namespace("orders", 1).queue_key(-2, 4, 1000.0)  # a pending event of the fixture
 STORED = StoredValues(Namespace("orders", 1))  # holds "billed" and two long keys
 INVOICES = Namespace("invoices", 0)  # holds a follow-up for orders:1, link 0, in its outbox
@@ -66,7 +66,7 @@ def problems(path: Path) -> list[str]:
 def test_a_sound_store_checks_out(store: Path) -> None:
     result = invoke("check", str(store))
     assert result.exit_code == 0, result.output
-    assert "format 11, 55 records, 3 instances; pools: invoices (1), orders (2)" in result.stdout
+    assert "format 12, 55 records, 3 instances; pools: invoices (1), orders (2)" in result.stdout
     assert "ok: every record and every counter checks out" in result.stdout
 
 
@@ -168,7 +168,7 @@ def test_check_store_reads_a_snapshot_in_one_pass(store: Path) -> None:
     with lmdb.open(str(store / "data"), readonly=True, lock=False) as env, env.begin() as txn:
         report = check_store(txn)
     assert report.ok
-    assert (report.format_version, report.records, report.instances) == (11, 55, 3)
+    assert (report.format_version, report.records, report.instances) == (12, 55, 3)
     assert report.pools == {"invoices": 1, "orders": 2}
 
 

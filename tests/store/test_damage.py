@@ -201,6 +201,185 @@ def test_a_damaged_event_in_backoff_is_dead_lettered_at_its_retry(store_path: Pa
         assert (dead.damaged, dead.attempts) == (True, 1)
 
 
+# -- events whose keys are damaged: their records stored nowhere --------------------------
+
+LOST = (
+    "DamagedRecordError: its record is missing: its key was damaged "
+    "(dopool check names the stray record)"
+)
+
+
+def move_out(txn: Txn, key: bytes) -> bytes:
+    """Move the record under ``key`` to the key a flipped bit of its pool's name makes
+    (``p`` to ``o``, as the fuzz test's flip did): the record is stored, under a key of
+    no event. Returns that key."""
+    ns = Namespace("p", 0)
+    assert key.startswith(ns.prefix)
+    stray = Namespace("o", 0).prefix + key[len(ns.prefix) :]
+    value = txn.get(key)
+    assert value is not None
+    txn.delete(key)
+    txn.put(stray, value)
+    return stray
+
+
+def lost_store(path: Path, where: str) -> bytes:
+    """Pool ``p`` (one instance) holding events 0, 1 and 2, event 1 with dedup key "k",
+    and due at 50.0 if ``where`` is "scheduled"; event 1's key moved out. Returns it."""
+    with Runtime.simulated(path, seed=0) as runtime:
+        pool = runtime.define("p", execute=Seen(), dedup_window=60.0)
+        pool.pause()
+        pool.enqueue({"n": 0})
+        delay = 50.0 if where == "scheduled" else None
+        pool.enqueue({"n": 1}, dedup_key="k", delay=delay)
+        pool.enqueue({"n": 2})
+    ns = Namespace("p", 0)
+    key = ns.delayed_key(0, 1, 50.0) if where == "scheduled" else ns.queue_key(0, 1, 0.0)
+    with raw_store(path) as txn:
+        return move_out(txn, key)
+
+
+@pytest.mark.parametrize("backend", ["greenlet", "threads"])
+@pytest.mark.parametrize("where", ["due", "scheduled"])
+def test_an_event_whose_key_is_damaged_is_dead_lettered_as_damaged_and_never_run(
+    store_path: Path, caplog: pytest.LogCaptureFixture, where: str, backend: str
+) -> None:
+    """Its record is under a key of no event (``dopool check`` names it); the meta counts
+    it and its index entry names it. It is dead-lettered as damaged, with no bytes, its
+    dedup key released; the events behind it run, and the instance never crashes."""
+    stray = lost_store(store_path, where)
+    handler = Seen()
+    dead_seen: list[Any] = []
+    runtime = Runtime(store_path, clock=SimulatedClock(100.0, backend=backend), seed=0)
+    with runtime, caplog.at_level(logging.ERROR, logger="dopool"):
+        pool = runtime.define(
+            "p", execute=handler, dedup_window=60.0, on_dead_letter=dead_seen.append
+        )
+        pool.resume()
+        assert pool.join(timeout=10)
+        assert handler.events == [{"n": 0}, {"n": 2}]
+        [dead] = pool.dead_letters()
+        assert (dead.sequence, dead.event, dead.error) == (1, b"", LOST)
+        assert (dead.damaged, dead.attempts, dead.priority, dead.dedup_key) == (True, 0, 0, "k")
+        assert dead_seen == [dead]
+        assert f"event 1 dead-lettered: {LOST}" in caplog.text
+        info = pool.event("p:0:1")
+        assert info is not None
+        assert info.state == "dead_lettered"
+        status = pool.status()
+        counts = (status.enqueued, status.succeeded, status.dead_lettered, status.pending)
+        assert counts == (3, 2, 1, 0)
+        assert status.instance(0).restarts == 0
+        assert pool.redrive() == 0  # damaged: never redriven
+        # Its key was released as a bury releases it: finished now, so for the window
+        # an enqueue with it is its duplicate (an entry left unfinished would be stale,
+        # and claimed anew).
+        again = pool.enqueue({"n": 3}, dedup_key="k")
+        assert (again.duplicate, again.sequence) == (True, 1)
+    with raw_store(store_path) as txn:
+        problems = check_store(txn).problems
+    assert stray in {problem.key for problem in problems}
+    assert {problem.instance for problem in problems} == {"o:0"}  # p:0 itself is sound
+
+
+@pytest.mark.parametrize("state", ["backoff", "running"])
+def test_a_started_event_whose_key_is_damaged_is_dead_lettered_after_its_attempt(
+    store_path: Path, state: str
+) -> None:
+    """In backoff, it is dead-lettered at its retry; interrupted by a crash (running), at
+    the recovery. Either way with the attempt it had, and the event behind it runs."""
+    with Runtime.simulated(store_path, seed=0) as runtime:
+        pool = runtime.define(
+            "p",
+            execute=Seen(lambda ctx: 1 / 0 if ctx.event == "flaky" else None),
+            retry=RetryPolicy(max_attempts=3, jitter=0),
+        )
+        pool.enqueue("flaky")
+        runtime.clock.run_until(0.5)  # type: ignore[attr-defined]
+        assert pool.status().instance(0).state == "backoff"
+        pool.pause()
+        pool.enqueue("next")
+    ns = Namespace("p", 0)
+    with raw_store(store_path) as txn:
+        move_out(txn, ns.queue_key(0, 0, 0.0))
+        if state == "running":  # as a crash during its second attempt leaves it
+            meta = ns.load_meta(txn)
+            meta.running, meta.retry_at, meta.attempt = True, None, 2
+            ns.save_meta(txn, meta)
+    handler = Seen()
+    with Runtime(store_path, clock=SimulatedClock(0.5), seed=0) as runtime:
+        pool = runtime.define("p", execute=handler, retry=RetryPolicy(max_attempts=3))
+        pool.resume()
+        assert pool.join(timeout=10)
+        assert handler.events == ["next"]
+        [dead] = pool.dead_letters()
+        assert (dead.sequence, dead.error, dead.damaged) == (0, LOST, True)
+        assert dead.attempts == (1 if state == "backoff" else 2)
+        status = pool.status()
+        assert (status.succeeded, status.dead_lettered, status.pending) == (1, 1, 0)
+        assert status.instance(0).restarts == 0
+
+
+@pytest.mark.parametrize("backend", ["greenlet", "threads"])
+@pytest.mark.parametrize("entry", ["deleted", "damaged"])
+def test_an_event_whose_key_and_index_entry_are_damaged_leaves_the_counts_reconciled(
+    store_path: Path, caplog: pytest.LogCaptureFixture, entry: str, backend: str
+) -> None:
+    """Nothing names the lost event any more (a damaged entry's sequence may be damaged
+    too): the meta's counts are set to what the keys hold, logged at ERROR, and the
+    instance goes on, crashing never; ``dopool check`` names the stray record."""
+    stray = lost_store(store_path, "due")
+    with raw_store(store_path) as txn:
+        key = Namespace("p", 0)._entries + (1).to_bytes(8, "big")
+        if entry == "deleted":
+            txn.delete(key)
+        else:
+            txn.put(key, flip(txn.get(key)))
+    handler = Seen()
+    runtime = Runtime(store_path, clock=SimulatedClock(100.0, backend=backend), seed=0)
+    with runtime, caplog.at_level(logging.ERROR, logger="dopool"):
+        pool = runtime.define("p", execute=handler, dedup_window=60.0)
+        pool.resume()
+        assert pool.join(timeout=10)
+        assert handler.events == [{"n": 0}, {"n": 2}]
+        assert pool.dead_letters() == []
+        assert (
+            "instance p:0: its meta counted 1 pending events (0 scheduled, {0: 1} by "
+            "priority), its keys hold 0 (0 scheduled, {})"
+        ) in caplog.text
+        status = pool.status()
+        assert (status.succeeded, status.pending, status.instance(0).restarts) == (2, 0, 0)
+        pool.enqueue({"n": 3})
+        assert pool.join(timeout=10)
+        assert handler.events[-1] == {"n": 3}
+    with raw_store(store_path) as txn:
+        assert stray in {problem.key for problem in check_store(txn).problems}
+
+
+def test_a_damaged_due_event_with_only_scheduled_events_behind_it_crashes_nothing(
+    store_path: Path,
+) -> None:
+    """Set aside, it leaves no event due: the start stops there, as an expiry does, and
+    the scheduled event runs at its time."""
+    with Runtime.simulated(store_path, seed=0) as runtime:
+        pool = runtime.define("p", execute=Seen())
+        pool.pause()
+        pool.enqueue("now")
+        pool.enqueue("later", delay=500.0)
+    key = Namespace("p", 0).queue_key(0, 0, 0.0)
+    with raw_store(store_path) as txn:
+        txn.put(key, flip(txn.get(key)))
+    handler = Seen()
+    with Runtime(store_path, clock=SimulatedClock(100.0), seed=0) as runtime:
+        pool = runtime.define("p", execute=handler)
+        pool.resume()
+        assert pool.join(timeout=10)
+        assert handler.events == ["later"]
+        [dead] = pool.dead_letters()
+        assert (dead.sequence, dead.damaged) == (0, True)
+        assert pool.status().instance(0).restarts == 0
+
+
 def test_a_damaged_dead_letter_is_listed_as_damaged_and_not_redriven(store_path: Path) -> None:
     with Runtime.simulated(store_path, seed=0) as runtime:
         pool = runtime.define("p", execute=Seen(lambda ctx: 1 / 0))

@@ -1,5 +1,5 @@
 """The store format: its version record, its pinned layout, the migrations of formats 1
-to 10, and stores that are refused."""
+to 11, and stores that are refused."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ from dopool._store.layout import (
     FORMAT_VERSION,
     MAX_STORAGE_KEY_BYTES,
     MAX_STORAGE_VALUE_BYTES,
+    MAX_TRACE_FIELDS,
+    MAX_TRACE_TEXT,
     MIGRATED_DUE,
     PER_KEY,
     DeadRecord,
@@ -61,6 +63,7 @@ from dopool._store.layout import (
     pool_key,
     read_dead,
     read_dedup,
+    read_event,
     read_lifecycle,
     read_meta,
     read_outbox,
@@ -89,7 +92,8 @@ FIXTURE_7 = FIXTURES / "store-v7"  # format 7, written at commit eb274bf (make_s
 FIXTURE_8 = FIXTURES / "store-v8"  # format 8, written at commit 3719304 (make_store.py then)
 FIXTURE_9 = FIXTURES / "store-v9"  # format 9, written at commit a2b332a (make_store.py then)
 FIXTURE_10 = FIXTURES / "store-v10"  # format 10, written at commit e50d88c (make_store.py then)
-FIXTURE_11 = FIXTURES / "store-v11"  # format 11, make_store.py
+FIXTURE_11 = FIXTURES / "store-v11"  # format 11, written at commit e6657e7 (make_store.py then)
+FIXTURE_12 = FIXTURES / "store-v12"  # format 12, make_store.py
 OWNER = "host-4121-0a1b2c3d"  # the worker the lease and presence of store-v6 and v7 name
 # The events the fixtures of formats 1 and 2 (and format 3, at 1000.0) hold pending.
 ID_5 = EventRecord(b"\x82\xa2id\x05\xa4tags\x92\xa1x\xa1y", 1000.0, "bob", 9)
@@ -100,7 +104,7 @@ REFUND_9 = OutboxRecord("orders", 1, 0, b"\x81\xa9refund_of\t", 1000.0, "alice",
 POISON = DeadRecord(
     b"\x82\xa2id\x02\xa6poison\xc3", "PermanentError: poisoned", 1, 1000.0, 1000.0, "bob", 3, False
 )
-# The tracebacks store-v11 keeps, of make_store.py's handler (compiled as "<fixture>"): the
+# The tracebacks store-v11 and v12 keep, of make_store.py's handler (compiled as "<fixture>"): the
 # poisoned event's, dead-lettered, and invoices' event 12's, in backoff.
 POISON_TRACE = """\
 Traceback (most recent call last):
@@ -112,6 +116,11 @@ Traceback (most recent call last):
   File "<fixture>", line 26, in handle
   File "<fixture>", line 17, in fetch
 fixture.Unavailable: upstream timed out fetching 12"""
+# The trace contexts store-v12 keeps (make_store.py, its ids counted from 1): that of event
+# 10's traced enqueue, in its scheduled record, and that of the traced attempt of event 9
+# that made the follow-up {"refund_of": 9}, in invoices:0's outbox.
+TRACE_10 = {"traceparent": "00-00000000000000000000000000000001-0000000000000001-01"}
+TRACE_9 = {"traceparent": "00-00000000000000000000000000000002-0000000000000003-01"}
 
 
 def copy(fixture: Path, tmp_path: Path) -> Path:
@@ -130,8 +139,8 @@ def records(path: Path) -> dict[bytes, bytes]:
 
 
 def test_the_fixture_of_this_format_is_the_current_version() -> None:
-    assert FORMAT_VERSION == 11
-    assert records(FIXTURE_11)[b"F"] == seal_format(b"F")
+    assert FORMAT_VERSION == 12
+    assert records(FIXTURE_12)[b"F"] == seal_format(b"F")
 
 
 def pools(found: dict[bytes, bytes]) -> list[bytes]:
@@ -156,8 +165,15 @@ def dead_letters(found: dict[bytes, bytes]) -> list[bytes]:
 
 
 def outbox(found: dict[bytes, bytes]) -> list[bytes]:
-    """The outbox entries among a store's records."""
+    """The outbox entries among a store's records: format 12 gives each a field (the trace
+    context)."""
     return [key for key in found if key[:1] == b"I" and key.split(b"\x00")[1][:1] == b"o"]
+
+
+def pending_events(found: dict[bytes, bytes]) -> list[bytes]:
+    """The pending events' keys, due (``q``) and scheduled (``w``): format 12 gives each
+    record a field (the trace context)."""
+    return [key for key in found if key[:1] == b"I" and key.split(b"\x00")[1][:1] in b"qw"]
 
 
 def indexes(path: Path) -> list[bytes]:
@@ -212,7 +228,7 @@ def test_the_format_4_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert index.get(txn, "order-1") == DedupRecord("order-1", 1, 0, 0, 0, 1000.0, 1000.0)
             assert index.count_expiries(txn) == 2
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 11, 27)
+            assert (report.ok, report.format_version, report.records) == (True, 12, 27)
             indexed = EventIndex(zero)
             assert [indexed.locate(txn, n) for n in (3, 4, 0)] == [
                 Located(zero.queue_key(9, 3, 1000.0), False),
@@ -229,8 +245,8 @@ def test_the_format_4_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
     events = [key for key in before if key[:1] == b"I" and key.split(b"\x00")[1][:1] in b"qw"]
     assert (len(metas), len(events)) == (3, 4)  # two pending events on each of orders
     assert len(entries(path)) == 4
-    # events: expires_at; the outbox entry: format 7's due; the dead letter: format 11's
-    # traceback
+    # events: expires_at and format 12's trace; the outbox entry: format 7's due and format
+    # 12's trace; the dead letter: format 11's traceback
     assert set(changed) == {
         b"F",
         *metas,
@@ -249,13 +265,15 @@ def test_the_format_4_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
 def test_the_format_5_fixture_is_migrated_to_exactly_what_was_written(tmp_path: Path) -> None:
     """store-v5, written by the format-5 code: format 6 adds leases and presences, of
     which a store of format 5 has none; format 7 gives each meta its schedules' fields and
-    the outbox entry its due time. So only the format record, the metas and the outbox
-    entry change, and every record reads as it was written."""
+    the outbox entry its due time; format 12 gives each pending event and the outbox entry
+    a trace context, nil. So only the format record, the metas, the pending events and the
+    outbox entry change (and the later steps' indexes, pool records, marks and dead
+    letter), and every record reads as it was written."""
     path = copy(FIXTURE_5, tmp_path)
     before = records(path)
     assert before[b"F"][4:] == bytes([0x91, 5])
     _the_fixture_of_format_5_reads_as_written(path, records=41)
-    _only_metas_and_the_outbox_changed(before, records(path))
+    _only_metas_events_and_the_outbox_changed(before, records(path))
 
 
 # -- format 6, migrated in place when a runtime opens it -----------------------------------
@@ -263,8 +281,9 @@ def test_the_format_5_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
 
 def test_the_format_6_fixture_is_migrated_to_exactly_what_was_written(tmp_path: Path) -> None:
     """store-v6, written by the format-6 code (a lease and a presence over format 5's
-    records): the metas gain no schedule, the outbox entry is due when delivered, the lease
-    and the presence stay as they were."""
+    records): the metas gain no schedule, the outbox entry is due when delivered, the
+    pending events and the outbox entry carry no trace context, the lease and the presence
+    stay as they were."""
     path = copy(FIXTURE_6, tmp_path)
     before = records(path)
     assert before[b"F"][4:] == bytes([0x91, 6])
@@ -278,21 +297,34 @@ def test_the_format_6_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert list(all_presences(txn)) == [(OWNER, PresenceRecord(4121, "host", 1030.0))]
     finally:
         store.close()
-    _only_metas_and_the_outbox_changed(before, records(path))
+    _only_metas_events_and_the_outbox_changed(before, records(path))
 
 
-def _only_metas_and_the_outbox_changed(
+def _only_metas_events_and_the_outbox_changed(
     before: dict[bytes, bytes], after: dict[bytes, bytes]
 ) -> None:
     changed = sorted(
         key for key in before.keys() | after.keys() if before.get(key) != after.get(key)
     )
     metas = [key for key in before if key[:1] == b"I" and key.endswith(b"\x00m")]
-    assert len(metas) == 3
+    events = pending_events(before)  # format 12's trace
+    assert (len(metas), len(events)) == (3, 4)  # two pending events on each of orders
     assert len(outbox(before)) == 1
     indexed = [key for key in after if key[:1] in (b"A", b"U")]  # format 8's indexes
     dead = dead_letters(before)  # format 11's traceback
-    assert set(changed) == {b"F", *metas, *outbox(before), *indexed, *nines(before, after), *dead}
+    assert set(changed) == {
+        b"F",
+        *metas,
+        *events,
+        *outbox(before),
+        *indexed,
+        *nines(before, after),
+        *dead,
+    }
+    for key in events:  # each gains a last field, nil: its trace
+        assert fields(key, after) == [*fields(key, before), None]
+    for key in outbox(before):  # format 7's due and format 12's trace, both nil
+        assert fields(key, after) == [*fields(key, before), None, None]
 
 
 # -- the committed store of format 7 ----------------------------------------------------
@@ -335,7 +367,7 @@ def test_the_format_7_fixture_decodes_to_exactly_what_was_written(tmp_path: Path
                 ("orders", 0, LeaseRecord(OWNER, 4121, "host", 2, 1030.0))
             ]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 11, 49)
+            assert (report.ok, report.format_version, report.records) == (True, 12, 49)
     finally:
         store.close()
 
@@ -346,7 +378,9 @@ def test_the_format_7_fixture_gains_exactly_the_index_entries_of_its_metas(
     """store-v7, written by the format-7 code: the migration to format 8 writes a work
     entry for each instance with pending events or an outbox (orders:0 and orders:1 hold
     events, paused; invoices:0 a follow-up) and no alarm entry (no alarm slot is set),
-    and changes nothing else but the format record."""
+    and changes nothing else but the format record (and the later steps': format 9's pool
+    records, metas and marks, format 11's dead letter, and format 12's trace in each
+    pending event and the outbox entry)."""
     path = copy(FIXTURE_7, tmp_path)
     before = records(path)
     assert before[b"F"][4:] == bytes([0x91, 7])
@@ -354,7 +388,14 @@ def test_the_format_7_fixture_gains_exactly_the_index_entries_of_its_metas(
     after = records(path)
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     work = [work_entry_key("invoices", 0), work_entry_key("orders", 0), work_entry_key("orders", 1)]
-    assert set(changed) == {b"F", *work, *nines(before, after), *dead_letters(before)}
+    assert set(changed) == {
+        b"F",
+        *work,
+        *nines(before, after),
+        *dead_letters(before),
+        *pending_events(before),
+        *outbox(before),
+    }
     assert [after[key] for key in work] == [b"", b"", b""]
     eight = copy(FIXTURE_8, tmp_path / "8")
     Store(eight).close()
@@ -371,10 +412,10 @@ def test_the_format_8_fixture_gains_the_whole_pool_pause_in_its_pool_records(
     record a last field, ``paused`` (false: format 8 paused instances one by one), each
     meta a last field, ``key`` (nil: no pool had an instance per key), and each delivery
     mark's key an 8-byte source index, and changes nothing else but the format record
-    (and the later steps: format 10's, every meta's ``stored``, and format 11's, every
-    meta's ``last_traceback`` and every dead letter's ``traceback``). make_store.py's
-    format-9 version paused orders as a whole, so store-v9, migrated alike, differs from it
-    there alone."""
+    (and the later steps: format 10's, every meta's ``stored``, format 11's, every meta's
+    ``last_traceback`` and every dead letter's ``traceback``, and format 12's, every pending
+    event's and outbox entry's ``trace``). make_store.py's format-9 version paused orders as
+    a whole, so store-v9, migrated alike, differs from it there alone."""
     path = copy(FIXTURE_8, tmp_path)
     before = records(path)
     assert before[b"F"][4:] == bytes([0x91, 8])
@@ -382,7 +423,13 @@ def test_the_format_8_fixture_gains_the_whole_pool_pause_in_its_pool_records(
     Store(path).close()  # opening migrates it
     after = records(path)
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-    assert set(changed) == {b"F", *nines(before, after), *dead_letters(before)}
+    assert set(changed) == {
+        b"F",
+        *nines(before, after),
+        *dead_letters(before),
+        *pending_events(before),
+        *outbox(before),
+    }
     assert len(marks(before)) == len(marks(after)) == 3  # each moved, none lost
     for mark in marks(before):
         assert mark not in after
@@ -425,9 +472,10 @@ def test_the_format_9_fixture_gains_a_count_of_stored_values_in_its_metas(
     """store-v9, written by the format-9 code: the migration to format 10 gives each meta
     a last field, ``stored`` (0: no instance had storage of its own), and changes nothing
     else but the format record (and format 11's step: each meta's ``last_traceback`` and
-    each dead letter's ``traceback``, nil). make_store.py's format-10 version stored three
-    values in orders:1's storage, so store-v10, migrated alike, differs from it there
-    alone: those records and that meta."""
+    each dead letter's ``traceback``, nil; and format 12's: each pending event's and outbox
+    entry's ``trace``, nil). make_store.py's format-10 version stored three values in
+    orders:1's storage, so store-v10, migrated alike, differs from it there alone: those
+    records and that meta."""
     path = copy(FIXTURE_9, tmp_path)
     before = records(path)
     assert before[b"F"][4:] == bytes([0x91, 9])
@@ -435,18 +483,19 @@ def test_the_format_9_fixture_gains_a_count_of_stored_values_in_its_metas(
     try:
         with store.read() as txn:
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 11, 49)
+            assert (report.ok, report.format_version, report.records) == (True, 12, 49)
     finally:
         store.close()
     after = records(path)
     changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
     metas = [key for key in before if key[:1] == b"I" and key.endswith(b"\x00m")]
-    dead = dead_letters(before)
-    assert (len(metas), len(dead)) == (3, 1)
-    assert changed == {b"F", *metas, *dead}
+    dead, events = dead_letters(before), pending_events(before)
+    assert (len(metas), len(dead), len(events), len(outbox(before))) == (3, 1, 4, 1)
+    assert changed == {b"F", *metas, *dead, *events, *outbox(before)}
     for meta in metas:
         assert fields(meta, after) == [*fields(meta, before), 0, None]
-    assert fields(dead[0], after) == [*fields(dead[0], before), None]
+    for key in [*dead, *events, *outbox(before)]:
+        assert fields(key, after) == [*fields(key, before), None]
     ten_path = copy(FIXTURE_10, tmp_path / "10")
     Store(ten_path).close()
     ten = records(ten_path)
@@ -485,7 +534,7 @@ def test_the_format_10_fixture_decodes_to_exactly_what_was_written(tmp_path: Pat
             assert (Namespace("orders", 1).load_meta(txn).stored, one.count(txn)) == (3, 3)
             assert (Namespace("orders", 0).load_meta(txn).stored, zero.count(txn)) == (0, 0)
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 11, 52)
+            assert (report.ok, report.format_version, report.records) == (True, 12, 52)
     finally:
         store.close()
 
@@ -495,10 +544,12 @@ def test_the_format_10_fixture_gains_a_nil_traceback_in_its_dead_letters_and_met
 ) -> None:
     """store-v10, written by the format-10 code: the migration to format 11 gives each dead
     letter a last field, ``traceback``, and each meta a last field, ``last_traceback``, both
-    nil (format 10 kept no traceback), and changes nothing else but the format record.
-    make_store.py now dead-letters the poisoned event with its traceback and leaves
-    invoices' event 12 in backoff after a failure, so store-v11 differs from it there alone:
-    that traceback, and that event's record, its index and alarm entries and its meta."""
+    nil (format 10 kept no traceback), and changes nothing else but the format record (and
+    format 12's step: each pending event's and outbox entry's ``trace``, nil).
+    make_store.py's format-11 version dead-lettered the poisoned event with its traceback
+    and left invoices' event 12 in backoff after a failure, so store-v11, migrated alike,
+    differs from it there alone: that traceback, and that event's record, its index and
+    alarm entries and its meta."""
     path = copy(FIXTURE_10, tmp_path)
     before = records(path)
     assert before[b"F"][4:] == bytes([0x91, 10])
@@ -506,7 +557,7 @@ def test_the_format_10_fixture_gains_a_nil_traceback_in_its_dead_letters_and_met
     try:
         with store.read() as txn:
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 11, 52)
+            assert (report.ok, report.format_version, report.records) == (True, 12, 52)
             zero = Namespace("orders", 0)
             assert [dead.traceback for _, dead in zero.iter_dead_letters(txn)] == [None]
     finally:
@@ -514,12 +565,14 @@ def test_the_format_10_fixture_gains_a_nil_traceback_in_its_dead_letters_and_met
     after = records(path)
     changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
     metas = [key for key in before if key[:1] == b"I" and key.endswith(b"\x00m")]
-    dead = dead_letters(before)
-    assert (len(metas), len(dead)) == (3, 1)
-    assert changed == {b"F", *metas, *dead}
-    for key in [*metas, *dead]:
+    dead, events = dead_letters(before), pending_events(before)
+    assert (len(metas), len(dead), len(events), len(outbox(before))) == (3, 1, 4, 1)
+    assert changed == {b"F", *metas, *dead, *events, *outbox(before)}
+    for key in [*metas, *dead, *events, *outbox(before)]:
         assert fields(key, after) == [*fields(key, before), None]
-    eleven = records(FIXTURE_11)
+    eleven_path = copy(FIXTURE_11, tmp_path / "11")
+    Store(eleven_path).close()
+    eleven = records(eleven_path)
     invoices = Namespace("invoices", 0)
     added = {
         invoices.queue_key(0, 3, 1000.0),  # event 12
@@ -531,7 +584,7 @@ def test_the_format_10_fixture_gains_a_nil_traceback_in_its_dead_letters_and_met
         *added,
         *dead,
         invoices.meta_key,
-    }  # what make_store.py writes today, byte for byte, but those
+    }  # what make_store.py wrote at format 11, byte for byte, but those
     assert fields(dead[0], eleven) == [*fields(dead[0], after)[:-1], POISON_TRACE]
     assert fields(invoices.meta_key, after)[-1] is None
     assert fields(invoices.meta_key, eleven)[-1] == FLAKY_TRACE
@@ -635,14 +688,15 @@ def test_stored_values_are_listed_in_key_order_though_long_keys_sort_by_digest(
         store.close()
 
 
-# -- the current format: a failure's traceback -------------------------------------------
+# -- the committed store of format 11: a failure's traceback -------------------------------
 
 
 def test_the_format_11_fixture_decodes_to_exactly_what_was_written(tmp_path: Path) -> None:
     """The poisoned event's dead letter keeps its traceback, and invoices:0's meta, its event
     12 waiting out a retry's backoff, keeps that failure's as ``last_traceback``, as
-    make_store.py's handler raised them (compiled as ``<fixture>``, from the handler's frame
-    on); a read-only view's dead letters and ``pool.event()`` give them back."""
+    make_store.py's format-11 version's handler raised them (compiled as ``<fixture>``, from
+    the handler's frame on); a read-only view's dead letters and ``pool.event()`` give them
+    back, once the store is migrated (format 12's trace, nil, in its events and outbox)."""
     path = copy(FIXTURE_11, tmp_path)
     assert records(path)[b"F"][4:] == bytes([0x91, 11])
     zero, one, invoices = (
@@ -679,7 +733,7 @@ def test_the_format_11_fixture_decodes_to_exactly_what_was_written(tmp_path: Pat
             assert EventIndex(invoices).locate(txn, 3) == Located(queued, False)
             assert [ns.load_meta(txn).last_traceback for ns in (zero, one)] == [None, None]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 11, 55)
+            assert (report.ok, report.format_version, report.records) == (True, 12, 55)
     finally:
         store.close()
     with open_view(path) as view:
@@ -694,6 +748,47 @@ def test_the_format_11_fixture_decodes_to_exactly_what_was_written(tmp_path: Pat
         flaky = runtime.define("invoices", execute=lambda ctx: None).event("invoices:0:3")
         assert flaky is not None
         assert (flaky.state, flaky.retry_at, flaky.traceback) == ("backoff", 1060.0, FLAKY_TRACE)
+
+
+def test_the_format_11_fixture_gains_a_nil_trace_in_its_events_and_outbox(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """store-v11, written by the format-11 code: the migration to format 12 gives each
+    pending event, due or scheduled, and each outbox entry a last field, ``trace``, nil
+    (format 11 kept no trace context), and changes nothing else but the format record.
+    make_store.py now traces the enqueue of event 10 and the enqueue and run of event 9, so
+    store-v12 differs from it there alone: event 10's scheduled record carries its
+    enqueue's context, and invoices:0's follow-up ``{"refund_of": 9}`` that of the attempt
+    that made it."""
+    path = copy(FIXTURE_11, tmp_path)
+    before = records(path)
+    assert before[b"F"][4:] == bytes([0x91, 11])
+    with caplog.at_level(logging.INFO, logger="dopool"):
+        store = Store(path)  # opening migrates it
+    try:
+        # five pending events (invoices' event 12, in backoff, too) and the outbox entry
+        assert "migrated from format 11 to 12 (6 records rewritten)" in caplog.text
+        with store.read() as txn:
+            report = check_store(txn)
+            assert (report.ok, report.format_version, report.records) == (True, 12, 55)
+    finally:
+        store.close()
+    after = records(path)
+    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    events = pending_events(before)
+    assert (len(events), len(outbox(before))) == (5, 1)
+    assert changed == {b"F", *events, *outbox(before)}
+    for key in [*events, *outbox(before)]:
+        assert fields(key, after) == [*fields(key, before), None]
+    twelve = records(FIXTURE_12)
+    delayed = Namespace("orders", 0).delayed_key(2, 4, 1030.0)  # event 10
+    refund = Namespace("invoices", 0).outbox_key(1)  # {"refund_of": 9}, for orders:1
+    assert {k for k in after.keys() | twelve.keys() if after.get(k) != twelve.get(k)} == {
+        delayed,
+        refund,
+    }  # what make_store.py writes today, byte for byte, but those two
+    assert fields(delayed, twelve) == [*fields(delayed, after)[:-1], TRACE_10]
+    assert fields(refund, twelve) == [*fields(refund, after)[:-1], TRACE_9]
 
 
 def raised(message: str) -> BaseException:
@@ -766,7 +861,7 @@ def test_a_traceback_that_is_not_a_str_is_damaged(tmp_path: Path) -> None:
     laid = list(unpack(open_sealed(meta_key, seal_meta(meta_key, meta))))
     with pytest.raises(DamagedRecordError, match="field 'last_traceback' is 7"):
         read_meta(meta_key, seal(meta_key, pack([*laid[:-1], 7])))
-    path = copy(FIXTURE_11, tmp_path)
+    path = copy(FIXTURE_12, tmp_path)
     at = Namespace("orders", 0).dead_letter_key(0)
     with raw_env(path) as env, env.begin(write=True) as txn:
         txn.put(at, seal(at, pack([*dead[:-1], 7])))
@@ -776,6 +871,114 @@ def test_a_traceback_that_is_not_a_str_is_damaged(tmp_path: Path) -> None:
         assert [problem.what for problem in view.check().problems] == [
             "damaged: field 'traceback' is 7"
         ]
+
+
+# -- the current format: an event's trace context ------------------------------------------
+
+
+def test_the_format_12_fixture_decodes_to_exactly_what_was_written(tmp_path: Path) -> None:
+    """Event 10's scheduled record carries the context its traced enqueue injected, and
+    invoices:0's follow-up for orders:1 that of the traced attempt of event 9 that made it
+    (store-v12, make_store.py); every other pending event carries none."""
+    path = copy(FIXTURE_12, tmp_path)
+    found = records(path)
+    assert found[b"F"][4:] == bytes([0x91, 12])
+    zero, invoices = Namespace("orders", 0), Namespace("invoices", 0)
+    delayed = zero.delayed_key(2, 4, 1030.0)
+    assert read_event(delayed, found[delayed]) == EventRecord(
+        b"\x81\xa2id\n", 1000.0, "bob", 2, trace=TRACE_10
+    )
+    untraced = [key for key in pending_events(found) if key != delayed]
+    assert len(untraced) == 4  # orders:0's event 5, orders:1's 3 and 4, invoices' 12
+    assert [read_event(key, found[key]).trace for key in untraced] == [None] * 4
+    store = Store(path)
+    try:
+        with store.read() as txn:
+            assert list(invoices.iter_outbox(txn)) == [
+                (1, REFUND_9._replace(due=1045.0, trace=TRACE_9))
+            ]
+            assert list(zero.iter_delayed_keys(txn)) == [delayed]
+            report = check_store(txn)
+            assert (report.ok, report.format_version, report.records) == (True, 12, 55)
+    finally:
+        store.close()
+    assert records(path) == found  # a store of this format is opened as it is
+
+
+# A trace context no propagator injects, each refused: a value or a key not a str, not a
+# map, an empty map (nil says there is none), more fields or more characters than kept.
+DAMAGED_TRACES = [
+    pytest.param({"traceparent": 1}, id="int-value"),
+    pytest.param({1: "00-01-01-01"}, id="int-key"),
+    pytest.param(["traceparent", "00-01-01-01"], id="list"),
+    pytest.param({}, id="empty"),
+    pytest.param({f"k{n}": "v" for n in range(MAX_TRACE_FIELDS + 1)}, id="fields"),
+    pytest.param({"traceparent": "x" * MAX_TRACE_TEXT}, id="text"),  # with its key's 11
+]
+
+
+def test_a_trace_at_its_limits_reads_back_as_written() -> None:
+    """``MAX_TRACE_FIELDS`` fields, ``MAX_TRACE_TEXT`` characters in all (keys counted)."""
+    key, at = Namespace("p", 0).queue_key(0, 0, 1.0), Namespace("p", 0).outbox_key(0)
+    fields_limit = {f"k{n}": "v" for n in range(MAX_TRACE_FIELDS)}
+    text_limit = {"traceparent": "x" * (MAX_TRACE_TEXT - len("traceparent"))}
+    for trace in (TRACE_10, fields_limit, text_limit):
+        record = EventRecord(pack("x"), 1.0, None, 0, trace=trace)
+        assert read_event(key, seal_event(key, record)) == record
+        entry = OutboxRecord("q", 1, 0, pack("x"), 1.0, None, 0, trace=trace)
+        assert read_outbox(at, seal_outbox(at, entry)) == entry
+
+
+@pytest.mark.parametrize("trace", DAMAGED_TRACES)
+def test_a_trace_that_is_not_a_small_map_of_str_to_str_is_damaged(trace: object) -> None:
+    """An event's or an outbox entry's ``trace``, in a record whose checksum holds, is nil
+    or a map of str to str within its limits; anything else is damaged, naming the field."""
+    key = Namespace("p", 0).queue_key(0, 0, 1.0)
+    record = EventRecord(pack("x"), 1.0, None, 0, trace=trace)  # type: ignore[arg-type]
+    with pytest.raises(DamagedRecordError, match="field 'trace' is ") as caught:
+        read_event(key, seal_event(key, record))
+    assert caught.value.key == key
+    at = Namespace("p", 0).outbox_key(0)
+    entry = OutboxRecord("q", 1, 0, pack("x"), 1.0, None, 0, trace=trace)  # type: ignore[arg-type]
+    with pytest.raises(DamagedRecordError, match="field 'trace' is "):
+        read_outbox(at, seal_outbox(at, entry))
+
+
+@pytest.mark.parametrize("trace", DAMAGED_TRACES)
+def test_an_event_with_a_damaged_trace_is_dead_lettered_as_damaged_and_never_run(
+    tmp_path: Path, trace: object
+) -> None:
+    """Sealed under its own key, so that only its layout's checks can refuse it, an event
+    whose trace no propagator injects is met at the head of its queue and dead-lettered as
+    damaged, as found, instead of running; the event behind it runs, and ``dopool check``
+    names the field."""
+    path = tmp_path / "store"
+    with Runtime.simulated(path, seed=0) as runtime:
+        pool = runtime.define("p", execute=lambda ctx: None)
+        pool.pause()
+        pool.enqueue_many(["first", "second"])
+    head = Namespace("p", 0).queue_key(0, 0, 0.0)  # "first"
+    with raw_env(path) as env, env.begin(write=True) as txn:
+        stored = read_event(head, txn.get(head) or b"")
+        value = seal_event(head, stored._replace(trace=trace))  # type: ignore[arg-type]
+        txn.put(head, value)
+    with open_view(path) as view:
+        [problem] = view.check().problems
+        assert problem.key == head
+        assert problem.what.startswith("damaged: field 'trace' is ")
+    seen: list[object] = []
+    with Runtime(path, clock=SimulatedClock(100.0), seed=0) as runtime:
+        pool = runtime.define("p", execute=lambda ctx: seen.append(ctx.event))
+        pool.resume()
+        assert pool.join(timeout=10)
+        assert seen == ["second"]
+        [dead] = pool.dead_letters()
+        assert (dead.sequence, dead.damaged, dead.event) == (0, True, value)
+        assert dead.error.startswith("DamagedRecordError: field 'trace' is ")
+        assert pool.redrive() == 0  # never redriven
+        status = pool.status()
+        assert (status.enqueued, status.succeeded, status.dead_lettered) == (2, 1, 1)
+        assert status.instance(0).restarts == 0
 
 
 def test_the_keys_of_the_alarm_and_work_indexes_have_their_documented_bytes() -> None:
@@ -849,7 +1052,7 @@ def _the_fixture_of_format_5_reads_as_written(path: Path, *, records: int) -> No
             )
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 11, records)
+            assert (report.ok, report.format_version, report.records) == (True, 12, records)
             assert list(Namespace("invoices", 0).iter_outbox(txn)) == [(1, REFUND_9)]
     finally:
         store.close()
@@ -982,15 +1185,16 @@ def test_the_format_3_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 11, 22)
+            assert (report.ok, report.format_version, report.records) == (True, 12, 22)
     finally:
         store.close()
     after = records(path)
     changed = sorted(
         key for key in before.keys() | after.keys() if before.get(key) != after.get(key)
     )
-    # The format record, every meta, every event (due or scheduled) and the dead letter,
-    # the outbox entry (format 7's due), and an index entry for each event.
+    # The format record, every meta, every event (due or scheduled: and format 12's trace)
+    # and the dead letter, the outbox entry (format 7's due and format 12's trace), and an
+    # index entry for each event.
     rewritten = [key for key in before if key[:1] == b"I" and key.split(b"\x00")[1][:1] in b"mqwdo"]
     assert len(rewritten) == 3 + 4 + 1 + 1
     assert len(entries(path)) == 4
@@ -1093,7 +1297,7 @@ def test_the_format_2_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 11, 20)
+            assert (report.ok, report.format_version, report.records) == (True, 12, 20)
     finally:
         store.close()
     after = records(path)
@@ -1101,7 +1305,8 @@ def test_the_format_2_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
         key for key in before.keys() | after.keys() if before.get(key) != after.get(key)
     )
     # The format record, every meta, each pending event moved to its new key and
-    # indexed, and the dead letter (format 4's dedup key).
+    # indexed (and format 12's trace), the dead letter (format 4's dedup key), and the
+    # outbox entry (format 7's due and format 12's trace).
     old_queue = [key for key in before if b"\x00q" in key]
     new_queue = [key for key in after if b"\x00q" in key]
     assert len(old_queue) == len(new_queue) == 3
@@ -1202,8 +1407,9 @@ def test_a_format_2_store_built_by_hand_keeps_its_order_and_its_backoff(
         runtime = Runtime(path, clock=clock)
     try:
         # 9 to format 4; its meta again, an index entry for each of 4 events, and the 3
-        # sound ones rewritten (expires_at); its meta once more to format 10 and to 11
-        assert "migrated from format 2 to 11 (24 records rewritten)" in caplog.text
+        # sound ones rewritten (expires_at); its meta once more to format 10 and to 11; the
+        # 3 sound events once more to 12 (trace)
+        assert "migrated from format 2 to 12 (27 records rewritten)" in caplog.text
         ns = Namespace("h", 0)
         with runtime._store.read() as txn:
             meta = ns.load_meta(txn)
@@ -1269,14 +1475,18 @@ def test_an_outbox_record_has_its_documented_layout() -> None:
     key = Namespace("p", 0).prefix + b"o" + (5).to_bytes(8, "big")
     record = OutboxRecord("q", 1, 2, b"\xa1x", 3.5, None, -1)
     value = seal_outbox(key, record)
-    assert (
-        value[4:] == b"\x98\xa1q\x01\x02\xc4\x02\xa1x\xcb@\x0c\x00\x00\x00\x00\x00\x00\xc0\xff\xc0"
+    assert value[4:] == (
+        b"\x99\xa1q\x01\x02\xc4\x02\xa1x\xcb@\x0c\x00\x00\x00\x00\x00\x00\xc0\xff\xc0\xc0"
     )
     assert read_outbox(key, value) == record
-    delayed = record._replace(due=4.0)  # format 7: a delayed follow-up's due time, last
+    delayed = record._replace(due=4.0)  # format 7: a delayed follow-up's due time
     value = seal_outbox(key, delayed)
-    assert value[-10:] == b"\xff\xcb@\x10\x00\x00\x00\x00\x00\x00"
+    assert value[-11:] == b"\xff\xcb@\x10\x00\x00\x00\x00\x00\x00\xc0"
     assert read_outbox(key, value) == delayed
+    traced = delayed._replace(trace={"traceparent": "t"})  # format 12: its trace, last
+    value = seal_outbox(key, traced)
+    assert value[-25:] == b"\xff\xcb@\x10\x00\x00\x00\x00\x00\x00\x81\xabtraceparent\xa1t"
+    assert read_outbox(key, value) == traced
 
 
 def test_records_naming_an_instance_take_a_per_key_pools_whole_range() -> None:
@@ -1346,7 +1556,7 @@ def test_the_format_1_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
     after = records(path)
     assert after[b"F"] == seal_format(b"F")
     # The metas (orders:0's links, format 3's fields), the delivery mark, each pending
-    # event's key and the format record changed.
+    # event's key (and format 12's trace) and the format record changed.
     changed = sorted(
         key for key in before.keys() | after.keys() if before.get(key) != after.get(key)
     )
@@ -1400,8 +1610,9 @@ def test_a_format_1_outbox_is_migrated_and_delivered_exactly_once(
     with caplog.at_level(logging.INFO, logger="dopool"):
         runtime = Runtime(path, clock=SimulatedClock(2000.0), seed=7)
     try:
-        # 9 to format 4, and both metas again (no event is pending), to format 10 and to 11
-        assert "migrated from format 1 to 11 (22 records rewritten)" in caplog.text
+        # 9 to format 4, and both metas again (no event is pending), to format 10 and to 11;
+        # the outbox entry once more to format 12 (trace)
+        assert "migrated from format 1 to 12 (23 records rewritten)" in caplog.text
         with runtime._store.read() as txn:
             zero, one = Namespace("orders", 0), Namespace("orders", 1)
             assert zero.load_meta(txn).links == {"orders:1": 2}

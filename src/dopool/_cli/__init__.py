@@ -10,9 +10,9 @@ or scenario; ``dopool worker`` also exits 3 when it stopped at once, attempts
 interrupted.
 
 One module per command (``simulate``, ``status``, ``dead-letters``, ``schedules``,
-``storage``, ``check``, ``chaos``, ``worker``; ``control`` has ``pause``, ``resume`` and
-``drain``); ``report`` renders a simulate run; the private modules hold what the
-commands share: ``_errors``, ``_terminal``, ``_values``, ``_store``.
+``storage``, ``check``, ``chaos``, ``worker``, ``dashboard``; ``control`` has ``pause``,
+``resume`` and ``drain``); ``report`` renders a simulate run; the private modules hold
+what the commands share: ``_errors``, ``_terminal``, ``_values``, ``_store``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from dopool._cli import (
     chaos,
     check,
     control,
+    dashboard,
     dead_letters,
     schedules,
     simulate,
@@ -62,3 +63,4 @@ cli.add_command(worker.worker)
 cli.add_command(control.pause)
 cli.add_command(control.resume)
 cli.add_command(control.drain)
+cli.add_command(dashboard.dashboard)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from dopool import metrics
+from dopool import metrics, tracing
 from dopool._cli._errors import CliError, CliUsageError
 from dopool._cli._terminal import _clean
 from dopool._cluster.leases import DEFAULT_LEASE_TTL, check_lease_ttl
@@ -85,6 +85,12 @@ METRICS_HOST = "127.0.0.1"  # loopback: who may scrape is the operator's choice 
     "--metrics-host", default=None, metavar="HOST",
     help=f"the address --metrics-port listens on [default: {METRICS_HOST}]",
 )  # fmt: skip
+@click.option(
+    "--otel", is_flag=True,
+    help="trace each attempt with OpenTelemetry, in the trace that enqueued its event, "
+    "through the global tracer provider the app or opentelemetry-instrument sets up "
+    "(the 'otel' extra)",
+)  # fmt: skip
 def worker(
     app: str,
     store: Path,
@@ -98,6 +104,7 @@ def worker(
     log_format: str,
     metrics_port: int | None,
     metrics_host: str | None,
+    otel: bool,
 ) -> None:
     """Run the pools APP defines on the store, in this process, until SIGTERM, SIGINT or SIGHUP.
 
@@ -125,6 +132,11 @@ def worker(
             raise CliUsageError(f"{flag}: {exc}") from None
     if metrics_host is not None and metrics_port is None:
         raise CliUsageError("--metrics-host: needs --metrics-port")
+    if otel:
+        try:  # the global provider, whenever it is set: the app may set it as it loads
+            tracing.instrument()
+        except tracing.TracingUnavailableError as exc:
+            raise CliUsageError(f"--otel: {exc}") from None
     configure(log_level, log_format)
     # Listening before the app loads: a port taken, or no extra, and nothing has run.
     scraped = None if metrics_port is None else _serve_metrics(metrics_host, metrics_port)

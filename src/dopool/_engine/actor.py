@@ -14,12 +14,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 from functools import partial
 from typing import Any, cast
 
 import pykka
 
+from dopool import tracing
 from dopool._clock.threads import Future, Inbox
 from dopool._engine import logs
 from dopool._engine.cells import Cell, Cells
@@ -356,11 +357,15 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             _now=self._clock.now,
             _open_storage=self._open_storage,
         )
+        span = tracing.attempt(
+            self._spec.name, self._id, f"{self._id}:{sequence}", attempt, record.trace, started_at
+        )
         if failure is None:
             try:
-                returned = self._spec.options.execute(ctx)
-                if returned is not None:  # (the usual handler returns None: no call)
-                    ran(returned, "the handler", PermanentError)
+                with nullcontext() if span is None else span.running():
+                    returned = self._spec.options.execute(ctx)
+                    if returned is not None:  # (the usual handler returns None: no call)
+                        ran(returned, "the handler", PermanentError)
             except BaseException as exc:  # SystemExit too: a handler never takes the actor down
                 failure = exc
                 if exc.__traceback__ is not None:  # from the handler's frame on, not ours
@@ -409,6 +414,11 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         else:
             assert trace is not None
             logs.attempt_failed(self._id, sequence, attempt, failure, retry_at[0], trace)
+        if span is not None:
+            outcome = "succeeded" if failure is None else "retried"
+            if failure is not None and retry_at[0] is None:
+                outcome = "dead_lettered"
+            span.end(failure, outcome, now)
         return started
 
     # -- recovery ------------------------------------------------------------

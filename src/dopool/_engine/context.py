@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from dopool import tracing
 from dopool._engine.storage import Storage, Writes
 from dopool._errors import ConfigurationError, as_seconds, shown
 from dopool._machine.followups import FollowUp, Target
@@ -101,6 +102,8 @@ class EventContext:
         item = prepare(event, partition_key, priority)
         if due is not None:  # a delay: seconds from the commit, which sets the due time
             item = item._replace(delay=due) if delay is not None else item._replace(due=due)
+        if tracing.instrumented():  # the attempt's span is the follow-up's parent
+            item = item._replace(trace=tracing.carrier())
         self._follow_ups.append((item, target))
 
     def sleep(self, seconds: float | timedelta) -> None:

@@ -55,6 +55,7 @@ from typing import Any, NoReturn, TypeVar, Unpack
 
 import lmdb
 
+from dopool import tracing
 from dopool._clock.clocks import RealClock
 from dopool._cluster.leases import lease_owner
 from dopool._cluster.remote import (
@@ -376,8 +377,9 @@ class ProducerPool(Pool):
             due=due,
             dedup_key=dedup_key,
         )
-        items = with_ttl((item,), ttl, due, self._connection.now())
-        return self._store(items, partition_key)[0]
+        now = self._connection.now
+        with tracing.sending(self._name, with_ttl((item,), ttl, due, now()), now) as items:
+            return self._store(items, partition_key)[0]
 
     def enqueue_many(
         self,
@@ -398,7 +400,9 @@ class ProducerPool(Pool):
         )
         if not items:
             return []
-        return self._store(with_ttl(items, ttl, due, self._connection.now()), partition_key)
+        now = self._connection.now
+        with tracing.sending(self._name, with_ttl(items, ttl, due, now()), now) as items:
+            return self._store(items, partition_key)
 
     def _due(
         self, delay: float | timedelta | None, not_before: float | datetime | None

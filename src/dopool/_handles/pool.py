@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, Unpack
 
+from dopool import tracing
 from dopool._cluster.remote import Verb
 from dopool._cluster.routing import Positions, pick, place
 from dopool._engine.calls import Calls
@@ -150,10 +151,10 @@ class WorkerPool(Pool):
             due=due,
             dedup_key=dedup_key,
         )
-        if ttl is None:
-            return self._route((item,), partition_key)[0]
-        items = with_ttl((item,), ttl, due, self._context.clock.now())
-        return self._route(items, partition_key)[0]
+        clock = self._context.clock
+        items = (item,) if ttl is None else with_ttl((item,), ttl, due, clock.now())
+        with tracing.sending(self.name, items, clock.now) as items:
+            return self._route(items, partition_key)[0]
 
     def enqueue_many(
         self,
@@ -174,9 +175,11 @@ class WorkerPool(Pool):
         )
         if not items:
             return []
+        clock = self._context.clock
         if ttl is not None:
-            items = with_ttl(items, ttl, due, self._context.clock.now())
-        return self._route(items, partition_key)
+            items = with_ttl(items, ttl, due, clock.now())
+        with tracing.sending(self.name, items, clock.now) as items:
+            return self._route(items, partition_key)
 
     def _direct_to(self, index: int) -> DirectEnqueue | None:
         """Instance ``index``'s direct path (the instance started if it was not); None if

@@ -5,7 +5,10 @@ damaged), redriven as new events, or purged. Part of the queue machine
 A buried event leaves the queue for the dead letters in the transaction of its last
 outcome, and releases its dedup key. A pending event whose record is damaged is set
 aside without being decoded: its dead letter keeps the bytes as found, is marked
-``damaged``, and is never redriven.
+``damaged``, and is never redriven. So is one whose record is stored nowhere, because its
+key was damaged (the record is then under a key of no event, which ``dopool check``
+names): the meta counts it, the event index names it, and its dead letter holds no bytes
+(:meth:`DeadLetters.set_aside_lost`).
 
 A redrive takes the dead letters asked for (all, or some by sequence) out of the store
 and appends them to the queue as new events, with new sequences, in one transaction.
@@ -33,6 +36,7 @@ from dopool._machine.status import dead_letter_from_record
 from dopool._machine.types import Effects, Item
 from dopool._store.layout import (
     DeadRecord,
+    EventIndex,
     EventRecord,
     Meta,
     Namespace,
@@ -44,6 +48,9 @@ from dopool._types import EventState, PoolEvent
 
 logger = logging.getLogger("dopool")
 
+#: Why an event whose record is stored nowhere was dead-lettered (after its error's type).
+LOST = "its record is missing: its key was damaged (dopool check names the stray record)"
+
 # The machine's: append items as new events; remove the current event; make a PoolEvent.
 Append = Callable[[Txn, Meta, tuple[Item, ...], float, "Effects"], object]
 # Removes a finished event: key, its final state, its error, the time.
@@ -54,7 +61,7 @@ MakeEvent = Callable[..., PoolEvent]
 class DeadLetters:
     """Instance ``index``'s dead letters (see the module docstring)."""
 
-    __slots__ = ("_append", "_dedup", "_event", "_id", "_index", "_ns", "_remove")
+    __slots__ = ("_append", "_dedup", "_event", "_events", "_id", "_index", "_ns", "_remove")
 
     def __init__(
         self,
@@ -70,6 +77,7 @@ class DeadLetters:
         self._id = ident
         self._index = index
         self._ns = namespace
+        self._events = EventIndex(namespace)
         self._dedup = dedup
         self._append = append
         self._remove = remove
@@ -114,6 +122,58 @@ class DeadLetters:
         dead = DeadRecord(damage.value, error, attempts, now, now, None, priority, True)
         logger.error("instance %s: event %d dead-lettered: %s", self._id, sequence, error)
         self.bury(txn, meta, key, sequence, dead, now, fx)
+
+    def set_aside_lost(self, txn: Txn, meta: Meta, now: float, fx: Effects) -> None:
+        """The meta counts pending events that no key holds (a start found none to
+        take): dead-letter as damaged each one the event index names that is stored
+        nowhere, and set the meta's counts to what the keys hold.
+
+        A lost event's dead letter has no bytes, the priority its index entry says, and
+        its dedup key, if an entry names it (released, as a bury does). With none found
+        (the index is damaged too), only the counts change, logged at ERROR: the stray
+        record stays for ``dopool check`` to name. Scans: for a damaged store only.
+        """
+        ns, events = self._ns, self._events
+        priorities, scheduled, next_due = events.tally(txn)
+        stored = sum(priorities.values()) + scheduled
+        counted = (meta.pending, meta.scheduled, dict(meta.priorities))
+        found = [  # never one that was not issued, nor one already dead-lettered
+            (sequence, key)
+            for sequence, key in events.lost(txn)
+            if sequence < meta.tail and txn.get(ns.dead_letter_key(sequence)) is None
+        ][: max(0, meta.pending - stored)]
+        started = meta.current
+        current = None if started is None else queue_key_sequence(started)
+        # The current event's own key, so that its removal frees the head of the line.
+        lost = [(s, started if s == current and started else key) for s, key in found]
+        for _, key in lost:  # counted among the due events: bury's removal uncounts it
+            priority = queue_key_priority(key)
+            priorities[priority] = priorities.get(priority, 0) + 1
+        meta.pending, meta.scheduled, meta.next_due = stored + len(lost), scheduled, next_due
+        meta.priorities = priorities
+        dedup_keys = self._dedup.held_by(txn, self._index, {sequence for sequence, _ in lost})
+        error = f"DamagedRecordError: {LOST}"
+        for sequence, key in lost:
+            attempts = meta.attempt if key == meta.current else 0
+            priority, dedup_key = queue_key_priority(key), dedup_keys.get(sequence)
+            dead = DeadRecord(b"", error, attempts, now, now, None, priority, True, dedup_key)
+            logger.error("instance %s: event %d dead-lettered: %s", self._id, sequence, error)
+            self.bury(txn, meta, key, sequence, dead, now, fx)
+        if meta.current is not None and txn.get(meta.current) is None:  # its entry lost too
+            meta.current, meta.attempt, meta.retry_at = None, 0, None
+            meta.last_error = meta.last_traceback = None
+        if counted[0] - stored != len(lost):
+            logger.error(
+                "instance %s: its meta counted %d pending events (%d scheduled, %s by "
+                "priority), its keys hold %d (%d scheduled, %s): counts set to the keys' "
+                "(a damaged key: dopool check names the stray record)",
+                self._id,
+                *counted,
+                stored,
+                scheduled,
+                meta.priorities,
+            )
+        fx.empty = None if meta.pending else len(fx.events)
 
     def expire(
         self, txn: Txn, meta: Meta, key: bytes, record: EventRecord, now: float, fx: Effects

@@ -198,6 +198,12 @@ class Dedup:
         elif not self._swept:
             self._swept = self._index.sweep(txn, now, window, SWEEP)[0] < SWEEP
 
+    def held_by(self, txn: Txn, index: int, sequences: set[int]) -> dict[int, str]:
+        """The keys that events ``sequences`` of instance ``index`` hold, by sequence, as
+        their entries say: for events whose records are lost (a scan of the pool's index:
+        :meth:`DedupIndex.held_by`)."""
+        return self._index.held_by(txn, index, sequences) if sequences else {}
+
     def readable(self, txn: Txn, key: str) -> bool:
         """Whether ``key``'s entry, if any, passes its checks (an error is logged)."""
         try:

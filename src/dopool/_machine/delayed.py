@@ -23,7 +23,6 @@ events enqueued due keep their FIFO order. ``QueueMachine.append`` writes it out
 
 from __future__ import annotations
 
-from dopool._errors import StorageError
 from dopool._machine.types import Item
 from dopool._store.layout import Meta, Namespace
 from dopool._store.txn import Txn
@@ -47,26 +46,28 @@ def store_delayed(
         at,
         item.dedup_key,
         expires,
+        item.trace,
     )
     if meta.next_due is None or at < meta.next_due:
         meta.next_due = at
 
 
-def promote(ns: Namespace, txn: Txn, meta: Meta, now: float, ident: str) -> None:
-    """Move the delayed events due by ``now`` into the run queue, and count them there.
+def promote(ns: Namespace, txn: Txn, meta: Meta, now: float) -> bool:
+    """Move the delayed events due by ``now`` into the run queue, and count them there;
+    False if the meta counts scheduled events that no key holds (their keys were
+    damaged: the caller sets them aside, ``DeadLetters.set_aside_lost``).
 
     Cheap to call: it reads nothing unless one is due.
     """
     if meta.next_due is None or meta.next_due > now:
-        return
+        return True
     moved = ns.promote(txn, now)
     counts = meta.priorities
     for priority in moved.priorities:
         counts[priority] = counts.get(priority, 0) + 1
     meta.scheduled -= len(moved.priorities)
     meta.next_due = moved.next_due
-    if meta.next_due is None and meta.scheduled:
-        raise StorageError(f"instance {ident}: {meta.scheduled} scheduled but no key")
     last = moved.last_due
     if last is not None and (meta.last_due is None or last > meta.last_due):
         meta.last_due = last
+    return meta.next_due is not None or not meta.scheduled

@@ -114,7 +114,15 @@ class FollowUps:
             link = meta.links.get(ident, 0)
             meta.links[ident] = link + 1
             record = OutboxRecord(
-                pool, index, link, item.event, now, item.partition_key, item.priority, item.due
+                pool,
+                index,
+                link,
+                item.event,
+                now,
+                item.partition_key,
+                item.priority,
+                item.due,
+                item.trace,
             )
             self._ns.put_outbox(txn, oseq, record)
             fx.deliveries.append((oseq, record))
@@ -151,7 +159,9 @@ class FollowUps:
         """
         expected = self._ns.last_delivered(txn, source_pool, source) + 1
         if record.link == expected:
-            item = Item(record.event, record.partition_key, record.priority, record.due)
+            item = Item(
+                record.event, record.partition_key, record.priority, record.due, trace=record.trace
+            )
             self._append(txn, meta, (item,), now, fx)
             self._ns.set_delivered(txn, source_pool, source, record.link)
         return expected

@@ -252,7 +252,16 @@ class QueueMachine:
                 ttl = item.ttl
                 expires = None if ttl is None else now + ttl
                 ns.add_event(
-                    txn, sequence, item.event, now, item.partition_key, priority, due, key, expires
+                    txn,
+                    sequence,
+                    item.event,
+                    now,
+                    item.partition_key,
+                    priority,
+                    due,
+                    key,
+                    expires,
+                    item.trace,
                 )
                 counts[priority] = counts.get(priority, 0) + 1
             results.append(EnqueueResult(sequence, index, ident, position))
@@ -292,13 +301,20 @@ class QueueMachine:
             self._recurring.fire_due(txn, meta, now, fx)
         return self._start_attempt(txn, meta, now, fx)
 
-    def _start_attempt(self, txn: Txn, meta: Meta, now: float, fx: Effects) -> Started | None:
+    def _start_attempt(
+        self, txn: Txn, meta: Meta, now: float, fx: Effects, reconciled: bool = False
+    ) -> Started | None:
         """Consume the alarm and, if there is work, record the next attempt's start.
 
-        A damaged event record met on the way is dead-lettered, never started.
+        A damaged event record met on the way is dead-lettered, never started; so is
+        one stored nowhere (its key was damaged), once the meta is found counting
+        events that no key holds (:meth:`DeadLetters.set_aside_lost`; ``reconciled``:
+        that was done in this transaction already).
         """
         meta.alarm = None
-        promote(self._ns, txn, meta, now, self._id)
+        if not promote(self._ns, txn, meta, now) and not reconciled:
+            self._dead.set_aside_lost(txn, meta, now, fx)
+            reconciled = True
         if meta.paused or meta.pending == meta.scheduled:  # nothing due
             rearm(meta, now)  # the next scheduled event's due time, if any
             return None
@@ -322,11 +338,14 @@ class QueueMachine:
                 break
             except DamagedRecordError as damage:
                 self._dead.set_aside(txn, meta, damage, now, fx)
-                if meta.pending == 0:
-                    rearm(meta, now)  # a schedule's next fire, if any
+                if meta.pending == meta.scheduled:  # none due now
+                    rearm(meta, now)  # the next scheduled event, a schedule's next fire
                     return None
-        if key is None or record is None:
-            raise StorageError(f"instance {self._id}: {meta.pending} pending but no event key")
+        if key is None or record is None:  # the meta counts an event no key holds
+            if reconciled:  # (set_aside_lost made the counts the keys': never again)
+                raise StorageError(f"instance {self._id}: {meta.pending} pending but no event key")
+            self._dead.set_aside_lost(txn, meta, now, fx)
+            return self._start_attempt(txn, meta, now, fx, reconciled=True)
         meta.current = key
         meta.attempt += 1
         meta.running = True
@@ -444,10 +463,12 @@ class QueueMachine:
                 record = self._ns.get_event(txn, meta.current)
             except DamagedRecordError as damage:
                 self._dead.set_aside(txn, meta, damage, now, fx)
-                record = None
-            if record is not None:
-                crash = DopoolError(f"instance crashed during attempt {meta.attempt}")
-                self.fail(txn, meta, meta.current, record, crash, now, fx)
+            else:
+                if record is None:  # its key was damaged: stored nowhere
+                    self._dead.set_aside_lost(txn, meta, now, fx)
+                else:
+                    crash = DopoolError(f"instance crashed during attempt {meta.attempt}")
+                    self.fail(txn, meta, meta.current, record, crash, now, fx)
         self._follow_ups.resend(txn, meta, fx)
         rearm(meta, now)
 

@@ -30,6 +30,7 @@ class Item(NamedTuple):
     dedup_key: str | None = None  # stored once per pool while it is held (see .dedup)
     ttl: float | None = None  # seconds from its enqueue to start it in, or it expires
     delay: float | None = None  # a follow-up's: seconds after its outcome commits (then ``due``)
+    trace: dict[str, str] | None = None  # the enqueuer's trace context (dopool.tracing)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import NamedTuple
 
 from dopool._errors import DamagedRecordError
@@ -321,6 +321,25 @@ class DedupIndex:
                     txn.delete(entry_key)
             txn.delete(expiry)
         return len(done), oldest
+
+    def held_by(self, txn: Txn, instance: int, sequences: Collection[int]) -> dict[int, str]:
+        """The keys whose entries name, unfinished, one of events ``sequences`` of
+        ``instance``, by sequence: for events whose records are lost, which cannot say
+        their keys. A scan of the pool's entries; a damaged one is passed over."""
+        held: dict[int, str] = {}
+        for key, raw in _iter_prefix(txn, self._prefix):
+            try:
+                record = read_dedup(key, raw)
+            except DamagedRecordError:
+                continue
+            if (
+                record.finished_at is None
+                and record.instance == instance
+                and record.sequence in sequences
+                and self.entry_key(record.dedup_key) == key  # (else it holds another key)
+            ):
+                held[record.sequence] = record.dedup_key
+        return held
 
     def entries(self, txn: Txn) -> Iterator[tuple[bytes, bytes]]:
         """Every index entry's key and stored value (for checkers)."""

@@ -35,6 +35,7 @@ from dopool._store.layout.keys import (
     decode_due,
     delayed_key_due,
     encode_due,
+    queue_key_priority,
 )
 from dopool._store.layout.namespace import Namespace, _delete_prefix, _iter_prefix
 from dopool._store.layout.records import (
@@ -201,6 +202,45 @@ class EventIndex:
         for key, _ in _iter_prefix(txn, self._wait, length):
             return delayed_key_due(key)
         return None
+
+    def lost(self, txn: Txn) -> list[tuple[int, bytes]]:
+        """The unfinished events stored nowhere: for each index entry that reads but whose
+        event :meth:`locate` does not find, its sequence and the queue key it names.
+
+        Only damage to the event's key does that: its record is then under a key of no
+        event, which ``dopool check`` names. A damaged entry is passed over: its checksum
+        covers its key, so its sequence may be damaged too. A scan of the index (and,
+        for each such entry, of the pending keys): for a damaged store only.
+        """
+        start = len(self._entries)
+        unfound: list[tuple[int, bytes]] = []
+        for key, raw in _iter_prefix(txn, self._entries, start + 8):
+            try:
+                (suffix,) = _fields(key, raw, 1)
+            except DamagedRecordError:
+                continue
+            if type(suffix) is not bytes or len(suffix) != _SUFFIX:
+                continue
+            seq = bytes(key[start:])
+            queue_key = self._queue + suffix + seq
+            delayed_key = self._wait + suffix[4:] + suffix[:4] + seq  # due, then rank
+            if txn.get(queue_key) is None and txn.get(delayed_key) is None:
+                unfound.append((int.from_bytes(seq, "big"), queue_key))
+        return [(sequence, key) for sequence, key in unfound if self._search(txn, sequence) is None]
+
+    def tally(self, txn: Txn) -> tuple[dict[int, int], int, float | None]:
+        """What the pending keys hold, as a meta counts it: the queue keys per priority,
+        how many scheduled keys there are, and the first one's due time (a scan: for a
+        meta that counts events no key holds)."""
+        priorities: dict[int, int] = {}
+        for key, _ in _iter_prefix(txn, self._queue, len(self._queue) + _RANK_DUE_SEQ.size):
+            priority = queue_key_priority(key)
+            priorities[priority] = priorities.get(priority, 0) + 1
+        scheduled, first = 0, None
+        for key, _ in _iter_prefix(txn, self._wait, len(self._wait) + _DUE_RANK_SEQ.size):
+            first = delayed_key_due(key) if first is None else first
+            scheduled += 1
+        return priorities, scheduled, first
 
     def entries(self, txn: Txn) -> list[int]:
         """Every index entry's sequence, in order (checkers and the migration)."""

@@ -8,10 +8,10 @@ import re
 #: The version of the store's layout (keys and records). A store records the version
 #: it was created with; a runtime migrates a store of an older version it knows
 #: (:data:`MIGRATES_FROM`) when it opens it, and refuses any other version.
-FORMAT_VERSION = 11
+FORMAT_VERSION = 12
 
 #: The older versions a runtime migrates in place (``_store/layout/migrate.py``).
-MIGRATES_FROM = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+MIGRATES_FROM = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
 
 #: A pool's name: it is part of the keys of its instances, of the delivery marks of
 #: the instances its follow-ups reach, and of the outbox entries sent to it.
@@ -35,6 +35,11 @@ PRIORITY_MIN = -(2**31)
 MAX_STORAGE_KEY_BYTES = 2 * 1024
 MAX_STORAGE_VALUE_BYTES = 128 * 1024
 PRIORITY_MAX = 2**31 - 1
+#: The most fields, and characters in all, of a trace context an event carries (what
+#: the OpenTelemetry propagator injects: ``traceparent``, ``tracestate``, ``baggage``...);
+#: a larger one is not stored, and the event's attempts start traces of their own.
+MAX_TRACE_FIELDS = 8
+MAX_TRACE_TEXT = 8192
 
 #: The shortest ``every`` of a recurring schedule: a schedule firing more often would be
 #: a flood of events, not a schedule (and one below the clock's resolution would fire at

@@ -61,6 +61,9 @@ Format 9 → 10: an instance has storage of its own (``v <name>`` keys): the met
 Format 10 → 11: a failed attempt keeps its traceback: each dead letter gains a last field,
 ``traceback``, and the meta gains ``last_traceback``, both nil (format 10 kept none).
 
+Format 11 → 12: an event carries its enqueuer's trace context: each pending event (due or
+scheduled) and each outbox entry gains a last field, ``trace``, nil (format 11 kept none).
+
 A record that fails the older format's checks is not rewritten (a record that moves
 to a new key moves with its bytes as found): the new format's checks then find it
 damaged, as the old ones would have. The caller commits the transaction, or rolls it
@@ -92,6 +95,7 @@ from dopool._store.layout.records import (
     _DEAD_LAYOUT_10,
     _EVENT_LAYOUT_3,
     _EVENT_LAYOUT_4,
+    _EVENT_LAYOUT_5,
     _META_LAYOUT_2,
     _META_LAYOUT_3,
     _META_LAYOUT_4,
@@ -100,6 +104,7 @@ from dopool._store.layout.records import (
     _META_LAYOUT_9,
     _META_LAYOUT_10,
     _OUTBOX_LAYOUT_6,
+    _OUTBOX_LAYOUT_7,
     Layout,
     PoolRecord,
     _laid_out,
@@ -125,7 +130,7 @@ _OUTBOX_LAYOUT_1: Layout = _OUTBOX_LAYOUT_6[1:]  # no "pool"
 
 
 def migrate_store(txn: Txn, found: int) -> int:
-    """Rewrite a store of format ``found`` (1 to 10) in ``txn`` as this format; how many
+    """Rewrite a store of format ``found`` (1 to 11) in ``txn`` as this format; how many
     records changed or were added (format 5 to 6 changes none but the format record)."""
     changed = _from_1(txn) if found == 1 else 0
     changed += _from_2(txn) if found <= 2 else 0
@@ -135,7 +140,8 @@ def migrate_store(txn: Txn, found: int) -> int:
     changed += _from_7(txn) if found <= 7 else 0
     changed += _from_8(txn) if found <= 8 else 0
     changed += _from_9(txn) if found <= 9 else 0
-    changed += _from_10(txn)
+    changed += _from_10(txn) if found <= 10 else 0
+    changed += _from_11(txn)
     txn.put(FORMAT_KEY, seal_format(FORMAT_KEY))
     return changed
 
@@ -400,3 +406,16 @@ def _from_10(txn: Txn) -> int:
     """Give every dead letter and meta a traceback, nil; how many records changed."""
     layouts = {RecordKind.META: _META_LAYOUT_10, RecordKind.DEAD_LETTER: _DEAD_LAYOUT_10}
     return _append_fields(txn, layouts, [None], [None])
+
+
+# -- format 11 to 12 -------------------------------------------------------------------
+
+
+def _from_11(txn: Txn) -> int:
+    """Give every pending event and outbox entry a trace context, nil; how many changed."""
+    layouts = {
+        RecordKind.EVENT: _EVENT_LAYOUT_5,
+        RecordKind.DELAYED: _EVENT_LAYOUT_5,
+        RecordKind.OUTBOX: _OUTBOX_LAYOUT_7,
+    }
+    return _append_fields(txn, layouts, [], [None])

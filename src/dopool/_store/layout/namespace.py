@@ -206,6 +206,7 @@ class Namespace:
         due: float,
         dedup_key: str | None = None,
         expires_at: float | None = None,
+        trace: dict[str, str] | None = None,
     ) -> None:
         """Store a new event due at ``due`` from its fields, under the queue key they make,
         and its index entry (:mod:`.events`).
@@ -220,7 +221,7 @@ class Namespace:
         suffix = _RANK_DUE_SEQ.pack(PRIORITY_MAX - priority, bits, sequence)
         key = self._queue + suffix
         # records._EVENT_LAYOUT's order:
-        body = pack((event, enqueued_at, partition_key, priority, dedup_key, expires_at))
+        body = pack((event, enqueued_at, partition_key, priority, dedup_key, expires_at, trace))
         txn.put(key, seal(key, body), overwrite=False)
         entry = self._entries + suffix[12:]  # events.seal_entry written out:
         txn.put(entry, seal(entry, _ENTRY + suffix[:12]))  # pack((rank:4 due:8,))
@@ -236,10 +237,11 @@ class Namespace:
         due: float,
         dedup_key: str | None = None,
         expires_at: float | None = None,
+        trace: dict[str, str] | None = None,
     ) -> None:
         """Store a new event that is not due until ``due``, under its scheduled key."""
         key = self.delayed_key(priority, sequence, due)
-        body = pack((event, enqueued_at, partition_key, priority, dedup_key, expires_at))
+        body = pack((event, enqueued_at, partition_key, priority, dedup_key, expires_at, trace))
         txn.put(key, seal(key, body), overwrite=False)
         entry = self._entries + key[-8:]  # the entry holds rank then due (.events)
         txn.put(entry, seal(entry, _ENTRY + key[-12:-8] + key[-20:-12]))

@@ -30,6 +30,8 @@ from dopool._store.layout.keys import _QUEUE_TAG, _RANK_DUE_SEQ, describe_key
 from dopool._store.layout.limits import (
     FORMAT_VERSION,
     MAX_CONCURRENCY,
+    MAX_TRACE_FIELDS,
+    MAX_TRACE_TEXT,
     PER_KEY,
     POOL_NAME,
     PRIORITY_MAX,
@@ -179,6 +181,16 @@ def _text_or_none(value: Any) -> bool:
     return value is None or type(value) is str
 
 
+def _carrier(value: Any) -> bool:
+    """A trace context as a propagator injects it: nil, or a small map of text to text."""
+    return value is None or (
+        type(value) is dict
+        and 0 < len(value) <= MAX_TRACE_FIELDS
+        and all(type(k) is str and type(v) is str for k, v in value.items())
+        and sum(len(k) + len(v) for k, v in value.items()) <= MAX_TRACE_TEXT
+    )
+
+
 def _tally(value: Any) -> bool:
     """A map of int to count (events per priority)."""
     return type(value) is dict and all(_integer(k) and _count(v) for k, v in value.items())
@@ -225,6 +237,7 @@ class EventRecord(NamedTuple):
     priority: int
     dedup_key: str | None = None
     expires_at: float | None = None  # not started by then (its ttl), it expires
+    trace: dict[str, str] | None = None  # the enqueuer's trace context (format 12)
 
 
 class DeadRecord(NamedTuple):
@@ -262,6 +275,7 @@ class OutboxRecord(NamedTuple):
     partition_key: str | None
     priority: int
     due: float | None = None  # a delayed follow-up's due time (None: due when delivered)
+    trace: dict[str, str] | None = None  # the parent attempt's trace context (format 12)
 
 
 # Format 3's event and dead-letter layouts (the migration reads them); format 4's add
@@ -273,7 +287,8 @@ _EVENT_LAYOUT_3: Layout = (
     ("priority", _priority),
 )
 _EVENT_LAYOUT_4: Layout = (*_EVENT_LAYOUT_3, ("dedup_key", _text_or_none))
-_EVENT_LAYOUT: Layout = (*_EVENT_LAYOUT_4, ("expires_at", _time_or_none))  # format 5
+_EVENT_LAYOUT_5: Layout = (*_EVENT_LAYOUT_4, ("expires_at", _time_or_none))  # formats 5 to 11
+_EVENT_LAYOUT: Layout = (*_EVENT_LAYOUT_5, ("trace", _carrier))  # format 12
 _DEAD_LAYOUT_3: Layout = (
     ("event", _blob),
     ("error", _text),
@@ -295,7 +310,8 @@ _OUTBOX_LAYOUT_6: Layout = (  # formats 2 to 6
     ("partition_key", _text_or_none),
     ("priority", _priority),
 )
-_OUTBOX_LAYOUT: Layout = (*_OUTBOX_LAYOUT_6, ("due", _time_or_none))  # format 7
+_OUTBOX_LAYOUT_7: Layout = (*_OUTBOX_LAYOUT_6, ("due", _time_or_none))  # formats 7 to 11
+_OUTBOX_LAYOUT: Layout = (*_OUTBOX_LAYOUT_7, ("trace", _carrier))  # format 12
 
 
 def seal_event(key: bytes, record: EventRecord | tuple[Any, ...]) -> bytes:
@@ -311,8 +327,8 @@ def read_event(key: bytes, value: bytes) -> EventRecord:
             fields = _unpackb(body, raw=False, strict_map_key=False)
         except Exception:
             fields = None
-        if type(fields) is list and len(fields) == 6:
-            event, enqueued_at, partition_key, priority, dedup_key, expires_at = fields
+        if type(fields) is list and len(fields) == 7:
+            event, enqueued_at, partition_key, priority, dedup_key, expires_at, trace = fields
             if (
                 type(event) is bytes
                 and type(enqueued_at) is float
@@ -324,6 +340,7 @@ def read_event(key: bytes, value: bytes) -> EventRecord:
                 and (
                     expires_at is None or (type(expires_at) is float and math.isfinite(expires_at))
                 )
+                and (trace is None or _carrier(trace))
             ):
                 return EventRecord(*fields)
     _laid_out(key, value, _EVENT_LAYOUT)  # raises, naming what is wrong
