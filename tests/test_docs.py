@@ -24,6 +24,7 @@ import pytest
 from click.testing import CliRunner
 
 import dopool
+import dopool.testing
 from dopool import Runtime
 from dopool._cli import cli
 from dopool._cli.simulate import simulate
@@ -184,8 +185,13 @@ def test_every_simulate_flag_is_documented() -> None:
 
 # -- the Python examples run -----------------------------------------------------------------
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
-# Blocks that cannot run as they stand, by their first line: they name a deployment's paths.
-NOT_RUN = {'import dopool\n\nconnection = dopool.connect("/srv/app/queue")'}
+# Blocks that cannot run as they stand, by their first line: they name a deployment's paths,
+# or import the example module before them (tests/handles/test_testing_plugin.py runs that
+# test file under pytest, beside its module).
+NOT_RUN = {
+    'import dopool\n\nconnection = dopool.connect("/srv/app/queue")',
+    "# test_payments.py: ",
+}
 # "print(x)  # text": what the example says it prints.
 PRINTS = re.compile(r"^(\s*)print\((.*)\)  # (.*)$", re.MULTILINE)
 
@@ -251,6 +257,11 @@ POOL_METHODS = [
     *("enqueue", "enqueue_many", "pause", "resume", "drain", "event", "cancel", "join"),
     *("status", "dead_letters", "redrive", "purge_dead_letters"),
     *("schedule", "schedules", "unschedule"),
+    *("enqueue_async", "enqueue_many_async", "event_async", "cancel_async", "status_async"),
+]
+TESTING_CALLS = [
+    "run_handler",
+    *("assert_pending", "assert_succeeded", "assert_dead_letters", "assert_paused"),
 ]
 # How docs/api.md names what a heading documents.
 DOCUMENTED_CALLS: dict[str, object] = {
@@ -267,6 +278,7 @@ DOCUMENTED_CALLS: dict[str, object] = {
     "RealClock": dopool.RealClock,
     "SimulatedClock": dopool.SimulatedClock,
     **{name: getattr(dopool.WorkerPool, name) for name in POOL_METHODS},
+    **{name: getattr(dopool.testing, name) for name in TESTING_CALLS},
 }
 
 
@@ -388,6 +400,8 @@ def record_section(name: str) -> str:
         dopool.EmptyInfo,
         dopool.PoolEvent,
         dopool.EventContext,
+        dopool.testing.HandlerRun,
+        dopool.testing.FollowUp,
     ],
     ids=lambda record: record.__name__,
 )

@@ -6,6 +6,7 @@ queue and one alarm slot, fed by a router, under a real or simulated clock.
 
 from dopool._clock.clocks import RealClock, SimulatedClock
 from dopool._engine.context import EventContext
+from dopool._engine.middleware import Middleware
 from dopool._engine.storage import Storage
 from dopool._errors import (
     ConfigurationError,
@@ -46,6 +47,7 @@ from dopool._types import (
     EnqueueResult,
     EventInfo,
     InstanceStatus,
+    Outcome,
     PoolEvent,
     PoolStatus,
     ScheduleInfo,
@@ -69,7 +71,9 @@ __all__ = [
     "InstanceCrashedError",
     "InstanceStartError",
     "InstanceStatus",
+    "Middleware",
     "NotLeasedError",
+    "Outcome",
     "PermanentError",
     "Pool",
     "PoolClosedError",

@@ -1,15 +1,23 @@
 """What a pool handle offers, whoever holds it: :class:`Pool`, the protocol that
 :class:`~dopool.WorkerPool` (a runtime's) and :class:`~dopool.ProducerPool` (a
-connection's) share, and the keywords of its calls."""
+connection's) share, and the keywords of its calls.
+
+Each handle writes every blocking call itself; the awaitable ones (``enqueue_async``
+and the others a web handler makes) are written once, here, from the blocking ones.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import Any, Protocol, TypedDict, Unpack
+from functools import partial
+from typing import Any, Protocol, TypedDict, TypeVar, Unpack
 
 from dopool._types import DeadLetter, EnqueueResult, EventInfo, PoolStatus, ScheduleInfo
+
+T = TypeVar("T")
 
 
 class ScheduleOptions(TypedDict, total=False):
@@ -134,6 +142,94 @@ class Pool(Protocol):
         instances stored.
         """
         ...
+
+    async def enqueue_async(
+        self,
+        event: Any,
+        *,
+        partition_key: str | None = None,
+        priority: int = 0,
+        delay: float | timedelta | None = None,
+        not_before: float | datetime | None = None,
+        dedup_key: str | None = None,
+        ttl: float | timedelta | None = None,
+    ) -> EnqueueResult:
+        """:meth:`enqueue`, awaited: the event is durable when the await returns, and the
+        event loop runs meanwhile (the call waits for its commit in another thread; see
+        :meth:`_off_loop`)."""
+        call = partial(
+            self.enqueue,
+            event,
+            partition_key=partition_key,
+            priority=priority,
+            delay=delay,
+            not_before=not_before,
+            dedup_key=dedup_key,
+            ttl=ttl,
+        )
+        return await self._off_loop(call)
+
+    async def enqueue_many_async(
+        self,
+        events: Iterable[Any],
+        *,
+        partition_key: str | None = None,
+        priority: int = 0,
+        delay: float | timedelta | None = None,
+        not_before: float | datetime | None = None,
+        dedup_keys: Iterable[str | None] | None = None,
+        ttl: float | timedelta | None = None,
+    ) -> list[EnqueueResult]:
+        """:meth:`enqueue_many`, awaited, as :meth:`enqueue_async`."""
+        call = partial(
+            self.enqueue_many,
+            events,
+            partition_key=partition_key,
+            priority=priority,
+            delay=delay,
+            not_before=not_before,
+            dedup_keys=dedup_keys,
+            ttl=ttl,
+        )
+        return await self._off_loop(call)
+
+    async def event_async(self, event_id: str) -> EventInfo | None:
+        """:meth:`event`, awaited, as :meth:`enqueue_async`."""
+        return await self._off_loop(partial(self.event, event_id))
+
+    async def cancel_async(self, event_id: str) -> bool:
+        """:meth:`cancel`, awaited, as :meth:`enqueue_async`."""
+        return await self._off_loop(partial(self.cancel, event_id))
+
+    async def status_async(
+        self, *, instances: Iterable[int] | None = None, limit: int | None = None
+    ) -> PoolStatus:
+        """:meth:`status`, awaited, as :meth:`enqueue_async`."""
+        return await self._off_loop(partial(self.status, instances=instances, limit=limit))
+
+    def _calls_on_loop_thread(self) -> bool:
+        """Whether an awaited call is made on the event loop's own thread (a runtime on a
+        simulated clock); else in a thread of its executor."""
+        return False
+
+    async def _off_loop(self, call: Callable[[], T]) -> T:
+        """Make a blocking call for a coroutine.
+
+        In a thread of the running loop's default executor (``asyncio.to_thread``), so
+        the loop goes on while the call waits for its commit, an fsync included. The
+        thread runs in a copy of the caller's context variables: an OpenTelemetry span
+        current in the coroutine is the one ``dopool.tracing`` sees. Concurrent awaits
+        are concurrent threads, and a runtime's committer takes every write waiting when
+        it begins a commit, so they share an fsync (group commit) as threads do; at most
+        the executor's threads are in flight (``loop.set_default_executor`` sets more).
+
+        On the loop's thread under a simulated clock (:meth:`_calls_on_loop_thread`):
+        virtual time never waits for real time, and a simulated run repeats only if
+        its calls come from the thread that drives it.
+        """
+        if self._calls_on_loop_thread():
+            return call()
+        return await asyncio.to_thread(call)
 
     def pause(self, index: int | None = None) -> None:
         """Stop starting events on the pool, or on instance ``index``. Enqueues are still

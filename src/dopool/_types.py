@@ -250,6 +250,25 @@ class EventInfo:
     traceback: str | None = None  # the last failure's, while in backoff or dead-lettered
 
 
+#: What came of an attempt (:class:`Outcome`).
+OutcomeState = Literal["succeeded", "retried", "dead_lettered"]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What came of an attempt, committed: what a middleware's ``after`` is given.
+
+    ``state`` is ``succeeded``, ``retried`` (it waits for a retry at ``retry_at``) or
+    ``dead_lettered``; ``error`` the failure as recorded (None for a success);
+    ``duration`` the clock's seconds from the attempt's start to its outcome.
+    """
+
+    state: OutcomeState
+    error: str | None
+    retry_at: float | None
+    duration: float
+
+
 @dataclass(frozen=True, slots=True)
 class EmptyInfo:
     """Passed to ``on_empty`` when an instance's last pending event was processed."""

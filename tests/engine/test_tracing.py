@@ -28,15 +28,21 @@ TIMEOUT = 30.0
 
 
 @pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    """dopool instrumented with a provider of its own, whose spans the test reads."""
-    exporter = InMemorySpanExporter()
+def provider() -> Iterator[TracerProvider]:
+    """The provider dopool is instrumented with, for the test's own spans too."""
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracing.instrument(tracer_provider=provider)
-    yield exporter
+    yield provider
     tracing.uninstrument()
     provider.shutdown()
+
+
+@pytest.fixture
+def spans(provider: TracerProvider) -> InMemorySpanExporter:
+    """The spans the provider finished, which the test reads."""
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter
 
 
 def named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
@@ -256,3 +262,27 @@ def test_a_context_too_large_to_store_is_left_out(
     else:  # a trace of its own
         assert process.parent is None
         assert process.context.trace_id != send.context.trace_id
+
+
+def test_an_awaited_enqueue_is_traced_in_the_coroutines_span(
+    store_path: Path, provider: TracerProvider, spans: InMemorySpanExporter
+) -> None:
+    """``enqueue_async`` waits in another thread, which runs in a copy of the coroutine's
+    context: the span current in the coroutine is the enqueue's parent."""
+    import asyncio
+
+    async def request(pool: Any) -> None:
+        with provider.get_tracer("web").start_as_current_span("GET /"):
+            await pool.enqueue_async("x")
+
+    with Runtime(store_path) as runtime:
+        pool = runtime.define("web", execute=lambda ctx: None)
+        asyncio.run(request(pool))
+        assert pool.join(timeout=TIMEOUT)
+    (outer,) = named(spans, "GET /")
+    (send,) = named(spans, "send web")
+    (process,) = named(spans, "process web")
+    assert outer.context is not None
+    assert send.context is not None
+    assert parent_id(send) == outer.context.span_id
+    assert parent_id(process) == send.context.span_id

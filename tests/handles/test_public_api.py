@@ -66,8 +66,16 @@ def test_dopool_testing_holds_the_same_objects_as_their_first_homes() -> None:
     assert dopool.testing.SimulatedClock is dopool.SimulatedClock
     assert dopool.testing.FaultPlan is dopool.chaos.FaultPlan
     assert dopool.testing.SimulationStalledError is dopool.SimulationStalledError
-    assert sorted(dopool.testing.__all__) == [
+    assert dopool.testing.__all__ == sorted(dopool.testing.__all__)
+    assert dopool.testing.__all__ == [
         "FaultPlan",
+        "FollowUp",
+        "HandlerRun",
         "SimulatedClock",
         "SimulationStalledError",
+        "assert_dead_letters",
+        "assert_paused",
+        "assert_pending",
+        "assert_succeeded",
+        "run_handler",
     ]

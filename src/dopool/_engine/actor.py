@@ -22,7 +22,7 @@ import pykka
 
 from dopool import tracing
 from dopool._clock.threads import Future, Inbox
-from dopool._engine import logs
+from dopool._engine import logs, middleware
 from dopool._engine.cells import Cell, Cells
 from dopool._engine.context import EventContext
 from dopool._engine.mailbox import fail_reply
@@ -51,11 +51,13 @@ from dopool._errors import (
     PermanentError,
     StorageError,
     StoreClosedError,
+    failed,
     failure_traceback,
 )
 from dopool._machine.types import Effects, Started
 from dopool._store.layout import EventRecord, Meta, OutboxRecord, queue_key_sequence, unpack
 from dopool._store.txn import Txn
+from dopool._types import Outcome, OutcomeState
 from dopool._usercode import ran
 
 logger = logging.getLogger("dopool")
@@ -360,16 +362,16 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         span = tracing.attempt(
             self._spec.name, self._id, f"{self._id}:{sequence}", attempt, record.trace, started_at
         )
+        chain = self._spec.middleware
+        entered = 0  # the middleware whose ``before`` returned: they see the outcome
         if failure is None:
-            try:
-                with nullcontext() if span is None else span.running():
-                    returned = self._spec.options.execute(ctx)
-                    if returned is not None:  # (the usual handler returns None: no call)
-                        ran(returned, "the handler", PermanentError)
-            except BaseException as exc:  # SystemExit too: a handler never takes the actor down
-                failure = exc
-                if exc.__traceback__ is not None:  # from the handler's frame on, not ours
-                    exc.__traceback__ = exc.__traceback__.tb_next
+            with nullcontext() if span is None else span.running():
+                if chain:
+                    entered, failure = middleware.enter(chain, ctx)
+                if failure is None:
+                    failure = self._run_handler(ctx)
+                if failure is not None and entered:
+                    failure = middleware.failed(chain, entered, ctx, failure)
         follow_ups, writes, rows = ctx._end()  # a context kept for later adds nothing now
         self._fault_point("after_execute", "crash_after_execute")
         now = self._clock.now()
@@ -414,12 +416,29 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         else:
             assert trace is not None
             logs.attempt_failed(self._id, sequence, attempt, failure, retry_at[0], trace)
-        if span is not None:
-            outcome = "succeeded" if failure is None else "retried"
+        if span is not None or entered:
+            state: OutcomeState = "succeeded" if failure is None else "retried"
             if failure is not None and retry_at[0] is None:
-                outcome = "dead_lettered"
-            span.end(failure, outcome, now)
+                state = "dead_lettered"
+            if span is not None:
+                span.end(failure, state, now)
+            if entered:
+                error = None if failure is None else failed(failure)
+                outcome = Outcome(state, error, retry_at[0], now - started_at)
+                middleware.finished(chain, entered, ctx, outcome)
         return started
+
+    def _run_handler(self, ctx: EventContext) -> BaseException | None:
+        """Call the handler; what it raised, its traceback from its own frame on."""
+        try:
+            returned = self._spec.options.execute(ctx)
+            if returned is not None:  # (the usual handler returns None: no call)
+                ran(returned, "the handler", PermanentError)
+        except BaseException as exc:  # SystemExit too: a handler never takes the actor down
+            if exc.__traceback__ is not None:  # from the handler's frame on, not ours
+                exc.__traceback__ = exc.__traceback__.tb_next
+            return exc
+        return None
 
     # -- recovery ------------------------------------------------------------
     def _on_recover(self, message: Recover) -> None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal, Required, TypedDict
 
 from dopool._engine.context import EventContext
+from dopool._engine.middleware import Middleware, check_middleware
 from dopool._errors import ConfigurationError, shown
 from dopool._machine.alarm import MAX_ALARM_RETRIES
 from dopool._machine.types import QueueRules
@@ -43,6 +44,7 @@ class PoolOptionsDict(TypedDict, total=False):
     dedup_window: float
     keep_finished: float
     idle_timeout: float | None
+    middleware: Sequence[Middleware]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,6 +69,8 @@ class PoolOptions:
     # Seconds of the runtime's clock an instance with nothing to do stays running; None: for
     # ever (docs/guarantees.md, "Instances started when first used").
     idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT
+    # Wraps each attempt, inside the runtime's (docs/api.md, "Middleware").
+    middleware: Sequence[Middleware] = ()
 
     def __post_init__(self) -> None:
         if not callable(self.execute):
@@ -126,6 +130,7 @@ class PoolOptions:
                     f"got {shown(idle)}"
                 )
             object.__setattr__(self, "idle_timeout", float(idle))
+        object.__setattr__(self, "middleware", check_middleware(self.middleware, "middleware"))
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> PoolOptions:

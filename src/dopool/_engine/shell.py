@@ -25,6 +25,7 @@ from dopool._engine.directory import Directory
 from dopool._engine.evicted import EvictedAlarms
 from dopool._engine.mailbox import fail_reply
 from dopool._engine.messages import Deliver, Enqueue
+from dopool._engine.middleware import Middleware
 from dopool._engine.options import PoolOptions
 from dopool._engine.slots import Slots
 from dopool._errors import (
@@ -53,6 +54,8 @@ class PoolSpec:
     name: str
     options: PoolOptions
     prepare: Callable[[Any, str | None, int], Item]
+    # What wraps each attempt: the runtime's middleware, then the pool's.
+    middleware: tuple[Middleware, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -128,6 +128,9 @@ class WorkerPool(Pool):
     def __repr__(self) -> str:
         return f"<WorkerPool {self.name!r} concurrency={self.concurrency}>"
 
+    def _calls_on_loop_thread(self) -> bool:
+        return self._context.clock.orders_calls  # a simulated clock's calls are ordered
+
     # -- enqueue ---------------------------------------------------------------
     def enqueue(
         self,

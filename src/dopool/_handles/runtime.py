@@ -12,7 +12,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from types import MappingProxyType
@@ -30,6 +30,7 @@ from dopool._engine.closing import Closing, Stops, deadline_after, stopped, wait
 from dopool._engine.directory import Directory, PoolAddress
 from dopool._engine.evicted import EvictedAlarms
 from dopool._engine.keeper import check_shared, keep_leases, serve_pool
+from dopool._engine.middleware import Middleware, check_middleware
 from dopool._engine.options import PoolOptions, PoolOptionsDict
 from dopool._engine.pool_context import PoolContext
 from dopool._engine.pool_instances import Instances
@@ -104,8 +105,11 @@ class Runtime:
         shared: bool = False,
         lease_ttl: float = DEFAULT_LEASE_TTL,
         max_active: int | None = None,
+        middleware: Sequence[Middleware] = (),
     ) -> None:
         check_path(path)
+        #: What wraps every attempt of every pool, outside each pool's own middleware.
+        self.middleware = check_middleware(middleware, "Runtime(middleware=)")
         check_max_active(max_active)
         check_poll_interval(poll_interval)
         self.lease_ttl = check_lease_ttl(lease_ttl)
@@ -310,7 +314,8 @@ class Runtime:
                 check_keyed(name, concurrency, partition_key)  # in the handler, at once
                 return prepare(event, partition_key=partition_key, priority=priority, schema=schema)
 
-            spec = PoolSpec(name=name, options=options, prepare=prepare_follow_up)
+            chain = (*self.middleware, *options.middleware)  # the runtime's wraps the pool's
+            spec = PoolSpec(name=name, options=options, prepare=prepare_follow_up, middleware=chain)
             env: InstanceEnv
 
             def start(cell: Cell, kill: KillFlag) -> pykka.ActorRef[Any]:
