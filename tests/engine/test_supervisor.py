@@ -17,7 +17,7 @@ from dopool._clock.threads import Inbox
 from dopool._engine.mailbox import Mailbox
 from dopool._engine.messages import Alarm, Control, Kill, Recover, Reply
 from dopool._engine.supervisor import RESTARTS_AT_ONCE, KillFlag, Supervisor, restart_delay
-from dopool._errors import InstanceCrashedError
+from dopool._errors import InstanceCrashedError, NotLeasedError
 from dopool._machine.types import Pause
 
 KEY = "p:0"
@@ -125,6 +125,26 @@ def test_a_closed_mailbox_starts_no_successor_and_answers_what_waited() -> None:
         pause.reply.get(timeout=0)
     assert not clock.activity.busy({KEY})
     assert not mailbox.send(Alarm())
+
+
+def test_a_vacated_mailbox_tells_what_waited_that_another_worker_serves_it() -> None:
+    """A lease lost mid-message closes the address as vacant: a caller's message that
+    waited in the dying actor's inbox is answered NotLeasedError, as a later one is, so
+    the caller stores its enqueue as a producer's instead of failing as if closed."""
+    clock = SimulatedClock()
+    mailbox, dead = _mailbox(clock)
+    waited = Control(Pause(), Reply())
+    mailbox.send(waited)
+    assert mailbox.close(vacant=True) is not None
+
+    assert not mailbox.replace(dead.actor_inbox, None, [])
+    with pytest.raises(NotLeasedError):
+        waited.reply.get(timeout=0)
+    later = Control(Pause(), Reply())
+    assert not mailbox.send(later)
+    with pytest.raises(NotLeasedError):
+        later.reply.get(timeout=0)
+    assert not clock.activity.busy({KEY})
 
 
 def test_closing_drops_the_messages_kept_for_a_restart() -> None:

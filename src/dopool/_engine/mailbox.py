@@ -221,7 +221,7 @@ class Mailbox:
                     stop.set(None)
                 for message in waiting:
                     self._activity.done(self.key)
-                    fail_reply(message, PoolClosedError(self.pool))
+                    fail_reply(message, self._refusal())
                 return False
             for stop in stops:  # none: only close() asks an actor to stop
                 stop.set(None)
@@ -274,8 +274,14 @@ class Mailbox:
                 self._activity.done(self.key, len(kept))
                 self._activity.sleep_end(self.key)
                 for message in kept:
-                    fail_reply(message, PoolClosedError(self.pool))
+                    fail_reply(message, self._refusal())
             return self._ref
+
+    def _refusal(self) -> DopoolError:
+        """What a caller's message that a closed address never delivered is answered with:
+        vacant, the instance is another worker's now (the caller stores its enqueue as a
+        producer's); else the runtime is closing."""
+        return NotLeasedError(self.key) if self._vacant else PoolClosedError(self.pool)
 
 
 def fail_reply(message: Any, error: DopoolError) -> None:
