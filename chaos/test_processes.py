@@ -64,6 +64,7 @@ def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow  # real processes: on CI's first Python, beside --processes
 @pytest.mark.threaded
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_seed_with_real_processes_keeps_every_invariant(seed: int, runs: Path) -> None:
@@ -76,6 +77,7 @@ def test_a_seed_with_real_processes_keeps_every_invariant(seed: int, runs: Path)
     assert list(runs.iterdir()) == []  # a passing seed leaves nothing behind
 
 
+@pytest.mark.slow  # real processes: on CI's first Python, beside --processes
 @pytest.mark.threaded
 def test_a_frozen_writer_lands_and_the_seed_keeps_every_invariant(runs: Path) -> None:
     result = run_seed(FROZEN)
@@ -284,6 +286,7 @@ def test_the_holders_of_the_lock_are_read_from_proc_locks() -> None:
     assert LockFile(0xFE, 0, 2146309).holders(table) == {101}
 
 
+@pytest.mark.slow  # real processes: on CI's first Python, beside --processes
 @pytest.mark.threaded
 def test_a_lost_event_is_reported_with_the_replay_line_and_the_run_kept(
     runs: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

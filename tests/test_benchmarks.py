@@ -32,7 +32,8 @@ from dopool._sim.scenario import Scenario
 from dopool._sim.sections import Partitions, Pause
 from dopool._store.environment import Store
 
-pytestmark = pytest.mark.threaded
+# Real processes and real time: run on CI's first Python only (.ci/run).
+pytestmark = [pytest.mark.threaded, pytest.mark.slow]
 
 
 def test_a_quick_run_measures_each_target_of_its_scenarios(

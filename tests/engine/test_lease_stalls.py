@@ -23,6 +23,9 @@ from dopool._store.layout import LeaseRecord, Namespace, all_leases
 from worker_support import WAIT, Ran, until
 from writer_lock_support import frozen_writer, held
 
+# Real processes and real time: run on CI's first Python only (.ci/run).
+pytestmark = pytest.mark.slow
+
 TTL = 0.6  # renewed every 0.2 s
 STALL = 5 * TTL  # how long the writer lock is held elsewhere
 

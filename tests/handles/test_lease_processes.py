@@ -18,11 +18,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import dopool
 from cli_support import invoke
 from dopool._cluster.routing import Router
 from dopool._store.layout import LeaseRecord, Namespace, all_leases
 from worker_support import Evidence, Worker, acknowledged, produce, until
+
+# Real processes and real time: run on CI's first Python only (.ci/run).
+pytestmark = pytest.mark.slow
 
 TTL = 1.5  # seconds; renewed every 0.5 s
 RERUN = 2.0  # seconds a rerun of the hung worker's attempt takes, in the other worker

@@ -45,6 +45,9 @@ from typing import Any
 
 import pytest
 
+# Real processes and real time: run on CI's first Python only (.ci/run).
+pytestmark = pytest.mark.slow
+
 CHILD_SCRIPT = Path(__file__).parents[1] / "support" / "_kill_child.py"
 _CHILD = runpy.run_path(str(CHILD_SCRIPT))  # its constants, without running it
 CONCURRENCY: int = _CHILD["CONCURRENCY"]

@@ -86,6 +86,7 @@ def test_a_worker_runs_what_producers_enqueue_and_stops_gracefully_on_sigterm(
     _checked(store_path)
 
 
+@pytest.mark.slow  # 11 s each, in real time: on CI's first Python only
 @pytest.mark.parametrize("how", ["grace", "second signal"])
 def test_a_handler_that_never_returns_cannot_hold_the_worker(
     store_path: Path, evidence: Evidence, worker: Callable[..., Worker], how: str
