@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from benchmarks import (
+    async_handlers,
     ceiling,
     connect,
     dedup,
@@ -190,6 +191,31 @@ def test_the_lateness_benchmark_measures_delayed_and_immediate_events(
     out = capsys.readouterr().out
     assert "delayed        5 events" in out
     assert "immediate      5 events" in out
+
+
+def test_the_async_handler_benchmark_measures_each_variant_beside_the_serial_reference(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Instances awaiting asyncio.sleep, awaiting ctx.sleep_async, blocking in time.sleep,
+    and not sleeping: each measured, and each ratio of the wall times computed."""
+    report = tmp_path / "async.json"
+
+    status = async_handlers.main(["--quick", "--dir", str(tmp_path), "--json", str(report)])
+
+    assert status == 0, capsys.readouterr().out
+    document = json.loads(report.read_text(encoding="utf-8"))
+    assert not document["failures"]
+    figures = {(f["system"], f["metric"]) for f in document["figures"]}
+    for variant in async_handlers.VARIANTS:
+        assert (variant, async_handlers.WALL) in figures
+        assert (variant, async_handlers.THREADS) in figures
+        assert (variant, async_handlers.MEMORY) in figures
+        assert ((variant, async_handlers.SLEEPS) in figures) == (variant in async_handlers.SLEEPING)
+    ratios = {t["label"]: t["value"] for t in document["targets"]}
+    assert len(ratios) == 5
+    assert "serial 100 x 0.1 s (computed) / async def, asyncio.sleep" in ratios
+    assert all(value is not None and value > 0 for value in ratios.values())
+    assert [path.name for path in tmp_path.iterdir()] == ["async.json"]  # stores removed
 
 
 def _benchmark(routing: str) -> Scenario:

@@ -1,5 +1,8 @@
 """What dopool asks of the code users hand it: plain, synchronous callables.
 
+A pool's handler alone may also be an ``async def`` (:func:`check_handler`): the engine
+awaits it on an event loop (docs/api.md, "Async handlers").
+
 A handler, hook, subscriber, schema or ``where`` predicate written with ``async def``
 (or as a generator) returns a coroutine (or a generator) without running its body.
 Taken at its word, the engine would count an event succeeded that never ran, call a
@@ -38,6 +41,23 @@ def check_synchronous(function: object, label: str) -> None:
         )
 
 
+def check_handler(function: object, label: str) -> bool:
+    """Refuse what :func:`check_synchronous` refuses, but an ``async def`` (or an object
+    whose ``__call__`` is one); whether ``function`` is one.
+
+    Raises:
+        ConfigurationError: ``function`` is not callable, or is a generator function.
+    """
+    if callable(function) and deferring(function) == ASYNC_FUNCTION:
+        return True
+    check_synchronous(function, label)
+    return False
+
+
+#: What :func:`deferring` calls a coroutine function.
+ASYNC_FUNCTION = "an async function"
+
+
 def deferring(function: object) -> str | None:
     """What ``function`` is if calling it would not run its body (``"an async function"``,
     say), an object whose ``__call__`` is such a function included; else None."""
@@ -46,7 +66,7 @@ def deferring(function: object) -> str | None:
     if callable(function) and not plain:
         function = type(function).__call__
     if inspect.iscoroutinefunction(function):
-        return "an async function"
+        return ASYNC_FUNCTION
     if inspect.isasyncgenfunction(function):
         return "an async generator function"
     if inspect.isgeneratorfunction(function):

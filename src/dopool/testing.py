@@ -25,10 +25,12 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from dopool._clock.clocks import SimulatedClock
+from dopool._clock.loops import run_virtual
 from dopool._engine.context import EventContext
 from dopool._engine.storage import Storage
 from dopool._errors import (
@@ -45,7 +47,7 @@ from dopool._pools import Pool
 from dopool._store.layout import Namespace, StoredRecord, StoredValues, unpack
 from dopool._store.txn import Txn
 from dopool._types import PoolStatus
-from dopool._usercode import check_synchronous, ran
+from dopool._usercode import check_handler, ran
 from dopool.chaos import FaultPlan
 
 __all__ = [
@@ -100,7 +102,8 @@ class HandlerRun:
         storage: the instance's stored values after the attempt, decoded: the values
             given with the handler's writes over them, or, if it raised, the values given
             (the engine discards a failed attempt's writes).
-        slept: the virtual seconds it waited in ``ctx.sleep``, in all.
+        slept: the virtual seconds it waited in ``ctx.sleep`` (an async handler: on its
+            loop's timers), in all.
     """
 
     returned: Any
@@ -138,7 +141,9 @@ def run_handler(
     The event is validated as ``enqueue`` validates it (with ``schema``, if given) and
     goes through msgpack as the store keeps it, so the handler sees lists for tuples.
     Its context is the engine's: ``sequence`` 0, ``instance_id`` ``"<pool>:<index>"``,
-    times of a virtual clock that starts at 0.0 and that ``ctx.sleep`` moves. Its
+    times of a virtual clock that starts at 0.0 and that ``ctx.sleep`` moves. An
+    ``async def`` handler runs to its end on an event loop in that virtual time, as under
+    a simulated runtime: ``await asyncio.sleep`` and ``ctx.sleep_async`` move it. Its
     follow-ups are validated as ``ctx.enqueue`` validates them (one for another pool
     without that pool's schema or concurrency, which no runtime here knows). Its storage
     holds ``storage``'s values (a copy: the mapping given is not changed).
@@ -148,14 +153,15 @@ def run_handler(
     raised again, so Ctrl-C still stops the test run.
 
     Raises:
-        ConfigurationError: ``handler`` is not a plain callable (an ``async def``, say),
+        ConfigurationError: ``handler`` is neither a plain callable nor an ``async def``
+            (a generator function, say),
             a bad ``pool`` name, ``attempt`` or ``instance_index``, or a ``storage``
             that is not a mapping.
         EventValidationError, EventTooLargeError: the event, its partition key or
             priority, as ``enqueue`` raises them.
         StorageItemError: a key or value of ``storage`` that ``ctx.storage.put`` refuses.
     """
-    check_synchronous(handler, "handler")
+    is_async = check_handler(handler, "handler")
     check_pool_name(pool)
     if type(attempt) is not int or attempt < 1:
         raise ConfigurationError(f"attempt must be an int >= 1, got {shown(attempt)}")
@@ -184,11 +190,17 @@ def run_handler(
         _target=_targets(pool),
         _now=clock.read,
         _open_storage=lambda: _HeldStorage(held, pool, instance_index),
+        _async=is_async,
     )
     returned: Any = None
     error: BaseException | None = None
     try:
-        returned = handler(ctx)
+        if is_async:  # on a loop in the virtual time of ``clock``, as a simulated runtime's
+            returned, error = run_virtual(partial(handler, ctx), clock.read, clock.sleep)
+            if isinstance(error, KeyboardInterrupt):
+                raise error
+        else:
+            returned = handler(ctx)
         if returned is not None:  # a coroutine returned without running: the engine's error
             ran(returned, "the handler", PermanentError)
     except KeyboardInterrupt:
@@ -198,7 +210,7 @@ def run_handler(
         if exc.__traceback__ is not None:  # from the handler's frame on, not ours
             exc.__traceback__ = exc.__traceback__.tb_next
     sent, writes, _rows = ctx._end()
-    if error is not None:
+    if error is not None:  # (an async handler's traceback starts in the handler already)
         return HandlerRun(returned=None, error=error, storage=_decoded(held), slept=clock.slept)
     for key, raw in writes.items():
         if raw is None:

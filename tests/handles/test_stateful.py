@@ -26,10 +26,16 @@ log with the model after every step.
 prediction is possible, and checks the guarantees of docs/guarantees.md instead, with
 two pools whose follow-ups go into either (a reopen may leave the second undefined for
 a while). The tests at the end pin down crash-handling bugs it found.
+
+Both machines draw, as their first step, whether the pools' handler is a plain ``def``
+or an ``async def`` (``asynchronous``): the async one awaits a zero sleep, then does
+what the plain one does, through the same code, in the loop the engine runs it on (in
+virtual time); every prediction and guarantee must hold alike.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import shutil
@@ -442,6 +448,7 @@ class PoolMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.path = Path(tempfile.mkdtemp(prefix="dopool-stateful-"))
+        self.asynchronous = False  # the handler is an async def (drawn by start)
         self.clock = SimulatedClock()  # kept across close and reopen: time goes on
         self.keys = Keys()
         self.model = [Instance(i, keys=self.keys) for i in range(CONCURRENCY)]
@@ -454,21 +461,26 @@ class PoolMachine(RuleBasedStateMachine):
         self.seen_letters: dict[tuple[int, int], DeadLetter] = {}
         self.wrong: list[str] = []  # what the handler and hooks saw that they should not
         self.last_keyless: int | None = None
-        try:
-            self.runtime, self.pool = self._open()
-        except BaseException:
-            shutil.rmtree(self.path, ignore_errors=True)  # no teardown without a machine
-            raise
+        self.runtime: Runtime  # both set by the first rule, start
+        self.pool: WorkerPool
 
     def teardown(self) -> None:
-        self.runtime.close()
+        runtime: Runtime | None = getattr(self, "runtime", None)
+        if runtime is not None:
+            runtime.close()
         shutil.rmtree(self.path, ignore_errors=True)
+
+    @initialize(asynchronous=st.booleans())
+    def start(self, asynchronous: bool) -> None:
+        """Open the runtime, its pool's handler a plain ``def`` or an ``async def``."""
+        self.asynchronous = asynchronous
+        self.runtime, self.pool = self._open()
 
     def _open(self) -> tuple[Runtime, WorkerPool]:
         runtime = Runtime(self.path, clock=self.clock, seed=0, max_active=self.max_active)
         pool = runtime.define(
             POOL,
-            execute=self._execute,
+            execute=self._execute_async if self.asynchronous else self._execute,
             concurrency=CONCURRENCY,
             retry=POLICY,
             on_dead_letter=self._on_dead_letter,
@@ -481,6 +493,11 @@ class PoolMachine(RuleBasedStateMachine):
         return runtime, pool
 
     # -- the handler and hooks (run in instance threads, while the clock is driven) --
+    async def _execute_async(self, ctx: EventContext) -> None:
+        """The async handler: a pass through its loop, then the plain one's work."""
+        await asyncio.sleep(0)  # no virtual time passes: the model's times hold
+        self._execute(ctx)
+
     def _execute(self, ctx: EventContext) -> None:
         event = ctx.event
         self.log[ctx.instance_index].append(
@@ -994,10 +1011,14 @@ TestBoundedPool.settings = settings(
 )
 
 
-def test_an_event_that_crashes_its_instance_every_time_is_dead_lettered() -> None:
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["def", "async-def"])
+def test_an_event_that_crashes_its_instance_every_time_is_dead_lettered(
+    asynchronous: bool,
+) -> None:
     """The poison case, spelled out: max_attempts crashes, then the queue moves on."""
     machine = PoolMachine()
     try:
+        machine.start(asynchronous)
         poison = {"fail": 99, "mode": "crash", "spawn": True}
         healthy = {"fail": 0, "mode": "error", "spawn": False}
         machine.enqueue(poison, "alpha", 0, None, None)
@@ -1115,6 +1136,7 @@ class FaultyPoolMachine(RuleBasedStateMachine):
         self.clock = SimulatedClock()
         self.runtime: Runtime  # both set by the first rule, open_store
         self.pools: dict[str, WorkerPool] = {}
+        self.asynchronous = False  # the handler is an async def (drawn by open_store)
         self.second_missing = False  # a reopen left SECOND undefined
         self.seed = 0
         self.probabilities: dict[str, float] = {}
@@ -1171,8 +1193,9 @@ class FaultyPoolMachine(RuleBasedStateMachine):
             self._define(SECOND)
 
     def _define(self, name: str) -> None:
+        execute = self._execute_async if self.asynchronous else self._execute
         self.pools[name] = self.runtime.define(
-            name, execute=self._execute, concurrency=POOLS[name], retry=POLICY
+            name, execute=execute, concurrency=POOLS[name], retry=POLICY
         )
 
     def _pool(self, name: str) -> WorkerPool:
@@ -1207,6 +1230,11 @@ class FaultyPoolMachine(RuleBasedStateMachine):
         if current is None or self._settled(index, current):
             return None
         return current
+
+    async def _execute_async(self, ctx: EventContext) -> None:
+        """The async handler: a pass through its loop, then the plain one's work."""
+        await asyncio.sleep(0)
+        self._execute(ctx)
 
     def _execute(self, ctx: EventContext) -> None:
         index, sequence, event = flat(ctx.pool_name, ctx.instance_index), ctx.sequence, ctx.event
@@ -1391,9 +1419,10 @@ class FaultyPoolMachine(RuleBasedStateMachine):
         return found
 
     # -- rules -------------------------------------------------------------------
-    @initialize(seed=st.integers(0, 2**16), probabilities=fault_plans)
-    def open_store(self, seed: int, probabilities: dict[str, float]) -> None:
+    @initialize(seed=st.integers(0, 2**16), probabilities=fault_plans, asynchronous=st.booleans())
+    def open_store(self, seed: int, probabilities: dict[str, float], asynchronous: bool) -> None:
         self.seed, self.probabilities = seed, probabilities
+        self.asynchronous = asynchronous
         self._open()
 
     @rule(

@@ -8,10 +8,14 @@ the fire times that passed at the first drive after a resume. After every step t
 pool's schedules (next fire, fired, coalesced), its occurrences run, its status and the
 store's checks agree with it. (tests/handles/test_stateful.py models the queue itself; this one
 adds only what schedules change, so that neither model grows past reading.)
+
+The first step draws whether the pool's handler is a plain ``def`` or an ``async def``
+(which awaits a zero sleep, then counts the occurrence as the plain one does).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import shutil
 import tempfile
@@ -21,7 +25,7 @@ from typing import Any
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from dopool import EventContext, Runtime, SimulatedClock, WorkerPool
 from dopool._ops.check import check_store
@@ -51,16 +55,30 @@ class ScheduleMachine(RuleBasedStateMachine):
         # Occurrences by their event, (name, event): what the handler saw, what the model says.
         self.occurrences: dict[tuple[Any, ...], int] = {}
         self.expected: dict[tuple[Any, ...], int] = {}
-        self.runtime, self.pool = self._open()
+        self.asynchronous = False  # the handler is an async def (drawn by start)
+        self.runtime: Runtime  # both set by the first rule, start
+        self.pool: WorkerPool
 
     def teardown(self) -> None:
-        self.runtime.close()
+        runtime: Runtime | None = getattr(self, "runtime", None)
+        if runtime is not None:
+            runtime.close()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+    @initialize(asynchronous=st.booleans())
+    def start(self, asynchronous: bool) -> None:
+        self.asynchronous = asynchronous
+        self.runtime, self.pool = self._open()
 
     def _open(self) -> tuple[Runtime, WorkerPool]:
         runtime = Runtime(self.directory / "store", clock=SimulatedClock(self.now), seed=0)
-        pool = runtime.define("p", execute=self._execute, concurrency=CONCURRENCY)
+        execute = self._execute_async if self.asynchronous else self._execute
+        pool = runtime.define("p", execute=execute, concurrency=CONCURRENCY)
         return runtime, pool
+
+    async def _execute_async(self, ctx: EventContext) -> None:
+        await asyncio.sleep(0)
+        self._execute(ctx)
 
     def _execute(self, ctx: EventContext) -> None:
         key = tuple(ctx.event)

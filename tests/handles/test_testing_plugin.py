@@ -5,6 +5,7 @@ pytest, and a fresh project that installed only dopool and pytest."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -143,18 +144,14 @@ def test_bad_arguments_are_refused(options: dict[str, Any], message: str) -> Non
 
 
 def test_a_handler_that_would_not_run_its_body_is_refused_or_fails_as_in_a_pool() -> None:
+    def generator(ctx: EventContext) -> Any:
+        yield ctx
+
+    with pytest.raises(ConfigurationError, match="plain function"):
+        run_handler(generator, 1)
+
     async def coroutine(ctx: EventContext) -> None:
         pass
-
-    with pytest.raises(ConfigurationError, match="plain function"):
-        run_handler(coroutine, 1)
-
-    class Deferred:
-        async def __call__(self, ctx: EventContext) -> None:
-            pass
-
-    with pytest.raises(ConfigurationError, match="plain function"):
-        run_handler(Deferred(), 1)
 
     def hides(ctx: EventContext) -> Any:  # a plain def returning one: the result tells
         return coroutine(ctx)
@@ -162,6 +159,44 @@ def test_a_handler_that_would_not_run_its_body_is_refused_or_fails_as_in_a_pool(
     run = run_handler(hides, 1)
     assert isinstance(run.error, PermanentError)
     assert "instead of running its body" in str(run.error)
+
+
+def test_an_async_handler_runs_to_its_end_in_virtual_time() -> None:
+    async def fetch(ctx: EventContext) -> str:
+        await asyncio.sleep(2.0)
+        await ctx.sleep_async(timedelta(seconds=1))
+        child = asyncio.create_task(asyncio.sleep(0.5, result="child"))
+        ctx.storage.put("fetched", ctx.event)
+        ctx.enqueue(await child)
+        return "done"
+
+    class Fetcher:
+        async def __call__(self, ctx: EventContext) -> None:
+            raise Declined(f"no {ctx.event}")
+
+    started = time.monotonic()
+    run = run_handler(fetch, "sku-1")
+    assert time.monotonic() - started < 1
+    run.raise_error()
+    assert (run.returned, run.slept) == ("done", 3.5)
+    assert run.storage == {"fetched": "sku-1"}
+    assert run.follow_ups == [FollowUp(event="child", pool="test")]
+    failed = run_handler(Fetcher(), "sku-2")
+    assert isinstance(failed.error, Declined)
+    assert failed.error.__traceback__ is not None
+    assert failed.error.__traceback__.tb_frame.f_code.co_name == "__call__"  # its own frame
+
+
+def test_an_async_handler_can_be_run_from_a_running_loop_and_ctx_sleep_is_refused() -> None:
+    async def blocks(ctx: EventContext) -> None:
+        ctx.sleep(1)
+
+    async def main() -> HandlerRun:
+        return run_handler(blocks, 1)  # an async test calls it from inside its loop
+
+    run = asyncio.run(main())
+    assert isinstance(run.error, ConfigurationError)
+    assert "await ctx.sleep_async" in str(run.error)
 
 
 # -- run_handler: outcomes ------------------------------------------------------------------

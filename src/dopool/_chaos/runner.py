@@ -19,6 +19,11 @@ the checker follows events, follow-ups included, across the two. A reopen may
 leave the second pool undefined until a later step needs it: meanwhile the
 follow-ups for it wait in the first pool's outboxes, and a handler that sends
 one fails its attempt (``ConfigurationError``).
+
+A scenario whose ``handler`` is ``"async"`` defines the pools with an ``async def``
+handler (:meth:`Runner._execute_async`): the same steps as the plain one
+(:meth:`Runner._begin` before the sleep, :func:`_end` after it), but it sleeps with
+``await ctx.sleep_async``, in the loop the engine runs it on in virtual time.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import time
 import traceback
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from dopool._chaos import recurring
 from dopool._chaos.calls import Calls
@@ -209,9 +214,10 @@ class Runner(Calls):
         assert self.runtime is not None
         scenario = self.scenario
         try:
+            execute = self._execute_async if scenario.handler == "async" else self._execute
             self.pools[name] = self.runtime.define(
                 name,
-                execute=self._execute,
+                execute=execute,
                 concurrency=scenario.defined(name),
                 retry=scenario.retry,
                 max_queue_depth=scenario.max_queue_depth,
@@ -278,6 +284,26 @@ class Runner(Calls):
 
     def _execute(self, ctx: EventContext) -> None:
         """The handler: does what the event's fields say (see ``dopool._chaos.scenario``)."""
+        planned = self._begin(ctx)
+        sleep = ctx.event["sleep"]
+        if sleep:
+            with self.driver.asleep():
+                ctx.sleep(sleep)
+        _end(planned)
+
+    async def _execute_async(self, ctx: EventContext) -> None:
+        """The handler of an ``async`` scenario: :meth:`_execute`, awaiting its sleep."""
+        planned = self._begin(ctx)
+        sleep = ctx.event["sleep"]
+        if sleep:
+            with self.driver.asleep():
+                await ctx.sleep_async(sleep)
+        _end(planned)
+
+    def _begin(self, ctx: EventContext) -> _Planned:
+        """A handler's work before its sleep: decide the attempt's outcome, count it in the
+        storage counter, enqueue the follow-ups, record the call, and kill the instance
+        if the event is poison. What the handler raises after its sleep, if anything."""
         event = ctx.event
         ident = event["id"]
         attempt = ctx.attempt
@@ -310,17 +336,7 @@ class Runner(Calls):
             runtime = self.runtime
             assert runtime is not None
             runtime.kill(ctx.pool_name, ctx.instance_index)
-        if event["sleep"]:
-            with self.driver.asleep():
-                ctx.sleep(event["sleep"])
-        if refused is not None:
-            raise refused
-        if outcome == "error":
-            raise RuntimeError(f"planned failure of {ident} attempt {attempt}")
-        if outcome == "retry":
-            raise RetryAfter(event["after"])
-        if outcome == "perm":
-            raise PermanentError(f"planned permanent failure of {ident}")
+        return _Planned(ident, attempt, outcome, event["after"], refused)
 
     # -- steps ------------------------------------------------------------------------------
     def _do(self, step: Step) -> None:
@@ -513,6 +529,28 @@ class Runner(Calls):
                     self.history.problem(
                         f"status() of instance {inst.instance_id} {seen} != storage {stored}"
                     )
+
+
+class _Planned(NamedTuple):
+    """How a handler call ends, decided before its sleep (:meth:`Runner._begin`)."""
+
+    ident: str
+    attempt: int
+    outcome: str  # "ok", "kill", "error", "retry" or "perm"
+    after: float  # a "retry"'s RetryAfter delay
+    refused: ConfigurationError | None  # a follow-up's pool is not defined
+
+
+def _end(planned: _Planned) -> None:
+    """End a handler call as planned: return, or raise its failure."""
+    if planned.refused is not None:
+        raise planned.refused
+    if planned.outcome == "error":
+        raise RuntimeError(f"planned failure of {planned.ident} attempt {planned.attempt}")
+    if planned.outcome == "retry":
+        raise RetryAfter(planned.after)
+    if planned.outcome == "perm":
+        raise PermanentError(f"planned permanent failure of {planned.ident}")
 
 
 def _describe(exc: BaseException) -> str:

@@ -61,6 +61,12 @@ demand and, in the eviction seeds, evicted and started again; the steps that nam
 instance name one a key reaches. In a per-key seed every enqueue, follow-up and schedule
 carries a key (a per-key pool refuses one without). Those draws come from
 ``random.Random(f"scale:{seed}")``, after all the rest.
+
+About half the seeds (:data:`ASYNC_SHARE`) run the pools with an ``async def`` handler
+(``handler == "async"``) that does what the plain one does, through the same code, but
+sleeps with ``await ctx.sleep_async``: the engine awaits it on a loop in virtual time, and
+everything else (retries, kills, crash recovery, the trace) must be as with a plain one.
+That draw comes from ``random.Random(f"handler:{seed}")``, so it disturbs no other.
 """
 
 from __future__ import annotations
@@ -114,6 +120,7 @@ SCALE_SHARE = 0.3  # of the seeds, those whose first pool is large or per-key
 LARGE_POOLS = (2**20, 2**32, PER_KEY)  # the first pool's concurrency in such a seed
 SCALE_KEYS = tuple(f"r{n}" for n in range(24))  # their partition keys
 SCALE_WEIGHTS = tuple(1.0 / (rank + 1) for rank in range(len(SCALE_KEYS)))
+ASYNC_SHARE = 0.5  # of the seeds, those whose pools' handler is an ``async def``
 
 #: When an enqueue makes its events due: ``("delay", seconds)``, or ``("not_before", s)``
 #: for the clock time ``s`` seconds after the call (before it, if negative).
@@ -137,7 +144,7 @@ EVENT_FIELDS = {
     "fail": "attempts 1..fail end with `mode` (a large value: always)",
     "mode": "'error' (RuntimeError), 'retry' (RetryAfter(after)) or 'perm' (PermanentError)",
     "after": "the RetryAfter delay in seconds",
-    "sleep": "virtual seconds the handler sleeps (ctx.sleep) on every attempt",
+    "sleep": "virtual seconds the handler sleeps (ctx.sleep; async: ctx.sleep_async) each attempt",
     "kids": "follow-ups enqueued on every attempt (committed only with a success)",
     "pk": "the partition key it was enqueued with",
     "prio": "the priority it was enqueued with",
@@ -212,6 +219,7 @@ class Scenario:
     dedup_window: float = 0.0  # the pools'
     idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT  # the pools'
     max_active: int | None = None  # the runtime's (None: no bound, a simulated clock's)
+    handler: Literal["sync", "async"] = "sync"  # the pools' handler: a def, or an async def
 
     @property
     def max_attempts(self) -> int:
@@ -265,7 +273,7 @@ class Scenario:
             f"seed {self.seed}: concurrency={self.defined(POOL)} retry={self.retry!r} "
             f"max_queue_depth={self.max_queue_depth} alarm_retries={self.alarm_retries}"
             f" dedup_window={self.dedup_window} idle_timeout={self.idle_timeout}"
-            f" max_active={self.max_active}{second}",
+            f" max_active={self.max_active} handler={self.handler}{second}",
             f"  faults: {faults or 'none'}",
         ]
         lines += [f"  step {n}: {step.describe()}" for n, step in enumerate(self.steps)]
@@ -320,6 +328,8 @@ def generate(seed: int, *, steps: int | None = None) -> Scenario:
         concurrency = scale.choice(LARGE_POOLS)
         schedules: dict[str, str | None] = {}
         plan = tuple(_scaled(step, scale, concurrency, schedules) for step in plan)
+    styles = random.Random(f"handler:{seed}")
+    handler: Literal["sync", "async"] = "async" if styles.random() < ASYNC_SHARE else "sync"
     return Scenario(
         seed,
         concurrency,
@@ -332,6 +342,7 @@ def generate(seed: int, *, steps: int | None = None) -> Scenario:
         window,
         idle_timeout,
         max_active,
+        handler,
     )
 
 

@@ -15,11 +15,13 @@ import os
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Sized
-from typing import Protocol
+from collections.abc import Callable, Coroutine, Hashable, Sized
+from functools import partial
+from typing import Any, Protocol
 
 from dopool._clock.greenlets import GreenletBackend
 from dopool._clock.latch import Latch
+from dopool._clock.loops import LoopThread, Settled, run_virtual
 from dopool._clock.quiescence import activity_for
 from dopool._clock.threads import Backend
 from dopool._errors import ConfigurationError, SimulationStalledError
@@ -76,6 +78,12 @@ class Clock(ABC):
     @abstractmethod
     def sleep(self, seconds: float, key: Hashable) -> None:
         """Block a handler for ``seconds`` of this clock's time."""
+
+    @abstractmethod
+    def run_coroutine(self, make: Callable[[], Coroutine[Any, Any, Any]], key: Hashable) -> Settled:
+        """Run an async handler's coroutine (``make()``) in this clock's time, blocking the
+        calling actor (``key``) until it ends; its value, or what it raised
+        (:mod:`dopool._clock.loops`)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the clock's resources, if any."""
@@ -156,6 +164,8 @@ class RealClock(Clock):
         self._tickets = itertools.count()
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self._loop: LoopThread | None = None  # started by the first coroutine
+        self._loop_lock = threading.Lock()
 
     def now(self) -> float:
         return time.time()
@@ -180,12 +190,26 @@ class RealClock(Clock):
         if seconds > 0:
             time.sleep(seconds)
 
+    def run_coroutine(self, make: Callable[[], Coroutine[Any, Any, Any]], key: Hashable) -> Settled:
+        """On the clock's one event loop (:class:`~dopool._clock.loops.LoopThread`)."""
+        loop = self._loop
+        if loop is None:
+            with self._loop_lock:
+                if self._loop is None:
+                    self._loop = LoopThread()
+                loop = self._loop
+        return loop.run(make)
+
     def close(self) -> None:
         with self._cond:
             self._stopped = True
             self._cond.notify()
         if self._thread is not None:
             self._thread.join()
+        with self._loop_lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.close()
 
     def _ensure_thread(self) -> None:
         if self._thread is None and not self._stopped:
@@ -366,6 +390,10 @@ class SimulatedClock(Clock):
             self._others += 1
         self.activity.sleep_begin(key)
         wake.acquire()
+
+    def run_coroutine(self, make: Callable[[], Coroutine[Any, Any, Any]], key: Hashable) -> Settled:
+        """On a loop in virtual time, the caller's own (:func:`.loops.run_virtual`)."""
+        return run_virtual(make, self.now, partial(self.sleep, key=key))
 
     def next_time(self) -> float | None:
         """The time of the next live alarm, wake-up or delivery, or None."""

@@ -17,10 +17,14 @@ asks the backend for its primitives, so the same code runs on both:
   (else pykka starts a thread for each).
 - :meth:`Backend.local`: what each actor (thread or greenlet) sees of its own,
   such as the instance it acts for (its ``instance``; :meth:`Backend.acting` asks).
+  Under threads it is kept per context (:class:`ContextLocal`), so an async handler's
+  task, which runs on the clock's loop thread in a copy of its instance's context, acts
+  for that instance as a plain handler's thread does.
 """
 
 from __future__ import annotations
 
+import contextvars
 import queue
 import sys
 import threading
@@ -39,6 +43,28 @@ class Local(Protocol):
     def __getattribute__(self, name: str, /) -> Any: ...
 
     def __setattr__(self, name: str, value: Any, /) -> None: ...
+
+
+class ContextLocal:
+    """Attributes kept in the current context: a ``threading.local`` for threads (each
+    starts with a context of its own), which a task or ``asyncio.to_thread`` call inherits
+    from where it was made. Set one on a copy of the values, so a context copied earlier
+    keeps what it saw."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self) -> None:
+        values: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("dopool_local")
+        object.__setattr__(self, "_values", values)
+
+    def __getattr__(self, name: str) -> Any:
+        values = self._values.get(None)
+        if values is None or name not in values:
+            raise AttributeError(name)
+        return values[name]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._values.set({**self._values.get({}), name: value})
 
 
 class Runner(Protocol):
@@ -85,7 +111,7 @@ class Backend:
         return Inbox()
 
     def local(self) -> Local:
-        return self._made(threading.local())
+        return self._made(ContextLocal())
 
     def _made(self, local: Local) -> Local:
         self._locals = (*self._locals, local)

@@ -358,6 +358,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             _wall=self._clock.wall,
             _now=self._clock.now,
             _open_storage=self._open_storage,
+            _async=self._spec.options.is_async,
         )
         span = tracing.attempt(
             self._spec.name, self._id, f"{self._id}:{sequence}", attempt, record.trace, started_at
@@ -429,9 +430,19 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         return started
 
     def _run_handler(self, ctx: EventContext) -> BaseException | None:
-        """Call the handler; what it raised, its traceback from its own frame on."""
+        """Call the handler (an async one: run its coroutine to its end in the clock's
+        time, :mod:`dopool._clock.loops`); what it raised, its traceback from its own
+        frame on."""
+        options = self._spec.options
         try:
-            returned = self._spec.options.execute(ctx)
+            if options.is_async:
+                returned, error = self._clock.run_coroutine(
+                    partial(options.execute, ctx), self._mailbox.key
+                )
+                if error is not None:  # its traceback starts in the handler already
+                    return error
+            else:
+                returned = options.execute(ctx)
             if returned is not None:  # (the usual handler returns None: no call)
                 ran(returned, "the handler", PermanentError)
         except BaseException as exc:  # SystemExit too: a handler never takes the actor down

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ class EventContext:
     _storage: Storage | None = field(default=None, repr=False)
     _follow_ups: list[FollowUp] = field(default_factory=list, repr=False)
     _wall: bool = field(default=False, repr=False)  # the clock reads wall time
+    _async: bool = field(default=False, repr=False)  # the handler is an async def
     _ended: bool = field(default=False, repr=False)  # the attempt's outcome is being settled
 
     @property
@@ -112,16 +114,36 @@ class EventContext:
 
         Raises:
             ConfigurationError: not seconds, or not finite (NaN would never wake, and
-                infinity would move a simulated clock to it); the attempt has ended.
+                infinity would move a simulated clock to it); the attempt has ended; the
+                handler is an ``async def`` (it would block every handler on its loop:
+                ``await ctx.sleep_async(...)``).
         """
+        if self._async:
+            raise ConfigurationError(
+                f"ctx.sleep called from the async handler of {self.instance_id}: it would "
+                "block the event loop every async handler runs on; await ctx.sleep_async(...)"
+            )
+        self._sleep(self._seconds(seconds, "sleep"))
+
+    async def sleep_async(self, seconds: float | timedelta) -> None:
+        """``ctx.sleep`` for an ``async def`` handler: awaits ``asyncio.sleep``, which runs in
+        the clock's time on the loop the handler runs on (virtual under a simulated clock).
+
+        Raises:
+            ConfigurationError: as ``ctx.sleep``'s, but for an async handler.
+        """
+        await asyncio.sleep(self._seconds(seconds, "sleep_async"))
+
+    def _seconds(self, seconds: float | timedelta, verb: str) -> float:
+        """``seconds`` checked, as a float, for ``ctx.sleep``."""
         if self._ended:
-            self._check_running("sleep")
+            self._check_running(verb)
         if type(seconds) is not float or not math.isfinite(seconds):  # (a float passes here)
-            value = as_seconds(seconds, "ctx.sleep")
+            value = as_seconds(seconds, f"ctx.{verb}")
             if not math.isfinite(value):
-                raise ConfigurationError(f"ctx.sleep needs a finite time, got {shown(seconds)}")
+                raise ConfigurationError(f"ctx.{verb} needs a finite time, got {shown(seconds)}")
             seconds = value
-        self._sleep(seconds)
+        return seconds
 
     def _end(self) -> tuple[list[FollowUp], Writes, StorageRows | None]:
         """End the attempt (its handler returned): its follow-ups and storage writes, which

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Required, TypedDict
 
 from dopool._engine.context import EventContext
@@ -22,7 +22,7 @@ from dopool._machine.types import QueueRules
 from dopool._retry import RetryPolicy
 from dopool._store.layout import MAX_CONCURRENCY, PER_KEY
 from dopool._types import DeadLetter, EmptyInfo
-from dopool._usercode import check_synchronous
+from dopool._usercode import check_handler, check_synchronous
 
 Schema = Callable[[Any], Any]
 
@@ -33,7 +33,7 @@ DEFAULT_IDLE_TIMEOUT = 60.0
 class PoolOptionsDict(TypedDict, total=False):
     """The keywords of ``define``: see :class:`PoolOptions`."""
 
-    execute: Required[Callable[[EventContext], Any]]
+    execute: Required[Callable[[EventContext], Any]]  # or an async def
     concurrency: int | Literal["per-key"]
     retry: RetryPolicy | None
     schema: Schema | None
@@ -71,11 +71,14 @@ class PoolOptions:
     idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT
     # Wraps each attempt, inside the runtime's (docs/api.md, "Middleware").
     middleware: Sequence[Middleware] = ()
+    # Whether ``execute`` is an ``async def``, awaited on the clock's loop (docs/api.md,
+    # "Async handlers"); set from it.
+    is_async: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         if not callable(self.execute):
             raise ConfigurationError(f"execute must be callable, got {shown(self.execute)}")
-        check_synchronous(self.execute, "execute")
+        object.__setattr__(self, "is_async", check_handler(self.execute, "execute"))
         given: object = self.concurrency  # (define's keywords may say "per-key")
         if given == "per-key":
             object.__setattr__(self, "concurrency", PER_KEY)
@@ -135,7 +138,7 @@ class PoolOptions:
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> PoolOptions:
         """Options from ``define``'s keywords; an unknown keyword is named, with a guess."""
-        known = [spec.name for spec in fields(cls)]
+        known = [spec.name for spec in fields(cls) if spec.init]
         for name in options:
             if name not in known:
                 close = difflib.get_close_matches(name, known, n=1)

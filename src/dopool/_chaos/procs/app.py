@@ -9,13 +9,21 @@ once the pool is defined (``R`` from the first worker, ``Q``, ``U``, ``V`` from 
 second, third, fourth: :data:`READY`) and one per attempt started (``S``, or ``L``
 for a slow one): the runner counts the latter as progress, and waits for the former
 before it starts the producers.
+
+About half the seeds (:func:`async_handler`, drawn from a generator of its own, so the
+plan's draws are what they were) define the pool with an ``async def`` handler instead,
+which the worker awaits on its runtime's event loop: the same steps (:func:`define`'s
+``start`` and ``end``), a slow attempt awaiting ``asyncio.sleep`` instead of blocking its
+thread. The checker holds both to the same records.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import faulthandler
 import os
+import random
 import signal
 import sys
 import threading
@@ -32,8 +40,13 @@ from dopool._machine.invariants import SUCCESS_COUNTER
 READY = (b"R", b"Q", b"U", b"V")  # by chain: the first worker's, the second's...
 STARTED = b"S"
 SLOW = b"L"  # a slow attempt started: a kill now interrupts it
+ASYNC_SHARE = 0.5  # of the seeds, those whose handler is an ``async def``
 PR_SET_PDEATHSIG = 1  # prctl(2)
 DUMP = signal.SIGUSR1  # every thread's stack to stderr: what the runner sends a stuck run
+
+
+#: An attempt, as the records name it: event id, instance, sequence, attempt.
+Where = tuple[str, int, int, int]
 
 
 class PlannedFailure(RuntimeError):
@@ -45,13 +58,15 @@ def define(runtime: Runtime) -> None:
     faulthandler.register(DUMP, all_threads=True)  # a stuck run's stacks, in worker-<g>.err
     # The plan's failures are not logged (any other line at WARNING is a violation).
     logs.leave_out((PlannedFailure, PermanentError), crashes=False)
-    plan = draw(int(os.environ["DOPOOL_CHAOS_SEED"]))
+    seed = int(os.environ["DOPOOL_CHAOS_SEED"])
+    plan = draw(seed)
     record = Record(os.environ["DOPOOL_CHAOS_RECORD"])
     pipe = int(os.environ["DOPOOL_CHAOS_FD"])
     behaviours = plan.behaviours
     idle = threading.Event()  # never set: a slow handler waits on it, in real time
 
-    def handle(ctx: EventContext) -> None:
+    def start(ctx: EventContext) -> tuple[Where, Behaviour]:
+        """An attempt's start: count it in storage, record it, tell the runner."""
         ident = ctx.event["id"]
         where = (ident, ctx.instance_index, ctx.sequence, ctx.attempt)
         behaviour = behaviours.get(ident, Behaviour())
@@ -59,8 +74,10 @@ def define(runtime: Runtime) -> None:
         storage.put(SUCCESS_COUNTER, storage.get(SUCCESS_COUNTER, 0) + 1)
         record.line("S", *where, time.monotonic_ns())
         os.write(pipe, SLOW if behaviour.slow else STARTED)
-        if behaviour.slow:
-            idle.wait(behaviour.slow)
+        return where, behaviour
+
+    def end(ctx: EventContext, where: Where, behaviour: Behaviour) -> None:
+        """An attempt's end, after its slow part: record it, and fail as planned."""
         if behaviour.mode == "perm":
             record.line("E", *where, "perm")
             raise PermanentError("planned: fails for good")
@@ -69,15 +86,32 @@ def define(runtime: Runtime) -> None:
             raise PlannedFailure(f"planned failure of attempt {ctx.attempt}")
         record.line("E", *where, "ok")
 
+    def handle(ctx: EventContext) -> None:
+        where, behaviour = start(ctx)
+        if behaviour.slow:
+            idle.wait(behaviour.slow)
+        end(ctx, where, behaviour)
+
+    async def handle_async(ctx: EventContext) -> None:
+        where, behaviour = start(ctx)
+        if behaviour.slow:
+            await asyncio.sleep(behaviour.slow)
+        end(ctx, where, behaviour)
+
     runtime.define(
         POOL,
-        execute=handle,
+        execute=handle_async if async_handler(seed) else handle,
         concurrency=plan.size,
         retry=RETRY,
         dedup_window=plan.dedup_window,
         idle_timeout=plan.idle_timeout,
     )
     os.write(pipe, READY[int(os.environ["DOPOOL_CHAOS_CHAIN"])])
+
+
+def async_handler(seed: int) -> bool:
+    """Whether ``seed``'s pool has an ``async def`` handler (about half the seeds)."""
+    return random.Random(f"dopool-procs-handler:{seed}").random() < ASYNC_SHARE
 
 
 def die_with(parent: int) -> None:
