@@ -31,6 +31,7 @@ from dopool import (
 )
 from dopool._cluster.leases import LeaseBook
 from dopool._cluster.routing import Router
+from dopool._engine.router import Placement, RouterActor
 from dopool._engine.supervisor import Supervisor
 from dopool._ops.storeview import open_view
 from dopool._store.layout import LeaseRecord, Namespace, all_leases, get_lease, put_lease
@@ -132,6 +133,41 @@ def test_an_exclusive_runtime_leases_every_instance_and_removes_them_at_close(
     with Runtime.simulated(store_path) as simulated:  # a simulated one leases nothing
         simulated.define("jobs", execute=ran.handler("s"), concurrency=3)
         assert _leases(simulated) == {}
+
+
+def test_define_returns_with_the_table_routing_to_the_instances_it_leased(
+    store_path: Path, ran: Ran, opened: list[Runtime], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """So an app's enqueues right after ``define`` reach this worker's instances (emitted,
+    counted by ``dopool.metrics``), not the store as a producer's write."""
+    # The router actor publishes nothing until someone asks it for the current table: a
+    # define that returned without asking would find the table serving no instance.
+    asked = threading.Event()
+    publish, current = RouterActor._publish, Placement.current
+
+    def held(actor: RouterActor, placed: Any) -> None:
+        asked.wait(TTL * 10)
+        publish(actor, placed)
+
+    def ask(placement: Placement, timeout: float | None = None) -> Any:
+        asked.set()
+        return current(placement, timeout)
+
+    monkeypatch.setattr(RouterActor, "_publish", held)
+    monkeypatch.setattr(Placement, "current", ask)
+    seen: list[str] = []
+    try:
+        a = _shared(store_path, "a", ran)
+        opened.append(a)
+        a.subscribe(lambda event: seen.append(event.kind))
+        pool = a.pools["jobs"]
+        table = pool._router.table
+        assert _held(a) == {0, 1, 2, 3}
+        assert all(table.serves(index) for index in range(4))
+        pool.enqueue_many([{"n": n} for n in range(4)])
+        assert seen.count("enqueued") == 4
+    finally:
+        asked.set()
 
 
 def test_two_shared_runtimes_split_the_instances_and_serve_producers_in_order(

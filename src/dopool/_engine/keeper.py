@@ -540,6 +540,10 @@ def keep_leases(
     return LeaseKeeper(store, book, clock, slots)
 
 
+#: Seconds ``define`` in a shared worker waits for its pool's first routing table.
+PUBLISHED_WAIT = 10.0
+
+
 def serve_pool(
     keeper: LeaseKeeper | None, store: Store, cells: Cells, placement: Placement
 ) -> None:
@@ -549,6 +553,12 @@ def serve_pool(
     leases it takes. Either tells ``placement`` where they are served."""
     if keeper is not None and keeper.shared:
         keeper.add_pool(cells.name, cells, cells.concurrency, placement)
+        # The table that routes to the instances just leased is published before
+        # ``define`` returns, so its caller's first enqueues reach them (and are theirs:
+        # emitted, counted), not the store as a producer's write. Bounded: a router that
+        # does not answer only delays that.
+        with suppress(pykka.Timeout, pykka.ActorDeadError):
+            placement.current(timeout=PUBLISHED_WAIT)
         return
     if keeper is not None:
         keeper.add_pool(cells.name, None, cells.concurrency, placement)
