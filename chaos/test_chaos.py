@@ -12,6 +12,7 @@ calls ``runtime.kill`` after a sleep.
 
 from __future__ import annotations
 
+import random
 import re
 import subprocess
 import sys
@@ -24,18 +25,21 @@ from dopool import (
     EventContext,
     InstanceCrashedError,
     PoolEvent,
+    RateLimit,
     RetryPolicy,
     Runtime,
 )
 from dopool._chaos import harness as cli
-from dopool._chaos.checker import check_history
+from dopool._chaos.checker import check_history, rate_violation
 from dopool._chaos.history import Ack, Call, Dup, Ev, Exec, Fired, History, Resumed
 from dopool._chaos.result import Result, replay_command
 from dopool._chaos.runner import Runner, run_seed
 from dopool._chaos.scenario import (
     LARGE_POOLS,
     POOL,
+    RATE_MARGIN,
     SCALE_KEYS,
+    SECOND_POOL,
     Scenario,
     Step,
     generate,
@@ -461,6 +465,111 @@ def test_checker_catches_a_duplicate_answered_with_another_keys_event(
     assert (violations == []) == clean, violations
     if not clean:
         assert any("was answered as a duplicate of 'a'" in v for v in violations), violations
+
+
+@pytest.mark.parametrize(
+    ("limit", "complaint"),
+    [
+        # CLEAN starts attempts at t=0, t=1 and t=1 again.
+        pytest.param(RateLimit(rate=1, burst=2), None, id="kept"),
+        pytest.param(RateLimit(rate=2, per=2.0, burst=2), None, id="kept-per-2s"),
+        pytest.param(
+            RateLimit(rate=1),
+            "pool 'chaos', rate limit 1/1s: 2 of its 3 starts fall in the 0 s from t=1.0 to "
+            "t=1.0, where the limit allows 1; 1 start(s) end a window over the limit",
+            id="two-at-once",
+        ),
+        pytest.param(
+            RateLimit(rate=1, per=2.0, burst=2),
+            "pool 'chaos', rate limit 1/2s, burst 2: 3 of its 3 starts fall in the 1 s from "
+            "t=0.0 to t=1.0, where the limit allows 2.5",
+            id="three-in-a-second",
+        ),
+    ],
+)
+def test_checker_holds_a_rate_limited_pools_starts_to_its_limit(
+    limit: RateLimit, complaint: str | None
+) -> None:
+    history = _history(*CLEAN)
+    history.limits = ((POOL, 0, 1, limit),)
+    violations = check_history(history)
+    if complaint is None:
+        assert violations == []
+    else:
+        assert len(violations) == 1, violations
+        assert violations[0].startswith("step 1: " + complaint), violations
+    history.limits = ((POOL, 1, 2, limit),)  # another pool's instances: none of these starts
+    assert check_history(history) == []
+
+
+def test_the_rate_rule_finds_the_window_each_pair_of_starts_would() -> None:
+    """One pass over the sorted starts finds a window over the limit exactly when one of
+    the pairs ``i < j`` holds more than ``limit.allows(t[j] - t[i])`` (checked pair by
+    pair here), and the most crowded one."""
+    rng = random.Random(7)
+    for _ in range(300):
+        limit = RateLimit(
+            rate=rng.choice((1, 2, 5)), per=rng.choice((1.0, 2.0)), burst=rng.randint(1, 4)
+        )
+        times = [
+            round(rng.uniform(0, 10), rng.choice((0, 1, 2))) for _ in range(rng.randint(0, 30))
+        ]
+        ordered = sorted(times)
+        excess = max(
+            (
+                (j - i + 1) - limit.allows(ordered[j] - ordered[i])
+                for j in range(len(ordered))
+                for i in range(j + 1)
+            ),
+            default=0.0,
+        )
+        found = rate_violation(reversed(times), limit)
+        assert (found is not None) == (excess > 1e-9), (limit, times, found)
+        if found is not None:  # the window it names is one of the most crowded
+            shown = re.match(r"(\d+) of its \d+ starts .* the limit allows ([^;]+);", found)
+            assert shown is not None, found
+            assert abs(int(shown[1]) - float(shown[2]) - excess) < 1e-4, (found, excess)
+
+
+def test_a_rate_limit_kept_in_the_wall_clocks_float_rounding_is_kept() -> None:
+    """Wall clock times near 1.8e9 s are multiples of 2.4e-7 s: a bucket kept to 1,000
+    starts a second, each start one interval after the last, rounds each sum, here to
+    0.03 of a start more than the exact bound over 400 starts. The rule allows for it,
+    not for one start more."""
+    limit = RateLimit(rate=1000)
+    times, now = [], 1_796_016_606.1491628
+    for _ in range(400):
+        times.append(now)
+        now += limit.interval  # rounded, as the engine's bucket arithmetic is
+    assert max(j + 1 - limit.allows(t - times[0]) for j, t in enumerate(times)) > 0.01
+    assert rate_violation(times, limit) is None
+    assert rate_violation([*times, times[200]], limit) is not None
+
+
+def test_about_three_seeds_in_ten_rate_limit_their_pools_and_the_limits_bind() -> None:
+    """A limit per seed, drawn on its own: the rest of the scenario is what it was. The
+    first pool's is at least twice its schedules' rate (a backlog that never drains would
+    never let a join end); and a limited seed's run keeps it, where a run that started
+    its attempts any faster would not (the limit binds)."""
+    scenarios = [generate(seed) for seed in range(300)]
+    limited = [s for s in scenarios if s.rate_limits]
+    assert 60 < len(limited) < 120
+    assert any(s.rate_limit(SECOND_POOL) is not None for s in limited)
+    assert {limit.burst for s in limited for _, limit in s.rate_limits} >= {1, 2, 5}
+    for scenario in limited:
+        assert scenario.rate_limit(POOL) is not None
+        fires = {s.args["name"]: s.args["every"] for s in scenario.steps if s.kind == "schedule"}
+        limit = scenario.rate_limit(POOL)
+        assert limit is not None
+        assert limit.rate / limit.per >= RATE_MARGIN * sum(1 / every for every in fires.values())
+    assert "  rate limits: chaos 1/1s" in generate(10).describe()
+    runner = Runner(generate(10))  # 1/s: some 90 attempts, bursts of a dozen at once
+    result = runner.run()
+    assert result.ok, result.report()
+    starts = [r.time for r in runner.history.records if isinstance(r, Ev) and r.kind == "started"]
+    assert len(starts) > 50
+    assert rate_violation(starts, RateLimit(rate=1)) is None
+    assert rate_violation(starts, RateLimit(rate=0.9)) is not None
 
 
 def _two_instances(kids_first: tuple[str, str], arrived: tuple[str, str]) -> History:

@@ -23,6 +23,7 @@ import pytest
 
 from dopool._chaos import harness as cli
 from dopool._chaos.procs import records
+from dopool._chaos.procs.app import BIG_RATE, RATES, rate_limit
 from dopool._chaos.procs.checker import Ending, check
 from dopool._chaos.procs.freeze import LOCKS, LockFile, catch, cont
 from dopool._chaos.procs.plan import (
@@ -41,6 +42,7 @@ from dopool._chaos.procs.plan import (
 )
 from dopool._chaos.procs.records import Answer, Attempt, Freeze, Records, Refusal
 from dopool._chaos.procs.seed import run_seed
+from dopool._rates import RateLimit
 from dopool._store.layout.limits import PER_KEY
 from dopool._store.writerlock import WRITER_LOCK
 from dopool._types import InstanceStatus, PoolStatus
@@ -552,3 +554,46 @@ def test_a_lease_taken_from_a_live_worker_is_a_violation() -> None:
     assert check(PLAN, _records(*CLEAN), _ending(killed={0}, restarts=1)) == []
     violations = check(PLAN, _records(*CLEAN), _ending(killed={0}, restarts=2))
     assert any("restarted more often than the 1 SIGKILL(s)" in v for v in violations), violations
+
+
+def test_about_three_seeds_in_ten_rate_limit_the_pool_the_big_family_only_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    limits = {seed: rate_limit(seed) for seed in range(300)}
+    limited = {seed: limit for seed, limit in limits.items() if limit is not None}
+    assert 60 < len(limited) < 120
+    assert not [s for s in limited if s % BIG_EVERY == BIG_AT]  # (an open liveness bug)
+    assert {limited[s] for s in limited if s % BIG_EVERY != BIG_AT} == set(RATES)
+    assert all(rate_limit(seed) == limit for seed, limit in limits.items())
+    monkeypatch.setenv("DOPOOL_CHAOS_BIG_RATE", "1")
+    big = {rate_limit(s) for s in range(300) if s % BIG_EVERY == BIG_AT}
+    assert big == {BIG_RATE, None}
+
+
+def test_each_start_line_carries_its_started_at(tmp_path: Path) -> None:
+    records.worker_log(tmp_path, 0).write_text(
+        "S 0.0 0 0 1 1000 1796015667.8079123\nE 0.0 0 0 1 ok\nS 0.1 0 1 1 2000\n"
+    )
+    found = records.read(tmp_path, 0, 1)
+    assert found.attempts == [
+        Attempt(0, "0.0", 0, 0, 1, "ok", 1000, 1796015667.8079123),
+        Attempt(0, "0.1", 0, 1, 1, None, 2000, None),  # (a line of before: no time)
+    ]
+
+
+def test_the_checker_holds_every_workers_starts_together_to_the_rate_limit() -> None:
+    """Seed 0's pool takes 100 starts a second (a token every 10 ms, no burst): three
+    starts 10 ms apart keep it, whichever workers made them; two 5 ms apart do not. A
+    start with no time (a line of before) is left out."""
+    assert rate_limit(PLAN.seed) == RateLimit(rate=100)
+    kept = [replace(a, generation=n, started_at=50.0 + n / 100) for n, a in enumerate(CLEAN)]
+    assert check(PLAN, _records(*kept), _ending()) == []
+    broken = [*kept[:1], replace(kept[1], started_at=50.005), *kept[2:]]
+    assert check(PLAN, _records(*broken), _ending()) == [
+        "pool 'mp', rate limit 100/1s, started by 3 worker(s): 2 of its 3 starts fall in the "
+        "0.005 s from t=50.0 to t=50.005, where the limit allows 1.5; 1 start(s) end a window "
+        "over the limit"
+    ]
+    assert check(replace(PLAN, seed=1), _records(*broken), _ending()) == []  # no limit
+    unknown = [*broken[:1], replace(broken[1], started_at=None), *broken[2:]]
+    assert check(PLAN, _records(*unknown), _ending()) == []

@@ -44,7 +44,7 @@ from dopool._store.layout import (
     seal_event,
 )
 
-FIXTURE = Path(__file__).parent / "support" / "fixtures" / "store-v12"
+FIXTURE = Path(__file__).parent / "support" / "fixtures" / "store-v13"
 # The fixture's records, by what they are (see tests/support/fixtures/make_store.py).
 META = Namespace("orders", 1).prefix + b"m"
 QUEUED = Namespace("orders", 1).queue_key(-2, 4, 1000.0)
@@ -182,9 +182,11 @@ def _problems(path: Path) -> list[Any]:
 
 def _run(path: Path) -> list[tuple[int, int, Any]]:
     """Open the store, resume its pools, run them to the end: what orders' handler saw
-    (invoices' sees its event in backoff run again, or nothing if that one is damaged)."""
+    (invoices' sees its event in backoff run again, and mail's its event waiting for a
+    token, or nothing if that one is damaged)."""
     seen: list[tuple[int, int, Any]] = []
     retried: list[tuple[int, int, Any]] = []
+    mailed: list[EventContext] = []
 
     def handler(ctx: EventContext) -> None:
         seen.append((ctx.instance_index, ctx.sequence, ctx.event))
@@ -196,10 +198,13 @@ def _run(path: Path) -> list[tuple[int, int, Any]]:
     try:
         pool = runtime.define("orders", execute=handler, concurrency=2)
         invoices = runtime.define("invoices", execute=billing)
+        mail = runtime.define("mail", execute=mailed.append, rate_limit="1/m")
         pool.resume()
         assert invoices.join(timeout=10)
         assert pool.join(timeout=10)
+        assert mail.join(timeout=10)
         assert retried in ([], [RETRIED])
+        assert [ctx.event for ctx in mailed] in ([], [{"id": 14}])
         return seen
     finally:
         runtime.close()

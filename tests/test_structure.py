@@ -53,7 +53,7 @@ def test_only_the_real_clock_reads_or_waits_on_wall_time() -> None:
 # reads the handles and is read by ``dopool worker``; ``tracing``, which the engine's
 # attempts and the handles' enqueues call) is of that folder's layer.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("leaves", ("_errors", "_types", "_pools", "_usercode", "_retry", "chaos")),
+    ("leaves", ("_errors", "_types", "_pools", "_usercode", "_retry", "_rates", "chaos")),
     ("_clock", ()),
     ("_store", ()),
     ("_machine", ()),

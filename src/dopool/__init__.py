@@ -40,6 +40,7 @@ from dopool._handles.connection import Connection, ProducerPool, connect
 from dopool._handles.pool import WorkerPool
 from dopool._handles.runtime import Runtime
 from dopool._pools import Pool, StorageView
+from dopool._rates import RateLimit
 from dopool._retry import RetryPolicy
 from dopool._types import (
     DeadLetter,
@@ -82,6 +83,7 @@ __all__ = [
     "PoolStatus",
     "ProducerPool",
     "QueueFullError",
+    "RateLimit",
     "RealClock",
     "RetryAfter",
     "RetryPolicy",

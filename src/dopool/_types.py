@@ -6,7 +6,9 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-InstanceState = Literal["restarting", "paused", "processing", "stalled", "backoff", "idle"]
+InstanceState = Literal[
+    "restarting", "paused", "processing", "stalled", "backoff", "throttled", "idle"
+]
 
 EventKind = Literal[
     "enqueued",

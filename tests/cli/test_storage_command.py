@@ -15,7 +15,7 @@ import dopool
 from cli_support import assert_one_line_error, held_by_child, invoke
 from dopool import EventContext, Runtime
 from dopool._store.environment import Store
-from dopool._store.layout import Namespace, StoredValues, pack, seal
+from dopool._store.layout import FORMAT_VERSION, Namespace, StoredValues, pack, seal
 
 FIXTURE_V9 = Path(__file__).parents[1] / "support" / "fixtures" / "store-v9"
 
@@ -307,7 +307,7 @@ def test_a_store_of_another_format_is_refused_as_status_refuses_it(tmp_path: Pat
     shutil.copytree(FIXTURE_V9, path)
     before = (path / "data" / "data.mdb").read_bytes()
     refused = invoke("storage", str(path), "jobs", "--instance", "0")
-    assert_one_line_error(refused, 1, "has format version 9", "reads format 12 only")
+    assert_one_line_error(refused, 1, "has format version 9", f"reads format {FORMAT_VERSION} only")
     assert refused.stderr == invoke("status", str(path)).stderr
     assert (path / "data" / "data.mdb").read_bytes() == before  # read-only: not migrated
 

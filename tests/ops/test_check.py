@@ -25,6 +25,7 @@ from dopool._store.layout import (
     PresenceRecord,
     StoredValues,
     alarm_entry_key,
+    encode_due,
     lease_key,
     pack,
     put_lease,
@@ -37,7 +38,7 @@ from dopool._store.layout import (
 )
 from dopool._store.txn import Txn
 
-FIXTURE = Path(__file__).parents[1] / "support" / "fixtures" / "store-v12"  # (make_store.py)
+FIXTURE = Path(__file__).parents[1] / "support" / "fixtures" / "store-v13"  # (make_store.py)
 QUEUED = Namespace("orders", 1).queue_key(-2, 4, 1000.0)  # a pending event of the fixture
 STORED = StoredValues(Namespace("orders", 1))  # holds "billed" and two long keys
 INVOICES = Namespace("invoices", 0)  # holds a follow-up for orders:1, link 0, in its outbox
@@ -66,7 +67,8 @@ def problems(path: Path) -> list[str]:
 def test_a_sound_store_checks_out(store: Path) -> None:
     result = invoke("check", str(store))
     assert result.exit_code == 0, result.output
-    assert "format 12, 55 records, 3 instances; pools: invoices (1), orders (2)" in result.stdout
+    pools = "pools: invoices (1), mail (1), orders (2)"
+    assert f"format 13, 64 records, 4 instances; {pools}" in result.stdout
     assert "ok: every record and every counter checks out" in result.stdout
 
 
@@ -168,8 +170,8 @@ def test_check_store_reads_a_snapshot_in_one_pass(store: Path) -> None:
     with lmdb.open(str(store / "data"), readonly=True, lock=False) as env, env.begin() as txn:
         report = check_store(txn)
     assert report.ok
-    assert (report.format_version, report.records, report.instances) == (12, 55, 3)
-    assert report.pools == {"invoices": 1, "orders": 2}
+    assert (report.format_version, report.records, report.instances) == (13, 64, 4)
+    assert report.pools == {"invoices": 1, "mail": 1, "orders": 2}
 
 
 def test_check_of_a_path_with_no_store_is_one_line(tmp_path: Path) -> None:
@@ -282,7 +284,7 @@ def test_status_shows_the_follow_ups_on_their_way_to_each_pool(store: Path) -> N
     assert "1 follow-ups on their way, in outboxes: invoices:0 (1)" in result.stdout
     document = json.loads(invoke("status", str(store), "--json").stdout)
     waiting = {pool["name"]: pool["follow_ups_in_outboxes"] for pool in document["pools"]}
-    assert waiting == {"invoices": {}, "orders": {"invoices:0": 1}}
+    assert waiting == {"invoices": {}, "mail": {}, "orders": {"invoices:0": 1}}
 
 
 def test_leases_and_presences_are_checked(store: Path) -> None:
@@ -309,7 +311,11 @@ def test_status_passes_over_a_damaged_lease_and_check_names_it(store: Path) -> N
         txn.put(lease_key("orders", 0)[:-1], b"\0\0\0\0junk")  # a key that names no instance
     result = invoke("status", str(store), "--json")
     assert result.exit_code == 0, result.output
-    assert [pool["name"] for pool in json.loads(result.stdout)["pools"]] == ["invoices", "orders"]
+    assert [pool["name"] for pool in json.loads(result.stdout)["pools"]] == [
+        "invoices",
+        "mail",
+        "orders",
+    ]
     assert sorted(problems(store)) == [
         "None: a key of no known kind",
         "None: damaged: checksum mismatch",
@@ -393,3 +399,27 @@ def test_a_stored_value_that_does_not_decode_is_reported(store: Path) -> None:
     with edit(store) as txn:
         txn.put(key, seal(key, pack(["billed", b"\xc1"])))  # 0xC1: no msgpack value
     assert problems(store) == ["orders:1: its value does not decode (FormatError)"]
+
+
+def test_a_partition_key_bucket_and_its_expiry_are_checked_against_each_other(
+    store: Path,
+) -> None:
+    """mail:0 holds ada's bucket (4600.0) and its expiry: one without the other is
+    reported; a damaged bucket is reported as that alone, its expiry not with it."""
+    mail = Namespace("mail", 0).prefix
+    expiry = mail + b"x" + encode_due(4600.0).to_bytes(8, "big") + b"ada"
+    stray = mail + b"x" + encode_due(10.0).to_bytes(8, "big") + b"bob"
+    with edit(store) as txn:
+        value = txn.get(expiry)
+        assert value is not None
+        txn.delete(expiry)
+        txn.put(stray, seal(stray, pack([])))
+    assert sorted(problems(store)) == [
+        "mail:0: a bucket expiry at t=10 of no bucket then",
+        "mail:0: a rate limit bucket with no expiry at t=4600",
+    ]
+    with edit(store) as txn:
+        txn.delete(stray)
+        txn.put(expiry, value)
+        txn.put(mail + b"bada", b"\0\0\0\0junk")
+    assert problems(store) == ["mail:0: damaged: checksum mismatch"]

@@ -225,6 +225,7 @@ IGNORED_BY_AN_APP: dict[str, tuple[Any, ...]] = {
     "alarm_retries": (1, 2),
     "dedup_window": (1.0, 2.0),
     "idle_timeout": (1.0, 2.0),
+    "rate_limit": (5.0, 10.0),
     "service.mean": (0.1, 0.2),
     "service.sigma": (0.1, 0.2),
     "retry.max_attempts": (1, 2),

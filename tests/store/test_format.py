@@ -45,6 +45,7 @@ from dopool._store.layout import (
     OutboxRecord,
     PoolRecord,
     PresenceRecord,
+    RateRecord,
     RecordKind,
     ScheduleBook,
     ScheduleRecord,
@@ -53,6 +54,7 @@ from dopool._store.layout import (
     alarm_entry_key,
     all_leases,
     all_presences,
+    encode_due,
     get_pool_record,
     lease_key,
     open_sealed,
@@ -61,12 +63,15 @@ from dopool._store.layout import (
     parse_dedup_key,
     parse_work_entry,
     pool_key,
+    read_bucket,
+    read_bucket_expiry,
     read_dead,
     read_dedup,
     read_event,
     read_lifecycle,
     read_meta,
     read_outbox,
+    read_rate,
     read_stored,
     seal,
     seal_dead,
@@ -93,7 +98,8 @@ FIXTURE_8 = FIXTURES / "store-v8"  # format 8, written at commit 3719304 (make_s
 FIXTURE_9 = FIXTURES / "store-v9"  # format 9, written at commit a2b332a (make_store.py then)
 FIXTURE_10 = FIXTURES / "store-v10"  # format 10, written at commit e50d88c (make_store.py then)
 FIXTURE_11 = FIXTURES / "store-v11"  # format 11, written at commit e6657e7 (make_store.py then)
-FIXTURE_12 = FIXTURES / "store-v12"  # format 12, make_store.py
+FIXTURE_12 = FIXTURES / "store-v12"  # format 12, written at commit cb8083a (make_store.py then)
+FIXTURE_13 = FIXTURES / "store-v13"  # format 13, make_store.py
 OWNER = "host-4121-0a1b2c3d"  # the worker the lease and presence of store-v6 and v7 name
 # The events the fixtures of formats 1 and 2 (and format 3, at 1000.0) hold pending.
 ID_5 = EventRecord(b"\x82\xa2id\x05\xa4tags\x92\xa1x\xa1y", 1000.0, "bob", 9)
@@ -139,8 +145,8 @@ def records(path: Path) -> dict[bytes, bytes]:
 
 
 def test_the_fixture_of_this_format_is_the_current_version() -> None:
-    assert FORMAT_VERSION == 12
-    assert records(FIXTURE_12)[b"F"] == seal_format(b"F")
+    assert FORMAT_VERSION == 13
+    assert records(FIXTURE_13)[b"F"] == seal_format(b"F")
 
 
 def pools(found: dict[bytes, bytes]) -> list[bytes]:
@@ -228,7 +234,7 @@ def test_the_format_4_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert index.get(txn, "order-1") == DedupRecord("order-1", 1, 0, 0, 0, 1000.0, 1000.0)
             assert index.count_expiries(txn) == 2
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 12, 27)
+            assert (report.ok, report.format_version, report.records) == (True, 13, 27)
             indexed = EventIndex(zero)
             assert [indexed.locate(txn, n) for n in (3, 4, 0)] == [
                 Located(zero.queue_key(9, 3, 1000.0), False),
@@ -367,7 +373,7 @@ def test_the_format_7_fixture_decodes_to_exactly_what_was_written(tmp_path: Path
                 ("orders", 0, LeaseRecord(OWNER, 4121, "host", 2, 1030.0))
             ]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 12, 49)
+            assert (report.ok, report.format_version, report.records) == (True, 13, 49)
     finally:
         store.close()
 
@@ -483,7 +489,7 @@ def test_the_format_9_fixture_gains_a_count_of_stored_values_in_its_metas(
     try:
         with store.read() as txn:
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 12, 49)
+            assert (report.ok, report.format_version, report.records) == (True, 13, 49)
     finally:
         store.close()
     after = records(path)
@@ -492,8 +498,8 @@ def test_the_format_9_fixture_gains_a_count_of_stored_values_in_its_metas(
     dead, events = dead_letters(before), pending_events(before)
     assert (len(metas), len(dead), len(events), len(outbox(before))) == (3, 1, 4, 1)
     assert changed == {b"F", *metas, *dead, *events, *outbox(before)}
-    for meta in metas:
-        assert fields(meta, after) == [*fields(meta, before), 0, None]
+    for meta in metas:  # format 10's count, format 11's traceback, format 13's wait
+        assert fields(meta, after) == [*fields(meta, before), 0, None, None]
     for key in [*dead, *events, *outbox(before)]:
         assert fields(key, after) == [*fields(key, before), None]
     ten_path = copy(FIXTURE_10, tmp_path / "10")
@@ -504,7 +510,7 @@ def test_the_format_9_fixture_gains_a_count_of_stored_values_in_its_metas(
     assert {k: v for k, v in ten.items() if k not in {meta, *stored(ten)}} == {
         k: v for k, v in after.items() if k != meta
     }  # what make_store.py wrote at format 10, byte for byte, but orders:1's storage
-    assert fields(meta, ten) == [*fields(meta, after)[:-2], 3, None]
+    assert fields(meta, ten) == [*fields(meta, after)[:-3], 3, None, None]
 
 
 # -- the committed store of format 10 ---------------------------------------------------
@@ -534,7 +540,7 @@ def test_the_format_10_fixture_decodes_to_exactly_what_was_written(tmp_path: Pat
             assert (Namespace("orders", 1).load_meta(txn).stored, one.count(txn)) == (3, 3)
             assert (Namespace("orders", 0).load_meta(txn).stored, zero.count(txn)) == (0, 0)
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 12, 52)
+            assert (report.ok, report.format_version, report.records) == (True, 13, 52)
     finally:
         store.close()
 
@@ -557,7 +563,7 @@ def test_the_format_10_fixture_gains_a_nil_traceback_in_its_dead_letters_and_met
     try:
         with store.read() as txn:
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 12, 52)
+            assert (report.ok, report.format_version, report.records) == (True, 13, 52)
             zero = Namespace("orders", 0)
             assert [dead.traceback for _, dead in zero.iter_dead_letters(txn)] == [None]
     finally:
@@ -568,7 +574,9 @@ def test_the_format_10_fixture_gains_a_nil_traceback_in_its_dead_letters_and_met
     dead, events = dead_letters(before), pending_events(before)
     assert (len(metas), len(dead), len(events), len(outbox(before))) == (3, 1, 4, 1)
     assert changed == {b"F", *metas, *dead, *events, *outbox(before)}
-    for key in [*metas, *dead, *events, *outbox(before)]:
+    for key in metas:  # format 11's traceback and format 13's wait
+        assert fields(key, after) == [*fields(key, before), None, None]
+    for key in [*dead, *events, *outbox(before)]:
         assert fields(key, after) == [*fields(key, before), None]
     eleven_path = copy(FIXTURE_11, tmp_path / "11")
     Store(eleven_path).close()
@@ -586,8 +594,8 @@ def test_the_format_10_fixture_gains_a_nil_traceback_in_its_dead_letters_and_met
         invoices.meta_key,
     }  # what make_store.py wrote at format 11, byte for byte, but those
     assert fields(dead[0], eleven) == [*fields(dead[0], after)[:-1], POISON_TRACE]
-    assert fields(invoices.meta_key, after)[-1] is None
-    assert fields(invoices.meta_key, eleven)[-1] == FLAKY_TRACE
+    assert fields(invoices.meta_key, after)[-2] is None  # (the last: format 13's wait)
+    assert fields(invoices.meta_key, eleven)[-2] == FLAKY_TRACE
 
 
 # -- an instance's own storage (format 10) -----------------------------------------------
@@ -733,7 +741,7 @@ def test_the_format_11_fixture_decodes_to_exactly_what_was_written(tmp_path: Pat
             assert EventIndex(invoices).locate(txn, 3) == Located(queued, False)
             assert [ns.load_meta(txn).last_traceback for ns in (zero, one)] == [None, None]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 12, 55)
+            assert (report.ok, report.format_version, report.records) == (True, 13, 55)
     finally:
         store.close()
     with open_view(path) as view:
@@ -767,20 +775,23 @@ def test_the_format_11_fixture_gains_a_nil_trace_in_its_events_and_outbox(
         store = Store(path)  # opening migrates it
     try:
         # five pending events (invoices' event 12, in backoff, too) and the outbox entry
-        assert "migrated from format 11 to 12 (6 records rewritten)" in caplog.text
+        assert "migrated from format 11 to 13 (9 records rewritten)" in caplog.text
         with store.read() as txn:
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 12, 55)
+            assert (report.ok, report.format_version, report.records) == (True, 13, 55)
     finally:
         store.close()
     after = records(path)
     changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
     events = pending_events(before)
-    assert (len(events), len(outbox(before))) == (5, 1)
-    assert changed == {b"F", *events, *outbox(before)}
-    for key in [*events, *outbox(before)]:
+    metas = [key for key in before if key[:1] == b"I" and key.endswith(b"\x00m")]
+    assert (len(events), len(outbox(before)), len(metas)) == (5, 1, 3)
+    assert changed == {b"F", *events, *outbox(before), *metas}
+    for key in [*events, *outbox(before), *metas]:  # a trace, or format 13's wait
         assert fields(key, after) == [*fields(key, before), None]
-    twelve = records(FIXTURE_12)
+    twelve_path = copy(FIXTURE_12, tmp_path / "12")
+    Store(twelve_path).close()  # (migrated to format 13 as well)
+    twelve = records(twelve_path)
     delayed = Namespace("orders", 0).delayed_key(2, 4, 1030.0)  # event 10
     refund = Namespace("invoices", 0).outbox_key(1)  # {"refund_of": 9}, for orders:1
     assert {k for k in after.keys() | twelve.keys() if after.get(k) != twelve.get(k)} == {
@@ -860,8 +871,8 @@ def test_a_traceback_that_is_not_a_str_is_damaged(tmp_path: Path) -> None:
     assert read_meta(meta_key, seal_meta(meta_key, meta)).last_traceback == "Traceback"
     laid = list(unpack(open_sealed(meta_key, seal_meta(meta_key, meta))))
     with pytest.raises(DamagedRecordError, match="field 'last_traceback' is 7"):
-        read_meta(meta_key, seal(meta_key, pack([*laid[:-1], 7])))
-    path = copy(FIXTURE_12, tmp_path)
+        read_meta(meta_key, seal(meta_key, pack([*laid[:-2], 7, laid[-1]])))
+    path = copy(FIXTURE_13, tmp_path)
     at = Namespace("orders", 0).dead_letter_key(0)
     with raw_env(path) as env, env.begin(write=True) as txn:
         txn.put(at, seal(at, pack([*dead[:-1], 7])))
@@ -876,21 +887,31 @@ def test_a_traceback_that_is_not_a_str_is_damaged(tmp_path: Path) -> None:
 # -- the current format: an event's trace context ------------------------------------------
 
 
-def test_the_format_12_fixture_decodes_to_exactly_what_was_written(tmp_path: Path) -> None:
+def test_the_format_13_fixture_decodes_to_exactly_what_was_written(tmp_path: Path) -> None:
     """Event 10's scheduled record carries the context its traced enqueue injected, and
     invoices:0's follow-up for orders:1 that of the traced attempt of event 9 that made it
-    (store-v12, make_store.py); every other pending event carries none."""
-    path = copy(FIXTURE_12, tmp_path)
+    (store-v13, make_store.py); every other pending event carries none. Pool mail's bucket
+    holds the time its next token comes, and so does ada's bucket in mail:0's namespace,
+    with its expiry; mail:0's meta waits for the later of the two."""
+    path = copy(FIXTURE_13, tmp_path)
     found = records(path)
-    assert found[b"F"][4:] == bytes([0x91, 12])
+    assert found[b"F"][4:] == bytes([0x91, 13])
     zero, invoices = Namespace("orders", 0), Namespace("invoices", 0)
     delayed = zero.delayed_key(2, 4, 1030.0)
     assert read_event(delayed, found[delayed]) == EventRecord(
         b"\x81\xa2id\n", 1000.0, "bob", 2, trace=TRACE_10
     )
     untraced = [key for key in pending_events(found) if key != delayed]
-    assert len(untraced) == 4  # orders:0's event 5, orders:1's 3 and 4, invoices' 12
-    assert [read_event(key, found[key]).trace for key in untraced] == [None] * 4
+    assert len(untraced) == 5  # orders:0's event 5, orders:1's 3 and 4, invoices' 12, mail's 14
+    assert [read_event(key, found[key]).trace for key in untraced] == [None] * 5
+    assert read_rate(b"Rmail", found[b"Rmail"]) == RateRecord(1060.0, 1120.0)
+    mail = Namespace("mail", 0)
+    assert read_bucket(mail.prefix + b"bada", found[mail.prefix + b"bada"]) == ("ada", 4600.0)
+    (expiry,) = [key for key in found if key.startswith(mail.prefix + b"x")]
+    assert expiry == mail.prefix + b"x" + encode_due(4600.0).to_bytes(8, "big") + b"ada"
+    assert read_bucket_expiry(expiry, found[expiry]) == 4600.0
+    throttled = read_meta(mail.meta_key, found[mail.meta_key])
+    assert (throttled.throttled_until, throttled.alarm, throttled.pending) == (4600.0, 4600.0, 1)
     store = Store(path)
     try:
         with store.read() as txn:
@@ -899,10 +920,43 @@ def test_the_format_12_fixture_decodes_to_exactly_what_was_written(tmp_path: Pat
             ]
             assert list(zero.iter_delayed_keys(txn)) == [delayed]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 12, 55)
+            assert (report.ok, report.format_version, report.records) == (True, 13, 64)
     finally:
         store.close()
     assert records(path) == found  # a store of this format is opened as it is
+
+
+def test_the_format_12_fixture_gains_a_nil_rate_limit_wait_in_its_metas(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """store-v12, written by the format-12 code: the migration to format 13 gives each meta
+    a last field, ``throttled_until``, nil, and changes nothing else but the format record.
+    make_store.py now also defines pool mail, rate limited, so store-v13 differs from it by
+    mail's records alone (and the metas' new field)."""
+    path = copy(FIXTURE_12, tmp_path)
+    before = records(path)
+    assert before[b"F"][4:] == bytes([0x91, 12])
+    with caplog.at_level(logging.INFO, logger="dopool"):
+        store = Store(path)  # opening migrates it
+    try:
+        assert "migrated from format 12 to 13 (3 records rewritten)" in caplog.text
+        with store.read() as txn:
+            report = check_store(txn)
+            assert (report.ok, report.format_version, report.records) == (True, 13, 55)
+    finally:
+        store.close()
+    after = records(path)
+    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    metas = [key for key in before if key[:1] == b"I" and key.endswith(b"\x00m")]
+    assert len(metas) == 3
+    assert changed == {b"F", *metas}
+    for key in metas:
+        assert fields(key, after) == [*fields(key, before), None]
+    thirteen = records(FIXTURE_13)
+    mails = {key for key in thirteen if b"mail" in key}
+    assert {k for k in after.keys() | thirteen.keys() if after.get(k) != thirteen.get(k)} == mails
+    assert len(mails) == 9  # pool record, its bucket, meta, event, index entry, ada's bucket
+    # and its expiry, alarm and work index entries
 
 
 # A trace context no propagator injects, each refused: a value or a key not a str, not a
@@ -1052,7 +1106,7 @@ def _the_fixture_of_format_5_reads_as_written(path: Path, *, records: int) -> No
             )
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 12, records)
+            assert (report.ok, report.format_version, report.records) == (True, 13, records)
             assert list(Namespace("invoices", 0).iter_outbox(txn)) == [(1, REFUND_9)]
     finally:
         store.close()
@@ -1185,7 +1239,7 @@ def test_the_format_3_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 12, 22)
+            assert (report.ok, report.format_version, report.records) == (True, 13, 22)
     finally:
         store.close()
     after = records(path)
@@ -1297,7 +1351,7 @@ def test_the_format_2_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 12, 20)
+            assert (report.ok, report.format_version, report.records) == (True, 13, 20)
     finally:
         store.close()
     after = records(path)
@@ -1409,7 +1463,7 @@ def test_a_format_2_store_built_by_hand_keeps_its_order_and_its_backoff(
         # 9 to format 4; its meta again, an index entry for each of 4 events, and the 3
         # sound ones rewritten (expires_at); its meta once more to format 10 and to 11; the
         # 3 sound events once more to 12 (trace)
-        assert "migrated from format 2 to 12 (27 records rewritten)" in caplog.text
+        assert "migrated from format 2 to 13 (28 records rewritten)" in caplog.text
         ns = Namespace("h", 0)
         with runtime._store.read() as txn:
             meta = ns.load_meta(txn)
@@ -1612,7 +1666,7 @@ def test_a_format_1_outbox_is_migrated_and_delivered_exactly_once(
     try:
         # 9 to format 4, and both metas again (no event is pending), to format 10 and to 11;
         # the outbox entry once more to format 12 (trace)
-        assert "migrated from format 1 to 12 (23 records rewritten)" in caplog.text
+        assert "migrated from format 1 to 13 (25 records rewritten)" in caplog.text
         with runtime._store.read() as txn:
             zero, one = Namespace("orders", 0), Namespace("orders", 1)
             assert zero.load_meta(txn).links == {"orders:1": 2}

@@ -42,7 +42,10 @@ docs/guarantees.md wherever one shows (items 1-4 are its guarantees 1-4):
    index entry names, and no entry names an unfinished event that is not stored
    (:func:`dopool._machine.invariants.dedup_violations`, after every step); an enqueue
    answered ``duplicate=True`` stored nothing (it is never acknowledged, so no
-   loss is expected of it) and names an event enqueued with the same key.
+   loss is expected of it) and names an event enqueued with the same key;
+9. rate limits — over every window, the starts of a rate limited pool (its ``started``
+   events, of all its instances, in every runtime of the run: the bucket is stored)
+   are at most what its limit allows (:func:`rate_violation`, :meth:`Model.finish`).
 
 A scenario with a second pool numbers both pools' instances in one row
 (``Scenario.flat``), so every check above holds across the two.
@@ -54,13 +57,15 @@ The replay itself, and what the event stream alone shows, is its base
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-from dopool._chaos.history import Entry, History
+from dopool._chaos.history import Entry, Ev, History
 from dopool._chaos.replay import Replay, _Instance
 from dopool._chaos.snapshot import InstanceSnapshot
 from dopool._machine.invariants import violations
+from dopool._rates import RateLimit
 from dopool._store.layout import started_event
 
 
@@ -180,7 +185,25 @@ class Model(Replay):
                 self._bad(f"event {ident!r} was enqueued {want} times but ended {got} times")
         self._check_follow_up_order()
         self._check_duplicates()
+        self._check_rates()
         return [*self.history.problems, *self.violations]
+
+    def _check_rates(self) -> None:
+        """Each rate limited pool's starts, all its instances' in all the run's runtimes
+        together, keep to its limit in every window (docs/guarantees.md, "Rate limits")."""
+        limits = self.history.limits
+        if not limits:
+            return
+        starts: list[list[float]] = [[] for _ in limits]
+        for record in self.history.records:
+            if isinstance(record, Ev) and record.kind == "started":
+                for number, (_, first, end, _) in enumerate(limits):
+                    if first <= record.inst < end:
+                        starts[number].append(record.time)
+        for (pool, _, _, limit), times in zip(limits, starts, strict=True):
+            found = rate_violation(times, limit)
+            if found is not None:
+                self._bad(f"pool {pool!r}, rate limit {limit}: {found}")
 
     def _check_duplicates(self) -> None:
         """Each duplicate answer names an event enqueued with its own dedup key."""
@@ -225,3 +248,47 @@ class Model(Replay):
 def check_history(history: History, *, idle: bool = True) -> list[str]:
     """Replay a whole history at once; the violations it shows."""
     return Model(history).finish(idle=idle)
+
+
+def rate_violation(times: Iterable[float], limit: RateLimit) -> str | None:
+    """The worst window in which more of ``times`` (the starts of one pool, in any order)
+    fall than ``limit`` allows, as a line; None if none does.
+
+    Sorted, the starts ``i < j`` span ``t[j] - t[i]`` seconds and number ``j - i + 1``,
+    which must be at most ``limit.allows(t[j] - t[i])``, give or take ``1e-9`` and the
+    rounding of the engine's bucket arithmetic: a start's bucket is the one before it
+    plus an interval, each sum rounded by up to half a unit in the last place of the
+    times, so ``j - i`` sums (and the comparison) may lose that much each (a wall clock's
+    times, near 2**31, by 2.4e-7 s: a few 1e-5 of a start at 200 a second; a virtual
+    clock's, by far less). With ``a[k] = k (1 - slack) - (t[k] - t[0]) / interval``, a
+    pair breaks the bound when ``a[j] - a[i] > burst - 1 + tolerance``: the lowest
+    ``a[i]`` so far is the worst start of a window ending at ``j``, so one pass does.
+    """
+    ordered = sorted(times)
+    if not ordered:
+        return None
+    interval, base = limit.interval, ordered[0]
+    resolution = math.ulp(max(abs(ordered[0]), abs(ordered[-1])))
+    slack = resolution / interval  # a start's share of the rounding, in starts
+    tolerance = 1e-9 + 2 * slack
+    worst: tuple[float, int, int] | None = None  # (excess, i, j)
+    over = 0  # the starts that end a window over the limit
+    low, low_at = math.inf, 0
+    for j, t in enumerate(ordered):
+        a = j * (1 - slack) - (t - base) / interval
+        if a < low:
+            low, low_at = a, j
+        excess = a - low - (limit.burst - 1)
+        if excess > tolerance:
+            over += 1
+            if worst is None or excess > worst[0]:
+                worst = (excess, low_at, j)
+    if worst is None:
+        return None
+    _, i, j = worst
+    window = ordered[j] - ordered[i]
+    return (
+        f"{j - i + 1} of its {len(ordered)} starts fall in the {window:.6g} s from "
+        f"t={ordered[i]!r} to t={ordered[j]!r}, where the limit allows "
+        f"{limit.allows(window):.6g}; {over} start(s) end a window over the limit"
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from dopool._rates import RateLimit
 from dopool._retry import RetryPolicy
 
 Entry = tuple[int, int]  # (instance index, sequence)
@@ -158,6 +159,9 @@ class History:
     # The runtime bounds the instances running (``max_active``): a caller's enqueue or
     # request for one waiting in line is made in the store, its events said by the caller.
     bounded: bool = False
+    # The rate limited pools: (pool, first, end, limit), its instances numbered ``first``
+    # to ``end - 1`` (flat numbers); their ``started`` events are held to the limit.
+    limits: tuple[tuple[str, int, int, RateLimit], ...] = ()
     records: list[Record] = field(default_factory=list)
     names: dict[Entry, str] = field(default_factory=dict)  # entry -> event id
     contents: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> event

@@ -24,6 +24,11 @@ A scenario whose ``handler`` is ``"async"`` defines the pools with an ``async de
 handler (:meth:`Runner._execute_async`): the same steps as the plain one
 (:meth:`Runner._begin` before the sleep, :func:`_end` after it), but it sleeps with
 ``await ctx.sleep_async``, in the loop the engine runs it on in virtual time.
+
+A pool the scenario rate limits (``Scenario.rate_limits``) is defined with its limit in
+every runtime, a ``burst`` of 1 as text (``"2/s"``, ``"30/60s"``), any other as a
+:class:`~dopool.RateLimit`; the history names the pool's instances and its limit
+(``History.limits``), against which the checker holds the starts the pool's events say.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ from dopool._machine.invariants import (
     read_dedup_tally,
     read_links,
 )
+from dopool._rates import RateLimit
 from dopool._store.layout import used_instances
 from dopool._store.txn import Txn
 from dopool._types import PoolEvent, ScheduleInfo
@@ -102,7 +108,13 @@ class Runner(Calls):
     def __init__(self, scenario: Scenario, *, keep_log: bool = False) -> None:
         self.scenario = scenario
         self.keep_log = keep_log
-        self.history = History(scenario.retry, bounded=scenario.max_active is not None)
+        self.history = History(
+            scenario.retry,
+            bounded=scenario.max_active is not None,
+            limits=tuple(
+                (pool, *scenario.span(pool), limit) for pool, limit in scenario.rate_limits
+            ),
+        )
         self.enqueued: list[tuple[str, int, int]] = []  # for cancel steps (Calls._cancel)
         self.model = Model(self.history)
         self.clock = SimulatedClock()
@@ -224,6 +236,7 @@ class Runner(Calls):
                 alarm_retries=scenario.alarm_retries,
                 dedup_window=scenario.dedup_window,
                 idle_timeout=scenario.idle_timeout,
+                rate_limit=_as_defined(scenario.rate_limit(name)),
             )
         except InstanceCrashedError as exc:
             raise _Stop(
@@ -551,6 +564,14 @@ def _end(planned: _Planned) -> None:
         raise RetryAfter(planned.after)
     if planned.outcome == "perm":
         raise PermanentError(f"planned permanent failure of {planned.ident}")
+
+
+def _as_defined(limit: RateLimit | None) -> RateLimit | str | None:
+    """``limit`` as ``define`` is given it: as text if text can say it (no burst)."""
+    if limit is None or limit.burst > 1:
+        return limit
+    per = "" if limit.per == 1 else f"{limit.per:g}"
+    return f"{limit.rate:g}/{per}s"
 
 
 def _describe(exc: BaseException) -> str:

@@ -67,6 +67,19 @@ About half the seeds (:data:`ASYNC_SHARE`) run the pools with an ``async def`` h
 sleeps with ``await ctx.sleep_async``: the engine awaits it on a loop in virtual time, and
 everything else (retries, kills, crash recovery, the trace) must be as with a plain one.
 That draw comes from ``random.Random(f"handler:{seed}")``, so it disturbs no other.
+
+About three seeds in ten (:data:`RATE_SHARE`) give the first pool a rate limit, and in
+half of those with a second pool that one a limit of its own (:data:`RATES`, with a
+burst from :data:`RATE_BURSTS`): a few starts per virtual second at most, where a run
+starts two a second on average and a dozen or more at once after an enqueue or a
+reopen, so that the limit binds and instances wait for tokens, through crashes,
+evictions and reopens (each defines the pool again with the same limit; the bucket is
+stored, so it holds across them). The first pool's limit is at least twice the rate at
+which its schedules fire, if it has any (:data:`RATE_MARGIN`): a schedule is the one
+source of events that never runs dry, and one faster than the limit would make a
+backlog that grows for ever (a join never ends). The checker holds every window of each
+limited pool's starts to the limit (:meth:`~dopool._chaos.checker.Model.finish`). Those
+draws come from ``random.Random(f"rate:{seed}")``.
 """
 
 from __future__ import annotations
@@ -77,6 +90,7 @@ from typing import Any, Literal, NamedTuple
 
 from dopool._cluster.routing import stable_hash
 from dopool._engine.options import DEFAULT_IDLE_TIMEOUT
+from dopool._rates import RateLimit
 from dopool._retry import RetryPolicy
 from dopool._store.layout import PER_KEY
 from dopool.chaos import FaultPlan
@@ -121,6 +135,12 @@ LARGE_POOLS = (2**20, 2**32, PER_KEY)  # the first pool's concurrency in such a 
 SCALE_KEYS = tuple(f"r{n}" for n in range(24))  # their partition keys
 SCALE_WEIGHTS = tuple(1.0 / (rank + 1) for rank in range(len(SCALE_KEYS)))
 ASYNC_SHARE = 0.5  # of the seeds, those whose pools' handler is an ``async def``
+RATE_SHARE = 0.3  # of the seeds, those whose first pool (and maybe the second) is rate limited
+SECOND_RATE_SHARE = 0.5  # of those with a second pool, those that limit it too
+#: The limits they draw from, as (starts, per seconds): 0.5 to 10 starts a virtual second.
+RATES = ((1.0, 1.0), (2.0, 1.0), (4.0, 1.0), (10.0, 1.0), (3.0, 2.0), (30.0, 60.0))
+RATE_BURSTS = (1, 1, 2, 3, 5)  # the burst they draw with each
+RATE_MARGIN = 2.0  # a limited first pool starts this many times its schedules' fires, at least
 
 #: When an enqueue makes its events due: ``("delay", seconds)``, or ``("not_before", s)``
 #: for the clock time ``s`` seconds after the call (before it, if negative).
@@ -220,6 +240,11 @@ class Scenario:
     idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT  # the pools'
     max_active: int | None = None  # the runtime's (None: no bound, a simulated clock's)
     handler: Literal["sync", "async"] = "sync"  # the pools' handler: a def, or an async def
+    rate_limits: tuple[tuple[str, RateLimit], ...] = ()  # (pool, its limit); others: none
+
+    def rate_limit(self, pool: str) -> RateLimit | None:
+        """``pool``'s rate limit, the same each time it is defined; None: it has none."""
+        return dict(self.rate_limits).get(pool)
 
     @property
     def max_attempts(self) -> int:
@@ -276,6 +301,9 @@ class Scenario:
             f" max_active={self.max_active} handler={self.handler}{second}",
             f"  faults: {faults or 'none'}",
         ]
+        if self.rate_limits:
+            limits = ", ".join(f"{pool} {limit}" for pool, limit in self.rate_limits)
+            lines.append(f"  rate limits: {limits}")
         lines += [f"  step {n}: {step.describe()}" for n, step in enumerate(self.steps)]
         return "\n".join(lines)
 
@@ -330,6 +358,7 @@ def generate(seed: int, *, steps: int | None = None) -> Scenario:
         plan = tuple(_scaled(step, scale, concurrency, schedules) for step in plan)
     styles = random.Random(f"handler:{seed}")
     handler: Literal["sync", "async"] = "async" if styles.random() < ASYNC_SHARE else "sync"
+    limits = _rate_limits(random.Random(f"rate:{seed}"), second, plan)
     return Scenario(
         seed,
         concurrency,
@@ -343,7 +372,28 @@ def generate(seed: int, *, steps: int | None = None) -> Scenario:
         idle_timeout,
         max_active,
         handler,
+        limits,
     )
+
+
+def _rate_limits(
+    rng: random.Random, second: int, plan: tuple[Step, ...]
+) -> tuple[tuple[str, RateLimit], ...]:
+    """The pools' rate limits (see the module docstring), drawn from ``rng``: the first
+    pool's above :data:`RATE_MARGIN` times the rate its schedules in ``plan`` fire at."""
+    if rng.random() >= RATE_SHARE:
+        return ()
+    every = {step.args["name"]: step.args["every"] for step in plan if step.kind == "schedule"}
+    fires = sum(1 / seconds for seconds in every.values())  # per virtual second
+
+    def limit(least: float) -> RateLimit:
+        rate, per = rng.choice([(r, p) for r, p in RATES if r / p >= least])
+        return RateLimit(rate=rate, per=per, burst=rng.choice(RATE_BURSTS))
+
+    limits = [(POOL, limit(RATE_MARGIN * fires))]
+    if second and rng.random() < SECOND_RATE_SHARE:
+        limits.append((SECOND_POOL, limit(0.0)))
+    return tuple(limits)
 
 
 def _alarm_limit(seed: int, faults: FaultPlan | None) -> tuple[int | None, FaultPlan | None]:

@@ -74,6 +74,11 @@ FIELD_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("--duplicate-share", "duplicate_share", "share of arrivals repeating a recent dedup key"),
     ("--dedup-window", "dedup_window", "virtual seconds a finished dedup key stays held"),
     ("--idle-timeout", "idle_timeout", "virtual seconds an idle instance runs before eviction"),
+    (
+        "--rate-limit",
+        "rate_limit",
+        "attempts the pool may start per virtual second, or text such as 30/m ('none')",
+    ),
     ("--delayed-share", "delayed_share", "share of arrivals enqueued with --delay"),
     ("--delay", "delay", "virtual seconds a delayed arrival waits before it is due"),
     ("--max-attempts", "retry.max_attempts", "attempts per event, the first included"),

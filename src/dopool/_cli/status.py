@@ -75,6 +75,7 @@ STATE_STYLES = {
     "paused": "yellow",
     "processing": "green",
     "backoff": "magenta",
+    "throttled": "blue",
     "stalled": "red",
     "idle": "dim",
 }

@@ -19,6 +19,7 @@ from dopool._engine.middleware import Middleware, check_middleware
 from dopool._errors import ConfigurationError, shown
 from dopool._machine.alarm import MAX_ALARM_RETRIES
 from dopool._machine.types import QueueRules
+from dopool._rates import RateLimit
 from dopool._retry import RetryPolicy
 from dopool._store.layout import MAX_CONCURRENCY, PER_KEY
 from dopool._types import DeadLetter, EmptyInfo
@@ -45,6 +46,8 @@ class PoolOptionsDict(TypedDict, total=False):
     keep_finished: float
     idle_timeout: float | None
     middleware: Sequence[Middleware]
+    rate_limit: RateLimit | str | None
+    rate_limit_per_key: RateLimit | str | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,6 +74,11 @@ class PoolOptions:
     idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT
     # Wraps each attempt, inside the runtime's (docs/api.md, "Middleware").
     middleware: Sequence[Middleware] = ()
+    # The attempts the pool may start per unit of time, all instances and processes
+    # together (docs/api.md, "Rate limits"); text such as "100/s" is read into one.
+    rate_limit: RateLimit | str | None = None
+    # The same for the events of each partition key, each key its own bucket.
+    rate_limit_per_key: RateLimit | str | None = None
     # Whether ``execute`` is an ``async def``, awaited on the clock's loop (docs/api.md,
     # "Async handlers"); set from it.
     is_async: bool = field(init=False, default=False)
@@ -134,6 +142,8 @@ class PoolOptions:
                 )
             object.__setattr__(self, "idle_timeout", float(idle))
         object.__setattr__(self, "middleware", check_middleware(self.middleware, "middleware"))
+        for label in ("rate_limit", "rate_limit_per_key"):
+            object.__setattr__(self, label, RateLimit.of(getattr(self, label), label))
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> PoolOptions:
@@ -163,8 +173,16 @@ class PoolOptions:
             dedup_window=self.dedup_window,
             keep_finished=self.keep_finished,
             per_key=self.concurrency == PER_KEY,
+            rate_limit=_read(self.rate_limit),
+            rate_limit_per_key=_read(self.rate_limit_per_key),
         )
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _read(limit: RateLimit | str | None) -> RateLimit | None:
+    """A rate limit option, read (``__post_init__`` made text a :class:`RateLimit`)."""
+    assert not isinstance(limit, str)
+    return limit

@@ -65,6 +65,9 @@ def rearm(meta: Meta, now: float) -> None:
         due = meta.alarm  # already due: keep it
     else:
         due = now
+    throttled = meta.throttled_until
+    if throttled is not None and due < throttled:
+        due = throttled  # no token of the pool's rate limit until then
     if meta.next_due is not None and meta.next_due < due:
         due = meta.next_due
     if meta.next_fire is not None and meta.next_fire < due:

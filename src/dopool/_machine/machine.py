@@ -34,6 +34,7 @@ from dopool._machine.delayed import promote, store_delayed
 from dopool._machine.drain import drain, running_sequence
 from dopool._machine.followups import FollowUp, FollowUps
 from dopool._machine.lifecycle import Lifecycle
+from dopool._machine.rates import Throttle
 from dopool._machine.recurring import Recurring
 from dopool._machine.status import position as _position
 from dopool._machine.types import (
@@ -101,6 +102,7 @@ class QueueMachine:
         "_recurring",
         "_rules",
         "_seed",
+        "_throttle",
     )
 
     def __init__(
@@ -139,6 +141,9 @@ class QueueMachine:
         )
         self._life = Lifecycle(self._ns, index, rules.keep_finished, self._dedup, self.event)
         self._recurring = Recurring(self._ns, self._follow_ups.commit, fault_point)
+        limit, per_key = rules.rate_limit, rules.rate_limit_per_key
+        limited = limit is not None or per_key is not None
+        self._throttle = Throttle(pool, self._ns, limit, per_key) if limited else None
 
     @property
     def namespace(self) -> Namespace:
@@ -346,6 +351,12 @@ class QueueMachine:
                 raise StorageError(f"instance {self._id}: {meta.pending} pending but no event key")
             self._dead.set_aside_lost(txn, meta, now, fx)
             return self._start_attempt(txn, meta, now, fx, reconciled=True)
+        throttle = self._throttle
+        if throttle is None:
+            meta.throttled_until = None  # (a limit the pool had before: gone now)
+        elif not throttle.take(txn, meta, now, record.partition_key):
+            rearm(meta, now)  # at the next token
+            return None
         meta.current = key
         meta.attempt += 1
         meta.running = True
@@ -457,6 +468,8 @@ class QueueMachine:
         A stalled instance stays stalled: a restart sets no alarm.
         """
         meta.restarts += restarts
+        if self._throttle is None:  # a limit the pool had before keeps no start waiting
+            meta.throttled_until = None
         if meta.running and meta.current is not None:
             self.finish_attempt(meta)
             try:

@@ -33,7 +33,8 @@ def instance_status(
     """An instance's status from its committed meta, and from its mailbox in memory;
     ``head``: the first key of its queue, if an event is due and none has started.
 
-    ``state`` is the first of restarting, paused, processing, stalled, backoff, idle.
+    ``state`` is the first of restarting, paused, processing, stalled, backoff, throttled,
+    idle.
     """
     state: InstanceState
     started = started_event(meta.current)  # (priority, sequence)
@@ -47,6 +48,8 @@ def instance_status(
         state = "stalled"  # its alarm was given up: nothing starts, not even a retry
     elif meta.current is not None and meta.retry_at is not None:
         state = "backoff"
+    elif meta.throttled_until is not None and meta.pending > meta.scheduled:
+        state = "throttled"  # due work waits for a token of the pool's rate limit
     else:
         state = "idle"
     return InstanceStatus(

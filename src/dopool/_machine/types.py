@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from dopool._errors import DopoolError
+from dopool._rates import RateLimit
 from dopool._retry import RetryPolicy
 from dopool._store.layout import EventRecord, OutboxRecord, ScheduleRecord
 from dopool._types import DeadLetter, EnqueueResult, PoolEvent
@@ -43,6 +44,8 @@ class QueueRules:
     dedup_window: float = 0.0
     keep_finished: float = 0.0  # seconds a finished event stays known to ``event()``
     per_key: bool = False  # an instance per partition key: its meta keeps the key
+    rate_limit: RateLimit | None = None  # the attempts the pool may start, all together
+    rate_limit_per_key: RateLimit | None = None  # and those of each partition key
 
     @property
     def max_attempts(self) -> int:

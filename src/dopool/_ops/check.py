@@ -37,6 +37,7 @@ from dopool._store.layout import (
     Meta,
     OutboxRecord,
     RecordKind,
+    bucket_expiry_at,
     dedup_name,
     delayed_key_due,
     expiry_key,
@@ -52,6 +53,9 @@ from dopool._store.layout import (
     pool_name_of,
     presence_owner,
     queue_key_sequence,
+    rate_pool_of,
+    read_bucket,
+    read_bucket_expiry,
     read_dead,
     read_dedup,
     read_event,
@@ -65,6 +69,7 @@ from dopool._store.layout import (
     read_outbox,
     read_pool,
     read_presence,
+    read_rate,
     read_schedule,
     read_stored,
     unpack,
@@ -112,6 +117,10 @@ class _Instance:
     # and each index entry's key and the rank and due time it holds.
     events: dict[int, bytes] = field(default_factory=dict)
     entries: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
+    # Its partition keys' rate limit buckets: each one's key and time (None: damaged), by
+    # name; and each expiry's time, the name it holds, and its key.
+    buckets: dict[bytes, tuple[bytes, float | None]] = field(default_factory=dict)
+    bucket_expiries: list[tuple[float, bytes, bytes]] = field(default_factory=list)
 
 
 def check_store(txn: Txn) -> CheckReport:
@@ -127,6 +136,7 @@ def check_store(txn: Txn) -> CheckReport:
     leases: dict[tuple[str, int], bytes] = {}
     expiries: set[bytes] = set()  # the dedup expiry keys
     index_pools: dict[str, bytes] = {}  # each pool the indexes name: an entry's key
+    rates: list[tuple[str, bytes]] = []  # each rate bucket's pool, and its key
     for key, value in txn.cursor():
         records += 1
         parsed = parse_instance_key(key)
@@ -151,6 +161,9 @@ def check_store(txn: Txn) -> CheckReport:
                 _check_owner(read_lease(key, value).owner, key, problems)
             elif presence_owner(key) is not None:
                 read_presence(key, value)
+            elif (rated := rate_pool_of(key)) is not None:
+                read_rate(key, value)
+                rates.append((rated, key))
             elif (named := _index_entry_pool(key)) is not None:
                 index_pools.setdefault(named, key)
                 if value:  # an index entry's key is all of it
@@ -167,8 +180,14 @@ def check_store(txn: Txn) -> CheckReport:
                 links.uncertain.add(where)
     if not has_format and records:
         problems.append(Problem(None, None, "no format record, though the store holds records"))
+    problems.extend(
+        Problem(None, key, f"a rate limit bucket of pool {pool!r}, which the store does not know")
+        for pool, key in rates
+        if pool not in pools
+    )
     for (pool, index), instance in sorted(instances.items()):
         problems.extend(_check_instance(pool, index, instance, pools.get(pool)))
+        problems.extend(_check_buckets(f"{pool}:{index}", instance))
         problems.extend(_check_addresses(f"{pool}:{index}", instance, pools))
     problems.extend(Problem(where, None, what) for where, what in broken_links(links))
     problems.extend(Problem(None, key, what) for _, key, what in broken_dedup(dedup))
@@ -205,6 +224,21 @@ def _index_entry_pool(key: bytes) -> str | None:
 def _check_owner(owner: str, key: bytes, problems: list[Problem]) -> None:
     if not valid_owner(owner):
         problems.append(Problem(None, key, f"a lease naming no worker ({owner!r})"))
+
+
+def _check_buckets(where: str, instance: _Instance) -> list[Problem]:
+    """Each partition key's bucket has its expiry at its time, and each expiry a bucket
+    at its (one left by a damaged bucket, rewritten since, is swept in time)."""
+    problems = []
+    expiries = {(name, tat) for tat, name, _ in instance.bucket_expiries}
+    for name, (key, tat) in sorted(instance.buckets.items()):
+        if tat is not None and (name, tat) not in expiries:
+            problems.append(Problem(where, key, f"a rate limit bucket with no expiry at t={tat:g}"))
+    for tat, name, key in instance.bucket_expiries:
+        held = instance.buckets.get(name)
+        if held is None or held[1] not in (tat, None):
+            problems.append(Problem(where, key, f"a bucket expiry at t={tat:g} of no bucket then"))
+    return problems
 
 
 def _check_instance_record(
@@ -256,6 +290,14 @@ def _check_instance_record(
         at, name = fire_time(key[key.index(b"\0") + 2 :])
         instance.fires.append((at, name, key))
         read_fire(key, value)
+    elif kind is RecordKind.BUCKET:
+        name = key[key.index(b"\0") + 2 :]
+        instance.buckets[name] = (key, None)  # counted even if damaged: reported so
+        instance.buckets[name] = (key, read_bucket(key, value)[1])
+    elif kind is RecordKind.BUCKET_EXPIRY:
+        name = key[key.index(b"\0") + 2 + 8 :]
+        instance.bucket_expiries.append((bucket_expiry_at(key), name, key))  # damaged too
+        read_bucket_expiry(key, value)
     elif kind is RecordKind.STORED:
         stored = read_stored(key, value, key.index(b"\0") + 2)
         try:

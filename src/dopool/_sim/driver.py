@@ -276,6 +276,7 @@ def _define_pools(
             alarm_retries=design.alarm_retries,
             dedup_window=design.dedup_window,
             idle_timeout=design.idle_timeout,
+            rate_limit=design.limit,
         )
     return collectors
 

@@ -25,7 +25,7 @@ BY_PROCESS = {
 #: What an app's own function sets instead: its pools, their handlers and settings.
 APP_DEFINES = (
     *("instances", "max_queue_depth", "failure_probability", "alarm_retries"),
-    *("dedup_window", "idle_timeout", "preset"),
+    *("dedup_window", "idle_timeout", "rate_limit", "preset"),
     *(f"service.{spec.name}" for spec in fields(Service)),
     *(f"retry.{spec.name}" for spec in fields(Retry)),
 )

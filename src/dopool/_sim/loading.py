@@ -210,6 +210,8 @@ def parse_value(path: str, text: str) -> Any:
         try:
             return float(text.replace("_", ""))
         except ValueError:
+            if "str" in annotation:  # a number or text: a rate limit's "30/m"
+                return text.strip()
             raise ScenarioError(path, f"must be a number, got {text!r}") from None
     return text
 

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from dopool._engine.options import DEFAULT_IDLE_TIMEOUT
 from dopool._errors import MAX_DELAY, ConfigurationError, ScenarioError
 from dopool._machine.validation import check_pool_name
+from dopool._rates import RateLimit
 from dopool._sim.checks import assign, choice, number, probability
 from dopool._sim.sections import (
     MAX_INSTANCES,
@@ -42,6 +43,9 @@ RESERVED = ("e2e", "wait", "utilisation", "stall")
 # follow-ups that (on average) cause as many again grow without end.
 MAX_AMPLIFICATION = 10_000.0
 
+#: The pool setting that caps how many attempts it starts (the engine's ``rate_limit``).
+RATE_LIMIT = "rate_limit"
+
 #: A pool's settings that a [[pools]] table may override, and its sections.
 POOL_FIELDS = (
     "instances",
@@ -54,6 +58,7 @@ POOL_FIELDS = (
     "duplicate_share",
     "dedup_window",
     "idle_timeout",
+    "rate_limit",
     "delayed_share",
     "delay",
 )
@@ -108,6 +113,7 @@ class Pool:
     duplicate_share: float = 0.0
     dedup_window: float = 0.0
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    rate_limit: float | str | None = None
     delayed_share: float = 0.0
     delay: float = 0.0
     partitions: Partitions = field(default_factory=Partitions)
@@ -147,6 +153,7 @@ class Pool:
         assign(self, "dedup_window", number("dedup_window", self.dedup_window, minimum=0.0))
         idle = number("idle_timeout", self.idle_timeout, above=0.0, maximum=MAX_TIME)
         assign(self, "idle_timeout", idle)
+        assign(self, RATE_LIMIT, check_rate_limit(self.rate_limit))
         assign(self, "delayed_share", probability("delayed_share", self.delayed_share))
         delay = number("delay", self.delay, minimum=0.0, maximum=MAX_DELAY)
         if self.delayed_share > 0 and delay <= 0:
@@ -154,10 +161,51 @@ class Pool:
         assign(self, "delay", delay)
 
     @property
+    def limit(self) -> RateLimit | None:
+        """The pool's ``rate_limit`` as the engine takes it (None: no limit)."""
+        if self.rate_limit is None:
+            return None
+        if isinstance(self.rate_limit, str):
+            return RateLimit.of(self.rate_limit, RATE_LIMIT)
+        return RateLimit(rate=self.rate_limit)
+
+    @property
     def concurrency(self) -> int:
         """The pool's number of instances, as the engine counts them (``PER_KEY`` for
         ``"per-key"``)."""
         return PER_KEY if self.instances == PER_KEY_INSTANCES else int(self.instances)
+
+
+def check_rate_limit(value: object) -> float | str | None:
+    """A pool's ``rate_limit`` checked: None (or ``"none"``) for no limit, a number for
+    starts per second, or text such as ``"8/s"`` or ``"30/m"`` (:meth:`RateLimit.of`).
+
+    Raises:
+        ScenarioError: naming ``rate_limit``.
+    """
+    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
+        return None
+    if isinstance(value, str):
+        try:
+            RateLimit.of(value, RATE_LIMIT)
+        except ConfigurationError as exc:
+            problem = str(exc).removeprefix(f"{RATE_LIMIT} {value!r}: ")
+            if problem.startswith(f"{RATE_LIMIT} must "):
+                raise ScenarioError(RATE_LIMIT, problem.removeprefix(f"{RATE_LIMIT} ")) from None
+            raise ScenarioError(RATE_LIMIT, f"cannot be {value!r}: {problem}") from None
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ScenarioError(
+            RATE_LIMIT,
+            "must be starts per second (a number > 0), text such as '8/s' or '30/m', "
+            f"or 'none', got {value!r}",
+        )
+    rate: float = number(RATE_LIMIT, value, above=0.0)
+    try:
+        RateLimit(rate=rate)
+    except ConfigurationError as exc:
+        raise ScenarioError(RATE_LIMIT, f"cannot be {value!r}: {exc}") from None
+    return rate
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,9 @@ class Scenario:
         dedup_window: the pool's ``dedup_window``, virtual seconds.
         idle_timeout: the pool's ``idle_timeout``: virtual seconds an instance with
             nothing to do runs before it is evicted.
+        rate_limit: the pool's ``rate_limit``: the most attempts (retries too) it starts
+            per virtual second, a number, or text such as ``"8/s"`` or ``"30/m"``;
+            ``None`` (or ``"none"``) for no limit.
         delayed_share: this share of arrivals is enqueued with ``delay`` (0 = none).
         delay: the virtual seconds a delayed arrival waits before it is due.
         preset: ``"cloudflare"`` fills in Cloudflare's rules for what the file leaves
@@ -160,6 +163,7 @@ class Scenario:
     duplicate_share: float = 0.0
     dedup_window: float = 0.0
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    rate_limit: float | str | None = None
     delayed_share: float = 0.0
     delay: float = 0.0
     preset: str | None = None
@@ -196,6 +200,7 @@ class Scenario:
             service=self.service,
             retry=self.retry,
         )
+        object.__setattr__(self, "rate_limit", defaults.rate_limit)  # "none" is None
         tables = tuple(self.pools)
         for position, table in enumerate(tables):
             if not isinstance(table, PoolTable):

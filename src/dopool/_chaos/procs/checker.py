@@ -12,6 +12,10 @@ workers that waited, must not expire for it: an event that runs again after a fr
 with no SIGKILL in between, breaks at-least-once here as anywhere, and a lease taken
 over from a live worker shows in the workers' warnings and the instance's
 ``restarts`` (:func:`_takeovers`).
+
+A seed whose pool is rate limited (:func:`~dopool._chaos.procs.app.rate_limit`) holds
+the starts of all its workers together to the limit (:func:`_rates`): each process
+takes its tokens from the one bucket the store keeps, or the bound breaks.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from dopool._chaos.procs.plan import MAX_ATTEMPTS, Behaviour, Plan, Send
+from dopool._chaos.checker import rate_violation
+from dopool._chaos.procs.app import rate_limit
+from dopool._chaos.procs.plan import MAX_ATTEMPTS, POOL, Behaviour, Plan, Send
 from dopool._chaos.procs.records import Attempt, Records, Refusal
 from dopool._types import DeadLetter, PoolStatus
 
@@ -67,6 +73,7 @@ def check(plan: Plan, records: Records, ending: Ending) -> list[str]:
     _pauses(records, out)
     _counters(plan, records, ending, stored, out)
     _takeovers(ending, out)
+    _rates(plan, records, out)
     out += [f"dopool check: {problem}" for problem in ending.problems]
     return out
 
@@ -323,3 +330,18 @@ def _takeovers(ending: Ending, out: list[str]) -> None:
             f"explain (leases taken over from live workers), instance {worst.index} "
             f"{worst.restarts} times"
         )
+
+
+def _rates(plan: Plan, records: Records, out: list[str]) -> None:
+    """Rate limits (docs/guarantees.md): the attempts every worker started, each at the
+    ``ctx.started_at`` its start took a token at, keep to the pool's limit in every
+    window. A start a SIGKILL cut off before its line is not seen: the bound is checked
+    on fewer starts, never more."""
+    limit = rate_limit(plan.seed)
+    if limit is None:
+        return
+    times = [a.started_at for a in records.attempts if a.started_at is not None]
+    found = rate_violation(times, limit)
+    if found is not None:
+        workers = len({a.generation for a in records.attempts if a.started_at is not None})
+        out.append(f"pool {POOL!r}, rate limit {limit}, started by {workers} worker(s): {found}")

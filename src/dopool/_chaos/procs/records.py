@@ -15,8 +15,9 @@ kill cut short has no newline, and is ignored.
 
 ``worker-<g>.log``, by the ``g``-th worker process (the handler), and the runner::
 
-    S <id> <instance> <sequence> <attempt> <ns>       the handler started (``ns``: the
-                                                      system's monotonic clock)
+    S <id> <instance> <sequence> <attempt> <ns> <at>  the handler started (``ns``: the
+                                                      system's monotonic clock; ``at``:
+                                                      its ``ctx.started_at``)
     E <id> <instance> <sequence> <attempt> <outcome>  it is about to return (ok) or raise
     M <pause|resume|paused>                           the runner's marks: a pause returned,
                                                       a resume about to start, a worker
@@ -34,7 +35,7 @@ kill cut short has no newline, and is ignored.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 
@@ -116,6 +117,8 @@ class Attempt:
     number: int
     outcome: str | None
     at: int = 0  # when it started: the system's monotonic clock, in ns (0: not known)
+    # Its ``ctx.started_at``: the clock reading its start took a token at (None: not known).
+    started_at: float | None = None
 
 
 @dataclass
@@ -169,24 +172,18 @@ def read(root: Path, producers: int, generations: int) -> Records:
             if kind == "S":
                 ident, instance, sequence, number = rest[0], *(int(x) for x in rest[1:4])
                 stamp = int(rest[4]) if len(rest) > 4 else 0
+                started_at = float(rest[5]) if len(rest) > 5 else None
                 open_attempts[(instance, sequence, number)] = len(found.attempts)
-                found.attempts.append(Attempt(g, ident, instance, sequence, number, None, stamp))
+                found.attempts.append(
+                    Attempt(g, ident, instance, sequence, number, None, stamp, started_at)
+                )
             elif kind == "E":
                 key = (int(rest[1]), int(rest[2]), int(rest[3]))
                 at = open_attempts.pop(key, None)
                 if at is None:
                     found.problems.append(f"worker {g}: an end with no start: {fields}")
                     continue
-                started = found.attempts[at]
-                found.attempts[at] = Attempt(
-                    g,
-                    started.ident,
-                    started.instance,
-                    started.sequence,
-                    started.number,
-                    rest[4],
-                    started.at,
-                )
+                found.attempts[at] = replace(found.attempts[at], outcome=rest[4])
             elif kind != "M":
                 found.problems.append(f"worker {g}: a line of no known kind: {fields}")
     found.attempts.sort(key=lambda attempt: attempt.at)  # stable: one worker, line order

@@ -22,6 +22,10 @@ Keys (all integers big-endian, so LMDB's byte order is numeric order)::
                                           when a remembered event finished: its expiry
     I <pool>:<index> \\0 v <name>         one value of the instance's own storage
                                           (``ctx.storage``), by its key's name
+    I <pool>:<index> \\0 b <name>         a partition key's rate limit bucket
+                                          (``rate_limit_per_key``), by its key's name
+    I <pool>:<index> \\0 x <tat:8> <name>  that bucket's expiry: when it is full again
+                                          (format 13)
     I <pool>:0 \\0 r <name>               a recurring schedule (instance 0's only)
     I <pool>:0 \\0 t <at:8> <name>        a schedule's next fire time, by time
     K <pool> \\0 <name>                   a dedup key's index entry (the pool's own)
@@ -29,6 +33,8 @@ Keys (all integers big-endian, so LMDB's byte order is numeric order)::
     L <pool> \\0 <unit:4>                 a lease: the worker serving a unit of the
                                           pool's instances (one instance per unit in
                                           a pool of up to 4,096)
+    R <pool>                              a pool's rate limit bucket: its theoretical
+                                          arrival time (format 13)
     W <owner>                             a live worker's presence (its owner id)
     A <due:8> <pool> \\0 <index:8>        the alarm index: an instance whose alarm slot
                                           is set, by due time, store-wide
@@ -93,9 +99,12 @@ _INDEX_TAG, _FINISHED_TAG, _FORGET_TAG = b"n", b"f", b"e"
 # A recurring schedule's record, and its next fire time (both in instance 0's namespace):
 _RECURRING_TAG, _FIRE_TAG = b"r", b"t"
 _STORED_TAG = b"v"  # a value of the instance's own storage
+# A partition key's rate limit bucket, and when it is full again (``rate_limit_per_key``):
+_BUCKET_TAG, _BUCKET_EXPIRY_TAG = b"b", b"x"
 _DEDUP_PREFIX = b"K"  # a pool's dedup index: one entry per key
 _EXPIRY_PREFIX = b"E"  # a pool's finished dedup keys, by finish time
 _LEASE_PREFIX = b"L"  # a lease of a unit of a pool's instances
+_RATE_PREFIX = b"R"  # a pool's rate limit bucket
 _PRESENCE_PREFIX = b"W"  # a worker's presence
 _ALARM_PREFIX = b"A"  # the alarm index: an entry per instance whose alarm slot is set
 _WORK_PREFIX = b"U"  # the work index: an entry per instance with work (unfinished)
@@ -194,6 +203,8 @@ class RecordKind(enum.Enum):
     SCHEDULE = "schedule record"
     FIRE = "schedule's fire time"
     STORED = "stored value"
+    BUCKET = "partition key's rate limit bucket"
+    BUCKET_EXPIRY = "rate limit bucket's expiry"
 
 
 _KIND_OF_TAG = {
@@ -209,6 +220,8 @@ _KIND_OF_TAG = {
     _RECURRING_TAG: RecordKind.SCHEDULE,
     _FIRE_TAG: RecordKind.FIRE,
     _STORED_TAG: RecordKind.STORED,
+    _BUCKET_TAG: RecordKind.BUCKET,
+    _BUCKET_EXPIRY_TAG: RecordKind.BUCKET_EXPIRY,
 }
 # The length of the suffix after each tag of an instance's namespace; a delivery
 # mark's varies with its source's pool name (see ``_valid_suffix``).
@@ -244,9 +257,9 @@ def _valid_suffix(tag: bytes, suffix: bytes) -> bool:
     """Whether ``suffix`` is what the layout puts after ``tag`` in an instance's key."""
     if tag == _MARK_TAG:
         return _mark_source(suffix) is not None
-    if tag == _RECURRING_TAG:
+    if tag in (_RECURRING_TAG, _BUCKET_TAG):
         return _valid_name(suffix)
-    if tag == _FIRE_TAG:
+    if tag in (_FIRE_TAG, _BUCKET_EXPIRY_TAG):
         return len(suffix) > 8 and _valid_name(suffix[8:])
     if tag == _STORED_TAG:
         return _valid_stored_name(suffix)
@@ -349,6 +362,11 @@ def schedule_name(name: str) -> bytes:
     return dedup_name(name)
 
 
+def bucket_name(partition_key: str) -> bytes:
+    """What names a partition key's rate limit bucket in its keys: :func:`dedup_name`'s rule."""
+    return dedup_name(partition_key)
+
+
 def storage_name(key: str) -> bytes:
     """What names a storage key in its record's key, in the keys' order but within a run
     of long keys: its UTF-8 bytes, or for a key over :data:`STORED_DIRECT` bytes, its first
@@ -439,6 +457,19 @@ def is_format_key(key: bytes) -> bool:
 
 def pool_key(name: str) -> bytes:
     return _POOL_PREFIX + name.encode()
+
+
+def rate_key(pool: str) -> bytes:
+    """The key of ``pool``'s rate limit bucket (``rate_limit``)."""
+    return _RATE_PREFIX + pool.encode()
+
+
+def rate_pool_of(key: bytes) -> str | None:
+    """The pool a rate bucket's key names; None if ``key`` is not a rate bucket's."""
+    if key[:1] != _RATE_PREFIX:
+        return None
+    name = key[1:].decode("ascii", errors="replace")
+    return name if POOL_NAME.fullmatch(name) else None
 
 
 def pool_name_of(key: bytes) -> str | None:
@@ -569,6 +600,9 @@ def describe_key(key: bytes) -> str:
     lease = parse_lease_key(key)
     if lease is not None:
         return f"lease of unit {lease[1]} of pool {lease[0]}"
+    rated = rate_pool_of(key)
+    if rated is not None:
+        return f"rate limit bucket of pool {rated}"
     owner = presence_owner(key)
     if owner is not None:
         return f"presence of worker {owner}"

@@ -64,6 +64,10 @@ Format 10 → 11: a failed attempt keeps its traceback: each dead letter gains a
 Format 11 → 12: an event carries its enqueuer's trace context: each pending event (due or
 scheduled) and each outbox entry gains a last field, ``trace``, nil (format 11 kept none).
 
+Format 12 → 13: a pool may have a rate limit, its bucket a pool-wide key (``R <pool>``)
+that no store of format 12 holds; the meta gains ``throttled_until``, nil (no instance
+waited for a token).
+
 A record that fails the older format's checks is not rewritten (a record that moves
 to a new key moves with its bytes as found): the new format's checks then find it
 damaged, as the old ones would have. The caller commits the transaction, or rolls it
@@ -103,6 +107,7 @@ from dopool._store.layout.records import (
     _META_LAYOUT_8,
     _META_LAYOUT_9,
     _META_LAYOUT_10,
+    _META_LAYOUT_12,
     _OUTBOX_LAYOUT_6,
     _OUTBOX_LAYOUT_7,
     Layout,
@@ -130,7 +135,7 @@ _OUTBOX_LAYOUT_1: Layout = _OUTBOX_LAYOUT_6[1:]  # no "pool"
 
 
 def migrate_store(txn: Txn, found: int) -> int:
-    """Rewrite a store of format ``found`` (1 to 11) in ``txn`` as this format; how many
+    """Rewrite a store of format ``found`` (1 to 12) in ``txn`` as this format; how many
     records changed or were added (format 5 to 6 changes none but the format record)."""
     changed = _from_1(txn) if found == 1 else 0
     changed += _from_2(txn) if found <= 2 else 0
@@ -141,7 +146,8 @@ def migrate_store(txn: Txn, found: int) -> int:
     changed += _from_8(txn) if found <= 8 else 0
     changed += _from_9(txn) if found <= 9 else 0
     changed += _from_10(txn) if found <= 10 else 0
-    changed += _from_11(txn)
+    changed += _from_11(txn) if found <= 11 else 0
+    changed += _from_12(txn)
     txn.put(FORMAT_KEY, seal_format(FORMAT_KEY))
     return changed
 
@@ -419,3 +425,11 @@ def _from_11(txn: Txn) -> int:
         RecordKind.OUTBOX: _OUTBOX_LAYOUT_7,
     }
     return _append_fields(txn, layouts, [], [None])
+
+
+# -- format 12 to 13 -------------------------------------------------------------------
+
+
+def _from_12(txn: Txn) -> int:
+    """Give every meta a rate limit wait, nil (rate buckets are new keys); how many changed."""
+    return _append_fields(txn, {RecordKind.META: _META_LAYOUT_12}, [None], [])

@@ -39,6 +39,7 @@ from dopool._store.layout.keys import (
     parse_work_entry,
     pool_key,
     pool_name_of,
+    rate_key,
     work_entry_key,
     work_index_prefix,
 )
@@ -49,6 +50,7 @@ from dopool._store.layout.records import (
     Meta,
     OutboxRecord,
     PoolRecord,
+    RateRecord,
     damaged,
     open_sealed,
     pack,
@@ -58,6 +60,7 @@ from dopool._store.layout.records import (
     read_meta,
     read_outbox,
     read_pool,
+    read_rate,
     seal,
     seal_dead,
     seal_event,
@@ -65,6 +68,7 @@ from dopool._store.layout.records import (
     seal_meta,
     seal_outbox,
     seal_pool,
+    seal_rate,
 )
 from dopool._store.txn import Txn
 
@@ -514,6 +518,22 @@ def pool_paused(txn: Txn, name: str) -> bool:
     used starts paused. False for a pool never defined."""
     record = get_pool_record(txn, name)
     return record is not None and record.paused
+
+
+def get_rate(txn: Txn, pool: str) -> RateRecord | None:
+    """``pool``'s rate limit bucket, or None if it never had one.
+
+    Raises:
+        DamagedRecordError: the record fails its checks.
+    """
+    key = rate_key(pool)
+    raw = txn.get(key)
+    return None if raw is None else read_rate(key, raw)
+
+
+def put_rate(txn: Txn, pool: str, record: RateRecord) -> None:
+    key = rate_key(pool)
+    txn.put(key, seal_rate(key, record))
 
 
 def pool_records(txn: Txn) -> dict[str, int]:

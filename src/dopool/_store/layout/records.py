@@ -413,6 +413,26 @@ def read_pool_8(key: bytes, value: bytes) -> int:
     return int(concurrency)
 
 
+class RateRecord(NamedTuple):
+    """A pool's rate limit bucket (:mod:`dopool._machine.rates`): its theoretical arrival
+    time (None: no token taken yet), and the end of the queue of instances that booked a
+    turn for a token (None: none did)."""
+
+    tat: float | None
+    booked_until: float | None
+
+
+_RATE_LAYOUT: Layout = (("tat", _time_or_none), ("booked_until", _time_or_none))
+
+
+def seal_rate(key: bytes, record: RateRecord) -> bytes:
+    return seal(key, pack(list(record)))
+
+
+def read_rate(key: bytes, value: bytes) -> RateRecord:
+    return RateRecord(*_laid_out(key, value, _RATE_LAYOUT))
+
+
 def seal_format(key: bytes) -> bytes:
     return seal(key, pack([FORMAT_VERSION]))
 
@@ -469,6 +489,9 @@ class Meta:
     next_fire: float | None = None  # the earliest fire time among them (the first ``t`` key)
     key: str | None = None  # a per-key pool's instance: the partition key it was first sent
     stored: int = 0  # values in the instance's own storage (``v`` keys)
+    # Due work waits for a token of the pool's rate limit until then (format 13): the
+    # alarm slot is not set before it.
+    throttled_until: float | None = None
     # Not stored in the record: what the store's alarm and work indexes hold for this
     # instance, as of the meta's load or last save (``Namespace.save_meta`` keeps them).
     indexed_alarm: float | None = field(default=None, compare=False, repr=False)
@@ -528,8 +551,10 @@ _META_LAYOUT_8: Layout = (*_META_LAYOUT_6, ("schedules", _count), ("next_fire", 
 _META_LAYOUT_9: Layout = (*_META_LAYOUT_8, ("key", _text_or_none))
 # Format 10's: format 9's, then the count of the instance's stored values.
 _META_LAYOUT_10: Layout = (*_META_LAYOUT_9, ("stored", _count))
-# Format 11's: format 10's, then the traceback of the current event's last failure.
-_META_LAYOUT: Layout = (*_META_LAYOUT_10, ("last_traceback", _text_or_none))
+# Format 11's (and 12's): format 10's, then the traceback of the current event's last failure.
+_META_LAYOUT_12: Layout = (*_META_LAYOUT_10, ("last_traceback", _text_or_none))
+# Format 13's: format 12's, then when a token of the pool's rate limit is free again.
+_META_LAYOUT: Layout = (*_META_LAYOUT_12, ("throttled_until", _time_or_none))
 _META_NAMES = tuple(name for name, _ in _META_LAYOUT)
 _meta_values = attrgetter(*_META_NAMES)  # every field in stored order, in one C call
 
