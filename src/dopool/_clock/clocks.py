@@ -64,11 +64,20 @@ class Clock(ABC):
         """The current time in seconds."""
 
     @abstractmethod
-    def set_alarm(self, target: AlarmTarget, at: float | None, *, recurring: bool = False) -> None:
+    def set_alarm(
+        self,
+        target: AlarmTarget,
+        at: float | None,
+        *,
+        recurring: bool = False,
+        here: bool = True,
+    ) -> None:
         """Replace ``target``'s alarm with one at ``at`` (absolute), or clear it (None).
 
         ``recurring``: the alarm is only for a recurring schedule's next fire; such alarms
         never keep a simulated clock from being idle (:meth:`SimulatedClock.run_until_idle`).
+        ``here=False``: an alarm already due is never fired in the calling thread (a real
+        clock's would be), for a caller that holds a lock its target's firing takes.
         """
 
     @abstractmethod
@@ -170,10 +179,17 @@ class RealClock(Clock):
     def now(self) -> float:
         return time.time()
 
-    def set_alarm(self, target: AlarmTarget, at: float | None, *, recurring: bool = False) -> None:
+    def set_alarm(
+        self,
+        target: AlarmTarget,
+        at: float | None,
+        *,
+        recurring: bool = False,
+        here: bool = True,
+    ) -> None:
         with self._cond:
             self._slots.pop(id(target), None)
-            if at is not None and at > time.time():
+            if at is not None and (at > time.time() or not here):
                 ticket = next(self._tickets)
                 self._slots[id(target)] = ticket
                 heapq.heappush(self._heap, (at, ticket, target))
@@ -344,8 +360,15 @@ class SimulatedClock(Clock):
     def now(self) -> float:
         return self._now
 
-    def set_alarm(self, target: AlarmTarget, at: float | None, *, recurring: bool = False) -> None:
-        with self._lock:
+    def set_alarm(
+        self,
+        target: AlarmTarget,
+        at: float | None,
+        *,
+        recurring: bool = False,
+        here: bool = True,
+    ) -> None:
+        with self._lock:  # (nothing fires in the caller's thread here: ``here`` is moot)
             self._slots.pop(id(target), None)
             self._recurring.discard(id(target))
             if at is None:

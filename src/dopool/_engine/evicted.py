@@ -72,13 +72,18 @@ class EvictedAlarms:
         self._tell()
 
     def started(self, pool: str, index: int) -> None:
-        """Instance ``index`` of ``pool`` runs again: its own actor tells the clock now."""
+        """Instance ``index`` of ``pool`` runs again: its own actor tells the clock now.
+
+        Called with the pool's lock held (:meth:`Cells._activate`), so the timer is set
+        for the next alarm without firing it here: a real clock fires an alarm already
+        due in the calling thread, and that would start its instance
+        (:meth:`Cells.ready`), which takes the lock this thread holds."""
         if (pool, index) not in self._due:  # (the common case, without the lock)
             return
         with self._lock:
             if self._due.pop((pool, index), None) is None:
                 return
-        self._tell()
+        self._tell(here=False)
 
     def fire_alarm(self) -> None:
         """Start the evicted instances whose alarm is due; set the timer for the next."""
@@ -134,13 +139,13 @@ class EvictedAlarms:
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
-    def _tell(self) -> None:
+    def _tell(self, *, here: bool = True) -> None:
         """Have the clock fire at the earliest alarm noted (not at all if none), unless it
-        already does."""
+        already does; ``here=False``: never in this thread (:meth:`Clock.set_alarm`)."""
         with self._telling:
             with self._lock:
                 at = None if self._closed else self._next()
                 if at == self._at:
                     return
                 self._at = at
-            self._clock.set_alarm(self, at)
+            self._clock.set_alarm(self, at, here=here)

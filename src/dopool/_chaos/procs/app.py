@@ -139,13 +139,7 @@ def rate_limit(seed: int) -> RateLimit | None:
     rng = random.Random(f"dopool-procs-rate:{seed}")
     if rng.random() >= RATE_SHARE:
         return None
-    # The big family runs unlimited for now: with BIG_RATE its seed 92 hung under load
-    # (instances throttled after a takeover never ran; once, every actor waited on the
-    # cells' lock in ``evict``), an open liveness bug; ``DOPOOL_CHAOS_BIG_RATE=1``
-    # draws it again to replay it.
-    if seed % BIG_EVERY == BIG_AT:
-        return BIG_RATE if os.environ.get("DOPOOL_CHAOS_BIG_RATE") == "1" else None
-    return rng.choice(RATES)
+    return BIG_RATE if seed % BIG_EVERY == BIG_AT else rng.choice(RATES)
 
 
 def die_with(parent: int) -> None:

@@ -1,0 +1,54 @@
+"""The runtime's timer of evicted instances' alarms (``_engine/evicted.py``) under the real
+clock: an instance started again with the pool's lock held never has the timer fire in
+its own thread, which would start the next due instance and take that lock again."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from dopool._clock.clocks import RealClock
+from dopool._engine.evicted import EvictedAlarms
+
+TIMEOUT = 10.0
+
+
+class _Pool:
+    """A pool's cells as the timer sees them: ``ready`` takes the pool's lock, as
+    ``Cells.ready`` does."""
+
+    name = "p"
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.started: list[tuple[int, bool, str]] = []
+        self.done = threading.Event()
+
+    def get(self, index: int) -> None:
+        return None
+
+    def ready(self, index: int) -> None:
+        got = self.lock.acquire(timeout=1.0)  # the starting thread's own lock: never
+        if got:
+            self.lock.release()
+        self.started.append((index, got, threading.current_thread().name))
+        self.done.set()
+
+
+def test_a_start_under_the_pools_lock_leaves_the_due_alarm_to_the_clocks_thread() -> None:
+    clock = RealClock()
+    pool = _Pool()
+    alarms = EvictedAlarms(clock, lambda name: pool)  # type: ignore[arg-type,return-value]
+    past = time.time() - 1.0
+    # Instance 0 and 1 evicted with alarms due; the timer is set for 0's, the earlier.
+    alarms._due = {("p", 0): past, ("p", 1): past + 0.5}
+    alarms._heap = [(past, "p", 0), (past + 0.5, "p", 1)]
+    alarms._at = past
+    try:
+        with pool.lock:  # Cells._activate: starting instance 0, the pool's lock held
+            alarms.started("p", 0)
+        assert pool.done.wait(TIMEOUT)
+        assert pool.started == [(1, True, "dopool-clock")]
+    finally:
+        alarms.close()
+        clock.close()
