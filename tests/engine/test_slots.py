@@ -21,7 +21,7 @@ from dopool import (
     WorkerPool,
 )
 from dopool._engine.actor import running_instances
-from dopool._engine.slots import DEFAULT_MAX_ACTIVE
+from dopool._engine.slots import DEFAULT_MAX_ACTIVE, Slots
 from dopool._ops.check import check_store
 
 TIMEOUT = 30.0
@@ -306,3 +306,32 @@ def test_the_default_bounds_a_real_clock_only(tmp_path: Path) -> None:
         assert runtime.max_active is None
     with Runtime(tmp_path / "both", clock=RealClock(), max_active=3) as runtime:
         assert runtime.max_active == 3
+
+
+@pytest.mark.parametrize("backend", ["threads", "greenlet"])
+def test_an_evicted_instance_is_busy_until_it_has_handed_its_slot_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """Under a simulated clock's threads, a driver that found every actor quiet while the
+    evicted one was still to hand its slot on would end its drive before the next in line
+    starts (the chaos harness: "the pools never became idle")."""
+    ran: list[str] = []
+    quiet_at_hand_over: list[bool] = []
+    give_back = Slots.give_back
+    with Runtime.simulated(tmp_path / "store", max_active=1, backend=backend) as runtime:
+        activity = runtime.clock.activity
+
+        def watched(slots: Slots) -> None:
+            quiet_at_hand_over.append(activity.quiet())
+            give_back(slots)
+
+        monkeypatch.setattr(Slots, "give_back", watched)
+        pool = runtime.define(
+            "rooms", execute=lambda ctx: ran.append(ctx.event), concurrency="per-key"
+        )
+        pool.enqueue("a", partition_key="a")
+        pool.enqueue("b", partition_key="b")  # waits for a's slot
+        assert pool.join(timeout=TIMEOUT)
+    assert ran == ["a", "b"]
+    assert quiet_at_hand_over
+    assert not any(quiet_at_hand_over)

@@ -29,6 +29,15 @@ class ClockDriver:
     asleep (the handler counts itself in and out of ``ctx.sleep`` with
     :meth:`asleep`). Sleeps are finite, so this ends.
 
+    Under the threads backend the actors run on their own threads while the runner
+    is between two steps: a handler woken by the last step finishes and its
+    instance may start the next event, which falls asleep again, after the count
+    read zero. There a settle also waits for every actor to go quiet before it reads
+    the count, and again before each call of a step that makes several
+    (:meth:`between_calls`): the enqueue before may have started a handler that
+    sleeps. Under greenlets nothing runs while the runner does not wait, so neither
+    wait is made there (and the seeds' traces stay as they were).
+
     A livelock (an engine that keeps firing alarms without virtual time moving on)
     must not hang the run: :meth:`advance` and :meth:`settle` step the clock
     themselves and give up after :data:`STEP_BUDGET` steps (the runner's ``join``
@@ -39,6 +48,8 @@ class ClockDriver:
         self.clock = clock
         self._asleep = 0
         self._asleep_lock = threading.Lock()
+        # Whether the actors run by themselves (threads), not only when the runner waits.
+        self._concurrent = clock.backend.runner is None
 
     @contextmanager
     def asleep(self) -> Iterator[None]:
@@ -54,12 +65,23 @@ class ClockDriver:
     def settle(self) -> None:
         """Step the clock until no handler is asleep, so calls cannot wait on one."""
         steps = 0
-        while self._asleep:
+        while self._quiet_asleep():
             if not self.clock.step():
                 raise _Stop(f"{self._asleep} handler(s) asleep, but nothing is scheduled")
             steps += 1
             if steps > STEP_BUDGET:
                 raise _Stop(f"livelock: {steps} clock steps and a handler still asleep")
+
+    def between_calls(self) -> None:
+        """Before a step's next call: under threads, settle (see the class docstring)."""
+        if self._concurrent:
+            self.settle()
+
+    def _quiet_asleep(self) -> int:
+        """How many handlers are asleep, once no actor runs (under threads)."""
+        if self._concurrent:
+            self.clock.activity.wait_quiet()
+        return self._asleep
 
     def advance(self, seconds: float) -> None:
         """``clock.advance(seconds)``, one bounded step at a time, so a livelock is reported."""

@@ -374,7 +374,9 @@ class Runner(Calls):
         try:
             if kind == "enqueue":
                 whens = args.get("when") or [None] * len(args["events"])
-                for event, when in zip(args["events"], whens, strict=True):
+                for number, (event, when) in enumerate(zip(args["events"], whens, strict=True)):
+                    if number:
+                        self.driver.between_calls()
                     self._enqueue(pool, [event], event["pk"], event["prio"], False, when)
             elif kind == "enqueue_many":
                 events, when = args["events"], args.get("when")
