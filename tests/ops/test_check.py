@@ -25,11 +25,13 @@ from dopool._store.layout import (
     PresenceRecord,
     StoredValues,
     alarm_entry_key,
+    call_key,
     encode_due,
     lease_key,
     pack,
     put_lease,
     put_presence,
+    read_call,
     read_dedup,
     read_schedule,
     seal,
@@ -38,10 +40,11 @@ from dopool._store.layout import (
 )
 from dopool._store.txn import Txn
 
-FIXTURE = Path(__file__).parents[1] / "support" / "fixtures" / "store-v13"  # (make_store.py)
+FIXTURE = Path(__file__).parents[1] / "support" / "fixtures" / "store-v14"  # (make_store.py)
 QUEUED = Namespace("orders", 1).queue_key(-2, 4, 1000.0)  # a pending event of the fixture
 STORED = StoredValues(Namespace("orders", 1))  # holds "billed" and two long keys
 INVOICES = Namespace("invoices", 0)  # holds a follow-up for orders:1, link 0, in its outbox
+PRODUCER = bytes.fromhex("00112233445566778899aabbccddeeff")  # its calls 1 and 2 are recorded
 
 
 @pytest.fixture
@@ -68,7 +71,7 @@ def test_a_sound_store_checks_out(store: Path) -> None:
     result = invoke("check", str(store))
     assert result.exit_code == 0, result.output
     pools = "pools: invoices (1), mail (1), orders (2)"
-    assert f"format 13, 64 records, 4 instances; {pools}" in result.stdout
+    assert f"format 14, 66 records, 4 instances; {pools}" in result.stdout
     assert "ok: every record and every counter checks out" in result.stdout
 
 
@@ -170,7 +173,7 @@ def test_check_store_reads_a_snapshot_in_one_pass(store: Path) -> None:
     with lmdb.open(str(store / "data"), readonly=True, lock=False) as env, env.begin() as txn:
         report = check_store(txn)
     assert report.ok
-    assert (report.format_version, report.records, report.instances) == (13, 64, 4)
+    assert (report.format_version, report.records, report.instances) == (14, 66, 4)
     assert report.pools == {"invoices": 1, "mail": 1, "orders": 2}
 
 
@@ -423,3 +426,61 @@ def test_a_partition_key_bucket_and_its_expiry_are_checked_against_each_other(
         txn.put(expiry, value)
         txn.put(mail + b"bada", b"\0\0\0\0junk")
     assert problems(store) == ["mail:0: damaged: checksum mismatch"]
+
+
+# -- producers' call records ------------------------------------------------------------
+
+
+def test_a_sound_call_record_checks_out(store: Path) -> None:
+    """The fixture's two call records are read (the sound store checks out, above); one
+    more, written as an owner writes it, is no problem either: it names no pool."""
+    key = call_key(PRODUCER, 3)
+    with edit(store) as txn:
+        value = txn.get(call_key(PRODUCER, 2))
+        assert value is not None
+        assert read_call(call_key(PRODUCER, 2), value).at == 1000.0
+        txn.put(key, seal(key, pack([1001.0, [[0, 9, 4, False]]])))
+    assert problems(store) == []
+    with lmdb.open(str(store / "data"), readonly=True, lock=False) as env, env.begin() as txn:
+        assert check_store(txn).records == 67
+
+
+@pytest.mark.parametrize(
+    ("value", "what"),
+    [
+        pytest.param(b"\0\0\0\0junk", "damaged: checksum mismatch", id="checksum"),
+        pytest.param([1000.0], "damaged: not an array of 2 fields", id="fields"),
+        pytest.param([1000, []], "damaged: field 'at' is 1000", id="at"),
+        pytest.param([1000.0, [[0, 3, 0]]], "damaged: field 'results' is [[0, 3, 0]]", id="result"),
+        pytest.param(
+            [1000.0, [[0, -1, 0, False]]],
+            "damaged: field 'results' is [[0, -1, 0, False]]",
+            id="seq",
+        ),
+    ],
+)
+def test_a_damaged_call_record_is_reported_naming_it(store: Path, value: object, what: str) -> None:
+    key = call_key(PRODUCER, 1)
+    with edit(store) as txn:
+        txn.put(key, value if isinstance(value, bytes) else seal(key, pack(value)))
+    result = invoke("check", str(store), "--json")
+    assert result.exit_code == 1, result.output
+    document = json.loads(result.stdout)
+    assert document["problems"] == [{"instance": None, "key": repr(key), "what": what}]
+    text = invoke("check", str(store))
+    assert f"store: {what} (key {key!r})" in text.stdout
+
+
+def test_a_call_key_of_the_wrong_shape_is_a_stray_key(store: Path) -> None:
+    """A ``C`` key one byte short or long, sealed or not, is no call record."""
+    short, long = call_key(PRODUCER, 1)[:-1], call_key(PRODUCER, 1) + b"\0"
+    with edit(store) as txn:
+        txn.put(short, seal(short, pack([1000.0, []])))
+        txn.put(long, b"junk")
+        txn.put(b"C", b"")
+    result = invoke("check", str(store), "--json")
+    assert result.exit_code == 1, result.output
+    found = [(p["key"], p["what"]) for p in json.loads(result.stdout)["problems"]]
+    assert sorted(found) == sorted(
+        (repr(key), "a key of no known kind") for key in (short, long, b"C")
+    )

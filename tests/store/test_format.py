@@ -1,5 +1,5 @@
 """The store format: its version record, its pinned layout, the migrations of formats 1
-to 11, and stores that are refused."""
+to 13, and stores that are refused."""
 
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ from dopool._store.layout import (
     MAX_TRACE_TEXT,
     MIGRATED_DUE,
     PER_KEY,
+    PRODUCER_ID_BYTES,
+    CallRecord,
     DeadRecord,
     DedupIndex,
     DedupRecord,
@@ -54,17 +56,22 @@ from dopool._store.layout import (
     alarm_entry_key,
     all_leases,
     all_presences,
+    call_key,
+    call_prefix,
     encode_due,
     get_pool_record,
     lease_key,
     open_sealed,
     pack,
     parse_alarm_entry,
+    parse_call_key,
     parse_dedup_key,
     parse_work_entry,
     pool_key,
+    queue_key_sequence,
     read_bucket,
     read_bucket_expiry,
+    read_call,
     read_dead,
     read_dedup,
     read_event,
@@ -79,6 +86,7 @@ from dopool._store.layout import (
     seal_format,
     seal_meta,
     seal_outbox,
+    stored_call,
     unpack,
     work_entry_key,
 )
@@ -99,7 +107,8 @@ FIXTURE_9 = FIXTURES / "store-v9"  # format 9, written at commit a2b332a (make_s
 FIXTURE_10 = FIXTURES / "store-v10"  # format 10, written at commit e50d88c (make_store.py then)
 FIXTURE_11 = FIXTURES / "store-v11"  # format 11, written at commit e6657e7 (make_store.py then)
 FIXTURE_12 = FIXTURES / "store-v12"  # format 12, written at commit cb8083a (make_store.py then)
-FIXTURE_13 = FIXTURES / "store-v13"  # format 13, make_store.py
+FIXTURE_13 = FIXTURES / "store-v13"  # format 13, written at commit 7a5bbde (make_store.py then)
+FIXTURE_14 = FIXTURES / "store-v14"  # format 14, make_store.py
 OWNER = "host-4121-0a1b2c3d"  # the worker the lease and presence of store-v6 and v7 name
 # The events the fixtures of formats 1 and 2 (and format 3, at 1000.0) hold pending.
 ID_5 = EventRecord(b"\x82\xa2id\x05\xa4tags\x92\xa1x\xa1y", 1000.0, "bob", 9)
@@ -145,8 +154,8 @@ def records(path: Path) -> dict[bytes, bytes]:
 
 
 def test_the_fixture_of_this_format_is_the_current_version() -> None:
-    assert FORMAT_VERSION == 13
-    assert records(FIXTURE_13)[b"F"] == seal_format(b"F")
+    assert FORMAT_VERSION == 14
+    assert records(FIXTURE_14)[b"F"] == seal_format(b"F")
 
 
 def pools(found: dict[bytes, bytes]) -> list[bytes]:
@@ -234,7 +243,7 @@ def test_the_format_4_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert index.get(txn, "order-1") == DedupRecord("order-1", 1, 0, 0, 0, 1000.0, 1000.0)
             assert index.count_expiries(txn) == 2
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 13, 27)
+            assert (report.ok, report.format_version, report.records) == (True, 14, 27)
             indexed = EventIndex(zero)
             assert [indexed.locate(txn, n) for n in (3, 4, 0)] == [
                 Located(zero.queue_key(9, 3, 1000.0), False),
@@ -373,7 +382,7 @@ def test_the_format_7_fixture_decodes_to_exactly_what_was_written(tmp_path: Path
                 ("orders", 0, LeaseRecord(OWNER, 4121, "host", 2, 1030.0))
             ]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 13, 49)
+            assert (report.ok, report.format_version, report.records) == (True, 14, 49)
     finally:
         store.close()
 
@@ -489,7 +498,7 @@ def test_the_format_9_fixture_gains_a_count_of_stored_values_in_its_metas(
     try:
         with store.read() as txn:
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 13, 49)
+            assert (report.ok, report.format_version, report.records) == (True, 14, 49)
     finally:
         store.close()
     after = records(path)
@@ -540,7 +549,7 @@ def test_the_format_10_fixture_decodes_to_exactly_what_was_written(tmp_path: Pat
             assert (Namespace("orders", 1).load_meta(txn).stored, one.count(txn)) == (3, 3)
             assert (Namespace("orders", 0).load_meta(txn).stored, zero.count(txn)) == (0, 0)
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 13, 52)
+            assert (report.ok, report.format_version, report.records) == (True, 14, 52)
     finally:
         store.close()
 
@@ -563,7 +572,7 @@ def test_the_format_10_fixture_gains_a_nil_traceback_in_its_dead_letters_and_met
     try:
         with store.read() as txn:
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 13, 52)
+            assert (report.ok, report.format_version, report.records) == (True, 14, 52)
             zero = Namespace("orders", 0)
             assert [dead.traceback for _, dead in zero.iter_dead_letters(txn)] == [None]
     finally:
@@ -741,7 +750,7 @@ def test_the_format_11_fixture_decodes_to_exactly_what_was_written(tmp_path: Pat
             assert EventIndex(invoices).locate(txn, 3) == Located(queued, False)
             assert [ns.load_meta(txn).last_traceback for ns in (zero, one)] == [None, None]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 13, 55)
+            assert (report.ok, report.format_version, report.records) == (True, 14, 55)
     finally:
         store.close()
     with open_view(path) as view:
@@ -775,10 +784,10 @@ def test_the_format_11_fixture_gains_a_nil_trace_in_its_events_and_outbox(
         store = Store(path)  # opening migrates it
     try:
         # five pending events (invoices' event 12, in backoff, too) and the outbox entry
-        assert "migrated from format 11 to 13 (9 records rewritten)" in caplog.text
+        assert "migrated from format 11 to 14 (9 records rewritten)" in caplog.text
         with store.read() as txn:
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 13, 55)
+            assert (report.ok, report.format_version, report.records) == (True, 14, 55)
     finally:
         store.close()
     after = records(path)
@@ -790,7 +799,7 @@ def test_the_format_11_fixture_gains_a_nil_trace_in_its_events_and_outbox(
     for key in [*events, *outbox(before), *metas]:  # a trace, or format 13's wait
         assert fields(key, after) == [*fields(key, before), None]
     twelve_path = copy(FIXTURE_12, tmp_path / "12")
-    Store(twelve_path).close()  # (migrated to format 13 as well)
+    Store(twelve_path).close()  # (migrated to format 14 as well)
     twelve = records(twelve_path)
     delayed = Namespace("orders", 0).delayed_key(2, 4, 1030.0)  # event 10
     refund = Namespace("invoices", 0).outbox_key(1)  # {"refund_of": 9}, for orders:1
@@ -872,7 +881,7 @@ def test_a_traceback_that_is_not_a_str_is_damaged(tmp_path: Path) -> None:
     laid = list(unpack(open_sealed(meta_key, seal_meta(meta_key, meta))))
     with pytest.raises(DamagedRecordError, match="field 'last_traceback' is 7"):
         read_meta(meta_key, seal(meta_key, pack([*laid[:-2], 7, laid[-1]])))
-    path = copy(FIXTURE_13, tmp_path)
+    path = copy(FIXTURE_14, tmp_path)
     at = Namespace("orders", 0).dead_letter_key(0)
     with raw_env(path) as env, env.begin(write=True) as txn:
         txn.put(at, seal(at, pack([*dead[:-1], 7])))
@@ -884,18 +893,19 @@ def test_a_traceback_that_is_not_a_str_is_damaged(tmp_path: Path) -> None:
         ]
 
 
-# -- the current format: an event's trace context ------------------------------------------
+# -- the committed store of format 13: an event's trace context, rate limits ----------------
 
 
 def test_the_format_13_fixture_decodes_to_exactly_what_was_written(tmp_path: Path) -> None:
     """Event 10's scheduled record carries the context its traced enqueue injected, and
     invoices:0's follow-up for orders:1 that of the traced attempt of event 9 that made it
-    (store-v13, make_store.py); every other pending event carries none. Pool mail's bucket
-    holds the time its next token comes, and so does ada's bucket in mail:0's namespace,
-    with its expiry; mail:0's meta waits for the later of the two."""
+    (store-v13, make_store.py at commit 7a5bbde); every other pending event carries none.
+    Pool mail's bucket holds the time its next token comes, and so does ada's bucket in
+    mail:0's namespace, with its expiry; mail:0's meta waits for the later of the two."""
     path = copy(FIXTURE_13, tmp_path)
     found = records(path)
     assert found[b"F"][4:] == bytes([0x91, 13])
+    assert not calls(found)  # format 13 had none
     zero, invoices = Namespace("orders", 0), Namespace("invoices", 0)
     delayed = zero.delayed_key(2, 4, 1030.0)
     assert read_event(delayed, found[delayed]) == EventRecord(
@@ -912,7 +922,7 @@ def test_the_format_13_fixture_decodes_to_exactly_what_was_written(tmp_path: Pat
     assert read_bucket_expiry(expiry, found[expiry]) == 4600.0
     throttled = read_meta(mail.meta_key, found[mail.meta_key])
     assert (throttled.throttled_until, throttled.alarm, throttled.pending) == (4600.0, 4600.0, 1)
-    store = Store(path)
+    store = Store(path)  # (migrated to format 14: its format record alone changes, below)
     try:
         with store.read() as txn:
             assert list(invoices.iter_outbox(txn)) == [
@@ -920,10 +930,9 @@ def test_the_format_13_fixture_decodes_to_exactly_what_was_written(tmp_path: Pat
             ]
             assert list(zero.iter_delayed_keys(txn)) == [delayed]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 13, 64)
+            assert (report.ok, report.format_version, report.records) == (True, 14, 64)
     finally:
         store.close()
-    assert records(path) == found  # a store of this format is opened as it is
 
 
 def test_the_format_12_fixture_gains_a_nil_rate_limit_wait_in_its_metas(
@@ -931,18 +940,18 @@ def test_the_format_12_fixture_gains_a_nil_rate_limit_wait_in_its_metas(
 ) -> None:
     """store-v12, written by the format-12 code: the migration to format 13 gives each meta
     a last field, ``throttled_until``, nil, and changes nothing else but the format record.
-    make_store.py now also defines pool mail, rate limited, so store-v13 differs from it by
-    mail's records alone (and the metas' new field)."""
+    make_store.py at format 13 also defined pool mail, rate limited, so store-v13 differs
+    from it by mail's records alone (and the metas' new field)."""
     path = copy(FIXTURE_12, tmp_path)
     before = records(path)
     assert before[b"F"][4:] == bytes([0x91, 12])
     with caplog.at_level(logging.INFO, logger="dopool"):
         store = Store(path)  # opening migrates it
     try:
-        assert "migrated from format 12 to 13 (3 records rewritten)" in caplog.text
+        assert "migrated from format 12 to 14 (3 records rewritten)" in caplog.text
         with store.read() as txn:
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 13, 55)
+            assert (report.ok, report.format_version, report.records) == (True, 14, 55)
     finally:
         store.close()
     after = records(path)
@@ -952,11 +961,116 @@ def test_the_format_12_fixture_gains_a_nil_rate_limit_wait_in_its_metas(
     assert changed == {b"F", *metas}
     for key in metas:
         assert fields(key, after) == [*fields(key, before), None]
-    thirteen = records(FIXTURE_13)
+    thirteen_path = copy(FIXTURE_13, tmp_path / "13")
+    Store(thirteen_path).close()  # (migrated to format 14 as well)
+    thirteen = records(thirteen_path)
     mails = {key for key in thirteen if b"mail" in key}
     assert {k for k in after.keys() | thirteen.keys() if after.get(k) != thirteen.get(k)} == mails
     assert len(mails) == 9  # pool record, its bucket, meta, event, index entry, ada's bucket
     # and its expiry, alarm and work index entries
+
+
+# -- the current format: producers' calls stored through an owner ---------------------------
+
+# The producer whose two calls store-v14 records (make_store.py), and their answers: call 1,
+# the enqueues of events 3 and 4 (orders:1); call 2, those of event 5 and of its duplicate
+# (orders:0), each ``(instance, sequence, position, duplicate)`` as the enqueue answered.
+PRODUCER = bytes.fromhex("00112233445566778899aabbccddeeff")
+CALL_1 = CallRecord(1000.0, [(1, 3, 0, False), (1, 4, 1, False)])
+CALL_2 = CallRecord(1000.0, [(0, 3, 0, False), (0, 3, 0, True)])
+
+
+def calls(found: dict[bytes, bytes]) -> list[bytes]:
+    """The producers' call records' keys (format 14)."""
+    return [key for key in found if key[:1] == b"C"]
+
+
+def test_the_keys_and_records_of_calls_have_their_documented_bytes() -> None:
+    """``C <producer:16> <call:u64>``; the record ``[at, [[instance, sequence, position,
+    duplicate], ...]]``."""
+    key = call_key(PRODUCER, 2**40 + 1)
+    assert key == b"C" + PRODUCER + (2**40 + 1).to_bytes(8, "big")
+    assert len(PRODUCER) == PRODUCER_ID_BYTES == 16
+    assert parse_call_key(key) == (PRODUCER, 2**40 + 1)
+    assert (call_prefix(PRODUCER), call_prefix()) == (b"C" + PRODUCER, b"C")
+    assert call_key(PRODUCER, 1) < call_key(PRODUCER, 256) < call_key(b"\x01" + bytes(15), 0)
+    for stray in (b"C", key[:-1], key + b"\x00", b"W" + key[1:]):
+        assert parse_call_key(stray) is None
+    value = records(FIXTURE_14)[call_key(PRODUCER, 2)]
+    assert open_sealed(call_key(PRODUCER, 2), value) == pack(
+        [1000.0, [[0, 3, 0, False], [0, 3, 0, True]]]
+    )
+
+
+def test_the_format_14_fixture_decodes_to_exactly_what_was_written(tmp_path: Path) -> None:
+    """store-v14 (make_store.py) holds what store-v13 holds, and the records of two calls
+    of one producer, each answering the enqueues of events the store holds as they were
+    answered."""
+    path = copy(FIXTURE_14, tmp_path)
+    found = records(path)
+    assert found[b"F"][4:] == bytes([0x91, 14])
+    assert calls(found) == [call_key(PRODUCER, 1), call_key(PRODUCER, 2)]
+    assert read_call(call_key(PRODUCER, 1), found[call_key(PRODUCER, 1)]) == CALL_1
+    assert read_call(call_key(PRODUCER, 2), found[call_key(PRODUCER, 2)]) == CALL_2
+    assert [(r.event_id, r.position, r.duplicate) for r in CALL_2.answer("orders")] == [
+        ("orders:0:3", 0, False),
+        ("orders:0:3", 0, True),
+    ]
+    one, zero = Namespace("orders", 1), Namespace("orders", 0)
+    store = Store(path)
+    try:
+        with store.read() as txn:
+            assert stored_call(txn, PRODUCER, 1) == CALL_1
+            assert stored_call(txn, PRODUCER, 3) is None
+            # Each answer names an event the store holds: the ids of its events 3, 4 and 5.
+            events: dict[tuple[int, int], object] = {}
+            for index, ns in ((1, one), (0, zero)):
+                for key in ns.iter_event_keys(txn):
+                    record = ns.get_event(txn, key)
+                    assert record is not None
+                    events[index, queue_key_sequence(key)] = unpack(record.event)["id"]
+            answered = [(i, seq) for i, seq, _, _ in CALL_1.results + CALL_2.results]
+            assert [events[where] for where in answered] == [3, 4, 5, 5]
+            report = check_store(txn)
+            assert (report.ok, report.format_version, report.records) == (True, 14, 66)
+    finally:
+        store.close()
+    assert records(path) == found  # a store of this format is opened as it is
+
+
+def test_the_format_13_fixture_is_migrated_by_its_format_record_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """store-v13, written by the format-13 code: the migration to format 14 rewrites no
+    record (no store of format 13 holds a call record), only the format record says 14;
+    ``dopool check`` finds it sound, and it differs from what make_store.py writes today
+    (store-v14) by the two call records alone."""
+    path = copy(FIXTURE_13, tmp_path)
+    before = records(path)
+    with caplog.at_level(logging.INFO, logger="dopool"):
+        store = Store(path)  # opening migrates it
+    try:
+        assert "migrated from format 13 to 14 (0 records rewritten)" in caplog.text
+        with store.read() as txn:
+            report = check_store(txn)
+            assert (report.ok, report.format_version, report.records) == (True, 14, 64)
+    finally:
+        store.close()
+    after = records(path)
+    assert after[b"F"] == seal_format(b"F")
+    assert {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)} == {b"F"}
+    fourteen = records(FIXTURE_14)
+    differ = {k for k in after.keys() | fourteen.keys() if after.get(k) != fourteen.get(k)}
+    assert differ == {call_key(PRODUCER, 1), call_key(PRODUCER, 2)}
+
+
+def test_the_format_14_fixture_checks_out_with_dopool_check(tmp_path: Path) -> None:
+    """The fixture, read-only as the command reads it: nothing to report."""
+    path = copy(FIXTURE_14, tmp_path)
+    with open_view(path) as view:
+        report = view.check()
+    assert (report.ok, report.format_version, report.records) == (True, 14, 66)
+    assert report.pools == {"invoices": 1, "mail": 1, "orders": 2}
 
 
 # A trace context no propagator injects, each refused: a value or a key not a str, not a
@@ -1106,7 +1220,7 @@ def _the_fixture_of_format_5_reads_as_written(path: Path, *, records: int) -> No
             )
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 13, records)
+            assert (report.ok, report.format_version, report.records) == (True, 14, records)
             assert list(Namespace("invoices", 0).iter_outbox(txn)) == [(1, REFUND_9)]
     finally:
         store.close()
@@ -1239,7 +1353,7 @@ def test_the_format_3_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 13, 22)
+            assert (report.ok, report.format_version, report.records) == (True, 14, 22)
     finally:
         store.close()
     after = records(path)
@@ -1351,7 +1465,7 @@ def test_the_format_2_fixture_is_migrated_to_exactly_what_was_written(tmp_path: 
             assert [one.get_event(txn, key) for key in one.iter_event_keys(txn)] == [ID_3, ID_4]
             assert list(zero.iter_dead_letters(txn)) == [(0, POISON)]
             report = check_store(txn)
-            assert (report.ok, report.format_version, report.records) == (True, 13, 20)
+            assert (report.ok, report.format_version, report.records) == (True, 14, 20)
     finally:
         store.close()
     after = records(path)
@@ -1463,7 +1577,7 @@ def test_a_format_2_store_built_by_hand_keeps_its_order_and_its_backoff(
         # 9 to format 4; its meta again, an index entry for each of 4 events, and the 3
         # sound ones rewritten (expires_at); its meta once more to format 10 and to 11; the
         # 3 sound events once more to 12 (trace)
-        assert "migrated from format 2 to 13 (28 records rewritten)" in caplog.text
+        assert "migrated from format 2 to 14 (28 records rewritten)" in caplog.text
         ns = Namespace("h", 0)
         with runtime._store.read() as txn:
             meta = ns.load_meta(txn)
@@ -1666,7 +1780,7 @@ def test_a_format_1_outbox_is_migrated_and_delivered_exactly_once(
     try:
         # 9 to format 4, and both metas again (no event is pending), to format 10 and to 11;
         # the outbox entry once more to format 12 (trace)
-        assert "migrated from format 1 to 13 (25 records rewritten)" in caplog.text
+        assert "migrated from format 1 to 14 (25 records rewritten)" in caplog.text
         with runtime._store.read() as txn:
             zero, one = Namespace("orders", 0), Namespace("orders", 1)
             assert zero.load_meta(txn).links == {"orders:1": 2}

@@ -299,8 +299,8 @@ class Cells:
         """Instance ``index`` has something to do that the store holds (an enqueue stored
         from a caller's thread, an alarm come due): started if a slot is free, else put in
         line (nothing more is made); a running one is sent an alarm, whose transaction
-        reads the store anew. The instance's cell if it runs here; None for one not served
-        here (nothing done)."""
+        reads the store anew, unless one it has not begun on is on its way. The instance's
+        cell if it runs here; None for one not served here (nothing done)."""
         with self._slot_given_back_on_failure() as taken, self._lock:
             cell = self._made.get(index)
             if cell is None:
@@ -313,7 +313,13 @@ class Cells:
             return None
         if cell.mailbox.held:
             return None
-        cell.mailbox.fire_alarm()
+        # One alarm not yet begun reads whatever committed before it: no second one (a
+        # burst of producers' calls costs the instance one transaction, not one each).
+        memory = cell.memory
+        if not memory.woken:
+            memory.woken = True  # before the send: the actor may begin on it at once
+            if not cell.mailbox.fire_alarm():
+                memory.woken = False  # no actor took it: it must not hold back the next
         return cell
 
     def grant(self, index: int) -> bool:

@@ -6,7 +6,7 @@ import logging
 from contextlib import suppress
 from typing import NoReturn
 
-from dopool._engine.messages import Enqueue, HandedOff, Reply
+from dopool._engine.messages import CallMark, Enqueue, HandedOff, Reply
 from dopool._engine.shell import Crash, InstanceShell
 from dopool._errors import (
     DamagedRecordError,
@@ -33,11 +33,14 @@ class DirectEnqueue(InstanceShell):
     event's outcome.
     """
 
-    def enqueue(self, items: tuple[Item, ...]) -> list[EnqueueResult] | None:
+    def enqueue(
+        self, items: tuple[Item, ...], call: CallMark | None = None
+    ) -> list[EnqueueResult] | None:
         """Store ``items`` atomically; None if the instance must be sent a message instead.
 
         That is the case while the instance is busy, killed or recovering (the
         message then queues behind the recovery), and once the runtime is closing.
+        ``call``: a producer's call the owner takes (see :class:`Enqueue`).
         """
         mailbox, memory = self._mailbox, self._memory
         if not memory.turn.try_acquire():
@@ -47,7 +50,7 @@ class DirectEnqueue(InstanceShell):
                 return None
             self._kill = self._supervisor.kill_flag  # this incarnation's (see InstanceShell)
             reply = Reply()
-            self._taken = [Enqueue(items, reply)]
+            self._taken = [Enqueue(items, reply, call)]
             effects = Effects()
             try:
                 meta, started = self._transact(self._enqueue_body(effects, mailbox.idle))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from dopool._clock.latch import Latch, closed_lock
 from dopool._machine.types import Item, Request
@@ -99,10 +99,25 @@ class Message:
 
 @dataclass(frozen=True, slots=True)
 class Enqueue(Message):
-    """Append items atomically (all or none), answering a list of EnqueueResult."""
+    """Append items atomically (all or none), answering a list of EnqueueResult.
+
+    ``call``: a producer's call the owner takes (``_engine/owner_calls.py``): answered
+    from its record if one was stored before, and recorded with its events otherwise
+    (``_store/layout/calls.py``).
+    """
 
     items: tuple[Item, ...]
     reply: Reply
+    call: CallMark | None = None
+
+
+class CallMark(NamedTuple):
+    """Which producer's call an enqueue is, and the number below which the producer
+    needs none of its records any more."""
+
+    producer: bytes
+    number: int
+    done_below: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ from dopool._errors import (
 from dopool._machine.machine import QueueMachine
 from dopool._machine.types import Effects, Item, Started
 from dopool._store.environment import Store
-from dopool._store.layout import Meta, OutboxRecord
+from dopool._store.layout import Meta, OutboxRecord, forget_calls, record_call, stored_call
 from dopool._store.txn import Txn
 from dopool._types import EmptyInfo, PoolEvent
 from dopool._usercode import ran
@@ -230,8 +230,13 @@ class InstanceShell:
         """Store the taken enqueues; each gets its answer in ``effects``."""
         if not self._taken:
             return  # most outcomes take none: the hot path skips the call
-        batches = [(message, message.items) for message in self._taken]
+        taken = self._taken
+        if any(message.call is not None for message in taken):
+            taken = self._unrecorded(txn, taken, effects)
+        batches = [(message, message.items) for message in taken]
         self._machine.accept(txn, meta, batches, now, effects)
+        if taken is not self._taken:
+            self._record_calls(txn, effects, now)
 
     def _enqueue_body(
         self, effects: Effects, idle: Callable[[], bool]
@@ -248,13 +253,40 @@ class InstanceShell:
         def body(txn: Txn) -> tuple[Meta, Started | None]:
             start_now = idle() and starts
             meta = self._load_meta(txn)
-            batches = [(message, message.items) for message in self._taken]
+            taken = self._taken
+            if any(message.call is not None for message in taken):
+                taken = self._unrecorded(txn, taken, effects)
+            batches = [(message, message.items) for message in taken]
             self._machine.enqueue(txn, meta, batches, now, effects)
+            if taken is not self._taken:
+                self._record_calls(txn, effects, now)
             started = self._machine.take_alarm(txn, meta, now, effects) if start_now else None
             self._save_meta(txn, meta)
             return meta, started
 
         return body
+
+    def _unrecorded(self, txn: Txn, taken: list[Enqueue], effects: Effects) -> list[Enqueue]:
+        """The taken enqueues to store: a producer's call stored before (by the producer,
+        which gave up waiting for this owner) is answered from its record instead."""
+        fresh: list[Enqueue] = []
+        for message in taken:
+            call = message.call
+            record = None if call is None else stored_call(txn, call.producer, call.number)
+            if record is None:
+                fresh.append(message)
+            else:
+                effects.answers.append((message, record.answer(self._spec.name)))
+        return fresh
+
+    def _record_calls(self, txn: Txn, effects: Effects, now: float) -> None:
+        """Record each producer's call this transaction stored, with its answer, and forget
+        the records its producer needs no more."""
+        for message, answer in effects.answers:
+            call = getattr(message, "call", None)
+            if call is not None and isinstance(answer, list):  # (a refusal stored nothing)
+                record_call(txn, call.producer, call.number, now, answer)
+                forget_calls(txn, call.producer, call.done_below)
 
     def _fail_taken(self, error: DopoolError | None) -> None:
         """Fail the taken enqueues not answered yet: nothing of theirs committed."""

@@ -29,13 +29,14 @@ from typing import Any
 
 from dopool._clock.clocks import Clock
 from dopool._cluster.leases import lease_owner
-from dopool._cluster.remote import producer_machine, settle, store_shares
+from dopool._cluster.remote import Share, producer_machine, settle, store_shares
 from dopool._cluster.routing import Positions
 from dopool._engine.cells import Cells
 from dopool._engine.evicted import EvictedAlarms
 from dopool._errors import DopoolError
 from dopool._machine.types import Effects, Item, QueueRules, Request
 from dopool._store.environment import Store
+from dopool._store.txn import Txn
 from dopool._types import PoolEvent
 
 
@@ -94,7 +95,7 @@ class StoredCalls:
         """Store each group's items on its instance in one transaction; their results go in
         ``results``, at their positions. The first share refused, if any (it stored
         nothing)."""
-        with self._publishing() as events:
+        with self.publishing() as events:
             now = self._clock.now()
             with self._store.write() as txn:
                 shares = store_shares(
@@ -110,14 +111,32 @@ class StoredCalls:
         failure = settle(shares, results, _nobody)
         for share in shares:
             if not isinstance(share.answer, DopoolError):
-                self._written(share.instance, share.alarm, now, share.owner)
+                self.written(share.instance, share.alarm, now, share.owner)
         return failure
+
+    def store_in(
+        self, txn: Txn, index: int, items: tuple[Item, ...], now: float, events: list[PoolEvent]
+    ) -> Share:
+        """Store ``items`` on instance ``index`` in ``txn``, a transaction of the caller's
+        that may store others' too (a producer's calls: ``_engine/owner_calls.py``), inside
+        :meth:`publishing`; once it has committed, :meth:`written` tells the instance."""
+        shares = store_shares(
+            txn,
+            self._cells.name,
+            self._machine,
+            items,
+            {index: range(len(items))},
+            now,
+            events,
+            owners=self._wake is not None,
+        )
+        return shares[0]
 
     def apply(self, index: int, request: Request) -> Any:
         """Make a caller's request's transition on instance ``index`` in the store, as its
         actor would; its answer."""
         machine = self._machine(index)
-        with self._publishing() as events:
+        with self.publishing() as events:
             now = self._clock.now()
             effects = Effects()
             with self._store.write() as txn:
@@ -126,11 +145,11 @@ class StoredCalls:
                 machine.namespace.save_meta(txn, meta)
                 owner = lease_owner(txn, self._cells.name, index) if self._wake else None
             events.extend(effects.events)
-        self._written(index, meta.alarm, now, owner)
+        self.written(index, meta.alarm, now, owner)
         return result
 
     @contextmanager
-    def _publishing(self) -> Iterator[list[PoolEvent]]:
+    def publishing(self) -> Iterator[list[PoolEvent]]:
         """Collects the events of a transaction made in its body, and publishes them once it
         has committed; one caller at a time while anybody listens."""
         events: list[PoolEvent] = []
@@ -142,7 +161,7 @@ class StoredCalls:
             for event in events:
                 self._emit(event)
 
-    def _written(self, index: int, alarm: float | None, now: float, owner: str | None) -> None:
+    def written(self, index: int, alarm: float | None, now: float, owner: str | None) -> None:
         """Instance ``index`` was written with its alarm slot at ``alarm``: in line for a
         slot if something is due now, its alarm noted if later (or any noted before
         forgotten if none: a drain emptied it, say); sent an alarm if running. One served
@@ -157,4 +176,4 @@ class StoredCalls:
 
 
 def _nobody(_index: int, _owner: str | None) -> None:
-    """Nobody to wake: :meth:`StoredCalls._written` tells each instance."""
+    """Nobody to wake: :meth:`StoredCalls.written` tells each instance."""

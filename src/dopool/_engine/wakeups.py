@@ -126,7 +126,7 @@ def parse_wake(data: bytes) -> tuple[str, int] | None:
     return name, int(digits)
 
 
-class _Address:
+class SocketAddress:
     """Where the wake-up socket is: its path, and the address to bind or send to.
 
     A socket address holds at most 107 bytes of path. A longer one is reached through a
@@ -157,9 +157,9 @@ class Notifier:
 
     def __init__(self, directory: Path) -> None:
         self._directory = directory
-        self._target = _Address(directory)
+        self._target = SocketAddress(directory)
         self._address = self._target.address
-        self._workers: dict[str, _Address] = {}  # shared workers' sockets, by owner id
+        self._workers: dict[str, SocketAddress] = {}  # shared workers' sockets, by owner id
         self._socket: socket.socket | None = None
         with suppress(OSError):  # no socket: the owner's poll covers every event
             kind = socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
@@ -180,7 +180,7 @@ class Notifier:
             if target is None:
                 if len(self._workers) >= _MAX_WORKERS:  # owners come and go: forget them
                     self._forget_workers()
-                target = self._workers[owner] = _Address(self._directory, worker_socket(owner))
+                target = self._workers[owner] = SocketAddress(self._directory, worker_socket(owner))
             try:
                 sock.sendto(message, target.address)
             except (FileNotFoundError, ConnectionRefusedError):
@@ -225,7 +225,7 @@ class StoreWatcher:
         name: str = WAKE_SOCKET,
     ) -> None:
         """``name``: the socket's path in ``directory``."""
-        self._address = _Address(directory, name)
+        self._address = SocketAddress(directory, name)
         self._interval = poll_interval
         self._store = store
         self._pools: dict[str, Cells] = {}  # replaced whole, read without a lock

@@ -58,6 +58,7 @@ import lmdb
 from dopool import tracing
 from dopool._clock.clocks import RealClock
 from dopool._cluster.leases import lease_owner
+from dopool._cluster.owner_wire import Call
 from dopool._cluster.remote import (
     Changed,
     Share,
@@ -68,7 +69,7 @@ from dopool._cluster.remote import (
     store_shares,
     transition,
 )
-from dopool._cluster.routing import Positions, Router, RoutingTable
+from dopool._cluster.routing import Positions, Router, RoutingTable, place
 from dopool._engine.options import PoolOptions, Schema
 from dopool._engine.storage import ReadOnlyStorage
 from dopool._engine.wakeups import Notifier
@@ -82,6 +83,7 @@ from dopool._errors import (
     shown,
 )
 from dopool._handles.filters import Filters, by_instance, chosen, listed
+from dopool._handles.owner_link import OwnerLinks
 from dopool._handles.schedules import definition, read_schedules, schedule_info
 from dopool._machine.lifecycle import lookup, parse_event_id
 from dopool._machine.machine import QueueMachine
@@ -108,9 +110,12 @@ from dopool._pools import FilterOptions, Pool, ScheduleOptions, StorageView
 from dopool._store.environment import Environment, open_shared, opened_before_fork
 from dopool._store.layout import (
     Namespace,
+    forget_calls,
     get_pool,
     pool_records,
+    record_call,
     set_pool_paused,
+    stored_call,
     used_instances,
 )
 from dopool._store.txn import Txn
@@ -132,6 +137,7 @@ def connect(
     durability: str = "sync",
     lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
     wait: float = 0.0,
+    via_owner: bool | None = None,
 ) -> Connection:
     """Open the store at ``path`` to enqueue into its pools from this process.
 
@@ -144,6 +150,12 @@ def connect(
         lock_timeout: seconds a write (an enqueue, a pause...) waits while another
             process writes, before it raises :class:`StoreBusyError`, having written
             nothing; None: as long as that takes.
+        via_owner: send each enqueue into one instance to the process serving it, which
+            stores it in its own commit (shared with its other work), and store it here
+            only if that process does not answer; False: store every enqueue here. None
+            (the default): under ``"sync"``, where sharing the owner's fsync pays, and not
+            under ``"async"``, where the owner would spend its own CPU on every producer's
+            enqueue (docs/benchmarks.md measures both).
 
     Raises:
         StoreNotFoundError: no store at ``path`` (after ``wait`` seconds): the message
@@ -152,7 +164,9 @@ def connect(
         StorageError: the store cannot be opened, or is damaged.
         ConfigurationError: a bad argument.
     """
-    return Connection(path, durability=durability, lock_timeout=lock_timeout, wait=wait)
+    return Connection(
+        path, durability=durability, lock_timeout=lock_timeout, wait=wait, via_owner=via_owner
+    )
 
 
 class Connection:
@@ -168,8 +182,13 @@ class Connection:
         durability: str = "sync",
         lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
         wait: float = 0.0,
+        via_owner: bool | None = None,
     ) -> None:
         check_path(path)
+        if via_owner is not None and type(via_owner) is not bool:
+            raise ConfigurationError(
+                f"via_owner must be True, False or None, got {shown(via_owner)}"
+            )
         if durability not in DURABILITY_MODES:
             raise ConfigurationError(f"durability must be 'sync' or 'async', got {durability!r}")
         self.durability = durability
@@ -182,6 +201,10 @@ class Connection:
         self._fsync = durability == "sync" and not self._shared.sync
         self._clock = RealClock()  # no alarm is ever set on it: no thread
         self._notifier = Notifier(self.path)
+        # The owners this connection sends its enqueues to (None: it stores every one).
+        if via_owner is None:
+            via_owner = durability == "sync"
+        self.owners = OwnerLinks(self.path, sync=durability == "sync") if via_owner else None
         self._cond = threading.Condition()
         self._active = 0  # calls using the environment, which close() waits for
         self._closed = False
@@ -255,6 +278,8 @@ class Connection:
                 self._cond.wait()
         if os.getpid() != self._pid:
             return
+        if self.owners is not None:
+            self.owners.close()
         self._notifier.close()
         self._clock.close()
         self._shared.release()
@@ -410,23 +435,89 @@ class ProducerPool(Pool):
         return due_time(delay, not_before, now=self._connection.now, wall=True)
 
     def _store(self, items: tuple[Item, ...], partition_key: str | None) -> list[EnqueueResult]:
-        """One write transaction: route by the stored concurrency, then each instance's
-        share as its own runtime would store it; then wake the instances written."""
-        now = self._connection.now()
+        """Sent to the owner of the one instance the items go to, if it answers
+        (:mod:`dopool._handles.owner_link`); else stored here."""
+        owners = self._connection.owners
+        if owners is None:
+            return self._store_here(items, partition_key)
+        with self._connection.reading(self._name) as txn:
+            groups = self._groups(txn, items, partition_key)
+            if len(groups) != 1:  # several instances: one transaction here stores them all
+                return self._store_here(items, partition_key, routed=groups)
+            (index,) = groups
+            owner = lease_owner(txn, self._name, index)
+        number = owners.begin()
+        try:
+            results = owners.call(owner, Call(number, self._name, index, items))
+            if results is None:
+                return self._store_here(items, partition_key, routed=groups, call=number)
+            return [
+                EnqueueResult(sequence, instance, f"{self._name}:{instance}", position, duplicate)
+                for instance, sequence, position, duplicate in results
+            ]
+        finally:
+            owners.end(number)
+
+    def _groups(
+        self,
+        txn: Txn,
+        items: tuple[Item, ...],
+        partition_key: str | None,
+        routed: dict[int, Positions] | None = None,
+    ) -> dict[int, Positions]:
+        """Which instance each item goes to, by the concurrency stored now: ``routed`` (a
+        snapshot's routing of the same call, the round-robin cursor moved once) unless the
+        concurrency changed since."""
+        concurrency = self._router.table.concurrency
+        table = self._table(txn)
+        if routed is not None and table.concurrency == concurrency:
+            return routed
+        check_keyed(self._name, table.concurrency, partition_key)
+        if len(items) == 1:
+            return {self._router.choose(partition_key, table): range(1)}
         keys = [item.dedup_key for item in items]
+        return self._router.split(len(items), partition_key, keys if any(keys) else None, table)
 
-        def body(txn: Txn) -> list[Share]:
-            table = self._table(txn)
-            check_keyed(self._name, table.concurrency, partition_key)
-            groups: dict[int, Positions]
-            if len(items) == 1:
-                groups = {self._router.choose(partition_key, table): range(1)}
-            else:
-                some = keys if any(keys) else None
-                groups = self._router.split(len(items), partition_key, some, table)
-            return store_shares(txn, self._name, self._machine, items, groups, now)
+    def _store_here(
+        self,
+        items: tuple[Item, ...],
+        partition_key: str | None,
+        *,
+        routed: dict[int, Positions] | None = None,
+        call: int | None = None,
+    ) -> list[EnqueueResult]:
+        """One write transaction: route by the stored concurrency, then each instance's
+        share as its own runtime would store it; then wake the instances written.
 
-        shares = self._connection.write(self._name, body)
+        ``routed``: the call's routing, made in a snapshot just before. ``call``: the
+        number of the call an owner was sent and did not answer. If the
+        owner stored it after all, its record is the answer and nothing is stored again;
+        else the call's record is written with its events, so that an owner still
+        holding it finds it stored."""
+        now = self._connection.now()
+        owners = self._connection.owners if call is not None else None
+
+        def body(txn: Txn) -> tuple[list[EnqueueResult] | None, list[Share]]:
+            if owners is not None and call is not None:
+                forget_calls(txn, owners.producer, owners.done_below())
+                record = stored_call(txn, owners.producer, call)
+                if record is not None:
+                    return record.answer(self._name), []
+            groups = self._groups(txn, items, partition_key, routed)
+            shares = store_shares(txn, self._name, self._machine, items, groups, now)
+            if owners is not None and call is not None:
+                answered: list[Any] = [None] * len(items)
+                for share in shares:
+                    if isinstance(share.answer, DopoolError):
+                        break  # refused: nothing of the call is recorded, as nothing stored
+                    place(answered, share.positions, share.answer)
+                else:
+                    record_call(txn, owners.producer, call, now, answered)
+            return None, shares
+
+        recorded, shares = self._connection.write(self._name, body)
+        if recorded is not None:
+            return recorded
         results: list[Any] = [None] * len(items)
         failure = settle(shares, results, partial(self._connection.wake, self._name))
         if failure is not None:

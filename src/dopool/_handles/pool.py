@@ -14,7 +14,7 @@ from dopool._cluster.remote import Verb
 from dopool._cluster.routing import Positions, pick, place
 from dopool._engine.calls import Calls
 from dopool._engine.direct import DirectEnqueue
-from dopool._engine.messages import Control, Enqueue
+from dopool._engine.messages import CallMark, Control, Enqueue
 from dopool._engine.options import PoolOptionsDict
 from dopool._engine.pool_context import PoolContext
 from dopool._engine.pool_instances import Instances
@@ -183,6 +183,24 @@ class WorkerPool(Pool):
             items = with_ttl(items, ttl, due, clock.now())
         with tracing.sending(self.name, items, clock.now) as items:
             return self._route(items, partition_key)
+
+    def store_call(
+        self, index: int, items: tuple[Item, ...], call: CallMark
+    ) -> list[EnqueueResult] | None:
+        """A producer's call its owner takes (``_engine/owner_calls.py``), stored from this
+        thread if instance ``index`` runs here and is free: its first due event starts in
+        the same commit, as an enqueue made in this process does. None if it cannot be
+        (not running here, busy, crashed): the caller stores it another way."""
+        cell = self._instances.cells.get(index)
+        if cell is None:
+            return None
+        direct = cell.direct
+        if not isinstance(direct, DirectEnqueue):
+            direct = cell.direct = DirectEnqueue(self._spec, cell, self._env)
+        try:
+            return direct.enqueue(items, call)
+        except DopoolError:  # crashed (it restarts), closing, damaged: stored another way
+            return None
 
     def _direct_to(self, index: int) -> DirectEnqueue | None:
         """Instance ``index``'s direct path (the instance started if it was not); None if

@@ -32,6 +32,7 @@ from dopool._engine.evicted import EvictedAlarms
 from dopool._engine.keeper import check_shared, keep_leases, serve_pool
 from dopool._engine.middleware import Middleware, check_middleware
 from dopool._engine.options import PoolOptions, PoolOptionsDict
+from dopool._engine.owner_calls import Served, serve_calls
 from dopool._engine.pool_context import PoolContext
 from dopool._engine.pool_instances import Instances
 from dopool._engine.router import Placement
@@ -181,6 +182,8 @@ class Runtime:
         )
         owner = None if self._keeper is None or not shared else self._keeper.book.worker.owner
         self._watcher = watch_store(self.clock, self.path, self.poll_interval, self._store, owner)
+        self._served: dict[str, Served] = {}  # replaced whole: the call socket reads it
+        self._calls = serve_calls(self.clock, self.path, self._store, self._served_pool, owner)
         self._pid = os.getpid()
         with _open_lock:
             _open.add(self)  # closed at interpreter exit, if not before
@@ -388,7 +391,13 @@ class Runtime:
             self._directory.add(address)
             if self._watcher is not None:
                 self._watcher.watch(name, cells)
+            served = Served(stored, partial(_serves, cells), pool.store_call)
+            self._served = {**self._served, name: served}
             return pool
+
+    def _served_pool(self, name: str) -> Served | None:
+        """What the call socket stores a producer's calls on pool ``name`` with, if defined."""
+        return self._served.get(name)
 
     def _cells_of(self, name: str) -> Cells | None:
         """The instances of the pool ``name``, if it is defined here."""
@@ -456,6 +465,8 @@ class Runtime:
         recovery settles it, and its outcome can no longer commit (the store
         refuses transactions once closed).
         """
+        if self._calls is not None:  # producers store their own calls from now on
+            self._calls.close(EXIT_GRACE)
         if self._watcher is not None:  # no more wake-ups: the actors are stopping
             self._watcher.close()
         # Not under the lock: a handler still finishing may call into the runtime.
@@ -595,3 +606,8 @@ def default_runtime() -> Runtime:
         if _default is None or _default.closed:
             _default = Runtime(os.environ.get("DOPOOL_PATH") or ".dopool")
         return _default
+
+
+def _serves(cells: Cells, index: int) -> bool:
+    """Whether instance ``index`` of ``cells``' pool exists and is served here."""
+    return 0 <= index < cells.concurrency and cells.serves(index)

@@ -9,7 +9,8 @@ stray keys too); the counter checks are :mod:`dopool._machine.invariants`', fed 
 keys it counts on the way, and so are the checks of the follow-up links between
 instances, of one pool or two (:class:`~dopool._machine.invariants.LinkTally`). It also
 checks that every follow-up in an outbox, and every source a delivery mark names,
-is an instance of a stored pool.
+is an instance of a stored pool. A producer's call record (``C``) names no pool: it is
+read, and a damaged one reported, with nothing to check it against.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from dopool._store.layout import (
     mark_source,
     open_sealed,
     parse_alarm_entry,
+    parse_call_key,
     parse_dedup_key,
     parse_instance_key,
     parse_lease_key,
@@ -56,6 +58,7 @@ from dopool._store.layout import (
     rate_pool_of,
     read_bucket,
     read_bucket_expiry,
+    read_call,
     read_dead,
     read_dedup,
     read_event,
@@ -164,6 +167,8 @@ def check_store(txn: Txn) -> CheckReport:
             elif (rated := rate_pool_of(key)) is not None:
                 read_rate(key, value)
                 rates.append((rated, key))
+            elif parse_call_key(key) is not None:  # a producer's call: it names no pool
+                read_call(key, value)
             elif (named := _index_entry_pool(key)) is not None:
                 index_pools.setdefault(named, key)
                 if value:  # an index entry's key is all of it

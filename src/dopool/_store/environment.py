@@ -131,6 +131,22 @@ class Store:
         return self._group.run(body)
 
     @property
+    def durable(self) -> bool:
+        """Whether each commit is fsynced (``durability="sync"``)."""
+        return bool(self._shared.sync)
+
+    def flush(self) -> None:
+        """Make every commit so far durable (an fsync), under ``"async"`` too.
+
+        Raises:
+            StorageError: the sync failed.
+        """
+        try:
+            self._env.sync(True)
+        except lmdb.Error as exc:
+            raise StorageError(f"commits made could not be synced: {exc}") from exc
+
+    @property
     def commit_counts(self) -> tuple[int, int]:
         """(commits, transaction bodies) since the store opened: the mean group size."""
         return self._group.groups, self._group.bodies

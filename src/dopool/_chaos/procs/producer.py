@@ -31,7 +31,7 @@ from dopool._chaos.procs.app import DUMP, die_with
 from dopool._chaos.procs.plan import POOL, Send, draw
 from dopool._chaos.procs.records import Record, producer_log
 from dopool._errors import DopoolError
-from dopool._handles.connection import ProducerPool, connect
+from dopool._handles.connection import DEFAULT_LOCK_TIMEOUT, ProducerPool, connect
 from dopool._types import EnqueueResult
 
 ACKNOWLEDGED = b"a"
@@ -40,8 +40,8 @@ ACKNOWLEDGED = b"a"
 def produce(store: Path, seed: int, producer: int, root: Path) -> None:
     plan = draw(seed)
     record = Record(producer_log(root, producer))
-    options = {} if plan.lock_timeout is None else {"lock_timeout": plan.lock_timeout}
-    with connect(store, durability=plan.durability, **options) as connection:
+    lock_timeout = DEFAULT_LOCK_TIMEOUT if plan.lock_timeout is None else plan.lock_timeout
+    with connect(store, durability=plan.durability, lock_timeout=lock_timeout) as connection:
         pool = connection.pool(POOL, dedup_window=plan.dedup_window)
         for send in plan.streams[producer]:
             for ident in send.ids:

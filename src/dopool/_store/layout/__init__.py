@@ -12,6 +12,7 @@
 - :mod:`.leases`: the workers' leases and presences, read and written in a transaction;
 - :mod:`.schedules`: a pool's recurring schedules, in instance 0's namespace;
 - :mod:`.storage`: an instance's own storage (``ctx.storage``), its values in its namespace;
+- :mod:`.calls`: producers' calls stored through an owner, each one's answer kept;
 - :mod:`.migrate`: a store of an older format rewritten as this one.
 
 Everything outside this package sees records, namespaces and parsed keys, never a
@@ -23,6 +24,16 @@ from dopool._store.layout.buckets import (
     bucket_expiry_at,
     read_bucket,
     read_bucket_expiry,
+)
+from dopool._store.layout.calls import RETAIN as CALL_RETAIN
+from dopool._store.layout.calls import SWEEP as CALL_SWEEP
+from dopool._store.layout.calls import (
+    CallRecord,
+    forget_calls,
+    read_call,
+    record_call,
+    stored_call,
+    sweep_calls,
 )
 from dopool._store.layout.dedup import (
     DedupClaim,
@@ -43,10 +54,13 @@ from dopool._store.layout.events import (
 from dopool._store.layout.keys import (
     FORMAT_KEY,
     MIGRATED_DUE,
+    PRODUCER_ID_BYTES,
     DedupKey,
     InstanceKey,
     RecordKind,
     alarm_entry_key,
+    call_key,
+    call_prefix,
     dead_letter_sequence,
     decode_due,
     dedup_name,
@@ -62,6 +76,7 @@ from dopool._store.layout.keys import (
     mark_source,
     outbox_sequence,
     parse_alarm_entry,
+    parse_call_key,
     parse_dedup_key,
     parse_instance_key,
     parse_lease_key,
@@ -159,6 +174,8 @@ from dopool._store.layout.schedules import ScheduleBook, ScheduleRecord, read_fi
 from dopool._store.layout.storage import StoredRecord, StoredValues, read_stored
 
 __all__ = [
+    "CALL_RETAIN",
+    "CALL_SWEEP",
     "FINISHED_STATES",
     "FORMAT_KEY",
     "FORMAT_VERSION",
@@ -177,6 +194,8 @@ __all__ = [
     "POOL_NAME",
     "PRIORITY_MAX",
     "PRIORITY_MIN",
+    "PRODUCER_ID_BYTES",
+    "CallRecord",
     "DeadRecord",
     "DedupClaim",
     "DedupIndex",
@@ -205,6 +224,8 @@ __all__ = [
     "all_leases",
     "all_presences",
     "bucket_expiry_at",
+    "call_key",
+    "call_prefix",
     "damaged",
     "damaged_presences",
     "dead_letter_sequence",
@@ -221,6 +242,7 @@ __all__ = [
     "expiry_key",
     "fire_time",
     "follow_ups_to",
+    "forget_calls",
     "format_1_mark",
     "get_lease",
     "get_pool",
@@ -236,6 +258,7 @@ __all__ = [
     "outbox_sequence",
     "pack",
     "parse_alarm_entry",
+    "parse_call_key",
     "parse_dedup_key",
     "parse_instance_key",
     "parse_lease_key",
@@ -255,6 +278,7 @@ __all__ = [
     "rate_pool_of",
     "read_bucket",
     "read_bucket_expiry",
+    "read_call",
     "read_dead",
     "read_dedup",
     "read_event",
@@ -271,6 +295,7 @@ __all__ = [
     "read_rate",
     "read_schedule",
     "read_stored",
+    "record_call",
     "schedule_name",
     "seal",
     "seal_dead",
@@ -282,6 +307,8 @@ __all__ = [
     "seal_pool",
     "set_pool_paused",
     "started_event",
+    "stored_call",
+    "sweep_calls",
     "unpack",
     "used_instances",
     "valid_owner",

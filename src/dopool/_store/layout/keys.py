@@ -36,6 +36,9 @@ Keys (all integers big-endian, so LMDB's byte order is numeric order)::
     R <pool>                              a pool's rate limit bucket: its theoretical
                                           arrival time (format 13)
     W <owner>                             a live worker's presence (its owner id)
+    C <producer:16> <call:8>              a producer's call an owner stored: its answer,
+                                          so that the call retried is answered, not
+                                          stored twice (format 14)
     A <due:8> <pool> \\0 <index:8>        the alarm index: an instance whose alarm slot
                                           is set, by due time, store-wide
     U <pool> \\0 <index:8>                the work index: an instance with pending events
@@ -106,6 +109,9 @@ _EXPIRY_PREFIX = b"E"  # a pool's finished dedup keys, by finish time
 _LEASE_PREFIX = b"L"  # a lease of a unit of a pool's instances
 _RATE_PREFIX = b"R"  # a pool's rate limit bucket
 _PRESENCE_PREFIX = b"W"  # a worker's presence
+_CALL_PREFIX = b"C"  # a producer's call stored, by producer id and call number
+#: The bytes of a producer's id in its call records' keys.
+PRODUCER_ID_BYTES = 16
 _ALARM_PREFIX = b"A"  # the alarm index: an entry per instance whose alarm slot is set
 _WORK_PREFIX = b"U"  # the work index: an entry per instance with work (unfinished)
 _DIGEST = 16  # the bytes of a long dedup key's digest
@@ -588,6 +594,26 @@ def presence_owner(key: bytes) -> str | None:
     return owner if valid_owner(owner) else None
 
 
+# -- producers' calls stored through an owner --------------------------------------------
+
+
+def call_key(producer: bytes, call: int) -> bytes:
+    """The key of the record of call number ``call`` of producer ``producer``."""
+    return _CALL_PREFIX + producer + _U64.pack(call)
+
+
+def call_prefix(producer: bytes | None = None) -> bytes:
+    """The prefix of every call record's key, or of one producer's."""
+    return _CALL_PREFIX if producer is None else _CALL_PREFIX + producer
+
+
+def parse_call_key(key: bytes) -> tuple[bytes, int] | None:
+    """The ``(producer, call)`` a call record's key names; None if ``key`` is not one."""
+    if key[:1] != _CALL_PREFIX or len(key) != 1 + PRODUCER_ID_BYTES + _U64.size:
+        return None
+    return key[1 : 1 + PRODUCER_ID_BYTES], _U64.unpack(key[1 + PRODUCER_ID_BYTES :])[0]
+
+
 # -- keys in words -------------------------------------------------------------------
 
 
@@ -606,6 +632,9 @@ def describe_key(key: bytes) -> str:
     owner = presence_owner(key)
     if owner is not None:
         return f"presence of worker {owner}"
+    call = parse_call_key(key)
+    if call is not None:
+        return f"call {call[1]} of producer {call[0].hex()}"
     dedup = parse_dedup_key(key)
     if dedup is not None:
         what = "dedup expiry key" if dedup.expiry else "dedup index entry"

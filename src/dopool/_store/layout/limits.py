@@ -8,10 +8,10 @@ import re
 #: The version of the store's layout (keys and records). A store records the version
 #: it was created with; a runtime migrates a store of an older version it knows
 #: (:data:`MIGRATES_FROM`) when it opens it, and refuses any other version.
-FORMAT_VERSION = 13
+FORMAT_VERSION = 14
 
 #: The older versions a runtime migrates in place (``_store/layout/migrate.py``).
-MIGRATES_FROM = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
+MIGRATES_FROM = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
 
 #: A pool's name: it is part of the keys of its instances, of the delivery marks of
 #: the instances its follow-ups reach, and of the outbox entries sent to it.

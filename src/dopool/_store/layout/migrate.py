@@ -68,6 +68,9 @@ Format 12 → 13: a pool may have a rate limit, its bucket a pool-wide key (``R 
 that no store of format 12 holds; the meta gains ``throttled_until``, nil (no instance
 waited for a token).
 
+Format 13 → 14: a producer's call stored by an owner keeps its answer under a store-wide
+key (``C <producer> <call>``) that no store of format 13 holds: nothing is rewritten.
+
 A record that fails the older format's checks is not rewritten (a record that moves
 to a new key moves with its bytes as found): the new format's checks then find it
 damaged, as the old ones would have. The caller commits the transaction, or rolls it
@@ -135,7 +138,7 @@ _OUTBOX_LAYOUT_1: Layout = _OUTBOX_LAYOUT_6[1:]  # no "pool"
 
 
 def migrate_store(txn: Txn, found: int) -> int:
-    """Rewrite a store of format ``found`` (1 to 12) in ``txn`` as this format; how many
+    """Rewrite a store of format ``found`` (1 to 13) in ``txn`` as this format; how many
     records changed or were added (format 5 to 6 changes none but the format record)."""
     changed = _from_1(txn) if found == 1 else 0
     changed += _from_2(txn) if found <= 2 else 0
@@ -147,7 +150,7 @@ def migrate_store(txn: Txn, found: int) -> int:
     changed += _from_9(txn) if found <= 9 else 0
     changed += _from_10(txn) if found <= 10 else 0
     changed += _from_11(txn) if found <= 11 else 0
-    changed += _from_12(txn)
+    changed += _from_12(txn) if found <= 12 else 0
     txn.put(FORMAT_KEY, seal_format(FORMAT_KEY))
     return changed
 

@@ -1,0 +1,407 @@
+"""The owner's side of a producer's enqueue sent to it: a socket, and the calls stored.
+
+A runtime on a real clock that serves a store (an exclusive one, or a ``dopool worker``)
+listens on a UNIX stream socket beside its wake-up socket: ``<store>/calls.sock``, or
+``<store>/calls/<owner>.sock`` for a shared worker. A producer (``dopool.connect``,
+``_handles/owner_link.py``) that finds it sends its enqueues there in frames
+(:mod:`dopool._cluster.owner_wire`), as many as its threads have ready, and waits for
+the answer.
+
+Each connection has a thread of its own here, which stores each frame's calls in one
+write transaction of the runtime's store, through its committer: under
+``durability="sync"`` that transaction joins the group commit of the runtime's own
+instances and of the other connections' frames, so they share one fsync. A call is
+stored as a producer would store it (the queue machine's enqueue, the meta read anew:
+:meth:`StoredCalls.store_in`), with its call record (:mod:`dopool._store.layout.calls`),
+and the instance is then told (an alarm if it is running here, a start if not). The
+answer goes back only once the transaction is durable, under the producer's durability
+(a ``"sync"`` producer's calls on an ``"async"`` store are fsynced before the answer).
+
+A call is answered nil, and so stored by its producer instead, when its pool is not
+defined here, its instance is not served here, or its share is refused (a full queue):
+the producer's own transaction gives the refusal its error. A frame that is not what a
+producer sends closes its connection; a transaction that fails answers all its calls
+nil. Nothing a producer sends can stop the runtime or another connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import socket
+import stat
+import threading
+import time
+from collections.abc import Callable
+from contextlib import ExitStack, suppress
+from functools import partial
+from pathlib import Path
+
+from dopool._clock.clocks import Clock
+from dopool._cluster.owner_wire import (
+    HEADER,
+    Call,
+    Request,
+    Results,
+    WireError,
+    decode_request,
+    encode_answer,
+    frame_length,
+)
+from dopool._cluster.remote import Share
+from dopool._engine.messages import CallMark
+from dopool._engine.stored import StoredCalls
+from dopool._engine.wakeups import SocketAddress
+from dopool._errors import DopoolError
+from dopool._machine.types import Item
+from dopool._store.environment import Store
+from dopool._store.layout import (
+    CALL_RETAIN,
+    forget_calls,
+    record_call,
+    stored_call,
+    sweep_calls,
+)
+from dopool._store.txn import Txn
+from dopool._types import EnqueueResult, PoolEvent
+
+logger = logging.getLogger("dopool")
+
+#: The socket's name in the store directory (an exclusive runtime's), and the directory of
+#: shared workers' sockets, ``<owner>.sock`` each.
+CALL_SOCKET = "calls.sock"
+CALL_DIRECTORY = "calls"
+#: Seconds between two sweeps of the call records that dead producers left.
+SWEEP_EVERY = 60.0
+_BACKLOG = 64
+_RECEIVE = 1 << 20  # bytes read from a connection at once
+_UNSENT = 16 << 20  # answers a producer leaves unread before it is dropped
+
+
+def call_socket(owner: str | None) -> str:
+    """The owner's call socket, relative to the store directory."""
+    return CALL_SOCKET if owner is None else f"{CALL_DIRECTORY}/{owner}.sock"
+
+
+# A pool's enqueue from the server's thread into a running, free instance, the first due
+# event started in its commit (``WorkerPool.store_call``); None if it cannot be made so.
+Direct = Callable[[int, tuple[Item, ...], CallMark], list[EnqueueResult] | None]
+
+
+class Served:
+    """What the server needs of one of the runtime's pools."""
+
+    __slots__ = ("direct", "serves", "stored")
+
+    def __init__(self, stored: StoredCalls, serves: Callable[[int], bool], direct: Direct) -> None:
+        self.stored = stored
+        self.serves = serves  # whether an instance (in range) is served here
+        self.direct = direct
+
+
+def serve_calls(
+    clock: Clock,
+    directory: Path,
+    store: Store,
+    pools: Callable[[str], Served | None],
+    owner: str | None = None,
+) -> OwnerCalls | None:
+    """The runtime's call socket, listening; None under a clock that does not watch its
+    store (simulated), or where no socket can be bound (producers then store their calls
+    themselves, as always)."""
+    if not clock.watches_store:
+        return None
+    server = OwnerCalls(clock, directory, store, pools, call_socket(owner))
+    return server if server.listening else None
+
+
+class OwnerCalls:
+    """The call socket and its connections, served by one thread (see the module docstring).
+
+    The thread waits for any connection to send; then it reads every frame that has come,
+    from all of them, stores their calls in one transaction, and sends each its answer.
+    """
+
+    def __init__(
+        self,
+        clock: Clock,
+        directory: Path,
+        store: Store,
+        pools: Callable[[str], Served | None],
+        name: str,
+    ) -> None:
+        self._clock = clock
+        self._store = store
+        self._pools = pools
+        self._address = SocketAddress(directory, name)
+        self._swept = time.monotonic()
+        self._socket = self._bind()
+        self._thread: threading.Thread | None = None
+        self._stop_read, self._stop_write = os.pipe()
+        if self._socket is not None:
+            self._thread = threading.Thread(
+                target=self._run, args=(self._socket,), name="dopool-calls", daemon=True
+            )
+            self._thread.start()
+
+    @property
+    def listening(self) -> bool:
+        return self._socket is not None
+
+    def _bind(self) -> socket.socket | None:
+        """Bind and listen, replacing a socket a dead owner left (the store lock, or the
+        owner id, says no live one uses it); None if that cannot be done."""
+        path = self._address.path
+        with suppress(OSError):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        with suppress(OSError):
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            sock.bind(self._address.address)
+            sock.listen(_BACKLOG)
+            sock.setblocking(False)
+        except OSError as exc:
+            sock.close()
+            logger.debug("no call socket at %r (%s): producers store their calls", path, exc)
+            return None
+        return sock
+
+    def _run(self, listener: socket.socket) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(self._stop_read, selectors.EVENT_READ)
+        selector.register(listener, selectors.EVENT_READ)
+        peers: dict[int, _Peer] = {}
+        try:
+            while True:
+                ready: list[tuple[_Peer, Request]] = []
+                for key, mask in selector.select():
+                    if key.fileobj == self._stop_read:
+                        return
+                    if key.fileobj is listener:
+                        self._accept(listener, selector, peers)
+                        continue
+                    peer = peers[key.fd]
+                    if mask & selectors.EVENT_WRITE and not peer.flush():
+                        _drop(peer, selector, peers)
+                        continue
+                    if mask & selectors.EVENT_READ:
+                        try:
+                            requests = peer.receive()
+                        except (OSError, WireError) as exc:
+                            if isinstance(exc, WireError):
+                                logger.warning("a producer's call frame was refused: %s", exc)
+                            _drop(peer, selector, peers)
+                            continue
+                        ready.extend((peer, request) for request in requests)
+                if ready:
+                    for peer, answer in zip(
+                        (peer for peer, _ in ready), self._store_all(ready), strict=True
+                    ):
+                        if peer.fd in peers and not peer.send(answer, selector):
+                            _drop(peer, selector, peers)
+        except Exception:  # never reached by a producer's bytes; the runtime goes on without
+            logger.exception("the call socket failed; producers store their calls themselves")
+        finally:
+            for peer in list(peers.values()):
+                _drop(peer, selector, peers)
+            selector.close()
+
+    def _accept(
+        self, listener: socket.socket, selector: selectors.BaseSelector, peers: dict[int, _Peer]
+    ) -> None:
+        try:
+            connection, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:  # out of descriptors, say: the producer falls back
+            logger.debug("a producer's connection was not accepted: %s", exc)
+            return
+        connection.setblocking(False)
+        peer = _Peer(connection)
+        peers[peer.fd] = peer
+        selector.register(connection, selectors.EVENT_READ)
+
+    def _store_all(self, ready: list[tuple[_Peer, Request]]) -> list[bytes]:
+        """Store every request's calls in one transaction; each request's answer frame."""
+        return [encode_answer(answers) for answers in self._store_calls([r for _, r in ready])]
+
+    def _store_calls(self, requests: list[Request]) -> list[list[tuple[int, Results]]]:
+        """Store the requests' calls in one transaction; each request's answers."""
+        answers: list[dict[int, Results]] = [
+            dict.fromkeys(c.number for c in r.calls) for r in requests
+        ]
+        todo = [
+            (number, request, call, served)
+            for number, request in enumerate(requests)
+            for call in request.calls
+            if (served := self._target(call)) is not None
+        ]
+        # Under "async" a commit costs little: each call to a free instance is stored, and
+        # its event started, in a commit of its own (no alarm, no second commit). Under
+        # "sync" a lone call is; several share one fsync, their instances then woken.
+        alone = not self._store.durable or len(todo) == 1
+        rest = []
+        for number, request, call, served in todo:
+            mark = CallMark(request.producer, call.number, request.done_below)
+            results = served.direct(call.instance, call.items, mark) if alone else None
+            if results is None:
+                rest.append((number, request, call, served))
+            else:
+                answers[number][call.number] = _fields(results)
+        if rest:
+            self._commit(requests, rest, answers)
+        elif self._sweep_due():
+            with suppress(Exception):  # the next sweep tries again
+                self._store.transact(partial(sweep_calls, before=self._clock.now() - CALL_RETAIN))
+        if alone and rest != todo and any(r.sync for r in requests) and not self._store.durable:
+            self._store.flush()
+        return [list(found.items()) for found in answers]
+
+    def _commit(
+        self,
+        requests: list[Request],
+        todo: list[tuple[int, Request, Call, Served]],
+        answers: list[dict[int, Results]],
+    ) -> None:
+        now = self._clock.now()
+        stored: list[tuple[Served, Share]] = []
+        events: dict[StoredCalls, list[PoolEvent]] = {}
+        sweep = self._sweep_due()
+
+        def body(txn: Txn) -> None:
+            for request in requests:
+                forget_calls(txn, request.producer, request.done_below)
+            if sweep:
+                sweep_calls(txn, now - CALL_RETAIN)
+            for number, request, call, served in todo:
+                record = stored_call(txn, request.producer, call.number)
+                if record is not None:  # stored before: by the producer, which gave up on us
+                    answers[number][call.number] = record.results
+                    continue
+                pool = served.stored
+                share = pool.store_in(txn, call.instance, call.items, now, events[pool])
+                if isinstance(share.answer, DopoolError):
+                    continue  # refused, nothing stored: the producer's own call says why
+                record_call(txn, request.producer, call.number, now, share.answer)
+                answers[number][call.number] = _fields(share.answer)
+                stored.append((served, share))
+
+        try:
+            # Each pool's events published once committed, one writer at a time while
+            # anybody listens (so in the order of the commits); the pools in one order.
+            with ExitStack() as publishing:
+                for pool in sorted({served.stored for *_, served in todo}, key=id):
+                    events[pool] = publishing.enter_context(pool.publishing())
+                self._store.transact(body)
+            if any(request.sync for request in requests) and not self._store.durable:
+                self._store.flush()
+        except Exception:
+            logger.exception("producers' calls could not be stored here; they store them")
+            for found in answers:
+                found.update(dict.fromkeys(found))  # nil: the producers store their calls
+            return
+        for served, share in stored:
+            served.stored.written(share.instance, share.alarm, now, share.owner)
+
+    def _target(self, call: Call) -> Served | None:
+        served = self._pools(call.pool)
+        if served is None or not served.serves(call.instance):
+            return None
+        return served
+
+    def _sweep_due(self) -> bool:
+        now = time.monotonic()
+        if now - self._swept < SWEEP_EVERY:
+            return False
+        self._swept = now
+        return True
+
+    def close(self, grace: float) -> None:
+        """Stop listening and drop every connection (their producers store their calls
+        themselves from then on), once the calls being stored are; wait for that at most
+        ``grace`` seconds (a subscriber that never returns keeps the thread, a daemon)."""
+        if self._stop_write < 0:
+            return
+        os.write(self._stop_write, b"\0")
+        if self._thread is not None:
+            self._thread.join(grace)
+        os.close(self._stop_write)
+        self._stop_write = -1
+        sock, self._socket = self._socket, None
+        if sock is not None:
+            sock.close()
+            with suppress(OSError):
+                os.unlink(self._address.path)
+        self._address.close()
+
+
+class _Peer:
+    """A producer's connection: what it has sent of the next frame, what is left to send it."""
+
+    __slots__ = ("fd", "inbound", "outbound", "sock", "writing")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.inbound = bytearray()
+        self.outbound = bytearray()
+        self.writing = False  # registered for writing: the last answer did not fit at once
+
+    def receive(self) -> list[Request]:
+        """Read what has come; the requests it completes (OSError: the connection closed)."""
+        data = self.sock.recv(_RECEIVE)
+        if not data:
+            raise ConnectionResetError("the producer closed its connection")
+        inbound = self.inbound
+        inbound += data
+        requests: list[Request] = []
+        while len(inbound) >= HEADER:
+            length = frame_length(bytes(inbound[:HEADER]))
+            if len(inbound) < HEADER + length:
+                break
+            requests.append(decode_request(bytes(inbound[HEADER : HEADER + length])))
+            del inbound[: HEADER + length]
+        return requests
+
+    def send(self, answer: bytes, selector: selectors.BaseSelector) -> bool:
+        """Send ``answer``, what does not fit now later; False if the producer is gone or
+        reads nothing (its unsent answers past :data:`_UNSENT`)."""
+        self.outbound += answer
+        if len(self.outbound) > _UNSENT:
+            return False
+        if not self.flush():
+            return False
+        if self.outbound and not self.writing:
+            selector.modify(self.sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
+            self.writing = True
+        return True
+
+    def flush(self) -> bool:
+        """Send what the socket takes now; False if the producer is gone."""
+        try:
+            while self.outbound:
+                sent = self.sock.send(self.outbound)
+                del self.outbound[:sent]
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            return False
+        return True
+
+
+def _fields(results: list[EnqueueResult]) -> list[tuple[int, int, int, bool]]:
+    """Results as an answer carries them."""
+    return [(r.instance_index, r.sequence, r.position, r.duplicate) for r in results]
+
+
+def _drop(peer: _Peer, selector: selectors.BaseSelector, peers: dict[int, _Peer]) -> None:
+    peers.pop(peer.fd, None)
+    with suppress(KeyError, ValueError):
+        selector.unregister(peer.sock)
+    peer.sock.close()

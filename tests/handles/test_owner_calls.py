@@ -1,0 +1,245 @@
+"""A producer's enqueues sent to the owner of their instance (``dopool.connect(via_owner=)``).
+
+The owner (a runtime on a real clock) stores a producer's call in its own commit, starts
+the event there if the instance is free, and answers once durable; when the answer does
+not come, the producer stores the call itself, and a record of each call keeps it from
+being stored twice (docs/guarantees.md, "Producers' calls through the owner"). These
+tests run the owner and the connection in one process (they share the store's
+environment, as LMDB requires) and wait on events with timeouts, never on sleeps.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dopool
+from dopool import EventContext, Runtime
+from dopool._cluster.owner_wire import Call
+from dopool._engine.owner_calls import CALL_SOCKET
+from dopool._handles import owner_link
+from dopool._machine.validation import prepare
+from dopool._store.layout import call_prefix
+
+TIMEOUT = 30.0
+
+
+@pytest.fixture
+def gate() -> Iterator[threading.Event]:
+    """Held handlers wait for it; set at the end so that nothing is left waiting."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def _runtime(path: Path, seen: list[Any], gate: threading.Event | None = None) -> Runtime:
+    def handle(ctx: EventContext) -> None:
+        seen.append(ctx.event)
+        if gate is not None:
+            assert gate.wait(TIMEOUT)
+
+    runtime = Runtime(path, durability="async")
+    runtime.define("orders", execute=handle, concurrency=4)
+    return runtime
+
+
+def _records(runtime: Runtime) -> int:
+    with runtime._store.read() as txn, txn.cursor() as cursor:
+        found = 0
+        if cursor.set_range(call_prefix()):
+            for key, _ in cursor:
+                if not key.startswith(call_prefix()):
+                    break
+                found += 1
+        return found
+
+
+def test_the_owner_stores_the_call_and_starts_its_event_in_that_commit(
+    tmp_path: Path, gate: threading.Event
+) -> None:
+    seen: list[Any] = []
+    with _runtime(tmp_path / "s", seen, gate) as runtime:
+        assert (tmp_path / "s" / CALL_SOCKET).exists()
+        gate.set()  # the instance running, idle: started by a first event
+        runtime.pools["orders"].enqueue({"n": 0}, partition_key="a")
+        assert runtime.pools["orders"].join(timeout=TIMEOUT)
+        gate.clear()
+        with dopool.connect(tmp_path / "s", via_owner=True) as connection:
+            pool = connection.pool("orders")
+            commits = runtime._store.commit_counts[1]
+            result = pool.enqueue({"n": 1}, partition_key="a")
+            # The owner's commit stored it (the connection's own writes are not the
+            # store's committer's) and started its attempt: it is running as the call
+            # returns, before any wake-up could have reached the instance.
+            assert runtime._store.commit_counts[1] == commits + 1
+            info = pool.event(result.event_id)
+            assert info is not None
+            assert info.state == "running"
+            gate.set()
+            assert runtime.pools["orders"].join(timeout=TIMEOUT)
+    assert seen == [{"n": 0}, {"n": 1}]
+
+
+def test_without_via_owner_the_connection_stores_its_calls(tmp_path: Path) -> None:
+    seen: list[Any] = []
+    with _runtime(tmp_path / "s", seen) as runtime:
+        with dopool.connect(tmp_path / "s", via_owner=False) as connection:
+            commits = runtime._store.commit_counts[1]
+            connection.pool("orders").enqueue({"n": 1})
+            assert runtime._store.commit_counts[1] == commits  # stored by the connection
+        assert runtime.pools["orders"].join(timeout=TIMEOUT)
+    assert seen == [{"n": 1}]
+
+
+def test_the_default_goes_through_the_owner_under_sync_only(tmp_path: Path) -> None:
+    with _runtime(tmp_path / "s", []):
+        with dopool.connect(tmp_path / "s") as synced:
+            assert synced.owners is not None
+        with dopool.connect(tmp_path / "s", durability="async") as unsynced:
+            assert unsynced.owners is None
+
+
+def test_with_no_owner_listening_the_producer_stores_the_call(tmp_path: Path) -> None:
+    seen: list[Any] = []
+    _runtime(tmp_path / "s", seen).close()
+    with dopool.connect(tmp_path / "s", via_owner=True) as connection:
+        pool = connection.pool("orders")
+        results = [pool.enqueue({"n": n}, partition_key="k") for n in range(3)]
+        assert [r.sequence for r in results] == [0, 1, 2]
+    with _runtime(tmp_path / "s", seen) as runtime:
+        assert runtime.pools["orders"].join(timeout=TIMEOUT)
+    assert seen == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+
+def test_a_call_the_owner_stored_whose_answer_was_lost_gets_the_first_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner committed, then its answer never came (it died, the connection broke):
+    the producer stores the call itself, finds the owner's record, and answers from it."""
+    exchange = owner_link._Link._exchange
+    answered: list[Any] = []
+
+    def lost(link: Any, calls: list[Call], links: Any) -> Any:
+        answered.append(exchange(link, calls, links))  # the owner stores and answers...
+        return None  # ...and the answer is lost on the way
+
+    monkeypatch.setattr(owner_link._Link, "_exchange", lost)
+    seen: list[Any] = []
+    with _runtime(tmp_path / "s", seen) as runtime:
+        with dopool.connect(tmp_path / "s", via_owner=True) as connection:
+            pool = connection.pool("orders")
+            result = pool.enqueue({"n": 1}, partition_key="a")
+            ((results,),) = [list(a.values()) for a in answered]
+            assert results == [(result.instance_index, result.sequence, result.position, False)]
+        assert runtime.pools["orders"].join(timeout=TIMEOUT)
+    assert seen == [{"n": 1}]  # stored once, run once
+
+
+def test_a_call_the_producer_stored_first_is_not_stored_again_by_the_owner(
+    tmp_path: Path,
+) -> None:
+    """The producer gave up waiting and stored the call; the owner, still holding it,
+    finds the call's record and answers from it, storing nothing."""
+    seen: list[Any] = []
+    with _runtime(tmp_path / "s", seen) as runtime:
+        with dopool.connect(tmp_path / "s", via_owner=True) as connection:
+            pool = connection.pool("orders")
+            owners = connection.owners
+            assert owners is not None
+            items = (prepare({"n": 1}, partition_key="a", priority=0, schema=None),)
+            number = owners.begin()
+            mine = pool._store_here(items, "a", call=number)
+            index = mine[0].instance_index
+            theirs = owners.call(None, Call(number, "orders", index, items))
+            owners.end(number)
+            assert theirs == [(index, mine[0].sequence, mine[0].position, False)]
+        assert runtime.pools["orders"].join(timeout=TIMEOUT)
+    assert seen == [{"n": 1}]
+
+
+def test_order_per_partition_holds_across_the_switch_between_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exchange = owner_link._Link._exchange
+    turns = iter(range(10**6))
+
+    def every_other(link: Any, calls: list[Call], links: Any) -> Any:
+        if next(turns) % 2:
+            return None  # "no answer": the producer stores this one itself
+        return exchange(link, calls, links)
+
+    monkeypatch.setattr(owner_link._Link, "_exchange", every_other)
+    monkeypatch.setattr(owner_link, "RETRY_AFTER", 0.0)  # try the owner again at once
+    seen: list[Any] = []
+    with _runtime(tmp_path / "s", seen) as runtime:
+        with dopool.connect(tmp_path / "s", via_owner=True) as connection:
+            pool = connection.pool("orders")
+            for n in range(30):
+                pool.enqueue(n, partition_key="one key")
+        assert runtime.pools["orders"].join(timeout=TIMEOUT)
+        assert _records(runtime) <= 1  # forgotten as the producer moved on
+    assert seen == list(range(30))
+
+
+def test_a_frame_that_is_no_request_closes_only_its_connection(tmp_path: Path) -> None:
+    seen: list[Any] = []
+    with _runtime(tmp_path / "s", seen) as runtime:
+        hostile = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        hostile.settimeout(TIMEOUT)
+        hostile.connect(str(tmp_path / "s" / CALL_SOCKET))
+        hostile.sendall(b"\x00\x00\x00\x05hello")
+        assert hostile.recv(1) == b""  # closed by the owner
+        hostile.close()
+        with dopool.connect(tmp_path / "s", via_owner=True) as connection:
+            connection.pool("orders").enqueue({"n": 1})
+        assert runtime.pools["orders"].join(timeout=TIMEOUT)
+    assert seen == [{"n": 1}]
+
+
+def test_a_closed_owner_leaves_its_producers_to_store_their_calls(tmp_path: Path) -> None:
+    seen: list[Any] = []
+    runtime = _runtime(tmp_path / "s", seen)
+    with dopool.connect(tmp_path / "s", via_owner=True) as connection:
+        pool = connection.pool("orders")
+        pool.enqueue(0, partition_key="k")  # through the owner: its link is open
+        runtime.close()
+        assert not (tmp_path / "s" / CALL_SOCKET).exists()
+        pool.enqueue(1, partition_key="k")  # the link breaks: stored here
+    with _runtime(tmp_path / "s", seen) as reopened:
+        assert reopened.pools["orders"].join(timeout=TIMEOUT)
+    assert seen == [0, 1]
+
+
+def test_an_owner_whose_commit_fails_never_answers_and_the_producer_stores_the_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An answer means durable: the owner's commit failing (as a crash before it would
+    leave nothing) answers nil, and the producer stores the call. An owner that answered
+    from what its transaction did before the commit would leave an acknowledged event
+    nowhere in the store."""
+    seen: list[Any] = []
+    with _runtime(tmp_path / "s", seen) as runtime:
+        with dopool.connect(tmp_path / "s", via_owner=True) as connection:
+            pool = connection.pool("orders")
+            store = runtime._store
+            transact = store.transact
+
+            def failing(body: Any) -> Any:
+                def doomed(txn: Any) -> Any:
+                    body(txn)  # everything done, then the commit fails
+                    raise dopool.StorageError("the disk is gone")
+
+                return transact(doomed)
+
+            monkeypatch.setattr(store, "transact", failing)
+            results = [pool.enqueue(n, partition_key="k") for n in range(3)]
+            monkeypatch.undo()
+            for result in results:
+                assert pool.event(result.event_id) is not None  # stored, by the producer
+        assert runtime.pools["orders"].join(timeout=TIMEOUT)
+    assert sorted(seen) == [0, 1, 2]
