@@ -52,3 +52,34 @@ def test_a_start_under_the_pools_lock_leaves_the_due_alarm_to_the_clocks_thread(
     finally:
         alarms.close()
         clock.close()
+
+
+def test_an_alarm_noted_due_is_left_to_the_clocks_thread_so_no_start_waits_on_another() -> None:
+    """An instance evicted with its alarm due (``note``) while another thread starts an
+    instance under the pool's lock (``started``, which takes the timer's telling lock):
+    fired in the noting thread, the due alarm's start would wait for the pool's lock
+    while holding the telling lock the other waits for (found by the multi-process chaos
+    mode's seed 17, every actor of a worker stuck)."""
+    clock = RealClock()
+    pool = _Pool()
+    alarms = EvictedAlarms(clock, lambda name: pool)  # type: ignore[arg-type,return-value]
+    past = time.time() - 1.0
+    alarms._due = {("p", 0): past}  # instance 0, starting in the other thread
+    noted = threading.Event()
+
+    def evict() -> None:  # an actor of instance 1, evicted with its alarm due
+        alarms.note("p", 1, past)
+        noted.set()
+
+    try:
+        with pool.lock:
+            evicting = threading.Thread(target=evict)
+            evicting.start()
+            assert noted.wait(TIMEOUT)  # not stuck starting 1 in this thread
+            alarms.started("p", 0)
+        evicting.join(TIMEOUT)
+        assert pool.done.wait(TIMEOUT)
+        assert pool.started == [(1, True, "dopool-clock")]
+    finally:
+        alarms.close()
+        clock.close()

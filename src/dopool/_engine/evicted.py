@@ -83,7 +83,7 @@ class EvictedAlarms:
         with self._lock:
             if self._due.pop((pool, index), None) is None:
                 return
-        self._tell(here=False)
+        self._tell()
 
     def fire_alarm(self) -> None:
         """Start the evicted instances whose alarm is due; set the timer for the next."""
@@ -139,13 +139,16 @@ class EvictedAlarms:
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
-    def _tell(self, *, here: bool = True) -> None:
+    def _tell(self) -> None:
         """Have the clock fire at the earliest alarm noted (not at all if none), unless it
-        already does; ``here=False``: never in this thread (:meth:`Clock.set_alarm`)."""
+        already does; never in this thread (``here=False``, :meth:`Clock.set_alarm`): a
+        real clock would fire one already due here, whose start (:meth:`Cells.ready`) takes
+        the pool's lock while this one holds ``_telling``, which a start under the pool's
+        lock (:meth:`started`) waits for: two threads each holding what the other needs."""
         with self._telling:
             with self._lock:
                 at = None if self._closed else self._next()
                 if at == self._at:
                     return
                 self._at = at
-            self._clock.set_alarm(self, at, here=here)
+            self._clock.set_alarm(self, at, here=False)

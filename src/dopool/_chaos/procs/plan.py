@@ -146,6 +146,9 @@ class Plan:
     per_key: bool = False  # the pool is "per-key" (concurrency PER_KEY)
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT  # the pool's
     max_active: int | None = None  # the workers' --max-active; None: the default
+    # The producers' connect(via_owner=): their calls sent to the workers, stored by
+    # themselves, or as their durability decides (None).
+    via_owner: bool | None = None
 
     @property
     def size(self) -> int | Literal["per-key"]:
@@ -176,11 +179,12 @@ class Plan:
                 f"{self.max_active}"
             )
         timeout = "" if self.lock_timeout is None else f", lock timeout {self.lock_timeout:g} s"
+        owner = "" if self.via_owner is None else f", via owner {self.via_owner}"
         return (
             f"seed {self.seed}{family}: pool {POOL!r} {size}, "
             f"{self.producers} producers, "
             f"{self.events} events ({keyed} keyed, window {self.dedup_window:g} s), "
-            f"durability {self.durability}{timeout}; {self.workers} worker(s), lease ttl "
+            f"durability {self.durability}{timeout}{owner}; {self.workers} worker(s), lease ttl "
             f"{self.lease_ttl:g} s: {verbs}"
         )
 
@@ -202,7 +206,11 @@ def draw(seed: int) -> Plan:
         timeout = round(rng.uniform(0.5, 0.9) * longest, 2)
     # A stable sort: a freeze drawn at an action's point comes after it.
     actions = tuple(sorted((*plan.actions, *freezes), key=lambda a: a.at))
-    return replace(plan, actions=actions, lock_timeout=timeout)
+    # Whether the producers send their calls to the workers (a generator of its own, so
+    # that no other draw moves): the workers' kills, freezes and restarts then land on
+    # calls in flight on both sides, the owner's and the fallback's.
+    owner = random.Random(f"dopool-procs-owner:{seed}").choice((None, True, False))
+    return replace(plan, actions=actions, lock_timeout=timeout, via_owner=owner)
 
 
 def _draw(seed: int) -> Plan:

@@ -41,7 +41,9 @@ def produce(store: Path, seed: int, producer: int, root: Path) -> None:
     plan = draw(seed)
     record = Record(producer_log(root, producer))
     lock_timeout = DEFAULT_LOCK_TIMEOUT if plan.lock_timeout is None else plan.lock_timeout
-    with connect(store, durability=plan.durability, lock_timeout=lock_timeout) as connection:
+    with connect(
+        store, durability=plan.durability, lock_timeout=lock_timeout, via_owner=plan.via_owner
+    ) as connection:
         pool = connection.pool(POOL, dedup_window=plan.dedup_window)
         for send in plan.streams[producer]:
             for ident in send.ids:
