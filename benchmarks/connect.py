@@ -3,12 +3,16 @@
 A runtime in this process owns a fresh store (one pool, 4 instances, a handler that
 does nothing); a producer process (``dopool.connect``) enqueues events one at a time,
 a random pause apart, so each finds its instance idle. The latency of an event is its
-start (``ctx.started_at``) minus its enqueue (``ctx.enqueued_at``, the producer's clock
-when it stored the event): the same wall clock, on one machine. It is measured twice:
+start (``ctx.started_at``) minus the wall clock's time just before the producer's call,
+which the event carries: the same clock, on one machine. It is measured three ways:
 
-- **wake-up**: the producer's datagram wakes the instance (the normal case);
-- **poll only**: the runtime's socket is never bound, so every event waits for the
-  runtime's poll (``poll_interval``, 1 s by default): what a lost wake-up costs.
+- **through the owner**: ``via_owner=True``, the producer's call stored (and the event
+  started) by the runtime, in its commit;
+- **stored, wake-up**: ``via_owner=False``, the producer's own commit, then its
+  datagram wakes the instance;
+- **poll only**: stored by the producer, the runtime's socket never bound, so every
+  event waits for the runtime's poll (``poll_interval``, 1 s by default): what a lost
+  wake-up costs.
 
 It prints p50, p99 and the maximum of each. Nothing here asserts on timings. Example::
 
@@ -39,25 +43,36 @@ POOL = "latency"
 TIMEOUT = 300.0
 
 
-def produce(store: str, samples: int, low: float, high: float, durability: str) -> None:
-    """The producer process: ``samples`` enqueues, ``low``-``high`` seconds apart."""
+def produce(
+    store: str, samples: int, low: float, high: float, durability: str, via_owner: bool
+) -> None:
+    """The producer process: ``samples`` enqueues, ``low``-``high`` seconds apart, each
+    carrying the wall clock's time just before its call."""
     pause = random.Random(1)
-    with dopool.connect(store, durability=durability) as connection:
+    with dopool.connect(store, durability=durability, via_owner=via_owner) as connection:
         pool = connection.pool(POOL)
         for n in range(samples):
             time.sleep(pause.uniform(low, high))
-            pool.enqueue(n)
+            pool.enqueue({"n": n, "called": time.time()})
 
 
 def measure(
-    samples: int, low: float, high: float, *, wake_ups: bool, poll: float, durability: str
+    samples: int,
+    low: float,
+    high: float,
+    *,
+    wake_ups: bool,
+    poll: float,
+    durability: str,
+    via_owner: bool = False,
 ) -> list[float]:
-    """Latencies in seconds, one per event, with the runtime listening or only polling."""
+    """Latencies in seconds, one per event, from the producer's call to the event's start:
+    through the owner, or stored by the producer with the runtime listening or polling."""
     latencies: list[float] = []
     done = threading.Event()
 
     def handler(ctx: EventContext) -> None:
-        latencies.append(ctx.started_at - ctx.enqueued_at)
+        latencies.append(ctx.started_at - ctx.event["called"])
         if len(latencies) == samples:
             done.set()
 
@@ -78,6 +93,7 @@ def measure(
                     str(low),
                     str(high),
                     durability,
+                    str(int(via_owner)),
                 ],
                 cwd=Path(__file__).resolve().parent.parent,  # where ``benchmarks`` is
                 timeout=TIMEOUT,
@@ -95,19 +111,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--poll-samples", type=int, default=40, help="events with polls only")
     parser.add_argument("--poll-interval", type=float, default=1.0, help="the runtime's poll")
     parser.add_argument("--durability", choices=("sync", "async"), default="sync")
-    parser.add_argument("--produce", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--produce", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.produce:
-        store, samples, low, high, durability = args.produce
-        produce(store, int(samples), float(low), float(high), durability)
+        store, samples, low, high, durability, via = args.produce
+        produce(store, int(samples), float(low), float(high), durability, via == "1")
         return 0
     print(
         f"enqueue-to-start latency, producer process -> runtime process ({args.durability}; "
         f"poll_interval {args.poll_interval:g} s)"
     )
     poll, durability = args.poll_interval, args.durability
+    owner = measure(
+        args.samples, 0.005, 0.015, wake_ups=True, poll=poll, durability=durability, via_owner=True
+    )
+    print(latency_line("through the owner", owner), flush=True)
     woken = measure(args.samples, 0.005, 0.015, wake_ups=True, poll=poll, durability=durability)
-    print(latency_line("wake-up", woken), flush=True)
+    print(latency_line("stored, wake-up", woken), flush=True)
     polled = measure(args.poll_samples, 0.02, 0.2, wake_ups=False, poll=poll, durability=durability)
     print(latency_line("poll only", polled))
     return 0

@@ -15,8 +15,10 @@ import os
 import platform
 import re
 import shutil
+import signal
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -27,14 +29,14 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import lmdb
 import msgpack
 
 SCENARIOS = ("e2e", "sequential", "enqueue_many", "latency", "raw", "depth", "scale")
 # The peers' distributions, for the versions in the environment and the skip message.
-PEER_PACKAGES = ("huey", "persist-queue")
+PEER_PACKAGES = ("huey", "persist-queue", "redis", "rq", "arq", "dramatiq", "celery")
 INSTALL_HINT = "pip install 'dopool[bench]'"
 # Generous: a stalled system fails its case instead of hanging the run.
 TIMEOUT = 300.0
@@ -315,6 +317,116 @@ def peer_missing(module: str) -> bool:
         return importlib.util.find_spec(module) is None
     except (ImportError, ValueError):  # a broken install, or a None in sys.modules
         return True
+
+
+# --- processes -------------------------------------------------------------------------
+
+
+class Child:
+    """A process of the benchmarks (or ``dopool worker``), its stdout read line by line.
+
+    ``env`` is added to this process's environment. Its stderr is kept (the last 64 KiB)
+    for the error that names it, read as it comes so that the child never blocks on it.
+    """
+
+    def __init__(self, command: list[str], env: dict[str, str] | None = None) -> None:
+        self.command = command
+        self.proc = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        self.lines: list[str] = []
+        self.at: dict[str, float] = {}  # when each line was first read
+        self._ended = False  # its stdout closed: no more lines
+        self._errors: list[str] = []
+        self._seen = threading.Condition()
+        self._readers = [
+            threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True),
+            threading.Thread(target=self._keep, args=(self.proc.stderr,), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, stream: IO[str] | None) -> None:
+        assert stream is not None
+        with stream:  # closed by its reader, at its end
+            for line in stream:
+                with self._seen:
+                    self.at.setdefault(line.strip(), time.perf_counter())
+                    self.lines.append(line.strip())
+                    self._seen.notify_all()
+        with self._seen:
+            self._ended = True
+            self._seen.notify_all()
+
+    def _keep(self, stream: IO[str] | None) -> None:
+        assert stream is not None
+        with stream:
+            for line in stream:
+                with self._seen:
+                    self._errors.append(line)
+                    while len(self._errors) > 1 and sum(map(len, self._errors)) > 65_536:
+                        del self._errors[0]
+
+    def _has(self, prefix: str) -> bool:
+        return any(line.startswith(prefix) for line in self.lines)
+
+    def wait_for(self, prefix: str, *, unless: Sequence[Child] = ()) -> float:
+        """The time its first line starting with ``prefix`` was read (waits for it).
+
+        Fails if it ends without that line, if ``TIMEOUT`` passes, or as soon as one of
+        ``unless`` (the processes feeding it) has exited with an error.
+        """
+        deadline = time.perf_counter() + TIMEOUT
+        failed: list[Child] = []
+        with self._seen:
+            while not (self._has(prefix) or self._ended):
+                failed = [child for child in unless if child.proc.poll()]
+                left = deadline - time.perf_counter()
+                if failed or left <= 0:
+                    break
+                self._seen.wait(min(left, 0.1) if unless else left)
+            if self._has(prefix):
+                return next(at for line, at in self.at.items() if line.startswith(prefix))
+        if failed:
+            raise RuntimeError(
+                f"{failed[0].command!r} exited with {failed[0].proc.returncode} before "
+                f"{self.command!r} said {prefix!r}: {failed[0].errors()[-4000:]}"
+            )
+        self.proc.poll()
+        raise RuntimeError(
+            f"{self.command!r} (exit status {self.proc.returncode}): no {prefix!r}: "
+            f"{self.errors()[-4000:]}"
+        )
+
+    def errors(self) -> str:
+        """What it wrote to stderr so far (the last 64 KiB)."""
+        with self._seen:
+            return "".join(self._errors)
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def stop(self, *, signalled: bool = True) -> int:
+        """Its exit status, after a SIGTERM (or none: it ends by itself)."""
+        if signalled and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        for reader in self._readers:  # each closes its stream at its end
+            reader.join(TIMEOUT)
+        return code
 
 
 # --- environment -----------------------------------------------------------------------

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,7 @@ from benchmarks import (
     lateness,
     phases,
     records,
+    redis_peers,
     simpy_model,
     simulate,
 )
@@ -166,11 +170,102 @@ def test_the_deployment_benchmark_runs_each_system_in_processes(
 ) -> None:
     """Producer processes, a dopool worker process, the peers' consumer processes: tiny."""
     options = ["--events", "40", "--producers", "2", "--concurrency", "2"]
-    assert deploy.main([*options, "--modes", "async", "--dir", str(tmp_path)]) == 0
+    systems = ["dopool", "SqliteHuey", "persist-queue"]  # the Redis peers: below
+    argv = [*options, "--modes", "async", "--systems", ",".join(systems), "--dir", str(tmp_path)]
+    assert deploy.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()[1:]
-    assert [line.split()[1] for line in lines] == list(deploy.SYSTEMS)
+    assert [line.split()[1] for line in lines] == systems
     assert all("events/s" in line and "x SqliteHuey" in line for line in lines)
+    assert all(line.endswith("]") for line in lines)  # each row's durability
     assert list(tmp_path.iterdir()) == []  # every store removed
+
+
+def _rates(lines: list[str]) -> list[float]:
+    return [float(line.split("events/s")[0].split()[-1].replace(",", "")) for line in lines]
+
+
+# CI installs redis-server and sets this: the Redis peers' tests then fail, naming it, if
+# it is missing; elsewhere (the README's test command on a fresh machine) they skip.
+REQUIRE_REDIS = "DOPOOL_REQUIRE_REDIS"
+
+
+@pytest.fixture
+def redis_server() -> None:
+    """Skip (or, under ``DOPOOL_REQUIRE_REDIS=1``, fail) without ``redis-server``."""
+    if shutil.which("redis-server") is None:
+        why = "no redis-server on PATH: apt-get install redis-server"
+        if os.environ.get(REQUIRE_REDIS) == "1":
+            pytest.fail(f"{why} ({REQUIRE_REDIS}=1)")
+        pytest.skip(why)
+
+
+@pytest.mark.usefixtures("redis_server")
+@pytest.mark.parametrize("peer", redis_peers.PEERS)
+def test_the_deployment_benchmark_runs_each_redis_peer_against_its_own_server(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, peer: str
+) -> None:
+    """Its consumer process and producer processes, a fresh redis-server for each row:
+    AOF always beside sync; no persistence and AOF everysec beside async."""
+    options = ["--events", "200", "--producers", "2", "--concurrency", "2", "--modes", "sync,async"]
+    assert deploy.main([*options, "--systems", peer, "--dir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert [line.split()[:2] for line in lines] == [[m, peer] for m in ("sync", "async", "async")]
+    assert [line.split("[")[-1] for line in lines] == [
+        "Redis AOF, appendfsync always]",
+        "Redis, no persistence]",
+        "Redis AOF, appendfsync everysec]",
+    ]
+    assert all(rate > 0 for rate in _rates(lines))
+    assert list(tmp_path.iterdir()) == []  # every server's directory removed
+
+
+@pytest.mark.usefixtures("redis_server")
+def test_the_e2e_case_runs_the_redis_peers_beside_dopool(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    argv = ["sync", "--events", "200", "--concurrency", "2", "--dir", str(tmp_path), "--peers"]
+    assert e2e.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("sync: ")
+    assert [line.split()[1] for line in lines[1:]] == list(redis_peers.PEERS)
+    assert all("x dopool  [Redis AOF, appendfsync always]" in line for line in lines[1:])
+    assert all(rate > 0 for rate in _rates(lines))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_redis_peers_are_skipped_without_redis_server(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no redis-server on PATH, each peer says so and what installs it; dopool runs."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory
+    options = ["--events", "40", "--producers", "1", "--modes", "async", "--dir", str(tmp_path)]
+
+    assert deploy.main([*options, "--systems", ",".join(redis_peers.PEERS)]) == 0
+    assert e2e.main(["async", "--events", "40", "--dir", str(tmp_path), "--peers"]) == 0
+
+    deployed, alone = capsys.readouterr().out.split("async: ")
+    for out in (deployed, alone):
+        skipped = [line for line in out.splitlines() if "skipped" in line]
+        assert [line.split(":")[0] for line in skipped] == list(redis_peers.PEERS)
+        assert all("apt-get install redis-server" in line for line in skipped)
+    assert "events/s" not in deployed
+    assert "events/s" in alone  # dopool's own line
+
+
+def test_a_redis_peer_whose_package_is_missing_is_skipped(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "celery", None)  # as if not installed
+
+    assert deploy.main(["--systems", "Celery", "--modes", "async", "--dir", str(tmp_path)]) == 0
+
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert lines == ["Celery: skipped, its package is not installed: pip install 'dopool[bench]'"]
+
+
+def test_the_deployment_benchmark_refuses_an_unknown_system(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        deploy.main(["--systems", "dopool,Kafka", "--dir", str(tmp_path)])
 
 
 def test_the_connect_benchmark_measures_wake_ups_and_polls(
@@ -179,7 +274,8 @@ def test_the_connect_benchmark_measures_wake_ups_and_polls(
     options = ["--samples", "3", "--poll-samples", "2", "--poll-interval", "0.05"]
     assert connect.main([*options, "--durability", "async"]) == 0
     out = capsys.readouterr().out
-    assert "wake-up        3 events" in out
+    assert "through the owner     3 events" in out
+    assert "stored, wake-up     3 events" in out
     assert "poll only      2 events" in out
 
 
