@@ -31,12 +31,11 @@ from dopool._store.layout import (
     MAX_DEDUP_KEY_BYTES,
     MAX_EVENT_BYTES,
     MAX_PARTITION_KEY_BYTES,
-    MAX_TRACE_FIELDS,
-    MAX_TRACE_TEXT,
     POOL_NAME,
     PRIORITY_MAX,
     PRIORITY_MIN,
     PRODUCER_ID_BYTES,
+    trace_carrier,
 )
 
 VERSION = 1
@@ -156,7 +155,7 @@ def _item(fields: Any) -> Item:
         raise WireError("a bad priority")
     if not _time(due) or not (_time(ttl) and (ttl is None or ttl > 0)):
         raise WireError("a bad due time or ttl")
-    if not _carrier(trace):
+    if not trace_carrier(trace):
         raise WireError("a bad trace context")
     return Item(event, partition_key, priority, due, dedup_key, ttl, None, trace)
 
@@ -219,12 +218,3 @@ def _text(value: Any, limit: int) -> bool:
 
 def _time(value: Any) -> bool:
     return value is None or (type(value) is float and math.isfinite(value))
-
-
-def _carrier(value: Any) -> bool:
-    return value is None or (
-        type(value) is dict
-        and 0 < len(value) <= MAX_TRACE_FIELDS
-        and all(type(k) is str and type(v) is str for k, v in value.items())
-        and sum(len(k) + len(v) for k, v in value.items()) <= MAX_TRACE_TEXT
-    )

@@ -30,7 +30,6 @@ import logging
 import os
 import selectors
 import socket
-import stat
 import threading
 import time
 from collections.abc import Callable
@@ -152,23 +151,16 @@ class OwnerCalls:
     def _bind(self) -> socket.socket | None:
         """Bind and listen, replacing a socket a dead owner left (the store lock, or the
         owner id, says no live one uses it); None if that cannot be done."""
-        path = self._address.path
-        with suppress(OSError):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-        with suppress(OSError):
-            if stat.S_ISSOCK(os.lstat(path).st_mode):
-                os.unlink(path)
+        sock = None
         try:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            sock.bind(self._address.address)
+            sock = self._address.bind(socket.SOCK_STREAM)
             sock.listen(_BACKLOG)
-            sock.setblocking(False)
         except OSError as exc:
-            sock.close()
-            logger.debug("no call socket at %r (%s): producers store their calls", path, exc)
+            if sock is not None:
+                sock.close()
+            logger.debug(
+                "no call socket at %r (%s): producers store their calls", self._address.path, exc
+            )
             return None
         return sock
 

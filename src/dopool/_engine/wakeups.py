@@ -146,6 +146,29 @@ class SocketAddress:
                 self._fd = os.open(directory, flags)
                 self.address = f"/proc/self/fd/{self._fd}/{name}"
 
+    def bind(self, kind: int) -> socket.socket:
+        """A non-blocking UNIX socket of ``kind`` bound here, in place of a socket file a
+        dead owner left (its caller's store lock, or owner id, says no live one uses it);
+        anything else found there is left alone, and the bind fails.
+
+        Raises:
+            OSError: it cannot be made or bound.
+        """
+        path = self.path
+        with suppress(OSError):  # a shared worker's: in a folder (if that fails, bind says)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        with suppress(OSError):  # none there (or unreadable: the bind says)
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)
+        sock = socket.socket(socket.AF_UNIX, kind | socket.SOCK_CLOEXEC)
+        try:
+            sock.bind(self.address)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
     def close(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
@@ -255,28 +278,15 @@ class StoreWatcher:
         so no live owner uses a socket found there.
         Anything there that is not a socket is left alone, and then there is none.
         """
-        path = self._address.path
-        with suppress(OSError):  # a shared worker's: in wake/ (if that fails, the bind says)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
         try:
-            if stat.S_ISSOCK(os.lstat(path).st_mode):
-                os.unlink(path)
-        except OSError:
-            pass  # none there (or unreadable: the bind says)
-        try:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            sock.bind(self._address.address)
-            sock.setblocking(False)
+            return self._address.bind(socket.SOCK_DGRAM)
         except OSError as exc:  # a read-only directory, a path too long, a file in the way
-            sock.close()
             logger.debug(
-                "no wake-up socket at %r (%s): producers' events wait for the poll", path, exc
+                "no wake-up socket at %r (%s): producers' events wait for the poll",
+                self._address.path,
+                exc,
             )
             return None
-        return sock
 
     def _run(self) -> None:
         sock = self._socket

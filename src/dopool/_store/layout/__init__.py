@@ -168,6 +168,7 @@ from dopool._store.layout.records import (
     seal_meta,
     seal_outbox,
     seal_pool,
+    trace_carrier,
     unpack,
 )
 from dopool._store.layout.schedules import ScheduleBook, ScheduleRecord, read_fire, read_schedule
@@ -309,6 +310,7 @@ __all__ = [
     "started_event",
     "stored_call",
     "sweep_calls",
+    "trace_carrier",
     "unpack",
     "used_instances",
     "valid_owner",

@@ -181,7 +181,7 @@ def _text_or_none(value: Any) -> bool:
     return value is None or type(value) is str
 
 
-def _carrier(value: Any) -> bool:
+def trace_carrier(value: Any) -> bool:
     """A trace context as a propagator injects it: nil, or a small map of text to text."""
     return value is None or (
         type(value) is dict
@@ -288,7 +288,7 @@ _EVENT_LAYOUT_3: Layout = (
 )
 _EVENT_LAYOUT_4: Layout = (*_EVENT_LAYOUT_3, ("dedup_key", _text_or_none))
 _EVENT_LAYOUT_5: Layout = (*_EVENT_LAYOUT_4, ("expires_at", _time_or_none))  # formats 5 to 11
-_EVENT_LAYOUT: Layout = (*_EVENT_LAYOUT_5, ("trace", _carrier))  # format 12
+_EVENT_LAYOUT: Layout = (*_EVENT_LAYOUT_5, ("trace", trace_carrier))  # format 12
 _DEAD_LAYOUT_3: Layout = (
     ("event", _blob),
     ("error", _text),
@@ -311,7 +311,7 @@ _OUTBOX_LAYOUT_6: Layout = (  # formats 2 to 6
     ("priority", _priority),
 )
 _OUTBOX_LAYOUT_7: Layout = (*_OUTBOX_LAYOUT_6, ("due", _time_or_none))  # formats 7 to 11
-_OUTBOX_LAYOUT: Layout = (*_OUTBOX_LAYOUT_7, ("trace", _carrier))  # format 12
+_OUTBOX_LAYOUT: Layout = (*_OUTBOX_LAYOUT_7, ("trace", trace_carrier))  # format 12
 
 
 def seal_event(key: bytes, record: EventRecord | tuple[Any, ...]) -> bytes:
@@ -340,7 +340,7 @@ def read_event(key: bytes, value: bytes) -> EventRecord:
                 and (
                     expires_at is None or (type(expires_at) is float and math.isfinite(expires_at))
                 )
-                and (trace is None or _carrier(trace))
+                and (trace is None or trace_carrier(trace))
             ):
                 return EventRecord(*fields)
     _laid_out(key, value, _EVENT_LAYOUT)  # raises, naming what is wrong
