@@ -203,6 +203,9 @@ class OwnerCalls:
             for peer in list(peers.values()):
                 _drop(peer, selector, peers)
             selector.close()
+            # No one answers from now on: a producer's connect is refused at once, and it
+            # stores its calls itself rather than wait for an answer that never comes.
+            listener.close()
 
     def _accept(
         self, listener: socket.socket, selector: selectors.BaseSelector, peers: dict[int, _Peer]

@@ -164,16 +164,19 @@ class _Link:
         # This thread sends the next frame: its own call and those queued before it.
         with self._cond:
             batch, self._queue = self._queue[:MAX_CALLS], self._queue[MAX_CALLS:]
-        answers = self._exchange([job.call for job in batch], links)
-        with self._cond:
-            for queued in batch:
-                queued.results = None if answers is None else answers.get(queued.call.number)
-                queued.done = True
-            if self._queue:
-                self._queue[0].lead = True
-            else:
-                self._busy = False
-            self._cond.notify_all()
+        answers = None
+        try:
+            answers = self._exchange([job.call for job in batch], links)
+        finally:  # (a KeyboardInterrupt too: the others store their calls, none waits on)
+            with self._cond:
+                for queued in batch:
+                    queued.results = None if answers is None else answers.get(queued.call.number)
+                    queued.done = True
+                if self._queue:
+                    self._queue[0].lead = True
+                else:
+                    self._busy = False
+                self._cond.notify_all()
         return job.results
 
     def _resting(self) -> bool:
