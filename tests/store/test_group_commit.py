@@ -305,6 +305,28 @@ class _CommitFails:
         txn = self._env.begin(write=write, parent=parent, **options)
         return txn if parent is not None else _FailingCommit(txn)
 
+    def sync(self, force: bool = False) -> None:
+        self._env.sync(force)
+
+
+class _FlushFails:
+    """An LMDB environment whose commits go through, and whose flushes after them fail
+    but the first (the group in hand when it is put in place)."""
+
+    def __init__(self, env: Any) -> None:
+        self._env = env
+        self._passes = 1
+
+    def begin(self, **options: Any) -> Any:
+        return self._env.begin(**options)
+
+    def sync(self, force: bool = False) -> None:
+        if self._passes:
+            self._passes -= 1
+            self._env.sync(force)
+            return
+        raise lmdb.DiskError("fdatasync failed")
+
 
 class _FailingCommit:
     def __init__(self, txn: Any) -> None:
@@ -352,6 +374,26 @@ def test_a_failed_commit_of_a_lone_body_is_a_storage_error(
     monkeypatch.undo()
     assert committed(store, b"a") is None
     assert store.transact(put(b"a", b"v", result="again")) == "again"
+
+
+def test_a_failed_flush_after_the_commit_is_a_storage_error_for_every_body(
+    sync_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A durable commit's meta page is flushed after it (``sync_meta``): a flush that fails
+    is told to every writer of the group, which must not take its commit for durable."""
+    bodies = [put(b"a", b"v", result="a"), put(b"b", b"v", result="b")]
+    futures = queue_behind_gate(
+        sync_store,
+        bodies,
+        lambda: monkeypatch.setattr(sync_store._group, "_env", _FlushFails(sync_store._env)),
+    )
+
+    for future in futures:
+        error = future.exception(TIMEOUT)
+        assert isinstance(error, StorageError)
+        assert "committed but failed to sync" in str(error)
+        assert isinstance(error.__cause__, lmdb.DiskError)
+    assert committed(sync_store, b"a") == b"v"  # made, but not known to be on disk
 
 
 # -- a group against a model ------------------------------------------------------

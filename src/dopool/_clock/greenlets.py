@@ -298,10 +298,10 @@ class GreenInbox(Inbox):
         the KeyboardInterrupt at once, not after the whole queue."""
         return not self._items and not self._tasks.interrupted
 
-    def take_leading(self, kind: type) -> list[Any]:
+    def take_leading(self, kinds: tuple[type, ...]) -> list[Any]:
         items = self._items
         taken = []
-        while items and type(items[0].message) is kind:
+        while items and type(items[0].message) in kinds:
             taken.append(items.popleft().message)
         return taken
 

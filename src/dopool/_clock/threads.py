@@ -150,8 +150,8 @@ class Inbox:
     def empty(self) -> bool:
         return not self._items
 
-    def take_leading(self, kind: type) -> list[Any]:
-        """Remove and return the messages of type ``kind`` at the head, in order.
+    def take_leading(self, kinds: tuple[type, ...]) -> list[Any]:
+        """Remove and return the messages of the types ``kinds`` at the head, in order.
 
         Only a run at the head is taken, so none overtakes a message of another
         kind sent before it. Meant for the actor itself, the only reader.
@@ -159,11 +159,11 @@ class Inbox:
         items = self._items
         # Others only append, so a head seen here stays the head: most calls find
         # none to take, and need no lock to say so.
-        if not items or type(items[0].message) is not kind:
+        if not items or type(items[0].message) not in kinds:
             return []
         taken = []
         with self._ready:
-            while items and type(items[0].message) is kind:
+            while items and type(items[0].message) in kinds:
                 taken.append(items.popleft().message)
         return taken
 

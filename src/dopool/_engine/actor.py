@@ -67,6 +67,11 @@ logger = logging.getLogger("dopool")
 # there (see :meth:`InstanceActor.launch`).
 _RUNNING: set[pykka.ActorRef[Any]] = set()
 
+# What a transaction takes from the head of its instance's inbox (``_take_and_continue``):
+# enqueues, and alarms where the transaction starts due work itself.
+_TAKEN: tuple[type, ...] = (Enqueue,)
+_TAKEN_WITH_ALARMS: tuple[type, ...] = (Enqueue, Alarm)
+
 
 def running_instances() -> list[pykka.ActorRef[Any]]:
     """The instance actors running in this process, of every runtime (for tests)."""
@@ -288,15 +293,28 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         next. The actor is blocked in the commit meanwhile, so its inbox and
         taken list are not touched by its own thread.
         """
-        # Only a run of enqueues at the head of the inbox is taken, so no message
-        # overtakes another kind sent before it (a pause, say). The actor is the
-        # inbox's only reader, so what it sees at the head is still there to take.
-        more = self._inbox.take_leading(Enqueue)
-        if more:
-            self._taken.extend(more)
-            # The message in hand keeps this actor counted busy.
-            self._mailbox.finished(len(more))
-        return self._may_continue()
+        # Only a run of enqueues (and alarms) at the head of the inbox is taken, so no
+        # message overtakes another kind sent before it (a pause, say). The actor is
+        # the inbox's only reader, so what it sees at the head is still there to take.
+        starts = self._clock.starts_due_work_at_once
+        more = self._inbox.take_leading(_TAKEN_WITH_ALARMS if starts else _TAKEN)
+        if not more:
+            return self._may_continue()
+        enqueues = [message for message in more if type(message) is Enqueue]
+        self._taken.extend(enqueues)
+        go_on = self._may_continue()
+        if len(enqueues) < len(more):
+            # An alarm only says "read the store and start what is due", which this
+            # transaction does if it may go on: a busy instance's outcome starts its next
+            # event, however many producers' wake-ups came meanwhile, in one commit.
+            memory = self._memory
+            memory.woken = False  # as ``_on_alarm``: the next wake-up needs an alarm
+            memory.told_alarm = None  # a clock's alarm was consumed
+            if not go_on:  # something else came first: the alarm goes behind it
+                self._mailbox.fire_alarm()
+        # The message in hand keeps this actor counted busy.
+        self._mailbox.finished(len(more))
+        return go_on
 
     # -- processing ----------------------------------------------------------
     def _on_alarm(self, _message: Alarm) -> None:
@@ -415,6 +433,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
             return meta, started
 
         meta, started = self._transact(body)
+        self._supervisor.progressed()
         self._publish(meta, effects)
         if failure is None:
             logs.attempt_succeeded(self._id, sequence, attempt)

@@ -116,7 +116,7 @@ class Supervisor:
         self._unrecorded = 0  # restarts not yet committed to the instance's counters
         # Crashes (but those ``runtime.kill`` asked for) since the actor last handled
         # a message other than a recovery or a kill without crashing (see
-        # ``handled``): it paces restarts.
+        # ``handled``), or committed an attempt's outcome: it paces restarts.
         self.crash_streak = 0
         self._waiting: _WaitingRestart | None = None
 
@@ -197,6 +197,12 @@ class Supervisor:
         """The actor handled ``message`` without crashing (called with the turn held)."""
         if self.crash_streak and ends_crash_streak(message):
             self.crash_streak = 0
+
+    def progressed(self) -> None:
+        """An attempt's outcome committed (called with the turn held): the instance does
+        its work, whatever crashes come between, so its streak ends. A busy instance
+        runs event after event in one message, which a crash may end before it is done."""
+        self.crash_streak = 0
 
     def recovered(self, restarts: int) -> None:
         """The current incarnation's recovery committed, ``restarts`` restarts with it."""

@@ -107,6 +107,7 @@ from dopool._machine.validation import (
     with_ttl,
 )
 from dopool._pools import FilterOptions, Pool, ScheduleOptions, StorageView
+from dopool._store.commit import sync_meta
 from dopool._store.environment import Environment, open_shared, opened_before_fork
 from dopool._store.layout import (
     Namespace,
@@ -196,9 +197,10 @@ class Connection:
         wait = _check_wait(wait)
         self._shared: Environment = open_shared(path, sync=durability == "sync", wait=wait)
         self.path: Path = Path(path)
-        # An environment this process opened before, for a runtime, without fsync: sync
-        # each commit here instead.
-        self._fsync = durability == "sync" and not self._shared.sync
+        # Each durable commit flushes its meta page after it (see sync_meta); in an
+        # environment this process opened before without fsync, for a runtime, the
+        # whole commit.
+        self._fsync = durability == "sync"
         self._clock = RealClock()  # no alarm is ever set on it: no thread
         self._notifier = Notifier(self.path)
         # The owners this connection sends its enqueues to (None: it stores every one).
@@ -325,10 +327,7 @@ class Connection:
             finally:
                 writer.release()
             if self._fsync:
-                try:
-                    env.sync(True)
-                except lmdb.Error as exc:
-                    raise StorageError(f"a write committed but failed to sync: {exc}") from exc
+                sync_meta(env)  # outside the writer lock (see sync_meta)
         return result
 
     @contextmanager

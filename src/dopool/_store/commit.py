@@ -15,7 +15,8 @@ processes' writers apart (:mod:`dopool._store.writerlock`); a simulated runtime'
 has none.
 
 All three raise LMDB's errors as :class:`StorageError`, roll back a body that
-raises alone, and return a body's result only once its commit is made.
+raises alone, and return a body's result only once its commit is made, durable ones
+once :func:`sync_meta` has flushed it.
 """
 
 from __future__ import annotations
@@ -168,8 +169,17 @@ class GroupCommit:
             for job in group:
                 if job.error is None:
                     job.error = error
+            return
         except BaseException as exc:  # a lone body raised: its transaction was aborted
             group[0].error = exc
+            return
+        # Outside the writer lock: another process's commit may go on meanwhile.
+        try:
+            sync_meta(self._env)
+        except StorageError as exc:
+            for job in group:
+                if job.error is None:
+                    job.error = exc
 
 
 class OwnCommit:
@@ -227,8 +237,9 @@ class SoleCommit:
     LMDB's writer lock, which its own thread holds.
     """
 
-    def __init__(self, env: Any) -> None:
+    def __init__(self, env: Any, *, durable: bool) -> None:
         self._env = env
+        self._durable = durable  # each commit flushed (``durability="sync"``)
         self._open = False
         self._closed = False
         self.groups = 0  # commits made, for the benchmarks
@@ -244,14 +255,36 @@ class SoleCommit:
         self.bodies += 1
         try:
             with self._env.begin(write=True) as txn:
-                return body(txn)
+                result = body(txn)
         except lmdb.Error as exc:
             raise _storage_error(exc) from exc
         finally:
             self._open = False
+        if self._durable:
+            sync_meta(self._env)
+        return result
 
     def close(self) -> None:
         self._closed = True
+
+
+def sync_meta(env: Any) -> None:
+    """Make a durable commit's meta page, which makes it current, reach the disk.
+
+    The store's environment is opened without LMDB's own meta flush (``metasync``):
+    a durable commit flushes its pages under the writer lock, and its writer calls
+    this once the lock is released, so other processes' commits need not wait for a
+    second flush. Until then a crash of the machine may undo the commit, but never
+    damage the store (LMDB writes the meta page only once the pages it names are on
+    disk). Nobody may be told of the commit before this returns.
+
+    Raises:
+        StorageError: the flush failed; the commit is made but may not be durable.
+    """
+    try:
+        env.sync(True)
+    except lmdb.Error as exc:
+        raise StorageError(f"a write committed but failed to sync: {exc}") from exc
 
 
 def _storage_error(exc: lmdb.Error) -> StorageError:

@@ -27,7 +27,7 @@ from dopool._errors import (
     StoreFormatError,
     StoreNotFoundError,
 )
-from dopool._store.commit import GroupCommit, OwnCommit, SoleCommit
+from dopool._store.commit import GroupCommit, OwnCommit, SoleCommit, sync_meta
 from dopool._store.layout import (
     FORMAT_KEY,
     FORMAT_VERSION,
@@ -110,7 +110,7 @@ class Store:
         self._group: GroupCommit | OwnCommit | SoleCommit
         writer = self._shared.writer
         if one_thread:  # no group to gather, nobody to take turns with (nor writer lock)
-            self._group = SoleCommit(self._env)
+            self._group = SoleCommit(self._env, durable=sync)
         elif sync:
             self._group = GroupCommit(self._env, latch, writer)
         else:
@@ -161,6 +161,8 @@ class Store:
                 yield txn
         except lmdb.Error as exc:
             raise StorageError(f"write failed and was rolled back: {exc}") from exc
+        if self._shared.sync:
+            sync_meta(self._env)
 
     def lease_time(self) -> float:
         """The host's lease clock (:mod:`dopool._store.leaseclock`), by which leases expire; only
@@ -336,7 +338,10 @@ def _open_env(
             subdir=True,
             create=create,
             sync=sync,
-            metasync=sync,
+            # A durable commit flushes its pages under the writer lock, and the writer
+            # flushes the meta page that makes it current after releasing the lock
+            # (``sync_meta``): other processes' commits need not wait for that flush.
+            metasync=False,
             writemap=writemap,
             readahead=False,
             max_readers=_MAX_READERS,
@@ -462,6 +467,7 @@ def _check_opened(env: Any, path: Path, *, create: bool, writer: WriterLock | No
             assert writer is not None  # create: a read-write environment
             with writer, env.begin(write=True) as txn:  # one transaction: all, or nothing
                 changed = migrate_store(txn, found)
+            env.sync(True)  # its meta page (see _open_env), whatever the durability
             logger.info(
                 "store %r migrated from format %d to %d (%d records rewritten)",
                 str(path),
@@ -476,6 +482,7 @@ def _check_opened(env: Any, path: Path, *, create: bool, writer: WriterLock | No
             assert writer is not None
             with writer, env.begin(write=True) as txn:
                 txn.put(FORMAT_KEY, seal_format(FORMAT_KEY))
+            env.sync(True)
     except (lmdb.Error, OSError) as exc:
         raise StorageError(f"cannot open store {str(path)!r}: {exc}") from exc
 
