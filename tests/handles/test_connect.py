@@ -40,7 +40,7 @@ from dopool import (
     StoreNotFoundError,
 )
 from dopool._engine.memory import InstanceMemory
-from dopool._engine.wakeups import WAKE_SOCKET, StoreWatcher
+from dopool._engine.wakeups import WAKE_SOCKET, Notifier, StoreWatcher
 from dopool._ops.storeview import open_view
 from dopool._store.layout import FORMAT_VERSION
 
@@ -282,6 +282,41 @@ def test_a_wake_up_starts_the_event_without_the_poll(store_path: Path) -> None:
             pool.enqueue({"n": 0}, delay=0.01)  # the owner's clock sets its alarm
             pool.enqueue_many([{"n": 1}, {"n": 2}])
         assert recorder.finished.wait(TIMEOUT)
+
+
+def test_an_enqueue_into_an_instance_mid_attempt_wakes_nobody(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attempt's outcome commit reads the store anew and takes the event up: the
+    producer sends no wake-up (the poll never comes here, so a wrong skip stalls)."""
+    _created(store_path)
+    sent: list[tuple[str, int]] = []
+    wake = Notifier.wake
+
+    def counted(notifier: Notifier, pool: str, index: int, owner: str | None = None) -> None:
+        sent.append((pool, index))
+        wake(notifier, pool, index, owner)
+
+    monkeypatch.setattr(Notifier, "wake", counted)
+    entered = threading.Event()
+    release = threading.Event()
+
+    def handler(ctx: EventContext) -> None:
+        if ctx.event == "first":
+            entered.set()
+            assert release.wait(TIMEOUT)
+
+    with Runtime(store_path, poll_interval=3600) as runtime:
+        served = runtime.define("orders", execute=handler, concurrency=1)
+        with dopool.connect(store_path, via_owner=False) as connection:
+            pool = connection.pool("orders")
+            pool.enqueue("first")  # into an idle instance: its owner is woken
+            assert entered.wait(TIMEOUT)
+            pool.enqueue("second")
+            assert sent == [("orders", 0)]
+            release.set()
+            assert served.join(TIMEOUT)
+        assert served.status().succeeded == 2
 
 
 def _send(path: Path, data: bytes) -> None:

@@ -37,6 +37,11 @@ class Share(NamedTuple):
     answer: list[EnqueueResult] | DopoolError  # its results, or what refused it (storing nothing)
     owner: str | None  # whom to wake: the worker its lease names
     alarm: float | None  # its alarm slot as the transaction left it
+    # An attempt was running (its start committed, its outcome not): the outcome's
+    # commit, which reads the store anew and re-arms the alarm slot, takes the share's
+    # events up, and a wake-up would cost the owner a message for nothing. Should that
+    # attempt never end there (its process died), the instance's next recovery does.
+    busy: bool
 
 
 def store_shares(
@@ -67,21 +72,22 @@ def store_shares(
             if events is not None:
                 events.extend(effects.events)
         owner = lease_owner(txn, pool, index) if owners else None
-        shares.append(Share(index, positions, answer, owner, meta.alarm))
+        shares.append(Share(index, positions, answer, owner, meta.alarm, meta.running))
     return shares
 
 
 def settle(
     shares: list[Share], results: list[Any], wake: Callable[[int, str | None], None]
 ) -> DopoolError | None:
-    """Once the shares are durable: wake each instance written, put its results in
-    place; the first refusal, if any."""
+    """Once the shares are durable: wake each instance written but one mid-attempt (see
+    :class:`Share`), put its results in place; the first refusal, if any."""
     failure: DopoolError | None = None
-    for index, positions, answer, owner, _alarm in shares:
+    for index, positions, answer, owner, _alarm, busy in shares:
         if isinstance(answer, DopoolError):
             failure = failure or answer
             continue
-        wake(index, owner)
+        if not busy:
+            wake(index, owner)
         place(results, positions, answer)
     return failure
 
