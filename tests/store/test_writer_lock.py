@@ -261,3 +261,31 @@ def _eventually(predicate: Callable[[], bool]) -> bool:
             return True
         pause.wait(0.01)
     return False
+
+
+def test_a_lock_held_for_a_moment_is_taken_without_the_helper_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit holds the lock for microseconds: a producer that finds it taken tries
+    again after short pauses before it hands the wait to the helper thread (two thread
+    switches), and takes it itself when it comes free meanwhile."""
+    from dopool._store import writerlock
+
+    busy = [2]  # the first two tries find it held by another process
+    flock = fcntl.flock
+
+    def held_twice(fd: int, operation: int) -> None:
+        if operation & fcntl.LOCK_NB and busy[0]:
+            busy[0] -= 1
+            raise BlockingIOError
+        flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", held_twice)
+    lock = writerlock.WriterLock(tmp_path)
+    try:
+        lock.acquire(TIMEOUT)
+        assert busy == [0]
+        assert lock._requests is None  # no helper thread was asked
+        lock.release()
+    finally:
+        lock.close()
