@@ -11,7 +11,10 @@ from cli_support import assert_one_line_error
 from dopool._chaos import harness
 from dopool._cli import cli
 
-FLAGS = ("--seeds", "--start", "--seed", "--trace", "--jobs", "--verbose", "--processes", "--keep")
+FLAGS = (
+    *("--seeds", "--start", "--seed", "--trace", "--jobs", "--executor"),
+    *("--verbose", "--processes", "--keep"),
+)
 HINT = "(see 'dopool chaos --help')"
 
 

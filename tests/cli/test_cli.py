@@ -1353,7 +1353,7 @@ def test_chaos_rejects_a_bad_flag_with_one_line_and_usage_exit(
 def test_chaos_starts_no_more_processes_than_seeds(monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[int] = []
 
-    def long(seeds: range, jobs: int, *, processes: bool) -> int:
+    def long(seeds: range, jobs: int, *, processes: bool, executor: object) -> int:
         asked.append(jobs)
         return 0
 

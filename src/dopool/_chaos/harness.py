@@ -1,6 +1,7 @@
 """``dopool chaos``: the long mode of the chaos harness, and the replay of one seed.
 
     dopool chaos --seeds 5000 [--start N] [--jobs J]   # run seeds N .. N+4999
+    dopool chaos --seeds 5000 --executor ray[=ADDRESS] # the same, as Ray tasks
     dopool chaos --seed S [--trace FILE] [--verbose]  # replay one seed exactly
     dopool chaos --processes --seeds 40 [--start N] [--jobs J]  # real processes
     dopool chaos --processes --seed S [--keep]        # one seed's plan again
@@ -15,15 +16,20 @@ Prints a progress line now and then and a summary of scenarios, events,
 executions, crashes, restarts and violations (with ``--processes``, also the big
 family's seeds and the frozen-writer faults that landed). Exits 1 if any scenario
 broke an invariant, after printing, for each such seed, the command that replays it.
+With ``--executor ray`` the long mode's seeds are Ray tasks
+(:func:`dopool._sim.executors.ray_map`), their results taken in seed order as from the
+local pool, so it prints the same lines.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -32,6 +38,16 @@ from dopool._chaos.procs.plan import draw as draw_plan
 from dopool._chaos.result import Result, replay_command
 from dopool._chaos.runner import run_seed, run_seed_quietly
 from dopool._chaos.scenario import generate
+from dopool._errors import ConfigurationError
+from dopool._sim.executors import (
+    LOCAL,
+    Executor,
+    RayConnectError,
+    RayRunError,
+    RayUnavailableError,
+    check_available,
+    ray_map,
+)
 from dopool._sim.interrupt import interruptible
 
 PROGRESS_EVERY = 5.0  # wall seconds between progress lines
@@ -60,10 +76,18 @@ INTERRUPTED_EXIT = 128 + 2  # as a shell reports a process that SIGINT ended
 @click.option(
     "--jobs",
     type=int,
-    default=1,
-    show_default=True,
+    default=None,
     metavar="J",
-    help="worker processes (long mode)",
+    help="worker processes (long mode) [default: 1]; with --executor ray, seeds out at once "
+    "[default: all]",
+)
+@click.option(
+    "--executor",
+    default="local",
+    show_default=True,
+    metavar="local|ray[=ADDRESS]",
+    help="where the long mode's seeds run: local processes, or Ray tasks on a local Ray "
+    "or the cluster at ADDRESS (the ray extra)",
 )
 @click.option("--verbose", is_flag=True, help="with --seed: print the scenario and its history")
 @click.option(
@@ -79,7 +103,8 @@ def chaos(
     start: int,
     seed: int | None,
     trace: Path | None,
-    jobs: int,
+    jobs: int | None,
+    executor: str,
     verbose: bool,
     processes: bool,
     keep: bool,
@@ -88,6 +113,7 @@ def chaos(
 
     \b
     dopool chaos --seeds N [--start S] [--jobs J]     runs seeds S .. S+N-1
+    dopool chaos --seeds N --executor ray[=ADDRESS]   the same as Ray tasks
     dopool chaos --seed S [--trace FILE] [--verbose]  replays one seed exactly
     dopool chaos --processes --seeds N [--start S] [--jobs J]
                                      the same with producer and worker processes
@@ -98,7 +124,7 @@ def chaos(
     command that replays each such seed.
     """
 
-    def refuse(message: str) -> None:
+    def refuse(message: str) -> NoReturn:
         raise click.UsageError(message, ctx)
 
     if processes and trace is not None:
@@ -109,9 +135,15 @@ def chaos(
         refuse(f"--trace {str(trace)!r}: not a file in a directory that exists")
     if seed is None and trace is not None:
         refuse("--trace needs --seed")
-    if seed is None and (seeds < 1 or jobs < 1):
+    if seed is None and (seeds < 1 or (jobs is not None and jobs < 1)):
         refuse("--seeds and --jobs must be at least 1")
-    ctx.exit(_run(range(start, start + seeds), seed, trace, jobs, verbose, processes, keep))
+    try:
+        where = Executor.parse(executor)
+    except ConfigurationError as exc:
+        refuse(f"Invalid value for '--executor': {exc}")
+    if processes and where.ray:
+        refuse("--executor ray runs the in-process mode's seeds (--processes runs its own here)")
+    ctx.exit(_run(range(start, start + seeds), seed, trace, jobs, verbose, processes, keep, where))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,13 +163,14 @@ def _run(
     seeds: range,
     seed: int | None,
     trace: Path | None,
-    jobs: int,
+    jobs: int | None,
     verbose: bool,
     processes: bool,
     keep: bool,
+    executor: Executor = LOCAL,
 ) -> int:
-    """The run the flags ask for, its exit status: 0 passed, 1 an invariant broke, 130
-    stopped by Ctrl-C (after one line on stderr)."""
+    """The run the flags ask for, its exit status: 0 passed, 1 an invariant broke (or
+    Ray failed, after one line on stderr), 130 stopped by Ctrl-C (after one line)."""
     try:
         if seed is not None:
             if processes:
@@ -146,11 +179,17 @@ def _run(
                 code = _replay(seed, trace, verbose=verbose)
             interrupt.check()
             return code
-        jobs = min(jobs, len(seeds))  # a process per seed at most, not --jobs of them
-        return _long(seeds, jobs, processes=processes)
+        check_available(executor)
+        # A process (or a Ray task out) per seed at most, not --jobs of them; on Ray, as
+        # many as there are seeds unless --jobs says fewer.
+        jobs = min(jobs or (len(seeds) if executor.ray else 1), len(seeds))
+        return _long(seeds, jobs, processes=processes, executor=executor)
     except KeyboardInterrupt:
         print("Error: interrupted: the chaos run stopped before its end", file=sys.stderr)
         return INTERRUPTED_EXIT
+    except (RayUnavailableError, RayConnectError, RayRunError) as exc:
+        print(f"Error: {exc}", file=sys.stderr)  # Ray missing, unreachable, a task lost
+        return 1
 
 
 def _replay_processes(seed: int, *, keep: bool, verbose: bool) -> int:
@@ -218,7 +257,21 @@ def _freezes(result: Result) -> str:
     )
 
 
-def _results(seeds: range, jobs: int, *, processes: bool) -> Iterator[Result]:
+def _results(
+    seeds: range, jobs: int, *, processes: bool, executor: Executor = LOCAL
+) -> Generator[Result, None, None]:
+    if executor.ray:
+        calls = [(seed,) for seed in seeds]
+        yield from ray_map(
+            run_seed_quietly,
+            calls,
+            executor=executor,
+            describe=lambda position: (
+                f"seed {seeds[position]} (replay: {replay_command(seeds[position])})"
+            ),
+            limit=jobs,
+        )
+        return
     if jobs == 1:
         # Ctrl-C ends the seed in hand (a fraction of a second), then the run: raised in
         # an actor, the KeyboardInterrupt would be taken for a crash, and the seed go on.
@@ -236,7 +289,7 @@ def _results(seeds: range, jobs: int, *, processes: bool) -> Iterator[Result]:
             yield from workers.imap(run_seed_quietly, seeds, chunksize=8)
 
 
-def _long(seeds: range, jobs: int, *, processes: bool = False) -> int:
+def _long(seeds: range, jobs: int, *, processes: bool = False, executor: Executor = LOCAL) -> int:
     started = last = time.perf_counter()
     totals = dict.fromkeys(
         (
@@ -261,37 +314,39 @@ def _long(seeds: range, jobs: int, *, processes: bool = False) -> int:
         f"chaos: seeds {seeds.start}..{seeds.stop - 1} ({len(seeds)} scenarios, {jobs} job(s)"
         f"{mode})"
     )
-    for result in _results(seeds, jobs, processes=processes):
-        scenarios += 1
-        totals["events"] += result.enqueued
-        totals["acknowledged"] += result.acknowledged
-        totals["scheduled"] += result.scheduled
-        totals["duplicates"] += result.duplicates
-        totals["executions"] += result.executions
-        totals["crashes"] += result.crashes
-        totals["restarts"] += result.restarts
-        totals["reopens"] += result.reopens
-        totals["violations"] += len(result.violations)
-        faults.frozen_producers += result.frozen_producers
-        faults.frozen_workers += result.frozen_workers
-        faults.freezes_missed += result.freezes_missed
-        faults.refused += result.refused
-        if result.big:
-            big += 1
-            bigs += result.wall_time
-        if not result.ok:
-            failures.append(result)
-            replay = replay_command(result.seed, processes=processes)
-            kept = f" (kept: {result.kept})" if result.kept else ""
-            print(f"FAIL seed {result.seed}: {result.violations[0]}  [{replay}]{kept}")
-        now = time.perf_counter()
-        if now - last >= PROGRESS_EVERY:
-            last = now
-            print(
-                f"  {scenarios}/{len(seeds)} scenarios, {totals['events']} events, "
-                f"{totals['crashes']} crashes, {len(failures)} failing, {now - started:.0f}s",
-                flush=True,
-            )
+    results = _results(seeds, jobs, processes=processes, executor=executor)
+    with contextlib.closing(results):  # Ctrl-C in this loop cancels Ray's tasks too
+        for result in results:
+            scenarios += 1
+            totals["events"] += result.enqueued
+            totals["acknowledged"] += result.acknowledged
+            totals["scheduled"] += result.scheduled
+            totals["duplicates"] += result.duplicates
+            totals["executions"] += result.executions
+            totals["crashes"] += result.crashes
+            totals["restarts"] += result.restarts
+            totals["reopens"] += result.reopens
+            totals["violations"] += len(result.violations)
+            faults.frozen_producers += result.frozen_producers
+            faults.frozen_workers += result.frozen_workers
+            faults.freezes_missed += result.freezes_missed
+            faults.refused += result.refused
+            if result.big:
+                big += 1
+                bigs += result.wall_time
+            if not result.ok:
+                failures.append(result)
+                replay = replay_command(result.seed, processes=processes)
+                kept = f" (kept: {result.kept})" if result.kept else ""
+                print(f"FAIL seed {result.seed}: {result.violations[0]}  [{replay}]{kept}")
+            now = time.perf_counter()
+            if now - last >= PROGRESS_EVERY:
+                last = now
+                print(
+                    f"  {scenarios}/{len(seeds)} scenarios, {totals['events']} events, "
+                    f"{totals['crashes']} crashes, {len(failures)} failing, {now - started:.0f}s",
+                    flush=True,
+                )
     elapsed = time.perf_counter() - started
     print(
         f"chaos summary: {scenarios} scenarios, {totals['events']} events "

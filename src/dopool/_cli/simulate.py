@@ -41,6 +41,7 @@ from dopool._cli.sweep import SweepFlags, run_sweep_command, sweep_options
 from dopool._errors import ScenarioError
 from dopool._sim import loading as scenarios
 from dopool._sim.driver import run
+from dopool._sim.executors import Executor
 from dopool._sim.plot import check_available, plot
 from dopool._sim.scenario import Scenario
 
@@ -174,6 +175,7 @@ def simulate(
     sweep_specs: tuple[str, ...],
     repeat: int | None,
     jobs: int | None,
+    executor: Executor | None,
     sweep_figures: str | None,
     plot_figure: str | None,
     assertions: tuple[str, ...],
@@ -199,6 +201,7 @@ def simulate(
       dopool simulate --scenario steady --sweep instances=1,2,4,8,16
       dopool simulate --scenario my-design.toml --rate 100 --assert 'p99 <= 0.5'
       dopool simulate --sweep instances=2..8x2 --sweep arrivals.rate=50,100 --repeat 5 -j 2
+      dopool simulate --sweep instances=2..32x2 --repeat 20 --executor ray=head:6379
     """
     out = _console()
     if list_only:
@@ -220,7 +223,7 @@ def simulate(
         _check_output(flag, target)
     if plot_path is not None:
         check_available()
-    sweeping = SweepFlags(sweep_specs, repeat, jobs, sweep_figures, plot_figure)
+    sweeping = SweepFlags(sweep_specs, repeat, jobs, sweep_figures, plot_figure, executor)
     if sweeping.active:
         if trace_path is not None:
             raise CliUsageError("--trace cannot be used with --sweep or --repeat")

@@ -23,6 +23,8 @@ from rich.text import Text
 from dopool._cli._errors import CliError, CliUsageError
 from dopool._cli._terminal import _clean, _console
 from dopool._cli._values import _write_json
+from dopool._errors import ConfigurationError
+from dopool._sim.executors import Executor, check_available
 from dopool._sim.scenario import Scenario
 from dopool._sim.sweep import (
     DEFAULT_FIGURES,
@@ -68,7 +70,16 @@ def sweep_options(function: Callable[..., Any]) -> Callable[..., Any]:
             default=None,
             metavar="N",
             help="run a sweep in N processes (the output does not depend on N) "
-            "[the number of CPUs this process may use]",
+            "[the number of CPUs this process may use]; with --executor ray, N runs at a "
+            "time [all: the cluster schedules them]",
+        ),
+        click.option(
+            "--executor",
+            callback=executor_option,
+            default=None,
+            metavar="local|ray[=ADDRESS]",
+            help="where a sweep's runs run: local processes, or Ray tasks on a local Ray "
+            "or the cluster at ADDRESS (the ray extra; the output is the same) [local]",
         ),
         click.option(
             "--sweep-figures",
@@ -86,15 +97,29 @@ def sweep_options(function: Callable[..., Any]) -> Callable[..., Any]:
     return function
 
 
+def executor_option(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> Executor | None:
+    """``--executor local|ray[=ADDRESS]`` read (a bad one is a usage error)."""
+    if value is None:
+        return None
+    try:
+        return Executor.parse(value)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
 @dataclass(frozen=True, slots=True)
 class SweepFlags:
-    """What ``--sweep``, ``--repeat``, ``--jobs``, ``--sweep-figures``, ``--plot-figure`` said."""
+    """What ``--sweep``, ``--repeat``, ``--jobs``, ``--executor``, ``--sweep-figures``,
+    ``--plot-figure`` said."""
 
     specs: tuple[str, ...]
     repeat: int | None
     jobs: int | None
     figures: str | None
     plot_figure: str | None
+    executor: Executor | None = None
 
     @property
     def active(self) -> bool:
@@ -105,6 +130,7 @@ class SweepFlags:
         """Refuse the sweep-only flags on a single run."""
         for flag, value in (
             ("--jobs", self.jobs),
+            ("--executor", self.executor),
             ("--sweep-figures", self.figures),
             ("--plot-figure", self.plot_figure),
         ):
@@ -135,10 +161,18 @@ def run_sweep_command(
         raise CliUsageError(str(exc)) from None
     if plot_path is not None and not axes:
         raise CliUsageError("--plot with --repeat needs a --sweep to draw against")
+    executor = flags.executor or Executor()
+    check_available(executor)
     started = time.perf_counter()
     with _progress(quiet) as progress:
         result = run_sweep(
-            chosen, axes, repeat=repeat, jobs=flags.jobs, store=store_path, progress=progress
+            chosen,
+            axes,
+            repeat=repeat,
+            jobs=flags.jobs,
+            store=store_path,
+            progress=progress,
+            executor=executor,
         )
     elapsed = time.perf_counter() - started
     for name in [*names, plot_name] if plot_path is not None else names:

@@ -14,6 +14,9 @@ A sweep's worker process (:func:`worker_setup`) notes SIGINT for good, whenever 
 comes: the run in hand stops, and every later one stops before it starts. So
 Ctrl-C in a terminal, which reaches every process of the group, and the SIGINT
 the sweep's own process sends its workers, stop the sweep and print no traceback.
+
+A Ray task (:func:`worker_task`) runs in a worker process that serves many, and Ray's
+cancel reaches it as SIGINT: it stops that task's run the same way, and no later one.
 """
 
 from __future__ import annotations
@@ -86,6 +89,30 @@ def worker_setup() -> None:
         interrupt.requested = True
 
     signal.signal(signal.SIGINT, note)
+
+
+@contextmanager
+def worker_task() -> Iterator[Interrupt]:
+    """One task in a worker process that runs many (a Ray task): SIGINT, which Ray's
+    cancel sends, stops this task's run between two steps of the clock (every run
+    inside it takes the yielded :class:`Interrupt`), and no later task's."""
+    global _worker  # noqa: PLW0603 - for this task only, restored after it
+    interrupt = Interrupt()
+    outer, _worker = _worker, interrupt
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT)
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        interrupt.requested = True
+
+    if main:
+        signal.signal(signal.SIGINT, note)
+    try:
+        yield interrupt
+    finally:
+        _worker = outer
+        if main:
+            signal.signal(signal.SIGINT, previous)
 
 
 def interrupt_workers(executor: ProcessPoolExecutor) -> None:

@@ -6,9 +6,10 @@ point: ``seed, seed + 1, ..., seed + repeat - 1`` where ``seed`` is the point's
 own (the scenario's, unless ``seed`` itself is swept). Every point uses the same
 seeds, so two designs meet the same arrivals and draws and their difference is
 not noise of the draws. Each run is :func:`dopool._sim.driver.run` in a process
-of its own when ``jobs > 1`` (the command line's default is :func:`usable_cpus`);
-the outcomes are put back in grid order, so the result is the same whatever
-``jobs`` is.
+of its own when ``jobs > 1`` (the command line's default is :func:`usable_cpus`),
+or a Ray task with a Ray executor (:mod:`dopool._sim.executors`); the outcomes are
+put back in grid order, so the result is the same whatever ``jobs`` and the
+executor are.
 
 Each figure of :func:`dopool._sim.figures.figures` is summed up over a point's
 seeds as an :class:`Estimate`: the mean and the half-width of its 95%
@@ -30,6 +31,7 @@ from typing import Any
 
 from dopool._errors import ConfigurationError, DopoolError, ScenarioError
 from dopool._sim.driver import run
+from dopool._sim.executors import LOCAL, Executor, ray_map
 from dopool._sim.figures import NAMES, figures
 from dopool._sim.ignored import ignored
 from dopool._sim.interrupt import interrupt_workers, worker_setup
@@ -76,8 +78,7 @@ class SweepRunError(ConfigurationError):
         self.point = point
         self.seed = seed
         self.problem = problem
-        where = f"--sweep {point}" if point else "--repeat"
-        super().__init__(f"{where}, seed {seed}: {problem}")
+        super().__init__(f"{_where(point, seed)}: {problem}")
 
     def __reduce__(self) -> tuple[Any, ...]:  # back from a worker process, whole
         return (SweepRunError, (self.point, self.seed, self.problem))
@@ -392,21 +393,35 @@ def run_sweep(
     jobs: int | None = 1,
     store: str | os.PathLike[str] | None = None,
     progress: Progress | None = None,
+    executor: Executor = LOCAL,
 ) -> SweepResult:
     """Run every point of the grid ``repeat`` times; each run stands alone.
 
     ``jobs`` runs at a time, each in a worker process (None: one per CPU this process
     may use, :func:`usable_cpus`); with ``jobs = 1``, or a single run, every run is
-    made in this process. With ``store``, each run keeps its store in
-    ``<store>/<field>=<value>[,<field>=<value>...]/seed=<seed>``.
+    made in this process. With a Ray ``executor`` each run is a Ray task instead, at
+    most ``jobs`` out at once (None: all; the cluster schedules them). With ``store``,
+    each run keeps its store in ``<store>/<field>=<value>[,<field>=<value>...]/seed=<seed>``.
     Every point's scenario is built (and checked) before the first run.
+
+    Raises:
+        ScenarioError: with an address, the scenario names a file that cannot travel.
+        ConfigurationError: ``store`` with an address (its runs' stores would be on the
+            cluster's nodes), or a used ``store``.
     """
     axes = tuple(axes)
     check_axes(axes, repeat)
-    if jobs is None:
+    if jobs is None and not executor.ray:
         jobs = usable_cpus()
-    if jobs < 1:
+    if jobs is not None and jobs < 1:
         raise SweepError(f"--jobs must be >= 1, got {jobs}")
+    if executor.ships:
+        if store is not None:
+            raise ConfigurationError(
+                f"--store cannot be used with --executor {executor}: each run's store would "
+                "be written on the cluster's node that ran it"
+            )
+        refuse_unshipped(scenario)
     plans: list[tuple[int, int, Scenario, str | None]] = []  # (point, seed, scenario, store)
     points = grid(axes)
     variants = []
@@ -434,7 +449,21 @@ def run_sweep(
                 f"--store {where!r} is not an empty directory; a simulation needs a fresh store"
             )
     work = [(plan[2], plan[3], label(axes, points[plan[0]])) for plan in plans]
-    outcomes = _execute(work, jobs, progress)
+    if executor.ray:
+        outcomes = list(
+            ray_map(
+                run_one,
+                work,
+                executor=executor,
+                describe=lambda position: _where(work[position][2], work[position][0].seed),
+                limit=jobs,
+                progress=progress,
+                directory=bool(files(scenario)) or scenario.app is not None,
+            )
+        )
+    else:
+        assert jobs is not None
+        outcomes = _execute(work, jobs, progress)
     by_point: list[list[tuple[int, Outcome]]] = [[] for _ in points]
     for (index, seed, _, _), outcome in zip(plans, outcomes, strict=True):
         by_point[index].append((seed, outcome))
@@ -459,6 +488,53 @@ def refuse_ignored(axes: Sequence[Axis], variants: Sequence[Scenario]) -> None:
         else:
             problem = f"changes nothing in this sweep's runs: {found[0][axis.field]}"
             raise ScenarioError(axis.field, problem, source="--sweep")
+
+
+def files(scenario: Scenario) -> list[tuple[str, str]]:
+    """The files a run of ``scenario`` reads, each with its field: the app's (when it
+    names a file), each replay's, each ``partitions.file``."""
+    found: list[tuple[str, str]] = []
+    if scenario.app is not None:
+        target, _, _ = scenario.app.rpartition(":")
+        if target.endswith(".py") or "/" in target:  # as load_app tells a file
+            found.append(("app", target))
+    for position, stream in enumerate(scenario.arrivals):
+        if stream.file is not None:
+            where = "arrivals" if len(scenario.arrivals) == 1 else f"arrivals[{position}]"
+            found.append((f"{where}.file", stream.file))
+    for pool in scenario.resolved_pools:
+        if pool.partitions.file is not None:
+            where = f"pools.{pool.name}." if scenario.pools else ""
+            found.append((f"{where}partitions.file", pool.partitions.file))
+    return found
+
+
+def refuse_unshipped(scenario: Scenario) -> None:
+    """Refuse a file a shipped job cannot take: only the directory dopool runs in travels
+    to a Ray cluster (as its ``working_dir``), so each file must be named by a path
+    inside it, relative to it."""
+    here = os.getcwd()
+    for field, path in files(scenario):
+        if os.path.isabs(path):
+            problem = (
+                f"is an absolute path, {path!r}, which the Ray cluster's nodes need not "
+                f"have: only the directory dopool runs in ({here!r}) travels, so name the "
+                "file (or the scenario file, whose folder its paths are joined to) by a "
+                "path relative to it"
+            )
+        elif os.path.normpath(path).split(os.sep)[0] == os.pardir:
+            problem = (
+                f"names {path!r}, outside the directory dopool runs in ({here!r}), the one "
+                "that travels to the Ray cluster: run dopool from a directory that holds it"
+            )
+        else:
+            continue
+        raise ScenarioError(field, problem, source="--executor")
+
+
+def _where(point: str, seed: int) -> str:
+    """A run as an error names it: ``--sweep instances=2, seed 3``."""
+    return f"{'--sweep ' + point if point else '--repeat'}, seed {seed}"
 
 
 def _used(path: Path) -> bool:
