@@ -68,7 +68,7 @@ logger = logging.getLogger("dopool")
 _RUNNING: set[pykka.ActorRef[Any]] = set()
 
 # What a transaction takes from the head of its instance's inbox (``_take_and_continue``):
-# enqueues, and alarms where the transaction starts due work itself.
+# enqueues, and alarms if it starts the due work whenever it may go on.
 _TAKEN: tuple[type, ...] = (Enqueue,)
 _TAKEN_WITH_ALARMS: tuple[type, ...] = (Enqueue, Alarm)
 
@@ -285,8 +285,10 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         self._publish(meta, effects)
         self._execute_attempts(started)
 
-    def _take_and_continue(self) -> bool:
+    def _take_and_continue(self, *, alarms: bool = False) -> bool:
         """In a transaction body: take the enqueues waiting now, then ``_may_continue()``.
+        With ``alarms``, for a body that starts the due work if this says it may go on
+        (an outcome's), the alarms among them too.
 
         A body waits its turn in the group commit; taking at the last moment lets
         callers that sent meanwhile share this commit instead of waiting for the
@@ -296,8 +298,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         # Only a run of enqueues (and alarms) at the head of the inbox is taken, so no
         # message overtakes another kind sent before it (a pause, say). The actor is
         # the inbox's only reader, so what it sees at the head is still there to take.
-        starts = self._clock.starts_due_work_at_once
-        more = self._inbox.take_leading(_TAKEN_WITH_ALARMS if starts else _TAKEN)
+        more = self._inbox.take_leading(_TAKEN_WITH_ALARMS if alarms else _TAKEN)
         if not more:
             return self._may_continue()
         enqueues = [message for message in more if type(message) is Enqueue]
@@ -406,7 +407,7 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
 
         def body(txn: Txn) -> tuple[Meta, Started | None]:
             # Callers that waited for the handler commit with its outcome.
-            go_on = self._take_and_continue()
+            go_on = self._take_and_continue(alarms=True)
             meta = self._load_meta(txn)
             machine.finish_attempt(meta)
             if failure is None:
