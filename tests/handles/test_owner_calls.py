@@ -20,7 +20,7 @@ import pytest
 
 import dopool
 from dopool import EventContext, Runtime
-from dopool._cluster.owner_wire import Call
+from dopool._cluster.owner_wire import Call, Request
 from dopool._engine.owner_calls import CALL_SOCKET
 from dopool._handles import owner_link
 from dopool._machine.validation import prepare
@@ -243,3 +243,99 @@ def test_an_owner_whose_commit_fails_never_answers_and_the_producer_stores_the_c
                 assert pool.event(result.event_id) is not None  # stored, by the producer
         assert runtime.pools["orders"].join(timeout=TIMEOUT)
     assert sorted(seen) == [0, 1, 2]
+
+
+def _batch(*calls: tuple[bytes, int, int, Any]) -> list[Request]:
+    """Requests as producers send them: ``(producer, number, instance, event)`` each, one
+    request per producer, ``"sync"``."""
+    requests: dict[bytes, list[Call]] = {}
+    for producer, number, instance, event in calls:
+        items = (prepare(event, partition_key=None, priority=0, schema=None),)
+        requests.setdefault(producer, []).append(Call(number, "orders", instance, items))
+    return [Request(producer, 0, True, listed) for producer, listed in requests.items()]
+
+
+def _started_idle(
+    path: Path, seen: list[Any], running: threading.Semaphore
+) -> tuple[Runtime, threading.Event]:
+    """A "sync" runtime (group commit) whose four instances have run one event each and
+    are idle, and the gate its handlers now wait for, each after releasing ``running``."""
+    gate = threading.Event()
+    gate.set()
+
+    def handle(ctx: EventContext) -> None:
+        seen.append(ctx.event)
+        running.release()
+        assert gate.wait(TIMEOUT)
+
+    runtime = Runtime(path, durability="sync")
+    pool = runtime.define("orders", execute=handle, concurrency=4)
+    for n in range(4):  # round robin: one each
+        pool.enqueue(("first", n))
+    assert pool.join(timeout=TIMEOUT)
+    for _ in range(4):
+        assert running.acquire(timeout=TIMEOUT)
+    gate.clear()
+    return runtime, gate
+
+
+def test_a_batch_of_calls_starts_each_idle_instances_event_in_the_commit_that_stores_it(
+    tmp_path: Path,
+) -> None:
+    """Several producers' calls stored together (as under "sync", where they share one
+    commit) start their events in that commit, as a lone call does: no alarm, and no
+    second commit per instance. Red if a batch stores its calls as a producer would and
+    wakes the instances to start them."""
+    seen: list[Any] = []
+    running = threading.Semaphore(0)
+    runtime, gate = _started_idle(tmp_path / "s", seen, running)
+    with runtime:
+        commits = runtime._store.commit_counts[0]
+        batch = _batch((b"p" * 16, 0, 0, "a"), (b"p" * 16, 1, 1, "b"), (b"q" * 16, 0, 2, "c"))
+        answers = runtime._call_store.store(batch)
+        for _ in range(3):  # each handler runs: its attempt was started
+            assert running.acquire(timeout=TIMEOUT)
+        assert runtime._store.commit_counts[0] == commits + 1
+        assert [[(n, r[0][:2]) for n, r in a if r] for a in answers] == [
+            [(0, (0, 1)), (1, (1, 1))],
+            [(0, (2, 1))],
+        ]
+        gate.set()
+        assert runtime.pools["orders"].join(timeout=TIMEOUT)
+    assert sorted(map(str, seen[4:])) == ["a", "b", "c"]
+
+
+def test_a_taken_call_whose_body_fails_is_stored_as_a_producers_in_the_same_commit(
+    tmp_path: Path,
+) -> None:
+    """One instance's enqueue body raising rolls back that body alone: its call is then
+    stored as a producer's in the same transaction, answered, and run once (the instance
+    crashed and recovered); the others' calls are unaffected."""
+    seen: list[Any] = []
+    running = threading.Semaphore(0)
+    runtime, gate = _started_idle(tmp_path / "s", seen, running)
+    with runtime:
+        served = runtime._served["orders"]
+        take = served.take
+
+        def planted(index: int, items: Any, mark: Any) -> Any:
+            pair = take(index, items, mark)
+            if pair is None or index != 1:
+                return pair
+            direct, body = pair
+
+            def failing(txn: Any) -> Any:
+                body(txn)  # the event stored and started, then:
+                raise RuntimeError("planted")
+
+            return direct, failing
+
+        served.take = planted
+        batch = _batch((b"p" * 16, 0, 0, "a"), (b"p" * 16, 1, 1, "b"))
+        ((first, second),) = runtime._call_store.store(batch)
+        assert first[1] is not None  # both stored and answered
+        assert second[1] is not None
+        assert second[1][0][:2] == (1, 1)
+        gate.set()
+        assert runtime.pools["orders"].join(timeout=TIMEOUT)
+    assert sorted(map(str, seen[4:])) == ["a", "b"]  # each once

@@ -7,15 +7,15 @@ listens on a UNIX stream socket beside its wake-up socket: ``<store>/calls.sock`
 (:mod:`dopool._cluster.owner_wire`), as many as its threads have ready, and waits for
 the answer.
 
-Each connection has a thread of its own here, which stores each frame's calls in one
-write transaction of the runtime's store, through its committer: under
+One thread serves every connection here: it stores the frames that have come in one
+write transaction of the runtime's store, through its committer
+(:class:`~dopool._engine.call_store.CallStore`, which a Ray shard host shares): under
 ``durability="sync"`` that transaction joins the group commit of the runtime's own
-instances and of the other connections' frames, so they share one fsync. A call is
-stored as a producer would store it (the queue machine's enqueue, the meta read anew:
-:meth:`StoredCalls.store_in`), with its call record (:mod:`dopool._store.layout.calls`),
-and the instance is then told (an alarm if it is running here, a start if not). The
-answer goes back only once the transaction is durable, under the producer's durability
-(a ``"sync"`` producer's calls on an ``"async"`` store are fsynced before the answer).
+instances and of the other connections' frames, so they share one fsync. Each call is
+stored with its call record (:mod:`dopool._store.layout.calls`), its event started in
+that commit if its instance runs here and is free. The answer goes back only once the
+transaction is durable, under the producer's durability (a ``"sync"`` producer's calls
+on an ``"async"`` store are fsynced before the answer).
 
 A call is answered nil, and so stored by its producer instead, when its pool is not
 defined here, its instance is not served here, or its share is refused (a full queue):
@@ -31,39 +31,20 @@ import os
 import selectors
 import socket
 import threading
-import time
-from collections.abc import Callable
-from contextlib import ExitStack, suppress
-from functools import partial
+from contextlib import suppress
 from pathlib import Path
 
 from dopool._clock.clocks import Clock
 from dopool._cluster.owner_wire import (
     HEADER,
-    Call,
     Request,
-    Results,
     WireError,
     decode_request,
     encode_answer,
     frame_length,
 )
-from dopool._cluster.remote import Share
-from dopool._engine.messages import CallMark
-from dopool._engine.stored import StoredCalls
+from dopool._engine.call_store import CallStore
 from dopool._engine.wakeups import SocketAddress
-from dopool._errors import DopoolError
-from dopool._machine.types import Item
-from dopool._store.environment import Store
-from dopool._store.layout import (
-    CALL_RETAIN,
-    forget_calls,
-    record_call,
-    stored_call,
-    sweep_calls,
-)
-from dopool._store.txn import Txn
-from dopool._types import EnqueueResult, PoolEvent
 
 logger = logging.getLogger("dopool")
 
@@ -71,8 +52,6 @@ logger = logging.getLogger("dopool")
 #: shared workers' sockets, ``<owner>.sock`` each.
 CALL_SOCKET = "calls.sock"
 CALL_DIRECTORY = "calls"
-#: Seconds between two sweeps of the call records that dead producers left.
-SWEEP_EVERY = 60.0
 _BACKLOG = 64
 _RECEIVE = 1 << 20  # bytes read from a connection at once
 _UNSENT = 16 << 20  # answers a producer leaves unread before it is dropped
@@ -83,35 +62,15 @@ def call_socket(owner: str | None) -> str:
     return CALL_SOCKET if owner is None else f"{CALL_DIRECTORY}/{owner}.sock"
 
 
-# A pool's enqueue from the server's thread into a running, free instance, the first due
-# event started in its commit (``WorkerPool.store_call``); None if it cannot be made so.
-Direct = Callable[[int, tuple[Item, ...], CallMark], list[EnqueueResult] | None]
-
-
-class Served:
-    """What the server needs of one of the runtime's pools."""
-
-    __slots__ = ("direct", "serves", "stored")
-
-    def __init__(self, stored: StoredCalls, serves: Callable[[int], bool], direct: Direct) -> None:
-        self.stored = stored
-        self.serves = serves  # whether an instance (in range) is served here
-        self.direct = direct
-
-
 def serve_calls(
-    clock: Clock,
-    directory: Path,
-    store: Store,
-    pools: Callable[[str], Served | None],
-    owner: str | None = None,
+    clock: Clock, directory: Path, calls: CallStore, owner: str | None = None
 ) -> OwnerCalls | None:
     """The runtime's call socket, listening; None under a clock that does not watch its
     store (simulated), or where no socket can be bound (producers then store their calls
     themselves, as always)."""
     if not clock.watches_store:
         return None
-    server = OwnerCalls(clock, directory, store, pools, call_socket(owner))
+    server = OwnerCalls(directory, calls, call_socket(owner))
     return server if server.listening else None
 
 
@@ -122,19 +81,9 @@ class OwnerCalls:
     from all of them, stores their calls in one transaction, and sends each its answer.
     """
 
-    def __init__(
-        self,
-        clock: Clock,
-        directory: Path,
-        store: Store,
-        pools: Callable[[str], Served | None],
-        name: str,
-    ) -> None:
-        self._clock = clock
-        self._store = store
-        self._pools = pools
+    def __init__(self, directory: Path, calls: CallStore, name: str) -> None:
+        self._calls = calls
         self._address = SocketAddress(directory, name)
-        self._swept = time.monotonic()
         self._socket = self._bind()
         self._thread: threading.Thread | None = None
         self._stop_read, self._stop_write = os.pipe()
@@ -224,98 +173,7 @@ class OwnerCalls:
 
     def _store_all(self, ready: list[tuple[_Peer, Request]]) -> list[bytes]:
         """Store every request's calls in one transaction; each request's answer frame."""
-        return [encode_answer(answers) for answers in self._store_calls([r for _, r in ready])]
-
-    def _store_calls(self, requests: list[Request]) -> list[list[tuple[int, Results]]]:
-        """Store the requests' calls in one transaction; each request's answers."""
-        answers: list[dict[int, Results]] = [
-            dict.fromkeys(c.number for c in r.calls) for r in requests
-        ]
-        todo = [
-            (number, request, call, served)
-            for number, request in enumerate(requests)
-            for call in request.calls
-            if (served := self._target(call)) is not None
-        ]
-        # Under "async" a commit costs little: each call to a free instance is stored, and
-        # its event started, in a commit of its own (no alarm, no second commit). Under
-        # "sync" a lone call is; several share one fsync, their instances then woken.
-        alone = not self._store.durable or len(todo) == 1
-        rest = []
-        for number, request, call, served in todo:
-            mark = CallMark(request.producer, call.number, request.done_below)
-            results = served.direct(call.instance, call.items, mark) if alone else None
-            if results is None:
-                rest.append((number, request, call, served))
-            else:
-                answers[number][call.number] = _fields(results)
-        if rest:
-            self._commit(requests, rest, answers)
-        elif self._sweep_due():
-            with suppress(Exception):  # the next sweep tries again
-                self._store.transact(partial(sweep_calls, before=self._clock.now() - CALL_RETAIN))
-        if alone and rest != todo and any(r.sync for r in requests) and not self._store.durable:
-            self._store.flush()
-        return [list(found.items()) for found in answers]
-
-    def _commit(
-        self,
-        requests: list[Request],
-        todo: list[tuple[int, Request, Call, Served]],
-        answers: list[dict[int, Results]],
-    ) -> None:
-        now = self._clock.now()
-        stored: list[tuple[Served, Share]] = []
-        events: dict[StoredCalls, list[PoolEvent]] = {}
-        sweep = self._sweep_due()
-
-        def body(txn: Txn) -> None:
-            for request in requests:
-                forget_calls(txn, request.producer, request.done_below)
-            if sweep:
-                sweep_calls(txn, now - CALL_RETAIN)
-            for number, request, call, served in todo:
-                record = stored_call(txn, request.producer, call.number)
-                if record is not None:  # stored before: by the producer, which gave up on us
-                    answers[number][call.number] = record.results
-                    continue
-                pool = served.stored
-                share = pool.store_in(txn, call.instance, call.items, now, events[pool])
-                if isinstance(share.answer, DopoolError):
-                    continue  # refused, nothing stored: the producer's own call says why
-                record_call(txn, request.producer, call.number, now, share.answer)
-                answers[number][call.number] = _fields(share.answer)
-                stored.append((served, share))
-
-        try:
-            # Each pool's events published once committed, one writer at a time while
-            # anybody listens (so in the order of the commits); the pools in one order.
-            with ExitStack() as publishing:
-                for pool in sorted({served.stored for *_, served in todo}, key=id):
-                    events[pool] = publishing.enter_context(pool.publishing())
-                self._store.transact(body)
-            if any(request.sync for request in requests) and not self._store.durable:
-                self._store.flush()
-        except Exception:
-            logger.exception("producers' calls could not be stored here; they store them")
-            for found in answers:
-                found.update(dict.fromkeys(found))  # nil: the producers store their calls
-            return
-        for served, share in stored:
-            served.stored.written(share.instance, share.alarm, now, share.owner)
-
-    def _target(self, call: Call) -> Served | None:
-        served = self._pools(call.pool)
-        if served is None or not served.serves(call.instance):
-            return None
-        return served
-
-    def _sweep_due(self) -> bool:
-        now = time.monotonic()
-        if now - self._swept < SWEEP_EVERY:
-            return False
-        self._swept = now
-        return True
+        return [encode_answer(answers) for answers in self._calls.store([r for _, r in ready])]
 
     def close(self, grace: float) -> None:
         """Stop listening and drop every connection (their producers store their calls
@@ -388,11 +246,6 @@ class _Peer:
         except OSError:
             return False
         return True
-
-
-def _fields(results: list[EnqueueResult]) -> list[tuple[int, int, int, bool]]:
-    """Results as an answer carries them."""
-    return [(r.instance_index, r.sequence, r.position, r.duplicate) for r in results]
 
 
 def _drop(peer: _Peer, selector: selectors.BaseSelector, peers: dict[int, _Peer]) -> None:

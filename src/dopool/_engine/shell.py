@@ -164,7 +164,17 @@ class InstanceShell:
         meta it saved is the committed one, and the next transaction starts
         from it instead of decoding it again (if the store still holds its bytes).
         """
+        try:
+            result = self._store.transact(self._guarded(body))
+        except BaseException as exc:
+            self._rolled_back(exc)
+            raise
+        self._committed()
+        return result
 
+    def _guarded(self, body: Callable[[Txn], T]) -> Callable[[Txn], T]:
+        """``body`` as a transaction of this instance runs it: fenced by its lease, and
+        failing at the storage fault point once it has written."""
         holds, pool, index = self._env.holds, self._spec.name, self._index
 
         def guarded(txn: Txn) -> T:
@@ -177,27 +187,29 @@ class InstanceShell:
                 self._fault_point("storage_write", "storage_error")
             return result
 
-        try:
-            result = self._store.transact(guarded)
-        except BaseException as exc:
-            # Rolled back: the store still holds the meta before it (``memory.raw``).
-            self._saved = self._raw = None
-            if isinstance(exc, _LeaseLost):
-                logger.warning(
-                    "instance %s: its lease was taken over by another worker; nothing of "
-                    "this transaction committed, and the instance stops here",
-                    self._id,
-                )
-                self._supervisor.close(vacant=True)  # no successor: the lease's holder serves it
-                raise Crash("lease lost") from None
-            raise
+        return guarded
+
+    def _rolled_back(self, exc: BaseException) -> None:
+        """A guarded body's transaction was rolled back with ``exc``: the store still holds
+        the meta before it (``memory.raw``). Raises :class:`Crash` if the lease was lost."""
+        self._saved = self._raw = None
+        if isinstance(exc, _LeaseLost):
+            logger.warning(
+                "instance %s: its lease was taken over by another worker; nothing of "
+                "this transaction committed, and the instance stops here",
+                self._id,
+            )
+            self._supervisor.close(vacant=True)  # no successor: the lease's holder serves it
+            raise Crash("lease lost") from None
+
+    def _committed(self) -> None:
+        """A guarded body's transaction committed: the meta it saved is the stored one."""
         saved, self._saved = self._saved, None
         raw, self._raw = self._raw, None
         if raw is not None:
             self._memory.raw = raw
         if saved is not None:
             self._memory.meta = saved
-        return result
 
     def _load_meta(self, txn: Txn) -> Meta:
         """The committed meta, which this transaction now owns and may change.

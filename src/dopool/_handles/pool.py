@@ -13,7 +13,7 @@ from dopool import tracing
 from dopool._cluster.remote import Verb
 from dopool._cluster.routing import Positions, pick, place
 from dopool._engine.calls import Calls
-from dopool._engine.direct import DirectEnqueue
+from dopool._engine.direct import DirectBody, DirectEnqueue
 from dopool._engine.messages import CallMark, Control, Enqueue
 from dopool._engine.options import PoolOptionsDict
 from dopool._engine.pool_context import PoolContext
@@ -184,23 +184,23 @@ class WorkerPool(Pool):
         with tracing.sending(self.name, items, clock.now) as items:
             return self._route(items, partition_key)
 
-    def store_call(
+    def take_call(
         self, index: int, items: tuple[Item, ...], call: CallMark
-    ) -> list[EnqueueResult] | None:
-        """A producer's call its owner takes (``_engine/owner_calls.py``), stored from this
-        thread if instance ``index`` runs here and is free: its first due event starts in
-        the same commit, as an enqueue made in this process does. None if it cannot be
-        (not running here, busy, crashed): the caller stores it another way."""
+    ) -> tuple[DirectEnqueue, DirectBody] | None:
+        """A producer's call its owner takes (``_engine/call_store.py``), made by instance
+        ``index``'s own enqueue transaction if the instance runs here and is free: its turn
+        taken, and the body that stores the call and starts its first due event in the
+        same commit, as an enqueue made in this process does (see
+        :meth:`DirectEnqueue.take`). None if it cannot be (not running here, busy,
+        crashed): the caller stores the call another way."""
         cell = self._instances.cells.get(index)
         if cell is None:
             return None
         direct = cell.direct
         if not isinstance(direct, DirectEnqueue):
             direct = cell.direct = DirectEnqueue(self._spec, cell, self._env)
-        try:
-            return direct.enqueue(items, call)
-        except DopoolError:  # crashed (it restarts), closing, damaged: stored another way
-            return None
+        body = direct.take(items, call)
+        return None if body is None else (direct, body)
 
     def _direct_to(self, index: int) -> DirectEnqueue | None:
         """Instance ``index``'s direct path (the instance started if it was not); None if

@@ -25,6 +25,7 @@ from dopool._cluster.leases import DEFAULT_LEASE_TTL, check_lease_ttl
 from dopool._cluster.remote import Away
 from dopool._cluster.routing import Router, RoutingTable
 from dopool._engine.actor import InstanceActor
+from dopool._engine.call_store import CallStore, Served
 from dopool._engine.cells import Cell, Cells
 from dopool._engine.closing import Closing, Stops, deadline_after, stopped, wait_until
 from dopool._engine.directory import Directory, PoolAddress
@@ -32,7 +33,7 @@ from dopool._engine.evicted import EvictedAlarms
 from dopool._engine.keeper import check_shared, keep_leases, serve_pool
 from dopool._engine.middleware import Middleware, check_middleware
 from dopool._engine.options import PoolOptions, PoolOptionsDict
-from dopool._engine.owner_calls import Served, serve_calls
+from dopool._engine.owner_calls import serve_calls
 from dopool._engine.pool_context import PoolContext
 from dopool._engine.pool_instances import Instances
 from dopool._engine.router import Placement
@@ -183,7 +184,9 @@ class Runtime:
         owner = None if self._keeper is None or not shared else self._keeper.book.worker.owner
         self._watcher = watch_store(self.clock, self.path, self.poll_interval, self._store, owner)
         self._served: dict[str, Served] = {}  # replaced whole: the call socket reads it
-        self._calls = serve_calls(self.clock, self.path, self._store, self._served_pool, owner)
+        # Producers' calls stored here: from the call socket, or a Ray shard host's.
+        self._call_store = CallStore(self.clock, self._store, self._served_pool)
+        self._calls = serve_calls(self.clock, self.path, self._call_store, owner)
         self._pid = os.getpid()
         with _open_lock:
             _open.add(self)  # closed at interpreter exit, if not before
@@ -391,7 +394,7 @@ class Runtime:
             self._directory.add(address)
             if self._watcher is not None:
                 self._watcher.watch(name, cells)
-            served = Served(stored, partial(_serves, cells), pool.store_call)
+            served = Served(stored, partial(_serves, cells), pool.take_call)
             self._served = {**self._served, name: served}
             return pool
 

@@ -130,6 +130,20 @@ class Store:
             self._refuse_child()
         return self._group.run(body)
 
+    def nested(self, txn: Txn, body: Callable[[Txn], T]) -> T:
+        """Run ``body`` in a transaction nested in ``txn``, a write transaction of this
+        store's open on this thread: if it raises, what it wrote is rolled back alone
+        (``txn`` goes on) and its exception is raised here.
+
+        Raises:
+            StorageError: LMDB refused the nested transaction (or it failed).
+        """
+        try:
+            with self._env.begin(write=True, parent=txn) as child:
+                return body(child)
+        except lmdb.Error as exc:
+            raise StorageError(f"a nested write failed and was rolled back: {exc}") from exc
+
     @property
     def durable(self) -> bool:
         """Whether each commit is fsynced (``durability="sync"``)."""
