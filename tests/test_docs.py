@@ -24,6 +24,7 @@ import pytest
 from click.testing import CliRunner
 
 import dopool
+import dopool.ray
 import dopool.testing
 from dopool import Runtime
 from dopool._cli import cli
@@ -185,11 +186,13 @@ def test_every_simulate_flag_is_documented() -> None:
 
 # -- the Python examples run -----------------------------------------------------------------
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
-# Blocks that cannot run as they stand, by their first line: they name a deployment's paths,
+# Blocks that cannot run as they stand, by their first line: they name a deployment's paths
+# (a Ray deployment's driver runs in tests/ray/test_ray_pools.py instead),
 # or import the example module before them (tests/handles/test_testing_plugin.py runs that
 # test file under pytest, beside its module).
 NOT_RUN = {
     'import dopool\n\nconnection = dopool.connect("/srv/app/queue")',
+    "# deploy.py: a driver on any node",  # a Ray cluster's: tests/ray/ runs it
     "# test_payments.py: ",
 }
 # "print(x)  # text": what the example says it prints.
@@ -273,6 +276,8 @@ DOCUMENTED_CALLS: dict[str, object] = {
     "runtime.close": Runtime.close,
     "dopool.connect": dopool.connect,
     "connection.pool": dopool.Connection.pool,
+    "dopool.ray.deploy": dopool.ray.deploy,
+    "dopool.ray.connect": dopool.ray.connect,
     "ctx.enqueue": dopool.EventContext.enqueue,
     "ctx.sleep": dopool.EventContext.sleep,
     "RealClock": dopool.RealClock,

@@ -9,7 +9,8 @@ Every exception derives from :class:`DopoolError`::
     │   ├── StoreNotFoundError ``dopool.connect`` (or a CLI command): the path holds no store
     │   ├── PoolNotFoundError  ``connection.pool``: the store has no such pool
     │   ├── EventIdError       ``event``/``cancel``: not an event id of this pool
-    │   └── ScheduleDefinitionError a recurring schedule's bad name, ``every`` or ``cron``
+    │   ├── ScheduleDefinitionError a recurring schedule's bad name, ``every`` or ``cron``
+    │   └── DeploymentError    dopool.ray: no such deployment, or its hosts could not start
     ├── EventValidationError   not msgpack-encodable, or rejected by the pool's schema
     │   └── ScheduleError      a ``delay`` or ``not_before`` that names no due time, a bad ``ttl``
     ├── EventTooLargeError     encoded event over 128 KiB, partition key over 2 KiB
@@ -26,6 +27,7 @@ Every exception derives from :class:`DopoolError`::
     ├── InstanceCrashedError   the instance died while the call was waiting on it
     ├── InstanceStartError     no thread could be started for an instance (a process limit)
     ├── NotLeasedError         a shared worker's runtime.kill of another's instance
+    ├── HostUnavailableError   dopool.ray: an instance's shard host did not answer in time
     ├── SimulationStalledError a wait under virtual time that nothing can end
     ├── PermanentError         raised by a handler: dead-letter this event now
     └── RetryAfter             raised by a handler: retry after exactly ``seconds``
@@ -511,6 +513,46 @@ class NotLeasedError(DopoolError):
         super().__init__(
             f"instance {instance_id} is served by another worker process (it holds its "
             "lease): not this process's to crash"
+        )
+
+
+class DeploymentError(ConfigurationError):
+    """A Ray deployment (``dopool.ray``) that cannot be used: none of that name is
+    running (``connect``), one of that name already runs, or a shard host could not
+    start (``deploy``: nothing is left running).
+
+    Attributes:
+        name: the deployment's name.
+        reason: what is wrong.
+    """
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name = name
+        self.reason = reason
+        super().__init__(f"Ray deployment {name!r}: {reason}")
+
+
+class HostUnavailableError(DopoolError):
+    """A ``dopool.ray`` producer's call whose shard host did not answer within the
+    producer's ``timeout``: its actor was dead or restarting, or its node gone, on every
+    try. The call may have been stored by a try whose answer never came, or not at all:
+    enqueue it again with the same dedup key to be sure.
+
+    Attributes:
+        pool: the pool's name.
+        instance: the instance the call went to.
+        node_id: the Ray node its host is pinned to.
+        waited: seconds the producer tried for.
+    """
+
+    def __init__(self, *, pool: str, instance: int, node_id: str, waited: float) -> None:
+        self.pool = pool
+        self.instance = instance
+        self.node_id = node_id
+        self.waited = waited
+        super().__init__(
+            f"instance {instance} of pool {pool!r}: its shard host on node {node_id} did not "
+            f"answer within {waited:.1f}s"
         )
 
 

@@ -1,4 +1,4 @@
-"""A runtime as dopool's own tools drive it: the public runtime, and three calls more.
+"""A runtime as dopool's own tools drive it: the public runtime, and four calls more.
 
 ``dopool simulate`` (:mod:`dopool._sim`), ``dopool chaos`` (:mod:`dopool._chaos`) and
 the offline store view (:mod:`dopool._ops.storeview`) open a :class:`ToolRuntime`
@@ -14,7 +14,9 @@ the tools need that docs/api.md does not offer:
   arrival happens while the clock is being driven, when an instance may be asleep in
   its handler);
 - :meth:`~ToolRuntime.send`: send a caller's request to one instance without waiting,
-  likewise.
+  likewise;
+- :meth:`~ToolRuntime.store_calls`: store producers' requests as the call socket does
+  (a Ray shard host's, :mod:`dopool._ray.host`).
 
 A simulation's temporary store, which nobody opens after the run, is opened as a
 :class:`ScratchRuntime`: LMDB then writes its pages in place.
@@ -31,9 +33,11 @@ from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any
 
+from dopool._cluster.owner_wire import Request as OwnerRequest
+from dopool._engine.call_store import Answers, Refusals
 from dopool._engine.messages import Control, Reply
 from dopool._engine.pool_instances import Instances
-from dopool._errors import ConfigurationError, shown
+from dopool._errors import ConfigurationError, PoolClosedError, shown
 from dopool._handles.pool import WorkerPool
 from dopool._handles.runtime import Runtime
 from dopool._machine.types import Item, Request
@@ -90,6 +94,18 @@ class ToolRuntime(Runtime):
         """
         instances, _ = self._parts(pool)
         return instances.send(instances.check(index), partial(Control, request))
+
+    def store_calls(self, requests: list[OwnerRequest], refused: Refusals | None = None) -> Answers:
+        """Store producers' requests in one transaction, as this runtime's call socket
+        does (:class:`~dopool._engine.call_store.CallStore`), once durable; each one's
+        answers. ``refused`` receives the refused calls' errors.
+
+        Raises:
+            PoolClosedError: the runtime is closed.
+        """
+        if self._closed:
+            raise PoolClosedError("*")
+        return self._call_store.store(requests, refused)
 
     def _parts(self, pool: WorkerPool) -> tuple[Instances, Prepare]:
         address = self._directory.get(pool.name)

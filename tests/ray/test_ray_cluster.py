@@ -1,0 +1,151 @@
+"""A deployment on a ``ray.cluster_utils.Cluster`` of three simulated nodes, a store each:
+producers on every node while a host is killed; a node removed, and its events run once
+it is back.
+
+One cluster serves the module (each node one CPU and an object store of 80 MiB); the
+tests are marked ``ray`` and skip where Ray cannot be imported.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ray_support import APP, WAIT, check_partition, produce, wait_for_runs
+
+import dopool.ray
+from dopool._cluster.routing import stable_hash
+from dopool._errors import HostUnavailableError
+
+# Ray's processes and real time: run on CI's first Python only (.ci/run).
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+NODE: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 80 * 2**20}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """Three nodes (the head and two more), this process its driver."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("RAY_ADDRESS", raising=False)
+        made: Any = Cluster(
+            initialize_head=True, head_node_args={**NODE, "include_dashboard": False}
+        )
+        try:
+            for _ in range(2):
+                made.add_node(**NODE)
+            made.wait_for_nodes()
+            ray.init(
+                address=made.address,
+                logging_level="WARNING",
+                runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).parent)}},
+            )
+            try:
+                yield made
+            finally:
+                ray.shutdown()
+        finally:
+            made.shutdown()
+
+
+def nodes(ray: Any) -> list[str]:
+    return sorted(node["NodeID"] for node in ray.nodes() if node["Alive"])
+
+
+def partitions(placement: dopool.ray.Placement, each: int) -> list[str]:
+    """Partition keys, ``each`` routed to each host's instances of ``jobs``, in turn."""
+    found: dict[int, list[str]] = {host.index: [] for host in placement.hosts}
+    concurrency = placement.pools["jobs"].concurrency
+    for i in itertools.count():
+        key = f"n{i}"
+        keys = found[placement.host_of("jobs", stable_hash(key) % concurrency).index]
+        if len(keys) < each:
+            keys.append(key)
+        if all(len(keys) == each for keys in found.values()):
+            return [key for group in zip(*found.values(), strict=True) for key in group]
+    raise AssertionError("unreachable")
+
+
+def on_node(ray: Any, node: str) -> Any:
+    """``produce`` as a task pinned to ``node``."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    pinned = NodeAffinitySchedulingStrategy(node, soft=False)
+    return ray.remote(num_cpus=0, scheduling_strategy=pinned)(produce)
+
+
+def test_producers_on_every_node_lose_nothing_while_a_host_is_killed(
+    cluster: Any, tmp_path: Path
+) -> None:
+    import ray
+
+    everywhere = nodes(ray)
+    assert len(everywhere) == 3
+    with dopool.ray.deploy(APP, str(tmp_path / "stores" / "{host}"), name="killed") as deployed:
+        assert {host.node_id for host in deployed.placement.hosts} == set(everywhere)
+        # one partition per producer, four on each host's instances
+        keys = partitions(deployed.placement, 4)
+        refs = [
+            on_node(ray, node).remote("killed", key, [key], 40)
+            for node, key in zip(everywhere * 4, keys, strict=True)
+        ]
+        victim = deployed.host(1)
+        # under way (some events ran): the kill lands among the calls
+        wait_for_runs(tmp_path, {(key, 0) for key in keys})
+        ray.kill(victim, no_restart=False)
+        for ref in refs:
+            ray.get(ref, timeout=WAIT * 2)  # every call acknowledged
+        runs = wait_for_runs(tmp_path, {(key, n) for key in keys for n in range(40)})
+        for key in keys:
+            check_partition(runs, key, 40)
+
+
+def test_a_node_removed_is_a_named_error_and_its_events_run_once_it_is_back(
+    cluster: Any, tmp_path: Path
+) -> None:
+    import ray
+
+    everywhere = nodes(ray)
+    head = ray.get_runtime_context().get_node_id()
+    order = [head, *[node for node in everywhere if node != head]]
+    store = str(tmp_path / "stores" / "{host}")
+    deployed = dopool.ray.deploy(APP, store, name="removed", nodes=order)
+    try:
+        pool = dopool.ray.connect("removed", timeout=2.0).pool("jobs")
+        # instance 3 of 4 is the last host's: the node removed below
+        key = next(
+            f"k{i}"
+            for i in range(100)
+            if pool.enqueue(
+                {"producer": "probe", "n": i}, partition_key=f"k{i}", delay=3600
+            ).instance_index
+            == 3
+        )
+        gone = deployed.placement.host_of("jobs", 3)
+        assert gone.node_id == order[2]
+        for n in range(20):
+            pool.enqueue({"producer": key, "n": n}, partition_key=key, delay=2.0)
+        (raylet,) = [node for node in cluster.worker_nodes if node.node_id == gone.node_id]
+        cluster.remove_node(raylet)
+        started = time.monotonic()
+        with pytest.raises(HostUnavailableError) as raised:
+            pool.enqueue({"producer": key, "n": 20}, partition_key=key)
+        assert (raised.value.instance, raised.value.node_id) == (3, gone.node_id)
+        assert 1.5 <= time.monotonic() - started < 20
+    finally:
+        deployed.close(grace=1.0)
+    back = cluster.add_node(**NODE)
+    cluster.wait_for_nodes()
+    again = dopool.ray.deploy(APP, store, name="returned", nodes=[*order[:2], back.node_id])
+    try:
+        runs = wait_for_runs(tmp_path, {(key, n) for n in range(20)})
+        check_partition(runs, key, 20)
+    finally:
+        again.close(grace=1.0)
