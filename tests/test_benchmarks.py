@@ -24,6 +24,7 @@ from benchmarks import (
     events,
     lateness,
     phases,
+    ray_pools,
     records,
     redis_peers,
     simpy_model,
@@ -277,6 +278,20 @@ def test_the_connect_benchmark_measures_wake_ups_and_polls(
     assert "through the owner     3 events" in out
     assert "stored, wake-up     3 events" in out
     assert "poll only      2 events" in out
+
+
+@pytest.mark.ray
+def test_the_ray_pools_benchmark_measures_a_call_throughput_and_latency_across_nodes(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("ray")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert ray_pools.main(["--nodes", "2", "--events", "40", "--samples", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "2 simulated node(s)" in out
+    assert "a Ray actor call, node to node: p50" in out
+    assert "throughput 2 producers (one a node) x 20 events:" in out
+    assert "enqueue-to-start    10 events" in out
 
 
 def test_the_lateness_benchmark_measures_delayed_and_immediate_events(
