@@ -339,3 +339,22 @@ def test_a_taken_call_whose_body_fails_is_stored_as_a_producers_in_the_same_comm
         gate.set()
         assert runtime.pools["orders"].join(timeout=TIMEOUT)
     assert sorted(map(str, seen[4:])) == ["a", "b"]  # each once
+
+
+def test_a_call_a_free_instance_refuses_hands_its_refusal_back_and_stores_nothing(
+    tmp_path: Path,
+) -> None:
+    """A call made by the instance's own enqueue body and refused there (its queue full)
+    is answered nil with its error handed back, as one stored as a producer's would be.
+    Red if the refusal is taken for a publication that failed: then the call is nil with
+    no error, and a Ray producer tries it again until its timeout."""
+    with Runtime(tmp_path / "s", durability="sync") as runtime:
+        pool = runtime.define("orders", execute=lambda _ctx: None, max_queue_depth=1)
+        pool.enqueue("later", delay=3600)  # the instance started, idle, its queue full
+        refused: dict[tuple[int, int], Any] = {}
+        ((answer,),) = runtime._call_store.store(_batch((b"p" * 16, 0, 0, "x")), refused)
+        assert answer == (0, None)
+        ((where, error),) = refused.items()
+        assert where == (0, 0)
+        assert isinstance(error, dopool.QueueFullError)
+        assert pool.status().pending == 1

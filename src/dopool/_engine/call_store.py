@@ -175,13 +175,19 @@ class CallStore:
             return
         for key, (direct, _) in taken.items():
             result = made[key]
-            # A body that raised gives the turn back (the instance crashes if it must); a
-            # publication that raised leaves the call nil: its producer finds its record.
-            with suppress(Exception):
-                if isinstance(result, Exception):
+            number, call_number = key
+            if isinstance(result, Exception):
+                # Its body raised: the call was stored as a producer's above; the turn goes
+                # back, and the instance crashes if it must.
+                with suppress(Exception):
                     direct.failed(result)
-                number, call_number = key
+                continue
+            try:
                 answers[number][call_number] = _fields(direct.committed(result))
+            except DopoolError as error:  # the call's refusal (a full queue): nothing stored
+                refusals[key] = error
+            except Exception:  # a publication that raised: nil, its producer finds its record
+                logger.exception("a producer's call stored here could not be published")
         try:
             if any(request.sync for request in requests) and not self._store.durable:
                 self._store.flush()
