@@ -7,14 +7,19 @@ folder on its workers' ``PYTHONPATH``).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 import dopool.ray
 
 APP = f"{Path(__file__).with_name('ray_app.py')}:build"
 #: Seconds a test waits for what it expects to have run.
 WAIT = 30.0
+#: What each node of a simulated cluster has (``conftest.py``'s ``cluster``).
+NODE: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 80 * 2**20}
 
 
 def ran(tmp_path: Path) -> dict[str, list[tuple[str, str, int]]]:
@@ -58,3 +63,31 @@ def check_partition(runs: dict[str, list[Any]], key: str, count: int) -> None:
     first_runs = [n for i, n in enumerate(order) if n not in order[:i]]
     assert first_runs == list(range(count)), key
     assert len({(event_id, n) for event_id, _, n in runs[key]}) == count, key
+
+
+def three_nodes() -> Iterator[Any]:
+    """A simulated cluster of three nodes (the head and two more), this process its
+    driver, for a module's ``cluster`` fixture (``yield from three_nodes()``)."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("RAY_ADDRESS", raising=False)
+        made: Any = Cluster(
+            initialize_head=True, head_node_args={**NODE, "include_dashboard": False}
+        )
+        try:
+            for _ in range(2):
+                made.add_node(**NODE)
+            made.wait_for_nodes()
+            ray.init(
+                address=made.address,
+                logging_level="WARNING",
+                runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).parent)}},
+            )
+            try:
+                yield made
+            finally:
+                ray.shutdown()
+        finally:
+            made.shutdown()

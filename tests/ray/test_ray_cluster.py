@@ -2,8 +2,8 @@
 producers on every node while a host is killed; a node removed, and its events run once
 it is back.
 
-One cluster serves the module (each node one CPU and an object store of 80 MiB); the
-tests are marked ``ray`` and skip where Ray cannot be imported.
+One cluster serves the module (``conftest.py``'s ``cluster``); the tests are marked
+``ray`` and skip where Ray cannot be imported.
 """
 
 from __future__ import annotations
@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ray_support import APP, WAIT, check_partition, produce, wait_for_runs
+from ray_support import (
+    APP,
+    NODE,
+    WAIT,
+    check_partition,
+    produce,
+    three_nodes,
+    wait_for_runs,
+)
 
 import dopool.ray
 from dopool._cluster.routing import stable_hash
@@ -24,35 +32,10 @@ from dopool._errors import HostUnavailableError
 # Ray's processes and real time: run on CI's first Python only (.ci/run).
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-NODE: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 80 * 2**20}
-
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    """Three nodes (the head and two more), this process its driver."""
-    ray = pytest.importorskip("ray")
-    from ray.cluster_utils import Cluster
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.delenv("RAY_ADDRESS", raising=False)
-        made: Any = Cluster(
-            initialize_head=True, head_node_args={**NODE, "include_dashboard": False}
-        )
-        try:
-            for _ in range(2):
-                made.add_node(**NODE)
-            made.wait_for_nodes()
-            ray.init(
-                address=made.address,
-                logging_level="WARNING",
-                runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).parent)}},
-            )
-            try:
-                yield made
-            finally:
-                ray.shutdown()
-        finally:
-            made.shutdown()
+    yield from three_nodes()
 
 
 def nodes(ray: Any) -> list[str]:
