@@ -65,20 +65,26 @@ def check_partition(runs: dict[str, list[Any]], key: str, count: int) -> None:
     assert len({(event_id, n) for event_id, _, n in runs[key]}) == count, key
 
 
+def node_resource(index: int) -> str:
+    """The custom resource node ``index`` of :func:`three_nodes` has (and a node added in
+    its place may have again)."""
+    return f"dopool-test-node-{index}"
+
+
 def three_nodes() -> Iterator[Any]:
-    """A simulated cluster of three nodes (the head and two more), this process its
-    driver, for a module's ``cluster`` fixture (``yield from three_nodes()``)."""
+    """A simulated cluster of three nodes (the head and two more, each with its
+    :func:`node_resource`), this process its driver, for a module's ``cluster`` fixture
+    (``yield from three_nodes()``)."""
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv("RAY_ADDRESS", raising=False)
-        made: Any = Cluster(
-            initialize_head=True, head_node_args={**NODE, "include_dashboard": False}
-        )
+        head = {**NODE, "include_dashboard": False, "resources": {node_resource(0): 1}}
+        made: Any = Cluster(initialize_head=True, head_node_args=head)
         try:
-            for _ in range(2):
-                made.add_node(**NODE)
+            for index in (1, 2):
+                made.add_node(**NODE, resources={node_resource(index): 1})
             made.wait_for_nodes()
             ray.init(
                 address=made.address,

@@ -4,8 +4,10 @@ tries (a fake cluster of hosts), the host's batches, refusals as they travel."""
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -17,9 +19,10 @@ from dopool._cluster.owner_wire import (
     decode_request,
     encode_answer,
 )
-from dopool._errors import HostUnavailableError, QueueFullError
+from dopool._errors import ConfigurationError, HostUnavailableError, QueueFullError
 from dopool._machine.validation import prepare
 from dopool._ray.actors import Refusal, refusal, refused
+from dopool._ray.deploy import _chosen
 from dopool._ray.host import Gather
 from dopool._ray.placement import HostPlace, Placement, place, split
 from dopool._ray.producer import FIRST_PAUSE, CallNumbers, HostDown, exchange
@@ -254,3 +257,38 @@ def test_what_a_batch_raises_each_of_its_callers_raises() -> None:
         gather.submit(1)
     with pytest.raises(OSError, match="disk"):  # and the next batch is tried anew
         gather.submit(2)
+
+
+class FakeCluster:
+    """What deploy reads of a cluster before it starts anything."""
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return [{"NodeID": "a", "Alive": True}, {"NodeID": "b", "Alive": False}]
+
+    def cluster_resources(self) -> dict[str, float]:
+        return {"CPU": 2.0, "node:10.0.0.5": 1.0, "disk-a": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("nodes", "resources", "store", "named"),
+    [
+        (["a"], ["disk-a"], "/s/{host}", "nodes or resources, not both"),
+        (None, ["disk-z"], "/s/{host}", "'disk-z'"),
+        (None, ["disk-a", "disk-a"], "/s/{host}", "distinct"),
+        (None, [], "/s/{host}", "no host can run"),
+        (None, ["disk-a"], "/s/{node_id}", "{node_id}"),
+        (["b"], None, "/s/{node_id}", "alive"),
+    ],
+)
+def test_where_the_hosts_run_is_checked_before_anything_starts(
+    nodes: list[str] | None, resources: list[str] | None, store: str, named: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(named)):
+        _chosen(FakeCluster(), nodes, resources, store)
+
+
+def test_hosts_run_on_their_nodes_or_by_their_resources() -> None:
+    cluster = FakeCluster()
+    assert [str(w) for w in _chosen(cluster, None, None, "/s/{node_id}")] == ["node a"]
+    chosen = _chosen(cluster, None, ["node:10.0.0.5", "disk-a"], "/s/{host}")
+    assert [str(w) for w in chosen] == ["resource 'node:10.0.0.5'", "resource 'disk-a'"]

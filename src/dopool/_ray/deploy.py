@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from dopool._errors import ConfigurationError, DeploymentError
 from dopool._ray.actors import NAMESPACE, host_name, import_ray, record_name
@@ -87,6 +87,7 @@ def deploy(
     *,
     name: str = "default",
     nodes: Sequence[str] | None = None,
+    resources: Sequence[str] | None = None,
     durability: str = "sync",
 ) -> Deployment:
     """Start a deployment of ``app`` on the Ray cluster this process is connected to.
@@ -94,7 +95,12 @@ def deploy(
     ``store``: the store's directory on each node; ``{node_id}`` and ``{host}`` in it
     are replaced by the node's id and the host's index (several nodes on one machine,
     as in tests, need one directory each). ``nodes``: the node ids to run a host on
-    (default: every alive node). ``durability``: the hosts' runtimes'.
+    (default: every alive node), each host pinned to its node for good. ``resources``
+    instead: a Ray resource per host (``node:<ip>``, which every node has for its
+    address, or one given with ``ray start --resources``), each host run on a node that
+    has it, and restarted there when such a node joins again after its node left (its
+    store's directory then must not name the node's id). ``durability``: the hosts'
+    runtimes'.
 
     Raises:
         RayUnavailableError: Ray is not installed.
@@ -107,11 +113,7 @@ def deploy(
         raise ConfigurationError(f"a deployment's name is 1-100 of A-Z a-z 0-9 _ . -, got {name!r}")
     if durability not in ("sync", "async"):
         raise ConfigurationError(f"durability must be 'sync' or 'async', got {durability!r}")
-    alive = sorted(node["NodeID"] for node in ray.nodes() if node["Alive"])
-    chosen = alive if nodes is None else list(nodes)
-    unknown = [node for node in chosen if node not in alive]
-    if not chosen or unknown or len(set(chosen)) != len(chosen):
-        raise ConfigurationError(f"no host can run on nodes {chosen!r} (alive: {alive!r})")
+    chosen = _chosen(ray, nodes, resources, store)
     if _exists(ray, record_name(name)):
         raise DeploymentError(name, "one of that name runs already: close it first")
     hosts: list[Any] = []
@@ -119,8 +121,9 @@ def deploy(
     try:
         _start(ray, name, app, chosen, store, durability, hosts)
         pools = _started(ray, name, chosen, hosts)
+        found = [ray.get(host.node_id.remote(), timeout=START_TIMEOUT) for host in hosts]
         places = tuple(
-            HostPlace(index, node, host_name(name, index)) for index, node in enumerate(chosen)
+            HostPlace(index, node, host_name(name, index)) for index, node in enumerate(found)
         )
         placement = place(name, 1, places, pools)
         record = (
@@ -145,8 +148,58 @@ def deploy(
     return Deployment(placement, hosts, record)
 
 
+class _Where(NamedTuple):
+    """Where a host runs: pinned to a node by its id, or on a node with a resource."""
+
+    node: str | None
+    resource: str | None
+
+    def __str__(self) -> str:
+        return f"node {self.node}" if self.node is not None else f"resource {self.resource!r}"
+
+
+def _chosen(
+    ray: Any, nodes: Sequence[str] | None, resources: Sequence[str] | None, store: str
+) -> list[_Where]:
+    """Where each host runs, checked.
+
+    Raises:
+        ConfigurationError: both given, an unknown or repeated node or resource, or a
+            store that names the node's id beside resources.
+    """
+    if resources is not None:
+        if nodes is not None:
+            raise ConfigurationError("give nodes or resources, not both")
+        named = list(resources)
+        have = ray.cluster_resources()
+        unknown = [r for r in named if not isinstance(r, str) or r not in have]
+        if not named or unknown or len(set(named)) != len(named):
+            raise ConfigurationError(
+                f"no host can run on resources {named!r}: each must be a distinct resource "
+                f"some node has (the cluster has {sorted(have)!r})"
+            )
+        if "{node_id}" in store:
+            raise ConfigurationError(
+                "a host run by resource may come back on a node of another id: name its "
+                "store by {host}, not {node_id}"
+            )
+        return [_Where(None, resource) for resource in named]
+    alive = sorted(node["NodeID"] for node in ray.nodes() if node["Alive"])
+    chosen = alive if nodes is None else list(nodes)
+    unknown = [node for node in chosen if node not in alive]
+    if not chosen or unknown or len(set(chosen)) != len(chosen):
+        raise ConfigurationError(f"no host can run on nodes {chosen!r} (alive: {alive!r})")
+    return [_Where(node, None) for node in chosen]
+
+
 def _start(
-    ray: Any, name: str, app: str, nodes: list[str], store: str, durability: str, hosts: list[Any]
+    ray: Any,
+    name: str,
+    app: str,
+    where: list[_Where],
+    store: str,
+    durability: str,
+    hosts: list[Any],
 ) -> None:
     """Start a host on each node, each appended to ``hosts`` once made."""
     from ray.util.scheduling_strategies import (  # noqa: PLC0415 - the optional extra
@@ -154,8 +207,15 @@ def _start(
     )
 
     actor = ray.remote(ShardHost)
-    for index, node in enumerate(nodes):
-        directory = store.replace("{node_id}", node).replace("{host}", str(index))
+    for index, spot in enumerate(where):
+        directory = store.replace("{host}", str(index))
+        if spot.node is not None:
+            directory = directory.replace("{node_id}", spot.node)
+            scheduling: dict[str, Any] = {
+                "scheduling_strategy": NodeAffinitySchedulingStrategy(spot.node, soft=False)
+            }
+        else:  # a sliver of it: hosts of several deployments may share a node
+            scheduling = {"resources": {spot.resource: 0.001}}
         hosts.append(
             actor.options(
                 name=host_name(name, index),
@@ -165,25 +225,25 @@ def _start(
                 max_task_retries=0,
                 max_concurrency=MAX_CONCURRENCY,
                 num_cpus=0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+                **scheduling,
             ).remote(name, index, app, directory, durability)
         )
 
 
-def _started(ray: Any, name: str, nodes: list[str], hosts: list[Any]) -> dict[str, int]:
+def _started(ray: Any, name: str, where: list[_Where], hosts: list[Any]) -> dict[str, int]:
     """Each host's pools, once all have started; the same for all of them.
 
     Raises:
         DeploymentError: a host failed to start, or defined other pools.
     """
     found: list[dict[str, int]] = []
-    for index, (node, host) in enumerate(zip(nodes, hosts, strict=True)):
+    for index, (spot, host) in enumerate(zip(where, hosts, strict=True)):
         try:
             found.append(ray.get(host.pools.remote(), timeout=START_TIMEOUT))
         except Exception as exc:
             cause = getattr(exc, "cause", None) or exc
             raise DeploymentError(
-                name, f"host {index} on node {node} did not start: {_problem(cause)}"
+                name, f"host {index} on {spot} did not start: {_problem(cause)}"
             ) from exc
     first = found[0]
     for index, pools in enumerate(found):
