@@ -358,3 +358,24 @@ def test_a_call_a_free_instance_refuses_hands_its_refusal_back_and_stores_nothin
         assert where == (0, 0)
         assert isinstance(error, dopool.QueueFullError)
         assert pool.status().pending == 1
+
+
+def test_a_try_that_comes_after_its_call_was_answered_is_not_stored_again(
+    tmp_path: Path,
+) -> None:
+    """A producer's first try of a call lingers (in Ray's queue, say) while its second
+    is answered and the producer moves on, its ``done_below`` past the call, so that its
+    record may go: the lingering try is answered nil and stores nothing, even where the
+    record is gone. Red without the check: the call is stored twice."""
+    with Runtime(tmp_path / "s", durability="sync") as runtime:
+        pool = runtime.define("orders", execute=lambda _ctx: None)
+        producer = b"p" * 16
+        first = Request(producer, 5, True, _batch((producer, 5, 0, "a"))[0].calls)
+        ((answered,),) = runtime._call_store.store([first])
+        assert answered[1] is not None
+        later = Request(producer, 6, True, _batch((producer, 6, 0, "b"))[0].calls)
+        runtime._call_store.store([later])  # its done_below lets call 5's record go
+        ((lingering,),) = runtime._call_store.store([first])
+        assert lingering == (5, None)
+        assert pool.join(timeout=TIMEOUT)
+        assert pool.status().succeeded == 2

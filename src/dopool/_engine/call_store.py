@@ -25,6 +25,7 @@ the transaction fails.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack, suppress
@@ -54,6 +55,8 @@ logger = logging.getLogger("dopool")
 
 #: Seconds between two sweeps of the call records that dead producers left.
 SWEEP_EVERY = 60.0
+#: The producers whose answered calls a CallStore remembers (``CallStore._stale``).
+_PRODUCERS_KEPT = 65_536
 
 # A call taken by a running, free instance of a pool, its turn held: the instance's own
 # enqueue body, which starts the first due event in the same commit, run nested in the
@@ -87,6 +90,10 @@ class CallStore:
         self._store = store
         self._pools = pools
         self._swept = time.monotonic()
+        self._lock = threading.Lock()
+        # Each producer's highest ``done_below`` seen, most recent last: a call numbered
+        # below it was answered already (see :meth:`_stale`).
+        self._answered: dict[bytes, int] = {}
 
     def store(self, requests: list[Request], refused: Refusals | None = None) -> Answers:
         """Store the requests' calls in one transaction; each request's answers, in order.
@@ -96,11 +103,13 @@ class CallStore:
         answers: list[dict[int, Results]] = [
             dict.fromkeys(c.number for c in r.calls) for r in requests
         ]
+        stale = self._stale(requests)
         todo = [
             (number, request, call, served)
             for number, request in enumerate(requests)
             for call in request.calls
-            if (served := self._target(call)) is not None
+            if (request.producer, call.number) not in stale
+            and (served := self._target(call)) is not None
         ]
         if todo:
             self._commit(requests, todo, answers, refused)
@@ -206,6 +215,28 @@ class CallStore:
         logger.exception("producers' calls could not be stored here; they store them")
         for found in answers:
             found.update(dict.fromkeys(found))
+
+    def _stale(self, requests: list[Request]) -> set[tuple[bytes, int]]:
+        """The calls of ``requests`` their producer was answered for already, by a try
+        that overtook this one: numbered below a ``done_below`` it sent since, which it
+        only raises past a call once that call is answered, and beneath which its
+        records may be gone. Answered nil, never stored again. (A try that lingered in
+        Ray's queue while the producer's next try was answered, say.) Kept in memory
+        for the last :data:`_PRODUCERS_KEPT` producers: a try from before this process
+        started died with the one it was sent to."""
+        with self._lock:
+            answered = self._answered
+            for request in requests:  # (a request's own calls are never below its own)
+                below = max(request.done_below, answered.pop(request.producer, 0))
+                answered[request.producer] = below
+            while len(answered) > _PRODUCERS_KEPT:
+                del answered[next(iter(answered))]
+            return {
+                (request.producer, call.number)
+                for request in requests
+                for call in request.calls
+                if call.number < answered.get(request.producer, 0)
+            }
 
     def _target(self, call: Call) -> Served | None:
         served = self._pools(call.pool)
