@@ -8,9 +8,10 @@ when it started), and producers on the nodes. Measured, in one run:
 - **a Ray call**: a no-op actor call from a producer on one node to an actor on another,
   one at a time: the floor under every call a producer makes to a host;
 - **throughput**: a producer actor on every node, each enqueuing its share of
-  ``--events`` one at a time (each call answered after the host's commit), released
-  together; from the release until the last event has started, and per producer the
-  mean time a call took;
+  ``--events`` one at a time on each of ``--threads`` threads (each call answered after
+  the host's commit; a connection's threads' calls to one host go together while one is
+  out), released together; from the release until the last event has started, and per
+  producer the mean time a thread's call took;
 - **enqueue-to-start latency**: one producer, one event at a time a random 5-15 ms apart
   (so each finds its instance idle), from the wall clock just before the call to the
   handler's ``ctx.started_at`` (one machine, one clock), as ``benchmarks.connect``
@@ -23,6 +24,7 @@ against the Ray call, and how the shape changes with the nodes, are. Example::
 
     python -m benchmarks.ray_pools                     # 3 nodes, sync
     python -m benchmarks.ray_pools --nodes 1           # the one-node shape, same code
+    python -m benchmarks.ray_pools --threads 4         # four threads a producer, batched
     python -m benchmarks.ray_pools --durability async --events 4000
 """
 
@@ -34,6 +36,7 @@ import os
 import random
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -87,11 +90,21 @@ class Producer:
     def ready(self) -> bool:
         return True
 
-    def enqueue(self, first: int, count: int, step: int) -> float:
-        """Enqueue ``count`` events one at a time; the seconds it took."""
+    def enqueue(self, first: int, count: int, step: int, threads: int) -> float:
+        """Enqueue ``count`` events one at a time on each of ``threads`` threads (sharing
+        the connection, whose calls to one host go together while one is out); the
+        seconds it took."""
+
+        def send(start: int) -> None:
+            for n in range(start, first + count * step * threads, step * threads):
+                self._pool.enqueue({"n": n, "called": time.time()})
+
         begun = time.perf_counter()
-        for n in range(first, first + count * step, step):
-            self._pool.enqueue({"n": n, "called": time.time()})
+        workers = [threading.Thread(target=send, args=(first + t * step,)) for t in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
         return time.perf_counter() - begun
 
     def trickle(self, count: int) -> None:
@@ -148,19 +161,22 @@ def measure(args: argparse.Namespace, records: Path, ray: Any, nodes: list[str])
             for node in nodes
         ]
         ray.get([p.ready.remote() for p in producers], timeout=TIMEOUT)
-        share = args.events // len(producers)
+        threads = args.threads
+        share = args.events // (len(producers) * threads)
         begun = time.perf_counter()
-        spent = [p.enqueue.remote(i, share, len(producers)) for i, p in enumerate(producers)]
-        expected = share * len(producers)
+        spent = [
+            p.enqueue.remote(i, share, len(producers), threads) for i, p in enumerate(producers)
+        ]
+        expected = share * len(producers) * threads
         while len(started(records)) < expected:
             if time.perf_counter() - begun > TIMEOUT:
                 raise RuntimeError(f"only {len(started(records))} of {expected} events started")
             time.sleep(0.01)
         elapsed = time.perf_counter() - begun
-        per_call = [seconds / share for seconds in ray.get(spent, timeout=TIMEOUT)]
+        per_call = [seconds / share for seconds in ray.get(spent, timeout=TIMEOUT)]  # a thread's
         print(
-            f"throughput {len(producers)} producers (one a node) x {share:,} events: "
-            f"{expected / elapsed:8,.0f} events/s; a call took "
+            f"throughput {len(producers)} producers (one a node) x {threads} thread(s) x "
+            f"{share:,} events: {expected / elapsed:8,.0f} events/s; a call took "
             f"{min(per_call) * 1e3:.2f}-{max(per_call) * 1e3:.2f} ms on average",
             flush=True,
         )
@@ -180,6 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ray_pools", description=__doc__)
     parser.add_argument("--nodes", type=int, default=3, help="simulated nodes, a host each")
     parser.add_argument("--events", type=int, default=3_000, help="throughput, all producers")
+    parser.add_argument("--threads", type=int, default=1, help="threads a producer")
     parser.add_argument("--samples", type=int, default=200, help="latency events")
     parser.add_argument("--concurrency", type=int, default=12, help="the pool's instances")
     parser.add_argument("--durability", choices=("sync", "async"), default="sync")

@@ -290,7 +290,7 @@ def test_the_ray_pools_benchmark_measures_a_call_throughput_and_latency_across_n
     out = capsys.readouterr().out
     assert "2 simulated node(s)" in out
     assert "a Ray actor call, node to node: p50" in out
-    assert "throughput 2 producers (one a node) x 20 events:" in out
+    assert "throughput 2 producers (one a node) x 1 thread(s) x 20 events:" in out
     assert "enqueue-to-start    10 events" in out
 
 

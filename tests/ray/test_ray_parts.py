@@ -23,9 +23,9 @@ from dopool._errors import ConfigurationError, HostUnavailableError, QueueFullEr
 from dopool._machine.validation import prepare
 from dopool._ray.actors import Refusal, refusal, refused
 from dopool._ray.deploy import _chosen
-from dopool._ray.host import Gather
+from dopool._ray.gather import Gather
 from dopool._ray.placement import HostPlace, Placement, place, split
-from dopool._ray.producer import FIRST_PAUSE, CallNumbers, HostDown, exchange
+from dopool._ray.producer import FIRST_PAUSE, CallNumbers, HostDown, HostLinks, exchange
 
 HOSTS = (HostPlace(0, "node-a", "h0"), HostPlace(1, "node-b", "h1"), HostPlace(2, "node-c", "h2"))
 
@@ -246,6 +246,51 @@ def test_calls_that_come_while_a_batch_is_done_share_the_next_one() -> None:
         thread.join(10)
     assert results == {j: j * 10 for j in range(5)}
     assert batches == [[0], [1, 2, 3, 4]]
+
+
+@dataclass
+class HeldHosts(FakeHosts):
+    """Hosts whose first answer waits for ``release``; each request's call numbers kept."""
+
+    entered: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+    frames: list[list[int]] = field(default_factory=list)
+
+    def ask(
+        self, host: HostPlace, frame: bytes, timeout: float
+    ) -> tuple[bytes, dict[int, Refusal]]:
+        self.frames.append([call.number for call in decode_request(frame[HEADER:]).calls])
+        if len(self.frames) == 1:
+            self.entered.set()
+            assert self.release.wait(10)
+        return super().ask(host, frame, timeout)
+
+
+def test_a_connections_threads_calls_to_one_host_go_in_one_ray_call_while_one_is_out() -> None:
+    """While one thread's call to a host is out, the calls other threads make for that
+    host wait and go together in the next Ray call; each thread gets its own answers."""
+    hosts, numbers = HeldHosts(), CallNumbers()
+    links = HostLinks(hosts)
+    done: dict[int, Any] = {}
+
+    def call(instance: int) -> None:
+        sent = _call(numbers, instance)
+        done[sent.number] = exchange(hosts, numbers, [sent], sync=True, timeout=10, links=links)
+
+    first = threading.Thread(target=call, args=(0,))
+    first.start()
+    assert hosts.entered.wait(10)
+    others = [threading.Thread(target=call, args=(instance,)) for instance in (1, 0, 1)]
+    for thread in others:
+        thread.start()
+    while sum(len(queued._queue) for queued in links._links.values()) < 3:
+        threading.Event().wait(0.01)  # the three queued behind the first
+    hosts.release.set()
+    for thread in [first, *others]:
+        thread.join(10)
+    assert hosts.frames == [[0], [1, 2, 3]]  # instances 0 and 1 are host 0's (4 over 2)
+    assert all(d.unavailable is None and list(d.results) == [n] for n, d in done.items())
+    assert sorted(done) == [0, 1, 2, 3]
 
 
 def test_what_a_batch_raises_each_of_its_callers_raises() -> None:

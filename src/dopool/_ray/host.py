@@ -25,11 +25,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Generic, TypeVar
 
 from dopool._cluster.owner_wire import (
     HEADER,
@@ -44,6 +41,7 @@ from dopool._errors import ScenarioError, StoreLockedError
 from dopool._handles.tools import ToolRuntime
 from dopool._ops.app import AppError, load_app
 from dopool._ray.actors import NAMESPACE, Refusal, import_ray, record_name, refusal
+from dopool._ray.gather import Gather
 
 #: Seconds a restarted host waits for the store's lock (a dead process of its own may
 #: hold it a moment longer) before it gives up.
@@ -53,71 +51,8 @@ MAX_CONCURRENCY = 64
 #: Seconds a restarted host waits for the placement record's answer in a call.
 RECORD_WAIT = 5.0
 
-J = TypeVar("J")
-R = TypeVar("R")
-
 #: The ranges a host serves, by pool: ``(start, stop)`` each.
 Ranges = dict[str, tuple[tuple[int, int], ...]]
-
-
-class Gather(Generic[J, R]):
-    """Jobs from many threads done in batches, one batch at a time: a thread that comes
-    while a batch is being done queues its job, and the first queued does all the queued
-    ones next (as group commit gathers writers). Thread-safe."""
-
-    def __init__(self, work: Callable[[list[J]], list[R]]) -> None:
-        self._work = work  # each job's result, in order
-        self._cond = threading.Condition(threading.Lock())
-        self._queue: list[_Slot[J, R]] = []
-        self._busy = False
-
-    def submit(self, job: J) -> R:
-        """``job`` done in a batch; its result (what the batch raised, raised)."""
-        slot = _Slot[J, R](job)
-        with self._cond:
-            self._queue.append(slot)
-            if self._busy:
-                self._cond.wait_for(lambda: slot.done or slot.lead)
-            if not slot.done:
-                self._busy = True
-                batch, self._queue = self._queue, []
-        if not slot.done:
-            self._run(batch)
-        if slot.error is not None:
-            raise slot.error
-        return slot.result  # type: ignore[return-value]
-
-    def _run(self, batch: list[_Slot[J, R]]) -> None:
-        results: list[R] | None = None
-        error: BaseException | None = None
-        try:
-            results = self._work([slot.job for slot in batch])
-        except BaseException as exc:  # each caller raises it; none waits on
-            error = exc
-        finally:
-            with self._cond:
-                for position, slot in enumerate(batch):
-                    if results is None:
-                        slot.error = error or RuntimeError("the batch was abandoned")
-                    else:
-                        slot.result = results[position]
-                    slot.done = True
-                if self._queue:
-                    self._queue[0].lead = True
-                else:
-                    self._busy = False
-                self._cond.notify_all()
-
-
-class _Slot(Generic[J, R]):
-    __slots__ = ("done", "error", "job", "lead", "result")
-
-    def __init__(self, job: J) -> None:
-        self.job = job
-        self.result: R | None = None
-        self.error: BaseException | None = None
-        self.done = False
-        self.lead = False
 
 
 # A request's answers, and its refused calls' errors by number.

@@ -28,12 +28,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, NamedTuple, Protocol
 
 from dopool import tracing
 from dopool._clock.clocks import RealClock
 from dopool._cluster.owner_wire import (
     HEADER,
+    MAX_CALLS,
     Call,
     Request,
     Results,
@@ -60,6 +62,7 @@ from dopool._machine.validation import (
     with_ttl,
 )
 from dopool._ray.actors import NAMESPACE, Refusal, import_ray, record_name, refused
+from dopool._ray.gather import Gather
 from dopool._ray.placement import HostPlace, Placement
 from dopool._store.layout import PRODUCER_ID_BYTES
 from dopool._types import EnqueueResult
@@ -120,6 +123,64 @@ class CallNumbers:
             return min(self._out, default=self._next)
 
 
+# A request's answers by call number (None: not stored there), and its refusals.
+Answered = tuple[dict[int, Results], dict[int, Refusal]]
+
+
+class HostLinks:
+    """A connection's calls to each host, batched: while one Ray call to a host is out,
+    the requests its other threads make for that host wait, and the first of them sends
+    them all in the next (:class:`~dopool._ray.gather.Gather`), as a ``dopool.connect``
+    connection's link to an owner does. A lone request goes at once. What the Ray call
+    raises (:class:`HostDown`), each of its requests raises, to be tried again on its
+    own. Thread-safe."""
+
+    def __init__(self, hosts: Hosts) -> None:
+        self._hosts = hosts
+        self._lock = threading.Lock()
+        self._links: dict[HostPlace, Gather[tuple[Request, float], Answered]] = {}
+
+    def ask(self, host: HostPlace, request: Request, timeout: float) -> Answered:
+        """``request``'s answers from ``host`` within ``timeout`` seconds.
+
+        Raises:
+            HostDown: no answer.
+        """
+        with self._lock:
+            link = self._links.get(host)
+            if link is None:
+                link = self._links[host] = Gather(partial(self._send, host))
+        return link.submit((request, time.monotonic() + timeout))
+
+    def _send(self, host: HostPlace, asked: list[tuple[Request, float]]) -> list[Answered]:
+        """The requests (all of one connection) sent as one, :data:`MAX_CALLS` calls a
+        frame, within the soonest of their deadlines; each one's answers."""
+        requests = [request for request, _ in asked]
+        calls = [call for request in requests for call in request.calls]
+        below = min(request.done_below for request in requests)
+        sync = any(request.sync for request in requests)
+        deadline = min(deadline for _, deadline in asked)
+        answers: dict[int, Results] = {}
+        refusals: dict[int, Refusal] = {}
+        for start in range(0, len(calls), MAX_CALLS):
+            merged = Request(requests[0].producer, below, sync, calls[start : start + MAX_CALLS])
+            timeout = max(deadline - time.monotonic(), 0.001)
+            data, refused = self._hosts.ask(host, encode_request(merged), timeout)
+            answers.update(decode_answer(data[HEADER:]))
+            refusals.update(refused)
+        return [
+            (
+                {call.number: answers.get(call.number) for call in request.calls},
+                {
+                    call.number: refusals[call.number]
+                    for call in request.calls
+                    if call.number in refusals
+                },
+            )
+            for request in requests
+        ]
+
+
 class Exchanged(NamedTuple):
     """What became of a request's calls: results by call number, the refused ones' errors,
     and the call no host answered in time (None: every call was answered)."""
@@ -136,12 +197,16 @@ def exchange(
     *,
     sync: bool,
     timeout: float,
+    links: HostLinks | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> Exchanged:
     """Send ``calls`` to the hosts serving their instances, each host's in one request,
     until each is answered or refused, or ``timeout`` seconds have passed (see the
-    module docstring); a call answered nil is sent again, by the placement read anew."""
+    module docstring); a call answered nil is sent again, by the placement read anew.
+    ``links``: the connection's, which send other threads' calls to the same host in the
+    same Ray call (a fresh one batches nothing)."""
+    links = links or HostLinks(hosts)
     begun = clock()
     deadline = begun + timeout
     pending = {call.number: call for call in calls}
@@ -156,13 +221,12 @@ def exchange(
             by_host.setdefault(placement.host_of(call.pool, call.instance), []).append(call)
         stalled: Call | None = None
         for host, sent in by_host.items():
-            frame = encode_request(Request(numbers.producer, numbers.done_below(), sync, sent))
+            request = Request(numbers.producer, numbers.done_below(), sync, sent)
             try:
-                data, refusals = hosts.ask(host, frame, max(deadline - clock(), 0.001))
+                answers, refusals = links.ask(host, request, max(deadline - clock(), 0.001))
             except HostDown:
                 stalled = stalled or sent[0]
                 continue
-            answers = decode_answer(data[HEADER:])
             for call in sent:
                 answer: Results = answers.get(call.number)
                 if answer is not None:
@@ -273,6 +337,7 @@ class RayConnection:
 
     def __init__(self, hosts: Hosts, *, sync: bool, timeout: float) -> None:
         self.hosts = hosts
+        self.links = HostLinks(hosts)  # its threads' calls to one host batched
         self.numbers = CallNumbers()
         self.sync = sync
         self.timeout = timeout
@@ -423,6 +488,7 @@ class RayPool:
                 ],
                 sync=connection.sync,
                 timeout=connection.timeout,
+                links=connection.links,
             )
         finally:
             for number in calls:
