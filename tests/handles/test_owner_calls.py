@@ -16,10 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 import dopool
 from dopool import EventContext, Runtime
+from dopool._cluster import owner_wire
 from dopool._cluster.owner_wire import Call, Request
 from dopool._engine.owner_calls import CALL_SOCKET
 from dopool._handles import owner_link
@@ -379,3 +381,55 @@ def test_a_try_that_comes_after_its_call_was_answered_is_not_stored_again(
         assert lingering == (5, None)
         assert pool.join(timeout=TIMEOUT)
         assert pool.status().succeeded == 2
+
+
+def test_a_call_the_owner_refuses_for_its_full_queue_raises_and_stores_nothing(
+    tmp_path: Path,
+) -> None:
+    """The owner's ``max_queue_depth`` applies through its socket whatever the producer's
+    handle was given: a call into a full instance comes back as the owner's refusal, and
+    the producer raises ``QueueFullError`` storing nothing. Red when the refusal comes back
+    nil: the connection's own path, without the limit, stores the event past it."""
+    with Runtime(tmp_path / "s", durability="sync") as runtime:
+        owned = runtime.define("orders", execute=lambda _ctx: None, max_queue_depth=1)
+        owned.enqueue("later", delay=3600)  # instance 0 full, by the owner's limit
+        with dopool.connect(tmp_path / "s", via_owner=True) as connection:
+            pool = connection.pool("orders")  # made without the owner's max_queue_depth
+            with pytest.raises(dopool.QueueFullError) as refused:
+                pool.enqueue("now")
+            error = refused.value
+            assert (error.pool, error.instance_index, error.depth, error.max_depth) == (
+                "orders",
+                0,
+                1,
+                1,
+            )
+            with pytest.raises(dopool.QueueFullError) as many:
+                pool.enqueue_many(["a", "b"])
+            assert (many.value.incoming, many.value.stored) == (2, [])
+        assert owned.status().pending == 1
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        [0, [[0, 1, 0, False]], [1, 1, 1]],  # results beside a refusal
+        [0, None, [1, 0, 1]],  # no max_depth
+        [0, None, [1, 1]],
+        [0, None, "full"],
+    ],
+)
+def test_an_answer_whose_refusal_is_not_one_an_owner_makes_is_refused(answer: Any) -> None:
+    body = msgpack.packb([owner_wire.VERSION, [answer]])
+    with pytest.raises(owner_wire.WireError):
+        owner_wire.decode_answer(body)
+
+
+def test_a_refusal_travels_in_an_answer_frame() -> None:
+    full = owner_wire.Full(depth=3, max_depth=3, incoming=2)
+    frame = owner_wire.encode_answer([(4, full), (5, None), (6, [(0, 7, 0, False)])])
+    assert owner_wire.decode_answer(frame[owner_wire.HEADER :]) == {
+        4: full,
+        5: None,
+        6: [(0, 7, 0, False)],
+    }

@@ -11,8 +11,12 @@ answer of its again (its call records may go), whether its calls must be fsynced
 they are answered, and its calls: each one's number, pool, instance and items (an
 ``Item``'s fields, checked and encoded by the producer). An **answer** carries, for
 each call, its number and either its results, each ``(instance, sequence, position,
-duplicate)``, or nil: not stored here (the owner does not serve the instance, the queue
-is full, anything); the producer then stores the call itself, as it always could.
+duplicate)``, or nil: not stored here (the owner does not serve the instance, anything);
+the producer then stores the call itself, as it always could. A nil may carry a third
+field, a refusal (:class:`Full`: the instance's queue is full by the owner's
+``max_queue_depth``), and the producer then raises ``QueueFullError`` as the owner's own
+enqueue would, storing nothing. (A producer of before refusals reads that answer as no
+answer of its version, and stores the call itself.)
 
 The owner trusts nothing it reads: a frame whose fields are not what a producer sends
 (a type, a range, a size) is refused whole, and the connection closed.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import msgpack
@@ -49,6 +54,19 @@ HEADER = _LENGTH.size
 
 # One call's results, each (instance, sequence, position, duplicate); None: not stored.
 Results = list[tuple[int, int, int, bool]] | None
+
+
+class Full(NamedTuple):
+    """A call the owner refused, its instance's queue full: the depth it found, the pool's
+    ``max_queue_depth``, and how many events the call brought (``QueueFullError``'s)."""
+
+    depth: int
+    max_depth: int
+    incoming: int
+
+
+# One call's answer: its results, None (not stored here), or the owner's refusal.
+Answer = Results | Full
 
 
 class WireError(Exception):
@@ -160,17 +178,20 @@ def _item(fields: Any) -> Item:
     return Item(event, partition_key, priority, due, dedup_key, ttl, None, trace)
 
 
-def encode_answer(answers: list[tuple[int, Results]]) -> bytes:
-    """The answer to a request: each call's number and results (None: not stored)."""
-    body = [
-        [number, None if results is None else [list(result) for result in results]]
-        for number, results in answers
-    ]
+def encode_answer(answers: Sequence[tuple[int, Answer]]) -> bytes:
+    """The answer to a request: each call's number and results (None: not stored; a
+    :class:`Full`: refused)."""
+    body: list[list[Any]] = []
+    for number, answer in answers:
+        if isinstance(answer, Full):
+            body.append([number, None, list(answer)])
+        else:
+            body.append([number, None if answer is None else [list(r) for r in answer]])
     return frame([VERSION, body])
 
 
-def decode_answer(data: bytes) -> dict[int, Results]:
-    """Each call's results by number, from an answer frame's body.
+def decode_answer(data: bytes) -> dict[int, Answer]:
+    """Each call's answer by number, from an answer frame's body.
 
     Raises:
         WireError: not an answer as an owner makes it.
@@ -178,16 +199,32 @@ def decode_answer(data: bytes) -> dict[int, Results]:
     fields = _unpack(data)
     if type(fields) is not list or len(fields) != 2 or fields[0] != VERSION:
         raise WireError("not an answer of this version")
-    answers: dict[int, Results] = {}
+    answers: dict[int, Answer] = {}
     body = fields[1]
     if type(body) is not list:
         raise WireError("a bad list of answers")
     for answer in body:
-        if type(answer) is not list or len(answer) != 2 or not _count(answer[0]):
+        if type(answer) is not list or len(answer) not in (2, 3) or not _count(answer[0]):
             raise WireError("a bad answer")
-        number, results = answer
-        answers[number] = None if results is None else [_result(result) for result in results]
+        number, results, *refusal = answer
+        if refusal:
+            answers[number] = _full(results, refusal[0])
+        else:
+            answers[number] = None if results is None else [_result(r) for r in results]
     return answers
+
+
+def _full(results: Any, fields: Any) -> Full:
+    if (
+        results is not None
+        or type(fields) is not list
+        or len(fields) != 3
+        or not all(_count(field) for field in fields)
+        or fields[1] < 1
+        or fields[2] < 1
+    ):
+        raise WireError("a bad refusal")
+    return Full(*fields)
 
 
 def _result(fields: Any) -> tuple[int, int, int, bool]:

@@ -18,10 +18,11 @@ transaction is durable, under the producer's durability (a ``"sync"`` producer's
 on an ``"async"`` store are fsynced before the answer).
 
 A call is answered nil, and so stored by its producer instead, when its pool is not
-defined here, its instance is not served here, or its share is refused (a full queue):
-the producer's own transaction gives the refusal its error. A frame that is not what a
-producer sends closes its connection; a transaction that fails answers all its calls
-nil. Nothing a producer sends can stop the runtime or another connection.
+defined here or its instance is not served here. One refused for a full queue (by this
+runtime's ``max_queue_depth``) is answered with that refusal, and its producer raises
+``QueueFullError`` with nothing stored, as an enqueue made here would. A frame that is
+not what a producer sends closes its connection; a transaction that fails answers all
+its calls nil. Nothing a producer sends can stop the runtime or another connection.
 """
 
 from __future__ import annotations
@@ -37,14 +38,17 @@ from pathlib import Path
 from dopool._clock.clocks import Clock
 from dopool._cluster.owner_wire import (
     HEADER,
+    Answer,
+    Full,
     Request,
     WireError,
     decode_request,
     encode_answer,
     frame_length,
 )
-from dopool._engine.call_store import CallStore
+from dopool._engine.call_store import CallStore, Refusals
 from dopool._engine.wakeups import SocketAddress
+from dopool._errors import QueueFullError
 
 logger = logging.getLogger("dopool")
 
@@ -172,8 +176,22 @@ class OwnerCalls:
         selector.register(connection, selectors.EVENT_READ)
 
     def _store_all(self, ready: list[tuple[_Peer, Request]]) -> list[bytes]:
-        """Store every request's calls in one transaction; each request's answer frame."""
-        return [encode_answer(answers) for answers in self._calls.store([r for _, r in ready])]
+        """Store every request's calls in one transaction; each request's answer frame, a
+        call refused for a full queue answered with its refusal (the producer raises
+        it), any other refusal nil (the producer's own transaction gives it its error)."""
+        refused: Refusals = {}
+        stored = self._calls.store([request for _, request in ready], refused)
+        frames = []
+        for position, answers in enumerate(stored):
+            found: list[tuple[int, Answer]] = []
+            for number, results in answers:
+                error = refused.get((position, number))
+                if isinstance(error, QueueFullError):
+                    found.append((number, Full(error.depth, error.max_depth, error.incoming)))
+                else:
+                    found.append((number, results))
+            frames.append(encode_answer(found))
+        return frames
 
     def close(self, grace: float) -> None:
         """Stop listening and drop every connection (their producers store their calls

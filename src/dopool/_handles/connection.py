@@ -58,7 +58,7 @@ import lmdb
 from dopool import tracing
 from dopool._clock.clocks import RealClock
 from dopool._cluster.leases import lease_owner
-from dopool._cluster.owner_wire import Call
+from dopool._cluster.owner_wire import Call, Full
 from dopool._cluster.remote import (
     Changed,
     Share,
@@ -79,6 +79,7 @@ from dopool._errors import (
     DopoolError,
     PoolClosedError,
     PoolNotFoundError,
+    QueueFullError,
     StorageError,
     shown,
 )
@@ -450,6 +451,17 @@ class ProducerPool(Pool):
             results = owners.call(owner, Call(number, self._name, index, items))
             if results is None:
                 return self._store_here(items, partition_key, routed=groups, call=number)
+            if isinstance(results, Full):  # the owner's max_queue_depth: nothing stored
+                refusal = QueueFullError(
+                    pool=self._name,
+                    instance_index=index,
+                    depth=results.depth,
+                    max_depth=results.max_depth,
+                    incoming=results.incoming,
+                )
+                if len(items) > 1:
+                    refusal.stored = []
+                raise refusal
             return [
                 EnqueueResult(sequence, instance, f"{self._name}:{instance}", position, duplicate)
                 for instance, sequence, position, duplicate in results

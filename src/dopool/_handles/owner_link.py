@@ -37,9 +37,9 @@ from pathlib import Path
 from dopool._cluster.owner_wire import (
     HEADER,
     MAX_CALLS,
+    Answer,
     Call,
     Request,
-    Results,
     WireError,
     decode_answer,
     encode_request,
@@ -94,9 +94,10 @@ class OwnerLinks:
         with self._lock:
             return min(self._out, default=self._next)
 
-    def call(self, owner: str | None, call: Call) -> Results:
+    def call(self, owner: str | None, call: Call) -> Answer:
         """``call`` stored by the worker ``owner`` (None: an exclusive runtime), and its
-        results; None if it did not answer them (the caller stores the call itself)."""
+        results; None if it did not answer them (the caller stores the call itself); a
+        :class:`Full` if it refused the call (its queue full: nothing stored)."""
         link = self._link(owner)
         return None if link is None else link.call(call, self)
 
@@ -132,7 +133,7 @@ class _Job:
 
     def __init__(self, call: Call) -> None:
         self.call = call
-        self.results: Results = None
+        self.results: Answer = None
         self.done = False
         self.lead = False  # handed the next frame to send
 
@@ -150,7 +151,7 @@ class _Link:
         self._failed_at: float | None = None  # when it last failed (monotonic)
         self._closed = False
 
-    def call(self, call: Call, links: OwnerLinks) -> Results:
+    def call(self, call: Call, links: OwnerLinks) -> Answer:
         job = _Job(call)
         with self._cond:
             if self._closed or self._resting():
@@ -183,7 +184,7 @@ class _Link:
         failed = self._failed_at
         return failed is not None and time.monotonic() - failed < RETRY_AFTER
 
-    def _exchange(self, calls: list[Call], links: OwnerLinks) -> dict[int, Results] | None:
+    def _exchange(self, calls: list[Call], links: OwnerLinks) -> dict[int, Answer] | None:
         """Send ``calls`` in one frame and read the answer; None if the owner failed."""
         request = Request(links.producer, links.done_below(), self._sync, calls)
         try:

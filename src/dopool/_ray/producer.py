@@ -37,6 +37,7 @@ from dopool._cluster.owner_wire import (
     HEADER,
     MAX_CALLS,
     Call,
+    Full,
     Request,
     Results,
     decode_answer,
@@ -50,6 +51,7 @@ from dopool._errors import (
     HostUnavailableError,
     PoolClosedError,
     PoolNotFoundError,
+    QueueFullError,
 )
 from dopool._machine.types import Item
 from dopool._machine.validation import (
@@ -61,7 +63,7 @@ from dopool._machine.validation import (
     prepare_many,
     with_ttl,
 )
-from dopool._ray.actors import NAMESPACE, Refusal, import_ray, record_name, refused
+from dopool._ray.actors import NAMESPACE, Refusal, import_ray, record_name, refusal, refused
 from dopool._ray.gather import Gather
 from dopool._ray.placement import HostPlace, Placement
 from dopool._store.layout import PRODUCER_ID_BYTES
@@ -166,8 +168,21 @@ class HostLinks:
             merged = Request(requests[0].producer, below, sync, calls[start : start + MAX_CALLS])
             timeout = max(deadline - time.monotonic(), 0.001)
             data, refused = self._hosts.ask(host, encode_request(merged), timeout)
-            answers.update(decode_answer(data[HEADER:]))
             refusals.update(refused)
+            decoded = decode_answer(data[HEADER:])
+            for call in merged.calls:
+                answer = decoded.get(call.number)
+                if isinstance(answer, Full):  # (a host hands refusals back beside the frame)
+                    error = QueueFullError(
+                        pool=call.pool,
+                        instance_index=call.instance,
+                        depth=answer.depth,
+                        max_depth=answer.max_depth,
+                        incoming=answer.incoming,
+                    )
+                    refusals[call.number] = refusal(error)
+                    answer = None
+                answers[call.number] = answer
         return [
             (
                 {call.number: answers.get(call.number) for call in request.calls},
