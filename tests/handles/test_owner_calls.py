@@ -154,11 +154,11 @@ def test_a_call_the_producer_stored_first_is_not_stored_again_by_the_owner(
             owners = connection.owners
             assert owners is not None
             items = (prepare({"n": 1}, partition_key="a", priority=0, schema=None),)
-            number = owners.begin()
+            number = owners.numbers.begin()
             mine = pool._store_here(items, "a", call=number)
             index = mine[0].instance_index
             theirs = owners.call(None, Call(number, "orders", index, items))
-            owners.end(number)
+            owners.numbers.end(number)
             assert theirs == [(index, mine[0].sequence, mine[0].position, False)]
         assert runtime.pools["orders"].join(timeout=TIMEOUT)
     assert seen == [{"n": 1}]

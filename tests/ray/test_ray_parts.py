@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from dopool._cluster.call_numbers import CallNumbers
 from dopool._cluster.owner_wire import (
     HEADER,
     Call,
@@ -25,7 +26,7 @@ from dopool._ray.actors import Refusal, refusal, refused
 from dopool._ray.deploy import _chosen
 from dopool._ray.gather import Gather
 from dopool._ray.placement import HostPlace, Placement, place, split
-from dopool._ray.producer import FIRST_PAUSE, CallNumbers, HostDown, HostLinks, exchange
+from dopool._ray.producer import FIRST_PAUSE, HostDown, HostLinks, exchange
 
 HOSTS = (HostPlace(0, "node-a", "h0"), HostPlace(1, "node-b", "h1"), HostPlace(2, "node-c", "h2"))
 

@@ -446,7 +446,7 @@ class ProducerPool(Pool):
                 return self._store_here(items, partition_key, routed=groups)
             (index,) = groups
             owner = lease_owner(txn, self._name, index)
-        number = owners.begin()
+        number = owners.numbers.begin()
         try:
             results = owners.call(owner, Call(number, self._name, index, items))
             if results is None:
@@ -467,7 +467,7 @@ class ProducerPool(Pool):
                 for instance, sequence, position, duplicate in results
             ]
         finally:
-            owners.end(number)
+            owners.numbers.end(number)
 
     def _groups(
         self,
@@ -510,8 +510,9 @@ class ProducerPool(Pool):
 
         def body(txn: Txn) -> tuple[list[EnqueueResult] | None, list[Share]]:
             if owners is not None and call is not None:
-                forget_calls(txn, owners.producer, owners.done_below())
-                record = stored_call(txn, owners.producer, call)
+                numbers = owners.numbers
+                forget_calls(txn, numbers.producer, numbers.done_below())
+                record = stored_call(txn, numbers.producer, call)
                 if record is not None:
                     return record.answer(self._name), []
             groups = self._groups(txn, items, partition_key, routed)
@@ -523,7 +524,7 @@ class ProducerPool(Pool):
                         break  # refused: nothing of the call is recorded, as nothing stored
                     place(answered, share.positions, share.answer)
                 else:
-                    record_call(txn, owners.producer, call, now, answered)
+                    record_call(txn, owners.numbers.producer, call, now, answered)
             return None, shares
 
         recorded, shares = self._connection.write(self._name, body)

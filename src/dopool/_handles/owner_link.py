@@ -26,14 +26,13 @@ stored, by either.
 
 from __future__ import annotations
 
-import itertools
-import secrets
 import socket
 import threading
 import time
 from contextlib import suppress
 from pathlib import Path
 
+from dopool._cluster.call_numbers import CallNumbers
 from dopool._cluster.owner_wire import (
     HEADER,
     MAX_CALLS,
@@ -47,7 +46,6 @@ from dopool._cluster.owner_wire import (
 )
 from dopool._engine.owner_calls import call_socket
 from dopool._engine.wakeups import SocketAddress
-from dopool._store.layout import PRODUCER_ID_BYTES
 
 #: Seconds a producer waits for an owner's answer (connecting included) before it stores
 #: its calls itself.
@@ -58,41 +56,17 @@ _MAX_OWNERS = 64  # owners' links a connection keeps at once
 
 
 class OwnerLinks:
-    """A connection's links to the owners of its instances, its producer id and call numbers.
-
-    Thread-safe. Each call takes a number (:meth:`begin`) and gives it back once its
-    caller has its answer, by whichever path (:meth:`end`); each request tells the owner
-    the lowest number still out, below which its records may go.
-    """
+    """A connection's links to the owners of its instances, and its producer id and call
+    numbers (``numbers``: each call takes one, and gives it back once its caller has its
+    answer, by whichever path). Thread-safe."""
 
     def __init__(self, directory: Path, *, sync: bool) -> None:
-        self.producer = secrets.token_bytes(PRODUCER_ID_BYTES)
+        self.numbers = CallNumbers()
         self._directory = directory
         self._sync = sync
         self._lock = threading.Lock()
-        self._numbers = itertools.count()
-        self._out: set[int] = set()  # call numbers not yet answered to their callers
-        self._next = 0
         self._links: dict[str | None, _Link] = {}
         self._closed = False
-
-    def begin(self) -> int:
-        """A new call's number."""
-        with self._lock:
-            number = next(self._numbers)
-            self._out.add(number)
-            self._next = number + 1
-            return number
-
-    def end(self, number: int) -> None:
-        """The call ``number`` is answered to its caller: its record may go."""
-        with self._lock:
-            self._out.discard(number)
-
-    def done_below(self) -> int:
-        """The lowest call number still out (every record below it may go)."""
-        with self._lock:
-            return min(self._out, default=self._next)
 
     def call(self, owner: str | None, call: Call) -> Answer:
         """``call`` stored by the worker ``owner`` (None: an exclusive runtime), and its
@@ -186,7 +160,8 @@ class _Link:
 
     def _exchange(self, calls: list[Call], links: OwnerLinks) -> dict[int, Answer] | None:
         """Send ``calls`` in one frame and read the answer; None if the owner failed."""
-        request = Request(links.producer, links.done_below(), self._sync, calls)
+        numbers = links.numbers
+        request = Request(numbers.producer, numbers.done_below(), self._sync, calls)
         try:
             sock = self._connected()
             sock.sendall(encode_request(request))

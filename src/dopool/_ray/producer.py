@@ -22,8 +22,6 @@ restarts.
 
 from __future__ import annotations
 
-import itertools
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -33,6 +31,7 @@ from typing import Any, NamedTuple, Protocol
 
 from dopool import tracing
 from dopool._clock.clocks import RealClock
+from dopool._cluster.call_numbers import CallNumbers
 from dopool._cluster.owner_wire import (
     HEADER,
     MAX_CALLS,
@@ -66,7 +65,6 @@ from dopool._machine.validation import (
 from dopool._ray.actors import NAMESPACE, Refusal, import_ray, record_name, refusal, refused
 from dopool._ray.gather import Gather
 from dopool._ray.placement import HostPlace, Placement
-from dopool._store.layout import PRODUCER_ID_BYTES
 from dopool._types import EnqueueResult
 
 #: Seconds a call is tried for, by default, before HostUnavailableError.
@@ -95,34 +93,6 @@ class Hosts(Protocol):
         Raises:
             HostDown: no answer.
         """
-
-
-class CallNumbers:
-    """A producer's id and its call numbers. Thread-safe: each call takes a number
-    (:meth:`begin`) and gives it back once answered (:meth:`end`); a request tells the
-    host the lowest number still out, below which its records may go."""
-
-    def __init__(self) -> None:
-        self.producer = secrets.token_bytes(PRODUCER_ID_BYTES)
-        self._lock = threading.Lock()
-        self._numbers = itertools.count()
-        self._out: set[int] = set()
-        self._next = 0
-
-    def begin(self) -> int:
-        with self._lock:
-            number = next(self._numbers)
-            self._out.add(number)
-            self._next = number + 1
-            return number
-
-    def end(self, number: int) -> None:
-        with self._lock:
-            self._out.discard(number)
-
-    def done_below(self) -> int:
-        with self._lock:
-            return min(self._out, default=self._next)
 
 
 # A request's answers by call number (None: not stored there), and its refusals.
