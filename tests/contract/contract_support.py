@@ -28,6 +28,7 @@ from typing import IO, Any, Protocol
 from contract_app import CONCURRENCY, POOL
 
 from dopool import EnqueueResult
+from worker_support import until
 
 HERE = Path(__file__).parent
 #: Seconds any wait here takes before its test fails.
@@ -119,16 +120,6 @@ class Target:
 
         until(lambda: barriers() == CONCURRENCY, "the barrier on every instance")
         return self.runs()
-
-
-def until(predicate: Callable[[], bool], what: str, every: float = 0.02) -> None:
-    """Wait for ``predicate`` (checked every ``every`` seconds), at most :data:`WAIT`."""
-    pause = threading.Event()
-    for _ in range(int(WAIT / every)):
-        if predicate():
-            return
-        pause.wait(every)
-    raise AssertionError(f"waited {WAIT} s for {what}")
 
 
 @contextmanager

@@ -24,6 +24,7 @@ from dopool._cluster.owner_wire import Call, Request, decode_answer, encode_requ
 from dopool._errors import DeploymentError, HostUnavailableError, PoolNotFoundError, QueueFullError
 from dopool._machine.validation import prepare
 from dopool._store.layout import PRODUCER_ID_BYTES
+from worker_support import until
 
 # Ray's processes and real time: run on CI's first Python only (.ci/run).
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -159,9 +160,7 @@ def test_a_killed_host_restarts_on_its_node_and_no_acknowledged_event_is_lost(
     before = local_ray.get(host.pid.remote())
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + WAIT
-    while sum(len(n) for n in acked.values()) < 30 and time.monotonic() < deadline:
-        time.sleep(0.01)  # under way: the kill lands among the calls
+    until(lambda: sum(len(n) for n in acked.values()) >= 30, "30 calls acknowledged")
     local_ray.kill(host, no_restart=False)
     for thread in threads:
         thread.join(WAIT * 2)

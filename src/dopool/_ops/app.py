@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import random
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,6 +78,32 @@ class App:
             self.build(runtime)
         except BaseException as exc:
             raise AppError(self.spec, raised(exc)) from exc
+
+    def serve_on(
+        self,
+        runtime: Any,
+        created: Path | None = None,
+        first: Callable[[Any], object] | None = None,
+    ) -> None:
+        """Have the app define its pools on ``runtime``, opened for it on a store, as ``dopool
+        worker`` and a Ray shard host do: ``first`` called with it before (if given), and at
+        least one pool defined. If any of that fails, the runtime is closed, the store
+        directory ``created`` (one its opening made) removed, and the error raised.
+
+        Raises:
+            AppError: the app's function raised, or defined no pool.
+        """
+        try:
+            if first is not None:
+                first(runtime)
+            self.define_pools(runtime)
+            if not runtime.pools:
+                raise AppError(self.spec, "defined no pool on the runtime (call runtime.define)")
+        except BaseException:
+            runtime.close()
+            if created is not None:
+                shutil.rmtree(created, ignore_errors=True)
+            raise
 
 
 def load_app(spec: str) -> App:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import select
-import shutil
 import signal
 import sys
 import threading
@@ -143,17 +142,7 @@ def open_worker(
         lease_ttl=lease_ttl,
         max_active=max_active,
     )
-    try:
-        if opened is not None:
-            opened(runtime)
-        loaded.define_pools(runtime)
-        if not runtime.pools:
-            raise AppError(app, "defined no pool on the runtime (call runtime.define)")
-    except BaseException:
-        runtime.close()
-        if created:
-            shutil.rmtree(path, ignore_errors=True)
-        raise
+    loaded.serve_on(runtime, path if created else None, first=opened)
     return runtime
 
 

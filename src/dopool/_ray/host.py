@@ -24,7 +24,6 @@ them all in the next one, so concurrent producers share one commit (and one fsyn
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -154,13 +153,5 @@ def _open(app: str, store: Path, durability: str) -> ToolRuntime:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)  # the dead process's lock goes with its exit
-    try:
-        loaded.define_pools(runtime)
-        if not runtime.pools:
-            raise AppError(app, "defined no pool on the runtime (call runtime.define)")
-    except BaseException:
-        runtime.close()
-        if created:
-            shutil.rmtree(store, ignore_errors=True)
-        raise
+    loaded.serve_on(runtime, store if created else None)
     return runtime
