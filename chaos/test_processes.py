@@ -23,7 +23,6 @@ import pytest
 
 from dopool._chaos import harness as cli
 from dopool._chaos.procs import records
-from dopool._chaos.procs.app import BIG_RATE, RATES, rate_limit
 from dopool._chaos.procs.checker import Ending, check
 from dopool._chaos.procs.freeze import LOCKS, LockFile, catch, cont
 from dopool._chaos.procs.plan import (
@@ -31,14 +30,17 @@ from dopool._chaos.procs.plan import (
     BIG_CONCURRENCY,
     BIG_EVERY,
     BIG_MAX_ACTIVE,
+    BIG_RATE,
     FREEZE_TTLS,
     PER_KEY_ACTIVE,
     PER_KEY_IDLE,
+    RATES,
     Behaviour,
     Plan,
     Send,
     draw,
     draw_big,
+    rate_limit,
 )
 from dopool._chaos.procs.records import Answer, Attempt, Freeze, Records, Refusal
 from dopool._chaos.procs.seed import run_seed

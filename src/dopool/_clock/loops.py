@@ -182,9 +182,6 @@ class _VirtualWaits:
             self._sleep(timeout)
         return []
 
-    def close(self) -> None:
-        pass
-
 
 @contextmanager
 def _outside_loops() -> Generator[None]:

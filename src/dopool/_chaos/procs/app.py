@@ -10,14 +10,14 @@ second, third, fourth: :data:`READY`) and one per attempt started (``S``, or ``L
 for a slow one): the runner counts the latter as progress, and waits for the former
 before it starts the producers.
 
-About half the seeds (:func:`async_handler`, drawn from a generator of its own, so the
-plan's draws are what they were) define the pool with an ``async def`` handler instead,
+About half the seeds (the plan's ``async_handler``, drawn from a generator of its own,
+so the plan's other draws are what they were) define the pool with an ``async def`` handler instead,
 which the worker awaits on its runtime's event loop: the same steps (:func:`define`'s
 ``start`` and ``end``), a slow attempt awaiting ``asyncio.sleep`` instead of blocking its
 thread. The checker holds both to the same records.
 
-About three seeds in ten (:func:`rate_limit`, drawn from a generator of its own too)
-define the pool with a rate limit, the same in every worker process. Each start line
+About three seeds in ten (the plan's ``rate_limit``, drawn from a generator of its own
+too) define the pool with a rate limit, the same in every worker process. Each start line
 then carries the attempt's ``ctx.started_at`` as well, the clock reading its start
 transaction took its token at: the checker holds the starts of all the workers together
 to the limit, which only a bucket the processes share keeps.
@@ -29,37 +29,22 @@ import asyncio
 import ctypes
 import faulthandler
 import os
-import random
 import signal
 import sys
 import threading
 import time
 
-from dopool._chaos.procs.plan import BIG_AT, BIG_EVERY, POOL, RETRY, Behaviour, draw
+from dopool._chaos.procs.plan import POOL, RETRY, Behaviour, draw
 from dopool._chaos.procs.records import Record
 from dopool._engine import logs
 from dopool._engine.context import EventContext
 from dopool._errors import PermanentError
 from dopool._handles.runtime import Runtime
 from dopool._machine.invariants import SUCCESS_COUNTER
-from dopool._rates import RateLimit
 
 READY = (b"R", b"Q", b"U", b"V")  # by chain: the first worker's, the second's...
 STARTED = b"S"
 SLOW = b"L"  # a slow attempt started: a kill now interrupts it
-ASYNC_SHARE = 0.5  # of the seeds, those whose handler is an ``async def``
-RATE_SHARE = 0.3  # of the seeds, those whose pool is rate limited
-#: The limits they draw from. A run starts 50 to 200 attempts in a few seconds, a dozen
-#: or more within 10 ms at times (several hundred a second): each binds, and adds a
-#: second or two at most to a run.
-RATES = (
-    RateLimit(rate=200, burst=5),
-    RateLimit(rate=100, burst=1),
-    RateLimit(rate=50, burst=3),
-)
-#: The big family's: thousands of attempts, some 500 a second on average and bursts of
-#: twice that, kept to at most about 4 s more.
-BIG_RATE = RateLimit(rate=1000, burst=20)
 PR_SET_PDEATHSIG = 1  # prctl(2)
 DUMP = signal.SIGUSR1  # every thread's stack to stderr: what the runner sends a stuck run
 
@@ -119,27 +104,14 @@ def define(runtime: Runtime) -> None:
 
     runtime.define(
         POOL,
-        execute=handle_async if async_handler(seed) else handle,
+        execute=handle_async if plan.async_handler else handle,
         concurrency=plan.size,
         retry=RETRY,
         dedup_window=plan.dedup_window,
         idle_timeout=plan.idle_timeout,
-        rate_limit=rate_limit(seed),
+        rate_limit=plan.rate_limit,
     )
     os.write(pipe, READY[int(os.environ["DOPOOL_CHAOS_CHAIN"])])
-
-
-def async_handler(seed: int) -> bool:
-    """Whether ``seed``'s pool has an ``async def`` handler (about half the seeds)."""
-    return random.Random(f"dopool-procs-handler:{seed}").random() < ASYNC_SHARE
-
-
-def rate_limit(seed: int) -> RateLimit | None:
-    """``seed``'s pool's rate limit, the same in every worker (about three seeds in ten)."""
-    rng = random.Random(f"dopool-procs-rate:{seed}")
-    if rng.random() >= RATE_SHARE:
-        return None
-    return BIG_RATE if seed % BIG_EVERY == BIG_AT else rng.choice(RATES)
 
 
 def die_with(parent: int) -> None:

@@ -13,9 +13,9 @@ with no SIGKILL in between, breaks at-least-once here as anywhere, and a lease t
 over from a live worker shows in the workers' warnings and the instance's
 ``restarts`` (:func:`_takeovers`).
 
-A seed whose pool is rate limited (:func:`~dopool._chaos.procs.app.rate_limit`) holds
-the starts of all its workers together to the limit (:func:`_rates`): each process
-takes its tokens from the one bucket the store keeps, or the bound breaks.
+A seed whose pool is rate limited (the plan's ``rate_limit``) holds the starts of all
+its workers together to the limit (:func:`_rates`): each process takes its tokens from
+the one bucket the store keeps, or the bound breaks.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from itertools import pairwise
 from typing import Any
 
 from dopool._chaos.checker import rate_violation
-from dopool._chaos.procs.app import rate_limit
 from dopool._chaos.procs.plan import MAX_ATTEMPTS, POOL, Behaviour, Plan, Send
 from dopool._chaos.procs.records import Attempt, Records, Refusal
 from dopool._types import DeadLetter, PoolStatus
@@ -337,7 +336,7 @@ def _rates(plan: Plan, records: Records, out: list[str]) -> None:
     ``ctx.started_at`` its start took a token at, keep to the pool's limit in every
     window. A start a SIGKILL cut off before its line is not seen: the bound is checked
     on fewer starts, never more."""
-    limit = rate_limit(plan.seed)
+    limit = plan.rate_limit
     if limit is None:
         return
     times = [a.started_at for a in records.attempts if a.started_at is not None]

@@ -26,6 +26,11 @@ generator of their own, :func:`_per_key`) run the same streams on a **per-key** 
 instead: each event of the first producer's sweep its own key, so thousands of
 instances are activated on demand, evicted after a short ``idle_timeout`` and started
 again, in workers of few slots (``--max-active``), while workers join, leave and die.
+
+Two more draws come from generators of their own, so that the others are what they were
+before them: about half the seeds give the pool an ``async def`` handler
+(:func:`async_handler`), and about three in ten a rate limit (:func:`rate_limit`, the big
+family's faster). :meth:`Plan.describe` says both.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from dopool._engine.options import DEFAULT_IDLE_TIMEOUT
+from dopool._rates import RateLimit
 from dopool._retry import RetryPolicy
 from dopool._store.layout.limits import PER_KEY
 
@@ -58,6 +64,19 @@ BIG_KEYED = 300  # the most events a big seed's producer other than the first se
 #: The big family's --lease-ttl: a third of it between renewals leaves a worker of
 #: thousands of instance threads, on a loaded two-core machine, a margin 0.6 s does not.
 BIG_LEASE_TTL = 2.0
+ASYNC_SHARE = 0.5  # of the seeds, those whose handler is an ``async def``
+RATE_SHARE = 0.3  # of the seeds, those whose pool is rate limited
+#: The limits they draw from. A run starts 50 to 200 attempts in a few seconds, a dozen
+#: or more within 10 ms at times (several hundred a second): each binds, and adds a
+#: second or two at most to a run.
+RATES = (
+    RateLimit(rate=200, burst=5),
+    RateLimit(rate=100, burst=1),
+    RateLimit(rate=50, burst=3),
+)
+#: The big family's: thousands of attempts, some 500 a second on average and bursts of
+#: twice that, kept to at most about 4 s more.
+BIG_RATE = RateLimit(rate=1000, burst=20)
 #: The big family's workers' --max-active: at the default 1,024, a worker whose thousand
 #: threads all wake at once (a frozen writer let go) kept its renewal thread from the GIL
 #: past the ttl on a loaded two-core machine, and lost live leases (seed 694982 beside two
@@ -160,6 +179,16 @@ class Plan:
         return len(self.streams)
 
     @property
+    def async_handler(self) -> bool:
+        """Whether the pool's handler is an ``async def`` (about half the seeds)."""
+        return async_handler(self.seed)
+
+    @property
+    def rate_limit(self) -> RateLimit | None:
+        """The pool's rate limit, the same in every worker (about three seeds in ten)."""
+        return rate_limit(self.seed)
+
+    @property
     def chains(self) -> int:
         """Worker chains: those started at once, and any a ``start`` begins later."""
         return max([self.workers, *(a.chain + 1 for a in self.actions)])
@@ -180,13 +209,31 @@ class Plan:
             )
         timeout = "" if self.lock_timeout is None else f", lock timeout {self.lock_timeout:g} s"
         owner = "" if self.via_owner is None else f", via owner {self.via_owner}"
+        handler = "async def handler" if self.async_handler else "plain handler"
+        limit = self.rate_limit
+        if limit is not None:
+            handler += f", rate limit {limit.rate:g} per {limit.per:g} s, burst {limit.burst}"
         return (
-            f"seed {self.seed}{family}: pool {POOL!r} {size}, "
+            f"seed {self.seed}{family}: pool {POOL!r} {size} ({handler}), "
             f"{self.producers} producers, "
             f"{self.events} events ({keyed} keyed, window {self.dedup_window:g} s), "
             f"durability {self.durability}{timeout}{owner}; {self.workers} worker(s), lease ttl "
             f"{self.lease_ttl:g} s: {verbs}"
         )
+
+
+def async_handler(seed: int) -> bool:
+    """Whether ``seed``'s pool has an ``async def`` handler, drawn from a generator of its
+    own (so the plan's other draws are what they were before there could be one)."""
+    return random.Random(f"dopool-procs-handler:{seed}").random() < ASYNC_SHARE
+
+
+def rate_limit(seed: int) -> RateLimit | None:
+    """``seed``'s pool's rate limit, drawn from a generator of its own too."""
+    rng = random.Random(f"dopool-procs-rate:{seed}")
+    if rng.random() >= RATE_SHARE:
+        return None
+    return BIG_RATE if seed % BIG_EVERY == BIG_AT else rng.choice(RATES)
 
 
 def draw(seed: int) -> Plan:
