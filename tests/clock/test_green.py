@@ -6,12 +6,14 @@ import gc
 import signal
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from activation import leave_an_interrupted_attempt
 from dopool import EventContext, PoolEvent, Runtime, SimulatedClock, SimulationStalledError
+from dopool._clock import greenlets
 from dopool._clock.greenlets import GreenletBackend, Scheduler, TaskLocal
 from dopool._engine.actor import forget_instance, running_instances
 from dopool.chaos import FaultPlan
@@ -96,6 +98,44 @@ def test_drive_stops_as_soon_as_what_it_waits_for_holds() -> None:
     assert not scheduler.idle()
     assert scheduler.drive(lambda: False, "the rest") is False
     assert log == ["a", "b"]
+
+
+def test_a_drive_past_its_deadline_stops_at_a_checkpoint_and_resumes_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A task that goes on without parking hands the thread back at its checkpoint once
+    the driver's deadline has passed; the driver raises TimeoutError, and the next drive
+    resumes that task first: the order is the one no deadline would have given."""
+    _, scheduler = green_clock()
+    now = [0.0]  # the scheduler's wall clock, moved by the tasks
+    monkeypatch.setattr(greenlets, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    log: list[str] = []
+
+    def runs_on(name: str) -> None:
+        for step in range(3):
+            scheduler.checkpoint()
+            log.append(f"{name}{step}")
+            now[0] += 1.0
+
+    def spawn_both() -> None:
+        for name in "ab":
+            scheduler.spawn(lambda name=name: runs_on(name), name)  # type: ignore[misc]
+
+    spawn_both()
+    assert scheduler.drive(None, "quiescence")  # no deadline: checkpoints do nothing
+    assert log == ["a0", "a1", "a2", "b0", "b1", "b2"]
+
+    log.clear()
+    spawn_both()
+    with pytest.raises(TimeoutError, match="past its deadline"):
+        scheduler.drive(None, "quiescence", deadline=now[0] + 1.5)
+    assert log == ["a0", "a1"]  # a parked at its third checkpoint, first in line
+    assert scheduler.drive(None, "quiescence")
+    assert log == ["a0", "a1", "a2", "b0", "b1", "b2"]
+    spawn_both()
+    with pytest.raises(TimeoutError):  # a deadline passed before it starts: nothing runs
+        scheduler.drive(None, "quiescence", deadline=now[0])
+    assert len(log) == 6
 
 
 def test_virtual_time_moves_only_when_no_task_can_run() -> None:
@@ -367,6 +407,34 @@ def test_instances_waiting_for_ever_are_a_named_stall_and_close_still_closes(
     assert "p:0" in caplog.text
     for ref in running_instances():  # the abandoned actor can never stop
         forget_instance(ref)
+
+
+@pytest.mark.timeout(60, method="thread")  # a hang ends the process: red
+@pytest.mark.parametrize("backend", ["greenlet", "threads"])
+@pytest.mark.parametrize("shape", ["one instance", "two instances"])
+def test_join_gives_up_at_its_timeout_while_handlers_enqueue_for_ever(
+    tmp_path: Path, backend: str, shape: str
+) -> None:
+    """Handlers that never stop enqueueing follow-ups (a bug of the user's): each event
+    starts the next at the same virtual time, one instance's in one message, or two
+    instances' handed back and forth (round robin). ``join``'s timeout is wall-clock
+    under either clock: it returns False then, and the runtime still closes."""
+    runtime = Runtime.simulated(tmp_path / "s", backend=backend)
+    ran: list[int] = []
+    concurrency = 1 if shape == "one instance" else 2
+
+    def handler(ctx: EventContext) -> None:
+        ran.append(ctx.instance_index)
+        ctx.enqueue("again")
+
+    pool = runtime.define("p", execute=handler, concurrency=concurrency)
+    pool.enqueue("first")
+    assert not pool.join(timeout=0.2)
+    assert len(ran) > 1
+    assert set(ran) == set(range(concurrency))
+    assert simulated(runtime).now() == 0.0  # no virtual time passed: a livelock
+    runtime.close()
+    assert runtime.closed
 
 
 def test_a_call_at_callback_waits_for_an_instance_by_running_it(tmp_path: Path) -> None:

@@ -304,7 +304,9 @@ class SimulatedClock(Clock):
         self._tickets = itertools.count()
         self._driver = threading.Lock()
         self._driver_thread: int | None = None  # the thread driving it (its ident), if any
-        self._run_tasks: Callable[[Callable[[], bool] | None, object], bool] | None = None
+        self._run_tasks: (
+            Callable[[Callable[[], bool] | None, object, float | None], bool] | None
+        ) = None
         self._runnable: Sized = ()
         self._check_thread: Callable[[], None] | None = None
         if green is not None:
@@ -551,7 +553,7 @@ class SimulatedClock(Clock):
         run = self._run_tasks
         if run is not None:  # greenlets: run them until none can (Activity.wait_quiet)
             if self._runnable:
-                run(None, "quiescence")
+                run(None, "quiescence", deadline)  # TimeoutError once it passes
             return
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not self.activity.wait_quiet(timeout):

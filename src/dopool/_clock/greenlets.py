@@ -2,13 +2,17 @@
 
 Under ``SimulatedClock(backend="greenlet")`` each instance actor's loop runs as a
 greenlet (a *task*) on the thread that drives the clock. A task runs until it
-waits, and it waits at exactly three kinds of points, where it *parks*
+waits, and it waits at exactly these points, where it *parks*
 (switches back to the driver):
 
 - its inbox is empty (:class:`GreenInbox`);
 - a latch it waits on is closed (:class:`GreenLatch`): a reply from another
   instance, an instance's turn, a handler's ``ctx.sleep`` in virtual time;
-- its loop ends (the actor stopped).
+- its loop ends (the actor stopped);
+- and only once the driver's wall-clock deadline has passed (``join(timeout=...)``), a
+  :meth:`Scheduler.checkpoint` between two events an instance starts in one message, so
+  that handlers enqueueing follow-ups for ever at one virtual time cannot keep the
+  driver from giving up.
 
 Waking a task (an inbox put, a latch released) only queues it: it never
 switches. The driver (the thread's own code: the caller of ``enqueue``,
@@ -35,6 +39,7 @@ from __future__ import annotations
 import itertools
 import signal
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -153,6 +158,7 @@ class Scheduler:
         self.runnable: deque[_Task] = deque()
         self._tasks: dict[_Task, None] = {}  # the live tasks, in the order they started
         self._driver: Any = None  # the greenlet running drive(), while it does
+        self._deadline: float | None = None  # its bound on wall time (time.monotonic())
         #: Describes what else waits (the clock's sleepers, its next time), for stalls.
         self.describe: Callable[[], list[str]] = list
         #: A Ctrl-C came while a task ran: the driver raises it when the task parks.
@@ -189,15 +195,37 @@ class Scheduler:
     def latch(self, what: object = "") -> GreenLatch:
         return GreenLatch(self, what)
 
+    def checkpoint(self) -> None:
+        """For a task that goes on without parking (an instance starting event after event
+        in one message): once the driver's deadline has passed, switch back to it, first in
+        line to run again, so that the driver can give up; otherwise nothing happens, and
+        nothing runs in between."""
+        deadline = self._deadline
+        if deadline is None or time.monotonic() < deadline:
+            return
+        task = greenlet.getcurrent()
+        if not isinstance(task, _Task) or task.scheduler is not self:
+            return  # the driver's own greenlet, or another scheduler's: nobody to hand to
+        task.queued = True
+        self.runnable.appendleft(task)
+        self._driver.switch()
+
     # -- the driver's side ---------------------------------------------------
-    def drive(self, until: Callable[[], bool] | None, what: object) -> bool:
+    def drive(
+        self, until: Callable[[], bool] | None, what: object, deadline: float | None = None
+    ) -> bool:
         """Run queued tasks until ``until()`` holds or none is queued; whether it holds.
 
-        ``until=None``: until none is queued (quiescence); returns True.
+        ``until=None``: until none is queued (quiescence); returns True. ``deadline``
+        (``time.monotonic()``) bounds the wall time it runs them for, a drive nested in
+        this one's included: the tasks never stop queueing more (handlers that enqueue
+        follow-ups for ever, say) and the caller gave a timeout. A task that goes on
+        without parking meets it at its :meth:`checkpoint`.
 
         Raises:
             RuntimeError: called from a task (a handler, hook or subscriber), or
                 from another thread than the one that made the clock.
+            TimeoutError: ``deadline`` passed first; the tasks stay queued, in order.
         """
         if threading.get_ident() != self._home:
             self.check_thread()
@@ -209,12 +237,17 @@ class Scheduler:
                 "subscriber)"
             )
         outer, self._driver = self._driver, driver
+        outer_deadline = bound = self._deadline
+        if deadline is not None and (bound is None or deadline < bound):
+            self._deadline = bound = deadline
         ready = self.runnable
         tasks = self._tasks
         try:
             while until is None or not until():
                 if not ready:
                     return until is None
+                if bound is not None and time.monotonic() >= bound:
+                    raise TimeoutError(f"the simulated clock was driven past its deadline ({what})")
                 task = ready.popleft()
                 task.queued = False
                 if task.dead:
@@ -230,6 +263,7 @@ class Scheduler:
             return True
         finally:
             self._driver = outer
+            self._deadline = outer_deadline
 
     def idle(self) -> bool:
         """Whether no task can run."""
@@ -365,6 +399,9 @@ class GreenletBackend(Backend):
 
     def inbox(self) -> Inbox:
         return GreenInbox(self.scheduler)
+
+    def checkpoint(self) -> None:
+        self.scheduler.checkpoint()
 
     def local(self) -> Local:
         local = TaskLocal()

@@ -8,6 +8,7 @@ under a backend that runs the actors itself (greenlets), they run the actors.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Hashable, Set
 
 from dopool._clock.threads import Backend, Runner
@@ -96,7 +97,10 @@ class Activity:
         """
         runner = self._runner
         if runner is not None:
-            runner.drive(None, "quiescence")
+            try:
+                runner.drive(None, "quiescence", _deadline(timeout))
+            except TimeoutError:
+                return False
             return True
         with self._cond:
             return self._cond.wait_for(self.quiet, timeout)
@@ -136,7 +140,12 @@ class Activity:
         """Block until an actor goes idle or asleep after ``generation`` was read."""
         runner = self._runner
         if runner is not None:
-            return runner.drive(lambda: self.generation != generation, "an actor to go idle")
+            try:
+                return runner.drive(
+                    lambda: self.generation != generation, "an actor to go idle", _deadline(timeout)
+                )
+            except TimeoutError:
+                return False
         with self._cond:
             return self._cond.wait_for(lambda: self.generation != generation, timeout)
 
@@ -181,3 +190,8 @@ class DrivenActivity(Activity):
         self._sleeping.discard(key)
         if key in self._pending:
             self._active += 1
+
+
+def _deadline(timeout: float | None) -> float | None:
+    """A wait of ``timeout`` seconds from now as a ``time.monotonic()`` deadline."""
+    return None if timeout is None else time.monotonic() + timeout

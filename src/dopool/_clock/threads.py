@@ -73,9 +73,11 @@ class Runner(Protocol):
     def spawn(self, run: Callable[[], object], name: str) -> None:
         """Run ``run`` (an actor's loop) as the actor ``name``."""
 
-    def drive(self, until: Callable[[], bool] | None, what: object) -> bool:
+    def drive(
+        self, until: Callable[[], bool] | None, what: object, deadline: float | None = None
+    ) -> bool:
         """Run actors until ``until()``, or until none can run (``until=None``); whether
-        it holds."""
+        it holds. TimeoutError once ``deadline`` (``time.monotonic()``) passes."""
 
     def stalled(self, cause: str) -> Exception:
         """The error for a wait that :meth:`drive` found no actor able to end."""
@@ -121,6 +123,11 @@ class Backend:
         """Whether the caller acts for an instance now: a handler, a hook or a subscriber
         (a :meth:`local` of this backend has its ``instance`` set), of any runtime."""
         return any(getattr(local, "instance", None) is not None for local in self._locals)
+
+    def checkpoint(self) -> None:
+        """Where an actor goes on without waiting (event after event in one message): a
+        backend that runs the actors itself may take the thread back here (see
+        :meth:`dopool._clock.greenlets.Scheduler.checkpoint`). A thread of its own: nothing."""
 
 
 # -- the threads backend's inbox, and the instance actors' future (both backends') ---------

@@ -345,7 +345,9 @@ class InstanceActor(InstanceShell, pykka.ThreadingActor):
         else waits for this instance, so a busy queue costs one commit per event
         and no trip through the clock.
         """
+        checkpoint = self._clock.backend.checkpoint
         while started is not None:
+            checkpoint()  # a simulated clock's driver past its deadline takes over here
             self._worked = True
             key, record, attempt, started_at = started
             sequence = queue_key_sequence(key)
