@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import signal
 import threading
@@ -12,7 +13,14 @@ from typing import Any
 import pytest
 
 from activation import leave_an_interrupted_attempt
-from dopool import EventContext, PoolEvent, Runtime, SimulatedClock, SimulationStalledError
+from dopool import (
+    EventContext,
+    PoolEvent,
+    RetryPolicy,
+    Runtime,
+    SimulatedClock,
+    SimulationStalledError,
+)
 from dopool._clock import greenlets
 from dopool._clock.greenlets import GreenletBackend, Scheduler, TaskLocal
 from dopool._engine.actor import forget_instance, running_instances
@@ -435,6 +443,69 @@ def test_join_gives_up_at_its_timeout_while_handlers_enqueue_for_ever(
     assert simulated(runtime).now() == 0.0  # no virtual time passed: a livelock
     runtime.close()
     assert runtime.closed
+
+
+@pytest.mark.timeout(60, method="thread")  # a hang ends the process: red
+@pytest.mark.parametrize("backend", ["greenlet", "threads"])
+def test_join_and_close_give_up_on_an_async_handler_that_never_sleeps(
+    tmp_path: Path, backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An async handler that awaits only what is ready (``asyncio.sleep(0)`` in a loop that
+    never ends) takes no virtual time and, under greenlets, never parks: ``join``'s and
+    ``close``'s wall-clock bounds hold all the same. The instance is abandoned, as one
+    whose handler never returns is under a real clock, and its attempt counts as
+    interrupted when the store is opened again: the event runs then, lost nowhere."""
+    runtime = Runtime.simulated(tmp_path / "s", backend=backend)
+    # Set at the end, so that the abandoned handler's thread (threads backend) stops
+    # spinning; an abandoned task (greenlets) never runs again to see it.
+    over = threading.Event()
+
+    async def spins(ctx: EventContext) -> None:
+        while not over.is_set():
+            await asyncio.sleep(0)
+
+    try:
+        pool = runtime.define("p", execute=spins)
+        pool.enqueue("x")
+        assert not pool.join(timeout=0.2)
+        runtime.close(timeout=0.2)
+        assert runtime.closed
+        assert "p:0 still running after the grace period" in caplog.text
+    finally:
+        over.set()  # (after close: it found the handler running)
+        for ref in running_instances():  # the abandoned actor can never stop
+            forget_instance(ref)
+
+    attempts: list[int] = []
+    with Runtime.simulated(tmp_path / "s", backend=backend) as again:
+        retried = again.define(
+            "p",
+            execute=lambda ctx: attempts.append(ctx.attempt),
+            retry=RetryPolicy(max_attempts=2, initial_delay=0.0),
+        )
+        assert retried.join(timeout=10)
+        assert attempts == [2]
+        assert retried.status().succeeded == 1
+
+
+def test_an_abandoned_task_never_runs_again() -> None:
+    _, scheduler = green_clock()
+    log: list[str] = []
+    latch = scheduler.latch("a go")
+
+    def task(name: str) -> None:
+        log.append(f"{name} starts")
+        latch.acquire()
+        log.append(f"{name} ends")
+
+    for name in "ab":
+        scheduler.spawn(lambda name=name: task(name), name)  # type: ignore[misc]
+    assert scheduler.drive(None, "quiescence")
+    scheduler.abandon("a")
+    latch.release()  # wakes both: only b is queued
+    assert scheduler.drive(None, "quiescence")
+    assert log == ["a starts", "b starts", "b ends"]
+    assert scheduler.idle()
 
 
 def test_a_call_at_callback_waits_for_an_instance_by_running_it(tmp_path: Path) -> None:

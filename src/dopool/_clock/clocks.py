@@ -418,7 +418,7 @@ class SimulatedClock(Clock):
 
     def run_coroutine(self, make: Callable[[], Coroutine[Any, Any, Any]], key: Hashable) -> Settled:
         """On a loop in virtual time, the caller's own (:func:`.loops.run_virtual`)."""
-        return run_virtual(make, self.now, partial(self.sleep, key=key))
+        return run_virtual(make, self.now, partial(self.sleep, key=key), self.backend)
 
     def next_time(self) -> float | None:
         """The time of the next live alarm, wake-up or delivery, or None."""

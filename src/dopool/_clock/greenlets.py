@@ -10,9 +10,10 @@ waits, and it waits at exactly these points, where it *parks*
   instance, an instance's turn, a handler's ``ctx.sleep`` in virtual time;
 - its loop ends (the actor stopped);
 - and only once the driver's wall-clock deadline has passed (``join(timeout=...)``), a
-  :meth:`Scheduler.checkpoint` between two events an instance starts in one message, so
-  that handlers enqueueing follow-ups for ever at one virtual time cannot keep the
-  driver from giving up.
+  :meth:`Scheduler.checkpoint`: between two events an instance starts in one message,
+  and at each turn of an async handler's loop that does not sleep, so that handlers
+  that keep busy at one virtual time for ever cannot keep the driver from giving up (a
+  closing runtime then abandons what it gave up on: :meth:`Scheduler.abandon`).
 
 Waking a task (an inbox put, a latch released) only queues it: it never
 switches. The driver (the thread's own code: the caller of ``enqueue``,
@@ -64,6 +65,7 @@ class _Task(greenlet.greenlet):  # type: ignore[misc]  # greenlet's class is not
         self.scheduler = scheduler
         self.waiting: object = None  # what it waits for (its str() says), while parked
         self.queued = False
+        self.abandoned = False  # never run again (see Scheduler.abandon)
 
 
 class GreenLatch:
@@ -157,6 +159,7 @@ class Scheduler:
         #: The tasks that can run, first to run first (read it; only wake() adds).
         self.runnable: deque[_Task] = deque()
         self._tasks: dict[_Task, None] = {}  # the live tasks, in the order they started
+        self._abandoned: list[_Task] = []  # given up on: never run again
         self._driver: Any = None  # the greenlet running drive(), while it does
         self._deadline: float | None = None  # its bound on wall time (time.monotonic())
         #: Describes what else waits (the clock's sleepers, its next time), for stalls.
@@ -177,7 +180,7 @@ class Scheduler:
 
     def wake(self, task: object) -> None:
         assert isinstance(task, _Task)
-        if not task.queued:
+        if not task.queued and not task.abandoned:
             task.queued = True
             self.runnable.append(task)
 
@@ -200,15 +203,21 @@ class Scheduler:
         in one message): once the driver's deadline has passed, switch back to it, first in
         line to run again, so that the driver can give up; otherwise nothing happens, and
         nothing runs in between."""
-        deadline = self._deadline
-        if deadline is None or time.monotonic() < deadline:
+        if not self.checkpoint_due():
             return
         task = greenlet.getcurrent()
-        if not isinstance(task, _Task) or task.scheduler is not self:
-            return  # the driver's own greenlet, or another scheduler's: nobody to hand to
         task.queued = True
         self.runnable.appendleft(task)
         self._driver.switch()
+
+    def checkpoint_due(self) -> bool:
+        """Whether :meth:`checkpoint` would switch to the driver now: its deadline passed,
+        and the caller is a task of this scheduler (not the driver, nor another's)."""
+        deadline = self._deadline
+        if deadline is None or time.monotonic() < deadline:
+            return False
+        task = greenlet.getcurrent()
+        return isinstance(task, _Task) and task.scheduler is self
 
     # -- the driver's side ---------------------------------------------------
     def drive(
@@ -250,7 +259,7 @@ class Scheduler:
                     raise TimeoutError(f"the simulated clock was driven past its deadline ({what})")
                 task = ready.popleft()
                 task.queued = False
-                if task.dead:
+                if task.dead or task.abandoned:
                     continue
                 if task.parent is not driver:
                     task.parent = driver
@@ -264,6 +273,21 @@ class Scheduler:
         finally:
             self._driver = outer
             self._deadline = outer_deadline
+
+    def abandon(self, name: str) -> None:
+        """Never run the task ``name`` again: a closing runtime gave up waiting for it (a
+        handler that never returns, parked at a checkpoint past the deadline, say). It
+        stays suspended, kept as long as the scheduler, as the live tasks are (a greenlet
+        collected while suspended is sent ``GreenletExit``, which would run its end)."""
+        for task in [task for task in self._tasks if task.name == name]:
+            task.abandoned = True
+            del self._tasks[task]
+            self._abandoned.append(task)
+        ready = self.runnable  # (the clock keeps this deque: changed in place)
+        kept = [task for task in ready if not task.abandoned]
+        if len(kept) < len(ready):
+            ready.clear()
+            ready.extend(kept)
 
     def idle(self) -> bool:
         """Whether no task can run."""
@@ -402,6 +426,9 @@ class GreenletBackend(Backend):
 
     def checkpoint(self) -> None:
         self.scheduler.checkpoint()
+
+    def checkpoint_due(self) -> bool:
+        return self.scheduler.checkpoint_due()
 
     def local(self) -> Local:
         local = TaskLocal()

@@ -31,6 +31,7 @@ from concurrent.futures import Executor, Future
 from contextlib import contextmanager
 from typing import Any, TypeVar, TypeVarTuple
 
+from dopool._clock.threads import Backend
 from dopool._errors import SimulationStalledError
 
 logger = logging.getLogger("dopool.attempts")
@@ -157,8 +158,9 @@ class _VirtualWaits:
     """A :class:`VirtualLoop`'s selector: no file descriptors; a wait is a virtual sleep,
     or, while a thread the loop started runs, a real wait for it."""
 
-    def __init__(self, sleep: Callable[[float], None]) -> None:
+    def __init__(self, sleep: Callable[[float], None], backend: Backend | None) -> None:
         self._sleep = sleep
+        self._backend = backend  # the clock's: its checkpoint, for a turn that does not sleep
         self._woken = threading.Event()  # a thread called into the loop
         self.threads = 0  # executor calls not finished yet
 
@@ -168,6 +170,12 @@ class _VirtualWaits:
     def select(self, timeout: float | None) -> list[Any]:
         if timeout == 0 or self._woken.is_set():
             self._woken.clear()
+            backend = self._backend
+            if backend is not None and backend.checkpoint_due():
+                # A handler that awaits only what is ready (``asyncio.sleep(0)`` in a loop)
+                # never sleeps in virtual time: the driver, past its deadline, takes over.
+                with _outside_loops():
+                    backend.checkpoint()
             return []
         if self.threads:  # a thread's work takes no virtual time: wait for it first
             self._woken.wait()
@@ -206,10 +214,15 @@ class VirtualLoop(asyncio.BaseEventLoop):
     # take the rounding of a large clock time.
     _clock_resolution = 1e-6
 
-    def __init__(self, now: Callable[[], float], sleep: Callable[[float], None]) -> None:
+    def __init__(
+        self,
+        now: Callable[[], float],
+        sleep: Callable[[float], None],
+        backend: Backend | None = None,
+    ) -> None:
         super().__init__()
         self._now = now
-        self._waits = _VirtualWaits(sleep)
+        self._waits = _VirtualWaits(sleep, backend)
         self._selector = self._waits  # what BaseEventLoop._run_once waits on
         self.set_task_factory(_task_factory)
 
@@ -239,20 +252,23 @@ def run_virtual(
     make: Callable[[], Coroutine[Any, Any, Any]],
     now: Callable[[], float],
     sleep: Callable[[float], None],
+    backend: Backend | None = None,
 ) -> Settled:
     """Run ``make()`` to its end on a :class:`VirtualLoop` of the caller's own; what it
     gave or raised. Tasks it left running are cancelled and given one pass of the loop to
-    end; its executor's threads are not waited for."""
+    end; its executor's threads are not waited for. ``backend``: the clock's, whose
+    checkpoint each turn of the loop that does not sleep meets."""
     with _outside_loops():
-        return _run_virtual(make, now, sleep)
+        return _run_virtual(make, now, sleep, backend)
 
 
 def _run_virtual(
     make: Callable[[], Coroutine[Any, Any, Any]],
     now: Callable[[], float],
     sleep: Callable[[float], None],
+    backend: Backend | None,
 ) -> Settled:
-    loop = VirtualLoop(now, sleep)
+    loop = VirtualLoop(now, sleep, backend)
     spawned: set[asyncio.Task[Any]] = set()
     token = _spawned.set(spawned)
     try:

@@ -82,6 +82,9 @@ class Runner(Protocol):
     def stalled(self, cause: str) -> Exception:
         """The error for a wait that :meth:`drive` found no actor able to end."""
 
+    def abandon(self, name: str) -> None:
+        """Never run the actor ``name`` again (a closing runtime gave up waiting for it)."""
+
 
 class Backend:
     """One OS thread per actor (pykka's ``ThreadingActor``), blocking while it waits.
@@ -128,6 +131,11 @@ class Backend:
         """Where an actor goes on without waiting (event after event in one message): a
         backend that runs the actors itself may take the thread back here (see
         :meth:`dopool._clock.greenlets.Scheduler.checkpoint`). A thread of its own: nothing."""
+
+    def checkpoint_due(self) -> bool:
+        """Whether :meth:`checkpoint` would take the thread back now (for a caller that must
+        prepare for it: an async handler's event loop)."""
+        return False
 
 
 # -- the threads backend's inbox, and the instance actors' future (both backends') ---------

@@ -489,6 +489,10 @@ class Runtime:
                 except (pykka.Timeout, SimulationStalledError):  # the latter: for ever
                     abandoned.append(mailbox)
             self.clock.set_alarm(mailbox, None)
+        runner = self.clock.backend.runner
+        if runner is not None:  # an actor it runs that was given up on must never run again
+            for mailbox in abandoned:
+                runner.abandon(mailbox.key)
         if self._keeper is not None:  # others take the leases now; the abandoned expire
             keep = [mailbox.order for mailbox in abandoned]
             # Those a lost or released lease was stopping get the same grace.
