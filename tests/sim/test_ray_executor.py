@@ -2,7 +2,8 @@
 seeds as Ray tasks, with the local executor's output byte for byte.
 
 One local Ray serves the module (started once, two CPUs, no dashboard); the tests that
-need it are marked ``ray`` and skip where Ray cannot be imported. Without Ray,
+need it are marked ``ray`` and skip where Ray cannot be imported, and ``slow`` as the
+other Ray tests are: CI runs them on its first Python only. Without Ray,
 ``--executor ray`` is one line naming the extra: that is tested everywhere.
 """
 
@@ -71,6 +72,7 @@ def without_times(text: str) -> str:
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_a_sweep_on_ray_writes_the_local_sweeps_json_byte_for_byte(
     local_ray: Any, tmp_path: Path
 ) -> None:
@@ -84,6 +86,7 @@ def test_a_sweep_on_ray_writes_the_local_sweeps_json_byte_for_byte(
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_progress_counts_every_run_and_outcomes_keep_grid_order(local_ray: Any) -> None:
     scenario = loading.resolve("steady", {"arrivals.total": "100"})
     axes = [parse_axis("instances=1,2,3", scenario)]
@@ -101,6 +104,7 @@ def test_progress_counts_every_run_and_outcomes_keep_grid_order(local_ray: Any) 
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_a_failing_point_is_named_with_its_seed(local_ray: Any, tmp_path: Path) -> None:
     app = tmp_path / "boom.py"
     app.write_text(
@@ -118,6 +122,7 @@ def test_a_failing_point_is_named_with_its_seed(local_ray: Any, tmp_path: Path) 
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_chaos_seeds_on_ray_print_what_the_local_pool_prints(local_ray: Any) -> None:
     local = run(*CHAOS)
     remote = run(*CHAOS, "--executor", "ray")
@@ -135,6 +140,7 @@ def planted_seeds(seed: int) -> ChaosResult:
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_a_failing_chaos_seed_on_ray_prints_its_replay_command(
     local_ray: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -151,6 +157,7 @@ def test_a_failing_chaos_seed_on_ray_prints_its_replay_command(
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_results_come_in_call_order_and_a_calls_error_comes_back_whole(local_ray: Any) -> None:
     calls = [(seed,) for seed in range(40, 44)]
     seeds = [
@@ -170,6 +177,7 @@ def test_results_come_in_call_order_and_a_calls_error_comes_back_whole(local_ray
 
 # -- without Ray, or without a cluster: no Ray is started ---------------------------------
 @pytest.mark.ray
+@pytest.mark.slow
 def test_ctrl_c_stops_the_runs_out_on_ray_and_no_later_task(local_ray: Any) -> None:
     """A KeyboardInterrupt here (raised by the progress callback as the first run ends)
     cancels every task: a running one stops between two steps of its clock at once, not
