@@ -11,10 +11,10 @@ for a slow one): the runner counts the latter as progress, and waits for the for
 before it starts the producers.
 
 About half the seeds (the plan's ``async_handler``, drawn from a generator of its own,
-so the plan's other draws are what they were) define the pool with an ``async def`` handler instead,
-which the worker awaits on its runtime's event loop: the same steps (:func:`define`'s
-``start`` and ``end``), a slow attempt awaiting ``asyncio.sleep`` instead of blocking its
-thread. The checker holds both to the same records.
+so the plan's other draws are what they were) define the pool with an ``async def``
+handler instead, which the worker awaits on its runtime's event loop: the same steps
+(:func:`define`'s ``start`` and ``end``), a slow attempt awaiting ``asyncio.sleep``
+instead of blocking its thread. The checker holds both to the same records.
 
 About three seeds in ten (the plan's ``rate_limit``, drawn from a generator of its own
 too) define the pool with a rate limit, the same in every worker process. Each start line
